@@ -1,0 +1,36 @@
+# toolatlas: `make run` starts the daemon on the bundled example config; `make test` runs the suite.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NPM_STAMP := tests/npm/node_modules/.installed
+
+.PHONY: run test setup npm bench clean
+
+setup: $(STAMP)
+
+# torch first, pinned to the CPU wheel: a bare `torch` requirement would pull a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	HNSWLIB_NO_NATIVE=1 $(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+npm: $(NPM_STAMP)
+
+$(NPM_STAMP): tests/npm/package.json
+	cd tests/npm && npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/python -m toolatlas.examples.run_example conf/example.toml
+
+test: $(STAMP) $(NPM_STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP) $(NPM_STAMP)
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) tests/npm/node_modules .run

@@ -1,0 +1,3 @@
+from toolatlas.cli import main
+
+raise SystemExit(main())

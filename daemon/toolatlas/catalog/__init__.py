@@ -1,0 +1,1 @@
+"""Tool records, content hashes, the live catalog, and (later) capability cards."""

@@ -1,0 +1,76 @@
+"""Tool records as the gateway keeps them, with content hashes for diffing."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+
+from toolatlas.names import namespaced
+
+_canon = msgspec.json.Encoder(order="sorted")
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, compact separators, UTF-8: the form hashes and signatures cover."""
+    return _canon.encode(obj)
+
+
+def schema_hash(tool: str, description: str, input_schema: dict[str, Any]) -> str:
+    """SHA-256 over the upstream's name, description and inputSchema (hex)."""
+    blob = canonical_json({"name": tool, "description": description, "inputSchema": input_schema})
+    return hashlib.sha256(blob).hexdigest()
+
+
+class ToolRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One upstream tool as offered through the gateway."""
+
+    server: str
+    tool: str  # the upstream's own name
+    name: str  # the namespaced gateway name
+    description: str
+    input_schema: dict[str, Any]
+    title: str | None = None
+    output_schema: dict[str, Any] | None = None
+    annotations: dict[str, Any] | None = None
+    content_hash: str = ""
+
+    @classmethod
+    def make(
+        cls,
+        server: str,
+        tool: str,
+        description: str | None,
+        input_schema: dict[str, Any] | None,
+        **extra: Any,
+    ) -> "ToolRecord":
+        desc = description or ""
+        schema = input_schema or {"type": "object"}
+        return cls(
+            server=server,
+            tool=tool,
+            name=namespaced(server, tool),
+            description=desc,
+            input_schema=schema,
+            content_hash=schema_hash(tool, desc, schema),
+            **extra,
+        )
+
+
+class CatalogDiff(msgspec.Struct, frozen=True):
+    added: list[ToolRecord]
+    changed: list[ToolRecord]
+    removed: list[str]  # namespaced names
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.changed or self.removed)
+
+
+def diff(old: dict[str, ToolRecord], new: dict[str, ToolRecord]) -> CatalogDiff:
+    """Per-tool diff by content hash between two {name: record} maps."""
+    added = [r for n, r in new.items() if n not in old]
+    changed = [r for n, r in new.items() if n in old and old[n].content_hash != r.content_hash]
+    removed = [n for n in old if n not in new]
+    return CatalogDiff(added, changed, removed)

@@ -1,0 +1,235 @@
+"""Configuration: TOML parsed once into frozen msgspec structs.
+
+Unknown keys and wrong types are errors that name the key and its table; `${VAR}` in any
+string expands from the environment (an unset variable is an error naming the key). Relative
+paths (socket, state_dir, stdio cwd) resolve against the config file's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from toolatlas.errors import ConfigError
+
+NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
+UpstreamName = Annotated[str, msgspec.Meta(pattern=NAME_RE, max_length=48)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Named timeouts for every await on an upstream, in seconds."""
+
+    connect: Seconds = 20.0
+    list_tools: Seconds = 20.0
+    call: Seconds = 60.0
+    ping: Seconds = 10.0
+
+
+class _UpstreamBase(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    name: UpstreamName
+    enabled: bool = True
+    timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
+    # Seconds between health pings of a ready session; 0 disables pinging.
+    ping_interval: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # Seconds between periodic tools/list refreshes; 0 disables polling.
+    relist_interval: Annotated[float, msgspec.Meta(ge=0)] = 60.0
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 32
+    card_generator: Literal["bootstrap", "llm", "publisher"] = "bootstrap"
+
+
+class StdioUpstream(_UpstreamBase, tag_field="transport", tag="stdio"):
+    command: str
+    args: list[str] = []
+    env: dict[str, str] = {}
+    cwd: str | None = None
+
+
+class SseUpstream(_UpstreamBase, tag_field="transport", tag="sse"):
+    url: str
+    headers: dict[str, str] = {}
+
+
+class HttpUpstream(_UpstreamBase, tag_field="transport", tag="http"):
+    url: str
+    headers: dict[str, str] = {}
+
+
+Upstream = StdioUpstream | SseUpstream | HttpUpstream
+
+
+class DaemonSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    socket: str = ""
+    socket_mode: Annotated[str, msgspec.Meta(pattern=r"^0?[0-7]{3}$")] = "0660"
+    socket_owner: str | None = None
+    socket_group: str | None = None
+    state_dir: str = ""
+    metrics_addr: str = "127.0.0.1:9464"
+    # Clients (matched on clientInfo.name) that get the full namespaced tool list.
+    passthrough_clients: list[str] = []
+    # Seconds in-flight calls may take to finish on shutdown.
+    drain_timeout: Seconds = 10.0
+    max_message_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 4 * 1024 * 1024
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class SearchSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    mode: Literal["hybrid", "bm25", "dense", "two-stage"] = "hybrid"
+    default_top_k: Annotated[int, msgspec.Meta(ge=1, le=20)] = 5
+    # Embedding runtime: "onnx" (fast, exported once into state_dir) or "torch" (reference).
+    embedder: Literal["onnx", "torch", "none"] = "onnx"
+    cache_size: Annotated[int, msgspec.Meta(ge=0)] = 1024
+    cache_ttl: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    # Static scope: only these upstreams are searchable/callable by default ([] = all).
+    scope: list[str] = []
+
+
+class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
+    search: SearchSection = msgspec.field(default_factory=SearchSection)
+    upstream: list[Upstream] = []
+    # Where the file was read from (not a TOML key; set by load()).
+    source: str = ""
+
+    def upstream_by_name(self, name: str) -> Upstream | None:
+        for up in self.upstream:
+            if up.name == name:
+                return up
+        return None
+
+
+def default_socket_path() -> str:
+    """The socket when neither flag, env nor config names one (see the interface)."""
+    if env := os.environ.get("TOOLATLAS_SOCKET"):
+        return env
+    if os.geteuid() == 0:
+        return "/run/toolatlas/toolatlas.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/toolatlas-{os.geteuid()}"
+    return os.path.join(runtime, "toolatlas", "toolatlas.sock")
+
+
+def default_state_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/lib/toolatlas"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "toolatlas")
+
+
+def _expand(value: Any, path: str, env: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        def sub(m: re.Match[str]) -> str:
+            var = m.group(1)
+            if var not in env:
+                raise ConfigError(f"{path}: environment variable ${{{var}}} is not set")
+            return env[var]
+
+        return _VAR_RE.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{path}.{k}" if path else k, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, f"{path}[{i}]", env) for i, v in enumerate(value)]
+    return value
+
+
+def _friendly(exc: msgspec.ValidationError, raw: dict[str, Any]) -> str:
+    """Turn msgspec's `... - at `$.upstream[0].foo`` into a message naming key and table."""
+    msg = str(exc)
+    m = re.search(r" - at `\$(.*)`$", msg)
+    where = m.group(1).lstrip(".") if m else ""
+    text = msg[: m.start()] if m else msg
+    unknown = re.match(r"Object contains unknown field `(.+)`", text)
+    table = where or "top level"
+    if where.startswith("upstream["):
+        idx = int(where[len("upstream[") : where.index("]")])
+        try:
+            table = f"upstream {raw['upstream'][idx].get('name', idx)!r} ({where})"
+        except (KeyError, IndexError, AttributeError, TypeError):
+            pass
+    if unknown:
+        return f"unknown key {unknown.group(1)!r} in [{table}]"
+    if "Invalid value" in text and "transport" in text or text.startswith("Object missing required field `transport`"):
+        return f"{text} in [{table}]; transport must be one of stdio, sse, http"
+    return f"{text} at [{table}]" if where else text
+
+
+def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = None) -> Config:
+    """Parse TOML text into a Config, raising ConfigError with a message naming the key."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+    if "source" in raw:
+        raise ConfigError(f"{source}: unknown key 'source' in [top level]")
+    raw = _expand(raw, "", dict(os.environ) if env is None else env)
+    try:
+        cfg = msgspec.convert(raw, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_friendly(exc, raw)}") from exc
+    names = [u.name for u in cfg.upstream]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{source}: upstream name {dupes[0]!r} is used more than once")
+    unknown_scope = [s for s in cfg.search.scope if s not in names]
+    if unknown_scope:
+        raise ConfigError(f"{source}: [search] scope names unknown upstream {unknown_scope[0]!r}")
+    for up in cfg.upstream:
+        if isinstance(up, (SseUpstream, HttpUpstream)) and not up.url.startswith(("http://", "https://")):
+            raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {up.url!r}")
+    if cfg.daemon.metrics_addr:
+        _split_addr(cfg.daemon.metrics_addr, source)
+    return _resolve_paths(cfg, Path(source).parent if source != "<string>" else Path.cwd(), source)
+
+
+def _split_addr(addr: str, source: str = "<config>") -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not (0 <= int(port) < 65536):
+        raise ConfigError(f"{source}: [daemon] metrics_addr must be HOST:PORT, got {addr!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def metrics_address(cfg: Config) -> tuple[str, int] | None:
+    return _split_addr(cfg.daemon.metrics_addr, cfg.source) if cfg.daemon.metrics_addr else None
+
+
+def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
+    def res(p: str) -> str:
+        return str((base / os.path.expanduser(p)).resolve()) if p else p
+
+    daemon = msgspec.structs.replace(
+        cfg.daemon,
+        socket=res(cfg.daemon.socket) or default_socket_path(),
+        state_dir=res(cfg.daemon.state_dir) or default_state_dir(),
+    )
+    ups = [
+        msgspec.structs.replace(u, cwd=res(u.cwd)) if isinstance(u, StdioUpstream) and u.cwd else u
+        for u in cfg.upstream
+    ]
+    return msgspec.structs.replace(cfg, daemon=daemon, upstream=ups, source=source)
+
+
+def load(path: str | os.PathLike[str]) -> Config:
+    """Read and parse a config file; ConfigError if it is missing or invalid."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {str(p)!r}: {exc.strerror}") from exc
+    return parse(text, source=str(p))
+
+
+def secrets(cfg: Config) -> list[str]:
+    """Values that must never appear in logs, status or errors (headers and env values)."""
+    out: list[str] = []
+    for up in cfg.upstream:
+        if isinstance(up, StdioUpstream):
+            out.extend(v for v in up.env.values() if len(v) >= 4)
+        else:
+            out.extend(v for v in up.headers.values() if len(v) >= 4)
+    return out

@@ -1,0 +1,47 @@
+"""One error root, grouped by what the caller does about it.
+
+Library code raises these; the CLI turns them into exit codes and the MCP surface into
+JSON-RPC errors or `isError` results. Messages are whole sentences naming the offending value.
+"""
+
+from __future__ import annotations
+
+
+class ToolatlasError(Exception):
+    """Root of every error toolatlas raises on purpose."""
+
+
+class ConfigError(ToolatlasError):
+    """The configuration is invalid; the message names the key. CLI exit code 78."""
+
+
+class BadInput(ToolatlasError):
+    """A client sent something we cannot act on (unknown tool, bad arguments)."""
+
+
+class UpstreamUnavailable(ToolatlasError):
+    """The upstream that owns a tool is not connected right now."""
+
+
+class UpstreamTimeout(ToolatlasError):
+    """An upstream operation exceeded its configured timeout."""
+
+    def __init__(self, upstream: str, operation: str, seconds: float) -> None:
+        self.upstream = upstream
+        self.operation = operation
+        self.seconds = seconds
+        super().__init__(
+            f"upstream {upstream!r} did not answer {operation} within {seconds:g} s"
+        )
+
+
+class UpstreamProtocolError(ToolatlasError):
+    """An upstream answered with something that is not valid MCP, or an error."""
+
+
+class SignatureError(ToolatlasError):
+    """A capability card's signature or schema hash does not verify."""
+
+
+class DaemonUnreachable(ToolatlasError):
+    """The CLI could not reach the daemon's socket."""

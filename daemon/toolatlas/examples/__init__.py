@@ -1,0 +1,1 @@
+"""Example MCP servers bundled for `make run` and the test suite."""

@@ -1,0 +1,1 @@
+"""Upstream MCP servers: transports, the per-upstream owner task, state machine, backoff, pool."""
