@@ -91,9 +91,36 @@ class SearchSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     scope: list[str] = []
 
 
+class CardsLlmSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """OpenAI-compatible chat-completions endpoint for the `llm` card generator."""
+
+    url: str = ""  # e.g. "http://127.0.0.1:8000/v1" (".../chat/completions" is appended)
+    model: str = ""
+    api_key_env: str = ""  # name of the environment variable holding the key ("" = none)
+    timeout: Seconds = 60.0
+    max_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 2
+
+
+class CardsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Operator-attested capability cards (see catalog/attest.py).
+
+    Paths are relative to the config file's folder. The daemon needs only `public_key`;
+    `private_key` is read by `toolatlas cards generate` and by policy "reattest".
+    `required = false` (the default) serves an upstream without a valid card with its
+    publisher text, marked unattested in catalog_status; `true` serves none of its tools.
+    """
+
+    public_key: str = ""
+    private_key: str = ""
+    policy: Literal["quarantine", "reattest"] = "quarantine"
+    required: bool = False
+    llm: CardsLlmSection = msgspec.field(default_factory=CardsLlmSection)
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     search: SearchSection = msgspec.field(default_factory=SearchSection)
+    cards: CardsSection = msgspec.field(default_factory=CardsSection)
     upstream: list[Upstream] = []
     # Where the file was read from (not a TOML key; set by load()).
     source: str = ""
