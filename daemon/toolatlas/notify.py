@@ -1,0 +1,186 @@
+"""systemd integration without libsystemd: sd_notify, the watchdog loop and socket activation.
+
+`Notifier` speaks the notify protocol (newline-separated `KEY=VALUE` datagrams) to the
+AF_UNIX socket named by `$NOTIFY_SOCKET`; a leading `@` names an abstract socket. With no
+socket configured every method is a no-op, so the daemon calls them unconditionally.
+
+Sending never blocks the event loop: the datagram socket is non-blocking and a full receive
+queue (systemd busy) drops that one message with a warning rather than stalling requests.
+
+Protocol reminders (see sd_notify(3)): after `reloading()` the service must send `ready()`
+again once the new configuration is live; `WATCHDOG=1` must arrive within `WatchdogSec`,
+so `run_watchdog` pings every half interval, from the event loop, which means a wedged loop
+stops the pings and systemd restarts the service, which is the point.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+import anyio
+from anyio.abc import TaskStatus
+
+logger = logging.getLogger(__name__)
+
+# The first fd systemd passes with socket activation (SD_LISTEN_FDS_START).
+LISTEN_FDS_START = 3
+
+# Variables the service manager sets for this process only; children (stdio upstreams)
+# must not inherit them (see `scrub_environment`).
+_SYSTEMD_VARS = (
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+)
+
+
+def _address(path: str) -> str | None:
+    """Map `$NOTIFY_SOCKET` to a socket address; None for a form we cannot speak."""
+    if path.startswith("@"):
+        return "\0" + path[1:]
+    if path.startswith("/"):
+        return path
+    # systemd >= 254 also allows vsock:CID:PORT; toolatlas runs on the host, not in a VM.
+    return None
+
+
+class Notifier:
+    """sd_notify client for `$NOTIFY_SOCKET` (or an explicit path); no-op when unset.
+
+    `enabled` is True when a usable socket address is configured. Errors while sending
+    are logged and swallowed: losing a status line must never take the daemon down.
+    """
+
+    def __init__(self, socket_path: str | None = None) -> None:
+        path = socket_path if socket_path is not None else os.environ.get("NOTIFY_SOCKET", "")
+        self._path = path
+        self._address = _address(path) if path else None
+        if path and self._address is None:
+            logger.warning("NOTIFY_SOCKET=%r is not an AF_UNIX address; sd_notify disabled", path)
+        self.enabled: bool = self._address is not None
+
+    def __repr__(self) -> str:
+        return f"<Notifier socket={self._path!r} enabled={self.enabled}>"
+
+    def _send(self, message: str) -> None:
+        if self._address is None:
+            return
+        # A socket per message, as libsystemd does: nothing to close, nothing to leak.
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+                sock.setblocking(False)
+                sock.sendto(message.encode(), self._address)
+        except BlockingIOError:
+            logger.warning("sd_notify queue full; dropped %r", message.split("\n", 1)[0])
+        except OSError as exc:
+            logger.warning("sd_notify to %s failed: %s", self._path, exc)
+
+    def ready(self, status: str = "") -> None:
+        """READY=1: the socket accepts and the index is loaded (also after a reload)."""
+        self._send("READY=1" + (f"\nSTATUS={_one_line(status)}" if status else ""))
+
+    def stopping(self) -> None:
+        """STOPPING=1: shutdown has begun."""
+        self._send("STOPPING=1")
+
+    def reloading(self) -> None:
+        """RELOADING=1 with the CLOCK_MONOTONIC timestamp systemd requires (Type=notify-reload)."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        self._send(f"RELOADING=1\nMONOTONIC_USEC={usec}")
+
+    def watchdog(self) -> None:
+        """WATCHDOG=1: the event loop is alive."""
+        self._send("WATCHDOG=1")
+
+    def status(self, text: str) -> None:
+        """STATUS=...: a one-line human status shown by `systemctl status`."""
+        self._send(f"STATUS={_one_line(text)}")
+
+    def watchdog_interval(self) -> float | None:
+        """Seconds between WATCHDOG=1 pings (half of `$WATCHDOG_USEC`), or None.
+
+        None when notifications are disabled, the watchdog is off, the value is not a
+        positive integer, or `$WATCHDOG_PID` names another process (the variable leaked
+        from a parent).
+        """
+        if not self.enabled:
+            return None
+        raw = os.environ.get("WATCHDOG_USEC", "")
+        try:
+            usec = int(raw)
+        except ValueError:
+            if raw:
+                logger.warning("WATCHDOG_USEC=%r is not an integer; watchdog off", raw)
+            return None
+        if usec <= 0:
+            return None
+        pid = os.environ.get("WATCHDOG_PID", "")
+        if pid:
+            try:
+                if int(pid) != os.getpid():
+                    return None
+            except ValueError:
+                return None
+        return usec / 2 / 1_000_000
+
+
+def _one_line(text: str) -> str:
+    # A newline would start a new KEY=VALUE assignment in the datagram.
+    return " ".join(text.splitlines())
+
+
+def scrub_environment() -> None:
+    """Remove systemd's per-process variables from `os.environ`.
+
+    Call after creating the `Notifier`, `listen_fds()` and reading the watchdog interval,
+    before spawning stdio upstreams, so that a child never talks to our notify socket or
+    mistakes our listening sockets for its own. Idempotent.
+    """
+    for var in _SYSTEMD_VARS:
+        os.environ.pop(var, None)
+
+
+def listen_fds() -> list[socket.socket]:
+    """Sockets passed by systemd socket activation (`$LISTEN_FDS`, fds from 3), else [].
+
+    Honoured only when `$LISTEN_PID` is this process. The variables are removed from the
+    environment afterwards, so a second call returns [] instead of wrapping the same fds
+    twice, and children do not inherit them. Each fd is made close-on-exec.
+    """
+    try:
+        pid = int(os.environ.get("LISTEN_PID", ""))
+        count = int(os.environ.get("LISTEN_FDS", ""))
+    except ValueError:
+        return []
+    if pid != os.getpid() or count <= 0:
+        return []
+    for var in ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+        os.environ.pop(var, None)
+    socks = []
+    for fd in range(LISTEN_FDS_START, LISTEN_FDS_START + count):
+        os.set_inheritable(fd, False)
+        socks.append(socket.socket(fileno=fd))
+    return socks
+
+
+async def run_watchdog(
+    notifier: Notifier, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Send WATCHDOG=1 every `notifier.watchdog_interval()` seconds until cancelled.
+
+    Returns at once (after signalling started) when the watchdog is not configured.
+    """
+    interval = notifier.watchdog_interval()
+    task_status.started()
+    if interval is None:
+        return
+    logger.info("systemd watchdog: pinging every %.3g s", interval)
+    while True:
+        notifier.watchdog()
+        await anyio.sleep(interval)
