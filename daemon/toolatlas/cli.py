@@ -1,0 +1,192 @@
+"""The `toolatlas` command line (see the interface). Imports are lazy per command: `shim`
+must start fast, so nothing heavy is imported before the command is known."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+EX_CONFIG = 78
+
+# Subcommands implemented in their own modules: `toolatlas WORD ...` -> module.main(argv).
+_DELEGATED = {
+    "eval": ("toolatlas.evaluation.cli", "main"),
+    "cards": ("toolatlas.catalog.cards_cli", "main"),
+    "keygen": ("toolatlas.catalog.cards_cli", "keygen_main"),
+    "rift": ("toolatlas.rift.cli", "main"),
+}
+
+
+def resolve_socket(flag: str | None, config: str | None = None) -> str:
+    """--socket, else $TOOLATLAS_SOCKET, else the config's socket, else the default path."""
+    if flag:
+        return flag
+    if env := os.environ.get("TOOLATLAS_SOCKET"):
+        return env
+    config = config or os.environ.get("TOOLATLAS_CONFIG")
+    if config and os.path.exists(config):
+        import tomllib
+
+        with open(config, "rb") as fh:
+            sock = tomllib.load(fh).get("daemon", {}).get("socket")
+        if sock:
+            return os.path.join(os.path.dirname(os.path.abspath(config)), os.path.expandvars(sock))
+    if os.geteuid() == 0:
+        return "/run/toolatlas/toolatlas.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/toolatlas-{os.geteuid()}"
+    return os.path.join(runtime, "toolatlas", "toolatlas.sock")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="toolatlas", description="MCP tool gateway daemon and tools.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="run the daemon in the foreground")
+    s.add_argument("--config", required=True, help="config file (TOML)")
+
+    def client_opts(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--socket", help="daemon socket (default: $TOOLATLAS_SOCKET, config, runtime dir)")
+        sp.add_argument("--config", help="read the socket path from this config")
+        sp.add_argument("--json", action="store_true", help="print the raw JSON result")
+
+    s = sub.add_parser("shim", help="relay stdio to the daemon socket (what an MCP client launches)")
+    s.add_argument("--socket")
+    s.add_argument("--config")
+
+    s = sub.add_parser("search", help="one tool_search through the running daemon")
+    s.add_argument("query")
+    s.add_argument("--k", type=int, default=5, help="results (1-20)")
+    s.add_argument("--servers", help="comma-separated servers to search")
+    client_opts(s)
+
+    s = sub.add_parser("call", help="one execute_tool through the running daemon")
+    s.add_argument("name")
+    s.add_argument("--args", default="{}", help="arguments as a JSON object")
+    client_opts(s)
+
+    s = sub.add_parser("status", help="catalog_status through the running daemon")
+    client_opts(s)
+
+    s = sub.add_parser("check-config", help="validate a config file")
+    s.add_argument("path")
+
+    for word in _DELEGATED:
+        sub.add_parser(word, help=f"see `toolatlas {word} --help`", add_help=False)
+    return p
+
+
+def _content_json(result: dict[str, Any]) -> Any:
+    if result.get("structuredContent") is not None:
+        return result["structuredContent"]
+    texts = [c.get("text", "") for c in result.get("content", []) if c.get("type") == "text"]
+    try:
+        return json.loads("".join(texts))
+    except ValueError:
+        return "".join(texts)
+
+
+def _client_command(args: argparse.Namespace) -> int:
+    from toolatlas.surface.rawclient import RawClient, RpcError
+
+    path = resolve_socket(args.socket, args.config)
+    try:
+        client = RawClient(path)
+    except ConnectionError as exc:
+        print(f"toolatlas: {exc}", file=sys.stderr)
+        return 69
+    with client:
+        try:
+            if args.cmd == "search":
+                params: dict[str, Any] = {"query": args.query, "top_k": args.k}
+                if args.servers:
+                    params["servers"] = [s.strip() for s in args.servers.split(",") if s.strip()]
+                result = client.call_tool("tool_search", params)
+            elif args.cmd == "status":
+                result = client.call_tool("catalog_status", {})
+            else:
+                try:
+                    call_args = json.loads(args.args)
+                except ValueError as exc:
+                    print(f"toolatlas: --args is not valid JSON: {exc}", file=sys.stderr)
+                    return 64
+                result = client.call_tool("execute_tool", {"name": args.name, "arguments": call_args})
+        except (RpcError, ConnectionError, OSError) as exc:
+            print(f"toolatlas: {exc}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(result if args.cmd == "call" else _content_json(result), indent=2))
+    else:
+        _print_human(args.cmd, result)
+    return 1 if result.get("isError") else 0
+
+
+def _print_human(cmd: str, result: dict[str, Any]) -> None:
+    if result.get("isError") or cmd == "call":
+        for c in result.get("content", []):
+            print(c.get("text", json.dumps(c)) if c.get("type") == "text" else json.dumps(c))
+        return
+    data = _content_json(result)
+    if cmd == "search":
+        if data.get("degraded"):
+            print(f"(degraded: {data['degraded']})")
+        for i, m in enumerate(data["matches"], 1):
+            desc = " ".join((m.get("description") or "").split())
+            print(f"{i:2d}. {m['name']}  [{m['score']:.3f}]\n    {desc[:160]}")
+        if not data["matches"]:
+            print("no matching tools")
+    else:
+        for s in data["servers"]:
+            reason = f"  ({s['reason']})" if s.get("reason") else ""
+            print(f"{s['name']:<24} {s['transport']:<6} {s['state']:<10} {s['tools']:>5} tools{reason}")
+        idx = data["index"]
+        print(f"index: {data['tools']} searchable tools, version {data.get('index_version')}, "
+              f"ready={idx.get('ready')}, mode={idx.get('mode')}, degraded={idx.get('degraded')}")
+        if tok := data.get("tokens"):
+            print(f"tokens ({tok.get('tokenizer')}): full catalog {tok.get('full_catalog_tokens')} "
+                  f"vs meta-tools {tok.get('meta_tools_tokens')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _DELEGATED:
+        import importlib
+
+        module, func = _DELEGATED[argv[0]]
+        return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+
+    args = _parser().parse_args(argv)
+    if args.cmd == "shim":
+        from toolatlas.surface.shim import run
+
+        return run(resolve_socket(args.socket, args.config))
+    if args.cmd in ("search", "call", "status"):
+        return _client_command(args)
+
+    from toolatlas.config import load
+    from toolatlas.errors import ConfigError
+
+    path = args.config if args.cmd == "serve" else args.path
+    try:
+        cfg = load(path)
+    except ConfigError as exc:
+        print(f"toolatlas: config error: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    if args.cmd == "check-config":
+        print(f"{path}: OK ({len(cfg.upstream)} upstreams; socket {cfg.daemon.socket})")
+        return 0
+    from toolatlas.app import main_serve
+
+    try:
+        return main_serve(cfg)
+    except ConfigError as exc:
+        print(f"toolatlas: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

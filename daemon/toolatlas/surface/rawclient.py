@@ -1,0 +1,75 @@
+"""A minimal JSON-RPC client for the daemon socket, stdlib only (the CLI's search/call/status).
+
+It speaks the 2025-11-25 handshake; importing the SDK would cost over a second per command.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+from toolatlas import __version__
+
+PROTOCOL = "2025-11-25"
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        self.code = code
+        super().__init__(f"{message} (JSON-RPC error {code})")
+
+
+class RawClient:
+    def __init__(self, path: str, timeout: float = 120.0) -> None:
+        from toolatlas.surface.shim import connect
+
+        self.sock = connect(path, wait=1.0)
+        self.sock.settimeout(timeout)
+        self.file = self.sock.makefile("rb")
+        self._id = 0
+        self.request("initialize", {
+            "protocolVersion": PROTOCOL,
+            "capabilities": {},
+            "clientInfo": {"name": "toolatlas-cli", "version": __version__},
+        })
+        self.notify("notifications/initialized")
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        self.sock.sendall(json.dumps(obj).encode() + b"\n")
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = params
+        self._send(msg)
+
+    def request(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        self._id += 1
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "id": self._id, "method": method}
+        if params is not None:
+            msg["params"] = params
+        self._send(msg)
+        while True:
+            line = self.file.readline()
+            if not line:
+                raise ConnectionError("the daemon closed the connection")
+            reply = json.loads(line)
+            if reply.get("id") != self._id:
+                continue  # a notification or a reply to someone else
+            if "error" in reply:
+                raise RpcError(reply["error"].get("code", 0), reply["error"].get("message", ""))
+            return reply["result"]
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self.request("tools/call", {"name": name, "arguments": arguments})
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+    def __enter__(self) -> "RawClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,163 @@
+"""The daemon's Unix socket: accept loop, one handler task per connection, peer credentials.
+
+Also `unix_client(path)`: a transport for the SDK `Client` over the same socket (tests, benches).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import socket
+import stat
+import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from toolatlas.errors import ConfigError
+from toolatlas.surface.server import CONNECTION, Connection, init_options
+from toolatlas.surface.wire import ndjson_streams
+
+if TYPE_CHECKING:
+    from mcp.server.lowlevel.server import Server
+
+log = logging.getLogger(__name__)
+
+_ids = itertools.count(1)
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of the peer, from the kernel (SO_PEERCRED)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", raw)
+
+
+def prepare_socket_path(path: str) -> None:
+    """Create the parent folder and remove a stale socket file; refuse to steal a live one."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        st = p.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConfigError(f"socket path {path!r} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(0.5)
+        probe.connect(path)
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            log.info("removing stale socket %s", path)
+            p.unlink(missing_ok=True)
+            return
+        raise
+    else:
+        raise ConfigError(f"another daemon is already listening on {path!r}")
+    finally:
+        probe.close()
+
+
+class UnixServer:
+    """Serves `server` on a Unix socket; `connections` lists the live ones."""
+
+    def __init__(
+        self,
+        server: "Server[Any]",
+        path: str,
+        *,
+        mode: int = 0o660,
+        owner: str | None = None,
+        group: str | None = None,
+        max_message_bytes: int = 4 * 1024 * 1024,
+        on_bad_message: Any = None,
+    ) -> None:
+        self.server = server
+        self.path = path
+        self.mode = mode
+        self.owner = owner
+        self.group = group
+        self.max_message_bytes = max_message_bytes
+        self.on_bad_message = on_bad_message
+        self.connections: set[Connection] = set()
+        self._listener: anyio.abc.Listener[Any] | None = None
+        self._opts = init_options(server)
+
+    def __repr__(self) -> str:
+        return f"<UnixServer {self.path} connections={len(self.connections)}>"
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        prepare_socket_path(self.path)
+        listener = await anyio.create_unix_listener(self.path)
+        try:
+            self._apply_permissions()
+        except BaseException:
+            await listener.aclose()
+            raise
+        self._listener = listener
+        log.info("listening on %s (mode %o)", self.path, self.mode)
+        task_status.started()
+        try:
+            async with anyio.create_task_group() as tg:
+                async with listener:
+                    await listener.serve(self._handle, task_group=tg)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        finally:
+            with anyio.move_on_after(1, shield=True):
+                await listener.aclose()
+            Path(self.path).unlink(missing_ok=True)
+
+    def _apply_permissions(self) -> None:
+        os.chmod(self.path, self.mode)
+        if self.owner or self.group:
+            import grp
+            import pwd
+
+            uid = pwd.getpwnam(self.owner).pw_uid if self.owner else -1
+            gid = grp.getgrnam(self.group).gr_gid if self.group else -1
+            os.chown(self.path, uid, gid)
+
+    async def stop_accepting(self) -> None:
+        """Close the listening socket; live connections go on."""
+        if self._listener is not None:
+            await self._listener.aclose()
+            Path(self.path).unlink(missing_ok=True)
+
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        creds = peer_credentials(raw)
+        conn = Connection(id=next(_ids))
+        if creds:
+            conn.pid, conn.uid, conn.gid = creds
+        self.connections.add(conn)
+        token = CONNECTION.set(conn)
+        log.debug("client connected: %s", conn)
+        try:
+            async with stream, ndjson_streams(
+                stream, max_bytes=self.max_message_bytes, on_bad_message=self.on_bad_message
+            ) as (read, write):
+                await self.server.run(read, write, self._opts)
+        except Exception:
+            log.exception("connection %d ended with an error", conn.id)
+        finally:
+            CONNECTION.reset(token)
+            self.connections.discard(conn)
+            log.debug("client disconnected: %d", conn.id)
+
+
+@asynccontextmanager
+async def unix_client(path: str, *, max_bytes: int = 64 * 1024 * 1024) -> AsyncIterator[tuple[Any, Any]]:
+    """A transport for `mcp.Client(unix_client(path))`."""
+    stream = await anyio.connect_unix(path)
+    async with stream, ndjson_streams(stream, max_bytes=max_bytes) as streams:
+        yield streams

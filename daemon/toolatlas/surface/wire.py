@@ -1,0 +1,160 @@
+"""Newline-delimited JSON-RPC over any anyio byte stream, as MCP read/write streams.
+
+The SDK's stdio transport silently drops lines it cannot parse; a gateway must answer them.
+Here a malformed line gets a JSON-RPC parse error (-32700), valid JSON that is not a
+JSON-RPC message gets invalid request (-32600), and a line over `max_bytes` is discarded up
+to its newline and answered with -32600 naming the limit. None of them ends the connection.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+import mcp_types as types
+from mcp.shared._context_streams import create_context_streams
+from mcp.shared.message import SessionMessage
+
+log = logging.getLogger(__name__)
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+_CHUNK = 65536
+
+
+def _error_line(code: int, message: str, id_: Any = None) -> bytes:
+    return (
+        json.dumps({"jsonrpc": "2.0", "id": id_, "error": {"code": code, "message": message}}).encode()
+        + b"\n"
+    )
+
+
+class _LineSplitter:
+    """Splits a byte stream into lines, refusing (not buffering) lines over a limit."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._buf = bytearray()
+        self._discarding = False
+
+    def feed(self, data: bytes) -> list[bytes | None]:
+        """Return complete lines; None stands for a line that was over the limit."""
+        out: list[bytes | None] = []
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                break
+            piece = data[start:nl]
+            if self._discarding:
+                out.append(None)
+                self._discarding = False
+            elif len(self._buf) + len(piece) > self.max_bytes:
+                self._buf.clear()
+                out.append(None)
+            else:
+                self._buf += piece
+                out.append(bytes(self._buf))
+                self._buf.clear()
+            start = nl + 1
+        rest = data[start:]
+        if not self._discarding:
+            if len(self._buf) + len(rest) > self.max_bytes:
+                self._buf.clear()
+                self._discarding = True
+            else:
+                self._buf += rest
+        return out
+
+
+@asynccontextmanager
+async def ndjson_streams(
+    stream: anyio.abc.ByteStream,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    on_bad_message: Callable[[str], None] | None = None,
+) -> AsyncIterator[tuple[Any, Any]]:
+    """Yield `(read_stream, write_stream)` carrying MCP messages over `stream`.
+
+    The read side ends when the peer closes; the write side closes the byte stream's
+    sending half when the caller closes it. Contextvars set by the caller before entering
+    travel with every inbound message to the handlers (the SDK's context streams).
+    """
+    read_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
+    write_stream, write_reader = create_context_streams[SessionMessage](0)
+    send_lock = anyio.Lock()
+
+    async def send_raw(data: bytes) -> None:
+        async with send_lock:
+            await stream.send(data)
+
+    async def bad(code: int, message: str, id_: Any = None) -> None:
+        if on_bad_message is not None:
+            on_bad_message(message)
+        log.debug("bad client message: %s", message)
+        try:
+            await send_raw(_error_line(code, message, id_))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+    async def handle_line(line: bytes | None) -> None:
+        if line is None:
+            await bad(INVALID_REQUEST, f"message exceeds the {max_bytes}-byte limit and was discarded")
+            return
+        if not line.strip():
+            return
+        try:
+            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        except Exception:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                await bad(PARSE_ERROR, "parse error: the line is not valid JSON")
+                return
+            id_ = obj.get("id") if isinstance(obj, dict) and isinstance(obj.get("id"), (str, int)) else None
+            await bad(INVALID_REQUEST, "invalid request: not a JSON-RPC 2.0 message", id_)
+            return
+        await read_writer.send(SessionMessage(message))
+
+    async def reader() -> None:
+        splitter = _LineSplitter(max_bytes)
+        try:
+            async with read_writer:
+                while True:
+                    try:
+                        data = await stream.receive(_CHUNK)
+                    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        return
+                    for line in splitter.feed(data):
+                        await handle_line(line)
+        except anyio.ClosedResourceError:
+            pass
+
+    async def writer() -> None:
+        try:
+            async with write_reader:
+                async for msg in write_reader:
+                    payload = msg.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await send_raw(payload.encode() + b"\n")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        finally:
+            with anyio.move_on_after(1, shield=True):
+                try:
+                    await stream.send_eof()
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, NotImplementedError):
+                    pass
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        tg.start_soon(writer)
+        try:
+            yield read_stream, write_stream
+        finally:
+            tg.cancel_scope.cancel()
