@@ -181,7 +181,7 @@ def _friendly(exc: msgspec.ValidationError, raw: dict[str, Any]) -> str:
             pass
     if unknown:
         return f"unknown key {unknown.group(1)!r} in [{table}]"
-    if "Invalid value" in text and "transport" in text or text.startswith("Object missing required field `transport`"):
+    if where.endswith(".transport") or text.startswith("Object missing required field `transport`"):
         return f"{text} in [{table}]; transport must be one of stdio, sse, http"
     return f"{text} at [{table}]" if where else text
 
