@@ -1,0 +1,138 @@
+"""Structured events: one JSON object a line, on stderr by default (journald under systemd).
+
+Each line is `{"ts": RFC 3339 UTC, "event": NAME, ...fields}`. Names are stable (a log
+pipeline keys on them); the constants below are the ones the daemon emits:
+
+- `tools_list_served`: a client listed tools (`client`, `tools`, `passthrough`)
+- `tool_search_completed`: `results`, `matched_servers`, `latency_ms`, `top_k`, `scope`,
+  `mode`, `cache` ("hit"|"miss")
+- `tool_search_fallback`: search degraded (`kind`, `reason`)
+- `execute_tool_completed`: `name`, `upstream`, `latency_ms`, `is_error`
+- `execute_tool_failed`: `name`, `upstream`, `latency_ms`, `error_class`, `message`
+- `upstream_state_changed`: `upstream`, `old`, `new`, `reason`
+- `catalog_changed`: `upstream`, `added`, `removed`, `changed`, `index_version`
+
+Privacy: a field named `query` (at any depth) is dropped unless `log_queries=True`, since
+queries can carry user data. Every configured secret (upstream header values, env values,
+tokens) is replaced by `[REDACTED]` wherever it appears, in keys and values, before
+serialisation. Writing never raises: a closed or broken stream loses the line, not the daemon.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+TOOLS_LIST_SERVED = "tools_list_served"
+TOOL_SEARCH_COMPLETED = "tool_search_completed"
+TOOL_SEARCH_FALLBACK = "tool_search_fallback"
+EXECUTE_TOOL_COMPLETED = "execute_tool_completed"
+EXECUTE_TOOL_FAILED = "execute_tool_failed"
+UPSTREAM_STATE_CHANGED = "upstream_state_changed"
+CATALOG_CHANGED = "catalog_changed"
+
+EVENT_NAMES = frozenset({
+    TOOLS_LIST_SERVED,
+    TOOL_SEARCH_COMPLETED,
+    TOOL_SEARCH_FALLBACK,
+    EXECUTE_TOOL_COMPLETED,
+    EXECUTE_TOOL_FAILED,
+    UPSTREAM_STATE_CHANGED,
+    CATALOG_CHANGED,
+})
+
+REDACTED = "[REDACTED]"
+QUERY_FIELD = "query"
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_RESERVED = ("ts", "event")
+
+
+def rfc3339_now() -> str:
+    """Current UTC time as RFC 3339 with milliseconds, e.g. 2026-11-29T13:08:10.123Z."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Events:
+    """Writes structured events as JSON lines.
+
+    `stream=None` writes to whatever `sys.stderr` is at emit time. Safe to call from worker
+    threads (one lock around the write, so lines never interleave).
+    """
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        log_queries: bool = False,
+        secrets: Sequence[str] = (),
+    ) -> None:
+        self._stream = stream
+        self.log_queries = log_queries
+        # Longest first, so a secret containing another is redacted whole.
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<Events log_queries={self.log_queries} secrets={len(self._secrets)}>"
+
+    def add_secrets(self, secrets: Sequence[str]) -> None:
+        """Redact these too from now on (after a config reload brought new ones)."""
+        merged = set(self._secrets) | {s for s in secrets if s}
+        self._secrets = sorted(merged, key=len, reverse=True)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Write one event line. `event` must be a snake_case name (ValueError otherwise).
+
+        Fields named `ts` or `event` cannot override the envelope; they are written as
+        `field_ts` / `field_event`. Values that are not JSON types are written as `str(value)`.
+        """
+        if not _NAME_RE.match(event):
+            raise ValueError(f"event name {event!r} is not snake_case")
+        record: dict[str, Any] = {"ts": rfc3339_now(), "event": event}
+        for key, value in fields.items():
+            if key == QUERY_FIELD and not self.log_queries:
+                continue
+            record[f"field_{key}" if key in _RESERVED else key] = value
+        line = json.dumps(self._clean(record), ensure_ascii=False, separators=(",", ":"))
+        stream = self._stream if self._stream is not None else sys.stderr
+        with self._lock:
+            try:
+                stream.write(line + "\n")
+                stream.flush()
+            except (OSError, ValueError):
+                # Broken pipe or closed stream: nothing sensible to do but keep serving.
+                pass
+
+    def _redact(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        return text
+
+    def _clean(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self._redact(value)
+        if isinstance(value, float):
+            return value if math.isfinite(value) else str(value)  # NaN is not JSON
+        if value is None or isinstance(value, (bool, int)):
+            return value
+        if isinstance(value, enum.Enum):
+            return self._clean(value.value)
+        if isinstance(value, Mapping):
+            return {
+                self._redact(str(k)): self._clean(v)
+                for k, v in value.items()
+                if self.log_queries or k != QUERY_FIELD
+            }
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return [self._clean(v) for v in value]
+        if isinstance(value, BaseException):
+            return self._redact(f"{type(value).__name__}: {value}")
+        return self._redact(str(value))

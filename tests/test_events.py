@@ -1,0 +1,133 @@
+"""Structured events: one JSON object a line, queries dropped unless configured, secrets redacted."""
+
+from __future__ import annotations
+
+import enum
+import io
+import json
+import re
+import threading
+from datetime import datetime
+
+import pytest
+
+from toolatlas.events import (
+    EVENT_NAMES,
+    EXECUTE_TOOL_FAILED,
+    TOOL_SEARCH_COMPLETED,
+    UPSTREAM_STATE_CHANGED,
+    Events,
+)
+
+RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+def _lines(buf: io.StringIO) -> list[dict]:
+    text = buf.getvalue()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_one_json_object_per_line_with_envelope() -> None:
+    buf = io.StringIO()
+    ev = Events(buf)
+    ev.emit(TOOL_SEARCH_COMPLETED, results=5, matched_servers=["files", "git"], latency_ms=3.2,
+            top_k=5, scope=["files", "git"], mode="hybrid", cache="miss")
+    ev.emit("catalog_changed", upstream="files", added=2, removed=0, changed=1, index_version=4)
+    first, second = _lines(buf)
+    assert list(first)[:2] == ["ts", "event"]
+    assert RFC3339_UTC.match(first["ts"])
+    datetime.fromisoformat(first["ts"].replace("Z", "+00:00"))
+    assert first["event"] == "tool_search_completed"
+    assert first["results"] == 5 and first["matched_servers"] == ["files", "git"]
+    assert first["cache"] == "miss" and first["mode"] == "hybrid"
+    assert second["event"] == "catalog_changed" and second["index_version"] == 4
+
+
+def test_query_is_dropped_unless_configured() -> None:
+    buf = io.StringIO()
+    Events(buf).emit(TOOL_SEARCH_COMPLETED, query="email my divorce lawyer", results=1,
+                     detail={"query": "nested copy", "k": 1})
+    (line,) = _lines(buf)
+    assert "query" not in line and line["detail"] == {"k": 1}
+    assert "divorce" not in buf.getvalue() and "nested copy" not in buf.getvalue()
+
+    buf = io.StringIO()
+    Events(buf, log_queries=True).emit(TOOL_SEARCH_COMPLETED, query="read a file", results=1)
+    assert _lines(buf)[0]["query"] == "read a file"
+
+
+def test_secrets_are_redacted_everywhere() -> None:
+    token = "ghp_S3cr3tT0ken\"quoted"
+    buf = io.StringIO()
+    ev = Events(buf, secrets=[token, "hunter2", ""])
+    ev.emit(EXECUTE_TOOL_FAILED, name="git__push", upstream="git", error_class="UpstreamProtocolError",
+            message=f"401 for Authorization: Bearer {token}",
+            headers={"Authorization": f"Bearer {token}", f"x-{token}": 1},
+            args=["--password", "hunter2"], exc=RuntimeError("login hunter2 refused"))
+    raw = buf.getvalue()
+    assert "S3cr3t" not in raw and "hunter2" not in raw and "T0ken" not in raw
+    (line,) = _lines(buf)
+    assert line["message"] == "401 for Authorization: Bearer [REDACTED]"
+    assert line["headers"]["Authorization"] == "Bearer [REDACTED]"
+    assert "x-[REDACTED]" in line["headers"]
+    assert line["args"] == ["--password", "[REDACTED]"]
+    assert line["exc"] == "RuntimeError: login [REDACTED] refused"
+    assert line["error_class"] == "UpstreamProtocolError"
+
+    ev.add_secrets(["newkey123"])
+    ev.emit("catalog_changed", note="rotated to newkey123")
+    assert _lines(buf)[1]["note"] == "rotated to [REDACTED]"
+
+
+def test_values_become_json_and_envelope_cannot_be_overridden() -> None:
+    class State(enum.Enum):
+        READY = "ready"
+
+    buf = io.StringIO()
+    Events(buf).emit(UPSTREAM_STATE_CHANGED, upstream="files", old=State.READY, new="degraded",
+                     ts="forged", ratio=float("nan"), obj=object.__new__(object), tags=("a", "b"))
+    (line,) = _lines(buf)
+    assert line["ts"] != "forged" and line["field_ts"] == "forged"
+    assert line["old"] == "ready" and line["ratio"] == "nan" and line["tags"] == ["a", "b"]
+    assert line["obj"].startswith("<object object")
+
+
+def test_default_stream_is_stderr_at_emit_time(capsys: pytest.CaptureFixture[str]) -> None:
+    Events().emit("tools_list_served", client="claude-code", tools=3, passthrough=False)
+    err = capsys.readouterr().err
+    assert json.loads(err)["event"] == "tools_list_served"
+
+
+def test_bad_names_and_broken_streams() -> None:
+    with pytest.raises(ValueError, match="snake_case"):
+        Events(io.StringIO()).emit("Tool Search")
+    closed = io.StringIO()
+    closed.close()
+    Events(closed).emit("catalog_changed", added=1)  # must not raise
+
+
+def test_lines_never_interleave_across_threads() -> None:
+    buf = io.StringIO()
+    ev = Events(buf)
+
+    def burst(n: int) -> None:
+        for i in range(200):
+            ev.emit("execute_tool_completed", worker=n, i=i, payload="x" * 500)
+
+    threads = [threading.Thread(target=burst, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    lines = _lines(buf)
+    assert len(lines) == 800
+    assert all(len(line["payload"]) == 500 for line in lines)
+
+
+def test_stable_event_names() -> None:
+    assert EVENT_NAMES == {
+        "tools_list_served", "tool_search_completed", "tool_search_fallback",
+        "execute_tool_completed", "execute_tool_failed", "upstream_state_changed",
+        "catalog_changed",
+    }
