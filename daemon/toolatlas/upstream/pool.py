@@ -1,0 +1,240 @@
+"""The upstream pool: one supervised owner task per configured upstream.
+
+    pool = Pool(cfg.upstream, on_tools)
+    await tg.start(pool.run)          # owner tasks spawned; connections proceed in background
+    await pool.wait_settled(10)       # readiness: every upstream READY or DEGRADED
+    await pool.call_tool("notes", "add_note", {...})
+
+One bad upstream never disturbs the others: each owner task catches its own failures and
+reconnects on its own schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+import mcp_types
+
+from toolatlas.config import Upstream
+from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from toolatlas.upstream.session import (
+    CLOSE_TIMEOUT,
+    ProgressCallback,
+    UpstreamSession,
+    describe,
+    list_all_tools,
+    make_client,
+)
+from toolatlas.upstream.state import UpstreamState
+from toolatlas.upstream.transports import open_transport
+
+logger = logging.getLogger(__name__)
+
+ToolsCallback = Callable[[str, "list[mcp_types.Tool] | None"], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class UpstreamStatus:
+    name: str
+    transport: str  # "stdio" | "sse" | "http"
+    state: UpstreamState
+    tools: int  # tools currently offered to search (0 unless READY)
+    reason: str | None  # why it is not READY (or the last reconnect cause)
+    since: float  # time.time() of the last state change
+    reconnects: int  # reconnect attempts since the pool started it
+    next_retry_in: float | None  # seconds until the next attempt while DEGRADED
+    pid: int | None  # stdio child's pid while it runs
+    protocol_version: str | None  # negotiated MCP version while connected
+
+
+class Pool:
+    """All upstreams; see the module docstring. Safe to construct outside an event loop."""
+
+    def __init__(
+        self,
+        upstreams: Sequence[Upstream],
+        on_tools: ToolsCallback,
+        *,
+        backoff: Callable[[int], float] | None = None,
+        mode: str = "auto",
+    ) -> None:
+        """``mode`` is the SDK connect mode for every upstream ("auto", "legacy" or a
+        2026-era version string); tests use it to force a protocol generation."""
+        self._on_tools = on_tools
+        self._backoff = backoff
+        self._mode = mode
+        self._sessions: dict[str, UpstreamSession] = {}
+        self._order: list[str] = []
+        for up in upstreams:
+            self._add(up)
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._reconcile_lock = anyio.Lock()
+
+    def __repr__(self) -> str:
+        states = ", ".join(f"{s.name}={s.state.value}" for s in self._sessions.values())
+        return f"<Pool {states}>"
+
+    def _add(self, up: Upstream) -> UpstreamSession:
+        s = UpstreamSession(up, self._on_tools, backoff=self._backoff, mode=self._mode)
+        self._sessions[up.name] = s
+        if up.name not in self._order:
+            self._order.append(up.name)
+        return s
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Spawn one owner task per upstream, signal started, run until cancelled.
+
+        On cancellation every session closes (shielded, bounded; stdio children get stdin
+        closed, SIGTERM, SIGKILL), so no child process outlives the pool.
+        """
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                for s in list(self._sessions.values()):
+                    tg.start_soon(s.run, name=f"upstream:{s.name}")
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._tg = None
+
+    async def wait_settled(self, timeout: float) -> None:
+        """Return once every enabled upstream finished its first connection attempt
+        (READY or DEGRADED), or after ``timeout`` seconds, whichever comes first."""
+        with anyio.move_on_after(timeout):
+            for s in list(self._sessions.values()):
+                await s.wait_settled()
+
+    def status(self) -> list[UpstreamStatus]:
+        return [self._status(self._sessions[n]) for n in self._order if n in self._sessions]
+
+    def get(self, name: str) -> UpstreamStatus | None:
+        s = self._sessions.get(name)
+        return None if s is None else self._status(s)
+
+    @staticmethod
+    def _status(s: UpstreamSession) -> UpstreamStatus:
+        ready = s.state is UpstreamState.READY
+        return UpstreamStatus(
+            name=s.name,
+            transport=s.upstream.__struct_config__.tag,  # type: ignore[arg-type]
+            state=s.state,
+            tools=len(s.tools or ()) if ready else 0,
+            reason=s.reason,
+            since=s.since,
+            reconnects=s.reconnects,
+            next_retry_in=s.next_retry_in(),
+            pid=s.pid,
+            protocol_version=s.protocol_version if ready else None,
+        )
+
+    def _session(self, name: str) -> UpstreamSession:
+        s = self._sessions.get(name)
+        if s is None:
+            raise UpstreamUnavailable(f"no upstream named {name!r} is configured")
+        return s
+
+    async def call_tool(
+        self,
+        upstream: str,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        *,
+        progress_callback: ProgressCallback | None = None,
+        timeout: float | None = None,
+    ) -> mcp_types.CallToolResult:
+        """Call ``tool`` on ``upstream``'s warm session.
+
+        ``timeout`` defaults to the upstream's ``timeouts.call`` and includes waiting for a
+        slot under ``max_concurrency``. Raises UpstreamUnavailable (not READY; the message
+        names state and reason), UpstreamTimeout(upstream, "tools/call <tool>", seconds),
+        UpstreamProtocolError (JSON-RPC error or invalid result). A timed-out or cancelled
+        call leaves the session usable.
+        """
+        return await self._session(upstream).call_tool(
+            tool, arguments, progress_callback=progress_callback, timeout=timeout
+        )
+
+    async def refresh(self, name: str) -> None:
+        """Re-list ``name`` now (callback runs before this returns); on a DEGRADED upstream,
+        retry the connection now instead."""
+        await self._session(name).refresh()
+
+    async def reconcile(self, upstreams: Sequence[Upstream]) -> None:
+        """Apply a reloaded config: start added upstreams, close removed ones, restart those
+        whose config changed; unchanged ones keep their session and process."""
+        async with self._reconcile_lock:
+            wanted = {u.name: u for u in upstreams}
+            stopping: list[UpstreamSession] = []
+            starting: list[Upstream] = []
+            for name, s in list(self._sessions.items()):
+                new = wanted.get(name)
+                if new is None or new != s.upstream:
+                    stopping.append(s)
+                    if new is not None:
+                        starting.append(new)
+            for name, up in wanted.items():
+                if name not in self._sessions:
+                    starting.append(up)
+            for s in stopping:
+                logger.info("upstream %s: %s by config reload", s.name,
+                            "restarting" if s.name in wanted else "removing")
+                s.stop()
+            with anyio.move_on_after(CLOSE_TIMEOUT + 5.0):
+                for s in stopping:
+                    await s.wait_done()
+            for s in stopping:
+                if self._sessions.get(s.name) is s:
+                    del self._sessions[s.name]
+            for up in starting:
+                s = self._add(up)
+                if self._tg is not None:
+                    self._tg.start_soon(s.run, name=f"upstream:{s.name}")
+            # Keep config order for status output.
+            self._order = [u.name for u in upstreams]
+
+
+async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, mode: str = "auto") -> list[mcp_types.Tool]:
+    """Connect once, list every tool (all pages), close. For `toolatlas cards generate`.
+
+    ``timeout`` bounds the whole operation (default: timeouts.connect + timeouts.list_tools).
+    Raises UpstreamTimeout, UpstreamUnavailable (cannot connect) or UpstreamProtocolError.
+    """
+    seconds = timeout if timeout is not None else upstream.timeouts.connect + upstream.timeouts.list_tools
+    reason: str | None = None
+    tools: list[mcp_types.Tool] | None = None
+    phase = "connect"
+    with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
+        stack = AsyncExitStack()
+        try:
+            client = make_client(upstream, open_transport(upstream, on_eof=lambda _w: None), mode=mode)
+            await stack.enter_async_context(client)
+            phase = "tools/list"
+            tools = await list_all_tools(client, upstream.name)
+        except Exception as exc:  # noqa: BLE001
+            if isinstance(exc, UpstreamProtocolError):
+                raise
+            reason = f"{phase} failed: {describe(exc)}"
+        finally:
+            # Close in the scope the client was entered in (anyio requires it), shielded
+            # from outer cancellation and bounded.
+            scope.shield = True
+            if not scope.cancel_called:
+                scope.deadline = anyio.current_time() + CLOSE_TIMEOUT
+            try:
+                await stack.aclose()
+            except Exception as exc:  # noqa: BLE001
+                logger.debug("upstream %s: error while closing: %s", upstream.name, describe(exc))
+    if scope.cancelled_caught and tools is None:
+        raise UpstreamTimeout(upstream.name, phase, seconds)
+    if tools is None:
+        raise UpstreamUnavailable(f"upstream {upstream.name!r}: {reason}")
+    return tools
+
+
+__all__ = ["Pool", "UpstreamStatus", "ToolsCallback", "list_tools_once", "UpstreamState"]
