@@ -1,0 +1,133 @@
+"""`toolatlas eval`: offline retrieval evaluation through the same Engine the daemon serves.
+
+    toolatlas eval --catalog FILE --queries FILE [--k 1,3,5,10] [--mode MODE|all] [--json]
+                   [--embedder onnx|torch|onnx-int8|onnx-fp32] [--state-dir DIR]
+
+Each metric@K comes from a search with top_k=K (what a caller asking for K results gets);
+MRR from one search ranking the whole catalog. Latencies (p50/p95, ms) are those of the
+top_k=max(K) search, query cache disabled, query embedding included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolatlas.evaluation.datasets import Query
+    from toolatlas.retrieval.engine import Engine
+
+ALL_MODES = ("hybrid", "bm25", "dense", "two-stage", "keyword")
+
+
+def evaluate(engine: "Engine", queries: list["Query"], modes: list[str], ks: list[int]) -> dict[str, dict[str, float]]:
+    """Mean metrics per mode: recall@K, ndcg@K, hit@K, mrr, p50_ms, p95_ms."""
+    from toolatlas.evaluation import metrics
+
+    out: dict[str, dict[str, float]] = {}
+    n_all = len(engine)
+    kmax = max(ks)
+    for mode in modes:
+        sums: dict[str, float] = {}
+        lat: list[float] = []
+        for q in queries:
+            t0 = time.perf_counter()
+            res = engine.search(q.text, kmax, mode=mode)
+            lat.append((time.perf_counter() - t0) * 1000.0)
+            for k in ks:
+                ranked = [h.name for h in (res if k == kmax else engine.search(q.text, k, mode=mode)).hits]
+                for metric, fn in (("recall", metrics.recall_at), ("ndcg", metrics.ndcg_at), ("hit", metrics.hit_at)):
+                    key = f"{metric}@{k}"
+                    sums[key] = sums.get(key, 0.0) + fn(ranked, q.relevant, k)
+            full = [h.name for h in engine.search(q.text, max(n_all, 1), mode=mode).hits]
+            sums["mrr"] = sums.get("mrr", 0.0) + metrics.reciprocal_rank(full, q.relevant)
+        n = max(len(queries), 1)
+        row = {key: round(v / n, 4) for key, v in sums.items()}
+        ordered: dict[str, float] = {}
+        for metric in ("recall", "ndcg", "hit"):
+            for k in ks:
+                ordered[f"{metric}@{k}"] = row.get(f"{metric}@{k}", 0.0)
+        ordered["mrr"] = row.get("mrr", 0.0)
+        ordered["p50_ms"] = round(metrics.percentile(lat, 50), 3)
+        ordered["p95_ms"] = round(metrics.percentile(lat, 95), 3)
+        out[mode] = ordered
+    return out
+
+
+def _parse_ks(text: str) -> list[int]:
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k must be comma-separated integers, got {text!r}") from None
+    if not ks or ks[0] < 1:
+        raise argparse.ArgumentTypeError(f"--k values must be >= 1, got {text!r}")
+    return ks
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="toolatlas eval", description="Offline retrieval evaluation.")
+    p.add_argument("--catalog", required=True, type=Path, help="catalog.jsonl")
+    p.add_argument("--queries", required=True, type=Path, help="queries.jsonl")
+    p.add_argument("--k", default=[1, 3, 5, 10], type=_parse_ks, help="cut-offs, e.g. 1,3,5,10")
+    p.add_argument("--mode", default="hybrid", choices=[*ALL_MODES, "all"], help="ranker to evaluate, or all")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--embedder", default="onnx", choices=["onnx", "torch", "onnx-int8", "onnx-fp32"], help="embedding runtime"
+    )
+    p.add_argument("--state-dir", type=Path, default=None, help="where the ONNX export is cached (default: user cache)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    from toolatlas.errors import ToolatlasError
+    from toolatlas.evaluation.datasets import load_catalog, load_queries
+    from toolatlas.retrieval.engine import DENSE_MODES, Engine
+
+    modes = list(ALL_MODES) if args.mode == "all" else [args.mode]
+    try:
+        docs, key_of = load_catalog(args.catalog)
+        queries = load_queries(args.queries, key_of)
+    except ToolatlasError as exc:
+        print(f"toolatlas eval: {exc}", file=sys.stderr)
+        return 2
+    needs_dense = any(m in DENSE_MODES for m in modes)
+    engine = Engine(
+        state_dir=args.state_dir,
+        embedder=args.embedder if needs_dense else "none",
+        cache_size=0,
+        cache_ttl=0,
+        persist=False,  # the state dir only caches the ONNX export here
+    )
+    engine.load()
+    if needs_dense and engine.degraded:
+        print(f"toolatlas eval: the {args.embedder} embedder failed to load: {engine.stats()['embedder_error']}", file=sys.stderr)
+        return 1
+    engine.update(docs, [])
+    result: dict[str, Any] = {
+        "tools": len(docs),
+        "queries": len(queries),
+        "embedder": engine.stats()["embedder"],
+        "modes": evaluate(engine, queries, modes, args.k),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_table(result, args.k)
+    return 0
+
+
+def _print_table(result: dict[str, Any], ks: list[int]) -> None:
+    cols = [f"recall@{k}" for k in ks] + [f"ndcg@{k}" for k in ks] + ["mrr", "p50_ms", "p95_ms"]
+    print(f"{result['tools']} tools, {result['queries']} queries, embedder {result['embedder']}")
+    print(f"{'mode':<10} " + " ".join(f"{c:>9}" for c in cols))
+    for mode, row in result["modes"].items():
+        print(f"{mode:<10} " + " ".join(f"{row[c]:>9.4f}" if "ms" not in c else f"{row[c]:>9.2f}" for c in cols))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

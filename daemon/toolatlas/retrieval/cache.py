@@ -1,0 +1,56 @@
+"""A thread-safe LRU cache with a time-to-live, for query results and query vectors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+class TtlLru(Generic[V]):
+    """At most `maxsize` entries, each valid for `ttl` seconds (0 disables expiry).
+
+    `maxsize` 0 disables the cache (every get misses, puts are dropped). Counts hits and misses.
+    """
+
+    def __init__(self, maxsize: int, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.maxsize = maxsize
+        self.ttl = ttl
+        self._clock = clock
+        self._data: OrderedDict[Hashable, tuple[float, V]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Hashable) -> V | None:
+        with self._lock:
+            item = self._data.get(key)
+            if item is not None:
+                stamp, value = item
+                if self.ttl <= 0 or self._clock() - stamp < self.ttl:
+                    self._data.move_to_end(key)
+                    self.hits += 1
+                    return value
+                del self._data[key]
+            self.misses += 1
+            return None
+
+    def put(self, key: Hashable, value: V) -> None:
+        if self.maxsize <= 0:
+            return
+        with self._lock:
+            self._data[key] = (self._clock(), value)
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)

@@ -1,0 +1,77 @@
+"""Rank fusion and the small pure functions around it (top-k, normalisation, two-stage s).
+
+Everything here is pure numpy on small arrays so it can be unit-tested exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+RRF_K = 60
+
+
+def top_indices(scores: np.ndarray, k: int, allowed: np.ndarray | None = None, *, positive: bool = False) -> np.ndarray:
+    """Positions of the `k` highest scores (restricted to `allowed` positions), best first.
+
+    Ties break towards the lower position so results are deterministic. With `positive`,
+    only strictly positive scores qualify.
+    """
+    if allowed is not None:
+        pos = allowed
+        vals = scores[allowed]
+    else:
+        pos = np.arange(scores.shape[0])
+        vals = scores
+    if positive:
+        keep = vals > 0
+        pos, vals = pos[keep], vals[keep]
+    if k <= 0 or vals.shape[0] == 0:
+        return np.empty(0, dtype=np.int64)
+    if vals.shape[0] > k:
+        part = np.argpartition(-vals, k - 1)[:k]
+        # include everything tied with the k-th score so tie-breaking is by position
+        kth = vals[part].min()
+        part = np.flatnonzero(vals >= kth)
+        pos, vals = pos[part], vals[part]
+    order = np.lexsort((pos, -vals))[:k]
+    return pos[order].astype(np.int64)
+
+
+def rrf(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> dict[int, float]:
+    """Reciprocal rank fusion: sum over lists of 1 / (k + rank), rank starting at 1."""
+    fused: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            fused[item] = fused.get(item, 0.0) + 1.0 / (k + rank)
+    return fused
+
+
+def minmax(values: np.ndarray) -> np.ndarray:
+    """Scale to [0, 1]; a constant vector maps to all ones (every candidate equally good)."""
+    if values.shape[0] == 0:
+        return values.astype(np.float32)
+    lo, hi = float(values.min()), float(values.max())
+    if hi - lo <= 1e-12:
+        return np.ones_like(values, dtype=np.float32)
+    return ((values - lo) / (hi - lo)).astype(np.float32)
+
+
+def weighted(
+    lexical: np.ndarray, dense: np.ndarray, alpha: float
+) -> np.ndarray:
+    """Convex combination of min-max-normalised branch scores over one candidate pool.
+
+    `alpha` weighs the dense branch; both arrays score the same candidates in the same order.
+    """
+    return (alpha * minmax(dense) + (1.0 - alpha) * minmax(lexical)).astype(np.float32)
+
+
+def two_stage_servers(k: int, n_servers: int, n_tools: int) -> int:
+    """How many servers stage one keeps: s = min(m, max(2, floor(2k / n_bar) + 1))."""
+    if n_servers <= 0:
+        return 0
+    n_bar = n_tools / n_servers
+    return min(n_servers, max(2, math.floor(2 * k / n_bar) + 1))

@@ -1,0 +1,99 @@
+"""The mutable hnswlib index behind the dense branch, updated insert-before-delete.
+
+hnswlib cannot be snapshotted cheaply (100k vectors take ~25 s to index), so one index lives
+across catalog versions and is mutated in place under a lock; each published snapshot keeps
+its own label -> position map and its own vectors, and re-scores HNSW candidates exactly, so a
+search on an older snapshot still returns consistent results.
+
+Internal slots of deleted vectors are reused (`allow_replace_deleted=True` and
+`add_items(..., replace_deleted=True)`); external labels are handed out monotonically, never
+twice, because hnswlib re-labels a reused slot and an older snapshot may still hold the old label.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import hnswlib
+import numpy as np
+
+M = 16
+EF_CONSTRUCTION = 200
+_CHUNK = 512  # add in chunks so concurrent searches wait at most one chunk
+
+
+class HnswStore:
+    def __init__(self, dim: int, capacity: int = 1024) -> None:
+        self.dim = dim
+        self.lock = threading.Lock()
+        self.index = hnswlib.Index(space="cosine", dim=dim)
+        self.index.init_index(
+            max_elements=max(capacity, 16), ef_construction=EF_CONSTRUCTION, M=M, allow_replace_deleted=True
+        )
+        self.index.set_num_threads(1)
+        self.next_label = 0
+        self.live = 0
+        self.deleted = 0
+
+    @classmethod
+    def load(cls, path: Path, dim: int, next_label: int, live: int) -> "HnswStore":
+        store = cls.__new__(cls)
+        store.dim = dim
+        store.lock = threading.Lock()
+        idx = hnswlib.Index(space="cosine", dim=dim)
+        idx.load_index(str(path), allow_replace_deleted=True)
+        idx.set_num_threads(1)
+        store.index = idx
+        store.next_label = next_label
+        store.live = live
+        store.deleted = idx.get_current_count() - live
+        return store
+
+    def add(self, vectors: np.ndarray) -> np.ndarray:
+        """Insert vectors under fresh labels (reusing deleted slots); returns the labels."""
+        n = vectors.shape[0]
+        labels = np.arange(self.next_label, self.next_label + n, dtype=np.int64)
+        if n == 0:
+            return labels
+        self.next_label += n
+        with self.lock:
+            reusable = min(self.deleted, n)
+            needed = self.index.get_current_count() + n - reusable
+            cap = self.index.get_max_elements()
+            if needed > cap:
+                self.index.resize_index(max(needed, 2 * cap))
+        for s in range(0, n, _CHUNK):
+            with self.lock:
+                self.index.add_items(vectors[s : s + _CHUNK], labels[s : s + _CHUNK], replace_deleted=True)
+        self.deleted -= reusable
+        self.live += n
+        return labels
+
+    def delete(self, labels: Sequence[int]) -> None:
+        with self.lock:
+            for label in labels:
+                self.index.mark_deleted(int(label))
+        self.deleted += len(labels)
+        self.live -= len(labels)
+
+    def query(
+        self, vector: np.ndarray, k: int, ef: int, filter: Callable[[int], bool] | None = None
+    ) -> np.ndarray:
+        """Labels of up to `k` approximate nearest neighbours (fewer if the index is small)."""
+        k = min(k, self.live)
+        if k <= 0:
+            return np.empty(0, dtype=np.int64)
+        with self.lock:
+            self.index.set_ef(max(ef, k))
+            try:
+                labels, _ = self.index.knn_query(vector.reshape(1, -1), k=k, filter=filter)
+            except RuntimeError:
+                # fewer than k reachable elements (deletions, or a narrow filter)
+                return np.empty(0, dtype=np.int64)
+        return labels[0].astype(np.int64)
+
+    def save(self, path: Path) -> None:
+        with self.lock:
+            self.index.save_index(str(path))

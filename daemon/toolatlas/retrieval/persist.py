@@ -1,0 +1,209 @@
+"""On-disk state of the retrieval engine under `state_dir/retrieval/`.
+
+* `embeddings-<model>.bin`: the embedding cache (sha256 of document text -> vector), so a
+  restart or a re-list embeds only what changed.
+* `snapshot-<model>.bin` + `hnsw-<model>.idx`: the last published catalog (documents, hnsw
+  labels, version) and the dense index, so a restart serves searches before upstreams answer.
+
+Every file is written atomically (temp file, fsync, rename, fsync of the folder) and carries a
+SHA-256 of its body that is checked on load; a mismatch raises CorruptFile and the caller
+rebuilds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+
+if TYPE_CHECKING:
+    from toolatlas.retrieval.engine import ToolDoc
+    from toolatlas.retrieval.hnsw import HnswStore
+
+_EMB_MAGIC = b"TAEMB01\n"
+_SNAP_MAGIC = b"TASNP01\n"
+_HDR = struct.Struct("<I")
+
+
+class CorruptFile(Exception):
+    """A persisted file failed its integrity check."""
+
+
+def _slug(model: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", model)
+
+
+def folder(state_dir: Path) -> Path:
+    return Path(state_dir) / "retrieval"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, chunks: list[bytes]) -> None:
+    """Write `chunks` to `path` via a temp file + fsync + rename + fsync of the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            for c in chunks:
+                fh.write(c)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def _pack(magic: bytes, header: dict[str, Any], body: list[bytes]) -> list[bytes]:
+    h = hashlib.sha256()
+    for b in body:
+        h.update(b)
+    header = {**header, "sha256": h.hexdigest()}
+    hb = json.dumps(header, sort_keys=True).encode()
+    return [magic, _HDR.pack(len(hb)), hb, *body]
+
+
+def _unpack(path: Path, magic: bytes) -> tuple[dict[str, Any], memoryview] | None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if not raw.startswith(magic) or len(raw) < len(magic) + _HDR.size:
+        raise CorruptFile(f"{path} does not start with the expected header")
+    (hlen,) = _HDR.unpack_from(raw, len(magic))
+    start = len(magic) + _HDR.size
+    try:
+        header = json.loads(raw[start : start + hlen])
+    except ValueError as exc:
+        raise CorruptFile(f"{path} has an unreadable header") from exc
+    body = memoryview(raw)[start + hlen :]
+    if not isinstance(header, dict) or hashlib.sha256(body).hexdigest() != header.get("sha256"):
+        raise CorruptFile(f"{path} failed its checksum")
+    return header, body
+
+
+def embeddings_path(state_dir: Path, model: str) -> Path:
+    return folder(state_dir) / f"embeddings-{_slug(model)}.bin"
+
+
+def save_embeddings(state_dir: Path, model: str, vec_of: dict[bytes, np.ndarray]) -> None:
+    keys = list(vec_of)
+    mat = np.stack([vec_of[k] for k in keys]).astype(np.float32) if keys else np.empty((0, 0), np.float32)
+    body = [b"".join(keys), mat.tobytes()]
+    header = {"model": model, "count": len(keys), "dim": int(mat.shape[1]) if keys else 0}
+    atomic_write(embeddings_path(state_dir, model), _pack(_EMB_MAGIC, header, body))
+
+
+def load_embeddings(state_dir: Path, model: str, dim: int) -> dict[bytes, np.ndarray]:
+    """The persisted cache, {} if there is none; CorruptFile if it fails its checks."""
+    path = embeddings_path(state_dir, model)
+    got = _unpack(path, _EMB_MAGIC)
+    if got is None:
+        return {}
+    header, body = got
+    n = header.get("count")
+    if header.get("model") != model or not isinstance(n, int) or (n and header.get("dim") != dim):
+        raise CorruptFile(f"{path} is for another model or has a bad header")
+    if len(body) != n * 32 + n * dim * 4:
+        raise CorruptFile(f"{path} has the wrong size")
+    keys = bytes(body[: n * 32])
+    mat = np.frombuffer(body[n * 32 :], dtype=np.float32).reshape(n, dim) if n else None
+    return {keys[i * 32 : (i + 1) * 32]: mat[i] for i in range(n)} if mat is not None else {}
+
+
+@dataclass(frozen=True)
+class Restored:
+    version: int
+    docs: list["ToolDoc"]
+    labels: list[int]
+    next_label: int
+    hnsw_path: Path | None  # None when there is no usable dense index on disk
+
+
+def _snap_paths(state_dir: Path, model: str) -> tuple[Path, Path]:
+    d = folder(state_dir)
+    return d / f"snapshot-{_slug(model)}.bin", d / f"hnsw-{_slug(model)}.idx"
+
+
+def _file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save_snapshot(
+    state_dir: Path, model: str, *, version: int, docs: list["ToolDoc"], labels: list[int], hnsw: "HnswStore | None"
+) -> None:
+    snap_path, hnsw_path = _snap_paths(state_dir, model)
+    hnsw_sha = None
+    next_label = 0
+    if hnsw is not None:
+        hnsw_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = hnsw_path.with_name(f".{hnsw_path.name}.{os.getpid()}.tmp")
+        try:
+            hnsw.save(tmp)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            hnsw_sha = _file_sha(tmp)
+            os.replace(tmp, hnsw_path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        next_label = hnsw.next_label
+    body = msgspec.msgpack.encode({"docs": docs, "labels": labels})
+    header = {"model": model, "version": version, "next_label": next_label, "hnsw_sha256": hnsw_sha}
+    atomic_write(snap_path, _pack(_SNAP_MAGIC, header, [body]))
+
+
+def load_snapshot(state_dir: Path, model: str) -> Restored | None:
+    """The persisted snapshot or None; CorruptFile if the snapshot file fails its checks.
+
+    A missing or mismatching hnsw file is not an error: `hnsw_path` is then None.
+    """
+    from toolatlas.retrieval.engine import ToolDoc
+
+    snap_path, hnsw_path = _snap_paths(state_dir, model)
+    got = _unpack(snap_path, _SNAP_MAGIC)
+    if got is None:
+        return None
+    header, body = got
+
+    class Body(msgspec.Struct):
+        docs: list[ToolDoc]
+        labels: list[int]
+
+    try:
+        data = msgspec.msgpack.decode(body, type=Body)
+    except msgspec.DecodeError as exc:
+        raise CorruptFile(f"{snap_path} has an undecodable body") from exc
+    if len(data.docs) != len(data.labels):
+        raise CorruptFile(f"{snap_path} is inconsistent")
+    usable = None
+    sha = header.get("hnsw_sha256")
+    if sha and hnsw_path.exists() and _file_sha(hnsw_path) == sha:
+        usable = hnsw_path
+    return Restored(
+        version=int(header.get("version", 0)),
+        docs=data.docs,
+        labels=data.labels,
+        next_label=int(header.get("next_label", 0)),
+        hnsw_path=usable,
+    )
