@@ -1,0 +1,180 @@
+"""Token figures: the full tools/list of a catalog vs toolatlas's three meta-tools.
+
+Counts the JSON an MCP client would receive for `tools/list` with the local
+anthropic-tokenizer (see `toolatlas.tokens`), and the mean size of a top-5 `tool_search`
+result. Prints one JSON object.
+
+Run (from the repo root):
+
+    .venv/bin/python bench/tokens.py                      # 2,000 tools from the benchdata catalogs
+    .venv/bin/python bench/tokens.py --tools 500 --tools 2000 --tools 10000
+    .venv/bin/python bench/tokens.py --catalog my.jsonl   # any catalog.jsonl (interface format)
+    .venv/bin/python bench/tokens.py --config conf/example.toml   # list the config's live upstreams
+
+Catalog mode: the default catalog is ToolLens (464 RapidAPI tools) + MCPToolBench++ (49 real
+MCP tools) from ../shared/benchdata, replicated with varied server names until it holds N
+tools (copy k of server `s` becomes `s-k`; descriptions and schemas stay as published).
+Top-5 results are built from the test queries' relevant tools (filled up to 5 from the
+catalog) in the interface's result shape: this measures what a result costs, not ranking.
+
+Config mode connects to each upstream once (stdio ones are spawned; sse/http ones must be
+running, e.g. via `make run`), lists its tools, and reports the figures for that catalog;
+unreachable upstreams are listed under "unreachable".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHDATA = ROOT / ".." / "shared" / "benchdata"
+DEFAULT_CATALOGS = [BENCHDATA / "toollens" / "catalog.jsonl", BENCHDATA / "mcptoolbenchpp" / "catalog.jsonl"]
+DEFAULT_QUERIES = BENCHDATA / "toollens" / "queries.jsonl"
+SAMPLE_QUERIES = 50
+
+sys.path.insert(0, str(ROOT / "daemon"))
+
+from toolatlas.names import namespaced  # noqa: E402
+from toolatlas.tokens import TOKENIZER_NAME, catalog_token_report  # noqa: E402
+
+
+def load_meta_tools() -> tuple[list[dict[str, Any]], str]:
+    """The meta-tool definitions the gateway serves, and where they came from."""
+    try:
+        from toolatlas.surface.meta_tools import META_TOOLS
+    except ImportError:
+        META_TOOLS = None
+    if META_TOOLS:
+        return list(META_TOOLS), "toolatlas.surface.meta_tools.META_TOOLS"
+    raise SystemExit("toolatlas.surface.meta_tools.META_TOOLS is not available yet")
+
+
+def slug(server: str) -> str:
+    """A benchdata server name as a valid upstream name ([a-z0-9][a-z0-9-]*)."""
+    s = re.sub(r"[^a-z0-9]+", "-", server.lower()).strip("-")
+    return (s or "server")[:40]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def mcp_tool(server: str, name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": namespaced(server, name), "description": description, "inputSchema": schema}
+
+
+def replicate(records: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """`n` MCP tool dicts cycling over `records`, copy k of server s renamed s-k."""
+    tools = []
+    for i in range(n):
+        rec = records[i % len(records)]
+        copy = i // len(records)
+        server = slug(rec["server"]) + (f"-{copy}" if copy else "")
+        tools.append(mcp_tool(server, rec["name"], rec.get("description", ""), rec.get("input_schema") or {"type": "object"}))
+    return tools
+
+
+def sample_results(records: list[dict[str, Any]], queries: list[dict[str, Any]], seed: int = 1) -> list[dict[str, Any]]:
+    """Top-5 tool_search result objects for sampled queries (relevant tools first)."""
+    by_key = {(r["server"], r["name"]): r for r in records}
+    rnd = random.Random(seed)
+    picked = rnd.sample(queries, min(SAMPLE_QUERIES, len(queries))) if queries else [{"query": "", "relevant": []}] * SAMPLE_QUERIES
+    results = []
+    for q in picked:
+        recs = [by_key[(r["server"], r["name"])] for r in q.get("relevant", []) if (r["server"], r["name"]) in by_key][:5]
+        while len(recs) < 5:
+            recs.append(rnd.choice(records))
+        matches = []
+        for rank, r in enumerate(recs):
+            t = mcp_tool(slug(r["server"]), r["name"], r.get("description", ""), r.get("input_schema") or {"type": "object"})
+            matches.append({"name": t["name"], "server": slug(r["server"]), "tool": r["name"],
+                            "description": t["description"], "inputSchema": t["inputSchema"],
+                            "score": round(1.0 / (rank + 1), 4)})
+        results.append({"query": q["query"], "matches": matches, "degraded": None})
+    return results
+
+
+def catalog_mode(args: argparse.Namespace, meta: list[dict[str, Any]]) -> dict[str, Any]:
+    paths = [Path(p) for p in args.catalog] if args.catalog else DEFAULT_CATALOGS
+    records = [r for p in paths for r in read_jsonl(p)]
+    queries = read_jsonl(Path(args.queries)) if args.queries else (read_jsonl(DEFAULT_QUERIES) if not args.catalog else [])
+    samples = sample_results(records, queries)
+    sizes = args.tools or [2000]
+    runs = []
+    for n in sizes:
+        t0 = time.perf_counter()
+        report = catalog_token_report(replicate(records, n), meta, samples)
+        report["count_seconds"] = round(time.perf_counter() - t0, 3)
+        report["tokens_per_tool"] = round(report["full_catalog_tokens"] / max(n, 1), 1)
+        runs.append(report)
+    return {"source_catalogs": [str(p.resolve()) for p in paths], "source_tools": len(records), "runs": runs}
+
+
+def config_mode(args: argparse.Namespace, meta: list[dict[str, Any]]) -> dict[str, Any]:
+    import anyio
+
+    from toolatlas.config import load
+    from toolatlas.upstream.pool import list_tools_once
+
+    cfg = load(args.config)
+    tools: list[dict[str, Any]] = []
+    per_upstream: dict[str, int] = {}
+    unreachable: dict[str, str] = {}
+
+    async def main() -> None:
+        for up in cfg.upstream:
+            if not up.enabled:
+                continue
+            try:
+                listed = await list_tools_once(up, timeout=args.timeout)
+            except Exception as exc:  # noqa: BLE001 - a bench reports, it does not stop
+                unreachable[up.name] = str(exc)
+                continue
+            per_upstream[up.name] = len(listed)
+            for t in listed:
+                # Exactly what a passthrough tools/list would carry, under the namespaced name.
+                d = t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                d["name"] = namespaced(up.name, t.name)
+                tools.append(d)
+
+    anyio.run(main)
+    # Top-5 samples from the live tools themselves: every window of 5 (at most 50).
+    samples = []
+    for i in range(0, max(len(tools) - 4, 0), 5)[:SAMPLE_QUERIES]:
+        window = tools[i:i + 5]
+        samples.append({"query": "", "matches": [
+            {"name": t["name"], "server": t["name"].split("__")[0], "tool": t["name"].split("__", 1)[1],
+             "description": t.get("description", ""), "inputSchema": t.get("inputSchema", {}), "score": 0.5}
+            for t in window
+        ], "degraded": None})
+    report = catalog_token_report(tools, meta, samples or None)
+    return {"config": str(Path(args.config).resolve()), "upstreams": per_upstream,
+            "unreachable": unreachable, "runs": [report]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--catalog", action="append", help="catalog.jsonl (repeatable); default: benchdata")
+    ap.add_argument("--queries", help="queries.jsonl for top-5 samples; default: ToolLens test queries")
+    ap.add_argument("--tools", type=int, action="append", help="catalog size(s) to build (default 2000)")
+    ap.add_argument("--config", help="list the tools of this config's upstreams instead of a catalog")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per upstream in --config mode")
+    args = ap.parse_args(argv)
+    meta, meta_source = load_meta_tools()
+    out = config_mode(args, meta) if args.config else catalog_mode(args, meta)
+    out = {"bench": "tokens", "tokenizer": TOKENIZER_NAME, "meta_tools_source": meta_source,
+           "meta_tools": [t["name"] for t in meta], **out}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
