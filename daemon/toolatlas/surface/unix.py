@@ -108,10 +108,10 @@ class UnixServer:
         task_status.started()
         try:
             async with anyio.create_task_group() as tg:
-                async with listener:
+                try:
                     await listener.serve(self._handle, task_group=tg)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    pass  # stop_accepting(): live connections go on until cancelled
         finally:
             with anyio.move_on_after(1, shield=True):
                 await listener.aclose()

@@ -1,0 +1,197 @@
+"""Run a real `toolatlas serve` subprocess on a generated config, for end-to-end tests and benches."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, from /proc (no psutil)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] == "Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def stdio_testserver(name: str, *extra: str) -> str:
+    """A TOML [[upstream]] block running the project's test server over stdio."""
+    args = json.dumps(["-m", "toolatlas.examples.testserver", "--transport", "stdio", *extra])
+    return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+
+
+def url_upstream(name: str, transport: str, url: str, extra: str = "") -> str:
+    return f'[[upstream]]\nname = "{name}"\ntransport = "{transport}"\nurl = "{url}"\n{extra}'
+
+
+class Daemon:
+    """A daemon subprocess; `rpc(method, params)` talks to it over the socket."""
+
+    def __init__(self, tmp: Path, upstreams: str, *, daemon_extra: str = "", search_extra: str = 'embedder = "none"\n') -> None:
+        self.tmp = tmp
+        self.socket = str(tmp / "run" / "toolatlas.sock")
+        self.config = tmp / "toolatlas.toml"
+        self.config.write_text(
+            "[daemon]\n"
+            f'socket = "{self.socket}"\n'
+            f'state_dir = "{tmp / "state"}"\n'
+            'metrics_addr = ""\n'
+            "drain_timeout = 5\n"
+            f"{daemon_extra}\n"
+            "[search]\n"
+            f"{search_extra}\n"
+            f"{upstreams}"
+        )
+        self.log = tmp / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *, wait_ready: float = 60.0) -> "Daemon":
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self._logfh = open(self.log, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "toolatlas", "serve", "--config", str(self.config)],
+            stdout=self._logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        )
+        deadline = time.monotonic() + wait_ready
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                if self.status()["index"]["ready"]:
+                    return self
+            except (OSError, ConnectionError, KeyError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"daemon not ready within {wait_ready} s:\n{self.log.read_text()}")
+
+    def client(self) -> Any:
+        from toolatlas.surface.rawclient import RawClient
+
+        return RawClient(self.socket, timeout=60)
+
+    def tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        with self.client() as c:
+            return c.call_tool(name, args)
+
+    def meta(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        result = self.tool(name, args)
+        assert not result.get("isError"), result
+        return result["structuredContent"]
+
+    def status(self) -> dict[str, Any]:
+        return self.meta("catalog_status", {})
+
+    def search(self, query: str, top_k: int = 5, **kw: Any) -> list[str]:
+        return [m["name"] for m in self.meta("tool_search", {"query": query, "top_k": top_k, **kw})["matches"]]
+
+    def wait_for(self, predicate: Any, timeout: float = 30.0, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = predicate()
+                if last:
+                    return last
+            except (OSError, ConnectionError, AssertionError, KeyError):
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"{what} not reached within {timeout} s (last: {last!r})\n{self.log.read_text()[-4000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        self._logfh.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "Daemon":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            kids = descendants(self.proc.pid)
+            self.stop()
+            for pid in kids:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class NetworkServer:
+    """An example/test server on SSE or streamable HTTP at 127.0.0.1 on a free port."""
+
+    def __init__(self, module: str, transport: str, *extra: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, "--transport", transport, "--host", "127.0.0.1", "--port", "0", *extra],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 30
+        line = b""
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith(b"READY ") or not line:
+                break
+        if not line.startswith(b"READY "):
+            self.proc.kill()
+            raise RuntimeError(f"{module} over {transport} did not start")
+        self.port = int(line.split()[1])
+        path = "/sse" if transport == "sse" else "/mcp"
+        self.url = f"http://127.0.0.1:{self.port}{path}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
