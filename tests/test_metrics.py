@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import socket
 import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from toolatlas.metrics import Metrics, MetricsBindError, StateSnapshot, parse_addr
+from toolatlas.metrics import SEARCH_BUCKETS, Metrics, MetricsBindError, StateSnapshot, parse_addr
 
 
 def _families(text: str) -> dict[str, object]:
@@ -273,3 +275,30 @@ def test_promtool_check_metrics() -> None:
     bad = b"# HELP foo_requests x\n# TYPE foo_requests counter\nfoo_requests 1\n"
     proc = subprocess.run([promtool, "check", "metrics"], input=bad, capture_output=True, timeout=60)
     assert proc.returncode != 0
+
+
+@pytest.mark.slow
+async def test_real_prometheus_scrapes_and_returns_the_search_histogram() -> None:
+    """Debian's prometheus scrapes Metrics.serve on loopback; its query API has the histogram."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (Debian: apt-get install -y prometheus)")
+    path = Path(__file__).resolve().parents[1] / "bench" / "prometheus_scrape.py"
+    spec = importlib.util.spec_from_file_location("prometheus_scrape", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    m, _ = _fed()
+    with anyio.fail_after(90):
+        async with anyio.create_task_group() as tg:
+            host, port = await tg.start(m.serve, "127.0.0.1", 0)
+            out = await anyio.to_thread.run_sync(
+                lambda: bench.scrape_with_prometheus(f"{host}:{port}", timeout=60)
+            )
+            tg.cancel_scope.cancel()
+    assert out["target_health"] == "up"
+    assert out["searches_by_mode_cache"] == {"hybrid/miss": 1.0, "hybrid/hit": 1.0, "bm25/miss": 1.0}
+    # 12 buckets + Inf for each of the three (mode, cache) series.
+    assert out["bucket_series"] == 3 * (len(SEARCH_BUCKETS) + 1)
+    assert 2.5 <= out["quantiles_from_promql"]["hybrid/miss"]["p50_ms"] <= 5.0
+    assert "toolatlas_upstream_state" in out["families_stored"]
