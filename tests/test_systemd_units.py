@@ -182,3 +182,14 @@ def test_sysusers_entry_is_valid(systemd_analyze: str, tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "Creating user 'toolatlas'" in proc.stderr + proc.stdout
+
+
+def test_shipped_system_config_matches_the_units() -> None:
+    from toolatlas.config import load
+
+    cfg = load(str(UNITS / "config.toml"))
+    sock = parse_unit(UNITS / "toolatlas.socket")
+    assert cfg.daemon.socket == one(sock, "Socket", "ListenStream")
+    assert cfg.daemon.state_dir == "/var/lib/toolatlas"  # StateDirectory=toolatlas
+    svc = parse_unit(UNITS / "toolatlas.service")
+    assert "/etc/toolatlas/config.toml" in one(svc, "Service", "ExecStart")  # ConfigurationDirectory
