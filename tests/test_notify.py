@@ -49,6 +49,8 @@ def test_ready_stopping_reloading_watchdog_status(notify_socket: tuple[socket.so
     assert sock.recv(4096) == b"WATCHDOG=1"
     n.status("reindexing")
     assert sock.recv(4096) == b"STATUS=reindexing"
+    n.extend_timeout(90)
+    assert sock.recv(4096) == b"EXTEND_TIMEOUT_USEC=90000000"
     n.stopping()
     assert sock.recv(4096) == b"STOPPING=1"
 

@@ -102,6 +102,14 @@ class Notifier:
         """STATUS=...: a one-line human status shown by `systemctl status`."""
         self._send(f"STATUS={_one_line(text)}")
 
+    def extend_timeout(self, seconds: float) -> None:
+        """EXTEND_TIMEOUT_USEC: ask for `seconds` more before the start/stop timeout fires.
+
+        For a slow first index build (embedding thousands of tools) during startup; repeat
+        it while progress is being made.
+        """
+        self._send(f"EXTEND_TIMEOUT_USEC={max(0, int(seconds * 1_000_000))}")
+
     def watchdog_interval(self) -> float | None:
         """Seconds between WATCHDOG=1 pings (half of `$WATCHDOG_USEC`), or None.
 
