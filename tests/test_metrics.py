@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import shutil
 import socket
@@ -144,6 +145,14 @@ def test_state_gauges_are_computed_at_scrape_time() -> None:
     snaps[0] = StateSnapshot(upstreams=[("files", "ready", 3)])
     s = _samples(m.expose()[0].decode())
     assert s[("toolatlas_upstream_state", (("state", "draining"), ("upstream", "files")))] == 0
+
+    # The upstream package's enum can be passed as is.
+    class UpstreamState(enum.Enum):
+        DEGRADED = "degraded"
+
+    snaps[0] = StateSnapshot(upstreams=[("files", UpstreamState.DEGRADED, 0)])  # type: ignore[list-item]
+    s = _samples(m.expose()[0].decode())
+    assert s[("toolatlas_upstream_state", (("state", "degraded"), ("upstream", "files")))] == 1
 
 
 def test_broken_state_source_does_not_break_the_scrape(caplog: pytest.LogCaptureFixture) -> None:

@@ -136,10 +136,12 @@ class _StateCollector:
             f"{NAMESPACE}_quarantined_tools", "Tools withheld from search and execution."
         )
         if snap is not None:
-            for _, current, _ in snap.upstreams:
+            # Accept an enum member as well as its value.
+            ups = [(name, str(getattr(st, "value", st)), count) for name, st, count in snap.upstreams]
+            for _, current, _ in ups:
                 if current not in self.known_states and _LABEL_RE.match(current):
                     self.known_states.append(current)
-            for name, current, count in snap.upstreams:
+            for name, current, count in ups:
                 for s in self.known_states:
                     state.add_metric([name, s], 1.0 if s == current else 0.0)
                 tools.add_metric([name], count)
@@ -220,7 +222,7 @@ class Metrics:
             namespace=ns, registry=r,
         )
         self._state = _StateCollector(upstream_states)
-        r.register(self._state)  # type: ignore[arg-type]
+        r.register(self._state)
         self.bound_address: tuple[str, int] | None = None
 
     def __repr__(self) -> str:
