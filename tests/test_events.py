@@ -80,6 +80,31 @@ def test_secrets_are_redacted_everywhere() -> None:
     assert _lines(buf)[1]["note"] == "rotated to [REDACTED]"
 
 
+def test_bare_credential_of_a_header_value_is_redacted() -> None:
+    buf = io.StringIO()
+    ev = Events(buf, secrets=["Bearer tok_0123456789", "Basic ab"])
+    ev.emit("execute_tool_failed", message="upstream rejected tok_0123456789", hdr="Bearer tok_0123456789",
+            note="Basic ab ab")
+    line = _lines(buf)[0]
+    assert line["message"] == "upstream rejected [REDACTED]"
+    assert line["hdr"] == "[REDACTED]"
+    # Too short to redact alone without mangling ordinary text; the whole value still goes.
+    assert line["note"] == "[REDACTED] ab"
+
+
+def test_with_secrets_from_a_config() -> None:
+    from toolatlas.config import parse, secrets
+
+    cfg = parse(
+        '[[upstream]]\nname = "gh"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n'
+        'headers = { Authorization = "Bearer ghp_abcdefghij" }\n'
+    )
+    buf = io.StringIO()
+    Events(buf, secrets=secrets(cfg)).emit("upstream_state_changed", upstream="gh",
+                                          reason="401: token ghp_abcdefghij expired")
+    assert _lines(buf)[0]["reason"] == "401: token [REDACTED] expired"
+
+
 def test_values_become_json_and_envelope_cannot_be_overridden() -> None:
     class State(enum.Enum):
         READY = "ready"

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from toolatlas.metrics import SEARCH_BUCKETS, Metrics, MetricsBindError, StateSnapshot, parse_addr
+from toolatlas.metrics import SEARCH_BUCKETS, Metrics, MetricsBindError, StateSnapshot
 
 
 def _families(text: str) -> dict[str, object]:
@@ -199,15 +199,6 @@ def test_openmetrics_negotiation() -> None:
     body, ctype = m.expose("application/openmetrics-text; version=1.0.0")
     assert ctype.startswith("application/openmetrics-text")
     assert body.decode().rstrip().endswith("# EOF")
-
-
-def test_parse_addr() -> None:
-    assert parse_addr("127.0.0.1:9464") == ("127.0.0.1", 9464)
-    assert parse_addr("[::1]:9") == ("::1", 9)
-    assert parse_addr(":9464") == ("", 9464)
-    for bad in ("localhost", "127.0.0.1:http", "::1:9464", "h:70000"):
-        with pytest.raises(ValueError, match="metrics address"):
-            parse_addr(bad)
 
 
 def _get(url: str, accept: str = "") -> tuple[int, str, str]:

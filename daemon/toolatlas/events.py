@@ -15,7 +15,7 @@ pipeline keys on them); the constants below are the ones the daemon emits:
 Privacy: a field named `query` (at any depth) is dropped unless `log_queries=True`, since
 queries can carry user data. Every configured secret (upstream header values, env values,
 tokens) is replaced by `[REDACTED]` wherever it appears, in keys and values, before
-serialisation. Writing never raises: a closed or broken stream loses the line, not the daemon.
+serialisation (pass `toolatlas.config.secrets(cfg)`). Writing never raises: a closed or broken stream loses the line, not the daemon.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ REDACTED = "[REDACTED]"
 QUERY_FIELD = "query"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _RESERVED = ("ts", "event")
+_MIN_BARE_CREDENTIAL = 8
 
 
 def rfc3339_now() -> str:
@@ -75,16 +76,28 @@ class Events:
     ) -> None:
         self._stream = stream
         self.log_queries = log_queries
-        # Longest first, so a secret containing another is redacted whole.
-        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._secrets: list[str] = []
+        self.add_secrets(secrets)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<Events log_queries={self.log_queries} secrets={len(self._secrets)}>"
 
     def add_secrets(self, secrets: Sequence[str]) -> None:
-        """Redact these too from now on (after a config reload brought new ones)."""
-        merged = set(self._secrets) | {s for s in secrets if s}
+        """Redact these too from now on (after a config reload brought new ones).
+
+        For a header-style value "Scheme credential" (e.g. "Bearer abc..."), the credential
+        alone is redacted as well, since error messages often quote just the token.
+        """
+        merged = set(self._secrets)
+        for secret in secrets:
+            if not secret:
+                continue
+            merged.add(secret)
+            parts = secret.split()
+            if len(parts) > 1 and len(parts[-1]) >= _MIN_BARE_CREDENTIAL:
+                merged.add(parts[-1])
+        # Longest first, so a secret containing another is redacted whole.
         self._secrets = sorted(merged, key=len, reverse=True)
 
     def emit(self, event: str, **fields: Any) -> None:

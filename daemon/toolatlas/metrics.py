@@ -76,21 +76,6 @@ def _label(kind: str, value: str) -> str:
     return value
 
 
-def parse_addr(addr: str) -> tuple[str, int]:
-    """Split `metrics_addr` ("127.0.0.1:9464", "[::1]:9464", ":9464") into (host, port).
-
-    An empty host means all interfaces. Raises ValueError naming the value when malformed.
-    """
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"metrics address {addr!r} is not HOST:PORT")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"metrics address {addr!r}: write an IPv6 host in brackets, [::1]:PORT")
-    return host, int(port)
-
-
 class _StateCollector:
     """Computes the state gauges from the snapshot callback at scrape time."""
 
