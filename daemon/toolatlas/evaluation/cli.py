@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--embedder", default="onnx", choices=["onnx", "torch", "onnx-int8", "onnx-fp32"], help="embedding runtime"
     )
+    p.add_argument("--fusion", default="z", choices=["z", "minmax", "rrf"], help="hybrid fusion (z is the default ranker; rrf the baseline)")
     p.add_argument("--state-dir", type=Path, default=None, help="where the ONNX export is cached (default: user cache)")
     return p
 
@@ -102,6 +103,7 @@ def main(argv: list[str]) -> int:
         cache_size=0,
         cache_ttl=0,
         persist=False,  # the state dir only caches the ONNX export here
+        fusion=args.fusion,
     )
     engine.load()
     if needs_dense and engine.degraded:
@@ -112,6 +114,7 @@ def main(argv: list[str]) -> int:
         "tools": len(docs),
         "queries": len(queries),
         "embedder": engine.stats()["embedder"],
+        "fusion": args.fusion,
         "modes": evaluate(engine, queries, modes, args.k),
     }
     if args.json:

@@ -12,13 +12,13 @@ from collections.abc import Sequence
 import numpy as np
 
 K1 = 1.2
-B = 0.75
+B = 0.5
 
 
 class Bm25Index:
-    """BM25 (Lucene idf, k1=1.2, b=0.75) over `docs`, a list of token lists."""
+    """BM25 (Lucene idf, k1=1.2, b=0.5) over `docs`, a list of token lists."""
 
-    __slots__ = ("n_docs", "vocab", "_indptr", "_docs", "_weights", "n_unique")
+    __slots__ = ("n_docs", "vocab", "_indptr", "_docs", "_weights", "n_unique", "idf", "k1", "max_idf")
 
     def __init__(self, docs: Sequence[Sequence[str]], *, k1: float = K1, b: float = B) -> None:
         n = len(docs)
@@ -30,7 +30,11 @@ class Bm25Index:
             lengths[i] = len(toks)
             tids.extend(vocab.setdefault(t, len(vocab)) for t in toks)
         self.vocab = vocab
+        self.k1 = k1
         n_terms = len(vocab)
+        # idf of a term no document contains: the ceiling for unknown query words
+        self.max_idf = float(np.log1p((n + 0.5) / 0.5))
+        self.idf = np.zeros(n_terms, dtype=np.float32)
         self.n_unique = np.zeros(n, dtype=np.int64)
         if n == 0 or not tids:
             self._indptr = np.zeros(n_terms + 1, dtype=np.int64)
@@ -44,6 +48,7 @@ class Bm25Index:
         d_of = keys % n
         df = np.bincount(t_of, minlength=n_terms)
         idf = np.log1p((n - df + 0.5) / (df + 0.5))
+        self.idf = idf.astype(np.float32)
         avgdl = max(float(lengths.mean()), 1e-9)
         norm = k1 * (1.0 - b + b * lengths[d_of] / avgdl)
         w = idf[t_of] * tf * (k1 + 1.0) / (tf + norm)
@@ -78,3 +83,13 @@ class Bm25Index:
             s, e = self._indptr[tid], self._indptr[tid + 1]
             out[self._docs[s:e]] += 1
         return out, self.n_unique
+
+    def ceiling(self, tokens: Sequence[str]) -> float:
+        """The score a document matching every distinct query token with saturated tf would
+        get: idf summed over the query (unknown words count at the highest idf) times k1 + 1.
+        Dividing by it turns a BM25 score into "how much of this query the document covers"."""
+        total = 0.0
+        for t in set(tokens):
+            tid = self.vocab.get(t)
+            total += float(self.idf[tid]) if tid is not None else self.max_idf
+        return total * (self.k1 + 1.0)

@@ -59,14 +59,24 @@ def minmax(values: np.ndarray) -> np.ndarray:
     return ((values - lo) / (hi - lo)).astype(np.float32)
 
 
-def weighted(
-    lexical: np.ndarray, dense: np.ndarray, alpha: float
-) -> np.ndarray:
-    """Convex combination of min-max-normalised branch scores over one candidate pool.
+def zscore(values: np.ndarray) -> np.ndarray:
+    """Standardise to mean 0, deviation 1; a constant vector maps to all zeros."""
+    if values.shape[0] == 0:
+        return values.astype(np.float32)
+    sd = float(values.std())
+    if sd <= 1e-12:
+        return np.zeros_like(values, dtype=np.float32)
+    return ((values - values.mean()) / sd).astype(np.float32)
 
-    `alpha` weighs the dense branch; both arrays score the same candidates in the same order.
+
+def weighted(lexical: np.ndarray, dense: np.ndarray, alpha: float, norm: str = "z") -> np.ndarray:
+    """Convex combination of normalised branch scores over one candidate pool.
+
+    `alpha` weighs the dense branch; both arrays score the same candidates in the same order;
+    `norm` is "z" (z-score) or "minmax".
     """
-    return (alpha * minmax(dense) + (1.0 - alpha) * minmax(lexical)).astype(np.float32)
+    f = zscore if norm == "z" else minmax
+    return (alpha * f(dense) + (1.0 - alpha) * f(lexical)).astype(np.float32)
 
 
 def two_stage_servers(k: int, n_servers: int, n_tools: int) -> int:

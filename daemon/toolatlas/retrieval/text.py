@@ -39,23 +39,19 @@ def words(text: str) -> list[str]:
 
 
 def stem(word: str) -> str:
-    """A light, deterministic suffix stripper (not Porter): enough to merge common inflections."""
+    """Plural stripping only (files -> file, queries -> query, but news, status, class stay).
+
+    Heavier suffix stripping (-ed, -ing) conflated unrelated words on the training queries
+    ("united" -> "unit", "news" -> "new") and did not pay for itself.
+    """
     if len(word) <= 3 or word.isdigit():
         return word
-    for suffix, repl, min_stem in (
-        ("ies", "y", 3),
-        ("sses", "ss", 2),
-        ("ing", "", 4),
-        ("ed", "", 4),
-        ("es", "", 4),
-        ("s", "", 3),
-    ):
-        if word.endswith(suffix) and len(word) - len(suffix) >= min_stem:
-            if suffix == "s" and word.endswith(("ss", "us", "is")):
-                return word
-            if suffix == "es" and not word.endswith(("ches", "shes", "xes", "zes", "sses")):
-                continue
-            return word[: len(word) - len(suffix)] + repl
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith("sses"):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith(("ss", "us", "is", "ws", "os")):
+        return word[:-1]
     return word
 
 
