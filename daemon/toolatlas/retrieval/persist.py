@@ -186,15 +186,13 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         return None
     header, body = got
 
-    class Body(msgspec.Struct):
-        docs: list[ToolDoc]
-        labels: list[int]
-
     try:
-        data = msgspec.msgpack.decode(body, type=Body)
-    except msgspec.DecodeError as exc:
+        raw = msgspec.msgpack.decode(body)
+        docs = msgspec.convert(raw["docs"], list[ToolDoc])
+        labels = msgspec.convert(raw["labels"], list[int])
+    except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError) as exc:
         raise CorruptFile(f"{snap_path} has an undecodable body") from exc
-    if len(data.docs) != len(data.labels):
+    if len(docs) != len(labels):
         raise CorruptFile(f"{snap_path} is inconsistent")
     usable = None
     sha = header.get("hnsw_sha256")
@@ -202,8 +200,8 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         usable = hnsw_path
     return Restored(
         version=int(header.get("version", 0)),
-        docs=data.docs,
-        labels=data.labels,
+        docs=docs,
+        labels=labels,
         next_label=int(header.get("next_label", 0)),
         hnsw_path=usable,
     )

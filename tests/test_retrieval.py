@@ -1,0 +1,382 @@
+"""Retrieval engine: tokenization, fusion math, scopes, cache, concurrency, persistence,
+degradation. Uses the real packaged MiniLM (ONNX, exported once into the user cache dir) on
+the 49-tool MCPToolBench++ catalog so the suite stays quick."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries
+from toolatlas.retrieval import engine as engine_mod
+from toolatlas.retrieval import fusion
+from toolatlas.retrieval.embed import EmbedderUnavailable, ensure_onnx_export, get_embedder, models_dir
+from toolatlas.retrieval.engine import Engine, ToolDoc
+from toolatlas.retrieval.text import dense_text, normalise_query, tokenize, words
+
+MCP = benchdata_dir() / "mcptoolbenchpp"
+
+
+# -- pure parts ---------------------------------------------------------------------------
+
+
+def test_words_split_snake_camel_and_punctuation() -> None:
+    assert words("get_weatherForecast") == ["get", "weather", "forecast"]
+    assert words("HTTPServer.listTools") == ["http", "server", "list", "tools"]
+    assert words("/v1/nutrition") == ["v1", "nutrition"]
+    assert words("read-file  (v2)") == ["read", "file", "v2"]
+
+
+def test_tokenize_drops_stopwords_and_strips_plurals_only() -> None:
+    assert tokenize("Search the files for the queries") == ["search", "file", "query"]
+    # "news" must not become "new", "status" must not become "statu"
+    assert tokenize("latest news status class") == ["latest", "news", "status", "class"]
+    assert tokenize("playwright_iframe_click") == ["playwright", "iframe", "click"]
+
+
+def test_normalised_query_is_the_cache_form() -> None:
+    assert normalise_query("  Read FILE!!  ") == normalise_query("read file")
+
+
+def test_dense_text_carries_name_server_params_and_enums() -> None:
+    text = dense_text(
+        "search_issues",
+        "github",
+        "Find issues.",
+        {"type": "object", "properties": {"state": {"type": "string", "enum": ["open", "closed"], "description": "Issue state"}}},
+    )
+    assert text.startswith("search issues (github): Find issues.")
+    assert "state: Issue state (one of open closed)" in text
+
+
+def test_rrf_math() -> None:
+    fused = fusion.rrf([[1, 2, 3], [2, 4]], k=60)
+    assert fused[2] == pytest.approx(1 / 62 + 1 / 61)
+    assert fused[1] == pytest.approx(1 / 61)
+    assert fused[4] == pytest.approx(1 / 62)
+    assert max(fused, key=fused.__getitem__) == 2
+
+
+def test_score_normalisation_and_weighted_fusion() -> None:
+    lex = np.array([10.0, 0.0, 5.0], dtype=np.float32)
+    den = np.array([0.2, 0.8, 0.5], dtype=np.float32)
+    assert fusion.minmax(lex).tolist() == [1.0, 0.0, 0.5]
+    z = fusion.zscore(den)
+    assert z.mean() == pytest.approx(0.0, abs=1e-6) and z.std() == pytest.approx(1.0, rel=1e-5)
+    assert fusion.zscore(np.ones(3)).tolist() == [0.0, 0.0, 0.0]
+    mixed = fusion.weighted(lex, den, 0.5, "minmax")
+    assert mixed.tolist() == pytest.approx([0.5, 0.5, 0.5])
+    # all weight on one branch reproduces that branch's order
+    assert np.argsort(-fusion.weighted(lex, den, 1.0)).tolist() == [1, 2, 0]
+    assert np.argsort(-fusion.weighted(lex, den, 0.0)).tolist() == [0, 2, 1]
+
+
+def test_top_indices_scoped_ties_and_positive() -> None:
+    s = np.array([0.5, 0.9, 0.9, 0.0, 0.7], dtype=np.float32)
+    assert fusion.top_indices(s, 2).tolist() == [1, 2]  # tie broken by position
+    assert fusion.top_indices(s, 3, np.array([0, 3, 4])).tolist() == [4, 0, 3]
+    assert fusion.top_indices(s, 10, positive=True).tolist() == [1, 2, 4, 0]
+    assert fusion.top_indices(s, 0).tolist() == []
+
+
+@pytest.mark.parametrize(
+    ("k", "m", "n", "expected"),
+    [
+        (5, 6, 49, 2),  # n_bar 8.2: floor(10/8.2)+1 = 2
+        (5, 10, 20, 6),  # n_bar 2: floor(5)+1 = 6
+        (20, 10, 20, 10),  # capped at m
+        (1, 100, 10000, 2),  # at least 2
+        (5, 1, 3, 1),  # never more servers than exist
+        (3, 0, 0, 0),
+    ],
+)
+def test_two_stage_server_count(k: int, m: int, n: int, expected: int) -> None:
+    assert fusion.two_stage_servers(k, m, n) == expected
+    if m:
+        assert expected == min(m, max(2, math.floor(2 * k / (n / m)) + 1))
+
+
+# -- engine on the real model --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mcp_docs() -> list[ToolDoc]:
+    docs, _ = load_catalog(MCP / "catalog.jsonl")
+    return docs
+
+
+@pytest.fixture(scope="module")
+def shared_models() -> Path:
+    """The ONNX export, made once into the user cache (the subprocess imports torch, not us)."""
+    ensure_onnx_export(None)
+    return models_dir(None)
+
+
+def _state_dir(tmp_path: Path, shared_models: Path) -> Path:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "models").symlink_to(shared_models, target_is_directory=True)
+    return state
+
+
+@pytest.fixture(scope="module")
+def engine(mcp_docs: list[ToolDoc], shared_models: Path) -> Engine:
+    eng = Engine(state_dir=None)
+    eng.load()
+    eng.update(mcp_docs, [])
+    return eng
+
+
+def test_onnx_matches_torch_vectors_closely(shared_models: Path) -> None:
+    onnx = get_embedder("onnx-fp32")
+    texts = ["read a file from disk", "search the web for news about climate"]
+    v = onnx.embed(texts)
+    assert v.shape == (2, 384) and v.dtype == np.float32
+    assert np.linalg.norm(v, axis=1) == pytest.approx([1.0, 1.0], abs=1e-5)
+    # int8 stays close to fp32 (the quality rule is checked with `toolatlas eval`)
+    q = get_embedder("onnx-int8").embed(texts)
+    assert (q * v).sum(axis=1).min() > 0.9
+
+
+def test_a_query_naming_a_tool_finds_it(engine: Engine) -> None:
+    for mode in ("hybrid", "bm25", "keyword", "two-stage"):
+        out = engine.search("playwright_iframe_click", 3, mode=mode)
+        assert out.hits[0].name == "playwright__playwright_iframe_click", mode
+        assert out.mode == mode and out.degraded is None
+
+
+def test_hybrid_ranks_by_meaning(engine: Engine) -> None:
+    out = engine.search("what is the share price of Apple right now", 5)
+    assert out.hits and out.hits[0].server == "finance-agent-mcp-server"
+    assert [h.score for h in out.hits] == sorted((h.score for h in out.hits), reverse=True)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "dense", "bm25", "two-stage"])
+def test_narrow_scope_still_returns_top_k_from_the_allowed_set(engine: Engine, mode: str) -> None:
+    # A web-search query, restricted to the filesystem server: the caller still gets 5 results,
+    # all from the allowed server (not the empty remainder of a global top 5).
+    query = "list the files in the project directory and search the web for news"
+    unscoped = engine.search(query, 5, mode=mode)
+    scoped = engine.search(query, 5, servers=["filesystem"], mode=mode)
+    assert {h.server for h in scoped.hits} == {"filesystem"}
+    assert len(scoped.hits) == 5
+    if mode != "bm25":
+        assert {h.server for h in unscoped.hits} != {"filesystem"}
+    assert engine.search(query, 5, servers=["no-such-server"], mode=mode).hits == []
+    assert engine.search(query, 5, servers=[], mode=mode).hits == []
+
+
+def test_scopes_on_the_hnsw_paths(mcp_docs: list[ToolDoc], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_mod, "HNSW_MIN", 0)  # route even 49 docs through hnswlib
+    eng = Engine(state_dir=None, cache_size=0)
+    eng.load()
+    eng.update(mcp_docs, [])
+    servers = sorted({d.server for d in mcp_docs})
+    wide = [s for s in servers if s != "filesystem"]  # most of the catalog: hnsw + filter
+    n_wide = sum(1 for d in mcp_docs if d.server in wide)
+    for scope, expect in ((None, 10), (wide, min(10, n_wide)), (["google-search"], 1)):
+        out = eng.search("read the contents of a text file", 10, servers=scope, mode="dense")
+        assert len(out.hits) == expect
+        if scope is not None:
+            assert {h.server for h in out.hits} <= set(scope)
+    assert eng.stats()["dense_index"]["live"] == len(mcp_docs)
+
+
+def test_cache_hits_and_invalidation_on_update(mcp_docs: list[ToolDoc]) -> None:
+    eng = Engine(state_dir=None)
+    eng.load()
+    v1 = eng.update(mcp_docs, [])
+    first = eng.search("Take a screenshot of the page", 5)
+    again = eng.search("take a SCREENSHOT of the page!", 5)  # same normalised query
+    assert not first.cached and again.cached and again.hits == first.hits
+    assert eng.search("take a screenshot of the page", 3).cached is False  # top_k is in the key
+    assert eng.search("take a screenshot of the page", 5, servers=["playwright"]).cached is False
+    new = ToolDoc(
+        name="camera__snap_screenshot",
+        server="camera",
+        tool="snap_screenshot",
+        description="Take a screenshot of the page and save it as a PNG image.",
+        input_schema={"type": "object", "properties": {}},
+    )
+    v2 = eng.update([new], [])
+    assert v2 == v1 + 1 == eng.version
+    after = eng.search("take a screenshot of the page", 5)
+    assert not after.cached and after.version == v2
+    assert "camera__snap_screenshot" in [h.name for h in after.hits]
+    st = eng.stats()
+    assert st["cache"]["hits"] == 1 and st["cache"]["misses"] >= 4
+    json.dumps(st)
+
+
+def test_cache_ttl_expires(mcp_docs: list[ToolDoc]) -> None:
+    now = [0.0]
+    eng = Engine(state_dir=None, cache_ttl=10.0)
+    eng._cache._clock = lambda: now[0]  # noqa: SLF001 - a controllable clock, not a mock of the engine
+    eng.load()
+    eng.update(mcp_docs[:10], [])
+    assert not eng.search("close the browser", 5).cached
+    now[0] = 9.0
+    assert eng.search("close the browser", 5).cached
+    now[0] = 20.0
+    assert not eng.search("close the browser", 5).cached
+
+
+def test_update_replaces_and_removes(mcp_docs: list[ToolDoc]) -> None:
+    eng = Engine(state_dir=None, cache_size=0)
+    eng.load()
+    eng.update(mcp_docs, [])
+    target = next(d for d in mcp_docs if d.tool == "tavily-crawl")
+    changed = ToolDoc(**{**{f: getattr(target, f) for f in target.__struct_fields__}, "description": "Order a pizza for delivery."})
+    eng.update([changed], ["google-search__search"])
+    assert len(eng) == len(mcp_docs) - 1
+    assert eng.search("order a pizza", 1).hits[0].name == target.name
+    assert all(h.name != "google-search__search" for h in eng.search("perform a web search query", 10).hits)
+    st = eng.stats()
+    assert st["dense_index"]["live"] == len(mcp_docs) - 1
+    assert st["embeddings_computed"] == len(mcp_docs) + 1 or st["embeddings_cached"] > 0
+
+
+def test_search_during_updates_never_misses_a_stable_doc(mcp_docs: list[ToolDoc], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Insert-before-delete: docs replaced over and over stay findable at every instant."""
+    monkeypatch.setattr(engine_mod, "HNSW_MIN", 0)  # exercise the shared hnswlib index
+    eng = Engine(state_dir=None, cache_size=0)
+    eng.load()
+    eng.update(mcp_docs, [])
+    churn = [d for d in mcp_docs if d.server == "filesystem"]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    rounds = [0]
+
+    def updater() -> None:
+        try:
+            i = 0
+            while not stop.is_set() and i < 15:
+                i += 1
+                docs = [
+                    ToolDoc(**{**{f: getattr(d, f) for f in d.__struct_fields__}, "description": f"{d.description} (rev {i})"})
+                    for d in churn
+                ]
+                eng.update(docs, [])
+                rounds[0] = i
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    t = threading.Thread(target=updater)
+    t.start()
+    seen_versions: set[int] = set()
+    deadline = time.monotonic() + 240
+    try:
+        while t.is_alive() and time.monotonic() < deadline:
+            for mode in ("dense", "hybrid"):
+                out = eng.search("read the complete contents of a file from the file system", 49, mode=mode)
+                names = {h.name for h in out.hits}
+                assert "filesystem__read_file" in names, (mode, out.version)
+                assert len(out.hits) == len(mcp_docs), (mode, len(out.hits))
+                seen_versions.add(out.version)
+    finally:
+        stop.set()
+        t.join(timeout=120)
+    assert not errors, errors
+    assert rounds[0] == 15
+    assert len(seen_versions) >= 3  # the searches really ran across several published snapshots
+    assert eng.stats()["dense_index"]["live"] == len(mcp_docs)
+
+
+def test_restart_computes_zero_new_embeddings(mcp_docs: list[ToolDoc], tmp_path: Path, shared_models: Path) -> None:
+    state = _state_dir(tmp_path, shared_models)
+    eng = Engine(state_dir=state)
+    eng.load()
+    eng.update(mcp_docs, [])
+    assert eng.stats()["embeddings_computed"] == len(mcp_docs)
+    before = eng.search("take a screenshot", 5)
+
+    again = Engine(state_dir=state)
+    again.load()
+    # the persisted snapshot serves searches before the catalog is re-listed
+    assert again.ready and len(again) == len(mcp_docs)
+    restored = again.search("take a screenshot", 5)
+    assert [h.name for h in restored.hits] == [h.name for h in before.hits]
+    again.update(mcp_docs, [])
+    st = again.stats()
+    assert st["embeddings_computed"] == 0 and st["snapshot_restored"] == 1
+    assert again.search("take a screenshot", 5).hits == before.hits
+
+
+def test_corrupt_embedding_cache_is_detected_and_rebuilt(mcp_docs: list[ToolDoc], tmp_path: Path, shared_models: Path) -> None:
+    state = _state_dir(tmp_path, shared_models)
+    eng = Engine(state_dir=state)
+    eng.load()
+    eng.update(mcp_docs, [])
+    cache_files = list((state / "retrieval").glob("embeddings-*.bin"))
+    assert len(cache_files) == 1
+    raw = bytearray(cache_files[0].read_bytes())
+    raw[-100] ^= 0xFF
+    cache_files[0].write_bytes(bytes(raw))
+    for f in (state / "retrieval").glob("hnsw-*.idx"):
+        f.write_bytes(b"garbage")
+
+    second = Engine(state_dir=state)
+    second.load()
+    second.update(mcp_docs, [])
+    st = second.stats()
+    assert st["cache_corrupt"] >= 1
+    assert st["embeddings_computed"] == len(mcp_docs)  # rebuilt, not trusted
+    assert second.search("playwright_iframe_click", 1).hits[0].name == "playwright__playwright_iframe_click"
+
+    third = Engine(state_dir=state)
+    third.load()
+    third.update(mcp_docs, [])
+    assert third.stats()["embeddings_computed"] == 0 and third.stats()["cache_corrupt"] == 0
+
+
+def test_embedder_failure_degrades_to_bm25(mcp_docs: list[ToolDoc], tmp_path: Path) -> None:
+    # A broken model on disk (complete-looking export, unreadable weights) must not stop search.
+    state = tmp_path / "state"
+    export = state / "models" / "minilm-l6-v2-onnx-v1"
+    export.mkdir(parents=True)
+    files = {"model.onnx": b"not a model", "model.int8.onnx": b"not a model either", "tokenizer.json": b"{}"}
+    for name, data in files.items():
+        (export / name).write_bytes(data)
+    (export / "manifest.json").write_text(json.dumps({"format": 1, "files": {n: len(d) for n, d in files.items()}}))
+    with pytest.raises(EmbedderUnavailable):
+        get_embedder("onnx", state)
+
+    eng = Engine(state_dir=state)
+    eng.load()
+    eng.update(mcp_docs, [])
+    out = eng.search("playwright_iframe_click", 3)
+    assert out.degraded == "bm25-only"
+    assert out.hits[0].name == "playwright__playwright_iframe_click"
+    assert eng.search("playwright_iframe_click", 3, mode="bm25").degraded is None
+    st = eng.stats()
+    assert st["degraded"] == "bm25-only" and st["embedder_failures"] == 1
+    assert st["degraded_searches"] >= 1 and st["embedder_error"]
+
+
+def test_embedder_none_is_plain_bm25(mcp_docs: list[ToolDoc]) -> None:
+    eng = Engine(state_dir=None, embedder="none")
+    eng.load()
+    eng.update(mcp_docs, [])
+    out = eng.search("playwright_iframe_click", 3)
+    assert out.degraded is None and out.hits[0].name == "playwright__playwright_iframe_click"
+    assert eng.stats()["embeddings_computed"] == 0
+
+
+def test_empty_engine_reports_no_index() -> None:
+    eng = Engine(state_dir=None, embedder="none")
+    assert not eng.ready and eng.version == 0 and len(eng) == 0
+    out = eng.search("anything", 5)
+    assert out.hits == [] and out.degraded == "no-index"
+
+
+def test_relevance_labels_resolve(mcp_docs: list[ToolDoc]) -> None:
+    _, key_of = load_catalog(MCP / "catalog.jsonl")
+    qs = load_queries(MCP / "queries.jsonl", key_of)
+    names = {d.name for d in mcp_docs}
+    assert len(qs) == 699 and all(q.relevant <= names for q in qs)
