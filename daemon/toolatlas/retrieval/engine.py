@@ -350,6 +350,19 @@ class Engine:
             self._timings["last_update_s"] = time.perf_counter() - t0
             return version
 
+    def seed_embeddings(self, docs: Sequence[ToolDoc], vectors: np.ndarray) -> None:
+        """Put precomputed document vectors into the embedding cache (benchmarks, imports).
+
+        `vectors` must be (len(docs), dim), L2-normalised, from the same model; a later
+        `update()` with these docs then embeds none of them.
+        """
+        if vectors.shape[0] != len(docs):
+            raise ValueError(f"{len(docs)} docs but {vectors.shape[0]} vectors")
+        with self._update_lock:
+            for doc, vec in zip(docs, np.asarray(vectors, dtype=np.float32)):
+                self._vec_of[make_entry(doc).key] = vec
+            self._vec_dirty = True
+
     def _commit(self, entries: dict[str, _Entry], stale: list[int], version: int, persist_now: bool = True) -> None:
         """Embed what is missing, insert, then delete, then publish. Holds _update_lock."""
         emb = self._embedder
