@@ -1,0 +1,89 @@
+"""`toolatlas eval`: metric definitions, the JSON shape of docs/interface.md, and that every
+mode runs on MCPToolBench++ through the same Engine the daemon serves."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from toolatlas.evaluation import metrics
+from toolatlas.evaluation.cli import main
+from toolatlas.evaluation.datasets import benchdata_dir
+
+MCP = benchdata_dir() / "mcptoolbenchpp"
+MODES = {"hybrid", "bm25", "dense", "two-stage", "keyword"}
+
+
+def test_metric_definitions() -> None:
+    ranked = ["a", "x", "b", "y"]
+    rel = {"a", "b", "c"}
+    assert metrics.recall_at(ranked, rel, 3) == pytest.approx(2 / 3)
+    assert metrics.hit_at(ranked, rel, 1) == 1.0 and metrics.hit_at(["x"], rel, 1) == 0.0
+    ideal = 1 + 1 / math.log2(3) + 1 / math.log2(4)
+    assert metrics.ndcg_at(ranked, rel, 3) == pytest.approx((1 + 1 / math.log2(4)) / ideal)
+    assert metrics.ndcg_at(["a", "b", "c"], rel, 3) == pytest.approx(1.0)
+    assert metrics.reciprocal_rank(ranked, {"b"}) == pytest.approx(1 / 3)
+    assert metrics.reciprocal_rank(ranked, {"zz"}) == 0.0
+    assert metrics.percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0
+    assert metrics.percentile([3.0, 1.0, 2.0, 4.0], 95) == 4.0
+
+
+def _write(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_eval_json_on_a_tiny_catalog_is_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schema = {"type": "object", "properties": {}}
+    cat = _write(tmp_path / "catalog.jsonl", [
+        {"server": "Files", "name": "read_file", "description": "Read a file", "input_schema": schema},
+        {"server": "Files", "name": "write_file", "description": "Write a file", "input_schema": schema},
+        {"server": "Weather", "name": "get_forecast", "description": "Weather forecast for a city", "input_schema": schema},
+    ])
+    qs = _write(tmp_path / "queries.jsonl", [
+        {"query": "weather forecast in Paris", "relevant": [{"server": "Weather", "name": "get_forecast"}]},
+        {"query": "write file", "relevant": [{"server": "Files", "name": "write_file"}, {"server": "Files", "name": "read_file"}]},
+    ])
+    assert main(["--catalog", str(cat), "--queries", str(qs), "--k", "1,2", "--mode", "bm25", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tools"] == 3 and out["queries"] == 2 and set(out["modes"]) == {"bm25"}
+    row = out["modes"]["bm25"]
+    # query 1: forecast first (recall@1 = 1); query 2: write_file first, read_file second
+    assert row["recall@1"] == pytest.approx((1 + 0.5) / 2)
+    assert row["recall@2"] == pytest.approx(1.0)
+    assert row["hit@1"] == 1.0 and row["mrr"] == 1.0 and row["ndcg@2"] == pytest.approx(1.0)
+
+
+def test_eval_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "catalog.jsonl"
+    bad.write_text("{not json\n")
+    assert main(["--catalog", str(bad), "--queries", str(bad), "--mode", "bm25"]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+    assert main(["--catalog", str(tmp_path / "missing.jsonl"), "--queries", str(bad)]) == 2
+    with pytest.raises(SystemExit):
+        main(["--catalog", str(bad), "--queries", str(bad), "--k", "0"])
+
+
+@pytest.mark.slow
+def test_eval_mode_all_on_mcptoolbenchpp(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main([
+        "--catalog", str(MCP / "catalog.jsonl"), "--queries", str(MCP / "queries.jsonl"),
+        "--k", "1,5", "--mode", "all", "--json",
+    ])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tools"] == 49 and out["queries"] == 699
+    assert set(out["modes"]) == MODES
+    keys = {"recall@1", "recall@5", "ndcg@1", "ndcg@5", "hit@1", "hit@5", "mrr", "p50_ms", "p95_ms"}
+    for mode, row in out["modes"].items():
+        assert set(row) == keys, mode
+        assert all(isinstance(v, float) for v in row.values())
+        assert 0.0 <= row["recall@1"] <= row["recall@5"] <= 1.0
+        assert row["recall@5"] > 0.8, mode  # every mode is a working ranker on this easy set
+    hybrid = out["modes"]["hybrid"]
+    for branch in ("bm25", "dense"):
+        assert hybrid["recall@5"] > out["modes"][branch]["recall@5"]
+        assert hybrid["ndcg@5"] > out["modes"][branch]["ndcg@5"]
