@@ -296,7 +296,14 @@ def run_traced_mcp_session(strace: str, cmd: list[str], trace: Path) -> dict[int
     return replies
 
 
-def _assert_within_filter(analyze: str, used: set[str]) -> None:
+def socket_families(trace: Path) -> set[str]:
+    return set(re.findall(r"\bsocket\((AF_[A-Z0-9]+)", trace.read_text(errors="replace")))
+
+
+def _assert_within_filter(analyze: str, used: set[str], trace: Path | None = None) -> None:
+    if trace is not None:
+        families = one(parse_unit(UNITS / "toolatlas.service"), "Service", "RestrictAddressFamilies").split()
+        assert socket_families(trace) <= set(families), socket_families(trace)
     allowed = unit_syscall_allowlist(analyze, UNITS / "toolatlas.service")
     outside = used - allowed
     if os.geteuid() == 0:
@@ -315,7 +322,7 @@ def test_syscall_filter_allows_a_node_stdio_upstream(systemd_analyze: str, strac
     assert "Echo: hi" in json.dumps(replies[3]["result"])
     used = traced_syscalls(trace)
     assert len(used) > 30 and used & {"epoll_wait", "epoll_pwait"}
-    _assert_within_filter(systemd_analyze, used)
+    _assert_within_filter(systemd_analyze, used, trace)
 
 
 def test_syscall_filter_allows_a_python_stdio_upstream(systemd_analyze: str, strace: str, tmp_path: Path) -> None:
@@ -324,7 +331,7 @@ def test_syscall_filter_allows_a_python_stdio_upstream(systemd_analyze: str, str
         strace, [sys.executable, "-m", "toolatlas.examples.testserver", "--transport", "stdio"], trace
     )
     assert "Echo: hi" in json.dumps(replies[3]["result"])
-    _assert_within_filter(systemd_analyze, traced_syscalls(trace))
+    _assert_within_filter(systemd_analyze, traced_syscalls(trace), trace)
 
 
 @pytest.mark.slow
@@ -339,4 +346,4 @@ def test_syscall_filter_allows_the_embedding_stack(systemd_analyze: str, strace:
                           capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache")))
     assert proc.returncode == 0 and "(1, 384)" in proc.stdout, proc.stderr[-2000:]
-    _assert_within_filter(systemd_analyze, traced_syscalls(trace))
+    _assert_within_filter(systemd_analyze, traced_syscalls(trace), trace)
