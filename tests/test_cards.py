@@ -171,9 +171,10 @@ def test_bootstrap_is_deterministic_distinct_and_schema_based() -> None:
     texts = [t.summary for t in a.tools]
     assert len(set(texts)) == len(texts)
     listing = a.tools[2].summary
-    assert "List dir" in listing and "order" in listing and "name|mtime" in listing
-    assert "content (string, required)" in a.tools[1].summary
-    assert a.tags and a.summary.startswith("files: 3 tools")
+    assert listing == "List dir. List a folder. Inputs: path; order (name|mtime)."
+    # required parameters come first
+    assert a.tools[1].summary.endswith("Inputs: path; content.")
+    assert a.tags[0] == "path" and a.summary.startswith("files: 3 tools about path")
 
 
 def test_bootstrap_same_words_different_names_still_distinct() -> None:
@@ -287,7 +288,7 @@ def test_policy_reattest_with_and_without_private_key(tmp_path: Path, keys: tupl
     cfg = make_cfg(tmp_path, keys, policy="reattest", private=True)
     att = Attestor(cfg)
     res = att.attest("files", changed)
-    assert not res.quarantined and "append (boolean)" in res.texts["write_file"][0]
+    assert not res.quarantined and res.texts["write_file"][0] == "Write file. Write or append. Inputs: path; append."
     card = read_card(card_path(cfg.daemon.state_dir, "files"))
     verify_card(card, signing.load_public_key(keys[1]))
     assert card.provenance.reattested == ["write_file"]

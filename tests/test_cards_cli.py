@@ -71,7 +71,7 @@ def test_generate_verify_show_from_catalog(tmp_path: Path, capsys: pytest.Captur
 
     assert main(["show", "Weather API", "--state-dir", str(state)]) == 0
     shown = capsys.readouterr().out
-    assert "Forecast. Daily forecast. Inputs: city (string, required); days (integer)." in shown
+    assert "Forecast. Daily forecast. Inputs: city; days." in shown
     assert main(["show", "Weather API", "--state-dir", str(state), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["server"]["name"] == "Weather API"
 
