@@ -1,0 +1,1 @@
+"""Rift: which tools the index cannot tell apart (clusters, margins, distinguishing tokens)."""

@@ -1,0 +1,163 @@
+"""`toolatlas rift (--config PATH | --catalog FILE) [--json] [--fail-on high|medium|never]`.
+
+With --config the tools come from the live upstreams through the cards (what the daemon would
+index: card text for attested tools, publisher text for unattested ones, quarantined tools
+left out). With --catalog they come from a catalog JSONL file; `--generator bootstrap` scores
+the text bootstrap cards would give instead of the publisher's.
+
+Exit codes: 0 no cluster at or above --fail-on (default high), 1 one exists, 2 usage,
+3 an upstream could not be listed, 78 config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+EX_FOUND = 1
+EX_USAGE = 2
+EX_UPSTREAM = 3
+EX_CONFIG = 78
+
+
+def _param_text(schema: Any) -> str:
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict):
+        return ""
+    bits = []
+    for k, spec in props.items():
+        bits.append(k)
+        if isinstance(spec, dict) and isinstance(spec.get("description"), str):
+            bits.append(spec["description"])
+    return " ".join(bits)
+
+
+def build_inputs(rows: list[tuple[Any, str, str, tuple[str, ...]]]) -> tuple[list[tuple[str, str]], dict[str, Any], dict[str, str]]:
+    """(ToolRecord, summary, server summary, tags) rows -> analyse() inputs: documents as the
+    retrieval engine builds them, schemas, and layer-3 texts (summary + parameters)."""
+    from toolatlas.retrieval.text import dense_text
+
+    tools: list[tuple[str, str]] = []
+    schemas: dict[str, Any] = {}
+    token_texts: dict[str, str] = {}
+    for rec, summary, server_summary, tags in rows:
+        tools.append((rec.name, dense_text(rec.tool, rec.server, summary, rec.input_schema, server_summary, tags)))
+        schemas[rec.name] = rec.input_schema
+        token_texts[rec.name] = f"{summary} {_param_text(rec.input_schema)}"
+    return tools, schemas, token_texts
+
+
+def _from_catalog(path: str, generator: str) -> list[tuple[Any, str, str, tuple[str, ...]]]:
+    from toolatlas.catalog.cards_cli import load_catalog
+    from toolatlas.catalog.generators import make_generator
+
+    rows = []
+    for server, recs in load_catalog(path).items():
+        if generator == "publisher":
+            rows.extend((r, r.description, "", ()) for r in recs)
+            continue
+        draft = make_generator(generator).generate(server, recs)
+        by = {d.tool: d.summary for d in draft.tools}
+        rows.extend((r, by[r.tool], draft.summary, draft.tags) for r in recs)
+    return rows
+
+
+def _from_config(cfg: Any, timeout: float | None) -> tuple[list[tuple[Any, str, str, tuple[str, ...]]], int]:
+    from toolatlas.catalog.attest import Attestor
+    from toolatlas.catalog.cards_cli import list_live
+
+    att = Attestor(cfg)
+    rows = []
+    quarantined = 0
+    for up in cfg.upstream:
+        if not up.enabled:
+            continue
+        recs = list_live(up, timeout)
+        res = att.attest(up.name, recs)
+        quarantined += len(res.quarantined)
+        for r in recs:
+            if r.tool in res.texts:
+                summary, server_summary, tags = res.texts[r.tool]
+                rows.append((r, summary, server_summary, tags))
+    return rows, quarantined
+
+
+def main(argv: list[str]) -> int:
+    """`toolatlas rift ...` (argv after "rift")."""
+    p = argparse.ArgumentParser(prog="toolatlas rift", description="Report tools the index cannot tell apart.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="live upstreams through their cards")
+    src.add_argument("--catalog", help="catalog JSONL file")
+    p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.add_argument("--fail-on", choices=["high", "medium", "never"], default="high", help="exit 1 if a cluster at or above this risk exists (default high)")
+    p.add_argument("--theta", type=float, default=0.65, help="cluster similarity threshold (default 0.65)")
+    p.add_argument("--high", type=float, default=0.10, help="worst margin below this is HIGH (default 0.10)")
+    p.add_argument("--medium", type=float, default=0.20, help="worst margin below this is MEDIUM (default 0.20)")
+    p.add_argument("--no-margin", action="store_true", help="ablation: clusters only, no margin analysis (no risk labels)")
+    p.add_argument("--generator", choices=["publisher", "bootstrap"], default="publisher", help="with --catalog: which text to analyse")
+    p.add_argument("--embedder", choices=["onnx", "onnx-int8", "onnx-fp32", "torch"], help="default: the config's, else onnx")
+    p.add_argument("--limit", type=int, default=30, help="clusters shown in the text report")
+    p.add_argument("--timeout", type=float, help="seconds per upstream listing")
+    args = p.parse_args(argv)
+
+    from toolatlas.errors import ConfigError, ToolatlasError
+
+    t_start = time.perf_counter()
+    cfg = None
+    quarantined = 0
+    try:
+        if args.config:
+            from toolatlas import config
+
+            cfg = config.load(args.config)
+            rows, quarantined = _from_config(cfg, args.timeout)
+        else:
+            rows = _from_catalog(args.catalog, args.generator)
+    except ConfigError as exc:
+        print(f"toolatlas: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    except (ValueError, OSError) as exc:
+        print(f"toolatlas: {exc}", file=sys.stderr)
+        return EX_USAGE
+    except ToolatlasError as exc:
+        print(f"toolatlas: {exc}", file=sys.stderr)
+        return EX_UPSTREAM
+
+    kind = args.embedder or (cfg.search.embedder if cfg and cfg.search.embedder != "none" else "onnx")
+    from pathlib import Path
+
+    from toolatlas.retrieval.embed import get_embedder
+    from toolatlas.rift.report import analyse
+
+    try:
+        embedder = get_embedder(kind, Path(cfg.daemon.state_dir) if cfg else None)
+    except ToolatlasError as exc:
+        print(f"toolatlas: cannot load the embedder: {exc}", file=sys.stderr)
+        return EX_USAGE
+    tools, schemas, token_texts = build_inputs(rows)
+    try:
+        report = analyse(
+            tools, embedder, theta=args.theta, high=args.high, medium=args.medium,
+            margin=not args.no_margin, schemas=schemas, token_texts=token_texts,
+        )
+    except ValueError as exc:
+        print(f"toolatlas: {exc}", file=sys.stderr)
+        return EX_USAGE
+    total = time.perf_counter() - t_start
+    if args.json:
+        out = report.to_json()
+        out["seconds"]["total"] = round(total, 3)
+        out["source"] = args.config or args.catalog
+        out["text"] = args.generator if args.catalog else "cards"
+        if args.config:
+            out["quarantined_tools"] = quarantined
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        print(report.format_text(limit=args.limit))
+        if quarantined:
+            print(f"\n({quarantined} quarantined tool(s) left out; see `toolatlas status`)")
+        print(f"\n{total:.1f} s")
+    return EX_FOUND if args.fail_on != "never" and report.fails(args.fail_on) else 0
