@@ -119,6 +119,12 @@ class Gateway:
             log.info("index ready: %d tools from %d upstreams", len(self.by_name), len(self.available))
             await self._notify_list_changed()
 
+    async def close_upstreams(self, timeout: float = 20.0) -> None:
+        """Stop every upstream session in its owner task (children reaped) before the
+        task tree is cancelled."""
+        with anyio.move_on_after(timeout, shield=True):
+            await self.pool.reconcile([])
+
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
 
@@ -327,18 +333,21 @@ async def serve(cfg: Config, *, ready: Callable[[Gateway], None] | None = None) 
                 log.info("received %s: draining for up to %.0f s", signal.Signals(signum).name, cfg.daemon.drain_timeout)
                 break
         await gw.drain(cfg.daemon.drain_timeout)
+        await gw.close_upstreams()
         tg.cancel_scope.cancel()
     log.info("stopped")
 
 
 def main_serve(cfg: Config) -> int:
     _configure_logging(cfg.daemon.log_level)
-    try:
-        import uvloop  # noqa: F401
+    backend_options: dict[str, Any] = {}
+    if cfg.daemon.event_loop == "uvloop":
+        try:
+            import uvloop  # noqa: F401
 
-        backend_options = {"use_uvloop": True}
-    except ImportError:
-        backend_options = {}
+            backend_options = {"use_uvloop": True}
+        except ImportError:
+            log.warning("uvloop is not installed; using asyncio's event loop")
     try:
         anyio.run(serve, cfg, backend="asyncio", backend_options=backend_options)
     except BaseExceptionGroup as group:
