@@ -38,10 +38,11 @@ log = logging.getLogger(__name__)
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIM = 384
 MAX_SEQ_LEN = 256  # what sentence-transformers uses for this model
-# fp32 gives vectors identical to torch; int8 is ~1.7x faster per query. Chosen by the quality
-# rule of issue 3 (within 0.005 nDCG@5 of the torch path on every dev set): see the report in
-# docs and `toolatlas eval --embedder ...`.
-DEFAULT_ONNX_VARIANT = "int8"
+# fp32 reproduces the torch vectors exactly; int8 (quantize_dynamic) is ~1.7x faster and
+# passes the issue's quality rule (hybrid nDCG@5 within 0.005 of torch: toollens test -0.0028,
+# mcptoolbenchpp +0.0026), but loses recall@5 on mcptoolbenchpp (0.967 vs 0.981, below the
+# 0.97 acceptance), so the default is fp32. "onnx-int8" stays selectable.
+DEFAULT_ONNX_VARIANT = "fp32"
 KINDS = ("onnx", "onnx-int8", "onnx-fp32", "torch")
 _EXPORT_DIRNAME = "minilm-l6-v2-onnx-v1"
 _EXPORT_TIMEOUT = 900.0

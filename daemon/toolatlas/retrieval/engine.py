@@ -457,6 +457,8 @@ class Engine:
         if snap is None:
             return SearchOutcome(hits=[], degraded="no-index", cached=False, mode=mode, version=0)
         top_k = max(1, int(top_k))
+        if isinstance(servers, str):
+            servers = [servers]
         scope = None if servers is None else tuple(sorted(set(servers)))
         key = (normalise_query(query), top_k, scope, snap.version, mode)
         hit = self._cache.get(key)
