@@ -1,10 +1,12 @@
 """The daemon: one task tree owning the upstream pool, the live catalog, the index and the socket.
 
 The Gateway is what the MCP surface calls: `search`, `execute`, `status`, the listings. The
-catalog is kept per upstream and diffed by content hash on every tools/list; the engine is
-updated in a worker thread (inserts before deletes, atomic snapshot swap), so a search never
-sees a half-built index. Tools of an upstream that is not READY stay indexed but are scoped
-out of every search and refused for calls until it recovers.
+catalog is kept per upstream and diffed on every tools/list; what gets indexed is the
+operator-attested card text (publisher text, marked unattested, where no card exists), and a
+tool whose definition no longer matches its signed card is quarantined. The engine is updated
+in a worker thread (inserts before deletes, atomic snapshot swap), so a search never sees a
+half-built index. Tools of an upstream that is not READY stay indexed but are scoped out of
+every search and refused for calls until it recovers.
 """
 
 from __future__ import annotations
@@ -22,11 +24,16 @@ import anyio
 import anyio.abc
 import mcp_types as types
 
-from toolatlas.catalog.model import ToolRecord, diff
-from toolatlas.config import Config
-from toolatlas.errors import BadInput, UpstreamUnavailable
+from toolatlas import events as ev
+from toolatlas.catalog.attest import Attestor
+from toolatlas.catalog.model import ToolRecord
+from toolatlas.config import Config, load, metrics_address, secrets
+from toolatlas.errors import BadInput, ConfigError, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
+from toolatlas.metrics import Metrics, StateSnapshot
 from toolatlas.names import split
+from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
 from toolatlas.retrieval.engine import Engine, ToolDoc
+from toolatlas.surface.meta_tools import META_TOOLS
 from toolatlas.surface.server import Connection, build_server
 from toolatlas.surface.unix import UnixServer
 from toolatlas.upstream.pool import Pool
@@ -36,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # How long tool_search waits for a first index before answering degraded.
 INDEX_WAIT_S = 10.0
+# Queries per catalog version used to measure the mean size of a top-5 tool_search result.
+TOKEN_SAMPLE_QUERIES = 8
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 
@@ -51,27 +60,41 @@ def record_from_tool(server: str, tool: types.Tool) -> ToolRecord:
     )
 
 
-def doc_from_record(rec: ToolRecord) -> ToolDoc:
-    return ToolDoc(
-        name=rec.name,
-        server=rec.server,
-        tool=rec.tool,
-        description=rec.description,
-        input_schema=rec.input_schema,
-    )
+def tool_dict(rec: ToolRecord) -> dict[str, Any]:
+    """A tool as a passthrough client's tools/list shows it (also what token figures count)."""
+    out: dict[str, Any] = {"name": rec.name, "description": rec.description, "inputSchema": rec.input_schema}
+    if rec.title:
+        out["title"] = rec.title
+    if rec.output_schema:
+        out["outputSchema"] = rec.output_schema
+    return out
 
 
 class Gateway:
     """Everything a client connection can ask of the daemon."""
 
-    def __init__(self, cfg: Config, *, engine: Engine | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        engine: Engine | None = None,
+        metrics: Metrics | None = None,
+        events: ev.Events | None = None,
+        listen_socket: Any = None,
+    ) -> None:
         self.cfg = cfg
+        self.metrics = metrics or Metrics()
+        self.events = events or ev.Events(secrets=secrets(cfg), log_queries=cfg.daemon.log_queries)
+        self.attestor = Attestor(cfg)
+        # server -> {namespaced name -> record}: the callable tools (quarantined ones excluded).
         self.records: dict[str, dict[str, ToolRecord]] = {}
+        # server -> {namespaced name -> indexed document}: what the engine holds for it.
+        self.docs: dict[str, dict[str, ToolDoc]] = {}
+        self.quarantined: dict[str, dict[str, str]] = {}
         self.by_name: dict[str, ToolRecord] = {}
         self.available: set[str] = set()
-        state_dir = Path(cfg.daemon.state_dir)
         self.engine = engine or Engine(
-            state_dir=state_dir / "index",
+            state_dir=Path(cfg.daemon.state_dir) / "index",
             mode=cfg.search.mode,
             embedder=cfg.search.embedder,
             cache_size=cfg.search.cache_size,
@@ -86,6 +109,8 @@ class Gateway:
             owner=cfg.daemon.socket_owner,
             group=cfg.daemon.socket_group,
             max_message_bytes=cfg.daemon.max_message_bytes,
+            listen_socket=listen_socket,
+            on_bad_message=lambda msg: self.metrics.count_error("bad_client_message"),
         )
         self.engine_loaded = anyio.Event()
         self.index_ready = anyio.Event()
@@ -95,7 +120,13 @@ class Gateway:
         self._idle = anyio.Event()
         self._idle.set()
         self._scope = frozenset(cfg.search.scope) or None
+        self._embeddings_seen = 0
+        self._tokens: dict[str, Any] | None = None
+        self._tokens_version = -1
+        self._tokens_running = False
+        self._tg: anyio.abc.TaskGroup | None = None
         self.started_at = time.time()
+        self.metrics.set_state_source(self._state_snapshot)
 
     def __repr__(self) -> str:
         return f"<Gateway tools={len(self.by_name)} available={sorted(self.available)} ready={self.index_ready.is_set()}>"
@@ -105,6 +136,7 @@ class Gateway:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen, load the index, connect upstreams; started() once the socket listens."""
         async with anyio.create_task_group() as tg:
+            self._tg = tg
             await tg.start(self.unix.run)
             task_status.started()
             await anyio.to_thread.run_sync(self.engine.load)
@@ -119,12 +151,6 @@ class Gateway:
             log.info("index ready: %d tools from %d upstreams", len(self.by_name), len(self.available))
             await self._notify_list_changed()
 
-    async def close_upstreams(self, timeout: float = 20.0) -> None:
-        """Stop every upstream session in its owner task (children reaped) before the
-        task tree is cancelled."""
-        with anyio.move_on_after(timeout, shield=True):
-            await self.pool.reconcile([])
-
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
 
@@ -137,40 +163,120 @@ class Gateway:
         if self.inflight:
             log.warning("shutting down with %d calls still in flight after %.1f s", self.inflight, timeout)
 
+    async def close_upstreams(self, timeout: float = 20.0) -> None:
+        """Stop every upstream session in its owner task (children reaped) before the
+        task tree is cancelled."""
+        with anyio.move_on_after(timeout, shield=True):
+            await self.pool.reconcile([])
+
+    async def reload(self, new: Config) -> dict[str, list[str]]:
+        """Apply a re-read config: upstreams added, removed or changed are reconciled; the
+        unchanged keep their warm session and index entries. Daemon-level settings that
+        need a restart (socket, state_dir, metrics_addr, search mode/embedder) are logged."""
+        old = self.cfg
+        needs_restart = [
+            key for key, a, b in (
+                ("daemon.socket", old.daemon.socket, new.daemon.socket),
+                ("daemon.state_dir", old.daemon.state_dir, new.daemon.state_dir),
+                ("daemon.metrics_addr", old.daemon.metrics_addr, new.daemon.metrics_addr),
+                ("search.mode", old.search.mode, new.search.mode),
+                ("search.embedder", old.search.embedder, new.search.embedder),
+            ) if a != b
+        ]
+        if needs_restart:
+            log.warning("reload: %s changed; this takes effect only after a restart", ", ".join(needs_restart))
+        old_ups = {u.name: u for u in old.upstream}
+        new_ups = {u.name: u for u in new.upstream}
+        summary = {
+            "added": sorted(set(new_ups) - set(old_ups)),
+            "removed": sorted(set(old_ups) - set(new_ups)),
+            "changed": sorted(n for n in set(old_ups) & set(new_ups) if old_ups[n] != new_ups[n]),
+        }
+        self.cfg = new
+        self._scope = frozenset(new.search.scope) or None
+        self.attestor = Attestor(new)
+        self.events.add_secrets(secrets(new))
+        self.events.log_queries = new.daemon.log_queries
+        await self.pool.reconcile(new.upstream)
+        for name in summary["removed"]:
+            await self._on_tools(name, None)
+            await self._drop_server(name)
+        log.info("reload: +%s -%s ~%s", summary["added"], summary["removed"], summary["changed"])
+        await self._notify_list_changed()
+        return summary
+
     # -- catalog ---------------------------------------------------------------------------
+
+    async def _drop_server(self, server: str) -> None:
+        """Forget every tool of a server that left the config."""
+        async with self._update_lock:
+            names = list(self.docs.pop(server, {}))
+            if names:
+                await anyio.to_thread.run_sync(self._engine_update, [], names)
+            for name in self.records.pop(server, {}):
+                self.by_name.pop(name, None)
+            self.quarantined.pop(server, None)
+
+    def _engine_update(self, upserts: list[ToolDoc], removes: list[str]) -> int:
+        """Runs in a worker thread: update the index and count what it cost."""
+        version = self.engine.update(upserts, removes)
+        self.metrics.count_reindex()
+        computed = int(self.engine.stats().get("embeddings_computed", 0))
+        if computed > self._embeddings_seen:
+            self.metrics.count_embeddings(computed - self._embeddings_seen)
+        self._embeddings_seen = computed
+        return version
 
     async def _on_tools(self, server: str, tools: list[types.Tool] | None) -> None:
         if tools is None:
             if server in self.available:
                 self.available.discard(server)
                 log.info("upstream %s is down: its %d tools leave search", server, len(self.records.get(server, {})))
+                self.events.emit(ev.CATALOG_CHANGED, server=server, available=False, tools=0)
                 await self._notify_list_changed()
             return
         await self.engine_loaded.wait()
-        new = {}
-        for tool in tools:
-            rec = record_from_tool(server, tool)
-            new[rec.name] = rec
-        old = self.records.get(server, {})
-        d = diff(old, new)
-        if not d.empty:
-            upserts = [doc_from_record(r) for r in (*d.added, *d.changed)]
-            async with self._update_lock:
-                # Insert before delete: new records become callable first, the index swaps
-                # atomically, and only then do removed names disappear.
-                for r in (*d.added, *d.changed):
-                    self.by_name[r.name] = r
-                self.records[server] = new
-                version = await anyio.to_thread.run_sync(self.engine.update, upserts, d.removed)
-                for name in d.removed:
-                    self.by_name.pop(name, None)
-            log.info(
-                "catalog of %s changed: +%d ~%d -%d (index version %d)",
-                server, len(d.added), len(d.changed), len(d.removed), version,
+        live = [record_from_tool(server, t) for t in tools]
+        verdict = await anyio.to_thread.run_sync(self.attestor.attest, server, live)
+        records: dict[str, ToolRecord] = {}
+        docs: dict[str, ToolDoc] = {}
+        for rec in live:
+            text = verdict.texts.get(rec.tool)
+            if text is None:
+                continue
+            summary, server_summary, tags = text
+            records[rec.name] = rec
+            docs[rec.name] = ToolDoc(
+                name=rec.name, server=server, tool=rec.tool, description=summary,
+                input_schema=rec.input_schema, server_summary=server_summary, tags=tuple(tags),
             )
+        old_docs = self.docs.get(server, {})
+        upserts = [d for n, d in docs.items() if old_docs.get(n) != d]
+        removes = [n for n in old_docs if n not in docs]
+        self.quarantined[server] = dict(verdict.quarantined)
+        changed = bool(upserts or removes)
+        async with self._update_lock:
+            # Insert before delete: new records become callable first, the index swaps
+            # atomically, and only then do removed names disappear.
+            old_records = self.records.get(server, {})
+            self.by_name.update(records)
+            self.records[server] = records
+            if changed:
+                version = await anyio.to_thread.run_sync(self._engine_update, upserts, removes)
+                self.docs[server] = docs
+                log.info("catalog of %s changed: %d upserted, %d removed (index version %d)",
+                         server, len(upserts), len(removes), version)
+            for name in old_records:
+                if name not in records:
+                    self.by_name.pop(name, None)
         was_available = server in self.available
         self.available.add(server)
-        if not d.empty or not was_available:
+        if changed or not was_available:
+            self.events.emit(
+                ev.CATALOG_CHANGED, server=server, available=True, tools=len(records),
+                upserted=len(upserts), removed=len(removes), quarantined=len(verdict.quarantined),
+                card=verdict.card_status,
+            )
             await self._notify_list_changed()
 
     async def _notify_list_changed(self) -> None:
@@ -189,8 +295,8 @@ class Gateway:
     # -- who sees what -----------------------------------------------------------------------
 
     def allowed_servers(self, conn: Connection) -> set[str]:
-        """Servers this connection may use (static scope for now; per-user rules come later)."""
-        names = set(self.records) | {u.name for u in self.cfg.upstream}
+        """Servers this connection may use (the static scope, else every configured one)."""
+        names = {u.name for u in self.cfg.upstream}
         return names & self._scope if self._scope else names
 
     def passthrough_for(self, conn: Connection) -> bool:
@@ -203,11 +309,14 @@ class Gateway:
         return sorted((r for r in self.by_name.values() if r.server in usable), key=lambda r: r.name)
 
     def events_emit(self, event: str, **fields: Any) -> None:
-        log.debug("%s %s", event, fields)
+        if event == ev.TOOLS_LIST_SERVED and fields.get("passthrough") and not self.index_ready.is_set():
+            self.metrics.count_fallback("passthrough")
+        self.events.emit(event, **fields)
 
     # -- meta-tools ----------------------------------------------------------------------------
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
+        t0 = time.perf_counter()
         allowed = self.allowed_servers(conn)
         if servers is not None:
             unknown = sorted(set(servers) - allowed)
@@ -219,6 +328,8 @@ class Gateway:
         scope = allowed & self.available
         degraded: str | None = None
         matches: list[dict[str, Any]] = []
+        cached = False
+        mode = self.cfg.search.mode
         if not self.engine_loaded.is_set():
             with anyio.move_on_after(INDEX_WAIT_S):
                 await self.engine_loaded.wait()
@@ -228,7 +339,7 @@ class Gateway:
             outcome = await anyio.to_thread.run_sync(
                 lambda: self.engine.search(query, top_k, servers=frozenset(scope))
             )
-            degraded = outcome.degraded
+            degraded, cached, mode = outcome.degraded, outcome.cached, outcome.mode
             for hit in outcome.hits:
                 rec = self.by_name.get(hit.name)
                 if rec is None or rec.server not in scope:
@@ -243,16 +354,66 @@ class Gateway:
                         "score": round(float(hit.score), 6),
                     }
                 )
-        return {"query": query, "matches": matches[:top_k], "degraded": degraded}
+        matches = matches[:top_k]
+        seconds = time.perf_counter() - t0
+        self.metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
+        if degraded:
+            self.metrics.count_fallback("bm25-only" if degraded == "bm25-only" else "passthrough")
+            self.events.emit(ev.TOOL_SEARCH_FALLBACK, reason=degraded, mode=mode)
+        self.events.emit(
+            ev.TOOL_SEARCH_COMPLETED, query=query, results=len(matches),
+            matched_servers=sorted({m["server"] for m in matches}), latency_ms=round(seconds * 1000, 3),
+            top_k=top_k, scope=sorted(servers) if servers else "all", mode=mode, cache="hit" if cached else "miss",
+        )
+        return {"query": query, "matches": matches, "degraded": degraded}
 
     async def execute(
         self, name: str, arguments: Any, conn: Connection, progress: ProgressFn | None = None
+    ) -> types.CallToolResult:
+        t0 = time.perf_counter()
+        server = (self.by_name[name].server if name in self.by_name else "unknown")
+        try:
+            result = await self._execute(name, arguments, conn, progress)
+        except BadInput as exc:
+            self._call_done(t0, server, "bad_input", exc)
+            raise
+        except UpstreamTimeout as exc:
+            self._call_done(t0, server, "timeout", exc)
+            raise
+        except UpstreamUnavailable as exc:
+            self._call_done(t0, server, "unavailable", exc)
+            raise
+        except ToolatlasError as exc:
+            self._call_done(t0, server, "error", exc)
+            raise
+        self._call_done(t0, server, "error" if result.is_error else "ok", None, name=name)
+        return result
+
+    def _call_done(self, t0: float, server: str, outcome: str, exc: BaseException | None, name: str = "") -> None:
+        seconds = time.perf_counter() - t0
+        upstream = server if server in self.records else "unknown"
+        self.metrics.observe_execute(seconds, upstream=upstream, outcome=outcome)
+        if exc is not None:
+            self.metrics.count_error(type(exc).__name__)
+            self.events.emit(ev.EXECUTE_TOOL_FAILED, upstream=upstream, outcome=outcome,
+                             error_class=type(exc).__name__, latency_ms=round(seconds * 1000, 3))
+        else:
+            self.events.emit(ev.EXECUTE_TOOL_COMPLETED, upstream=upstream, tool=name, outcome=outcome,
+                             latency_ms=round(seconds * 1000, 3))
+
+    async def _execute(
+        self, name: str, arguments: Any, conn: Connection, progress: ProgressFn | None
     ) -> types.CallToolResult:
         if self.draining:
             raise UpstreamUnavailable("the gateway is shutting down; retry in a moment")
         rec = self.by_name.get(name)
         allowed = self.allowed_servers(conn)
         if rec is None or rec.server not in allowed:
+            parsed = split(name)
+            if parsed and parsed[0] in allowed and parsed[0] in self.quarantined:
+                tool_reason = self._quarantine_reason(parsed[0], parsed[1])
+                if tool_reason:
+                    raise BadInput(f"tool {name!r} is quarantined: {tool_reason}")
             raise BadInput(self._unknown_tool_message(name, allowed))
         if rec.server not in self.available:
             st = self.pool.get(rec.server)
@@ -275,6 +436,14 @@ class Gateway:
             if self.inflight == 0:
                 self._idle.set()
 
+    def _quarantine_reason(self, server: str, tool_part: str) -> str | None:
+        from toolatlas.names import namespaced
+
+        for tool, reason in self.quarantined.get(server, {}).items():
+            if namespaced(server, tool) == f"{server}__{tool_part}":
+                return reason
+        return None
+
     def _unknown_tool_message(self, name: str, allowed: set[str]) -> str:
         candidates = [n for n, r in self.by_name.items() if r.server in allowed]
         close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
@@ -285,33 +454,95 @@ class Gateway:
         hint = f" Did you mean: {', '.join(close)}?" if close else " Use tool_search to find tools."
         return f"unknown tool {name!r}.{hint}"
 
+    # -- status ----------------------------------------------------------------------------------
+
     def status(self, conn: Connection) -> dict[str, Any]:
         allowed = self.allowed_servers(conn)
         servers = []
         for st in self.pool.status():
             if st.name not in allowed:
                 continue
-            servers.append(
-                {
-                    "name": st.name,
-                    "transport": st.transport,
-                    "state": st.state.value,
-                    "tools": len(self.records.get(st.name, {})),
-                    "searchable": st.name in self.available,
-                    "reason": st.reason,
-                    "since": st.since,
-                    "reconnects": st.reconnects,
-                    "protocol_version": st.protocol_version,
-                }
-            )
+            quarantined = self.quarantined.get(st.name, {})
+            entry = {
+                "name": st.name,
+                "transport": st.transport,
+                "state": st.state.value,
+                "tools": len(self.records.get(st.name, {})),
+                "searchable": st.name in self.available,
+                "reason": st.reason,
+                "since": st.since,
+                "reconnects": st.reconnects,
+                "protocol_version": st.protocol_version,
+            }
+            if st.name not in self.available and st.state is not UpstreamState.READY:
+                entry["not_searchable_because"] = f"upstream is {st.state.value}" + (f": {st.reason}" if st.reason else "")
+            if quarantined:
+                entry["quarantined"] = dict(sorted(quarantined.items()))
+            servers.append(entry)
         stats = self.engine.stats()
+        self._ensure_token_report()
+        cards = self.attestor.summary()
+        cards["servers"] = {k: v for k, v in cards.get("servers", {}).items() if k in allowed}
         return {
             "servers": servers,
             "tools": sum(1 for r in self.by_name.values() if r.server in allowed and r.server in self.available),
             "index": {"ready": self.index_ready.is_set(), **stats},
             "index_version": stats.get("version"),
+            "cache": stats.get("cache"),
+            "cards": cards,
+            "tokens": self._tokens or {"pending": True},
+            "clients": len(self.unix.connections),
             "uptime_s": round(time.time() - self.started_at, 1),
         }
+
+    def _ensure_token_report(self) -> None:
+        """Recount catalog tokens in the background when the index version moved."""
+        version = self.engine.version
+        if self._tokens_version == version or self._tokens_running or self._tg is None:
+            return
+        self._tokens_running = True
+
+        async def compute() -> None:
+            try:
+                report = await anyio.to_thread.run_sync(self._token_report, version)
+                self._tokens = report
+                self._tokens_version = version
+            except Exception as exc:  # token figures are informative; never break status
+                log.warning("token accounting failed: %s", exc)
+                self._tokens = {"error": str(exc)}
+                self._tokens_version = version
+            finally:
+                self._tokens_running = False
+
+        self._tg.start_soon(compute)
+
+    def _token_report(self, version: int) -> dict[str, Any]:
+        from toolatlas.tokens import catalog_token_report
+
+        records = sorted((r for r in self.by_name.values() if r.server in self.available), key=lambda r: r.name)
+        samples = []
+        step = max(1, len(records) // TOKEN_SAMPLE_QUERIES)
+        for rec in records[::step][:TOKEN_SAMPLE_QUERIES]:
+            query = " ".join(rec.tool.replace("_", " ").replace("-", " ").split())
+            outcome = self.engine.search(query, 5, servers=frozenset(self.available))
+            samples.append({"query": query, "matches": [
+                {"name": h.name, "server": h.server, "tool": self.by_name[h.name].tool,
+                 "description": self.by_name[h.name].description,
+                 "inputSchema": self.by_name[h.name].input_schema, "score": round(h.score, 6)}
+                for h in outcome.hits if h.name in self.by_name
+            ], "degraded": outcome.degraded})
+        report = catalog_token_report([tool_dict(r) for r in records], META_TOOLS, samples or None)
+        report["index_version"] = version
+        return report
+
+    def _state_snapshot(self) -> StateSnapshot:
+        return StateSnapshot(
+            upstreams=[(st.name, st.state.value, len(self.records.get(st.name, {}))) for st in self.pool.status()],
+            index_size=len(self.engine),
+            index_version=self.engine.version,
+            clients=len(self.unix.connections),
+            quarantined=sum(len(q) for q in self.quarantined.values()),
+        )
 
 
 def _configure_logging(level: str) -> None:
@@ -322,20 +553,54 @@ def _configure_logging(level: str) -> None:
 
 
 async def serve(cfg: Config, *, ready: Callable[[Gateway], None] | None = None) -> None:
-    """Run the daemon until SIGTERM/SIGINT; then drain and close every upstream."""
-    gw = Gateway(cfg)
+    """Run the daemon until SIGTERM/SIGINT; SIGHUP reloads the config.
+
+    systemd: READY=1 once the socket listens and the index is loaded, WATCHDOG=1 pings
+    from the event loop, RELOADING=1 around a reload, STOPPING=1 on shutdown.
+    """
+    notifier = Notifier()
+    activated = listen_fds()
+    scrub_environment()  # children must not inherit NOTIFY_SOCKET, LISTEN_FDS or WATCHDOG_*
+    gw = Gateway(cfg, listen_socket=activated[0] if activated else None)
     async with anyio.create_task_group() as tg:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            if addr := metrics_address(cfg):
+                await tg.start(gw.metrics.serve, *addr)
             await tg.start(gw.run)
-            if ready is not None:
-                ready(gw)
+            await tg.start(run_watchdog, notifier)
+
+            async def announce_ready() -> None:
+                await gw.index_ready.wait()
+                notifier.ready(f"serving {len(gw.by_name)} tools from {len(gw.available)} upstreams")
+                if ready is not None:
+                    ready(gw)
+
+            tg.start_soon(announce_ready)
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    await _reload(gw, notifier)
+                    continue
                 log.info("received %s: draining for up to %.0f s", signal.Signals(signum).name, cfg.daemon.drain_timeout)
                 break
-        await gw.drain(cfg.daemon.drain_timeout)
+        notifier.stopping()
+        await gw.drain(gw.cfg.daemon.drain_timeout)
         await gw.close_upstreams()
         tg.cancel_scope.cancel()
     log.info("stopped")
+
+
+async def _reload(gw: Gateway, notifier: Notifier) -> None:
+    notifier.reloading()
+    try:
+        new = await anyio.to_thread.run_sync(load, gw.cfg.source)
+        Attestor(new)  # a bad [cards] section is rejected before anything changes
+    except ConfigError as exc:
+        log.error("reload rejected, keeping the running config: %s", exc)
+        gw.events.emit("config_reload_rejected", reason=str(exc))
+    else:
+        summary = await gw.reload(new)
+        gw.events.emit("config_reloaded", **summary)
+    notifier.ready()
 
 
 def main_serve(cfg: Config) -> int:

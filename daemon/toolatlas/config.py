@@ -78,6 +78,8 @@ class DaemonSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     drain_timeout: Seconds = 10.0
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 4 * 1024 * 1024
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Structured events never carry query text unless this is set.
+    log_queries: bool = False
     # "uvloop" when installed (the default), else asyncio's own loop.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 

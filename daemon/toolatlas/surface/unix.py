@@ -80,6 +80,7 @@ class UnixServer:
         group: str | None = None,
         max_message_bytes: int = 4 * 1024 * 1024,
         on_bad_message: Any = None,
+        listen_socket: socket.socket | None = None,
     ) -> None:
         self.server = server
         self.path = path
@@ -88,6 +89,8 @@ class UnixServer:
         self.group = group
         self.max_message_bytes = max_message_bytes
         self.on_bad_message = on_bad_message
+        # A listening socket handed over by systemd socket activation (it owns the file).
+        self.listen_socket = listen_socket
         self.connections: set[Connection] = set()
         self._listener: anyio.abc.Listener[Any] | None = None
         self._opts = init_options(server)
@@ -96,15 +99,19 @@ class UnixServer:
         return f"<UnixServer {self.path} connections={len(self.connections)}>"
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        prepare_socket_path(self.path)
-        listener = await anyio.create_unix_listener(self.path)
-        try:
-            self._apply_permissions()
-        except BaseException:
-            await listener.aclose()
-            raise
+        if self.listen_socket is not None:
+            listener: Any = await anyio.abc.SocketListener.from_socket(self.listen_socket)
+            log.info("serving on a socket passed by systemd (%s)", self.listen_socket.getsockname())
+        else:
+            prepare_socket_path(self.path)
+            listener = await anyio.create_unix_listener(self.path)
+            try:
+                self._apply_permissions()
+            except BaseException:
+                await listener.aclose()
+                raise
+            log.info("listening on %s (mode %o)", self.path, self.mode)
         self._listener = listener
-        log.info("listening on %s (mode %o)", self.path, self.mode)
         task_status.started()
         try:
             async with anyio.create_task_group() as tg:
@@ -115,7 +122,8 @@ class UnixServer:
         finally:
             with anyio.move_on_after(1, shield=True):
                 await listener.aclose()
-            Path(self.path).unlink(missing_ok=True)
+            if self.listen_socket is None:
+                Path(self.path).unlink(missing_ok=True)
 
     def _apply_permissions(self) -> None:
         os.chmod(self.path, self.mode)
@@ -131,7 +139,8 @@ class UnixServer:
         """Close the listening socket; live connections go on."""
         if self._listener is not None:
             await self._listener.aclose()
-            Path(self.path).unlink(missing_ok=True)
+            if self.listen_socket is None:
+                Path(self.path).unlink(missing_ok=True)
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
