@@ -315,11 +315,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = (500, 2000) if args.quick else tuple(int(s) for s in args.sizes.split(","))
     nq = 100 if args.quick else args.queries
-    result: dict[str, Any] = {"machine_cores": os.cpu_count()}
+    result: dict[str, Any] = {"machine_cores": os.cpu_count(), "loadavg_start": os.getloadavg()}
     result["search"] = measure(sizes, nq, embedder=args.embedder)
     if not args.skip_cold:
         result["cold_and_restart"] = measure_cold_and_restart(2000, args.embedder)
         result["rss"] = measure_rss(2000, args.embedder)
+    result["loadavg_end"] = os.getloadavg()
     OUT.mkdir(parents=True, exist_ok=True)
     plot(result["search"], OUT / "search_latency.png")
     result["plot"] = str(OUT / "search_latency.png")

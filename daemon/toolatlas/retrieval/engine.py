@@ -274,10 +274,11 @@ class Engine:
                     self._counts["embedder_failures"] += 1
                     log.error("retrieval.embedder_failed kind=%s error=%s; searching bm25-only", self.embedder_kind, exc)
             self._timings["embedder_load_s"] = time.perf_counter() - t0
-            self._loaded = True
             if self.state_dir is not None and self.persist:
                 self._restore()
             self._timings["load_s"] = time.perf_counter() - t0
+            # last: update() waits on _load_lock until the restored snapshot is in place
+            self._loaded = True
 
     def _restore(self) -> None:
         assert self.state_dir is not None
@@ -298,6 +299,8 @@ class Engine:
         if restored is None:
             return
         with self._update_lock:
+            if self._snap is not None:  # a live catalog got here first: it wins
+                return
             entries: dict[str, _Entry] = {}
             for doc, label in zip(restored.docs, restored.labels):
                 entries[doc.name] = make_entry(doc)
