@@ -122,3 +122,15 @@ args = ["-m", "toolatlas.examples.testserver", "--transport", "stdio", "--tools"
     assert main(["verify", "--config", str(cfg)]) == 1
     out = capsys.readouterr().out
     assert "card signed for stdio" in out and "tool 'gen_003' is offered but not in the card" in out
+
+
+def test_export_replaces_descriptions_with_card_text(tmp_path: Path) -> None:
+    cat = write_catalog(tmp_path / "c.jsonl", ROWS)
+    out = tmp_path / "cards.jsonl"
+    assert main(["export", "--catalog", str(cat), "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["server"], r["name"]) for r in rows] == [(r["server"], r["name"]) for r in ROWS]
+    assert rows[0]["description"] == "Forecast. Daily forecast. Inputs: city; days."
+    assert rows[0]["input_schema"] == ROWS[0]["input_schema"]
+    assert main(["export", "--catalog", str(cat), "--out", str(out), "--generator", "publisher"]) == 0
+    assert [json.loads(line)["description"] for line in out.read_text().splitlines()] == [r["description"] for r in ROWS]

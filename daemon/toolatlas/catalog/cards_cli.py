@@ -5,6 +5,8 @@ generate  writes one signed card per server into state_dir/cards/, from a live c
 verify    checks every card's form and signature, and each tool's schema hash against the
           live upstreams (--config) or a catalog (--catalog); exit 1 naming every failure.
 show      prints one card (readable, or --json).
+export    rewrites a catalog JSONL with each tool's description replaced by the card text a
+          generator gives (offline, unsigned): feed it to `toolatlas eval` to measure cards.
 
 Exit codes: 0 ok, 1 verification failed, 2 usage or key problem, 3 an upstream could not be
 listed or a generator failed, 78 config error.
@@ -262,6 +264,34 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- export
+
+
+def _export(args: argparse.Namespace) -> int:
+    from toolatlas.catalog.generators import make_generator
+
+    cfg = _load_cfg(args.config)
+    catalog = load_catalog(args.catalog)
+    rows_in = [json.loads(line) for line in Path(args.catalog).read_text(encoding="utf-8").splitlines() if line.strip()]
+    text: dict[tuple[str, str], str] = {}
+    for server, recs in catalog.items():
+        draft = make_generator(args.generator, cfg).generate(server, recs)
+        for d in draft.tools:
+            summary = d.summary
+            if args.with_server and draft.summary:
+                summary = f"{summary} Server: {draft.summary}"
+            text[(server, d.tool)] = summary
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        for row in rows_in:
+            row = dict(row, description=text[(str(row["server"]), str(row["name"]))])
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="toolatlas cards", description="Operator-attested capability cards.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -290,6 +320,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--config")
     s.add_argument("--state-dir")
     s.add_argument("--json", action="store_true")
+
+    e = sub.add_parser("export", help="catalog JSONL with descriptions replaced by card text (for toolatlas eval)")
+    e.add_argument("--catalog", required=True)
+    e.add_argument("--generator", choices=["bootstrap", "llm", "publisher"], default="bootstrap")
+    e.add_argument("--config", help="for the llm generator's [cards.llm]")
+    e.add_argument("--with-server", action="store_true", help="append the card's server summary to each description")
+    e.add_argument("--out", help="output file (default: stdout)")
     return p
 
 
@@ -299,7 +336,7 @@ def main(argv: list[str]) -> int:
 
     args = _parser().parse_args(argv)
     try:
-        return {"generate": _generate, "verify": _verify, "show": _show}[args.cmd](args)
+        return {"generate": _generate, "verify": _verify, "show": _show, "export": _export}[args.cmd](args)
     except ConfigError as exc:
         _err(str(exc))
         return EX_CONFIG
