@@ -223,10 +223,14 @@ def test_attest_verified_changed_and_reattested_by_operator(tmp_path: Path, keys
     added = [*tools, rec("files", "delete_file", "Delete.", {"path": {"type": "string"}})]
     assert "not in the signed card" in att.attest("files", added).quarantined["delete_file"]
 
-    # the operator regenerates and signs: the tool comes back on the next refresh
+    # the operator regenerates and signs: the daemon sees the new card file and the tool
+    # comes back on the next attestation
+    assert att.changed_servers() == []
     signed_card(cfg, keys, "files", changed)
+    assert att.changed_servers() == ["files"]
     res3 = att.attest("files", changed)
     assert not res3.quarantined and "write_file" in res3.texts
+    assert att.changed_servers() == []
 
 
 def test_attest_tampered_card_refused_other_servers_served(tmp_path: Path, keys: tuple[Path, Path]) -> None:
@@ -306,4 +310,6 @@ def test_attest_caches_by_file_identity(tmp_path: Path, keys: tuple[Path, Path])
     att = Attestor(cfg)
     assert att.attest("files", tools).card_status == "verified"
     os.unlink(path)
+    assert att.changed_servers() == ["files"]
     assert att.attest("files", tools).card_status == "missing"
+    assert att.changed_servers() == []

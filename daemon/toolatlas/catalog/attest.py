@@ -231,6 +231,27 @@ class Attestor:
             texts[name] = (tc.summary, new.summary, tuple(new.tags))
         return new, {}
 
+    def changed_servers(self) -> list[str]:
+        """Servers attested before whose card file has changed since (written, replaced,
+        removed): call `attest` again for them so a regenerated card takes effect without
+        waiting for the upstream's tool list to change. Cheap: one stat per server."""
+        with self._lock:
+            if self._public is None:
+                return []
+            out = []
+            for server in self._last:
+                try:
+                    st = card_path(self._state_dir, server).stat()
+                    key: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+                except FileNotFoundError:
+                    key = None
+                except OSError:
+                    continue
+                hit = self._cache.get(server)
+                if key != (hit[0] if hit else None):
+                    out.append(server)
+            return sorted(out)
+
     # ------------------------------------------------------------------ status
 
     def summary(self) -> dict[str, Any]:
