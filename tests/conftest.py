@@ -10,7 +10,7 @@
 - ``spawn_everything(transport="http"|"sse")``: npm's server-everything on a free port
   (skips when tests/npm is not installed); ``everything_stdio``: its stdio upstream config.
 - ``make_upstream(name, transport, **fields)``: a ``toolatlas.config`` upstream struct with
-  short test timeouts; ``testserver_stdio(name, *args)``: a stdio upstream running the
+  short test timeouts; ``stdio_testserver(name, *args)`` (fixture ``testserver_stdio``): a stdio upstream running the
   test server.
 """
 
@@ -241,14 +241,14 @@ def make_upstream(name: str, transport: str, **fields: Any) -> Upstream:
     return cls(name=name, **fields)
 
 
-def testserver_stdio_upstream(name: str = "ts", *args: str, **fields: Any) -> StdioUpstream:
+def stdio_testserver(name: str = "ts", *args: str, **fields: Any) -> StdioUpstream:
     up = make_upstream(name, "stdio", command=sys.executable,
                        args=["-m", "toolatlas.examples.testserver", *args], **fields)
     assert isinstance(up, StdioUpstream)
     return up
 
 
-def everything_stdio_upstream(name: str = "everything", **fields: Any) -> StdioUpstream:
+def stdio_everything(name: str = "everything", **fields: Any) -> StdioUpstream:
     if not EVERYTHING_BIN.exists():
         pytest.skip("npm server-everything is not installed (make npm)")
     up = make_upstream(name, "stdio", command=str(EVERYTHING_BIN), args=["stdio"], **fields)
@@ -267,9 +267,9 @@ def make_upstream_fixture() -> Callable[..., Upstream]:
 
 @pytest.fixture
 def testserver_stdio() -> Callable[..., StdioUpstream]:
-    return testserver_stdio_upstream
+    return stdio_testserver
 
 
 @pytest.fixture
 def everything_stdio() -> StdioUpstream:
-    return everything_stdio_upstream()
+    return stdio_everything()

@@ -23,6 +23,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx2
 import mcp_types
 from mcp import Client
@@ -74,8 +75,11 @@ def _is_connection_error(exc: BaseException) -> bool:
     if isinstance(exc, MCPError):
         if exc.error.code == mcp_types.CONNECTION_CLOSED:
             return True
-        # Streamable HTTP spells a 404 on a stale (2025-era) session id like this.
-        return exc.error.code == mcp_types.INVALID_REQUEST and exc.error.message == "Session terminated"
+        # A 404 on a stale (2025-era) streamable HTTP session id: the SDK says "Session
+        # terminated", the Python server's body says "Session not found".
+        return exc.error.code == mcp_types.INVALID_REQUEST and exc.error.message in (
+            "Session terminated", "Session not found",
+        )
     return isinstance(
         exc, (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, EOFError)
     )
@@ -301,21 +305,28 @@ class UpstreamSession:
             try:
                 await stack.enter_async_context(client)
                 self.protocol_version = client.protocol_version
-                phase, stage_seconds = "tools/list", up.timeouts.list_tools
-                deadline.deadline = anyio.current_time() + up.timeouts.list_tools
-                tools = await list_all_tools(client, self.name)
-                deadline.deadline = math.inf
-                self._client = client
-                self._apply(Event.CONNECTED)
-                logger.info(
-                    "upstream %s: %d tools, protocol %s%s",
-                    self.name, len(tools), self.protocol_version,
-                    f", pid {self._proc.pid}" if self._proc is not None else "",
-                )
-                ready = True
-                self._settled.set()
-                await self._publish(tools)
-                await self._supervise(client)
+                modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+                async with anyio.create_task_group() as tg:
+                    if modern:
+                        # Subscribe before the first list, so a change in between is not missed.
+                        phase, stage_seconds = "subscriptions/listen", up.timeouts.ping
+                        deadline.deadline = anyio.current_time() + up.timeouts.ping + 1.0
+                        await tg.start(self._listen_loop, client)
+                    phase, stage_seconds = "tools/list", up.timeouts.list_tools
+                    deadline.deadline = anyio.current_time() + up.timeouts.list_tools
+                    tools = await list_all_tools(client, self.name)
+                    deadline.deadline = math.inf
+                    self._client = client
+                    self._apply(Event.CONNECTED)
+                    logger.info(
+                        "upstream %s: %d tools, protocol %s%s",
+                        self.name, len(tools), self.protocol_version,
+                        f", pid {self._proc.pid}" if self._proc is not None else "",
+                    )
+                    ready = True
+                    self._settled.set()
+                    await self._publish(tools)
+                    await self._supervise(client, tg, modern)
                 reason = self._lost_reason or "session ended"
             except Exception as exc:  # noqa: BLE001 - every failure is a reason to retry
                 if self._lost.is_set():
@@ -359,19 +370,15 @@ class UpstreamSession:
 
     # ---- supervision ------------------------------------------------------------------
 
-    async def _supervise(self, client: Client) -> None:
+    async def _supervise(self, client: Client, tg: anyio.abc.TaskGroup, modern: bool) -> None:
         up = self.upstream
-        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._relist_worker, client)
-            if up.relist_interval > 0:
-                tg.start_soon(self._relist_timer, up.relist_interval)
-            if up.ping_interval > 0:
-                tg.start_soon(self._health_loop, client, modern)
-            if modern:
-                tg.start_soon(self._listen_loop, client)
-            await self._lost.wait()
-            tg.cancel_scope.cancel()
+        tg.start_soon(self._relist_worker, client)
+        if up.relist_interval > 0:
+            tg.start_soon(self._relist_timer, up.relist_interval)
+        if up.ping_interval > 0:
+            tg.start_soon(self._health_loop, client, modern)
+        await self._lost.wait()
+        tg.cancel_scope.cancel()
 
     async def _relist_timer(self, interval: float) -> None:
         while True:
@@ -396,17 +403,27 @@ class UpstreamSession:
                 self._mark_lost(f"health check failed: {op}: {describe(exc)}")
                 return
 
-    async def _listen_loop(self, client: Client) -> None:
-        """2026-07-28: keep a `subscriptions/listen` stream open; every event means re-list."""
+    async def _listen_loop(
+        self, client: Client, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """2026-07-28: keep a `subscriptions/listen` stream open; every event means re-list.
+
+        Signals started once the first stream is acknowledged (or listening proved
+        impossible), so the caller can list tools knowing no change slips in between.
+        """
         up = self.upstream
         failures = 0
         first = True
+        started = False
         while True:
             try:
                 with anyio.CancelScope(deadline=anyio.current_time() + up.timeouts.ping) as ack:
                     async with client.listen(tools_list_changed=True) as sub:
                         ack.deadline = math.inf
                         failures = 0
+                        if not started:
+                            started = True
+                            task_status.started()
                         if not first:
                             # No replay after a drop: whatever changed meanwhile needs a refetch.
                             self._relist_wanted.set()
@@ -418,10 +435,14 @@ class UpstreamSession:
                     raise TimeoutError(f"no subscriptions/listen acknowledgment within {up.timeouts.ping:g} s")
                 logger.debug("upstream %s: listen stream closed by the server; re-listening", self.name)
             except ListenNotSupportedError:
+                if not started:
+                    task_status.started()
                 return
             except MCPError as exc:
                 if exc.error.code == mcp_types.METHOD_NOT_FOUND:
                     logger.info("upstream %s: no subscriptions/listen; relying on polling", self.name)
+                    if not started:
+                        task_status.started()
                     return
                 failures += 1
                 last = describe(exc)
@@ -432,6 +453,10 @@ class UpstreamSession:
                 failures += 1
                 last = "listen stream closed"
             if failures >= LISTEN_MAX_FAILURES:
+                if not started:
+                    raise UpstreamProtocolError(
+                        f"upstream {self.name!r}: subscriptions/listen failed {failures} times: {last}"
+                    )
                 self._mark_lost(f"subscriptions/listen lost {failures} times: {last}")
                 return
             await anyio.sleep(min(0.05 * 2**failures, 2.0))
