@@ -9,11 +9,13 @@ verify tests skip, saying why.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -266,8 +268,10 @@ def traced_syscalls(trace: Path) -> set[str]:
 
 def run_traced_mcp_session(strace: str, cmd: list[str], trace: Path) -> dict[int, dict]:
     """Run a stdio MCP server under strace, do initialize/tools/list/tools/call, close stdin."""
+    # A session of its own: killing strace alone would leave a traced server running.
     proc = subprocess.Popen([strace, "-f", "-qq", "-o", str(trace), *cmd], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
     assert proc.stdin is not None and proc.stdout is not None
     replies: dict[int, dict] = {}
     try:
@@ -289,9 +293,9 @@ def run_traced_mcp_session(strace: str, cmd: list[str], trace: Path) -> dict[int
         except subprocess.TimeoutExpired:
             pass  # a slow exit does not matter here: the session above is traced already
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the server too, if it hangs on exit
+        proc.wait()
         proc.stdout.close()
     return replies
 
@@ -342,8 +346,14 @@ def test_syscall_filter_allows_the_embedding_stack(systemd_analyze: str, strace:
         "import sys; from pathlib import Path; from toolatlas.retrieval.embed import get_embedder;"
         "e = get_embedder('onnx', Path(sys.argv[1])); print(e.embed(['read a file']).shape)"
     )
-    proc = subprocess.run([strace, "-f", "-qq", "-o", str(trace), sys.executable, "-c", code, str(tmp_path / "state")],
-                          capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache")))
-    assert proc.returncode == 0 and "(1, 384)" in proc.stdout, proc.stderr[-2000:]
+    proc = subprocess.Popen([strace, "-f", "-qq", "-o", str(trace), sys.executable, "-c", code, str(tmp_path / "state")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache")))
+    try:
+        out, err = proc.communicate(timeout=500)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the export subprocess too, if still running
+        proc.wait()
+    assert proc.returncode == 0 and "(1, 384)" in out, err[-2000:]
     _assert_within_filter(systemd_analyze, traced_syscalls(trace), trace)
