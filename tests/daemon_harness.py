@@ -70,7 +70,8 @@ class Daemon:
             "[daemon]\n"
             f'socket = "{self.socket}"\n'
             f'state_dir = "{tmp / "state"}"\n'
-            'metrics_addr = ""\n'
+            + ('metrics_addr = ""\n' if "metrics_addr" not in daemon_extra else "")
+            +
             "drain_timeout = 5\n"
             f"{daemon_extra}\n"
             "[search]\n"
@@ -80,8 +81,8 @@ class Daemon:
         self.log = tmp / "daemon.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, *, wait_ready: float = 60.0) -> "Daemon":
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+    def start(self, *, wait_ready: float = 60.0, env: dict[str, str] | None = None) -> "Daemon":
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self._logfh = open(self.log, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "toolatlas", "serve", "--config", str(self.config)],

@@ -560,14 +560,14 @@ async def serve(cfg: Config, *, ready: Callable[[Gateway], None] | None = None) 
     """
     notifier = Notifier()
     activated = listen_fds()
-    scrub_environment()  # children must not inherit NOTIFY_SOCKET, LISTEN_FDS or WATCHDOG_*
     gw = Gateway(cfg, listen_socket=activated[0] if activated else None)
     async with anyio.create_task_group() as tg:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            await tg.start(run_watchdog, notifier)  # reads WATCHDOG_USEC before the scrub
+            scrub_environment()  # children must not inherit NOTIFY_SOCKET, LISTEN_FDS or WATCHDOG_*
             if addr := metrics_address(cfg):
                 await tg.start(gw.metrics.serve, *addr)
             await tg.start(gw.run)
-            await tg.start(run_watchdog, notifier)
 
             async def announce_ready() -> None:
                 await gw.index_ready.wait()
