@@ -13,8 +13,6 @@ import argparse
 import logging
 import socket
 import sys
-from collections.abc import Sequence
-
 import anyio
 
 from mcp.server.mcpserver import MCPServer
@@ -66,12 +64,6 @@ async def serve(server: MCPServer, transport: str, host: str, port: int, log_lev
         tg.start_soon(announce)
         await srv.serve(sockets=[sock])
         tg.cancel_scope.cancel()
-
-
-def main(server: MCPServer, description: str, argv: Sequence[str] | None = None, *,
-         default_transport: str = "stdio", extra: argparse.ArgumentParser | None = None) -> None:
-    args = parser(description, default_transport).parse_args(argv)
-    run(server, args)
 
 
 def run(server: MCPServer, args: argparse.Namespace) -> None:
