@@ -183,3 +183,41 @@ def test_rift_cli_planted_duplicates_fail_on_and_ablation(tmp_path: Path, capsys
     abl = json.loads(capsys.readouterr().out)
     assert abl["counts"]["high"] == abl["counts"]["medium"] == 0 and abl["counts"]["unrated"] == len(abl["clusters"]) > 0
     assert {c["risk"] for c in abl["clusters"]} == {"unrated"}
+
+
+@pytest.mark.slow
+def test_rift_cli_on_live_config_through_cards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from toolatlas.catalog.cards_cli import keygen_main
+    from toolatlas.catalog.cards_cli import main as cards_main
+    from toolatlas.rift.cli import main
+
+    assert keygen_main(["--out", str(tmp_path / "op.key")]) == 0
+    cfg = tmp_path / "toolatlas.toml"
+    cfg.write_text(
+        f"""
+[daemon]
+state_dir = "state"
+socket = "sock"
+metrics_addr = ""
+[cards]
+public_key = "op.key.pub"
+private_key = "op.key"
+[[upstream]]
+name = "test"
+transport = "stdio"
+command = "{sys.executable}"
+args = ["-m", "toolatlas.examples.testserver", "--transport", "stdio", "--tools", "3"]
+"""
+    )
+    assert cards_main(["generate", "--config", str(cfg), "--quiet"]) == 0
+    capsys.readouterr()
+    # gen_000..gen_002 differ only by a number: the index cannot tell them apart
+    assert main(["--config", str(cfg), "--json"]) == 1
+    js = json.loads(capsys.readouterr().out)
+    assert js["text"] == "cards" and js["quarantined_tools"] == 0
+    by_member = {m["name"]: (c, m) for c in js["clusters"] for m in c["members"]}
+    c, m = by_member["test__gen_000"]
+    assert {"test__gen_001", "test__gen_002"} <= {x["name"] for x in c["members"]}
+    assert c["risk"] == "high" and m["diagnosis"] == "REGENERATE"
