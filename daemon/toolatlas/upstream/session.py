@@ -260,6 +260,9 @@ class UpstreamSession:
         self._stop_requested = True
         if self._scope is not None:
             self._scope.cancel()
+        else:
+            # Never ran (or not yet): run() will see the flag and exit before connecting.
+            self._done.set()
 
     def retry_now(self) -> None:
         """Cut a pending backoff wait short (operator `refresh` on a DEGRADED upstream)."""
