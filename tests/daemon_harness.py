@@ -15,6 +15,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM if the test process dies (no orphaned servers)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below `pid`, from /proc (no psutil)."""
     children: dict[int, list[int]] = {}
@@ -87,6 +95,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "toolatlas", "serve", "--config", str(self.config)],
             stdout=self._logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + wait_ready
         while time.monotonic() < deadline:
@@ -170,7 +179,7 @@ class NetworkServer:
     def __init__(self, module: str, transport: str, *extra: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, "--transport", transport, "--host", "127.0.0.1", "--port", "0", *extra],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
         )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 30

@@ -91,6 +91,8 @@ class Gateway:
         # server -> {namespaced name -> indexed document}: what the engine holds for it.
         self.docs: dict[str, dict[str, ToolDoc]] = {}
         self.quarantined: dict[str, dict[str, str]] = {}
+        # server -> its tools as last listed (re-attested when card files change).
+        self.live: dict[str, list[ToolRecord]] = {}
         self.by_name: dict[str, ToolRecord] = {}
         self.available: set[str] = set()
         self.engine = engine or Engine(
@@ -142,6 +144,7 @@ class Gateway:
             await anyio.to_thread.run_sync(self.engine.load)
             self.engine_loaded.set()
             await tg.start(self.pool.run)
+            tg.start_soon(self._recheck_cards)
             await self.pool.wait_settled(max((u.timeouts.connect for u in self.cfg.upstream), default=1.0) + 5)
             # Ready upstreams have listed; give their first reindex (already running) time to land.
             with anyio.move_on_after(60):
@@ -216,6 +219,7 @@ class Gateway:
             for name in self.records.pop(server, {}):
                 self.by_name.pop(name, None)
             self.quarantined.pop(server, None)
+            self.live.pop(server, None)
 
     def _engine_update(self, upserts: list[ToolDoc], removes: list[str]) -> int:
         """Runs in a worker thread: update the index and count what it cost."""
@@ -237,25 +241,48 @@ class Gateway:
             return
         await self.engine_loaded.wait()
         live = [record_from_tool(server, t) for t in tools]
-        verdict = await anyio.to_thread.run_sync(self.attestor.attest, server, live)
-        records: dict[str, ToolRecord] = {}
-        docs: dict[str, ToolDoc] = {}
-        for rec in live:
-            text = verdict.texts.get(rec.tool)
-            if text is None:
+        self.live[server] = live
+        await self._apply(server)
+
+    async def _recheck_cards(self) -> None:
+        """Re-attest connected upstreams periodically: card files change without the
+        upstream's catalog changing (tampering, re-signing after a quarantine)."""
+        while True:
+            interval = self.cfg.cards.recheck_interval
+            await anyio.sleep(interval if interval > 0 else 60)
+            if interval <= 0:
                 continue
-            summary, server_summary, tags = text
-            records[rec.name] = rec
-            docs[rec.name] = ToolDoc(
-                name=rec.name, server=server, tool=rec.tool, description=summary,
-                input_schema=rec.input_schema, server_summary=server_summary, tags=tuple(tags),
-            )
-        old_docs = self.docs.get(server, {})
-        upserts = [d for n, d in docs.items() if old_docs.get(n) != d]
-        removes = [n for n in old_docs if n not in docs]
-        self.quarantined[server] = dict(verdict.quarantined)
-        changed = bool(upserts or removes)
+            for server in sorted(self.available):
+                await self._apply(server, from_listing=False)
+
+    async def _apply(self, server: str, *, from_listing: bool = True) -> None:
+        """Attest the server's latest listing and bring index and records in line.
+
+        Serialised by the update lock, and reading `self.live` under it, so a re-check can
+        never apply an older listing over a newer one.
+        """
         async with self._update_lock:
+            live = self.live.get(server)
+            if live is None or (not from_listing and server not in self.available):
+                return
+            verdict = await anyio.to_thread.run_sync(self.attestor.attest, server, live)
+            records: dict[str, ToolRecord] = {}
+            docs: dict[str, ToolDoc] = {}
+            for rec in live:
+                text = verdict.texts.get(rec.tool)
+                if text is None:
+                    continue
+                summary, server_summary, tags = text
+                records[rec.name] = rec
+                docs[rec.name] = ToolDoc(
+                    name=rec.name, server=server, tool=rec.tool, description=summary,
+                    input_schema=rec.input_schema, server_summary=server_summary, tags=tuple(tags),
+                )
+            old_docs = self.docs.get(server, {})
+            upserts = [d for n, d in docs.items() if old_docs.get(n) != d]
+            removes = [n for n in old_docs if n not in docs]
+            self.quarantined[server] = dict(verdict.quarantined)
+            changed = bool(upserts or removes)
             # Insert before delete: new records become callable first, the index swaps
             # atomically, and only then do removed names disappear.
             old_records = self.records.get(server, {})
@@ -269,6 +296,13 @@ class Gateway:
             for name in old_records:
                 if name not in records:
                     self.by_name.pop(name, None)
+        if not from_listing:
+            if changed:
+                self.events.emit(ev.CATALOG_CHANGED, server=server, available=True, tools=len(records),
+                                 upserted=len(upserts), removed=len(removes),
+                                 quarantined=len(verdict.quarantined), card=verdict.card_status)
+                await self._notify_list_changed()
+            return
         was_available = server in self.available
         self.available.add(server)
         if changed or not was_available:

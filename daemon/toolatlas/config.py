@@ -118,6 +118,9 @@ class CardsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     private_key: str = ""
     policy: Literal["quarantine", "reattest"] = "quarantine"
     required: bool = False
+    # Seconds between re-checks of the card files of connected upstreams, so a tampered,
+    # replaced or re-signed card takes effect without waiting for a catalog change; 0 disables.
+    recheck_interval: Annotated[float, msgspec.Meta(ge=0)] = 5.0
     llm: CardsLlmSection = msgspec.field(default_factory=CardsLlmSection)
 
 

@@ -50,11 +50,11 @@ async def _announce(ctx: Context) -> None:
         await ctx.notify_tools_changed()
 
 
-def build(name: str = "testserver", tools: int = 0, page_size: int = 0) -> PagedServer:
+def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_description: str | None = None) -> PagedServer:
     server = PagedServer(name, instructions="A configurable server for toolatlas tests.")
     server.page_size = page_size
 
-    @server.tool(description="Echo the message back, prefixed with 'Echo: '.")
+    @server.tool(description=echo_description or "Echo the message back, prefixed with 'Echo: '.")
     def echo(message: str) -> str:
         return f"Echo: {message}"
 
@@ -115,8 +115,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--name", default="testserver")
     p.add_argument("--tools", type=int, default=0, help="extra generated tools")
     p.add_argument("--page-size", type=int, default=0, help="tools per tools/list page (0 = all)")
+    p.add_argument("--echo-description-file", help="if this file exists at start, echo's description is its text "
+                   "(a new release of the server that redefines a tool)")
     args = p.parse_args(argv)
-    _serve.run(build(args.name, args.tools, args.page_size), args)
+    echo_description = None
+    if args.echo_description_file and os.path.exists(args.echo_description_file):
+        with open(args.echo_description_file, encoding="utf-8") as fh:
+            echo_description = fh.read().strip()
+    _serve.run(build(args.name, args.tools, args.page_size, echo_description), args)
 
 
 if __name__ == "__main__":
