@@ -268,14 +268,19 @@ class UpstreamSession:
         """Cut a pending backoff wait short (operator `refresh` on a DEGRADED upstream)."""
         self._wake.set()
 
+    def _leave(self, was_ready: bool, reason: str) -> bool:
+        """Feed LOST or CONNECT_FAILED once per connection; True if tools must be withdrawn."""
+        if self.state is UpstreamState.DEGRADED:
+            # Already applied (before teardown); keep the better reason if teardown found one.
+            self.reason = reason
+            return False
+        actions = self._apply(Event.LOST if was_ready else Event.CONNECT_FAILED, reason=reason)
+        return Action.WITHDRAW_TOOLS in actions
+
     async def _loop(self) -> None:
         while True:
             was_ready, reason = await self._session_once()
-            if was_ready:
-                actions = self._apply(Event.LOST, reason=reason)
-            else:
-                actions = self._apply(Event.CONNECT_FAILED, reason=reason)
-            if Action.WITHDRAW_TOOLS in actions and self.tools is not None:
+            if self._leave(was_ready, reason) and self.tools is not None:
                 await self._publish(None)
             self._settled.set()
             delay = max(0.0, float(self._backoff(self.attempt)))
@@ -331,6 +336,18 @@ class UpstreamSession:
                     await self._publish(tools)
                     await self._supervise(client, tg, modern)
                 reason = self._lost_reason or "session ended"
+                # Leave READY and withdraw before the (possibly slow) teardown: search must
+                # not offer tools of a dead session while its child is being reaped.
+                self._leave(ready, reason)
+                if self.tools is not None:
+                    await self._publish(None)
+                if isinstance(transport, StdioProcess) and "onnection closed" in reason:
+                    # stdout EOF usually means the child died: a short wait gets its exit status.
+                    with anyio.move_on_after(0.5):
+                        while transport.returncode is None:
+                            await anyio.sleep(0.01)
+                    if transport.returncode is not None:
+                        reason = self.reason = transport.describe_exit()
             except Exception as exc:  # noqa: BLE001 - every failure is a reason to retry
                 if self._lost.is_set():
                     reason = self._lost_reason or describe(exc)
