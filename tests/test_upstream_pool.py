@@ -177,7 +177,9 @@ async def test_pagination_is_followed_to_the_end() -> None:
             names = rec.latest["paged"] or []
             assert len(names) == 8 + 25 and len(set(names)) == len(names)
             assert names[-1] == "gen_024"
+            before = len(rec.history)
             await pool.refresh("paged")  # a forced re-list also walks every page
+            assert len(rec.history) == before + 1 and len(rec.history[-1][1] or []) == 33
             assert pool.get("paged").tools == 33  # type: ignore[union-attr]
     tools = await list_tools_once(up)
     assert len(tools) == 33

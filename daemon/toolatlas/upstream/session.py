@@ -170,6 +170,7 @@ class UpstreamSession:
         self._relist_started = 0
         self._relist_done = 0
         self._relist_evt = anyio.Event()
+        self._force_publish = False
 
     def __repr__(self) -> str:
         extra = f" reason={self.reason!r}" if self.reason else ""
@@ -502,15 +503,18 @@ class UpstreamSession:
                 logger.warning("upstream %s: re-list failed, keeping %d tools: %s",
                                self.name, len(self.tools or ()), describe(exc))
             else:
-                if self.tools is None or _dump(tools) != _dump(self.tools):
-                    logger.info("upstream %s: tool list changed: %d tools", self.name, len(tools))
+                forced, self._force_publish = self._force_publish, False
+                if self.tools is None or forced or _dump(tools) != _dump(self.tools):
+                    if not forced:
+                        logger.info("upstream %s: tool list changed: %d tools", self.name, len(tools))
                     await self._publish(tools)
             self._relist_done = seq
             evt, self._relist_evt = self._relist_evt, anyio.Event()
             evt.set()
 
     async def refresh(self) -> None:
-        """Re-list now and return once that re-list finished (and the callback ran).
+        """Re-list now and return once that re-list finished and the callback got the
+        complete list (even when unchanged: an operator's refresh always hands it over).
 
         DEGRADED: cuts the backoff wait short and returns at once. Raises UpstreamUnavailable
         when the upstream is disabled, closed, or the session is lost meanwhile, and
@@ -523,6 +527,7 @@ class UpstreamSession:
             raise UpstreamUnavailable(self._unavailable_message())
         target = self._relist_started + 1
         lost = self._lost
+        self._force_publish = True
         self._relist_wanted.set()
         seconds = self.upstream.timeouts.list_tools * 2
         with anyio.move_on_after(seconds) as scope:
