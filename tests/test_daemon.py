@@ -138,6 +138,11 @@ async def test_bad_input_gets_errors_a_model_can_act_on(gateway: Daemon) -> None
             assert {m["server"] for m in r.structured_content["matches"]} == {"gamma"}
             r = await client.call_tool("execute_tool", {"name": "beta__echo", "arguments": '{"message": "s"}'})
             assert _text(r) == "Echo: s"
+            # Arguments are checked against the inputSchema: every problem, with its path.
+            r = await client.call_tool("execute_tool", {"name": "beta__sleep", "arguments": {"seconds": "soon"}})
+            assert r.is_error and "at /seconds:" in _text(r) and "'soon' is not of type 'number'" in _text(r)
+            r = await client.call_tool("beta__echo", {})
+            assert r.is_error and "'message' is a required property" in _text(r)
 
 
 async def test_passthrough_client_sees_all_tools_and_list_changed(gateway: Daemon) -> None:

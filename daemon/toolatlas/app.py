@@ -24,9 +24,11 @@ import anyio
 import anyio.abc
 import mcp_types as types
 
+from toolatlas import access
 from toolatlas import events as ev
 from toolatlas.catalog.attest import Attestor
 from toolatlas.catalog.model import ToolRecord
+from toolatlas.catalog.validate import ArgumentValidator
 from toolatlas.config import Config, load, metrics_address, secrets
 from toolatlas.errors import BadInput, ConfigError, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.metrics import Metrics, StateSnapshot
@@ -86,6 +88,7 @@ class Gateway:
         self.metrics = metrics or Metrics()
         self.events = events or ev.Events(secrets=secrets(cfg), log_queries=cfg.daemon.log_queries)
         self.attestor = Attestor(cfg)
+        self.validator = ArgumentValidator()
         # server -> {namespaced name -> record}: the callable tools (quarantined ones excluded).
         self.records: dict[str, dict[str, ToolRecord]] = {}
         # server -> {namespaced name -> indexed document}: what the engine holds for it.
@@ -196,6 +199,7 @@ class Gateway:
             "changed": sorted(n for n in set(old_ups) & set(new_ups) if old_ups[n] != new_ups[n]),
         }
         self.cfg = new
+        access.clear_cache()
         self._scope = frozenset(new.search.scope) or None
         self.attestor = Attestor(new)
         self.events.add_secrets(secrets(new))
@@ -329,8 +333,8 @@ class Gateway:
     # -- who sees what -----------------------------------------------------------------------
 
     def allowed_servers(self, conn: Connection) -> set[str]:
-        """Servers this connection may use (the static scope, else every configured one)."""
-        names = {u.name for u in self.cfg.upstream}
+        """Servers this connection may use: its [[access]] rules, narrowed by the static scope."""
+        names = set(access.allowed_servers(self.cfg, conn.uid, conn.gid))
         return names & self._scope if self._scope else names
 
     def passthrough_for(self, conn: Connection) -> bool:
@@ -460,6 +464,13 @@ class Gateway:
                 raise BadInput(f"`arguments` is a string that is not valid JSON: {exc}") from exc
         if arguments is not None and not isinstance(arguments, dict):
             raise BadInput(f"`arguments` must be an object, got {type(arguments).__name__}")
+        problems = self.validator.check(rec, arguments or {})
+        if problems:
+            listed = "; ".join(problems)
+            raise BadInput(
+                f"arguments for {rec.name!r} do not match its inputSchema: {listed}. "
+                "Fix these and call again."
+            )
         if self.inflight == 0:
             self._idle = anyio.Event()
         self.inflight += 1

@@ -78,6 +78,9 @@ class DaemonSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     drain_timeout: Seconds = 10.0
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 4 * 1024 * 1024
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # What a client that matches no [[access]] rule may use: "allow" (every upstream; the
+    # single-user default) or "deny" (nothing).
+    access_default: Literal["allow", "deny"] = "allow"
     # Structured events never carry query text unless this is set.
     log_queries: bool = False
     # "uvloop" when installed (the default), else asyncio's own loop.
@@ -124,11 +127,22 @@ class CardsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     llm: CardsLlmSection = msgspec.field(default_factory=CardsLlmSection)
 
 
+class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Who may use which upstreams. A socket client matches a rule by its kernel-reported
+    uid (`users`: names or numeric uids) or any of its groups (`groups`: names or gids);
+    it may use the union of `servers` ("*" = all) of every rule it matches."""
+
+    users: list[str | int] = []
+    groups: list[str | int] = []
+    servers: list[str] = []
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     search: SearchSection = msgspec.field(default_factory=SearchSection)
     cards: CardsSection = msgspec.field(default_factory=CardsSection)
     upstream: list[Upstream] = []
+    access: list[AccessRule] = []
     # Where the file was read from (not a TOML key; set by load()).
     source: str = ""
 
@@ -213,6 +227,12 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
     unknown_scope = [s for s in cfg.search.scope if s not in names]
     if unknown_scope:
         raise ConfigError(f"{source}: [search] scope names unknown upstream {unknown_scope[0]!r}")
+    for i, rule in enumerate(cfg.access):
+        unknown_servers = [x for x in rule.servers if x != "*" and x not in names]
+        if unknown_servers:
+            raise ConfigError(f"{source}: [[access]] rule {i + 1} names unknown upstream {unknown_servers[0]!r}")
+        if not (rule.users or rule.groups):
+            raise ConfigError(f"{source}: [[access]] rule {i + 1} names no users and no groups")
     for up in cfg.upstream:
         if isinstance(up, (SseUpstream, HttpUpstream)) and not up.url.startswith(("http://", "https://")):
             raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {up.url!r}")

@@ -1,0 +1,59 @@
+"""Who may use which upstreams: [[access]] rules matched against kernel-reported peer
+credentials (SO_PEERCRED), never against anything the client says."""
+
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import pwd
+from functools import lru_cache
+
+from toolatlas.config import Config
+
+log = logging.getLogger(__name__)
+
+
+@lru_cache(maxsize=1024)
+def _identity(uid: int, gid: int) -> tuple[frozenset[str], frozenset[str]]:
+    """({user name, "uid"}, {group names and gids}) for a peer; supplementary groups included."""
+    users = {str(uid)}
+    groups = {str(gid)}
+    try:
+        pw = pwd.getpwuid(uid)
+        users.add(pw.pw_name)
+        gids = set(os.getgrouplist(pw.pw_name, gid))
+    except KeyError:
+        gids = {gid}
+    for g in gids:
+        groups.add(str(g))
+        try:
+            groups.add(grp.getgrgid(g).gr_name)
+        except KeyError:
+            pass
+    return frozenset(users), frozenset(groups)
+
+
+def allowed_servers(cfg: Config, uid: int | None, gid: int | None) -> frozenset[str]:
+    """The upstreams a peer may use: the union over matching rules, else the default.
+
+    A connection without credentials (in-process use) is treated like the daemon's own user.
+    """
+    every = frozenset(u.name for u in cfg.upstream)
+    if uid is None or gid is None:
+        uid, gid = os.getuid(), os.getgid()
+    users, groups = _identity(uid, gid)
+    matched = False
+    servers: set[str] = set()
+    for rule in cfg.access:
+        if users & {str(u) for u in rule.users} or groups & {str(g) for g in rule.groups}:
+            matched = True
+            servers |= every if "*" in rule.servers else set(rule.servers)
+    if not matched:
+        return every if cfg.daemon.access_default == "allow" else frozenset()
+    return frozenset(servers) & every
+
+
+def clear_cache() -> None:
+    """Forget resolved identities (after a reload: users and groups may have changed)."""
+    _identity.cache_clear()
