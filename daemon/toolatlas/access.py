@@ -34,21 +34,29 @@ def _identity(uid: int, gid: int) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(users), frozenset(groups)
 
 
-def allowed_servers(cfg: Config, uid: int | None, gid: int | None) -> frozenset[str]:
-    """The upstreams a peer may use: the union over matching rules, else the default.
+def allowed_servers(cfg: Config, uid: int | None, gid: int | None, token: str | None = None) -> frozenset[str]:
+    """The upstreams a principal may use: the union over matching rules, else the default.
 
-    A connection without credentials (in-process use) is treated like the daemon's own user.
+    A principal is a socket peer (uid, gid from the kernel) or an HTTP bearer token (its
+    configured name); a token principal matches only `tokens` rules. A socket connection
+    without credentials (in-process use) is treated like the daemon's own user.
     """
     every = frozenset(u.name for u in cfg.upstream)
-    if uid is None or gid is None:
-        uid, gid = os.getuid(), os.getgid()
-    users, groups = _identity(uid, gid)
     matched = False
     servers: set[str] = set()
-    for rule in cfg.access:
-        if users & {str(u) for u in rule.users} or groups & {str(g) for g in rule.groups}:
-            matched = True
-            servers |= every if "*" in rule.servers else set(rule.servers)
+    if token is not None:
+        for rule in cfg.access:
+            if token in rule.tokens:
+                matched = True
+                servers |= every if "*" in rule.servers else set(rule.servers)
+    else:
+        if uid is None or gid is None:
+            uid, gid = os.getuid(), os.getgid()
+        users, groups = _identity(uid, gid)
+        for rule in cfg.access:
+            if users & {str(u) for u in rule.users} or groups & {str(g) for g in rule.groups}:
+                matched = True
+                servers |= every if "*" in rule.servers else set(rule.servers)
     if not matched:
         return every if cfg.daemon.access_default == "allow" else frozenset()
     return frozenset(servers) & every

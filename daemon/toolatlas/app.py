@@ -334,7 +334,7 @@ class Gateway:
 
     def allowed_servers(self, conn: Connection) -> set[str]:
         """Servers this connection may use: its [[access]] rules, narrowed by the static scope."""
-        names = set(access.allowed_servers(self.cfg, conn.uid, conn.gid))
+        names = set(access.allowed_servers(self.cfg, conn.uid, conn.gid, conn.token))
         return names & self._scope if self._scope else names
 
     def passthrough_for(self, conn: Connection) -> bool:

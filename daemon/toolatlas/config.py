@@ -134,6 +134,8 @@ class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
 
     users: list[str | int] = []
     groups: list[str | int] = []
+    # Names of HTTP bearer tokens (see [http]) this rule applies to.
+    tokens: list[str] = []
     servers: list[str] = []
 
 
@@ -231,8 +233,8 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         unknown_servers = [x for x in rule.servers if x != "*" and x not in names]
         if unknown_servers:
             raise ConfigError(f"{source}: [[access]] rule {i + 1} names unknown upstream {unknown_servers[0]!r}")
-        if not (rule.users or rule.groups):
-            raise ConfigError(f"{source}: [[access]] rule {i + 1} names no users and no groups")
+        if not (rule.users or rule.groups or rule.tokens):
+            raise ConfigError(f"{source}: [[access]] rule {i + 1} names no users, groups or tokens")
     for up in cfg.upstream:
         if isinstance(up, (SseUpstream, HttpUpstream)) and not up.url.startswith(("http://", "https://")):
             raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {up.url!r}")

@@ -38,6 +38,7 @@ class Connection:
     pid: int | None = None
     uid: int | None = None
     gid: int | None = None
+    token: str | None = None  # the name of the HTTP bearer token that authenticated it
     client_name: str | None = None
     session: Any = None  # the SDK ServerSession last seen on this connection
     saw_passthrough: bool | None = None  # what its last tools/list returned
