@@ -67,6 +67,18 @@ def url_upstream(name: str, transport: str, url: str, extra: str = "") -> str:
     return f'[[upstream]]\nname = "{name}"\ntransport = "{transport}"\nurl = "{url}"\n{extra}'
 
 
+def shared_onnx_models() -> Path:
+    """A folder with the ONNX export of the embedding model, made once per machine for the
+    test suite (the export itself is what toolatlas does on first start; atomic, locked)."""
+    import tempfile
+
+    from toolatlas.retrieval.embed import ensure_onnx_export
+
+    root = Path(tempfile.gettempdir()) / f"toolatlas-test-models-{os.getuid()}"
+    ensure_onnx_export(root)
+    return root / "models"
+
+
 class Daemon:
     """A daemon subprocess; `rpc(method, params)` talks to it over the socket."""
 
@@ -88,6 +100,11 @@ class Daemon:
         )
         self.log = tmp / "daemon.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        if 'embedder = "onnx"' in search_extra:
+            (tmp / "state" / "index").mkdir(parents=True, exist_ok=True)
+            models = tmp / "state" / "index" / "models"
+            if not models.exists():
+                models.symlink_to(shared_onnx_models(), target_is_directory=True)
 
     def start(self, *, wait_ready: float = 60.0, env: dict[str, str] | None = None) -> "Daemon":
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))

@@ -255,6 +255,19 @@ class Engine:
             return None
         return "bm25-only" if self._embedder is None and self._loaded else None
 
+    @property
+    def embedder(self) -> Any:
+        """The loaded Embedder, or None (bm25-only, or not loaded yet)."""
+        return self._embedder
+
+    def catalog_vectors(self) -> tuple[int, tuple[ToolDoc, ...], np.ndarray | None]:
+        """(version, documents, their dense vectors or None) of the current snapshot, for
+        analyses (Rift) that must not embed the catalog again. Read-only views."""
+        snap = self._snap
+        if snap is None:
+            return 0, (), None
+        return snap.version, snap.docs, snap.vecs
+
     # -- loading --------------------------------------------------------------------------
 
     def load(self) -> None:
