@@ -30,7 +30,7 @@ test: $(STAMP) $(NPM_STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP) $(NPM_STAMP)
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/report.py
 
 clean:
 	rm -rf $(VENV) tests/npm/node_modules .run
