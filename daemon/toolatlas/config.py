@@ -139,12 +139,37 @@ class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     servers: list[str] = []
 
 
+class HttpToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One bearer token of the HTTP endpoint: its name (what [[access]] `tokens` match) and the
+    SHA-256 of the token text in hex (the token itself is never stored)."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-fA-F]{64}$")]
+
+
+class HttpSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The optional streamable-HTTP endpoint (`http://LISTEN/mcp`); off while `listen` is ""."""
+
+    listen: str = ""  # HOST:PORT, e.g. "127.0.0.1:8765"
+    # Host header values accepted (DNS-rebinding protection); [] = the listen address plus
+    # localhost/127.0.0.1/[::1] at its port. "name:*" admits any port.
+    allowed_hosts: list[str] = []
+    # Origin header values accepted from browsers; a request without Origin is accepted.
+    # [] = the endpoint's own origins (http://HOST for each allowed Host).
+    allowed_origins: list[str] = []
+    tokens: list[HttpToken] = []
+    # The principal name given to requests WITHOUT an Authorization header ("" = refuse them
+    # with 401). For loopback development and conformance runs; [[access]] `tokens` can name it.
+    anonymous: str = ""
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     search: SearchSection = msgspec.field(default_factory=SearchSection)
     cards: CardsSection = msgspec.field(default_factory=CardsSection)
     upstream: list[Upstream] = []
     access: list[AccessRule] = []
+    http: HttpSection = msgspec.field(default_factory=HttpSection)
     # Where the file was read from (not a TOML key; set by load()).
     source: str = ""
 
@@ -240,6 +265,7 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
             raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {up.url!r}")
     if cfg.daemon.metrics_addr:
         _split_addr(cfg.daemon.metrics_addr, source)
+    _check_http(cfg.http, source)
     return _resolve_paths(cfg, Path(source).parent if source != "<string>" else Path.cwd(), source)
 
 
@@ -248,6 +274,29 @@ def _split_addr(addr: str, source: str = "<config>") -> tuple[str, int]:
     if not sep or not port.isdigit() or not (0 <= int(port) < 65536):
         raise ConfigError(f"{source}: [daemon] metrics_addr must be HOST:PORT, got {addr!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _check_http(http: HttpSection, source: str) -> None:
+    if not http.listen:
+        return
+    host, sep, port = http.listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not (0 <= int(port) < 65536):
+        raise ConfigError(f"{source}: [http] listen must be HOST:PORT, got {http.listen!r}")
+    names = [t.name for t in http.tokens]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{source}: [[http.tokens]] name {dupes[0]!r} is used more than once")
+    if not http.tokens and not http.anonymous:
+        raise ConfigError(f"{source}: [http] listen is set but no [[http.tokens]] are configured "
+                          "(and no [http] anonymous); every request would be refused")
+
+
+def http_address(cfg: Config) -> tuple[str, int] | None:
+    """(host, port) of the HTTP endpoint, or None when it is off."""
+    if not cfg.http.listen:
+        return None
+    host, _, port = cfg.http.listen.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def metrics_address(cfg: Config) -> tuple[str, int] | None:

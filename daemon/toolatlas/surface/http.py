@@ -1,0 +1,212 @@
+"""The optional streamable-HTTP endpoint: the gateway's MCP surface at `http://LISTEN/mcp`.
+
+The same low-level `Server` the Unix socket serves, behind the SDK's
+`StreamableHTTPSessionManager` (2025-11-25 sessions with `Mcp-Session-Id`, and the
+stateless 2026-07-28 single-exchange POSTs, whose `MCP-Protocol-Version` / `Mcp-Method` /
+`Mcp-Name` headers the SDK checks against the body: 400 with -32020/-32021/-32022).
+
+In front of it, for every request, in this order:
+1. the path must be `/mcp` (else 404);
+2. DNS-rebinding protection: the Host header must be allowed (else 421);
+3. a browser's Origin must be allowed (else 403);
+4. `Authorization: Bearer TOKEN`: the SHA-256 of TOKEN must match a configured token,
+   compared in constant time (else 401 with `WWW-Authenticate: Bearer`). A request with no
+   Authorization header at all is admitted as `[http] anonymous` when that is set.
+The matching token's name becomes `Connection.token` in the `CONNECTION` contextvar, so the
+[[access]] rules apply; the SDK's context streams carry it to the handlers. A legacy session
+is bound to the token that opened it (another token gets 404 for that session id).
+
+uvicorn serves it on the daemon's event loop (no thread, no signal handlers of its own).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import logging
+import socket
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from toolatlas.config import HttpSection, HttpToken
+from toolatlas.errors import ConfigError
+from toolatlas.surface.server import CONNECTION, Connection
+
+if TYPE_CHECKING:
+    from mcp.server.lowlevel.server import Server
+
+log = logging.getLogger(__name__)
+
+PATH = "/mcp"
+_ids = itertools.count(1_000_000)  # apart from the socket's connection ids
+
+
+def hash_token(token: str) -> str:
+    """The hex SHA-256 of a bearer token: what `[[http.tokens]] sha256` holds."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class TokenTable:
+    """Configured tokens, looked up by the hash of a presented token in constant time."""
+
+    def __init__(self, tokens: Sequence[HttpToken]) -> None:
+        self._tokens = [(t.name, bytes.fromhex(t.sha256)) for t in tokens]
+
+    def name_for(self, presented: str) -> str | None:
+        """The name of the token whose hash matches, else None. Every entry is compared (no
+        early exit), so the time taken does not tell which one, or how much of one, matched."""
+        digest = hashlib.sha256(presented.encode("utf-8")).digest()
+        found: str | None = None
+        for name, expected in self._tokens:
+            if hmac.compare_digest(digest, expected):
+                found = name
+        return found
+
+
+def default_allowed_hosts(host: str, port: int) -> list[str]:
+    """The Host values a client reaching the listen address directly sends."""
+    hosts = {f"{host}:{port}", f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"}
+    if ":" in host and not host.startswith("["):
+        hosts.add(f"[{host}]:{port}")
+    return sorted(hosts)
+
+
+def _matches(value: str, allowed: Sequence[str]) -> bool:
+    for pattern in allowed:
+        if value == pattern:
+            return True
+        if pattern.endswith(":*") and value.startswith(pattern[:-1]) and value[len(pattern) - 1 :].isdigit():
+            return True
+    return False
+
+
+def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class HttpEndpoint:
+    """Serves `server` over streamable HTTP on `section.listen`; `address` once started."""
+
+    def __init__(self, server: "Server[Any]", section: HttpSection, *, max_message_bytes: int = 4 * 1024 * 1024) -> None:
+        host, _, port = section.listen.rpartition(":")
+        self.host = host.strip("[]") or "127.0.0.1"
+        self.port = int(port)
+        self.section = section
+        self.server = server
+        self.tokens = TokenTable(section.tokens)
+        self.max_message_bytes = max_message_bytes
+        self.allowed_hosts: list[str] = list(section.allowed_hosts)
+        self.allowed_origins: list[str] = list(section.allowed_origins)
+        self.requests = 0
+        self.rejected: dict[int, int] = {}
+        self._manager: StreamableHTTPSessionManager | None = None
+        self._uvicorn: Any = None
+
+    def __repr__(self) -> str:
+        return f"<HttpEndpoint http://{self.host}:{self.port}{PATH} requests={self.requests}>"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{PATH}"
+
+    def _bind(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        try:
+            sock = socket.create_server((self.host, self.port), family=family, backlog=128, reuse_port=False)
+        except OSError as exc:
+            raise ConfigError(f"[http] listen {self.section.listen!r}: cannot bind: {exc.strerror or exc}") from exc
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]  # the real port when listen asked for 0
+        if not self.section.allowed_hosts:
+            self.allowed_hosts = default_allowed_hosts(self.host, self.port)
+        if not self.section.allowed_origins:
+            self.allowed_origins = [f"http://{h}" for h in self.allowed_hosts if not h.endswith(":*")]
+        return sock
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Bind (a bind error raises before started()), serve until cancelled, then close."""
+        import uvicorn
+
+        sock = self._bind()
+        self._manager = StreamableHTTPSessionManager(
+            self.server, json_response=False, max_request_body_size=self.max_message_bytes,
+        )
+        config = uvicorn.Config(
+            self, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=2,
+            loop="none", ws="none", http="h11", server_header=False,
+        )
+        config.load()
+        userver = uvicorn.Server(config)
+        userver.lifespan = config.lifespan_class(config)
+        self._uvicorn = userver
+        try:
+            async with self._manager.run():
+                await userver.startup(sockets=[sock])
+                log.info("streamable HTTP endpoint on %s (hosts %s)", self.url, ", ".join(self.allowed_hosts))
+                task_status.started()
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    userver.should_exit = userver.force_exit = True
+                    with anyio.move_on_after(3, shield=True):
+                        await userver.shutdown(sockets=[sock])
+        finally:
+            sock.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        self.requests += 1
+        rejection, name = self._admit(scope)
+        if rejection is not None:
+            self.rejected[rejection.status_code] = self.rejected.get(rejection.status_code, 0) + 1
+            await rejection(scope, receive, send)
+            return
+        assert name is not None and self._manager is not None
+        # Binds a legacy session to the token that opened it (the SDK compares principals).
+        scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-token:{name}", scopes=[]))
+        conn = Connection(id=next(_ids), token=name)
+        ctx_token = CONNECTION.set(conn)
+        try:
+            await self._manager.handle_request(scope, receive, send)
+        finally:
+            CONNECTION.reset(ctx_token)
+
+    def _admit(self, scope: Scope) -> tuple[Response | None, str | None]:
+        path = scope.get("path", "")
+        if path.rstrip("/") != PATH:
+            return _json_error(404, f"not found: the MCP endpoint is {PATH}"), None
+        headers: dict[str, str] = {}
+        for k, v in scope.get("headers", []):
+            headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+        host = headers.get("host", "")
+        if not _matches(host, self.allowed_hosts):
+            log.warning("refused a request with Host %r (not in [http] allowed_hosts)", host[:200])
+            return _json_error(421, "Host header not allowed"), None
+        origin = headers.get("origin")
+        if origin is not None and not _matches(origin, self.allowed_origins):
+            log.warning("refused a request with Origin %r (not in [http] allowed_origins)", origin[:200])
+            return _json_error(403, "Origin not allowed"), None
+        auth = headers.get("authorization", "")
+        if not auth and self.section.anonymous:
+            return None, self.section.anonymous
+        scheme, _, presented = auth.partition(" ")
+        name = self.tokens.name_for(presented.strip()) if scheme.lower() == "bearer" and presented.strip() else None
+        if name is None:
+            challenge = 'Bearer realm="toolatlas"' + (', error="invalid_token"' if auth else "")
+            return _json_error(401, "a valid bearer token is required", {"WWW-Authenticate": challenge}), None
+        return None, name
+
+
+__all__ = ["HttpEndpoint", "PATH", "TokenTable", "default_allowed_hosts", "hash_token"]
