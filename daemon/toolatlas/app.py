@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 INDEX_WAIT_S = 10.0
 # Queries per catalog version used to measure the mean size of a top-5 tool_search result.
 TOKEN_SAMPLE_QUERIES = 8
+# Quiet seconds after a catalog change before Rift re-analyses it.
+RIFT_DEBOUNCE_S = 1.0
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 
@@ -130,6 +132,9 @@ class Gateway:
         self._tokens_version = -1
         self._tokens_running = False
         self._tg: anyio.abc.TaskGroup | None = None
+        self.rift: Any = None  # the latest RiftReport of the indexed catalog, or None
+        self.rift_error: str | None = None
+        self._rift_wanted = anyio.Event()
         self.started_at = time.time()
         self.metrics.set_state_source(self._state_snapshot)
 
@@ -153,6 +158,7 @@ class Gateway:
             self.engine_loaded.set()
             await tg.start(self.pool.run)
             tg.start_soon(self._recheck_cards)
+            tg.start_soon(self._rift_loop)
             await self.pool.wait_settled(max((u.timeouts.connect for u in self.cfg.upstream), default=1.0) + 5)
             # Ready upstreams have listed; give their first reindex (already running) time to land.
             with anyio.move_on_after(60):
@@ -233,6 +239,7 @@ class Gateway:
     def _engine_update(self, upserts: list[ToolDoc], removes: list[str]) -> int:
         """Runs in a worker thread: update the index and count what it cost."""
         version = self.engine.update(upserts, removes)
+        anyio.from_thread.run_sync(self._rift_wanted.set)
         self.metrics.count_reindex()
         computed = int(self.engine.stats().get("embeddings_computed", 0))
         if computed > self._embeddings_seen:
@@ -263,6 +270,38 @@ class Gateway:
                 continue
             for server in sorted(self.available):
                 await self._apply(server, from_listing=False)
+
+    async def _rift_loop(self) -> None:
+        """Re-run Rift over the indexed catalog after changes settle (debounced), in a worker
+        thread, reusing the index's vectors: tool_search notes and catalog_status use it."""
+        while True:
+            await self._rift_wanted.wait()
+            while True:  # debounce: wait for a quiet second
+                self._rift_wanted = anyio.Event()
+                with anyio.move_on_after(RIFT_DEBOUNCE_S):
+                    await self._rift_wanted.wait()
+                    continue
+                break
+            try:
+                self.rift = await anyio.to_thread.run_sync(self._run_rift)
+                self.rift_error = None
+            except Exception as exc:  # an analysis failure must never affect serving
+                log.warning("rift analysis failed: %s", exc)
+                self.rift_error = str(exc)
+
+    def _run_rift(self) -> Any:
+        from toolatlas.rift.cli import build_inputs
+        from toolatlas.rift.report import analyse
+
+        embedder = self.engine.embedder
+        version, docs, vecs = self.engine.catalog_vectors()
+        if embedder is None or vecs is None or not docs:
+            return None
+        tools, schemas, token_texts = build_inputs([(d, d.description, d.server_summary, d.tags) for d in docs])
+        report = analyse(tools, embedder, schemas=schemas, token_texts=token_texts, vectors=vecs)
+        log.info("rift: %d clusters over %d tools (index version %d): %s",
+                 len(report.clusters), len(docs), version, report.counts())
+        return report
 
     async def _apply(self, server: str, *, from_listing: bool = True) -> None:
         """Attest the server's latest listing and bring index and records in line.
@@ -398,6 +437,7 @@ class Gateway:
                     }
                 )
         matches = matches[:top_k]
+        self._add_rift_notes(matches)
         seconds = time.perf_counter() - t0
         self.metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
         if degraded:
@@ -409,6 +449,23 @@ class Gateway:
             top_k=top_k, scope=sorted(servers) if servers else "all", mode=mode, cache="hit" if cached else "miss",
         )
         return {"query": query, "matches": matches, "degraded": degraded}
+
+    def _add_rift_notes(self, matches: list[dict[str, Any]]) -> None:
+        """Matches that share a HIGH/MEDIUM Rift cluster get a note on what sets them apart."""
+        report = self.rift
+        if report is None or len(matches) < 2:
+            return
+        clusters: dict[int, int] = {}
+        for m in matches:
+            diag = report.tools.get(m["name"])
+            if diag is not None:
+                clusters[diag.cluster] = clusters.get(diag.cluster, 0) + 1
+        for m in matches:
+            diag = report.tools.get(m["name"])
+            if diag is not None and clusters[diag.cluster] >= 2:
+                note = report.note_for(m["name"])
+                if note:
+                    m["note"] = note
 
     async def execute(
         self, name: str, arguments: Any, conn: Connection, progress: ProgressFn | None = None
@@ -541,9 +598,23 @@ class Gateway:
             "cache": stats.get("cache"),
             "cards": cards,
             "tokens": self._tokens or {"pending": True},
+            "rift": self._rift_status(allowed),
             "clients": len(self.unix.connections),
             "uptime_s": round(time.time() - self.started_at, 1),
         }
+
+    def _rift_status(self, allowed: set[str]) -> dict[str, Any]:
+        report = self.rift
+        if report is None:
+            return {"available": False, "reason": self.rift_error or (
+                "needs the dense index (embedder)" if self.engine.embedder is None else "not run yet")}
+        visible = [c for c in report.clusters if all(split(m) and split(m)[0] in allowed for m in c.members)]
+        counts = {r: 0 for r in ("high", "medium", "low")}
+        for c in visible:
+            if c.risk in counts:
+                counts[c.risk] += 1
+        return {"available": True, "tools": report.n_tools, "clusters": counts,
+                "theta": report.theta, "embedder": report.embedder}
 
     def _ensure_token_report(self) -> None:
         """Recount catalog tokens in the background when the index version moved."""
