@@ -151,10 +151,7 @@ def build_server(gw: "Gateway") -> Server[Any]:
     return Server(
         "toolatlas",
         version=__version__,
-        instructions=(
-            "toolatlas federates many MCP servers. Use tool_search to find a tool for your task, "
-            "then execute_tool to call it."
-        ),
+        instructions=f"toolatlas federates these MCP servers: {', '.join(u.name for u in gw.cfg.upstream) or 'none yet'}. Use tool_search to find a tool for your task, then execute_tool to call it.",
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
     )
