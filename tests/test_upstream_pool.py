@@ -388,3 +388,33 @@ async def test_failed_health_check_degrades(spawn_server: Any) -> None:
                 await rec.wait(lambda: rec.latest.get("pinged") is None)
             finally:
                 os.killpg(srv.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize(("transport", "mode"), [("http", "auto"), ("http", "legacy"), ("sse", "auto")])
+async def test_dropped_network_upstream_degrades_and_keeps_retrying(
+    spawn_server: Any, testserver_http_url: str, transport: str, mode: str
+) -> None:
+    srv = spawn_server("testserver", transport)
+    up = make_upstream("net", transport, url=srv.url, ping_interval=0.5)
+    rec = Recorder()
+    attempts: list[int] = []
+
+    def backoff(attempt: int) -> float:
+        attempts.append(attempt)
+        return 0.2
+
+    with anyio.fail_after(60):
+        async with running(Pool([up, make_upstream("other", "http", url=testserver_http_url)], rec,
+                                backoff=backoff, mode=mode)) as pool:
+            await pool.wait_settled(30)
+            assert pool.get("net").state is READY  # type: ignore[union-attr]
+            srv.kill()
+            st = await wait_status(pool, "net", lambda s: s.state is DEGRADED, timeout=20)
+            assert st.reason
+            await rec.wait(lambda: rec.latest.get("net") is None)
+            # It keeps trying (the owner task did not die) with growing attempt numbers...
+            await wait_status(pool, "net", lambda s: s.reconnects >= 2, timeout=20)
+            assert attempts[:2] == [1, 2]
+            # ...and the other upstream never noticed.
+            other = pool.get("other")
+            assert other is not None and other.state is READY and other.reconnects == 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,25 +209,22 @@ async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, m
     tools: list[mcp_types.Tool] | None = None
     phase = "connect"
     with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
-        stack = AsyncExitStack()
         try:
-            client = make_client(upstream, open_transport(upstream, on_eof=lambda _w: None), mode=mode)
-            await stack.enter_async_context(client)
-            phase = "tools/list"
-            tools = await list_all_tools(client, upstream.name)
+            async with make_client(upstream, open_transport(upstream, on_eof=lambda _w: None), mode=mode) as client:
+                try:
+                    phase = "tools/list"
+                    tools = await list_all_tools(client, upstream.name)
+                finally:
+                    # Teardown is shielded from outer cancellation and bounded.
+                    scope.shield = True
+                    if not scope.cancel_called:
+                        scope.deadline = anyio.current_time() + CLOSE_TIMEOUT
+        except UpstreamProtocolError:
+            raise
         except Exception as exc:  # noqa: BLE001
-            if isinstance(exc, UpstreamProtocolError):
-                raise
-            reason = f"{phase} failed: {describe(exc)}"
-        finally:
-            # Close in the scope the client was entered in (anyio requires it), shielded
-            # from outer cancellation and bounded.
-            scope.shield = True
-            if not scope.cancel_called:
-                scope.deadline = anyio.current_time() + CLOSE_TIMEOUT
-            try:
-                await stack.aclose()
-            except Exception as exc:  # noqa: BLE001
+            if tools is None:
+                reason = f"{phase} failed: {describe(exc)}"
+            else:
                 logger.debug("upstream %s: error while closing: %s", upstream.name, describe(exc))
     if scope.cancelled_caught and tools is None:
         raise UpstreamTimeout(upstream.name, phase, seconds)

@@ -19,7 +19,6 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -171,6 +170,7 @@ class UpstreamSession:
         self._relist_done = 0
         self._relist_evt = anyio.Event()
         self._force_publish = False
+        self._reached_ready = False
 
     def __repr__(self) -> str:
         extra = f" reason={self.reason!r}" if self.reason else ""
@@ -301,79 +301,91 @@ class UpstreamSession:
         up = self.upstream
         self._lost = anyio.Event()
         self._lost_reason = None
+        self._reached_ready = False
         self.protocol_version = None
         transport = open_transport(up, on_eof=lambda what: self._mark_lost(self._eof_reason(what)))
         self._proc = transport if isinstance(transport, StdioProcess) else None
         client = make_client(up, transport, mode=self.mode, message_handler=self._on_message)
-        ready = False
         phase = "connect"
         stage_seconds = up.timeouts.connect
         reason = "session ended"
+        timed_out = False
         with anyio.CancelScope(deadline=anyio.current_time() + up.timeouts.connect) as deadline:
-            stack = AsyncExitStack()
             try:
-                await stack.enter_async_context(client)
-                self.protocol_version = client.protocol_version
-                modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
-                async with anyio.create_task_group() as tg:
-                    if modern:
-                        # Subscribe before the first list, so a change in between is not missed.
-                        phase, stage_seconds = "subscriptions/listen", up.timeouts.ping
-                        deadline.deadline = anyio.current_time() + up.timeouts.ping + 1.0
-                        await tg.start(self._listen_loop, client)
-                    phase, stage_seconds = "tools/list", up.timeouts.list_tools
-                    deadline.deadline = anyio.current_time() + up.timeouts.list_tools
-                    tools = await list_all_tools(client, self.name)
-                    deadline.deadline = math.inf
-                    self._client = client
-                    self._apply(Event.CONNECTED)
-                    logger.info(
-                        "upstream %s: %d tools, protocol %s%s",
-                        self.name, len(tools), self.protocol_version,
-                        f", pid {self._proc.pid}" if self._proc is not None else "",
-                    )
-                    ready = True
-                    self._settled.set()
-                    await self._publish(tools)
-                    await self._supervise(client, tg, modern)
+                # `async with`, not an exit stack: the transport may cancel its own task
+                # group (whose scope encloses this body), and only an __aexit__ that sees
+                # that CancelledError can absorb it.
+                async with client:
+                    try:
+                        await self._serve(client, transport, deadline, phase_box := [phase, stage_seconds])
+                    finally:
+                        phase, stage_seconds = phase_box
+                        self._client = None
+                        # Teardown is shielded from outer cancellation and bounded.
+                        timed_out = deadline.cancel_called
+                        deadline.shield = True
+                        if not timed_out:
+                            deadline.deadline = anyio.current_time() + CLOSE_TIMEOUT
                 reason = self._lost_reason or "session ended"
-                # Leave READY and withdraw before the (possibly slow) teardown: search must
-                # not offer tools of a dead session while its child is being reaped.
-                self._leave(ready, reason)
-                if self.tools is not None:
-                    await self._publish(None)
-                if isinstance(transport, StdioProcess) and "onnection closed" in reason:
-                    # stdout EOF usually means the child died: a short wait gets its exit status.
-                    with anyio.move_on_after(0.5):
-                        while transport.returncode is None:
-                            await anyio.sleep(0.01)
-                    if transport.returncode is not None:
-                        reason = self.reason = transport.describe_exit()
             except Exception as exc:  # noqa: BLE001 - every failure is a reason to retry
-                if self._lost.is_set():
-                    reason = self._lost_reason or describe(exc)
+                if self._lost.is_set() or self._reached_ready:
+                    reason = self._lost_reason or f"session failed: {describe(exc)}"
                 elif isinstance(exc, UpstreamProtocolError):
                     reason = str(exc)
                 else:
                     reason = f"{phase} failed: {describe(exc)}"
-            finally:
-                self._client = None
-                # Close in the scope the client was entered in (anyio requires it), shielded
-                # from outer cancellation and bounded.
-                timed_out = deadline.cancel_called
-                deadline.shield = True
-                if not timed_out:
-                    deadline.deadline = anyio.current_time() + CLOSE_TIMEOUT
-                try:
-                    await stack.aclose()
-                except Exception as exc:  # noqa: BLE001 - teardown of a broken session
-                    logger.debug("upstream %s: error while closing: %s", self.name, describe(exc))
+        ready = self._reached_ready
+        timed_out = timed_out or deadline.cancelled_caught
         if timed_out and not ready:
             reason = str(UpstreamTimeout(self.name, phase, stage_seconds))
         if isinstance(transport, StdioProcess) and transport.returncode is not None and "onnection closed" in reason:
             # A dead child explains more than "connection closed" does.
             reason = transport.describe_exit()
         return ready, reason
+
+    async def _serve(self, client: Client, transport: Any, deadline: anyio.CancelScope, phase: list[Any]) -> None:
+        """Inside the entered client: subscribe, list, go READY, supervise until lost.
+
+        ``phase`` ([name, seconds]) tracks which bounded step is running, for the timeout
+        message. Returns when the session was lost.
+        """
+        up = self.upstream
+        self.protocol_version = client.protocol_version
+        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        async with anyio.create_task_group() as tg:
+            if modern:
+                # Subscribe before the first list, so a change in between is not missed.
+                phase[:] = ["subscriptions/listen", up.timeouts.ping]
+                deadline.deadline = anyio.current_time() + up.timeouts.ping + 1.0
+                await tg.start(self._listen_loop, client)
+            phase[:] = ["tools/list", up.timeouts.list_tools]
+            deadline.deadline = anyio.current_time() + up.timeouts.list_tools
+            tools = await list_all_tools(client, self.name)
+            deadline.deadline = math.inf
+            self._client = client
+            self._apply(Event.CONNECTED)
+            self._reached_ready = True
+            logger.info(
+                "upstream %s: %d tools, protocol %s%s",
+                self.name, len(tools), self.protocol_version,
+                f", pid {self._proc.pid}" if self._proc is not None else "",
+            )
+            self._settled.set()
+            await self._publish(tools)
+            await self._supervise(client, tg, modern)
+        reason = self._lost_reason or "session ended"
+        # Leave READY and withdraw before the (possibly slow) teardown: search must not
+        # offer tools of a dead session while its child is being reaped.
+        self._leave(True, reason)
+        if self.tools is not None:
+            await self._publish(None)
+        if isinstance(transport, StdioProcess) and "onnection closed" in reason:
+            # stdout EOF usually means the child died: a short wait gets its exit status.
+            with anyio.move_on_after(0.5):
+                while transport.returncode is None:
+                    await anyio.sleep(0.01)
+            if transport.returncode is not None:
+                self._lost_reason = self.reason = transport.describe_exit()
 
     def _eof_reason(self, what: str) -> str:
         if what == "stdio" and self._proc is not None and self._proc.returncode is not None:
