@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from toolatlas.config import StdioUpstream, Upstream
+from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.upstream.backoff import backoff_delay
 from toolatlas.upstream.state import Action, Event, UpstreamState, decide
@@ -600,7 +600,3 @@ class UpstreamSession:
                     f"upstream {self.name!r} sent an invalid result for {op}: {describe(exc)}"
                 ) from exc
             raise UpstreamProtocolError(f"upstream {self.name!r} failed {op}: {describe(exc)}") from exc
-
-
-def is_stdio(up: Upstream) -> bool:
-    return isinstance(up, StdioUpstream)
