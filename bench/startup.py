@@ -1,0 +1,251 @@
+"""Daemon cold start, warm restart and resident memory with a ~2,000-tool catalog indexed.
+
+    .venv/bin/python bench/startup.py [--tools 2000] [--embedder onnx] [--restarts 3]
+
+A real `toolatlas serve` (the test harness's config: one stdio upstream, the default hybrid
+ranker with the ONNX embedder) federates one stdio upstream that this script serves itself
+(`--serve-catalog`): ToolLens + MCPToolBench++ from ../shared/benchdata (513 published tools),
+replicated with varied names and a variant phrase until it holds N tools, so every document
+text is distinct and must really be embedded.
+
+* cold: an empty state_dir (only the ONNX model export is linked in: a one-time step per
+  machine, not per state_dir). Clocks start at the spawn of `toolatlas serve` and stop at
+  the first answered catalog_status (socket_answers), at the first catalog_status that says `index.ready` (READY), at the first status whose engine
+  holds all N tools (indexed), and at the first tool_search that returns a match.
+* warm: the same state_dir, the same catalog, `--restarts` times. Same clocks, plus the
+  engine's `embeddings_computed` once the upstream's catalog has been re-applied (must be 0:
+  everything comes from the embedding cache and the index snapshot).
+* memory: VmRSS and VmHWM of the daemon process (from /proc, upstream children excluded,
+  reported apart) with the catalog indexed, after 50 searches.
+
+Goals (issue 3): cold indexing of 2,000 tools <= 60 s; a restart serves its first search
+within 5 s with zero new embeddings; daemon RSS <= 400 MB. Prints JSON and writes
+bench/out/startup.json. Polls every 50 ms, so each time is within ~50 ms (plus one status
+round trip) of the event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHDATA = REPO / ".." / "shared" / "benchdata"
+CATALOGS = [BENCHDATA / "toollens" / "catalog.jsonl", BENCHDATA / "mcptoolbenchpp" / "catalog.jsonl"]
+UPSTREAM = "catalog"
+POLL_S = 0.05
+VARIANTS = ["for teams", "batch mode", "v2 API", "enterprise edition", "with caching", "legacy endpoint",
+            "regional mirror", "sandbox", "read-only", "beta", "async", "extended", "lite", "pro"]
+QUERIES = ["get the weather forecast for a city", "search recent news articles", "convert currency amounts",
+           "read a file from disk", "translate text into another language", "find recipes with chicken"]
+
+
+# -- the upstream: a stdio MCP server listing the replicated benchdata catalog ---------------
+
+def catalog_tools(n: int, seed: int = 7) -> list[dict[str, Any]]:
+    """`n` tool definitions (name, description, inputSchema) cycling over the benchdata catalogs."""
+    records = [json.loads(line) for p in CATALOGS for line in p.read_text().splitlines() if line.strip()]
+    rng = random.Random(seed)
+    tools: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for i in range(n):
+        rec = records[i % len(records)]
+        copy = i // len(records)
+        base = re.sub(r"[^a-zA-Z0-9_-]+", "_", f"{rec['server']}_{rec['name']}").strip("_")[:44] or "tool"
+        name = base if copy == 0 else f"{base}_{copy}"
+        while name in seen:
+            name = f"{name}_{i}"
+        seen.add(name)
+        desc = rec.get("description") or ""
+        desc = f"{desc} (server: {rec['server']})" if copy == 0 else f"{desc} (server: {rec['server']}, {rng.choice(VARIANTS)}, copy {copy})"
+        tools.append({"name": name, "description": desc, "inputSchema": rec.get("input_schema") or {"type": "object"}})
+    return tools
+
+
+def serve_catalog(n: int) -> None:
+    """Run the stdio upstream (a subprocess of the daemon)."""
+    import anyio
+    import mcp_types as types
+    from mcp.server.mcpserver import MCPServer
+
+    listed = types.ListToolsResult(tools=[
+        types.Tool(name=t["name"], description=t["description"], input_schema=t["inputSchema"]) for t in catalog_tools(n)
+    ])
+
+    class CatalogServer(MCPServer):
+        async def _handle_list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:  # noqa: ARG002
+            return listed
+
+    anyio.run(CatalogServer("bench-catalog").run_stdio_async)
+
+
+# -- the daemon ------------------------------------------------------------------------------
+
+def proc_mem_mb(pid: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = round(int(value.split()[0]) / 1024, 1)
+    return out
+
+
+def try_status(sock: str) -> dict[str, Any] | None:
+    from toolatlas.surface.rawclient import RawClient, RpcError
+
+    try:
+        with RawClient(sock, timeout=30) as c:
+            r = c.call_tool("catalog_status", {})
+    except (OSError, ConnectionError, ValueError, RpcError):
+        return None
+    return None if r.get("isError") else r.get("structuredContent")
+
+
+def try_search(sock: str, query: str) -> list[str]:
+    from toolatlas.surface.rawclient import RawClient, RpcError
+
+    try:
+        with RawClient(sock, timeout=30) as c:
+            r = c.call_tool("tool_search", {"query": query, "top_k": 5})
+    except (OSError, ConnectionError, ValueError, RpcError):
+        return []
+    if r.get("isError"):
+        return []
+    return [m["name"] for m in (r.get("structuredContent") or {}).get("matches", [])]
+
+
+def one_start(config: Path, sock: str, log: Path, n: int, timeout: float) -> dict[str, Any]:
+    """Spawn the daemon, time READY / fully indexed / first search, measure memory, stop it."""
+    from daemon_harness import alive, descendants, die_with_parent
+
+    with open(log, "wb") as logfh:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "toolatlas", "serve", "--config", str(config)],
+            stdout=logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=die_with_parent,
+        )
+        res: dict[str, Any] = {"daemon_pid": proc.pid}
+        marks: dict[str, float] = {}
+        status: dict[str, Any] | None = None
+        try:
+            deadline = t0 + timeout
+            while time.perf_counter() < deadline and len(marks) < 4:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"daemon exited with {proc.returncode}: {log.read_text()[-2000:]}")
+                if "first_search_s" not in marks and try_search(sock, QUERIES[0]):
+                    marks["first_search_s"] = time.perf_counter() - t0
+                st = try_status(sock)
+                if st is not None:
+                    status = st
+                    now = time.perf_counter() - t0
+                    marks.setdefault("socket_answers_s", now)
+                    if st["index"].get("ready") and "ready_s" not in marks:
+                        marks["ready_s"] = now
+                    if st["index"].get("tools", 0) >= n and st.get("tools", 0) >= n and "indexed_s" not in marks:
+                        marks["indexed_s"] = now
+                time.sleep(POLL_S)
+            missing = {"ready_s", "indexed_s", "first_search_s"} - set(marks)
+            if missing:
+                raise TimeoutError(f"not reached within {timeout} s: {sorted(missing)}; last status index: "
+                                   f"{(status or {}).get('index')}")
+            res.update({k: round(v, 3) for k, v in marks.items()})
+            # Let the last re-list settle, then serve some searches before measuring memory.
+            for q in QUERIES * 9:
+                try_search(sock, q)
+            status = try_status(sock) or status
+            assert status is not None
+            res["memory_mb"] = proc_mem_mb(proc.pid)
+            kids = descendants(proc.pid)
+            res["upstream_rss_mb"] = round(sum(proc_mem_mb(k).get("VmRSS", 0) for k in kids if alive(k)), 1)
+            idx = status["index"]
+            res["index"] = {k: idx.get(k) for k in (
+                "tools", "mode", "embedder", "degraded", "embeddings_computed", "snapshot_restored", "timings")}
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    return res
+
+
+def run(n: int, embedder: str, restarts: int, timeout: float) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO / "tests"))
+    from daemon_harness import Daemon
+
+    upstream = (f'[[upstream]]\nname = "{UPSTREAM}"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+                f'args = {json.dumps([str(Path(__file__).resolve()), "--serve-catalog", "--tools", str(n)])}\n')
+    with tempfile.TemporaryDirectory(prefix="toolatlas-startup-") as tmp_s:
+        tmp = Path(tmp_s)
+        # Daemon() writes the harness config and links the shared ONNX export into state_dir.
+        d = Daemon(tmp, upstream, search_extra=f'embedder = "{embedder}"\n')
+        state_files = sorted(str(p.relative_to(tmp)) for p in (tmp / "state").rglob("*")) if (tmp / "state").exists() else []
+        cold = one_start(d.config, d.socket, tmp / "cold.log", n, timeout)
+        warm = [one_start(d.config, d.socket, tmp / f"warm{i}.log", n, timeout) for i in range(restarts)]
+
+    def med(key: str) -> float:
+        return round(statistics.median(w[key] for w in warm), 3)
+
+    return {
+        "bench": "startup",
+        "catalog": f"{n} tools: ToolLens + MCPToolBench++ replicated (one stdio upstream)",
+        "tools": n,
+        "embedder": embedder,
+        "machine_cores": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "state_dir_before_cold": state_files,
+        "cold": cold,
+        "warm": warm,
+        "warm_median": {
+            "ready_s": med("ready_s"),
+            "first_search_s": med("first_search_s"),
+            "indexed_s": med("indexed_s"),
+            "embeddings_computed_max": max(w["index"]["embeddings_computed"] for w in warm),
+            "rss_mb": round(statistics.median(w["memory_mb"]["VmRSS"] for w in warm), 1),
+        },
+        "goals": {
+            "cold_indexed_s <= 60": cold["indexed_s"] <= 60,
+            "warm_first_search_s <= 5": med("first_search_s") <= 5,
+            "warm_embeddings_computed == 0": all(w["index"]["embeddings_computed"] == 0 for w in warm),
+            "rss_mb <= 400": max([cold["memory_mb"]["VmRSS"], *(w["memory_mb"]["VmRSS"] for w in warm)]) <= 400,
+        },
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tools", type=int, default=2000)
+    p.add_argument("--embedder", default="onnx", choices=["onnx", "torch", "none"])
+    p.add_argument("--restarts", type=int, default=3, help="warm restarts (median reported)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds allowed per start")
+    p.add_argument("--serve-catalog", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.serve_catalog:
+        serve_catalog(a.tools)
+        return 0
+    result = run(a.tools, a.embedder, max(1, a.restarts), a.timeout)
+    out = REPO / "bench" / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=2)
+    (out / "startup.json").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
