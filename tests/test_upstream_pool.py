@@ -323,6 +323,7 @@ async def test_shutdown_leaves_no_child_processes(testserver_http_url: str) -> N
     assert {s.state for s in pool.status()} == {UpstreamState.CLOSED}
 
 
+@pytest.mark.slow
 async def test_reconcile_keeps_unchanged_restarts_changed_adds_and_removes() -> None:
     rec = Recorder()
     keep = stdio_testserver("keep")
@@ -372,6 +373,7 @@ async def test_stale_http_session_404_reconnects(spawn_server: Any, tmp_path: An
             assert text(await pool.call_tool("web", "echo", {"message": "y"})) == "Echo: y"
 
 
+@pytest.mark.slow
 async def test_failed_health_check_degrades(spawn_server: Any) -> None:
     srv = spawn_server("testserver", "sse")
     up = make_upstream("pinged", "sse", url=srv.url, ping_interval=0.2, relist_interval=0,
@@ -390,6 +392,7 @@ async def test_failed_health_check_degrades(spawn_server: Any) -> None:
                 os.killpg(srv.pid, signal.SIGCONT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("transport", "mode"), [("http", "auto"), ("http", "legacy"), ("sse", "auto")])
 async def test_dropped_network_upstream_degrades_and_keeps_retrying(
     spawn_server: Any, testserver_http_url: str, transport: str, mode: str
