@@ -148,13 +148,17 @@ def build_server(gw: "Gateway") -> Server[Any]:
         except ToolatlasError as exc:
             return error_result(str(exc))
 
-    return Server(
+    server: Server[Any] = Server(
         "toolatlas",
         version=__version__,
         instructions=f"toolatlas federates these MCP servers: {', '.join(u.name for u in gw.cfg.upstream) or 'none yet'}. Use tool_search to find a tool for your task, then execute_tool to call it.",
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
     )
+    # No OpenTelemetry exporter is configured, so its per-request span middleware only costs
+    # time on the hot path: drop it.
+    server.middleware = []
+    return server
 
 
 def init_options(server: Server[Any]) -> Any:
