@@ -231,3 +231,27 @@ def test_config_checks_the_http_section() -> None:
         parse('[http]\nlisten = "8765"\nanonymous = "dev"\n')
     with pytest.raises(ConfigError, match="sha256"):
         parse('[http]\nlisten = "127.0.0.1:1"\n[[http.tokens]]\nname = "x"\nsha256 = "plaintext"\n')
+
+
+async def test_bind_error_surfaces_at_start_and_port_zero_reports_the_real_port() -> None:
+    import socket
+
+    from mcp.server.lowlevel.server import Server
+
+    from toolatlas.config import HttpSection
+    from toolatlas.surface.http import HttpEndpoint
+
+    with anyio.fail_after(30), socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        ep = HttpEndpoint(Server("t"), HttpSection(listen=f"127.0.0.1:{taken}", anonymous="dev"))
+        with pytest.raises(ConfigError, match="cannot bind"):
+            await ep.run()  # raises before it would have called started()
+        free = HttpEndpoint(Server("t", instructions="hello"), HttpSection(listen="127.0.0.1:0", anonymous="dev"))
+        async with anyio.create_task_group() as tg:
+            await tg.start(free.run)
+            assert free.port != 0 and free.url == f"http://127.0.0.1:{free.port}/mcp"
+            async with Client(_transport(free.url, {}), mode="legacy") as c:
+                assert c.instructions == "hello"
+            tg.cancel_scope.cancel()
