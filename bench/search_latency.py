@@ -16,7 +16,7 @@ against catalog size into bench/out/search_latency.png.
   "hit" = the same queries again (query cache hit). "narrow scope" = one server allowed.
 * `measure_cold_and_restart()` indexes 2,000 tools into a fresh state_dir, then restarts a
   new Engine on it: time to first search and embeddings computed (must be 0).
-* `measure_rss()` runs a child process that indexes 2,000 tools and reports its VmRSS.
+* each phase runs in a fresh process and reports its VmRSS with the tools indexed.
 
 The end-to-end variant through the daemon's Unix socket lives with the daemon's benches;
 these functions are importable for it (`measure(...) -> dict`).
@@ -114,13 +114,20 @@ def measure(
     top_k: int = 5,
     mode: str = "hybrid",
     embedder: str = "onnx",
+    reuse: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Search latency per catalog size: cache misses (distinct queries), hits, narrow scope."""
+    """Search latency per catalog size: cache misses (distinct queries), hits, narrow scope.
+
+    `reuse` holds per-size results of an earlier run (from its progress log) to keep.
+    """
     queries = bench_queries(n_queries)
     base = base_docs()
     out: dict[str, Any] = {"top_k": top_k, "mode": mode, "queries": len(queries), "sizes": {}}
     base_vecs: np.ndarray | None = None
     for size in sizes:
+        if reuse and str(size) in reuse:
+            out["sizes"][str(size)] = {**reuse[str(size)], "from_progress_log": True}
+            continue
         docs, origin = synthetic_catalog(size)
         eng = Engine(state_dir=None, mode=mode, embedder=embedder, cache_size=4096, cache_ttl=3600)
         eng.load()
@@ -191,89 +198,68 @@ def _link_models(state: Path) -> None:
     (state / "models").symlink_to(models_dir(None), target_is_directory=True)
 
 
+def _vm_rss_mb() -> tuple[float, float]:
+    rss = hwm = 0
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1])
+        if line.startswith("VmHWM:"):
+            hwm = int(line.split()[1])
+    return round(rss / 1024, 1), round(hwm / 1024, 1)
+
+
+def _child(phase: str, state: Path, size: int, embedder: str) -> dict[str, Any]:
+    """One fresh process: "cold" indexes `size` tools into an empty state_dir; "restart"
+    starts on the state the cold phase left and re-lists the same catalog."""
+    docs, _ = synthetic_catalog(size)
+    queries = bench_queries(50)
+    t0 = time.perf_counter()
+    eng = Engine(state_dir=state, embedder=embedder)
+    eng.load()
+    t_load = time.perf_counter() - t0
+    out: dict[str, Any] = {"phase": phase, "tools": size, "embedder_load_s": round(t_load, 3)}
+    if phase == "restart":
+        first = eng.search(queries[0], 5)
+        out["time_to_first_search_s"] = round(time.perf_counter() - t0, 3)
+        out["first_search_served_from_snapshot"] = bool(first.hits)
+    eng.update(docs, [])
+    out["index_s" if phase == "cold" else "relist_done_s"] = round(time.perf_counter() - t0, 3)
+    for q in queries:
+        eng.search(q, 5)
+    st = eng.stats()
+    out["embeddings_computed"] = st["embeddings_computed"]
+    out["snapshot_restored"] = st["snapshot_restored"]
+    out["rss_mb"], out["peak_rss_mb"] = _vm_rss_mb()
+    out["torch_imported"] = "torch" in sys.modules
+    return out
+
+
+def _run_child(phase: str, state: Path, size: int, embedder: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", phase, "--state", str(state),
+         "--child-size", str(size), "--embedder", embedder],
+        capture_output=True, text=True, timeout=3600, env={**os.environ, "PYTHONPATH": str(REPO / "daemon")},
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{phase} child failed: {proc.stderr[-800:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def measure_cold_and_restart(size: int = 2000, embedder: str = "onnx") -> dict[str, Any]:
-    """Cold indexing of `size` tools into a fresh state_dir, then a restart on it.
+    """Cold indexing of `size` tools into a fresh state_dir (fresh process), then a restart
+    (another fresh process) on it; each reports its resident memory with the tools indexed.
 
     The ONNX export (a one-time ~15 s step per machine) is linked in, not counted.
     """
-    docs, _ = synthetic_catalog(size)
     tmp = Path(tempfile.mkdtemp(prefix="toolatlas-bench-"))
     try:
         state = tmp / "state"
         _link_models(state)
-        t0 = time.perf_counter()
-        eng = Engine(state_dir=state, embedder=embedder)
-        eng.load()
-        t_load = time.perf_counter() - t0
-        eng.update(docs, [])
-        t_cold = time.perf_counter() - t0
-        cold_stats = eng.stats()
-        del eng
-        t1 = time.perf_counter()
-        again = Engine(state_dir=state, embedder=embedder)
-        again.load()
-        first = again.search("find recipes with salmon", 5)
-        t_first = time.perf_counter() - t1
-        served_from_snapshot = bool(first.hits)
-        again.update(docs, [])
-        t_relist = time.perf_counter() - t1
-        st = again.stats()
-        return {
-            "tools": size,
-            "cold": {
-                "embedder_load_s": round(t_load, 2),
-                "index_s": round(t_cold, 2),
-                "embeddings_computed": cold_stats["embeddings_computed"],
-            },
-            "restart": {
-                "time_to_first_search_s": round(t_first, 3),
-                "first_search_served_from_snapshot": served_from_snapshot,
-                "relist_done_s": round(t_relist, 3),
-                "embeddings_computed": st["embeddings_computed"],
-                "snapshot_restored": st["snapshot_restored"],
-            },
-        }
+        cold = _run_child("cold", state, size, embedder)
+        restart = _run_child("restart", state, size, embedder)
+        return {"tools": size, "cold": cold, "restart": restart}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _rss_child(size: int, embedder: str) -> None:
-    """Child process body: index `size` tools from a warm embedding cache, report VmRSS."""
-    docs, _ = synthetic_catalog(size)
-    tmp = Path(tempfile.mkdtemp(prefix="toolatlas-rss-"))
-    try:
-        state = tmp / "state"
-        _link_models(state)
-        eng = Engine(state_dir=state, embedder=embedder)
-        eng.load()
-        eng.update(docs, [])
-        for q in bench_queries(50):
-            eng.search(q, 5)
-        rss = hwm = 0
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-            if line.startswith("VmHWM:"):
-                hwm = int(line.split()[1])
-        print(json.dumps({
-            "tools": len(eng),
-            "rss_mb": round(rss / 1024, 1),
-            "peak_rss_mb": round(hwm / 1024, 1),
-            "torch_imported": "torch" in sys.modules,
-        }))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def measure_rss(size: int = 2000, embedder: str = "onnx") -> dict[str, Any]:
-    """Resident memory of a fresh process running the Engine with `size` tools indexed."""
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--rss-child", str(size), "--embedder", embedder],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO / "daemon")},
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"rss child failed: {proc.stderr[-500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -301,6 +287,22 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _progress_log(path: Path) -> dict[str, Any]:
+    got: dict[str, Any] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("size ") and ": " in line:
+            head, _, body = line.partition(": ")
+            got[head.split()[1]] = json.loads(body)
+    return got
+
+
+def _write(result: dict[str, Any]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    plot(result["search"], OUT / "search_latency.png")
+    result["plot"] = str(OUT / "search_latency.png")
+    (OUT / "search_latency.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="500,2000,20000,100000")
@@ -308,25 +310,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--embedder", default="onnx")
     p.add_argument("--quick", action="store_true", help="sizes 500,2000 and 100 queries")
     p.add_argument("--skip-cold", action="store_true")
-    p.add_argument("--rss-child", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--reuse-log", type=Path, help="keep per-size results from an earlier run's stderr")
+    p.add_argument("--child", choices=["cold", "restart"], help=argparse.SUPPRESS)
+    p.add_argument("--state", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--child-size", type=int, default=2000, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.rss_child:
-        _rss_child(args.rss_child, args.embedder)
+    if args.child:
+        print(json.dumps(_child(args.child, args.state, args.child_size, args.embedder)))
         return 0
     sizes = (500, 2000) if args.quick else tuple(int(s) for s in args.sizes.split(","))
     nq = 100 if args.quick else args.queries
+    reuse = _progress_log(args.reuse_log) if args.reuse_log else None
     result: dict[str, Any] = {"machine_cores": os.cpu_count(), "loadavg_start": os.getloadavg()}
-    result["search"] = measure(sizes, nq, embedder=args.embedder)
+    result["search"] = measure(sizes, nq, embedder=args.embedder, reuse=reuse)
+    result["loadavg_after_search"] = os.getloadavg()
+    _write(result)
     if not args.skip_cold:
         result["cold_and_restart"] = measure_cold_and_restart(2000, args.embedder)
-        result["rss"] = measure_rss(2000, args.embedder)
-    result["loadavg_end"] = os.getloadavg()
-    OUT.mkdir(parents=True, exist_ok=True)
-    plot(result["search"], OUT / "search_latency.png")
-    result["plot"] = str(OUT / "search_latency.png")
-    text = json.dumps(result, indent=2)
-    (OUT / "search_latency.json").write_text(text + "\n")
-    print(text)
+        result["loadavg_end"] = os.getloadavg()
+        _write(result)
+    print(json.dumps(result, indent=2))
     return 0
 
 

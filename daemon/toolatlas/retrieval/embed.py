@@ -44,6 +44,7 @@ MAX_SEQ_LEN = 256  # what sentence-transformers uses for this model
 # 0.97 acceptance), so the default is fp32. "onnx-int8" stays selectable.
 DEFAULT_ONNX_VARIANT = "fp32"
 KINDS = ("onnx", "onnx-int8", "onnx-fp32", "torch")
+_BATCH_ATTN_BUDGET = 4 * 128 * 128  # rows * width^2 per batch (token-pair budget)
 _EXPORT_DIRNAME = "minilm-l6-v2-onnx-v1"
 _EXPORT_TIMEOUT = 900.0
 
@@ -109,10 +110,21 @@ class OnnxEmbedder:
         if n == 0:
             return out
         encs = self._tok.encode_batch(list(texts))
-        # Batches of similar length waste less compute on padding.
+        # Batches of similar length waste less compute on padding; a token budget per batch
+        # bounds the attention activations (rows x width^2), which onnxruntime's arena would
+        # otherwise keep as resident memory (~500 MB for 32 rows of 256 tokens).
         order = sorted(range(n), key=lambda i: len(encs[i].ids))
-        for start in range(0, n, self._batch):
-            idx = order[start : start + self._batch]
+        batches: list[list[int]] = []
+        cur: list[int] = []
+        for i in order:
+            width = len(encs[i].ids)
+            if cur and (len(cur) + 1 > self._batch or (len(cur) + 1) * width * width > _BATCH_ATTN_BUDGET):
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            batches.append(cur)
+        for idx in batches:
             width = max(len(encs[i].ids) for i in idx)
             ids = np.zeros((len(idx), width), dtype=np.int64)
             mask = np.zeros((len(idx), width), dtype=np.int64)
