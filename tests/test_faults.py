@@ -48,7 +48,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     files = {n: tmp / f"{n}.fault.json" for n in ("fs", "crashy", "web")}
     for f in files.values():
         write_fault_file(str(f), "none")
-    web = NetworkServer("toolatlas.examples.faultserver", "http", "--fault-file", str(files["web"]))
+    web = NetworkServer("toolatlas.examples.faultserver", "http", "--fault-file", str(files["web"]), "--legacy-only")
     refused_port = free_port()  # nothing listens here until a test starts a server on it
     upstreams = (
         stdio_testserver("healthy")
@@ -251,17 +251,22 @@ def test_http_5xx(env: Env) -> None:
 
 def test_http_404_on_stale_session(env: Env) -> None:
     d = env.d
+    assert servers(d)["web"]["protocol_version"] == "2025-11-25"  # a session-id era session
+    old_pid = stats(d, "web")["pid"]
+    before = servers(d)["web"]["reconnects"]
     d.tool("web__set_fault", {"fault": "stale"})
     try:
         # The next request on the forgotten session gets 404: the daemon must notice, open a
-        # new session and serve calls again.
+        # new session (same server process) and serve calls again.
         first = d.tool("web__echo", {"message": "stale"})
         if first.get("isError"):
             assert "web" in text(first), first
         healthy_answers(d, "stale")
+        d.wait_for(lambda: servers(d)["web"]["reconnects"] > before, 30, "a new session after the 404")
     finally:
         write_fault_file(str(env.fault_files["web"]), "none")
     recovers(d, "web", timeout=45)
+    assert stats(d, "web")["pid"] == old_pid
 
 
 def test_refused_connection_then_server_starts(env: Env) -> None:

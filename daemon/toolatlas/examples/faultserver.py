@@ -15,7 +15,9 @@ server unreachable (``http500``). Faults:
 - ``huge``     ``echo`` returns a text of ``size`` bytes (default 50 MB);
 - ``http500``  every HTTP request gets ``503`` (sse/http; a small ASGI middleware);
 - ``stale``    (http) every session that exists when the fault is set gets ``404`` from then
-  on, like a server that restarted and forgot its sessions; new sessions work.
+  on, like a server that restarted and forgot its sessions; new sessions work. Sessions
+  exist on the 2025 protocol only: start with ``--legacy-only`` (``server/discover`` gets an
+  HTTP 400, so an ``auto`` client falls back to the initialize handshake).
 
 With ``--fault-file PATH`` the fault lives in that JSON file (``{"fault": ..., "delay": ...,
 "size": ...}``), re-read whenever it changes: it survives a restart of the server (a
@@ -119,9 +121,10 @@ class Stats:
 class FaultMiddleware:
     """ASGI middleware in front of the MCP app: 503 on ``http500``, 404 for stale sessions."""
 
-    def __init__(self, app: Any, state: FaultState) -> None:
+    def __init__(self, app: Any, state: FaultState, legacy_only: bool = False) -> None:
         self.app = app
         self.state = state
+        self.legacy_only = legacy_only
         self.known: set[str] = set()
         self.stale: set[str] = set()
 
@@ -142,6 +145,14 @@ class FaultMiddleware:
             await _plain(send, 404, b"session not found")
             return
 
+        if self.legacy_only and scope.get("method") == "POST":
+            body, receive = await _buffer(receive)
+            if b'"server/discover"' in body:
+                # An HTTP-layer refusal: the SDK's auto mode falls back to the initialize
+                # handshake, i.e. to sessions with an Mcp-Session-Id (which `stale` needs).
+                await _plain(send, 400, b"server/discover is not supported here")
+                return
+
         async def remember(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 for k, v in message.get("headers") or []:
@@ -150,6 +161,29 @@ class FaultMiddleware:
             await send(message)
 
         await self.app(scope, receive, remember)
+
+
+async def _buffer(receive: Any) -> tuple[bytes, Any]:
+    """Read the whole request body; return it and a `receive` that replays it."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
 
 
 async def _plain(send: Any, status: int, body: bytes) -> None:
@@ -161,19 +195,21 @@ async def _plain(send: Any, status: int, body: bytes) -> None:
 class FaultServer(MCPServer):
     middleware: FaultMiddleware | None = None
     state: FaultState
+    legacy_only = False
 
     def streamable_http_app(self, **kw: Any) -> Any:  # type: ignore[override]
-        self.middleware = FaultMiddleware(super().streamable_http_app(**kw), self.state)
+        self.middleware = FaultMiddleware(super().streamable_http_app(**kw), self.state, self.legacy_only)
         return self.middleware
 
     def sse_app(self, **kw: Any) -> Any:  # type: ignore[override]
-        self.middleware = FaultMiddleware(super().sse_app(**kw), self.state)
+        self.middleware = FaultMiddleware(super().sse_app(**kw), self.state, self.legacy_only)
         return self.middleware
 
 
-def build(state: FaultState, name: str = "faultserver") -> FaultServer:
+def build(state: FaultState, name: str = "faultserver", legacy_only: bool = False) -> FaultServer:
     server = FaultServer(name, instructions="A misbehaving server for toolatlas fault tests.")
     server.state = state
+    server.legacy_only = legacy_only
     stats = Stats()
 
     async def apply_fault() -> str:
@@ -262,9 +298,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--fault-file", help="JSON file holding the fault (shared across restarts)")
     p.add_argument("--delay", type=float, default=2.0, help="seconds for the slow fault")
     p.add_argument("--size", type=int, default=DEFAULT_SIZE, help="bytes for the huge fault")
+    p.add_argument("--legacy-only", action="store_true",
+                   help="(http) refuse server/discover so clients use initialize and session ids")
     args = p.parse_args(argv)
     state = FaultState(args.fault, args.delay, args.size, args.fault_file)
-    _serve.run(build(state, args.name), args)
+    _serve.run(build(state, args.name, args.legacy_only), args)
 
 
 if __name__ == "__main__":
