@@ -1,6 +1,7 @@
 """Real MCP clients from npm against a real `toolatlas serve`: the MCP Inspector CLI and the
 TypeScript SDK client, each through `toolatlas shim` (stdio) and through the streamable-HTTP
-endpoint with a bearer token: list tools, tool_search, execute_tool."""
+endpoint with a bearer token: list tools, tool_search, execute_tool. Also the Python SDK
+through the shim in both protocol modes (tests/test_http_endpoint.py covers it over HTTP)."""
 
 from __future__ import annotations
 
@@ -131,3 +132,21 @@ def test_typescript_sdk_client(gw: Daemon, via: str, tmp_path: Path) -> None:
     assert "alpha__echo" in out["matches"]
     assert out["exec"] == "Echo: from typescript" and not out["execIsError"]
     assert "alpha" in (out["instructions"] or "")
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_python_sdk_client_through_the_shim(gw: Daemon, mode: str) -> None:
+    import anyio
+    import mcp_types as types
+    from mcp import Client, StdioServerParameters
+
+    shim = _shim(gw)
+    with anyio.fail_after(60):
+        async with Client(StdioServerParameters(command=shim[0], args=shim[1:]), mode=mode) as c:
+            assert c.protocol_version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
+            assert [t.name for t in (await c.list_tools()).tools] == META
+            found = await c.call_tool("tool_search", {"query": "echo a message back", "top_k": 3})
+            assert "alpha__echo" in [m["name"] for m in found.structured_content["matches"]]
+            done = await c.call_tool("execute_tool", {"name": "alpha__echo", "arguments": {"message": "py"}})
+            text = "".join(b.text for b in done.content if isinstance(b, types.TextContent))
+            assert not done.is_error and text == "Echo: py"
