@@ -671,6 +671,9 @@ def _configure_logging(level: str) -> None:
         level=getattr(logging, level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # The HTTP clients log every request at INFO (each upstream ping): keep them quiet.
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, getattr(logging, level)))
 
 
 async def serve(cfg: Config, *, ready: Callable[[Gateway], None] | None = None) -> None:

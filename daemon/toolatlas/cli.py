@@ -144,9 +144,18 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
         idx = data["index"]
         print(f"index: {data['tools']} searchable tools, version {data.get('index_version')}, "
               f"ready={idx.get('ready')}, mode={idx.get('mode')}, degraded={idx.get('degraded')}")
-        if tok := data.get("tokens"):
-            print(f"tokens ({tok.get('tokenizer')}): full catalog {tok.get('full_catalog_tokens')} "
-                  f"vs meta-tools {tok.get('meta_tools_tokens')}")
+        tok = data.get("tokens") or {}
+        if tok.get("full_catalog_tokens") is not None:
+            print(f"tokens ({tok.get('tokenizer')}): full catalog {tok['full_catalog_tokens']} "
+                  f"vs meta-tools {tok.get('meta_tools_tokens')} "
+                  f"({100 * tok.get('reduction', 0):.1f}% smaller); mean top-5 search result "
+                  f"{tok.get('mean_top5_search_result_tokens') or 0:.0f}")
+        elif tok.get("pending"):
+            print("tokens: being counted (ask again in a moment)")
+        rift = data.get("rift") or {}
+        if rift.get("available"):
+            c = rift["clusters"]
+            print(f"rift: confusable clusters high={c['high']} medium={c['medium']} low={c['low']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,12 +63,11 @@ def main(argv: list[str]) -> int:
         )
         daemon = subprocess.Popen([sys.executable, "-m", "toolatlas", "serve", "--config", config], env=env)
         children.append(daemon)
-        signal.signal(signal.SIGTERM, lambda *_: daemon.send_signal(signal.SIGTERM))
-        try:
-            return daemon.wait()
-        except KeyboardInterrupt:
-            daemon.send_signal(signal.SIGINT)
-            return daemon.wait(timeout=30)
+        # Forward Ctrl-C and SIGTERM to the daemon (explicit handlers: a background job may
+        # have inherited SIGINT ignored), then wait for its orderly shutdown.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: daemon.send_signal(signal.SIGTERM))
+        return daemon.wait()
     finally:
         for child in reversed(children):
             if child.poll() is None:
