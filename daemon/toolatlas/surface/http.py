@@ -39,6 +39,7 @@ from starlette.types import Receive, Scope, Send
 
 from toolatlas.config import HttpSection, HttpToken
 from toolatlas.errors import ConfigError
+from toolatlas.surface.meta_tools import META_TOOLS
 from toolatlas.surface.server import CONNECTION, Connection
 
 if TYPE_CHECKING:
@@ -70,6 +71,15 @@ class TokenTable:
             if hmac.compare_digest(digest, expected):
                 found = name
         return found
+
+
+_META_SCHEMAS = {t["name"]: t["inputSchema"] for t in META_TOOLS}
+
+
+def meta_tool_input_schema(name: str) -> dict[str, Any] | None:
+    """The input schema of a meta-tool; None (the SDK then skips `Mcp-Param-*` checks) for a
+    namespaced upstream tool called directly, whose schema is the upstream's to enforce."""
+    return _META_SCHEMAS.get(name)
 
 
 def default_allowed_hosts(host: str, port: int) -> list[str]:
@@ -111,6 +121,10 @@ class HttpEndpoint:
         self.rejected: dict[int, int] = {}
         self._manager: StreamableHTTPSessionManager | None = None
         self._uvicorn: Any = None
+        if server.get_tool_input_schema is None:
+            # 2026-07-28 `Mcp-Param-*` header checks need the called tool's schema; without a
+            # lookup the SDK runs the whole tools/list handler before every tools/call.
+            server.get_tool_input_schema = meta_tool_input_schema
 
     def __repr__(self) -> str:
         return f"<HttpEndpoint http://{self.host}:{self.port}{PATH} requests={self.requests}>"
