@@ -263,3 +263,41 @@ def test_stale_socket_file_is_replaced(tmp_path: Path) -> None:
     with d:
         assert oct(os.stat(d.socket).st_mode & 0o777) == "0o660"
         assert d.search("echo")
+
+
+async def test_listen_streams_get_list_changed_only_when_their_list_changes(gateway: Daemon) -> None:
+    """2026-07-28 clients: a passthrough client's subscriptions/listen stream hears the
+    catalog change; a meta-tool client's does not (its three tools never change)."""
+    heard: dict[str, int] = {"passthrough": 0, "meta": 0}
+    info = types.Implementation(name=PASSTHROUGH, version="1")
+
+    async def listen(client: Client, key: str, ready: anyio.Event) -> None:
+        async with client.listen(tools_list_changed=True) as sub:
+            ready.set()
+            async for _event in sub:
+                heard[key] += 1
+
+    with anyio.fail_after(60):
+        async with (
+            Client(unix_client(gateway.socket), client_info=info) as pt,
+            Client(unix_client(gateway.socket)) as meta,
+            anyio.create_task_group() as tg,
+        ):
+            assert pt.protocol_version == "2026-07-28"
+            names = {t.name for t in (await pt.list_tools()).tools}
+            assert "alpha__echo" in names
+            await meta.list_tools()
+            r1, r2 = anyio.Event(), anyio.Event()
+            tg.start_soon(listen, pt, "passthrough", r1)
+            tg.start_soon(listen, meta, "meta", r2)
+            await r1.wait()
+            await r2.wait()
+            await meta.call_tool("alpha__add_tool", {"name": "owl_counter", "description": "Count owls."})
+            while heard["passthrough"] == 0:
+                await anyio.sleep(0.02)
+            await anyio.sleep(1.0)  # a spurious event to the meta client would have arrived by now
+            assert heard["meta"] == 0
+            again = await pt.list_tools(cache_mode="refresh")
+            assert "alpha__owl_counter" in {t.name for t in again.tools}
+            tg.cancel_scope.cancel()
+    gateway.tool("alpha__remove_tool", {"name": "owl_counter"})

@@ -108,6 +108,7 @@ class Gateway:
             cache_ttl=cfg.search.cache_ttl,
         )
         self.pool = Pool(cfg.upstream, self._on_tools)
+        self.bus: Any = None  # set by build_server: the subscriptions/listen fan-out
         self.server = build_server(self)
         self.unix = UnixServer(
             self.server,
@@ -362,7 +363,10 @@ class Gateway:
             await self._notify_list_changed()
 
     async def _notify_list_changed(self) -> None:
-        """Tell clients whose tools/list would now differ (passthrough views) to re-list."""
+        """Tell clients whose tools/list would now differ (passthrough views) to re-list:
+        legacy sessions by notification, 2026-07-28 clients on their listen streams."""
+        if self.bus is not None:
+            await self.bus.tools_changed()
         for conn in list(self.unix.connections):
             if conn.session is None or conn.saw_passthrough is None:
                 continue

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
+from mcp.server.caching import CacheHint
 from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.subscriptions import ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 
 from toolatlas import __version__
@@ -94,6 +96,34 @@ def _tool(defn: dict[str, Any]) -> types.Tool:
 _META = [_tool(t) for t in META_TOOLS]
 
 
+class ConnectionBus:
+    """The `subscriptions/listen` fan-out (2026-07-28) with the gateway's own rule: a
+    listener hears `tools/list_changed` only when the list *its* connection sees changed
+    (passthrough views), never for the three meta-tools, which do not change."""
+
+    def __init__(self, wants: Any) -> None:
+        self._wants = wants  # (Connection) -> bool: does this connection's list change now?
+        self._listeners: dict[object, tuple[Connection | None, Any]] = {}
+
+    async def publish(self, event: Any) -> None:
+        for conn, listener in list(self._listeners.values()):
+            if conn is not None and not self._wants(conn):
+                continue
+            try:
+                listener(event)
+            except Exception:  # one bad listener must not starve the others
+                log.exception("subscription listener raised; continuing")
+
+    def subscribe(self, listener: Any) -> Any:
+        token = object()
+        # Runs inside the listen request's handler: the connection's context is current.
+        self._listeners[token] = (CONNECTION.get(), listener)
+        return lambda: self._listeners.pop(token, None)
+
+    async def tools_changed(self) -> None:
+        await self.publish(ToolsListChanged())
+
+
 def build_server(gw: "Gateway") -> Server[Any]:
     """The MCP server every connection (socket, shim) is served by."""
 
@@ -148,8 +178,14 @@ def build_server(gw: "Gateway") -> Server[Any]:
         except ToolatlasError as exc:
             return error_result(str(exc))
 
+    bus = ConnectionBus(lambda conn: bool(conn.saw_passthrough) or gw.passthrough_for(conn))
+    gw.bus = bus
     server: Server[Any] = Server(
         "toolatlas",
+        # Lists are per principal (access rules, passthrough): private, and briefly fresh;
+        # a change is announced with tools/list_changed.
+        cache_hints={"tools/list": CacheHint(ttl_ms=30_000, scope="private")},
+        on_subscriptions_listen=ListenHandler(bus),
         version=__version__,
         instructions=f"toolatlas federates these MCP servers: {', '.join(u.name for u in gw.cfg.upstream) or 'none yet'}. Use tool_search to find a tool for your task, then execute_tool to call it.",
         on_list_tools=on_list_tools,
