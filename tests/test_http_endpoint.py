@@ -233,7 +233,7 @@ def test_config_checks_the_http_section() -> None:
         parse('[http]\nlisten = "127.0.0.1:1"\n[[http.tokens]]\nname = "x"\nsha256 = "plaintext"\n')
 
 
-async def test_bind_error_surfaces_at_start_and_port_zero_reports_the_real_port() -> None:
+async def test_bind_error_at_start_port_zero_and_stop_accepting() -> None:
     import socket
 
     from mcp.server.lowlevel.server import Server
@@ -254,4 +254,7 @@ async def test_bind_error_surfaces_at_start_and_port_zero_reports_the_real_port(
             assert free.port != 0 and free.url == f"http://127.0.0.1:{free.port}/mcp"
             async with Client(_transport(free.url, {}), mode="legacy") as c:
                 assert c.instructions == "hello"
+            await free.stop_accepting()
+            with pytest.raises(OSError):
+                await anyio.connect_tcp("127.0.0.1", free.port)
             tg.cancel_scope.cancel()

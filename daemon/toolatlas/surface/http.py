@@ -178,6 +178,12 @@ class HttpEndpoint:
         finally:
             sock.close()
 
+    async def stop_accepting(self) -> None:
+        """Close the listening socket (for a drain); requests already in flight go on."""
+        if self._uvicorn is not None:
+            for srv in self._uvicorn.servers:
+                srv.close()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
