@@ -144,6 +144,9 @@ class HttpEndpoint:
         self.port = sock.getsockname()[1]  # the real port when listen asked for 0
         if not self.section.allowed_hosts:
             self.allowed_hosts = default_allowed_hosts(self.host, self.port)
+            if self.host in ("0.0.0.0", "::"):
+                log.warning("[http] listens on all interfaces but allowed_hosts is empty: only requests "
+                            "addressed to localhost/127.0.0.1 are accepted; list your host names there")
         if not self.section.allowed_origins:
             self.allowed_origins = [f"http://{h}" for h in self.allowed_hosts if not h.endswith(":*")]
         return sock
