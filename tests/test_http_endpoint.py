@@ -178,11 +178,19 @@ async def test_new_era_headers_must_match_the_body(gw: Daemon) -> None:
         assert wrong_method.status_code == 400
         wrong_name = await _raw(url, body, {**auth, "Mcp-Method": "tools/call", "Mcp-Name": "tool_search"})
         assert wrong_name.status_code == 400
-        codes = {wrong_method.json()["error"]["code"], wrong_name.json()["error"]["code"]}
-        assert codes <= {-32020, -32021, -32022}, codes
-        bad_version = await _raw(url, body, {**auth, "MCP-Protocol-Version": "2099-01-01",
-                                              "Mcp-Method": "tools/call", "Mcp-Name": "catalog_status"})
-        assert bad_version.status_code == 400
+        assert wrong_method.json()["error"]["code"] == -32020  # header mismatch
+        assert wrong_name.json()["error"]["code"] == -32020
+        mismatched_version = await _raw(url, body, {**auth, "MCP-Protocol-Version": "2099-01-01",
+                                                     "Mcp-Method": "tools/call", "Mcp-Name": "catalog_status"})
+        assert mismatched_version.status_code == 400
+        assert mismatched_version.json()["error"]["code"] == -32020
+        future = _new_era_call("catalog_status", {})
+        future["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2099-01-01"
+        unsupported = await _raw(url, future, {**auth, "MCP-Protocol-Version": "2099-01-01",
+                                               "Mcp-Method": "tools/call", "Mcp-Name": "catalog_status"})
+        assert unsupported.status_code == 400
+        error = unsupported.json()["error"]
+        assert error["code"] == -32022 and NEW_ERA in error["data"]["supported"]
 
 
 async def test_server_discover_and_initialize_both_answer(gw: Daemon) -> None:
