@@ -68,6 +68,7 @@ class Bench:
     extra_notes: tuple[str, ...] = field(default=())
 
 
+# Run order: cheap and acceptance-critical first, the long quality runs last.
 BENCHES: tuple[Bench, ...] = (
     Bench("tokens", "tokens.py", "tokens of the full tools/list vs the three meta-tools, and of a top-5 tool_search "
           "result, at 374 and 2,000 tools (benchdata catalogs replicated)",
@@ -75,12 +76,6 @@ BENCHES: tuple[Bench, ...] = (
     Bench("tokens_example", "tokens.py", "the same token figures for the live upstreams of conf/example.toml "
           "(its SSE and HTTP example servers started on free loopback ports)",
           stdout_json=True, timeout=300, setup="example_config"),
-    Bench("eval_report", "eval_report.py", "retrieval quality on the dev sets for every mode, the RRF baseline, "
-          "and the default ranker per embedder runtime (same code as `toolatlas eval`)",
-          full=(), quick=("--embedders", ""), timeout=3600),
-    Bench("search_latency", "search_latency.py", "Engine.search latency (in-process) against catalog size: cache "
-          "misses, hits, narrow scope; engine cold indexing and restart",
-          full=(), quick=("--quick", "--skip-cold"), timeout=5400),
     Bench("startup", "startup.py", "daemon cold start and warm restart with 2,000 tools, RSS, tool_search "
           "latency end to end over the Unix socket",
           full=(), quick=("--restarts", "1", "--queries", "100"), timeout=3600),
@@ -93,11 +88,17 @@ BENCHES: tuple[Bench, ...] = (
           full=("--rounds", "20"), quick=("--rounds", "5"), timeout=900),
     Bench("cards_sign", "cards_sign.py", "capability card sign and verify for a 50-tool server",
           full=(), quick=("--repeat", "50"), timeout=600),
-    Bench("rift_report", "rift_report.py", "Rift confusable clusters by risk on the dev sets, full CLI wall time",
-          full=(), quick=("--sets", "mcptoolbenchpp"), timeout=1800),
     Bench("prometheus_scrape", "prometheus_scrape.py", "a real Prometheus scrapes the metrics endpoint and returns "
           "the search-latency histogram (standalone: synthetic observations)",
           stdout_json=True, timeout=300),
+    Bench("search_latency", "search_latency.py", "Engine.search latency (in-process) against catalog size: cache "
+          "misses, hits, narrow scope; engine cold indexing and restart",
+          full=(), quick=("--quick", "--skip-cold"), timeout=5400),
+    Bench("rift_report", "rift_report.py", "Rift confusable clusters by risk on the dev sets, full CLI wall time",
+          full=(), quick=("--sets", "mcptoolbenchpp"), timeout=1800),
+    Bench("eval_report", "eval_report.py", "retrieval quality on the dev sets for every mode, the RRF baseline, "
+          "and the default ranker per embedder runtime (same code as `toolatlas eval`)",
+          full=("--embedders", "onnx-fp32,torch"), quick=("--embedders", ""), timeout=3600),
     Bench("load", "load.py", "concurrent clients against the daemon (bench/load.py, when present)",
           full=(), quick=("--quick",), timeout=1800, optional=True),
 )
@@ -427,9 +428,10 @@ def sec_latency(c: Ctx) -> list[str]:
         plt = plot_setup()
         fig, ax = plt.subplots(figsize=(7, 4.2))
         xs = [int(x) for x in sizes]
-        for kind, style in (("miss", "-"), ("hit", ":"), ("narrow_scope_miss", "--")):
-            for pct, marker in (("p50_ms", "o"), ("p95_ms", "s")):
-                ax.plot(xs, [s["sizes"][k][kind][pct] for k in sizes], style, marker=marker, label=f"{kind} {pct[:3]}")
+        for color, (kind, label) in zip(("C0", "C2", "C4"), (("miss", "miss"), ("hit", "cache hit"), ("narrow_scope_miss", "one-server scope"))):
+            for pct, style, marker in (("p50_ms", "-", "o"), ("p95_ms", "--", "s")):
+                ax.plot(xs, [s["sizes"][k][kind][pct] for k in sizes], style, marker=marker, color=color,
+                        label=f"in-process {label} {pct[:3]}")
         sock = (st or {}).get("socket_search_latency")
         if sock:
             for pct, marker in (("p50_ms", "^"), ("p95_ms", "v")):
@@ -520,6 +522,9 @@ def sec_startup(c: Ctx) -> list[str]:
         ax.bar([x - 0.2 for x in xs], [cold.get(k) or 0 for k in keys], 0.4, label="cold (empty state_dir)")
         wmed = [sorted(w.get(k) or 0 for w in warm)[len(warm) // 2] for k in keys]
         ax.bar([x + 0.2 for x in xs], wmed, 0.4, label="warm restart (median)")
+        for x, cv, wv in zip(xs, [cold.get(k) or 0 for k in keys], wmed):
+            ax.text(x - 0.2, cv, f"{cv:.1f}", ha="center", va="bottom", fontsize=8)
+            ax.text(x + 0.2, wv, f"{wv:.1f}", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(list(xs), labels)
         ax.set_ylabel("seconds from spawn")
         ax.set_title(f"Daemon start with {st['tools']:,} tools")
