@@ -68,20 +68,21 @@ def test_eval_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # ~1 min on 2 idle cores; generous for a loaded CI host
 def test_eval_mode_all_on_mcptoolbenchpp(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main([
         "--catalog", str(MCP / "catalog.jsonl"), "--queries", str(MCP / "queries.jsonl"),
-        "--k", "1,5", "--mode", "all", "--json",
+        "--k", "5", "--mode", "all", "--json",
     ])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tools"] == 49 and out["queries"] == 699
     assert set(out["modes"]) == MODES
-    keys = {"recall@1", "recall@5", "ndcg@1", "ndcg@5", "hit@1", "hit@5", "mrr", "p50_ms", "p95_ms"}
+    keys = {"recall@5", "ndcg@5", "hit@5", "mrr", "p50_ms", "p95_ms"}
     for mode, row in out["modes"].items():
         assert set(row) == keys, mode
         assert all(isinstance(v, float) for v in row.values())
-        assert 0.0 <= row["recall@1"] <= row["recall@5"] <= 1.0
+        assert 0.0 <= row["recall@5"] <= row["hit@5"] <= 1.0 and 0.0 < row["mrr"] <= 1.0
         assert row["recall@5"] > 0.8, mode  # every mode is a working ranker on this easy set
     hybrid = out["modes"]["hybrid"]
     for branch in ("bm25", "dense"):
