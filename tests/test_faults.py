@@ -52,7 +52,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     refused_port = free_port()  # nothing listens here until a test starts a server on it
     upstreams = (
         stdio_testserver("healthy")
-        + faultserver_stdio("fs", files["fs"], "max_concurrency = 2\n")
+        + faultserver_stdio("fs", files["fs"], "max_concurrency = 2\nmax_result_bytes = 1048576\n")
         + faultserver_stdio("crashy", files["crashy"])
         + url_upstream("web", "http", web.url, NET_OPTS)
         + url_upstream("refused", "http", f"http://127.0.0.1:{refused_port}/mcp", NET_OPTS)
@@ -172,9 +172,13 @@ def test_garbage_on_stdout(env: Env) -> None:
     recovers(d, "fs")
 
 
+# Four times fs's max_result_bytes (1 MiB): big enough to be refused, quick to produce.
+HUGE = 4 * 1024 * 1024
+
+
 def _huge_call(env: Env) -> tuple[float, dict[str, Any]]:
     d = env.d
-    d.tool("fs__set_fault", {"fault": "huge", "size": 50 * 1024 * 1024})
+    d.tool("fs__set_fault", {"fault": "huge", "size": HUGE})
     try:
         t0 = time.monotonic()
         with d.client() as c:
@@ -195,12 +199,9 @@ def test_huge_result(env: Env) -> None:
     if r.get("isError"):
         assert "fs" in text(r), r
     else:
-        assert len(text(r)) == 50 * 1024 * 1024
+        assert len(text(r)) == HUGE
 
 
-@pytest.mark.xfail(strict=True, reason="issue 6 asks for upstream results over a configurable size to be refused "
-                   "with a clear error; upstream/ has no such limit yet (the 50 MB line is read and parsed, and only "
-                   "the call timeout stops it)")
 def test_huge_result_is_refused_for_its_size(env: Env) -> None:
     _, r = _huge_call(env)
     assert r.get("isError") and "fs" in text(r) and any(w in text(r).lower() for w in ("bytes", "too large", "size")), r

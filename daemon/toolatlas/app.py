@@ -109,6 +109,7 @@ class Gateway:
         )
         self.pool = Pool(cfg.upstream, self._on_tools)
         self.bus: Any = None  # set by build_server: the subscriptions/listen fan-out
+        self.http: Any = None  # the streamable-HTTP endpoint when [http] listen is set
         self.server = build_server(self)
         self.unix = UnixServer(
             self.server,
@@ -176,6 +177,8 @@ class Gateway:
         """Stop accepting connections and let in-flight calls finish (bounded)."""
         self.draining = True
         await self.unix.stop_accepting()
+        if self.http is not None:
+            await self.http.stop_accepting()
         with anyio.move_on_after(timeout):
             await self._idle.wait()
         if self.inflight:

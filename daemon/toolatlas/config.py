@@ -42,6 +42,9 @@ class _UpstreamBase(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     # Seconds between periodic tools/list refreshes; 0 disables polling.
     relist_interval: Annotated[float, msgspec.Meta(ge=0)] = 60.0
     max_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 32
+    # A message from the upstream larger than this (bytes) is refused, not buffered: the
+    # call it answers fails with an error saying so.
+    max_result_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024
     card_generator: Literal["bootstrap", "llm", "publisher"] = "bootstrap"
 
 

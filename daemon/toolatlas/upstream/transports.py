@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
+import json
 import logging
 import os
+import re
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -41,10 +44,73 @@ _WRITER_FLUSH = 0.5
 _POLL = 0.01
 # stderr lines kept per child, for the DEGRADED reason when it dies.
 STDERR_TAIL = 20
-# A stdout line longer than this is a broken server, not a message we should buffer.
-MAX_LINE_BYTES = 64 * 1024 * 1024
 
 Streams = tuple[Any, MemoryObjectSendStream[SessionMessage]]
+
+_ID_RE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
+
+
+@dataclasses.dataclass(frozen=True)
+class Oversized:
+    """A line that was over the limit: discarded, with the request id read off its start."""
+
+    size: int
+    request_id: str | int | None
+
+
+class BoundedLines:
+    """Splits a byte stream into lines without ever holding more than `limit` bytes of one.
+
+    Chunks of a line are kept in a list and joined once (no quadratic re-copying); a line
+    that grows past the limit is dropped as it streams in, keeping only its first bytes to
+    find the JSON-RPC id it answers.
+    """
+
+    HEAD = 512
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._head: bytes | None = None  # set while discarding an oversized line
+
+    def feed(self, data: bytes) -> list[bytes | Oversized]:
+        out: list[bytes | Oversized] = []
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            piece = data[start:] if nl < 0 else data[start:nl]
+            self._take(piece)
+            if nl < 0:
+                return out
+            out.append(self._finish())
+            start = nl + 1
+
+    def _take(self, piece: bytes) -> None:
+        if not piece:
+            return
+        self._size += len(piece)
+        if self._head is not None:
+            return
+        if self._size > self.limit:
+            self._head = (b"".join(self._parts) + piece)[: self.HEAD]
+            self._parts = []
+            return
+        self._parts.append(piece)
+
+    def _finish(self) -> bytes | Oversized:
+        size, head = self._size, self._head
+        self._size, self._head = 0, None
+        if head is not None:
+            m = _ID_RE.search(head)
+            rid: str | int | None = None
+            if m:
+                raw = m.group(1)
+                rid = json.loads(raw) if raw.startswith(b'"') else int(raw)
+            return Oversized(size, rid)
+        line = b"".join(self._parts)
+        self._parts = []
+        return line
 
 
 class EofWatch:
@@ -104,6 +170,30 @@ class StdioProcess:
         self._on_eof = on_eof or (lambda _what: None)
         self._stack: contextlib.AsyncExitStack | None = None
 
+    def _parse_line(self, line: bytes | Oversized) -> SessionMessage | Exception | None:
+        """One stdout line as a message; an oversized one becomes an error for its request."""
+        up = self.upstream
+        if isinstance(line, Oversized):
+            logger.warning("upstream %s: refused a %d-byte message (limit %d bytes)",
+                           up.name, line.size, up.max_result_bytes)
+            if line.request_id is None:
+                return None
+            return SessionMessage(mcp_types.JSONRPCError(
+                jsonrpc="2.0", id=line.request_id,
+                error=mcp_types.ErrorData(
+                    code=-32603,
+                    message=f"the result from upstream {up.name!r} is larger than max_result_bytes "
+                            f"({up.max_result_bytes} bytes) and was refused",
+                ),
+            ))
+        if not line.strip():
+            return None
+        try:
+            return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+        except ValueError as exc:
+            logger.warning("upstream %s: ignoring a stdout line that is not JSON-RPC: %.120r", up.name, line)
+            return exc
+
     @property
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.returncode
@@ -145,27 +235,14 @@ class StdioProcess:
 
         async def stdout_reader() -> None:
             assert process.stdout is not None
-            buf = ""
+            lines = BoundedLines(up.max_result_bytes)
             try:
                 async with read_writer:
-                    async for chunk in TextReceiveStream(process.stdout, encoding="utf-8", errors="replace"):
-                        lines = (buf + chunk).split("\n")
-                        buf = lines.pop()
-                        if len(buf) > MAX_LINE_BYTES:
-                            logger.warning("upstream %s: stdout line over %d bytes; dropping the session",
-                                           up.name, MAX_LINE_BYTES)
-                            return
-                        for line in lines:
-                            if not line.strip():
+                    async for chunk in process.stdout:
+                        for line in lines.feed(chunk):
+                            item = self._parse_line(line)
+                            if item is None:
                                 continue
-                            try:
-                                item: SessionMessage | Exception = SessionMessage(
-                                    mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                                )
-                            except ValueError as exc:
-                                logger.warning("upstream %s: ignoring a stdout line that is not JSON-RPC: %.120r",
-                                               up.name, line)
-                                item = exc
                             try:
                                 await read_writer.send(item)
                             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
