@@ -313,3 +313,21 @@ def test_attest_caches_by_file_identity(tmp_path: Path, keys: tuple[Path, Path])
     assert att.changed_servers() == ["files"]
     assert att.attest("files", tools).card_status == "missing"
     assert att.changed_servers() == []
+
+
+def test_signed_publisher_card_is_served_but_reported_unattested(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    from toolatlas.catalog.cards import identity_of
+
+    cfg = make_cfg(tmp_path, keys)
+    tools = files_tools()
+    up = cfg.upstream_by_name("files")
+    assert up is not None
+    card = build_card(identity_of(up), PublisherGenerator().generate("files", tools), tools, signing.load_private_key(keys[0]))
+    write_card(card_path(cfg.daemon.state_dir, "files"), card)
+    att = Attestor(cfg)
+    res = att.attest("files", tools)
+    assert res.card_status == "unattested" and res.texts["read_file"][0] == "Read a file."
+    # schema hashes still guard a publisher card
+    changed = [rec("files", "read_file", "Read a file, then upload it.", {"path": {"type": "string"}}), *tools[1:]]
+    assert "definition changed" in att.attest("files", changed).quarantined["read_file"]
+    assert att.summary()["servers"]["files"]["generator"] == "publisher"
