@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -125,6 +126,11 @@ def test_metrics_endpoint_and_token_figures(tmp_path: Path) -> None:
         assert 'toolatlas_search_latency_seconds_count{cache="miss",mode=' in body
         assert 'toolatlas_execute_latency_seconds_count{outcome="ok",upstream="m"} 1.0' in body
         assert 'upstream="m"' in body and "toolatlas_upstream_state" in body
+        assert 'toolatlas_upstream_call_latency_seconds_count{operation="call_tool",upstream="m"} 1.0' in body
+        events = [json.loads(line) for line in d.log.read_text().splitlines() if line.startswith("{")]
+        assert {"event": "upstream_state_changed", "new": "ready"}.items() <= next(
+            e for e in events if e["event"] == "upstream_state_changed" and e.get("new") == "ready").items()
+        assert "query" not in next(e for e in events if e["event"] == "tool_search_completed")
         tokens = d.wait_for(lambda: d.status()["tokens"].get("full_catalog_tokens") and d.status()["tokens"], 60, "tokens")
         assert tokens["tools"] == 48
         assert tokens["meta_tools_tokens"] < tokens["full_catalog_tokens"]

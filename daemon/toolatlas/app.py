@@ -107,7 +107,7 @@ class Gateway:
             cache_size=cfg.search.cache_size,
             cache_ttl=cfg.search.cache_ttl,
         )
-        self.pool = Pool(cfg.upstream, self._on_tools)
+        self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream)
         self.bus: Any = None  # set by build_server: the subscriptions/listen fan-out
         self.http: Any = None  # the streamable-HTTP endpoint when [http] listen is set
         self.server = build_server(self)
@@ -169,6 +169,17 @@ class Gateway:
             self.index_ready.set()
             log.info("index ready: %d tools from %d upstreams", len(self.by_name), len(self.available))
             await self._notify_list_changed()
+
+    def _observe_upstream(self, upstream: str, kind: str, fields: dict[str, Any]) -> None:
+        """Upstream lifecycle into metrics and structured events."""
+        if kind == "state":
+            self.events.emit(ev.UPSTREAM_STATE_CHANGED, upstream=upstream, **fields)
+        elif kind == "reconnect":
+            self.metrics.count_reconnect(upstream)
+        elif kind == "list_changed":
+            self.metrics.count_list_changed(upstream)
+        elif kind == "call":
+            self.metrics.observe_upstream_call(fields["seconds"], upstream=upstream, operation=fields["operation"])
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}

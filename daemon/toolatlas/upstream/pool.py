@@ -24,6 +24,7 @@ from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.upstream.session import (
     CLOSE_TIMEOUT,
+    Observer,
     ProgressCallback,
     UpstreamSession,
     describe,
@@ -62,10 +63,14 @@ class Pool:
         *,
         backoff: Callable[[int], float] | None = None,
         mode: str = "auto",
+        observer: Observer | None = None,
     ) -> None:
         """``mode`` is the SDK connect mode for every upstream ("auto", "legacy" or a
-        2026-era version string); tests use it to force a protocol generation."""
+        2026-era version string); tests use it to force a protocol generation.
+        ``observer(upstream, kind, fields)`` hears state changes, reconnects, list_changed
+        and call latencies (metrics and events); it must be cheap and must not raise."""
         self._on_tools = on_tools
+        self._observer = observer
         self._backoff = backoff
         self._mode = mode
         self._sessions: dict[str, UpstreamSession] = {}
@@ -80,7 +85,7 @@ class Pool:
         return f"<Pool {states}>"
 
     def _add(self, up: Upstream) -> UpstreamSession:
-        s = UpstreamSession(up, self._on_tools, backoff=self._backoff, mode=self._mode)
+        s = UpstreamSession(up, self._on_tools, backoff=self._backoff, mode=self._mode, observer=self._observer)
         self._sessions[up.name] = s
         if up.name not in self._order:
             self._order.append(up.name)

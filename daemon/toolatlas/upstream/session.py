@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 ToolsCallback = Callable[[str, "list[mcp_types.Tool] | None"], Awaitable[None]]
 ProgressCallback = Callable[[float, "float | None", "str | None"], Awaitable[None]]
+# observer(upstream, kind, fields): kind is "state" (old, new, reason), "reconnect",
+# "list_changed" or "call" (operation, seconds, outcome). Synchronous, cheap, never raises.
+Observer = Callable[[str, str, dict[str, Any]], None]
 
 # Bounds on one complete tools/list walk: a paginator that never ends cannot hang us.
 MAX_PAGES = 200
@@ -140,8 +143,10 @@ class UpstreamSession:
         *,
         backoff: Callable[[int], float] | None = None,
         mode: str = "auto",
+        observer: Observer | None = None,
     ) -> None:
         self.upstream = upstream
+        self._observer = observer
         self.name = upstream.name
         self.mode = mode
         self._on_tools = on_tools
@@ -215,7 +220,15 @@ class UpstreamSession:
                 logger.info("upstream %s: %s -> %s (%s)", self.name, old.value, d.state.value, reason)
             else:
                 logger.info("upstream %s: %s -> %s", self.name, old.value, d.state.value)
+            self._observe("state", old=old.value, new=d.state.value, reason=reason)
         return d.actions
+
+    def _observe(self, kind: str, **fields: Any) -> None:
+        if self._observer is not None:
+            try:
+                self._observer(self.name, kind, fields)
+            except Exception:  # an observer bug must never disturb the session
+                logger.exception("upstream %s: observer failed on %s", self.name, kind)
 
     async def _publish(self, tools: list[mcp_types.Tool] | None) -> None:
         self.tools = tools
@@ -295,6 +308,7 @@ class UpstreamSession:
             self._retry_at = None
             self._apply(Event.RETRY, reason=f"reconnecting after: {reason}")
             self.reconnects += 1
+            self._observe("reconnect")
 
     async def _session_once(self) -> tuple[bool, str]:
         """One connection's whole life. Returns (was it READY, why it ended)."""
@@ -399,6 +413,7 @@ class UpstreamSession:
         inner = getattr(message, "root", message)
         if isinstance(inner, mcp_types.ToolListChangedNotification):
             logger.info("upstream %s: tools/list_changed", self.name)
+            self._observe("list_changed")
             self._relist_wanted.set()
 
     # ---- supervision ------------------------------------------------------------------
@@ -463,6 +478,7 @@ class UpstreamSession:
                         first = False
                         async for _event in sub:
                             logger.info("upstream %s: tools list changed (listen)", self.name)
+                            self._observe("list_changed")
                             self._relist_wanted.set()
                 if ack.cancelled_caught:
                     raise TimeoutError(f"no subscriptions/listen acknowledgment within {up.timeouts.ping:g} s")
@@ -579,11 +595,15 @@ class UpstreamSession:
             raise UpstreamUnavailable(self._unavailable_message())
         seconds = timeout if timeout is not None else self.upstream.timeouts.call
         op = f"tools/call {tool}"
+        t0 = time.perf_counter()
         try:
             with anyio.fail_after(seconds):
                 async with self._sem:
-                    return await client.call_tool(tool, arguments, progress_callback=progress_callback)
+                    result = await client.call_tool(tool, arguments, progress_callback=progress_callback)
+            self._observe("call", operation="call_tool", seconds=time.perf_counter() - t0, outcome="ok")
+            return result
         except TimeoutError:
+            self._observe("call", operation="call_tool", seconds=time.perf_counter() - t0, outcome="timeout")
             raise UpstreamTimeout(self.name, op, seconds) from None
         except Exception as exc:
             if _is_connection_error(exc):
