@@ -12,8 +12,11 @@ against catalog size into bench/out/search_latency.png.
   vector: its base tool's real embedding plus Gaussian noise, renormalised (cosine to the
   base ~0.9); the JSON says which sizes are synthetic.
 * Queries are real, distinct texts (toollens test + mcptoolbenchpp), embedded per search
-  (ONNX, as the daemon does). "miss" = first time each query is seen (query cache miss),
-  "hit" = the same queries again (query cache hit). "narrow scope" = one server allowed.
+  (ONNX, as the daemon does). "miss" = first time each query is seen (query cache miss,
+  query embedding included), "hit" = the same queries again (query cache hit).
+  "narrow_scope_miss" = one server allowed, a result-cache miss whose query vector is already
+  cached (so: ranking cost inside a narrow scope); "ranking_only" = the distinct queries
+  again with the result cache cleared and query vectors cached (ranking cost, full catalog).
 * `measure_cold_and_restart()` indexes 2,000 tools into a fresh state_dir, then restarts a
   new Engine on it: time to first search and embeddings computed (must be 0).
 * each phase runs in a fresh process and reports its VmRSS with the tools indexed.
@@ -115,6 +118,7 @@ def measure(
     mode: str = "hybrid",
     embedder: str = "onnx",
     reuse: dict[str, Any] | None = None,
+    real_max: int = REAL_EMBED_MAX,
 ) -> dict[str, Any]:
     """Search latency per catalog size: cache misses (distinct queries), hits, narrow scope.
 
@@ -131,7 +135,7 @@ def measure(
         docs, origin = synthetic_catalog(size)
         eng = Engine(state_dir=None, mode=mode, embedder=embedder, cache_size=4096, cache_ttl=3600)
         eng.load()
-        synthetic = size > REAL_EMBED_MAX
+        synthetic = size > real_max
         t0 = time.perf_counter()
         if synthetic:
             if base_vecs is None:
@@ -296,11 +300,11 @@ def _progress_log(path: Path) -> dict[str, Any]:
     return got
 
 
-def _write(result: dict[str, Any]) -> None:
+def _write(result: dict[str, Any], stem: str = "search_latency") -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    plot(result["search"], OUT / "search_latency.png")
-    result["plot"] = str(OUT / "search_latency.png")
-    (OUT / "search_latency.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result["search"], OUT / f"{stem}.png")
+    result["plot"] = str(OUT / f"{stem}.png")
+    (OUT / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--embedder", default="onnx")
     p.add_argument("--quick", action="store_true", help="sizes 500,2000 and 100 queries")
     p.add_argument("--skip-cold", action="store_true")
+    p.add_argument("--real-max", type=int, default=REAL_EMBED_MAX, help="largest size embedded for real")
+    p.add_argument("--out-name", default="search_latency", help="file stem under bench/out")
     p.add_argument("--reuse-log", type=Path, help="keep per-size results from an earlier run's stderr")
     p.add_argument("--child", choices=["cold", "restart"], help=argparse.SUPPRESS)
     p.add_argument("--state", type=Path, help=argparse.SUPPRESS)
@@ -322,13 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     nq = 100 if args.quick else args.queries
     reuse = _progress_log(args.reuse_log) if args.reuse_log else None
     result: dict[str, Any] = {"machine_cores": os.cpu_count(), "loadavg_start": os.getloadavg()}
-    result["search"] = measure(sizes, nq, embedder=args.embedder, reuse=reuse)
+    result["search"] = measure(sizes, nq, embedder=args.embedder, reuse=reuse, real_max=args.real_max)
     result["loadavg_after_search"] = os.getloadavg()
-    _write(result)
+    _write(result, args.out_name)
     if not args.skip_cold:
         result["cold_and_restart"] = measure_cold_and_restart(2000, args.embedder)
         result["loadavg_end"] = os.getloadavg()
-        _write(result)
+        _write(result, args.out_name)
     print(json.dumps(result, indent=2))
     return 0
 
