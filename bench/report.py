@@ -100,7 +100,7 @@ BENCHES: tuple[Bench, ...] = (
           "and the default ranker per embedder runtime (same code as `toolatlas eval`)",
           full=("--embedders", "onnx-fp32,torch"), quick=("--embedders", ""), timeout=3600),
     Bench("load", "load.py", "concurrent clients against the daemon (bench/load.py, when present)",
-          full=(), quick=("--quick",), timeout=1800, optional=True),
+          full=(), quick=(), timeout=1800, optional=True),
 )
 BY_NAME = {b.name: b for b in BENCHES}
 
@@ -201,9 +201,11 @@ def run_bench(b: Bench, quick: bool) -> dict[str, Any]:
         fresh = out_path.exists() and out_path.stat().st_mtime >= t0 - 1
         if not fresh and err is None:
             err = f"exit status {rc}, no bench/out/{b.name}.json written"
-        if err is not None or (rc != 0 and not fresh):
-            tail = [ln for ln in (proc.stderr or "").strip().splitlines() if ln.strip()][-3:]
+        tail = [ln for ln in (proc.stderr or "").strip().splitlines() if ln.strip()][-3:]
+        if err is not None:
             err = f"{err}: {' | '.join(tail)}" if tail else err
+        elif rc != 0:  # JSON written, but the script failed later or reported a missed goal by its exit status
+            rec["warning"] = f"exit status {rc}" + (f": {' | '.join(tail)}" if tail else "")
     except subprocess.TimeoutExpired:
         err = f"timed out after {b.timeout:.0f} s"
     except Exception as exc:  # noqa: BLE001 - a failed bench is reported, the others still run
@@ -277,7 +279,8 @@ class Ctx:
             return (f"*Measured:* `{run['command']}` on {machine_text(run.get('machine') or {})}, "
                     f"{run.get('started_utc')}, {run.get('seconds')} s wall, {load}"
                     + (" (**noisy machine**)" if la_b and la_b[0] > NOISY_LOAD else "")
-                    + (" (--quick sample counts)" if run.get("quick") else "") + ".")
+                    + (" (--quick sample counts)" if run.get("quick") else "") + "."
+                    + (f" The script ended with {run['warning']}." if run.get("warning") else ""))
         when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if path.exists() else "?"
         return (f"*Measured:* `{display_command(b, b.full)}` (run by hand, not by report.py: exact arguments unknown) "
                 f"on {machine_text(machine())}, JSON written {when}.")
