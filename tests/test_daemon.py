@@ -66,9 +66,9 @@ def test_discovery_across_all_transports_and_pagination(gateway: Daemon) -> None
         "alpha": "stdio", "beta": "sse", "gamma": "http", "slowpoke": "stdio", "everything": "stdio",
     }
     assert all(s["state"] == "ready" for s in servers.values())
-    # alpha lists 8 built-in tools + 5 generated ones, 3 per page: all 5 pages were followed.
-    assert servers["alpha"]["tools"] == 13
-    assert servers["beta"]["tools"] == servers["gamma"]["tools"] == 8
+    # alpha lists 9 built-in tools + 5 generated ones, 3 per page: all 5 pages were followed.
+    assert servers["alpha"]["tools"] == 14
+    assert servers["beta"]["tools"] == servers["gamma"]["tools"] == 9
     assert servers["everything"]["tools"] >= 10
 
 

@@ -132,7 +132,7 @@ def test_metrics_endpoint_and_token_figures(tmp_path: Path) -> None:
             e for e in events if e["event"] == "upstream_state_changed" and e.get("new") == "ready").items()
         assert "query" not in next(e for e in events if e["event"] == "tool_search_completed")
         tokens = d.wait_for(lambda: d.status()["tokens"].get("full_catalog_tokens") and d.status()["tokens"], 60, "tokens")
-        assert tokens["tools"] == 48
+        assert tokens["tools"] == 49
         assert tokens["meta_tools_tokens"] < tokens["full_catalog_tokens"]
         assert "anthropic-tokenizer" in tokens["tokenizer"]
         assert tokens["mean_top5_search_result_tokens"] > 0

@@ -175,14 +175,14 @@ async def test_pagination_is_followed_to_the_end() -> None:
         async with running(Pool([up], rec)) as pool:
             await pool.wait_settled(30)
             names = rec.latest["paged"] or []
-            assert len(names) == 8 + 25 and len(set(names)) == len(names)
+            assert len(names) == 9 + 25 and len(set(names)) == len(names)
             assert names[-1] == "gen_024"
             before = len(rec.history)
             await pool.refresh("paged")  # a forced re-list also walks every page
-            assert len(rec.history) == before + 1 and len(rec.history[-1][1] or []) == 33
-            assert pool.get("paged").tools == 33  # type: ignore[union-attr]
+            assert len(rec.history) == before + 1 and len(rec.history[-1][1] or []) == 34
+            assert pool.get("paged").tools == 34  # type: ignore[union-attr]
     tools = await list_tools_once(up)
-    assert len(tools) == 33
+    assert len(tools) == 34
 
 
 async def test_killed_stdio_upstream_recovers_with_a_new_process(testserver_http_url: str) -> None:

@@ -17,6 +17,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from toolatlas.catalog.attest import Attestor
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.validate import ArgumentValidator
 from toolatlas.config import Config, load, metrics_address, secrets
+from toolatlas.inputstate import InputStateSealer
 from toolatlas.errors import BadInput, ConfigError, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.metrics import Metrics, StateSnapshot
 from toolatlas.names import split
@@ -51,6 +53,14 @@ TOKEN_SAMPLE_QUERIES = 8
 RIFT_DEBOUNCE_S = 1.0
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class InputRetry:
+    """What a 2026-07-28 tools/call carries for the input_required flow."""
+
+    input_responses: dict[str, Any] | None = None
+    request_state: str | None = None
 
 
 def record_from_tool(server: str, tool: types.Tool) -> ToolRecord:
@@ -91,6 +101,7 @@ class Gateway:
         self.events = events or ev.Events(secrets=secrets(cfg), log_queries=cfg.daemon.log_queries)
         self.attestor = Attestor(cfg)
         self.validator = ArgumentValidator()
+        self.input_states = InputStateSealer()
         # server -> {namespaced name -> record}: the callable tools (quarantined ones excluded).
         self.records: dict[str, dict[str, ToolRecord]] = {}
         # server -> {namespaced name -> indexed document}: what the engine holds for it.
@@ -486,12 +497,16 @@ class Gateway:
                     m["note"] = note
 
     async def execute(
-        self, name: str, arguments: Any, conn: Connection, progress: ProgressFn | None = None
-    ) -> types.CallToolResult:
+        self, name: str, arguments: Any, conn: Connection, progress: ProgressFn | None = None,
+        *, input: InputRetry | None = None,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """Route a call to the owning upstream. `input` is set for 2026-07-28 callers: an
+        upstream's input_required then reaches them (with the gateway's sealed state), and
+        their retry (input responses + that state) goes back to the same upstream."""
         t0 = time.perf_counter()
         server = (self.by_name[name].server if name in self.by_name else "unknown")
         try:
-            result = await self._execute(name, arguments, conn, progress)
+            result = await self._execute(name, arguments, conn, progress, input)
         except BadInput as exc:
             self._call_done(t0, server, "bad_input", exc)
             raise
@@ -504,6 +519,9 @@ class Gateway:
         except ToolatlasError as exc:
             self._call_done(t0, server, "error", exc)
             raise
+        if isinstance(result, types.InputRequiredResult):
+            self._call_done(t0, server, "ok", None, name=name)
+            return result
         self._call_done(t0, server, "error" if result.is_error else "ok", None, name=name)
         return result
 
@@ -520,8 +538,9 @@ class Gateway:
                              latency_ms=round(seconds * 1000, 3))
 
     async def _execute(
-        self, name: str, arguments: Any, conn: Connection, progress: ProgressFn | None
-    ) -> types.CallToolResult:
+        self, name: str, arguments: Any, conn: Connection, progress: ProgressFn | None,
+        input: InputRetry | None,
+    ) -> types.CallToolResult | types.InputRequiredResult:
         if self.draining:
             raise UpstreamUnavailable("the gateway is shutting down; retry in a moment")
         rec = self.by_name.get(name)
@@ -551,11 +570,32 @@ class Gateway:
                 f"arguments for {rec.name!r} do not match its inputSchema: {listed}. "
                 "Fix these and call again."
             )
+        principal = f"token:{conn.token}" if conn.token is not None else f"uid:{conn.uid}"
+        upstream_state: str | None = None
+        if input is not None and input.request_state is not None:
+            owner, upstream_state = self.input_states.open(input.request_state, tool=rec.name, principal=principal)
+            if owner != rec.server:  # sealed with the tool's name, so this means a reload moved it
+                raise BadInput("requestState belongs to another upstream; call the tool again without it")
+        elif input is not None and input.input_responses:
+            raise BadInput("inputResponses need the requestState of the input_required result they answer")
         if self.inflight == 0:
             self._idle = anyio.Event()
         self.inflight += 1
         try:
-            return await self.pool.call_tool(rec.server, rec.tool, arguments, progress_callback=progress)
+            result = await self.pool.call_tool(
+                rec.server, rec.tool, arguments, progress_callback=progress,
+                input_responses=input.input_responses if input else None,
+                request_state=upstream_state, allow_input_required=input is not None,
+            )
+            if isinstance(result, types.InputRequiredResult):
+                return types.InputRequiredResult(
+                    input_requests=result.input_requests,
+                    request_state=self.input_states.seal(
+                        upstream=rec.server, tool=rec.name, principal=principal,
+                        upstream_state=result.request_state,
+                    ),
+                )
+            return result
         finally:
             self.inflight -= 1
             if self.inflight == 0:

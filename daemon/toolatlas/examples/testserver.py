@@ -17,11 +17,13 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ListToolsResult, PaginatedRequestParams
+from mcp.server.mcpserver.resolve import Elicit, Resolve
+from pydantic import BaseModel
 
 from toolatlas.examples import _serve
 
@@ -50,6 +52,15 @@ async def _announce(ctx: Context) -> None:
         await ctx.notify_tools_changed()
 
 
+class _Name(BaseModel):
+    name: str
+
+
+def ask_name() -> Elicit[_Name]:
+    """Resolver for greet_user: elicit the user's name (input_required on 2026-07-28)."""
+    return Elicit("What is your name?", _Name)
+
+
 def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_description: str | None = None) -> PagedServer:
     server = PagedServer(name, instructions="A configurable server for toolatlas tests.")
     server.page_size = page_size
@@ -73,6 +84,10 @@ def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_des
         sys.stderr.write(f"testserver: crashing with code {code}\n")
         sys.stderr.flush()
         os._exit(code)
+
+    @server.tool(description="Ask the user for their name (an elicitation), then greet them by it.")
+    async def greet_user(who: Annotated[_Name, Resolve(ask_name)]) -> str:
+        return f"Hello, {who.name}! (pid {os.getpid()})"
 
     @server.tool(description="Return this server's process id.")
     def pid() -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp.server.caching import CacheHint
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.subscriptions import ListenHandler, ToolsListChanged
@@ -72,6 +73,16 @@ def _connection(ctx: Any) -> Connection:
     if name:
         conn.client_name = name
     return conn
+
+
+def _input_retry(ctx: Any, params: types.CallToolRequestParams) -> Any:
+    """The input_required fields of a 2026-07-28 call (None on older connections, whose
+    clients cannot answer an input_required result)."""
+    from toolatlas.app import InputRetry
+
+    if ctx.session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return None
+    return InputRetry(input_responses=params.input_responses, request_state=params.request_state)
 
 
 def json_result(obj: Any, *, is_error: bool = False) -> types.CallToolResult:
@@ -147,7 +158,9 @@ def build_server(gw: "Gateway") -> Server[Any]:
         gw.events_emit("tools_list_served", passthrough=passthrough, tools=len(tools), client=conn.client_name)
         return types.ListToolsResult(tools=tools)
 
-    async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def on_call_tool(
+        ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
         conn = _connection(ctx)
         args = params.arguments or {}
         try:
@@ -168,9 +181,11 @@ def build_server(gw: "Gateway") -> Server[Any]:
                 name = args.get("name")
                 if not isinstance(name, str) or not name:
                     raise BadInput("execute_tool needs `name`: a matches[].name from tool_search")
-                return await gw.execute(name, args.get("arguments"), conn, ctx.session.report_progress)
+                return await gw.execute(name, args.get("arguments"), conn, ctx.session.report_progress,
+                                        input=_input_retry(ctx, params))
             # A namespaced name called directly.
-            return await gw.execute(params.name, params.arguments, conn, ctx.session.report_progress)
+            return await gw.execute(params.name, params.arguments, conn, ctx.session.report_progress,
+                                    input=_input_retry(ctx, params))
         except BadInput as exc:
             return error_result(str(exc))
         except (UpstreamUnavailable, UpstreamTimeout) as exc:

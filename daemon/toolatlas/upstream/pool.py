@@ -151,8 +151,15 @@ class Pool:
         *,
         progress_callback: ProgressCallback | None = None,
         timeout: float | None = None,
-    ) -> mcp_types.CallToolResult:
+        input_responses: dict[str, Any] | None = None,
+        request_state: str | None = None,
+        allow_input_required: bool = False,
+    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
         """Call ``tool`` on ``upstream``'s warm session.
+
+        With ``allow_input_required`` an upstream's `InputRequiredResult` (2026-07-28
+        elicitation/sampling) is returned as is, for the caller to pass on; the retry
+        carries ``input_responses`` and the upstream's ``request_state``.
 
         ``timeout`` defaults to the upstream's ``timeouts.call`` and includes waiting for a
         slot under ``max_concurrency``. Raises UpstreamUnavailable (not READY; the message
@@ -161,7 +168,9 @@ class Pool:
         call leaves the session usable.
         """
         return await self._session(upstream).call_tool(
-            tool, arguments, progress_callback=progress_callback, timeout=timeout
+            tool, arguments, progress_callback=progress_callback, timeout=timeout,
+            input_responses=input_responses, request_state=request_state,
+            allow_input_required=allow_input_required,
         )
 
     async def refresh(self, name: str) -> None:

@@ -120,12 +120,25 @@ async def list_all_tools(client: Client, name: str, *, refresh: bool = True) -> 
     raise UpstreamProtocolError(f"upstream {name!r} tools/list did not end within {MAX_PAGES} pages")
 
 
+async def _no_direct_elicitation(ctx: Any, params: Any) -> mcp_types.ErrorData:
+    """Elicitation is passed through to 2026-07-28 callers as input_required; a caller on an
+    older protocol cannot answer one, and the gateway will not answer on anyone's behalf."""
+    return mcp_types.ErrorData(
+        code=mcp_types.INVALID_REQUEST,
+        message="this tool asks the user for input; call it through toolatlas with MCP 2026-07-28 "
+                "(input_required) to answer",
+    )
+
+
 def make_client(up: Upstream, transport: Any, *, mode: str, message_handler: Any = None) -> Client:
+    # The elicitation callback declares the capability (upstreams check it before asking);
+    # the questions themselves travel to the gateway's caller as input_required.
     return Client(
         transport,
         mode=mode,
         message_handler=message_handler,
         client_info=_CLIENT_INFO,
+        elicitation_callback=_no_direct_elicitation,
     )
 
 
@@ -588,7 +601,10 @@ class UpstreamSession:
         *,
         progress_callback: ProgressCallback | None = None,
         timeout: float | None = None,
-    ) -> mcp_types.CallToolResult:
+        input_responses: dict[str, Any] | None = None,
+        request_state: str | None = None,
+        allow_input_required: bool = False,
+    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
         """Call ``tool`` on the warm session; see `Pool.call_tool` for the error contract."""
         client = self._client
         if self.state is not UpstreamState.READY or client is None or self._lost.is_set():
@@ -599,7 +615,14 @@ class UpstreamSession:
         try:
             with anyio.fail_after(seconds):
                 async with self._sem:
-                    result = await client.call_tool(tool, arguments, progress_callback=progress_callback)
+                    if allow_input_required:
+                        result = await client.session.call_tool(
+                            tool, arguments, progress_callback=progress_callback,
+                            input_responses=input_responses, request_state=request_state,
+                            allow_input_required=True,
+                        )
+                    else:
+                        result = await client.call_tool(tool, arguments, progress_callback=progress_callback)
             self._observe("call", operation="call_tool", seconds=time.perf_counter() - t0, outcome="ok")
             return result
         except TimeoutError:

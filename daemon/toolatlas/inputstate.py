@@ -1,0 +1,65 @@
+"""The gateway's own `requestState` for input_required passthrough (MCP 2026-07-28).
+
+When an upstream answers a tools/call with `input_required` (it needs an elicitation or a
+sample from the user), the gateway passes the input requests to its client and hands out a
+state token of its own: the upstream's state sealed (AES-256-GCM, the SDK's codec) together
+with the upstream, the tool, the caller and an expiry. The client's retry must bring it back;
+a token that was tampered with, belongs to another caller or tool, has expired, or was
+already used is refused, so a client cannot forge or replay an upstream's state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState
+
+from toolatlas.errors import BadInput
+
+DEFAULT_TTL_S = 600.0
+
+
+class InputStateSealer:
+    """Seals and checks gateway request states; each token is good for one retry."""
+
+    def __init__(self, *, ttl: float = DEFAULT_TTL_S, key: bytes | None = None) -> None:
+        self.ttl = ttl
+        self._codec = AESGCMRequestStateCodec([key or os.urandom(32)])
+        self._used: dict[str, float] = {}  # nonce -> expiry
+        self._lock = threading.Lock()
+
+    def seal(self, *, upstream: str, tool: str, principal: str, upstream_state: str | None) -> str:
+        payload = {
+            "u": upstream, "t": tool, "p": principal, "e": time.time() + self.ttl,
+            "n": os.urandom(12).hex(), "s": upstream_state,
+        }
+        return self._codec.seal(json.dumps(payload, separators=(",", ":")).encode())
+
+    def open(self, token: str, *, tool: str, principal: str) -> tuple[str, str | None]:
+        """(upstream, upstream state) for a retry of `tool` by `principal`; BadInput if refused."""
+        try:
+            payload: dict[str, Any] = json.loads(self._codec.unseal(token))
+        except (InvalidRequestState, ValueError, TypeError) as exc:
+            raise BadInput(
+                "requestState was not issued by this gateway or was altered; call the tool again without it"
+            ) from exc
+        if payload.get("t") != tool:
+            raise BadInput(f"requestState belongs to another tool call, not {tool!r}; call the tool again without it")
+        if payload.get("p") != principal:
+            raise BadInput("requestState belongs to another caller; call the tool again without it")
+        now = time.time()
+        if float(payload.get("e", 0)) < now:
+            raise BadInput("requestState has expired; call the tool again without it")
+        nonce = str(payload.get("n"))
+        with self._lock:
+            for n, exp in list(self._used.items()):
+                if exp < now:
+                    del self._used[n]
+            if nonce in self._used:
+                raise BadInput("requestState was already used; each one is good for a single retry")
+            self._used[nonce] = float(payload["e"])
+        return str(payload["u"]), payload.get("s")

@@ -1,0 +1,200 @@
+"""Crash recovery of the persisted index (issue 6, "Losing nothing"), on a real daemon with the
+real ONNX embedder and a 308-tool upstream, all restarts sharing one state_dir.
+
+1. SIGKILL during a reindex: a burst of run-time catalog changes (add_tool / remove_tool on
+   the upstream) keeps the index updating and persisting; the daemon is killed once the
+   index version has moved (a different number of updates in each round), restarted on the
+   same state_dir, and must serve exactly the live catalog: the upstream's tools, every one
+   findable by a search for its own name, none of the burst's leftovers counted.
+2. Each persisted file under state_dir is corrupted or truncated in turn: the restart logs
+   that it detected it, rebuilds, serves the whole catalog, and leaves a valid file behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from daemon_harness import Daemon, alive, descendants, stdio_testserver
+from toolatlas.retrieval import persist
+
+pytestmark = pytest.mark.slow
+
+N_GEN = 300
+BUILTINS = ("echo", "sleep", "hang", "crash", "pid", "progress", "add_tool", "remove_tool", "greet_user")
+LIVE = sorted([f"big__gen_{i:03d}" for i in range(N_GEN)] + [f"big__{t}" for t in BUILTINS])
+ONNX = 'embedder = "onnx"\n'
+UPSTREAM = stdio_testserver("big", "--tools", str(N_GEN)) + "relist_interval = 0\n"
+KILL_AFTER_UPDATES = (1, 3, 6)  # a different moment in each round
+CORRUPT_MARKERS = ("corrupt", "failed its checksum", "hnsw_load_failed", "rebuild")
+
+
+class Runs:
+    """Daemons started one after another on the same folder (same socket, same state_dir)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.n = 0
+        self.current: Daemon | None = None
+
+    def start(self) -> Daemon:
+        self.n += 1
+        d = Daemon(self.tmp, UPSTREAM, search_extra=ONNX)
+        d.log = self.tmp / f"daemon-{self.n}.log"
+        self.current = d
+        return d.start(wait_ready=300)
+
+    def kill(self, d: Daemon) -> None:
+        """SIGKILL the daemon, then its orphaned children (as a dead daemon cannot)."""
+        assert d.proc is not None
+        kids = descendants(d.proc.pid)
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait(timeout=30)
+        d._logfh.close()
+        for pid in kids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+    def cleanup(self) -> None:
+        d = self.current
+        if d is not None and d.proc is not None and d.proc.poll() is None:
+            d.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    r = Runs(tmp_path_factory.mktemp("crash"))
+    try:
+        yield r
+    finally:
+        r.cleanup()
+
+
+def retrieval_dir(runs: Runs) -> Path:
+    return persist.folder(runs.tmp / "state" / "index")
+
+
+def serves_live_catalog(d: Daemon) -> None:
+    """The index holds exactly the live catalog and every tool is found by its own name."""
+    def settled() -> bool:
+        st = d.status()
+        big = st["servers"][0]
+        idx = st["index"]
+        return (big["state"] == "ready" and big["tools"] == len(LIVE) and idx["tools"] == len(LIVE)
+                and idx["dense_index"]["live"] == len(LIVE) and idx["degraded"] is None)
+
+    d.wait_for(settled, 120, f"index settled on the {len(LIVE)} live tools")
+    missing: list[str] = []
+    with d.client() as c:
+        for name in LIVE:
+            query = name.split("__", 1)[1]
+            r = c.call_tool("tool_search", {"query": query, "top_k": 5})
+            assert not r.get("isError"), r
+            if name not in [m["name"] for m in r["structuredContent"]["matches"]]:
+                missing.append(name)
+    assert not missing, f"{len(missing)} live tools not found by their own name: {missing[:10]}"
+
+
+def burst(d: Daemon, round_no: int, stop: threading.Event) -> None:
+    """Catalog changes one after another until the daemon dies (or 40 changes are made)."""
+    try:
+        with d.client() as c:
+            for j in range(40):
+                if stop.is_set():
+                    return
+                if j % 2:
+                    c.call_tool("big__remove_tool", {"name": f"gen_{j:03d}"})
+                else:
+                    c.call_tool("big__add_tool", {"name": f"burst_{round_no}_{j}",
+                                                  "description": f"Burst tool {j} of round {round_no}: folds paper cranes."})
+    except (OSError, ConnectionError, ValueError):
+        pass  # the daemon was killed under us
+
+
+def test_sigkill_during_reindex_then_restart_serves_the_live_catalog(runs: Runs) -> None:
+    d = runs.start()
+    serves_live_catalog(d)  # the cold index (the ONNX export comes from the shared cache)
+    mid_write_kills = 0
+    for round_no, after in enumerate(KILL_AFTER_UPDATES):
+        v0 = d.status()["index"]["version"]
+        stop = threading.Event()
+        t = threading.Thread(target=burst, args=(d, round_no, stop), daemon=True)
+        t.start()
+        d.wait_for(lambda: d.status()["index"]["version"] >= v0 + after, 60, f"{after} index updates")
+        runs.kill(d)
+        stop.set()
+        t.join(30)
+        # A kill inside a write leaves its temp file behind (atomic_write never got to unlink it).
+        leftovers = [p.name for p in retrieval_dir(runs).iterdir() if p.name.endswith(".tmp")]
+        mid_write_kills += bool(leftovers)
+        d = runs.start()
+        serves_live_catalog(d)
+        log = d.log.read_text()
+        assert "Traceback" not in log, log[-3000:]
+    print(f"kills that landed inside a write: {mid_write_kills} of {len(KILL_AFTER_UPDATES)}")
+    assert d.stop() == 0
+
+
+def _truncate(path: Path) -> str:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return "truncated"
+
+
+def _flip(path: Path) -> str:
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    for i in range(mid, min(len(data), mid + 64)):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return "flipped 64 bytes"
+
+
+def _empty(path: Path) -> str:
+    path.write_bytes(b"")
+    return "emptied"
+
+
+CORRUPTIONS = {"embeddings": _truncate, "snapshot": _flip, "hnsw": _truncate}
+
+
+def _valid(folder: Path, kind: str) -> bool:
+    state = folder.parent
+    model = next(folder.glob("snapshot-*.bin")).name[len("snapshot-"):-len(".bin")]
+    snap = persist.load_snapshot(state, model)  # raises CorruptFile when invalid
+    if kind == "hnsw":
+        return snap is not None and snap.hnsw_path is not None
+    if kind == "embeddings":
+        return len(persist.load_embeddings(state, model, 384)) >= len(LIVE)
+    return snap is not None and sorted(doc.name for doc in snap.docs) == LIVE
+
+
+@pytest.mark.parametrize("kind", [
+    "embeddings",
+    "snapshot",
+    pytest.param("hnsw", marks=pytest.mark.xfail(strict=True, reason=(
+        "retrieval/persist.py load_snapshot(): an hnsw file whose SHA-256 does not match the snapshot "
+        "header is treated as absent (hnsw_path=None) without any log line; the dense index is rebuilt "
+        "silently, so the corruption is not reported as issue 6 requires"))),
+])
+def test_corrupt_state_file_is_detected_logged_and_rebuilt(runs: Runs, kind: str) -> None:
+    folder = retrieval_dir(runs)
+    if runs.current is None:  # run on its own: build the state first
+        d0 = runs.start()
+        serves_live_catalog(d0)
+        assert d0.stop() == 0
+    target = next(folder.glob(f"{kind}-*"))
+    how = CORRUPTIONS[kind](target)
+    d = runs.start()
+    serves_live_catalog(d)
+    assert d.stop() == 0
+    log = d.log.read_text()
+    lines = [ln for ln in log.splitlines() if target.name in ln or any(m in ln for m in CORRUPT_MARKERS)]
+    assert lines, f"{target.name} was {how} but the restart logged nothing about it:\n{log[-3000:]}"
+    assert _valid(folder, kind), f"{target.name} was not rewritten valid after the rebuild"
