@@ -677,7 +677,8 @@ class Gateway:
     def _ensure_token_report(self) -> None:
         """Recount catalog tokens in the background when the index version moved."""
         version = self.engine.version
-        if self._tokens_version == version or self._tokens_running or self._tg is None:
+        if (self._tokens_version == version or self._tokens_running or self._tg is None
+                or not self.index_ready.is_set()):
             return
         self._tokens_running = True
 
