@@ -55,6 +55,15 @@ RIFT_DEBOUNCE_S = 1.0
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 
 
+# The execute_tool outcome label of each error class (first match wins).
+_CALL_OUTCOMES: tuple[tuple[type[ToolatlasError], str], ...] = (
+    (BadInput, "bad_input"),
+    (UpstreamTimeout, "timeout"),
+    (UpstreamUnavailable, "unavailable"),
+    (ToolatlasError, "error"),
+)
+
+
 @dataclass(frozen=True)
 class InputRetry:
     """What a 2026-07-28 tools/call carries for the input_required flow."""
@@ -507,17 +516,9 @@ class Gateway:
         server = (self.by_name[name].server if name in self.by_name else "unknown")
         try:
             result = await self._execute(name, arguments, conn, progress, input)
-        except BadInput as exc:
-            self._call_done(t0, server, "bad_input", exc)
-            raise
-        except UpstreamTimeout as exc:
-            self._call_done(t0, server, "timeout", exc)
-            raise
-        except UpstreamUnavailable as exc:
-            self._call_done(t0, server, "unavailable", exc)
-            raise
         except ToolatlasError as exc:
-            self._call_done(t0, server, "error", exc)
+            outcome = next(o for cls, o in _CALL_OUTCOMES if isinstance(exc, cls))
+            self._call_done(t0, server, outcome, exc)
             raise
         if isinstance(result, types.InputRequiredResult):
             self._call_done(t0, server, "ok", None, name=name)
