@@ -501,7 +501,7 @@ def sec_startup(c: Ctx) -> list[str]:
         lines += [f"A real `toolatlas serve` with one stdio upstream listing {st['catalog']}; embedder {st['embedder']}. "
                   "Times from spawning the daemon: the socket answers, `index.ready` (READY), all tools in the engine, "
                   "first tool_search with a match. Cold = empty state_dir (the one-time ONNX export linked in); "
-                  f"warm = same state_dir, unchanged catalog ({len(warm)} restarts, median).", ""]
+                  f"warm = same state_dir, unchanged catalog ({len(warm)} restart{'s' if len(warm) != 1 else ''}, median).", ""]
 
         def row(label: str, r: dict[str, Any]) -> list[Any]:
             return [label, fnum(r.get("socket_answers_s"), 2), fnum(r.get("ready_s"), 2), fnum(r.get("indexed_s"), 2),
@@ -514,6 +514,11 @@ def sec_startup(c: Ctx) -> list[str]:
                      f"max {wm.get('embeddings_computed_max')}", "", fnum(wm.get("rss_mb"), 0), ""])
         lines += table(["start", "socket answers s", "READY s", "all indexed s", "first search s", "embeddings computed",
                         "snapshot restored", "daemon RSS MB", "daemon peak RSS MB"], rows)
+        early = [label for label, r in [("cold", cold)] + [(f"warm #{i + 1}", w) for i, w in enumerate(warm)]
+                 if (r.get("ready_s") or 0) < (r.get("indexed_s") or 0) - 0.5]
+        if early:
+            lines += [f"In the {', '.join(early)} start the daemon declared READY before all tools were in the engine "
+                      "(it stopped waiting for its first reindex); until then searches cover the tools indexed so far.", ""]
         lines += [f"RSS is the daemon process alone (VmRSS from /proc, after 54 searches); its upstream child used "
                   f"{fnum(cold.get('upstream_rss_mb'), 0)} MB more. Load average during the run: {st.get('loadavg_start')} -> "
                   f"{st.get('loadavg_end')}.", ""]

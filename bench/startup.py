@@ -234,6 +234,7 @@ def run(n: int, embedder: str, restarts: int, timeout: float, n_queries: int = 2
 
     upstream = (f'[[upstream]]\nname = "{UPSTREAM}"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
                 f'args = {json.dumps([str(Path(__file__).resolve()), "--serve-catalog", "--tools", str(n)])}\n')
+    load_start = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="toolatlas-startup-") as tmp_s:
         tmp = Path(tmp_s)
         # Daemon() writes the harness config and links the shared ONNX export into state_dir.
@@ -253,7 +254,7 @@ def run(n: int, embedder: str, restarts: int, timeout: float, n_queries: int = 2
         "tools": n,
         "embedder": embedder,
         "machine_cores": os.cpu_count(),
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "loadavg_start": load_start,
         "state_dir_before_cold": state_files,
         "cold": cold,
         "warm": warm,
