@@ -402,10 +402,13 @@ def sec_retrieval(c: Ctx) -> list[str]:
         ax.bar([x - 0.2 for x in xs], [modes[m].get("recall@5", 0) for m in order], 0.4, label="recall@5")
         ax.bar([x + 0.2 for x in xs], [modes[m].get("ndcg@5", 0) for m in order], 0.4, label="nDCG@5")
         ax.set_xticks(list(xs), order, fontsize=8)
-        ax.set_ylim(0, 1)
+        for x, m in zip(xs, order):
+            ax.text(x - 0.2, modes[m].get("recall@5", 0), f"{modes[m].get('recall@5', 0):.3f}", ha="center", va="bottom", fontsize=6)
+            ax.text(x + 0.2, modes[m].get("ndcg@5", 0), f"{modes[m].get('ndcg@5', 0):.3f}", ha="center", va="bottom", fontsize=6)
+        ax.set_ylim(0, 1.15)
         ax.set_title(f"{ds} ({e['queries']} queries)")
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", ncol=2)
     lines += [save(plt, fig, "retrieval.png"), "", c.measured("eval_report"), ""]
     return lines
 
