@@ -99,6 +99,13 @@ class OnnxEmbedder:
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # The daemon shares its cores with its upstreams: busy-waiting worker threads cost
+        # more than they save there (measured on 2 loaded cores: query 30 -> 22 ms median,
+        # a 32x64 batch 2.5 -> 1.3 s). Without the arena and memory patterns the process
+        # keeps ~55 MB less resident after embedding, at no measurable query cost.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.enable_cpu_mem_arena = False
+        opts.enable_mem_pattern = False
         self._sess = ort.InferenceSession(
             str(model_dir / fname), sess_options=opts, providers=["CPUExecutionProvider"]
         )
