@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 # How long tool_search waits for a first index before answering degraded.
 INDEX_WAIT_S = 10.0
+# How long readiness waits for the first reindex of the upstreams that connected.
+FIRST_INDEX_WAIT_S = 900.0
 # Queries per catalog version used to measure the mean size of a top-5 tool_search result.
 TOKEN_SAMPLE_QUERIES = 8
 # Quiet seconds after a catalog change before Rift re-analyses it.
@@ -182,8 +184,9 @@ class Gateway:
             tg.start_soon(self._recheck_cards)
             tg.start_soon(self._rift_loop)
             await self.pool.wait_settled(max((u.timeouts.connect for u in self.cfg.upstream), default=1.0) + 5)
-            # Ready upstreams have listed; give their first reindex (already running) time to land.
-            with anyio.move_on_after(60):
+            # Ready upstreams have listed; their first reindex (embedding a new catalog can take
+            # minutes on a small host) must land before the index counts as ready.
+            with anyio.move_on_after(FIRST_INDEX_WAIT_S):
                 while not self._ready_upstreams() <= self.available:
                     await anyio.sleep(0.02)
             self.index_ready.set()
