@@ -154,11 +154,6 @@ def test_sigkill_during_reindex_then_restart_serves_the_live_catalog(runs: Runs)
     assert d.stop() == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "app.py Gateway catalog diff: after a restart restores the index snapshot, the first tools/list of "
-    "an upstream is applied as 'N upserted, 0 removed' against empty per-upstream records, so tools that "
-    "were in the snapshot but are gone from the live catalog stay in the index for good "
-    "(catalog_status index.tools > servers[].tools); they are filtered from results but use up top_k slots"))
 def test_after_the_sigkill_restarts_the_index_holds_no_stale_tools(runs: Runs) -> None:
     assert STALE_SEEN, "runs after the SIGKILL test"
     assert all(n == len(LIVE) for n in STALE_SEEN.values()), (
@@ -201,10 +196,7 @@ def _valid(folder: Path, kind: str, model: str) -> bool:
 @pytest.mark.parametrize("kind", [
     "embeddings",
     "snapshot",
-    pytest.param("hnsw", marks=pytest.mark.xfail(strict=True, reason=(
-        "retrieval/persist.py load_snapshot(): an hnsw file whose SHA-256 does not match the snapshot "
-        "header is treated as absent (hnsw_path=None) without any log line; the dense index is rebuilt "
-        "silently, so the corruption is not reported as issue 6 requires"))),
+    "hnsw",
 ])
 def test_corrupt_state_file_is_detected_logged_and_rebuilt(runs: Runs, kind: str) -> None:
     folder = retrieval_dir(runs)

@@ -179,6 +179,7 @@ class Gateway:
                 await tg.start(self.http.run)
             task_status.started()
             await anyio.to_thread.run_sync(self.engine.load)
+            await self._adopt_restored_index()
             self.engine_loaded.set()
             await tg.start(self.pool.run)
             tg.start_soon(self._recheck_cards)
@@ -203,6 +204,23 @@ class Gateway:
             self.metrics.count_list_changed(upstream)
         elif kind == "call":
             self.metrics.observe_upstream_call(fields["seconds"], upstream=upstream, operation=fields["operation"])
+
+    async def _adopt_restored_index(self) -> None:
+        """Take the documents a restored index snapshot holds as each server's indexed state,
+        so the first listing after a restart is diffed against them: unchanged tools are not
+        re-indexed, tools gone from the live catalog are removed, and servers no longer in
+        the config are dropped now. Nothing becomes callable until its upstream lists it."""
+        _version, docs, _vecs = self.engine.catalog_vectors()
+        configured = {u.name for u in self.cfg.upstream}
+        gone: list[str] = []
+        for doc in docs:
+            if doc.server in configured:
+                self.docs.setdefault(doc.server, {})[doc.name] = doc
+            else:
+                gone.append(doc.name)
+        if gone:
+            await anyio.to_thread.run_sync(self._engine_update, [], gone)
+            log.info("dropped %d indexed tools of upstreams no longer configured", len(gone))
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}

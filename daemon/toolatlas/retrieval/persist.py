@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import struct
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from toolatlas.retrieval.engine import ToolDoc
@@ -196,8 +199,14 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         raise CorruptFile(f"{snap_path} is inconsistent")
     usable = None
     sha = header.get("hnsw_sha256")
-    if sha and hnsw_path.exists() and _file_sha(hnsw_path) == sha:
-        usable = hnsw_path
+    if sha and hnsw_path.exists():
+        if _file_sha(hnsw_path) == sha:
+            usable = hnsw_path
+        else:
+            log.warning("index.hnsw_corrupt path=%s: the dense index file failed its checksum; "
+                        "it is rebuilt from the embedding cache", hnsw_path)
+    elif sha:
+        log.warning("index.hnsw_missing path=%s: the dense index is rebuilt from the embedding cache", hnsw_path)
     return Restored(
         version=int(header.get("version", 0)),
         docs=docs,
