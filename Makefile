@@ -27,7 +27,7 @@ run: $(STAMP)
 	$(BIN)/python -m toolatlas.examples.run_example conf/example.toml
 
 test: $(STAMP) $(NPM_STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 bench: $(STAMP) $(NPM_STAMP)
 	$(BIN)/python bench/report.py
