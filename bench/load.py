@@ -201,6 +201,7 @@ class Level:
                 "fds_min_max": [min(s["fds"] for s in samples), max(s["fds"] for s in samples)],
                 "rss_growth_pct": round(rss_growth * 100, 1),
                 "fd_growth": marks["end"]["fds"] - marks["start"]["fds"],
+                "series_s_rss_fds": [[round(x["t"] - t_start, 1), x["rss_mb"], x["fds"]] for x in samples],
             },
             "loadavg": os.getloadavg(),
         }
@@ -239,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
                 plan.append((max(levels), args.final_duration))
             for n, duration in plan:
                 res = Level(d.socket, n, duration, args.think, args.search_share, queries).run(pid)
+                # Once the clients are gone: the daemon must close their connections (poll up to 10 s).
+                settle = time.monotonic() + 10
+                while proc_sample(pid)["fds"] > idle_before["fds"] + 2 and time.monotonic() < settle:
+                    time.sleep(0.2)
                 res["daemon"]["idle_after"] = proc_sample(pid)
                 results.append(res)
                 print(f"# {n} clients, {duration:g} s: {res['throughput_ops_s']} ops/s, search p99 "
