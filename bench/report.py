@@ -372,6 +372,8 @@ def sec_retrieval(c: Ctx) -> list[str]:
     ev = c.data.get("eval_report")
     if not ev:
         return lines + c.missing("eval_report")
+    lines += ["Same ranking code as `toolatlas eval` and the daemon. ToolLens is scored on its test queries "
+              "(tuning used `queries-train.jsonl` only); binary relevance; each figure is a mean over queries.", ""]
     plt = plot_setup()
     sets = list(ev["sets"].items())
     fig, axes = plt.subplots(1, len(sets), figsize=(5 * len(sets), 3.8), squeeze=False)
@@ -461,8 +463,16 @@ def sec_latency(c: Ctx) -> list[str]:
         lines += c.missing("search_latency")
     if st and st.get("socket_search_latency"):
         sk = st["socket_search_latency"]
+        last = st["warm"][-1]
+        when = last.get("latency_timed_from_s", last.get("rift_settled_s"))
+        rift = last.get("rift_status_before_latency")
+        rift_note = ""
+        if rift is not None:
+            rift_note = ("; the daemon's Rift analysis had finished" if rift.get("available")
+                         else f"; the daemon's Rift analysis was not available ({rift.get('reason')})")
         lines += [f"End to end through the daemon's Unix socket ({st['tools']:,} tools, {sk['queries']} distinct ToolLens "
-                  f"test queries over one connection, top_k={sk['top_k']}, after a warm restart):", ""]
+                  f"test queries over one connection, top_k={sk['top_k']}, after a warm restart, timed from "
+                  f"{fnum(when, 0)} s after spawn{rift_note}):", ""]
         lines += table(["", "p50 ms", "p95 ms", "max ms", "n"],
                        [[k, fnum(sk[k]["p50_ms"], 2), fnum(sk[k]["p95_ms"], 2), fnum(sk[k]["max_ms"], 2), sk[k]["n"]] for k in ("miss", "hit")])
         lines += [c.measured("startup"), ""]
@@ -787,9 +797,11 @@ def header(c: Ctx, mode: str) -> list[str]:
         starts = sorted(r["started_utc"] for r in runs if r.get("started_utc"))
         lines.append(f"- Bench runs: {starts[0]} to {starts[-1]}; 1-minute load average between {min(loads):.1f} and {max(loads):.1f}.")
     if loads and max(loads) > NOISY_LOAD:
+        noisy = sorted(n for n, r in c.runs.items() if isinstance(r, dict) and max(
+            (r.get("loadavg_before") or [0])[0], (r.get("loadavg_after") or [0])[0]) > NOISY_LOAD)
         lines.append(f"- **Noisy machine:** the 1-minute load average reached {max(loads):.1f} on {m.get('cores')} cores while "
-                     "benches ran (other work shared the CPUs), so latency and start-up figures are pessimistic; "
-                     "re-run on an idle machine for clean numbers.")
+                     f"some benches ran (other work shared the CPUs): {', '.join(noisy)}. Their timings are pessimistic "
+                     "(quality, token and count figures are not affected); each section's *Measured* line gives its load.")
     if quick:
         lines.append("- **Quick run** (`--quick`) for some benches: smaller sample counts (and fewer catalog sizes) "
                      "than the full run; each section's command shows which.")
@@ -797,6 +809,20 @@ def header(c: Ctx, mode: str) -> list[str]:
     if failed:
         lines.append(f"- Not measured: {', '.join(failed)} (the sections say why).")
     return lines + [""]
+
+
+def runs_section(c: Ctx) -> list[str]:
+    rows = []
+    for b in BENCHES:
+        r = c.runs.get(b.name)
+        if not isinstance(r, dict):
+            rows.append([b.name, "not run by report.py", "", "", "", ""])
+            continue
+        la_b, la_a = (r.get("loadavg_before") or ["?"])[0], (r.get("loadavg_after") or ["?"])[0]
+        status = "failed: " + r["error"] if r.get("error") else ("ok" if not r.get("warning") else r["warning"])
+        rows.append([b.name, f"`{r.get('command')}`", r.get("started_utc", "?"), fnum(r.get("seconds"), 0), f"{la_b} -> {la_a}",
+                     status.replace("|", "/")])
+    return ["## Runs", "", *table(["bench", "command", "started", "wall s", "load average", "status"], rows)]
 
 
 def index_section() -> list[str]:
@@ -817,6 +843,7 @@ def render(mode: str) -> str:
             lines += sec(c)
         except Exception as exc:  # noqa: BLE001 - a JSON shape a renderer did not expect must not sink the report
             lines += [f"## {sec.__name__.removeprefix('sec_')}", "", f"**Not rendered:** {type(exc).__name__}: {exc}", ""]
+    lines += runs_section(c)
     lines += index_section()
     text = "\n".join(lines).rstrip() + "\n"
     REPORT.write_text(text)
@@ -845,7 +872,8 @@ def main(argv: list[str] | None = None) -> int:
             runs = load_runs()
             runs[name] = rec
             RUNS.write_text(json.dumps(runs, indent=2) + "\n")
-    mode = "from existing JSON" if a.from_json else ("quick run" if a.quick else "full run")
+    mode = "from existing JSON" if a.from_json else (
+        f"{'quick' if a.quick else 'full'} run of " + (a.only.replace(",", ", ") if a.only else "every bench"))
     render(mode)
     print(f"report: wrote {REPORT.relative_to(REPO)} and {PLOTS.relative_to(REPO)}/*.png", file=sys.stderr)
     return 0
