@@ -55,6 +55,7 @@ class Runs:
         self.current: Daemon | None = None
 
     def start(self) -> Daemon:
+        self.cleanup()  # never leave an earlier daemon running (a failed test may have)
         self.n += 1
         d = Daemon(self.tmp, UPSTREAM, search_extra=ONNX)
         d.log = self.tmp / f"daemon-{self.n}.log"
