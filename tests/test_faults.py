@@ -159,6 +159,8 @@ def test_slow_responses(env: Env) -> None:
 
 def test_garbage_on_stdout(env: Env) -> None:
     d = env.d
+    d.tool("fs__reset_stats", {})
+    pid = stats(d, "fs")["pid"]
     d.tool("fs__set_fault", {"fault": "garbage"})
     try:
         seconds, r = timed_call(d, "fs__echo", {"message": "g"})
@@ -170,6 +172,9 @@ def test_garbage_on_stdout(env: Env) -> None:
     finally:
         write_fault_file(str(env.fault_files["fs"]), "none")
     recovers(d, "fs")
+    s = stats(d, "fs")
+    if s["pid"] == pid:  # same process: the junk really went down the daemon's pipe
+        assert s["garbage"] >= 1, s
 
 
 # Four times fs's max_result_bytes (1 MiB): big enough to be refused, quick to produce.

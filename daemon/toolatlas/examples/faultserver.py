@@ -25,7 +25,7 @@ With ``--fault-file PATH`` the fault lives in that JSON file (``{"fault": ..., "
 server it cannot reach by rewriting the file. ``heal`` sets ``none``.
 
 Other tools: ``work(seconds)`` sleeps and counts concurrent calls; ``stats`` returns
-``{"pid", "calls", "inflight", "max_inflight", "cancelled", "completed"}`` (``cancelled``
+``{"pid", "calls", "inflight", "max_inflight", "cancelled", "completed", "garbage"}`` (``cancelled``
 counts work handlers cancelled by the client, i.e. by ``notifications/cancelled``);
 ``reset_stats``; ``storm(count, per_second)`` sends ``count`` tools/list_changed
 notifications at that rate on the calling session, then returns how many it sent.
@@ -111,11 +111,12 @@ class Stats:
         self.reset()
 
     def reset(self) -> None:
-        self.calls = self.inflight = self.max_inflight = self.cancelled = self.completed = 0
+        self.calls = self.inflight = self.max_inflight = self.cancelled = self.completed = self.garbage = 0
 
     def as_dict(self) -> dict[str, int]:
         return {"pid": os.getpid(), "calls": self.calls, "inflight": self.inflight,
-                "max_inflight": self.max_inflight, "cancelled": self.cancelled, "completed": self.completed}
+                "max_inflight": self.max_inflight, "cancelled": self.cancelled, "completed": self.completed,
+                "garbage": self.garbage}
 
 
 class FaultMiddleware:
@@ -225,6 +226,7 @@ def build(state: FaultState, name: str = "faultserver", legacy_only: bool = Fals
         if fault == "garbage":
             # Straight onto fd 1, between two JSON-RPC messages of the SDK's writer.
             os.write(1, b"this is not JSON-RPC\n{\"broken\": \n\x00\xff\xfe garbage\n")
+            stats.garbage += 1
         return fault
 
     @server.tool(description="Echo the message back, prefixed with 'Echo: ' (subject to the active fault).")
