@@ -648,6 +648,8 @@ def sec_load(c: Ctx) -> list[str]:
     ax2 = ax.twinx()
     ax2.bar(ns, [first[n]["throughput_ops_s"] for n in ns], width=[n * 0.3 for n in ns], alpha=0.2, color="grey")
     ax2.set_ylabel("ops/s (grey bars)")
+    ax.set_zorder(ax2.get_zorder() + 1)  # lines over the bars
+    ax.patch.set_visible(False)
     ax.set_title("Latency and throughput against concurrent clients")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
