@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -148,6 +149,9 @@ class Gateway:
         self.inflight = 0
         self.draining = False
         self._update_lock = anyio.Lock()
+        # Searches are CPU work (query embedding, ranking): as many at once as there are
+        # cores. More threads only thrash the caches and grow the heap (a malloc arena each).
+        self._search_limiter = anyio.CapacityLimiter(max(2, os.cpu_count() or 2))
         self._idle = anyio.Event()
         self._idle.set()
         self._scope = frozenset(cfg.search.scope) or None
@@ -478,7 +482,8 @@ class Gateway:
             degraded = "index-not-ready"
         elif scope:
             outcome = await anyio.to_thread.run_sync(
-                lambda: self.engine.search(query, top_k, servers=frozenset(scope))
+                lambda: self.engine.search(query, top_k, servers=frozenset(scope)),
+                limiter=self._search_limiter,
             )
             degraded, cached, mode = outcome.degraded, outcome.cached, outcome.mode
             for hit in outcome.hits:
@@ -808,8 +813,21 @@ async def _reload(gw: Gateway, notifier: Notifier) -> None:
     notifier.ready()
 
 
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives every thread that allocates its own heap arena; a daemon whose worker
+    threads embed and rank grows its resident memory with them. Two arenas are enough."""
+    try:
+        import ctypes
+
+        M_ARENA_MAX = -8
+        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas)
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
 def main_serve(cfg: Config) -> int:
     _configure_logging(cfg.daemon.log_level)
+    _limit_malloc_arenas()
     backend_options: dict[str, Any] = {}
     if cfg.daemon.event_loop == "uvloop":
         try:
