@@ -54,6 +54,8 @@ FIRST_INDEX_WAIT_S = 900.0
 TOKEN_SAMPLE_QUERIES = 8
 # Quiet seconds after a catalog change before Rift re-analyses it.
 RIFT_DEBOUNCE_S = 1.0
+# Largest catalog the daemon runs Rift on (an n x n float32 matrix: 5,000 tools ~ 100 MB).
+RIFT_MAX_TOOLS = 5000
 
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 
@@ -343,8 +345,8 @@ class Gateway:
                     continue
                 break
             try:
-                self.rift = await anyio.to_thread.run_sync(self._run_rift)
                 self.rift_error = None
+                self.rift = await anyio.to_thread.run_sync(self._run_rift)
             except Exception as exc:  # an analysis failure must never affect serving
                 log.warning("rift analysis failed: %s", exc)
                 self.rift_error = str(exc)
@@ -356,6 +358,12 @@ class Gateway:
         embedder = self.engine.embedder
         version, docs, vecs = self.engine.catalog_vectors()
         if embedder is None or vecs is None or not docs:
+            return None
+        if len(docs) > RIFT_MAX_TOOLS:
+            # Clustering holds an n x n similarity matrix: past this size it belongs in an
+            # offline `toolatlas rift` run, not in the daemon's memory.
+            self.rift_error = (f"catalog has {len(docs)} tools, above the {RIFT_MAX_TOOLS} the daemon "
+                               "analyses; run `toolatlas rift --config PATH` offline")
             return None
         tools, schemas, token_texts = build_inputs([(d, d.description, d.server_summary, d.tags) for d in docs])
         report = analyse(tools, embedder, schemas=schemas, token_texts=token_texts, vectors=vecs)
