@@ -519,7 +519,8 @@ def sec_startup(c: Ctx) -> list[str]:
     st = c.data.get("startup")
     if st:
         cold, warm = st["cold"], st["warm"]
-        lines += [f"A real `toolatlas serve` with one stdio upstream listing {st['catalog']}; embedder {st['embedder']}. "
+        catalog = str(st["catalog"]).replace(str(st["tools"]), f"{st['tools']:,}", 1)
+        lines += [f"A real `toolatlas serve` with one stdio upstream listing {catalog}; embedder {st['embedder']}. "
                   "Times from spawning the daemon: the socket answers, `index.ready` (READY), all tools in the engine, "
                   "first tool_search with a match. Cold = empty state_dir (the one-time ONNX export linked in); "
                   f"warm = same state_dir, unchanged catalog ({len(warm)} restart{'s' if len(warm) != 1 else ''}, median).", ""]
@@ -540,7 +541,9 @@ def sec_startup(c: Ctx) -> list[str]:
         if early:
             lines += [f"In the {', '.join(early)} start the daemon declared READY before all tools were in the engine "
                       "(it stopped waiting for its first reindex); until then searches cover the tools indexed so far.", ""]
-        lines += [f"RSS is the daemon process alone (VmRSS from /proc, after 54 searches); its upstream child used "
+        lines += [f"RSS is the daemon process alone (VmRSS from /proc, after 54 searches; the peak column is VmHWM, the "
+                  "highest resident size since the daemon started, which for a cold start falls during embedding); "
+                  "its upstream child used "
                   f"{fnum(cold.get('upstream_rss_mb'), 0)} MB more. Load average during the run: {st.get('loadavg_start')} -> "
                   f"{st.get('loadavg_end')}.", ""]
         plt = plot_setup()
