@@ -442,7 +442,7 @@ def sec_latency(c: Ctx) -> list[str]:
                   "scope and over the whole catalog). Above 2,000 tools the document vectors are synthetic (a base "
                   "tool's real embedding plus noise), as the bench's docstring explains.", ""]
         plt = plot_setup()
-        fig, ax = plt.subplots(figsize=(7, 4.2))
+        fig, ax = plt.subplots(figsize=(9, 4.2))
         xs = [int(x) for x in sizes]
         for color, (kind, label) in zip(("C0", "C2", "C4"), (("miss", "miss"), ("hit", "cache hit"), ("narrow_scope_miss", "one-server scope"))):
             for pct, style, marker in (("p50_ms", "-", "o"), ("p95_ms", "--", "s")):
@@ -459,7 +459,7 @@ def sec_latency(c: Ctx) -> list[str]:
         ax.set_ylabel("latency (ms)")
         ax.set_title("tool_search latency against catalog size")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
         lines += [save(plt, fig, "search_latency.png"), "", c.measured("search_latency"), ""]
     else:
         lines += c.missing("search_latency")
