@@ -22,3 +22,12 @@ def test_confusable_tools_get_disambiguation_notes(tmp_path: Path) -> None:
         # A tool outside any cluster carries no note.
         lone = d.meta("tool_search", {"query": "return this server's process id", "top_k": 1})["matches"][0]
         assert "note" not in lone
+
+
+def test_rift_runs_after_a_restart_with_an_unchanged_catalog(tmp_path: Path) -> None:
+    upstream = stdio_testserver("crm")
+    with Daemon(tmp_path, upstream, search_extra='embedder = "onnx"\n') as d:
+        d.wait_for(lambda: d.status()["rift"].get("available"), 60, "rift after the first index")
+    with Daemon(tmp_path, upstream, search_extra='embedder = "onnx"\n') as d:
+        assert d.status()["index"]["embeddings_computed"] == 0
+        d.wait_for(lambda: d.status()["rift"].get("available"), 60, "rift after a restart")

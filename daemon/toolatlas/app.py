@@ -227,6 +227,8 @@ class Gateway:
         if gone:
             await anyio.to_thread.run_sync(self._engine_update, [], gone)
             log.info("dropped %d indexed tools of upstreams no longer configured", len(gone))
+        if docs:
+            self._rift_wanted.set()  # analyse the restored catalog (no update may follow)
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
