@@ -34,10 +34,9 @@ def resolve_socket(flag: str | None, config: str | None = None) -> str:
             sock = tomllib.load(fh).get("daemon", {}).get("socket")
         if sock:
             return os.path.join(os.path.dirname(os.path.abspath(config)), os.path.expandvars(sock))
-    if os.geteuid() == 0:
-        return "/run/toolatlas/toolatlas.sock"
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/toolatlas-{os.geteuid()}"
-    return os.path.join(runtime, "toolatlas", "toolatlas.sock")
+    from toolatlas.paths import default_socket_path
+
+    return default_socket_path()
 
 
 def _parser() -> argparse.ArgumentParser:

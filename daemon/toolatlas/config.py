@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from toolatlas.errors import ConfigError
+from toolatlas.paths import default_socket_path
 
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
 UpstreamName = Annotated[str, msgspec.Meta(pattern=NAME_RE, max_length=48)]
@@ -181,16 +182,6 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
             if up.name == name:
                 return up
         return None
-
-
-def default_socket_path() -> str:
-    """The socket when neither flag, env nor config names one (see the interface)."""
-    if env := os.environ.get("TOOLATLAS_SOCKET"):
-        return env
-    if os.geteuid() == 0:
-        return "/run/toolatlas/toolatlas.sock"
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/toolatlas-{os.geteuid()}"
-    return os.path.join(runtime, "toolatlas", "toolatlas.sock")
 
 
 def default_state_dir() -> str:
