@@ -1,6 +1,6 @@
 """Every retrieval-quality figure of issue 3 in one run (the same code as `toolatlas eval`).
 
-    python bench/eval_report.py [--embedders onnx-int8,onnx-fp32,torch] [--sets toollens,mcptoolbenchpp]
+    python bench/eval_report.py [--embedders onnx,onnx-int8,onnx-fp32,torch] [--sets toollens,mcptoolbenchpp]
 
 For each dev set (toollens = the 1,877 test queries; tuning used queries-train.jsonl only):
 all modes with the default embedder, the RRF baseline (k=60, 3x over-fetch), and the default
@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO / "daemon"))
 
 from toolatlas.evaluation.cli import ALL_MODES, evaluate  # noqa: E402
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries  # noqa: E402
-from toolatlas.retrieval.embed import DEFAULT_ONNX_VARIANT  # noqa: E402
+from toolatlas.retrieval.embed import ONNX_PRECISIONS  # noqa: E402
 from toolatlas.retrieval.engine import Engine  # noqa: E402
 
 KS = [1, 3, 5, 10]
@@ -36,7 +36,7 @@ def _cmd(ds: str, extra: str) -> str:
 
 
 def run(sets: list[str], embedders: list[str]) -> dict[str, Any]:
-    report: dict[str, Any] = {"default_onnx_variant": DEFAULT_ONNX_VARIANT, "sets": {}}
+    report: dict[str, Any] = {"default_onnx_precisions": dict(zip(("documents", "queries"), ONNX_PRECISIONS["onnx"])), "sets": {}}
     for ds in sets:
         docs, key_of = load_catalog(benchdata_dir() / ds / "catalog.jsonl")
         queries = load_queries(benchdata_dir() / ds / "queries.jsonl", key_of)
@@ -56,6 +56,7 @@ def run(sets: list[str], embedders: list[str]) -> dict[str, Any]:
             row = evaluate(e, queries, ["hybrid", "dense"], [5])
             entry["embedders"][kind] = {
                 "name": e.stats()["embedder"],
+                "query_name": e.stats()["query_embedder"],
                 "hybrid": row["hybrid"],
                 "dense": row["dense"],
                 "command": _cmd(ds, f"--mode hybrid --k 5 --embedder {kind}"),
@@ -73,7 +74,7 @@ def run(sets: list[str], embedders: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--sets", default="toollens,mcptoolbenchpp")
-    p.add_argument("--embedders", default="onnx-int8,onnx-fp32,torch")
+    p.add_argument("--embedders", default="onnx,onnx-int8,onnx-fp32,torch")
     args = p.parse_args(argv)
     report = run(args.sets.split(","), [e for e in args.embedders.split(",") if e])
     text = json.dumps(report, indent=1)

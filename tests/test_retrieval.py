@@ -144,6 +144,31 @@ def test_onnx_vectors_are_normalised_and_int8_stays_close(shared_models: Path) -
     assert (q * v).sum(axis=1).min() > 0.9
 
 
+def test_default_embedder_fp32_documents_int8_queries_and_releases_the_document_model(shared_models: Path) -> None:
+    from toolatlas.retrieval.embed import OnnxEmbedder
+
+    texts = ["read a file from disk", "search the web for news about climate"]
+    fp32 = get_embedder("onnx-fp32")
+    default = get_embedder("onnx")
+    assert (default.name, default.query_name) == ("all-MiniLM-L6-v2/onnx-fp32", "all-MiniLM-L6-v2/onnx-int8")
+    # documents: the fp32 (torch) vectors exactly; queries: int8, the same space
+    np.testing.assert_allclose(default.embed(texts), fp32.embed(texts), atol=1e-5)
+    np.testing.assert_allclose(default.embed_queries(texts), get_embedder("onnx-int8").embed_queries(texts), atol=1e-5)
+    assert (default.embed_queries(texts) * fp32.embed(texts)).sum(axis=1).min() > 0.9
+    # the document model loads on first use and is released once idle
+    emb = OnnxEmbedder(shared_models / "minilm-l6-v2-onnx-v1", "fp32", "int8", doc_idle_s=0.2)
+    emb.embed_queries(texts)
+    assert not emb.doc_model_loaded and emb.doc_model_loads == 0
+    emb.embed(texts)
+    assert emb.doc_model_loaded and emb.doc_model_loads == 1
+    deadline = time.monotonic() + 10
+    while emb.doc_model_loaded and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not emb.doc_model_loaded
+    np.testing.assert_allclose(emb.embed(texts), fp32.embed(texts), atol=1e-5)
+    assert emb.doc_model_loads == 2
+
+
 def test_a_query_naming_a_tool_finds_it(engine: Engine) -> None:
     for mode in ("hybrid", "bm25", "keyword", "two-stage"):
         out = engine.search("playwright_iframe_click", 3, mode=mode)

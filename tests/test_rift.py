@@ -22,7 +22,7 @@ class HashingEmbedder:
     """A small deterministic bag-of-words embedder (feature hashing, 512 dims): a real text
     embedding, just not a learned one, so the rift math can be checked exactly and fast."""
 
-    name = "hashing-512"
+    name = query_name = "hashing-512"
     dim = 512
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -33,6 +33,8 @@ class HashingEmbedder:
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         norms[norms == 0] = 1
         return out / norms
+
+    embed_queries = embed
 
 
 def unit(*rows: Sequence[float]) -> np.ndarray:

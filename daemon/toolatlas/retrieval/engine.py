@@ -504,11 +504,11 @@ class Engine:
         if emb is None or snap.vecs is None:
             return None
         q = query.strip()
-        key = (emb.name, q)
+        key = (emb.query_name, q)
         vec = self._qvecs.get(key)
         if vec is None:
             try:
-                vec = emb.embed([q])[0]
+                vec = emb.embed_queries([q])[0]
             except Exception as exc:  # noqa: BLE001 - degrade this search, keep serving
                 self._counts["embedder_failures"] += 1
                 log.warning("retrieval.query_embed_failed error=%s; this search is bm25-only", exc)
@@ -626,6 +626,7 @@ class Engine:
             "mode": self.mode,
             "fusion": self.fusion,
             "embedder": emb.name if emb is not None else self.embedder_kind,
+            "query_embedder": emb.query_name if emb is not None else None,
             "embedder_error": self._embedder_error,
             "degraded": self.degraded,
             "dense_index": (

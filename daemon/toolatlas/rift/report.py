@@ -215,7 +215,8 @@ def analyse(
 ) -> RiftReport:
     """Rift report for `tools` = [(namespaced name, document text)].
 
-    `embedder` has `.embed(texts) -> (n, d) float32 L2-normalised` and `.name`; `vectors`
+    `embedder` has `.embed(texts)` and `.embed_queries(texts)` -> (n, d) float32 L2-normalised,
+    and `.name`; `vectors`
     (the same rows, already embedded) skips embedding the documents. `schemas` maps a name to
     its inputSchema for the layer-2 queries (name words only without it). `token_texts`
     overrides the text compared in layer 3 (e.g. the card summary plus parameter names).
@@ -248,7 +249,7 @@ def analyse(
     queries = {i: synthetic_query(names[i], (schemas or {}).get(names[i])) for i in clustered}
     qvec: dict[int, np.ndarray] = {}
     if margin and clustered:
-        qv = np.asarray(embedder.embed([queries[i] for i in clustered]), dtype=np.float32)
+        qv = np.asarray(embedder.embed_queries([queries[i] for i in clustered]), dtype=np.float32)
         qvec = {i: qv[k] for k, i in enumerate(clustered)}
     secs["margins"] = time.perf_counter() - t0
 
