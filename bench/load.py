@@ -5,7 +5,7 @@
 
 One real daemon (`toolatlas serve` through the test harness: hybrid ranker, ONNX embedder)
 federates two stdio upstreams: `catalog` (the ToolLens + MCPToolBench++ benchdata catalog,
-served by bench/startup.py --serve-catalog, `--tools` tools) and `fast` (the project's test
+served by bench/catalog_upstream.py, `--tools` tools) and `fast` (the project's test
 server; execute_tool calls its `echo`).
 
 Clients: one thread per client, each holding one persistent connection with the stdlib
@@ -46,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, Daemon, emit, stdio_testserver  # noqa: E402
+from catalog_upstream import upstream_block  # noqa: E402
 
 from toolatlas.surface.rawclient import RawClient  # noqa: E402
 
@@ -221,12 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     levels = [int(x) for x in args.clients.split(",") if x]
     queries = QueryPool(QUERIES.resolve())
-    startup = Path(__file__).resolve().parent / "startup.py"
-    upstreams = (
-        f'[[upstream]]\nname = "catalog"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
-        f'args = {json.dumps([str(startup), "--serve-catalog", "--tools", str(args.tools)])}\n'
-        + stdio_testserver("fast")
-    )
+    upstreams = upstream_block("catalog", args.tools) + stdio_testserver("fast")
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="toolatlas-load-") as tmp_s:
         extra = f'embedder = "{args.embedder}"\n' + (f"cache_size = {args.cache_size}\n" if args.cache_size is not None else "")

@@ -1,28 +1,33 @@
-"""Engine.search latency against catalog size, cold indexing, restart, and resident memory.
+"""tool_search latency against catalog size, end to end through the daemon's Unix socket;
+the engine's share of it; cold indexing, restart and resident memory.
 
     python bench/search_latency.py [--sizes 500,2000,20000,100000] [--queries 300] [--quick]
+                                   [--skip-engine] [--skip-cold]
 
 Prints one JSON object (also written to bench/out/search_latency.json) and plots p50/p95
 against catalog size into bench/out/search_latency.png.
 
-* Catalogs are synthetic, built from the dev catalogs (toollens + mcptoolbenchpp, 513 tools):
-  copy j of a tool gets a server name `<server>-<j>`, a varied tool name and a description
-  with a variant phrase. Up to 2,000 tools the documents are really embedded. Embedding
-  20k-100k texts takes too long on 2 cores, so for those sizes each document gets a synthetic
-  vector: its base tool's real embedding plus Gaussian noise, renormalised (cosine to the
-  base ~0.9); the JSON says which sizes are synthetic.
-* Queries are real, distinct texts (toollens test + mcptoolbenchpp), embedded per search
-  (ONNX, as the daemon does). "miss" = first time each query is seen (query cache miss,
-  query embedding included), "hit" = the same queries again (query cache hit).
-  "narrow_scope_miss" = one server allowed, a result-cache miss whose query vector is already
-  cached (so: ranking cost inside a narrow scope); "ranking_only" = the distinct queries
-  again with the result cache cleared and query vectors cached (ranking cost, full catalog).
+* socket (the acceptance figures): for each size a real `toolatlas serve` (default hybrid
+  ranker, default ONNX embedder) federates synthetic stdio upstreams, `bench/catalog_upstream.py`:
+  the dev catalogs (ToolLens + MCPToolBench++, 513 tools) replicated with varied names and
+  descriptions, in shards of at most 5,000 tools (a daemon caps one upstream at 20,000), so
+  100,000 tools are 20 upstreams. Up to 2,000 tools the daemon embeds every document itself.
+  Embedding 20k-100k texts takes too long on 2 cores, so for those sizes the daemon's
+  embedding cache in state_dir is seeded before it starts: each document's vector is its base
+  tool's real embedding plus Gaussian noise, renormalised (cosine to the base ~0.9), and the
+  daemon's `embeddings_computed` must stay 0; the JSON says which sizes are synthetic. The
+  upstreams do not re-list (relist_interval = 0: their catalogs never change).
+  Timed with the stdlib client (`toolatlas.surface.rawclient`) on one connection, once the
+  daemon's background Rift analysis has finished: "miss" = distinct real queries (toollens
+  test + mcptoolbenchpp), each a result-cache and query-vector miss, the query embedded by the
+  daemon; "hit" = the same queries again (result-cache hits); "narrow_scope_miss" (when there
+  are 2+ upstreams) = `servers` = one upstream, query vectors cached.
+* engine: the same catalogs and queries through `Engine.search` in this process (miss, hit,
+  narrow scope over one of many servers, ranking only with query vectors cached): where the
+  time goes, without the socket and the daemon.
 * `measure_cold_and_restart()` indexes 2,000 tools into a fresh state_dir, then restarts a
-  new Engine on it: time to first search and embeddings computed (must be 0).
-* each phase runs in a fresh process and reports its VmRSS with the tools indexed.
-
-The end-to-end variant through the daemon's Unix socket lives with the daemon's benches;
-these functions are importable for it (`measure(...) -> dict`).
+  new Engine on it: time to first search and embeddings computed (must be 0); each phase
+  runs in a fresh process and reports its VmRSS with the tools indexed.
 """
 
 from __future__ import annotations
@@ -44,9 +49,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
 sys.path.insert(0, str(REPO / "daemon"))
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries  # noqa: E402
 from toolatlas.retrieval.engine import Engine, ToolDoc  # noqa: E402
+
+SHARD_TOOLS = 5000  # tools per synthetic upstream in the socket bench
+RIFT_WAIT_S = 120  # at most this long for the daemon's background Rift analysis before timing
 
 _VARIANTS = [
     "for teams", "batch mode", "v2 API", "enterprise edition", "with caching", "legacy endpoint",
@@ -117,21 +127,15 @@ def measure(
     top_k: int = 5,
     mode: str = "hybrid",
     embedder: str = "onnx",
-    reuse: dict[str, Any] | None = None,
     real_max: int = REAL_EMBED_MAX,
 ) -> dict[str, Any]:
-    """Search latency per catalog size: cache misses (distinct queries), hits, narrow scope.
-
-    `reuse` holds per-size results of an earlier run (from its progress log) to keep.
-    """
+    """Engine.search latency per catalog size, in process: cache misses (distinct queries),
+    hits, narrow scope, ranking only."""
     queries = bench_queries(n_queries)
     base = base_docs()
     out: dict[str, Any] = {"top_k": top_k, "mode": mode, "queries": len(queries), "sizes": {}}
     base_vecs: np.ndarray | None = None
     for size in sizes:
-        if reuse and str(size) in reuse:
-            out["sizes"][str(size)] = {**reuse[str(size)], "from_progress_log": True}
-            continue
         docs, origin = synthetic_catalog(size)
         eng = Engine(state_dir=None, mode=mode, embedder=embedder, cache_size=4096, cache_ttl=3600)
         eng.load()
@@ -183,8 +187,123 @@ def measure(
             "narrow_scope_miss": _stats(narrow),
             "ranking_only": _stats(rank_only),
         }
-        print(f"size {size}: {json.dumps(out['sizes'][str(size)])}", file=sys.stderr, flush=True)
+        print(f"engine size {size}: {json.dumps(out['sizes'][str(size)])}", file=sys.stderr, flush=True)
         del eng
+    return out
+
+
+def _seed_daemon_embeddings(index_dir: Path, tools: list[dict[str, Any]], servers: list[str], size: int) -> int:
+    """Write the daemon's embedding cache for `tools` as served by `servers` (synthetic
+    vectors: the base tool's real fp32 embedding plus noise). Returns the vectors written."""
+    from catalog_upstream import shard, tool_docs
+    from toolatlas.retrieval import persist
+    from toolatlas.retrieval.embed import get_embedder
+    from toolatlas.retrieval.engine import make_entry
+
+    emb = get_embedder("onnx", index_dir)
+    n_base = max(t["base"] for t in tools) + 1
+    base_vecs = emb.embed([make_entry(d).text for d in tool_docs(tools[:n_base], servers[0])])
+    rng = np.random.default_rng(size)
+    vec_of: dict[bytes, np.ndarray] = {}
+    for k, server in enumerate(servers):
+        part = shard(tools, k, len(servers))
+        vecs = base_vecs[np.asarray([t["base"] for t in part])]
+        vecs = vecs + rng.normal(0, 0.02, vecs.shape).astype(np.float32)
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+        for doc, vec in zip(tool_docs(part, server), vecs):
+            vec_of[make_entry(doc).key] = vec
+    persist.save_embeddings(index_dir, emb.name, vec_of)
+    return len(vec_of)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def _socket_size(size: int, queries: list[str], top_k: int, real_max: int) -> dict[str, Any]:
+    """One daemon federating `size` synthetic tools; tool_search timed over its socket."""
+    from catalog_upstream import catalog_tools, upstream_block
+    from daemon_harness import Daemon
+    from toolatlas.surface.rawclient import RawClient
+
+    tools = catalog_tools(size)
+    shards = max(1, -(-size // SHARD_TOOLS))
+    servers = [f"cat{k:02d}" for k in range(shards)]
+    synthetic = size > real_max
+    tmp = Path(tempfile.mkdtemp(prefix="toolatlas-bench-sock-"))
+    try:
+        # The synthetic catalogs never change: no periodic re-listing of up to 100k tools.
+        upstreams = "".join(upstream_block(srv, size, k, shards, "relist_interval = 0\n") for k, srv in enumerate(servers))
+        d = Daemon(tmp, upstreams, search_extra='embedder = "onnx"\n')
+        seeded = _seed_daemon_embeddings(tmp / "state" / "index", tools, servers, size) if synthetic else 0
+        t0 = time.perf_counter()
+        d.start(wait_ready=3600)
+        try:
+            d.wait_for(lambda: d.status()["index"]["tools"] >= size, timeout=3600, what=f"{size} tools indexed")
+            index_s = time.perf_counter() - t0
+            settle = time.monotonic() + RIFT_WAIT_S
+            rift: dict[str, Any] = {}
+            while time.monotonic() < settle:
+                rift = d.status().get("rift") or {}
+                if rift.get("available") or rift.get("reason") not in (None, "not run yet"):
+                    break
+                time.sleep(0.25)
+            timed: dict[str, list[float]] = {"miss": [], "hit": [], "narrow_scope_miss": []}
+            with RawClient(d.socket, timeout=60) as c:
+                def run(kind: str, qs: list[str], **extra: Any) -> None:
+                    for i, q in enumerate(qs):
+                        args: dict[str, Any] = {"query": q, "top_k": top_k}
+                        if extra.get("narrow"):
+                            args["servers"] = [servers[i % shards]]
+                        t = time.perf_counter()
+                        r = c.call_tool("tool_search", args)
+                        timed[kind].append(time.perf_counter() - t)
+                        matches = (r.get("structuredContent") or {}).get("matches") or []
+                        assert not r.get("isError") and len(matches) == top_k, r
+                        assert not extra.get("narrow") or {m["server"] for m in matches} == {servers[i % shards]}
+
+                run("miss", queries)
+                run("hit", queries)
+                if shards > 1:
+                    # a result-cache miss (distinct scope), query vector cached: ranking inside one upstream
+                    run("narrow_scope_miss", queries[:100], narrow=True)
+            st = d.status()
+            rss = _rss_mb(d.proc.pid)
+        finally:
+            d.__exit__(None, None, None)
+        idx = st["index"]
+        row: dict[str, Any] = {
+            "tools": idx["tools"],
+            "upstreams": shards,
+            "vectors": f"synthetic (base embedding + noise; {seeded} seeded)" if synthetic else "real",
+            "embedder": idx.get("embedder"),
+            "query_embedder": idx.get("query_embedder"),
+            "embeddings_computed": idx.get("embeddings_computed"),
+            "start_to_indexed_s": round(index_s, 1),
+            "rift": {k: rift.get(k) for k in ("available", "reason") if k in rift},
+            "daemon_rss_mb": rss,
+            **{k: _stats(v) for k, v in timed.items() if v},
+        }
+        if synthetic and row["embeddings_computed"]:
+            raise RuntimeError(f"size {size}: the daemon embedded {row['embeddings_computed']} documents; "
+                               "the seeded cache does not match its documents")
+        return row
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure_socket(sizes: tuple[int, ...], n_queries: int = 300, top_k: int = 5,
+                   real_max: int = REAL_EMBED_MAX) -> dict[str, Any]:
+    """tool_search end to end through the Unix socket, per catalog size (see module doc)."""
+    queries = bench_queries(n_queries)
+    out: dict[str, Any] = {"top_k": top_k, "mode": "hybrid", "queries": len(queries),
+                           "client": "toolatlas.surface.rawclient, one Unix-socket connection", "sizes": {}}
+    for size in sizes:
+        out["sizes"][str(size)] = _socket_size(size, queries, top_k, real_max)
+        print(f"socket size {size}: {json.dumps(out['sizes'][str(size)])}", file=sys.stderr, flush=True)
     return out
 
 
@@ -272,51 +391,64 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = sorted(int(s) for s in result["sizes"])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for kind, style in (("miss", "-"), ("hit", ":"), ("narrow_scope_miss", "--")):
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    series = []
+    if "socket" in result:
+        series += [("socket", "miss", "-"), ("socket", "hit", "-")]
+    if "engine" in result:
+        series += [("engine", "miss", "--")]
+    for section, kind, style in series:
+        sizes = sorted(int(x) for x in result[section]["sizes"])
         for pct, marker in (("p50_ms", "o"), ("p95_ms", "s")):
-            ys = [result["sizes"][str(s)][kind][pct] for s in sizes]
-            ax.plot(sizes, ys, style, marker=marker, label=f"{kind} {pct[:3]}")
+            ys = [result[section]["sizes"][str(x)][kind][pct] for x in sizes]
+            ax.plot(sizes, ys, style, marker=marker, label=f"{section} {kind} {pct[:3]}")
+    for y, label in ((15, "goal: miss p95 at 2k"), (30, "goal: miss p95 at 100k"), (2, "goal: hit p95")):
+        ax.axhline(y, color="grey", lw=0.8, ls=":")
+        ax.text(450, y * 1.05, label, fontsize=7, color="grey")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("catalog size (tools)")
-    ax.set_ylabel("Engine.search latency (ms)")
-    ax.set_title(f"toolatlas Engine.search, {result['mode']}, top_k={result['top_k']}")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("toolatlas tool_search: through the Unix socket (socket) and Engine.search in-process (engine)",
+                 fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _progress_log(path: Path) -> dict[str, Any]:
-    got: dict[str, Any] = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("size ") and ": " in line:
-            head, _, body = line.partition(": ")
-            got[head.split()[1]] = json.loads(body)
-    return got
-
-
 def _write(result: dict[str, Any], stem: str = "search_latency") -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    plot(result["search"], OUT / f"{stem}.png")
+    plot(result, OUT / f"{stem}.png")
     result["plot"] = str(OUT / f"{stem}.png")
     (OUT / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
+def goals(result: dict[str, Any]) -> dict[str, bool]:
+    """Issue 3's latency goals, on the socket figures."""
+    sock = result.get("socket", {}).get("sizes", {})
+    out: dict[str, bool] = {}
+    if "2000" in sock:
+        out["socket miss p95 <= 15 ms at 2,000 tools"] = sock["2000"]["miss"]["p95_ms"] <= 15
+    if "100000" in sock:
+        out["socket miss p95 <= 30 ms at 100,000 tools"] = sock["100000"]["miss"]["p95_ms"] <= 30
+    if sock:
+        out["socket hit p95 <= 2 ms at every size"] = all(r["hit"]["p95_ms"] <= 2 for r in sock.values())
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="500,2000,20000,100000")
     p.add_argument("--queries", type=int, default=300)
-    p.add_argument("--embedder", default="onnx")
+    p.add_argument("--embedder", default="onnx", help="for the engine and cold/restart sections")
     p.add_argument("--quick", action="store_true", help="sizes 500,2000 and 100 queries")
-    p.add_argument("--skip-cold", action="store_true")
+    p.add_argument("--skip-engine", action="store_true", help="no in-process Engine.search section")
+    p.add_argument("--skip-cold", action="store_true", help="no cold-indexing / restart section")
     p.add_argument("--real-max", type=int, default=REAL_EMBED_MAX, help="largest size embedded for real")
     p.add_argument("--out-name", default="search_latency", help="file stem under bench/out")
-    p.add_argument("--reuse-log", type=Path, help="keep per-size results from an earlier run's stderr")
     p.add_argument("--child", choices=["cold", "restart"], help=argparse.SUPPRESS)
     p.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--child-size", type=int, default=2000, help=argparse.SUPPRESS)
@@ -326,14 +458,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = (500, 2000) if args.quick else tuple(int(s) for s in args.sizes.split(","))
     nq = 100 if args.quick else args.queries
-    reuse = _progress_log(args.reuse_log) if args.reuse_log else None
-    result: dict[str, Any] = {"machine_cores": os.cpu_count(), "loadavg_start": os.getloadavg()}
-    result["search"] = measure(sizes, nq, embedder=args.embedder, reuse=reuse, real_max=args.real_max)
-    result["loadavg_after_search"] = os.getloadavg()
+    result: dict[str, Any] = {"machine_cores": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+    result["socket"] = measure_socket(sizes, nq, real_max=args.real_max)
+    result["loadavg_after_socket"] = [round(x, 2) for x in os.getloadavg()]
+    result["goals"] = goals(result)
     _write(result, args.out_name)
+    if not args.skip_engine:
+        result["engine"] = measure(sizes, nq, embedder=args.embedder, real_max=args.real_max)
+        result["loadavg_after_engine"] = [round(x, 2) for x in os.getloadavg()]
+        _write(result, args.out_name)
     if not args.skip_cold:
         result["cold_and_restart"] = measure_cold_and_restart(2000, args.embedder)
-        result["loadavg_end"] = os.getloadavg()
+        result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
         _write(result, args.out_name)
     print(json.dumps(result, indent=2))
     return 0

@@ -3,10 +3,10 @@
     .venv/bin/python bench/startup.py [--tools 2000] [--embedder onnx] [--restarts 3] [--queries 200]
 
 A real `toolatlas serve` (the test harness's config: one stdio upstream, the default hybrid
-ranker with the ONNX embedder) federates one stdio upstream that this script serves itself
-(`--serve-catalog`): ToolLens + MCPToolBench++ from ../shared/benchdata (513 published tools),
-replicated with varied names and a variant phrase until it holds N tools, so every document
-text is distinct and must really be embedded.
+ranker with the ONNX embedder) federates one stdio upstream, `bench/catalog_upstream.py`:
+ToolLens + MCPToolBench++ from ../shared/benchdata (513 published tools), replicated with
+varied names and a variant phrase until it holds N tools, so every document text is distinct
+and must really be embedded.
 
 * cold: an empty state_dir (only the ONNX model export is linked in: a one-time step per
   machine, not per state_dir). Clocks start at the spawn of `toolatlas serve` and stop at
@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import random
-import re
 import signal
 import statistics
 import subprocess
@@ -43,55 +42,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from catalog_upstream import upstream_block
+
 REPO = Path(__file__).resolve().parents[1]
 BENCHDATA = REPO / ".." / "shared" / "benchdata"
-CATALOGS = [BENCHDATA / "toollens" / "catalog.jsonl", BENCHDATA / "mcptoolbenchpp" / "catalog.jsonl"]
 UPSTREAM = "catalog"
 POLL_S = 0.05
 RIFT_WAIT_S = 90  # at most this long for the daemon's background Rift analysis before timing searches
-VARIANTS = ["for teams", "batch mode", "v2 API", "enterprise edition", "with caching", "legacy endpoint",
-            "regional mirror", "sandbox", "read-only", "beta", "async", "extended", "lite", "pro"]
 QUERIES = ["get the weather forecast for a city", "search recent news articles", "convert currency amounts",
            "read a file from disk", "translate text into another language", "find recipes with chicken"]
-
-
-# -- the upstream: a stdio MCP server listing the replicated benchdata catalog ---------------
-
-def catalog_tools(n: int, seed: int = 7) -> list[dict[str, Any]]:
-    """`n` tool definitions (name, description, inputSchema) cycling over the benchdata catalogs."""
-    records = [json.loads(line) for p in CATALOGS for line in p.read_text().splitlines() if line.strip()]
-    rng = random.Random(seed)
-    tools: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for i in range(n):
-        rec = records[i % len(records)]
-        copy = i // len(records)
-        base = re.sub(r"[^a-zA-Z0-9_-]+", "_", f"{rec['server']}_{rec['name']}").strip("_")[:44] or "tool"
-        name = base if copy == 0 else f"{base}_{copy}"
-        while name in seen:
-            name = f"{name}_{i}"
-        seen.add(name)
-        desc = rec.get("description") or ""
-        desc = f"{desc} (server: {rec['server']})" if copy == 0 else f"{desc} (server: {rec['server']}, {rng.choice(VARIANTS)}, copy {copy})"
-        tools.append({"name": name, "description": desc, "inputSchema": rec.get("input_schema") or {"type": "object"}})
-    return tools
-
-
-def serve_catalog(n: int) -> None:
-    """Run the stdio upstream (a subprocess of the daemon)."""
-    import anyio
-    import mcp_types as types
-    from mcp.server.mcpserver import MCPServer
-
-    listed = types.ListToolsResult(tools=[
-        types.Tool(name=t["name"], description=t["description"], input_schema=t["inputSchema"]) for t in catalog_tools(n)
-    ])
-
-    class CatalogServer(MCPServer):
-        async def _handle_list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:  # noqa: ARG002
-            return listed
-
-    anyio.run(CatalogServer("bench-catalog").run_stdio_async)
 
 
 # -- the daemon ------------------------------------------------------------------------------
@@ -235,8 +194,7 @@ def run(n: int, embedder: str, restarts: int, timeout: float, n_queries: int = 2
     sys.path.insert(0, str(REPO / "tests"))
     from daemon_harness import Daemon
 
-    upstream = (f'[[upstream]]\nname = "{UPSTREAM}"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
-                f'args = {json.dumps([str(Path(__file__).resolve()), "--serve-catalog", "--tools", str(n)])}\n')
+    upstream = upstream_block(UPSTREAM, n)
     load_start = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="toolatlas-startup-") as tmp_s:
         tmp = Path(tmp_s)
@@ -289,11 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed per start")
     p.add_argument("--queries", type=int, default=200,
                    help="distinct queries timed end to end over the socket after the last restart (0: skip)")
-    p.add_argument("--serve-catalog", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.serve_catalog:
-        serve_catalog(a.tools)
-        return 0
     result = run(a.tools, a.embedder, max(1, a.restarts), a.timeout, a.queries)
     out = REPO / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)

@@ -116,11 +116,12 @@ def serves_live_catalog(d: Daemon, round_name: str = "") -> None:
 
 
 def burst(d: Daemon, round_no: int, stop: threading.Event) -> None:
-    """Catalog changes one after another until the daemon dies (or 40 changes are made)."""
+    """Catalog changes, paced so that the daemon applies them as several index updates, until
+    the daemon dies or `stop` is set (at most N_GEN changes)."""
     try:
         with d.client() as c:
-            for j in range(40):
-                if stop.is_set():
+            for j in range(N_GEN):
+                if stop.wait(0.02):
                     return
                 if j % 2:
                     c.call_tool("big__remove_tool", {"name": f"gen_{j:03d}"})

@@ -94,8 +94,9 @@ class DaemonSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
 class SearchSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     mode: Literal["hybrid", "bm25", "dense", "two-stage"] = "hybrid"
     default_top_k: Annotated[int, msgspec.Meta(ge=1, le=20)] = 5
-    # Embedding runtime: "onnx" (fast, exported once into state_dir) or "torch" (reference).
-    embedder: Literal["onnx", "torch", "none"] = "onnx"
+    # Embedding runtime: "onnx" (fp32 documents, int8 queries; exported once into state_dir),
+    # "onnx-fp32" / "onnx-int8" (one precision), "torch" (the reference) or "none" (BM25 only).
+    embedder: Literal["onnx", "onnx-fp32", "onnx-int8", "torch", "none"] = "onnx"
     cache_size: Annotated[int, msgspec.Meta(ge=0)] = 1024
     cache_ttl: Annotated[float, msgspec.Meta(ge=0)] = 300.0
     # Static scope: only these upstreams are searchable/callable by default ([] = all).

@@ -114,6 +114,7 @@ def main(argv: list[str]) -> int:
         "tools": len(docs),
         "queries": len(queries),
         "embedder": engine.stats()["embedder"],
+        "query_embedder": engine.stats()["query_embedder"],
         "fusion": args.fusion,
         "modes": evaluate(engine, queries, modes, args.k),
     }
@@ -126,7 +127,8 @@ def main(argv: list[str]) -> int:
 
 def _print_table(result: dict[str, Any], ks: list[int]) -> None:
     cols = [f"recall@{k}" for k in ks] + [f"ndcg@{k}" for k in ks] + ["mrr", "p50_ms", "p95_ms"]
-    print(f"{result['tools']} tools, {result['queries']} queries, embedder {result['embedder']}")
+    print(f"{result['tools']} tools, {result['queries']} queries, embedder {result['embedder']}"
+          + (f" (queries: {result['query_embedder']})" if result.get('query_embedder') not in (None, result['embedder']) else ""))
     print(f"{'mode':<10} " + " ".join(f"{c:>9}" for c in cols))
     for mode, row in result["modes"].items():
         print(f"{mode:<10} " + " ".join(f"{row[c]:>9.4f}" if "ms" not in c else f"{row[c]:>9.2f}" for c in cols))
