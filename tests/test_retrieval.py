@@ -405,3 +405,33 @@ def test_relevance_labels_resolve(mcp_docs: list[ToolDoc]) -> None:
     qs = load_queries(MCP / "queries.jsonl", key_of)
     names = {d.name for d in mcp_docs}
     assert len(qs) == 699 and all(q.relevant <= names for q in qs)
+
+
+def test_hnsw_searches_run_during_a_save_and_wait_for_an_insert(tmp_path: Path) -> None:
+    from toolatlas.retrieval.hnsw import HnswStore
+
+    rng = np.random.default_rng(0)
+    vecs = rng.normal(size=(200, 16)).astype(np.float32)
+    store = HnswStore(16, capacity=256)
+    store.add(vecs)
+    done = threading.Event()
+
+    def search() -> None:
+        assert len(store.query(vecs[0], 5, 32)) == 5
+        done.set()
+
+    # shared (what save() holds while writing the file): a search goes ahead
+    with store.lock.shared():
+        t = threading.Thread(target=search)
+        t.start()
+        assert done.wait(10), "a search waited for a save"
+    t.join()
+    store.save(tmp_path / "x.idx")
+    # exclusive (insert / delete): the search waits until it is released
+    done.clear()
+    with store.lock.exclusive():
+        t = threading.Thread(target=search)
+        t.start()
+        assert not done.wait(0.3), "a search ran during an insert"
+    assert done.wait(10)
+    t.join()

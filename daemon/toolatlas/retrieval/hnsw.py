@@ -5,6 +5,11 @@ across catalog versions and is mutated in place under a lock; each published sna
 its own label -> position map and its own vectors, and re-scores HNSW candidates exactly, so a
 search on an older snapshot still returns consistent results.
 
+hnswlib allows concurrent searches, and concurrent inserts, but not a search during an insert
+or a delete. So searches and `save` (which only reads) share the index; `add`, `delete` and
+`resize` hold it alone. A search thus never waits for a snapshot being written (seconds at
+100k tools), only for one insert chunk or a batch of deletions.
+
 Internal slots of deleted vectors are reused (`allow_replace_deleted=True` and
 `add_items(..., replace_deleted=True)`); external labels are handed out monotonically, never
 twice, because hnswlib re-labels a reused slot and an older snapshot may still hold the old label.
@@ -13,7 +18,8 @@ twice, because hnswlib re-labels a reused slot and an older snapshot may still h
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import hnswlib
@@ -24,10 +30,52 @@ EF_CONSTRUCTION = 200
 _CHUNK = 512  # add in chunks so concurrent searches wait at most one chunk
 
 
+class SharedLock:
+    """Many holders in shared mode or one in exclusive mode; a waiting exclusive holder
+    goes before new shared ones (writers are rare and short, and must not starve)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive or self._waiting:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                if self._shared == 0:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._exclusive or self._shared:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
 class HnswStore:
     def __init__(self, dim: int, capacity: int = 1024) -> None:
         self.dim = dim
-        self.lock = threading.Lock()
+        self.lock = SharedLock()
         self.index = hnswlib.Index(space="cosine", dim=dim)
         self.index.init_index(
             max_elements=max(capacity, 16), ef_construction=EF_CONSTRUCTION, M=M, allow_replace_deleted=True
@@ -41,7 +89,7 @@ class HnswStore:
     def load(cls, path: Path, dim: int, next_label: int, live: int) -> "HnswStore":
         store = cls.__new__(cls)
         store.dim = dim
-        store.lock = threading.Lock()
+        store.lock = SharedLock()
         idx = hnswlib.Index(space="cosine", dim=dim)
         idx.load_index(str(path), allow_replace_deleted=True)
         idx.set_num_threads(1)
@@ -58,21 +106,21 @@ class HnswStore:
         if n == 0:
             return labels
         self.next_label += n
-        with self.lock:
+        with self.lock.exclusive():
             reusable = min(self.deleted, n)
             needed = self.index.get_current_count() + n - reusable
             cap = self.index.get_max_elements()
             if needed > cap:
                 self.index.resize_index(max(needed, 2 * cap))
         for s in range(0, n, _CHUNK):
-            with self.lock:
+            with self.lock.exclusive():
                 self.index.add_items(vectors[s : s + _CHUNK], labels[s : s + _CHUNK], replace_deleted=True)
         self.deleted -= reusable
         self.live += n
         return labels
 
     def delete(self, labels: Sequence[int]) -> None:
-        with self.lock:
+        with self.lock.exclusive():
             for label in labels:
                 self.index.mark_deleted(int(label))
         self.deleted += len(labels)
@@ -85,7 +133,9 @@ class HnswStore:
         k = min(k, self.live)
         if k <= 0:
             return np.empty(0, dtype=np.int64)
-        with self.lock:
+        with self.lock.shared():
+            # ef is one field of the index, shared by concurrent searches: one may run with
+            # another's ef. hnswlib searches with max(ef, k), so each still gets k results.
             self.index.set_ef(max(ef, k))
             try:
                 labels, _ = self.index.knn_query(vector.reshape(1, -1), k=k, filter=filter)
@@ -95,5 +145,5 @@ class HnswStore:
         return labels[0].astype(np.int64)
 
     def save(self, path: Path) -> None:
-        with self.lock:
+        with self.lock.shared():  # reads only: searches go on while it writes
             self.index.save_index(str(path))
