@@ -137,9 +137,10 @@ class OnnxEmbedder:
         tok.enable_truncation(max_length=MAX_SEQ_LEN)
         tok.no_padding()
         self._tok = tok
-        # One query is a few dozen tokens: a second intra-op thread saves nothing measurable
-        # on int8 (p50 4.1 vs 4.4 ms here) and, with one search per core running at once
-        # under load, only oversubscribes the cores. Document batches use every core.
+        # One query is a few dozen tokens. Without spinning a second intra-op thread saves
+        # nothing on int8 (interleaved, 800 queries: p95 10.9 vs 11.1 ms); with spinning it
+        # does (8.4 ms) but burns ~3x the CPU per query, and under load (100 clients,
+        # bench/load.py) search p99 went 66 -> 96 ms. One thread; document batches use all.
         shared = doc_variant == query_variant
         self._query_sess = _onnx_session(model_dir / _ONNX_FILES[query_variant], _cores() if shared else 1)
         self._inputs = {i.name for i in self._query_sess.get_inputs()}
