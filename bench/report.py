@@ -93,14 +93,14 @@ BENCHES: tuple[Bench, ...] = (
     Bench("prometheus_scrape", "prometheus_scrape.py", "a real Prometheus scrapes the metrics endpoint and returns "
           "the search-latency histogram (standalone: synthetic observations)",
           stdout_json=True, timeout=300),
-    Bench("search_latency", "search_latency.py", "Engine.search latency (in-process) against catalog size: cache "
-          "misses, hits, narrow scope; engine cold indexing and restart",
+    Bench("search_latency", "search_latency.py", "tool_search latency through the daemon's Unix socket against catalog "
+          "size (500 to 100,000 tools): cache misses, hits, one-upstream scope; the same in process; engine cold indexing and restart",
           full=(), quick=("--quick", "--skip-cold"), timeout=5400),
     Bench("rift_report", "rift_report.py", "Rift confusable clusters by risk on the dev sets, full CLI wall time",
           full=(), quick=("--sets", "mcptoolbenchpp"), timeout=1800),
     Bench("eval_report", "eval_report.py", "retrieval quality on the dev sets for every mode, the RRF baseline, "
           "and the default ranker per embedder runtime (same code as `toolatlas eval`)",
-          full=("--embedders", "onnx-fp32,torch"), quick=("--embedders", ""), timeout=3600),
+          full=("--embedders", "onnx,onnx-int8,onnx-fp32,torch"), quick=("--embedders", ""), timeout=3600),
     Bench("load", "load.py", "concurrent clients (1, 10, 100) against the daemon: throughput, latency, errors, RSS and fds",
           full=("--final-duration", "300"), quick=("--duration", "15"), timeout=2400, optional=True),
 )
@@ -423,8 +423,28 @@ def sec_latency(c: Ctx) -> list[str]:
     lines = ["## Search latency against catalog size", ""]
     sl = c.data.get("search_latency")
     st = c.data.get("startup")
-    if sl and "search" in sl:
-        s = sl["search"]
+    if sl and "socket" in sl:
+        so = sl["socket"]
+        sizes = sorted(so["sizes"], key=int)
+        rows = []
+        for size in sizes:
+            r = so["sizes"][size]
+            nar = r.get("narrow_scope_miss") or {}
+            rows.append([int(size), r.get("upstreams"), r.get("vectors", "?"), r.get("embeddings_computed"),
+                         fnum(r.get("start_to_indexed_s"), 1), fnum(r["miss"]["p50_ms"], 2), fnum(r["miss"]["p95_ms"], 2),
+                         fnum(r["miss"]["max_ms"], 1), fnum(r["hit"]["p50_ms"], 2), fnum(r["hit"]["p95_ms"], 2),
+                         fnum(nar.get("p50_ms"), 2), fnum(nar.get("p95_ms"), 2), fnum(r.get("daemon_rss_mb"), 0)])
+        lines += [f"tool_search end to end through a real daemon's Unix socket ({so['mode']}, top_k={so['top_k']}, "
+                  f"{so['queries']} distinct real queries over one connection; {so['client']}):", ""]
+        lines += table(["tools", "upstreams", "vectors", "embeddings computed", "start to indexed s", "miss p50 ms",
+                        "miss p95 ms", "miss max ms", "hit p50 ms", "hit p95 ms", "one-upstream scope p50 ms",
+                        "one-upstream scope p95 ms", "daemon RSS MB"], rows)
+        lines += ["miss = a new query (the daemon embeds it, then ranks); hit = the same queries again (result-cache "
+                  "hit); one-upstream scope = `servers` naming one upstream, query vector cached. Above 2,000 tools "
+                  "the daemon's embedding cache is seeded with synthetic vectors (a base tool's real embedding plus "
+                  "noise) and it computes none, as the bench's docstring explains.", ""]
+    if sl and "engine" in sl:
+        s = sl["engine"]
         sizes = sorted(s["sizes"], key=int)
         rows = []
         for size in sizes:
@@ -433,35 +453,33 @@ def sec_latency(c: Ctx) -> list[str]:
                          fnum(r["miss"]["p50_ms"], 2), fnum(r["miss"]["p95_ms"], 2), fnum(r["hit"]["p50_ms"], 3), fnum(r["hit"]["p95_ms"], 3),
                          fnum(r["narrow_scope_miss"]["p50_ms"], 2), fnum(r["narrow_scope_miss"]["p95_ms"], 2),
                          fnum(r.get("ranking_only", {}).get("p50_ms"), 2), fnum(r.get("ranking_only", {}).get("p95_ms"), 2)])
-        lines += [f"`Engine.search` in process ({s['mode']}, top_k={s['top_k']}, {s['queries']} distinct real queries; "
-                  "a miss embeds the query; hits are the same queries again):", ""]
+        lines += [f"Where the time goes: `Engine.search` in process, the same sizes and queries ({s['mode']}, "
+                  f"top_k={s['top_k']}; servers are varied per copy, so one-server scopes are narrow):", ""]
         lines += table(["tools", "vectors", "index s", "miss p50 ms", "miss p95 ms", "hit p50 ms", "hit p95 ms",
                         "one-server scope p50 ms", "one-server scope p95 ms", "ranking only p50 ms", "ranking only p95 ms"], rows)
-        lines += ["miss = a new query (query embedding + ranking); hit = result-cache hit; one-server scope and ranking "
-                  "only = result-cache miss with the query vector already cached (ranking cost alone, in one server's "
-                  "scope and over the whole catalog). Above 2,000 tools the document vectors are synthetic (a base "
-                  "tool's real embedding plus noise), as the bench's docstring explains.", ""]
+        lines += ["ranking only = result-cache miss with the query vector already cached (ranking cost alone).", ""]
+    if sl and ("socket" in sl or "engine" in sl):
         plt = plot_setup()
         fig, ax = plt.subplots(figsize=(9, 4.2))
-        xs = [int(x) for x in sizes]
-        for color, (kind, label) in zip(("C0", "C2", "C4"), (("miss", "miss"), ("hit", "cache hit"), ("narrow_scope_miss", "one-server scope"))):
+        for section, color, kind, label in (("socket", "C0", "miss", "socket miss"), ("socket", "C2", "hit", "socket cache hit"),
+                                            ("engine", "C4", "miss", "in-process miss")):
+            if section not in sl:
+                continue
+            sz = sorted(sl[section]["sizes"], key=int)
             for pct, style, marker in (("p50_ms", "-", "o"), ("p95_ms", "--", "s")):
-                ax.plot(xs, [s["sizes"][k][kind][pct] for k in sizes], style, marker=marker, color=color,
-                        label=f"in-process {label} {pct[:3]}")
-        sock = (st or {}).get("socket_search_latency")
-        if sock:
-            for pct, marker in (("p50_ms", "^"), ("p95_ms", "v")):
-                ax.plot([st["tools"]], [sock["miss"][pct]], marker, color="black", linestyle="none",
-                        label=f"daemon socket miss {pct[:3]}")
+                ax.plot([int(x) for x in sz], [sl[section]["sizes"][k][kind][pct] for k in sz], style, marker=marker,
+                        color=color, label=f"{label} {pct[:3]}")
+        for y in (15, 30, 2):
+            ax.axhline(y, color="grey", lw=0.7, ls=":")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("catalog size (tools)")
         ax.set_ylabel("latency (ms)")
-        ax.set_title("tool_search latency against catalog size")
+        ax.set_title("tool_search latency against catalog size (dotted: the goals 2, 15, 30 ms)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
         lines += [save(plt, fig, "search_latency.png"), "", c.measured("search_latency"), ""]
-    else:
+    if not sl or not ("socket" in sl or "engine" in sl):
         lines += c.missing("search_latency")
     if st and st.get("socket_search_latency"):
         sk = st["socket_search_latency"]
@@ -737,16 +755,16 @@ def goals(c: Ctx) -> list[str]:
 
     def lat(size: str, limit: float) -> Callable[[], tuple[Any, bool]]:
         def f() -> tuple[Any, bool]:
-            v = d["search_latency"]["search"]["sizes"][size]["miss"]["p95_ms"]
-            return f"{v:.2f} ms (in-process Engine.search)", v <= limit
+            v = d["search_latency"]["socket"]["sizes"][size]["miss"]["p95_ms"]
+            return f"{v:.2f} ms (through the socket, `search_latency.py`)", v <= limit
         return f
 
-    add("3", "search p95, cache miss, 2,000 tools", "<= 15 ms", lat("2000", 15))
-    add("3", "search p95, cache miss, 100,000 tools", "<= 30 ms", lat("100000", 30))
-    add("3", "search p95 through the daemon socket, miss, 2,000 tools", "<= 15 ms", lambda: (
+    add("3", "search p95 through the daemon socket, cache miss, 2,000 tools", "<= 15 ms", lat("2000", 15))
+    add("3", "search p95 through the daemon socket, cache miss, 100,000 tools", "<= 30 ms", lat("100000", 30))
+    add("3", "search p95 through the socket, miss, 2,000 tools, after a warm restart (`startup.py`)", "<= 15 ms", lambda: (
         f"{(v := d['startup']['socket_search_latency']['miss']['p95_ms']):.2f} ms" + n_tools(), v <= 15))
-    add("3", "search p95, cache hit", "<= 2 ms", lambda: (
-        f"{(v := max(s['hit']['p95_ms'] for s in d['search_latency']['search']['sizes'].values())):.3f} ms (worst size, in-process)", v <= 2))
+    add("3", "search p95 through the socket, cache hit", "<= 2 ms", lambda: (
+        f"{(v := max(s['hit']['p95_ms'] for s in d['search_latency']['socket']['sizes'].values())):.2f} ms (worst size)", v <= 2))
     add("3", "cold indexing of 2,000 tools (daemon, spawn to all indexed)", "<= 60 s", lambda: (
         f"{(v := d['startup']['cold']['indexed_s']):.1f} s" + n_tools(), v <= 60))
     add("3", "restart: first search (daemon, median)", "<= 5 s", lambda: (
