@@ -217,9 +217,13 @@ def test_cache_hits_and_invalidation_on_update(mcp_docs: list[ToolDoc]) -> None:
     eng = Engine(state_dir=None)
     eng.load()
     v1 = eng.update(mcp_docs, [])
+    assert eng.cached("Take a screenshot of the page", 5) is None  # a peek: not counted as a miss
     first = eng.search("Take a screenshot of the page", 5)
     again = eng.search("take a SCREENSHOT of the page!", 5)  # same normalised query
     assert not first.cached and again.cached and again.hits == first.hits
+    peek = eng.cached("take a screenshot of the page", 5, servers=None)
+    assert peek is not None and peek.cached and peek.hits == first.hits
+    assert eng.cached("take a screenshot of the page", 5, servers=["playwright"]) is None  # scope is in the key
     assert eng.search("take a screenshot of the page", 3).cached is False  # top_k is in the key
     assert eng.search("take a screenshot of the page", 5, servers=["playwright"]).cached is False
     new = ToolDoc(
@@ -234,8 +238,9 @@ def test_cache_hits_and_invalidation_on_update(mcp_docs: list[ToolDoc]) -> None:
     after = eng.search("take a screenshot of the page", 5)
     assert not after.cached and after.version == v2
     assert "camera__snap_screenshot" in [h.name for h in after.hits]
+    assert eng.cached("take a screenshot of the page", 3) is None  # the update invalidated it
     st = eng.stats()
-    assert st["cache"]["hits"] == 1 and st["cache"]["misses"] >= 4
+    assert st["cache"]["hits"] == 2 and st["cache"]["misses"] == 4
     json.dumps(st)
 
 

@@ -26,7 +26,7 @@ import anyio
 import anyio.abc
 import mcp_types as types
 
-from toolatlas import access
+from toolatlas import access, memory
 from toolatlas import events as ev
 from toolatlas.catalog.attest import Attestor
 from toolatlas.catalog.model import ToolRecord
@@ -309,6 +309,7 @@ class Gateway:
         if computed > self._embeddings_seen:
             self.metrics.count_embeddings(computed - self._embeddings_seen)
         self._embeddings_seen = computed
+        memory.trim_heap()
         return version
 
     async def _on_tools(self, server: str, tools: list[types.Tool] | None) -> None:
@@ -369,6 +370,7 @@ class Gateway:
             return None
         tools, schemas, token_texts = build_inputs([(d, d.description, d.server_summary, d.tags) for d in docs])
         report = analyse(tools, embedder, schemas=schemas, token_texts=token_texts, vectors=vecs)
+        memory.trim_heap()  # the analysis held n x n similarities
         log.info("rift: %d clusters over %d tools (index version %d): %s",
                  len(report.clusters), len(docs), version, report.counts())
         return report
@@ -491,7 +493,8 @@ class Gateway:
         if not self.engine_loaded.is_set():
             degraded = "index-not-ready"
         elif scope:
-            outcome = await anyio.to_thread.run_sync(
+            # A repeated query is answered from the result cache here, without a thread hop.
+            outcome = self.engine.cached(query, top_k, servers=scope) or await anyio.to_thread.run_sync(
                 lambda: self.engine.search(query, top_k, servers=frozenset(scope)),
                 limiter=self._search_limiter,
             )
@@ -823,21 +826,9 @@ async def _reload(gw: Gateway, notifier: Notifier) -> None:
     notifier.ready()
 
 
-def _limit_malloc_arenas(arenas: int = 2) -> None:
-    """glibc gives every thread that allocates its own heap arena; a daemon whose worker
-    threads embed and rank grows its resident memory with them. Two arenas are enough."""
-    try:
-        import ctypes
-
-        M_ARENA_MAX = -8
-        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas)
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
-
-
 def main_serve(cfg: Config) -> int:
     _configure_logging(cfg.daemon.log_level)
-    _limit_malloc_arenas()
+    memory.limit_arenas()
     backend_options: dict[str, Any] = {}
     if cfg.daemon.event_loop == "uvloop":
         try:

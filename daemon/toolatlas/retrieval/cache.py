@@ -26,7 +26,7 @@ class TtlLru(Generic[V]):
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: Hashable) -> V | None:
+    def get(self, key: Hashable, *, count_miss: bool = True) -> V | None:
         with self._lock:
             item = self._data.get(key)
             if item is not None:
@@ -36,7 +36,8 @@ class TtlLru(Generic[V]):
                     self.hits += 1
                     return value
                 del self._data[key]
-            self.misses += 1
+            if count_miss:
+                self.misses += 1
             return None
 
     def put(self, key: Hashable, value: V) -> None:

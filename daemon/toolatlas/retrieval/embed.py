@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from toolatlas import memory
 from toolatlas.errors import ToolatlasError
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ MAX_SEQ_LEN = 256  # what sentence-transformers uses for this model
 # documents do not (see README "Retrieval quality" for the figures), so that is the default.
 ONNX_PRECISIONS = {"onnx": ("fp32", "int8"), "onnx-fp32": ("fp32", "fp32"), "onnx-int8": ("int8", "int8")}
 KINDS = (*ONNX_PRECISIONS, "torch")
-DOC_MODEL_IDLE_S = 120.0  # the document model is released after this long without use
+DOC_MODEL_IDLE_S = 30.0  # the document model is released after this long without use
 _ONNX_FILES = {"int8": "model.int8.onnx", "fp32": "model.onnx"}
 _BATCH_ATTN_BUDGET = 4 * 128 * 128  # rows * width^2 per batch (token-pair budget)
 _EXPORT_DIRNAME = "minilm-l6-v2-onnx-v1"
@@ -182,6 +183,7 @@ class OnnxEmbedder:
             if self._doc_users == 0 and self._doc_sess is not None:
                 self._doc_sess = None
                 self._doc_timer = None
+                memory.trim_heap()
                 log.info("embed.doc_model_released %s (idle %g s)", self.name, self._doc_idle_s)
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:

@@ -473,9 +473,7 @@ class Engine:
         if snap is None:
             return SearchOutcome(hits=[], degraded="no-index", cached=False, mode=mode, version=0)
         top_k = max(1, int(top_k))
-        if isinstance(servers, str):
-            servers = [servers]
-        scope = None if servers is None else tuple(sorted(set(servers)))
+        scope = _scope_key(servers)
         key = (normalise_query(query), top_k, scope, snap.version, mode)
         hit = self._cache.get(key)
         if hit is not None:
@@ -498,6 +496,20 @@ class Engine:
         if degraded is None or self._embedder is None:
             self._cache.put(key, out)
         return out
+
+    def cached(
+        self, query: str, top_k: int = 5, *, servers: Collection[str] | None = None, mode: str | None = None
+    ) -> SearchOutcome | None:
+        """The result-cache entry `search` would return for these arguments, or None.
+        Never blocks (a dict lookup under a short lock), so the event loop can answer a
+        repeated query without a thread hop; a None here is not counted as a miss."""
+        snap = self._snap
+        mode = mode or self.mode
+        if snap is None or mode not in MODES:
+            return None
+        key = (normalise_query(query), max(1, int(top_k)), _scope_key(servers), snap.version, mode)
+        hit = self._cache.get(key, count_miss=False)
+        return dataclasses.replace(hit, cached=True) if hit is not None else None
 
     def _query_vector(self, query: str, snap: _Snapshot) -> np.ndarray | None:
         emb = self._embedder
@@ -636,6 +648,12 @@ class Engine:
             **self._counts,
             "timings": {k: round(v, 4) for k, v in self._timings.items()},
         }
+
+
+def _scope_key(servers: Collection[str] | str | None) -> tuple[str, ...] | None:
+    if isinstance(servers, str):
+        servers = [servers]
+    return None if servers is None else tuple(sorted(set(servers)))
 
 
 def _keyword(snap: _Snapshot, tokens: list[str], k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
