@@ -10,12 +10,18 @@ the three meta-tools for the gateway surface. A tool_search result is counted as
 object once (the text content block; clients that also read `structuredContent` see it twice).
 
 Counting ~1 MB of JSON takes about a second on one core: call `catalog_token_report` from a
-worker thread (`anyio.to_thread.run_sync`) and cache the result per index version.
+worker thread (`anyio.to_thread.run_sync`) and cache the result per index version. The
+tokenizer holds the GIL for a whole call, so long texts are counted in pieces of about
+`PIECE_CHARS` cut after a comma (`count_tokens_in_pieces`): no call then stalls the daemon's
+other threads for more than a few milliseconds (one call on the JSON of 20,000 tools held
+them for seconds). A cut can merge or split a token at the seam, so the sum differs from a
+single call by about one token per piece (measured in tests/test_tokens.py).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
@@ -41,15 +47,40 @@ def count_tokens(text: str) -> int:
     return int(_counter(text))
 
 
+PIECE_CHARS = 8192
+EXACT_MAX = 5000  # larger catalogs: estimated from a sample of this many tools
+
+
+def count_tokens_in_pieces(text: str, piece: int = PIECE_CHARS) -> int:
+    """`count_tokens(text)` as a sum over pieces of about `piece` characters, each cut after
+    the last comma within it (or at `piece` if it has none), releasing the GIL in between."""
+    total = 0
+    start = 0
+    n = len(text)
+    while start < n:
+        end = min(n, start + piece)
+        if end < n:
+            comma = text.rfind(",", start, end)
+            if comma > start:
+                end = comma + 1
+        total += count_tokens(text[start:end])
+        start = end
+        time.sleep(0)  # let the event loop and searches run between pieces
+    return total
+
+
 def tools_list_json(tools: list[dict[str, Any]]) -> str:
-    """The `tools/list` result body as a client receives it."""
-    return json.dumps({"tools": tools}, ensure_ascii=False, separators=(",", ":"))
+    """The `tools/list` result body as a client receives it (encoded a tool at a time: one
+    json.dumps call over a 100,000-tool list would hold the GIL for about a second)."""
+    return '{"tools":[' + ",".join(json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in tools) + "]}"
 
 
 def catalog_token_report(
     full_tools_list: list[dict[str, Any]],
     meta_tools_list: list[dict[str, Any]],
     sample_search_results: list[dict[str, Any]] | None = None,
+    *,
+    exact_max: int | None = EXACT_MAX,
 ) -> dict[str, Any]:
     """Token cost of the full catalog vs the meta-tool surface.
 
@@ -59,8 +90,23 @@ def catalog_token_report(
     `{"tokenizer", "full_catalog_tokens", "meta_tools_tokens", "reduction", "tools",
     "mean_top5_search_result_tokens"}`; `reduction` is 1 - meta/full (0.0 for an empty
     catalog) and the mean is None without samples.
+
+    Catalogs above `exact_max` tools are estimated from an evenly spaced sample of
+    `exact_max` tools (tokens per tool in the sample x tools, plus the list's wrapper) and
+    the report says `"estimated_from_sample": N`: counting 100,000 tools exactly costs ~20 s
+    of CPU and, through the GIL, slows every search the daemon serves meanwhile.
     """
-    full = count_tokens(tools_list_json(full_tools_list))
+    n = len(full_tools_list)
+    sample_n: int | None = None
+    if exact_max is not None and n > exact_max:
+        step = n / exact_max
+        sample = [full_tools_list[int(i * step)] for i in range(exact_max)]
+        wrapper = count_tokens(tools_list_json([]))
+        per_tool = (count_tokens_in_pieces(tools_list_json(sample)) - wrapper) / len(sample)
+        full = int(round(wrapper + per_tool * n))
+        sample_n = len(sample)
+    else:
+        full = count_tokens_in_pieces(tools_list_json(full_tools_list))
     meta = count_tokens(tools_list_json(meta_tools_list))
     mean: float | None = None
     if sample_search_results:
@@ -74,6 +120,7 @@ def catalog_token_report(
         "full_catalog_tokens": full,
         "meta_tools_tokens": meta,
         "reduction": (1.0 - meta / full) if full > 0 else 0.0,
-        "tools": len(full_tools_list),
+        "tools": n,
         "mean_top5_search_result_tokens": mean,
+        **({"estimated_from_sample": sample_n} if sample_n is not None else {}),
     }

@@ -45,7 +45,7 @@ MAX_SEQ_LEN = 256  # what sentence-transformers uses for this model
 # (document precision, query precision) per kind. fp32 reproduces the torch vectors exactly;
 # int8 (quantize_dynamic) runs a query ~2x faster. int8 documents lose recall@5 on
 # mcptoolbenchpp (0.967 vs 0.981, below the 0.97 acceptance); int8 queries against fp32
-# documents do not (see README "Retrieval quality" for the figures), so that is the default.
+# documents do not (README "Retrieval" has the figures), so that is the default.
 ONNX_PRECISIONS = {"onnx": ("fp32", "int8"), "onnx-fp32": ("fp32", "fp32"), "onnx-int8": ("int8", "int8")}
 KINDS = (*ONNX_PRECISIONS, "torch")
 DOC_MODEL_IDLE_S = 30.0  # the document model is released after this long without use
