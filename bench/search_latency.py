@@ -18,7 +18,7 @@ against catalog size into bench/out/search_latency.png.
   daemon's `embeddings_computed` must stay 0; the JSON says which sizes are synthetic. The
   upstreams do not re-list (relist_interval = 0: their catalogs never change).
   Timed with the stdlib client (`toolatlas.surface.rawclient`) on one connection, once the
-  daemon's background Rift analysis has finished: "miss" = distinct real queries (toollens
+  daemon's background Rift analysis and token accounting have finished: "miss" = distinct real queries (toollens
   test + mcptoolbenchpp), each a result-cache and query-vector miss, the query embedded by the
   daemon; "hit" = the same queries again (result-cache hits); "narrow_scope_miss" (when there
   are 2+ upstreams) = `servers` = one upstream, query vectors cached.
@@ -244,11 +244,16 @@ def _socket_size(size: int, queries: list[str], top_k: int, real_max: int) -> di
         try:
             d.wait_for(lambda: d.status()["index"]["tools"] >= size, timeout=3600, what=f"{size} tools indexed")
             index_s = time.perf_counter() - t0
+            # Steady state: the daemon's background work after a catalog change (the Rift
+            # analysis, the token accounting) has finished before anything is timed.
             settle = time.monotonic() + RIFT_WAIT_S
             rift: dict[str, Any] = {}
             while time.monotonic() < settle:
-                rift = d.status().get("rift") or {}
-                if rift.get("available") or rift.get("reason") not in (None, "not run yet"):
+                st = d.status()
+                rift = st.get("rift") or {}
+                rift_done = rift.get("available") or rift.get("reason") not in (None, "not run yet")
+                tokens_done = (st.get("tokens") or {}).get("index_version") == st["index"]["version"]
+                if rift_done and tokens_done:
                     break
                 time.sleep(0.25)
             timed: dict[str, list[float]] = {"miss": [], "hit": [], "narrow_scope_miss": []}
