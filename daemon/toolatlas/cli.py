@@ -145,7 +145,8 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
               f"ready={idx.get('ready')}, mode={idx.get('mode')}, degraded={idx.get('degraded')}")
         tok = data.get("tokens") or {}
         if tok.get("full_catalog_tokens") is not None:
-            print(f"tokens ({tok.get('tokenizer')}): full catalog {tok['full_catalog_tokens']} "
+            est = f" (estimated from {tok['estimated_from_sample']} tools)" if tok.get("estimated_from_sample") else ""
+            print(f"tokens ({tok.get('tokenizer')}): full catalog {tok['full_catalog_tokens']}{est} "
                   f"vs meta-tools {tok.get('meta_tools_tokens')} "
                   f"({100 * tok.get('reduction', 0):.1f}% smaller); mean top-5 search result "
                   f"{tok.get('mean_top5_search_result_tokens') or 0:.0f}")
