@@ -152,6 +152,12 @@ def test_sigkill_during_reindex_then_restart_serves_the_live_catalog(runs: Runs)
         serves_live_catalog(d, f"round {round_no}, killed after {after} updates")
         log = d.log.read_text()
         assert "Traceback" not in log, log[-3000:]
+        # the dead writer's temp files are removed at start (the new daemon's own may be in flight)
+        mine = f".{d.proc.pid}.tmp"
+        assert not [n for n in leftovers if (retrieval_dir(runs) / n).exists()], leftovers
+        assert not [p.name for p in retrieval_dir(runs).iterdir() if p.name.endswith(".tmp") and not p.name.endswith(mine)]
+        if leftovers:
+            assert "stale_temps_removed" in log
     print(f"kills that landed inside a write: {mid_write_kills} of {len(KILL_AFTER_UPDATES)}")
     assert d.stop() == 0
 

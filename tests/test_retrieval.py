@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -440,3 +441,25 @@ def test_hnsw_searches_run_during_a_save_and_wait_for_an_insert(tmp_path: Path) 
         assert not done.wait(0.3), "a search ran during an insert"
     assert done.wait(10)
     t.join()
+
+
+def test_stale_temp_files_of_dead_writers_are_removed_at_load(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from toolatlas.retrieval import persist
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # exited: its pid is free (or reused by a live process: then kept)
+    retrieval = persist.folder(tmp_path)
+    retrieval.mkdir(parents=True)
+    stale = retrieval / f".snapshot-x.bin.{dead_pid}.tmp"
+    live = retrieval / f".snapshot-x.bin.{os.getpid()}.tmp"
+    other = retrieval / "notes.tmp"
+    for f in (stale, live, other):
+        f.write_bytes(b"partial")
+    eng = Engine(state_dir=tmp_path, embedder="none")
+    eng.load()
+    if not persist._pid_alive(dead_pid):  # noqa: SLF001
+        assert not stale.exists()
+    assert live.exists() and other.exists()

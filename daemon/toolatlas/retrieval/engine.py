@@ -295,6 +295,9 @@ class Engine:
 
     def _restore(self) -> None:
         assert self.state_dir is not None
+        stale = persist.remove_stale_temps(self.state_dir)
+        if stale:
+            log.info("retrieval.stale_temps_removed %s (left by a writer that died mid-write)", ", ".join(sorted(stale)))
         emb = self._embedder
         if emb is not None:
             try:

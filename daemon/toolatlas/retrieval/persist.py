@@ -48,6 +48,42 @@ def folder(state_dir: Path) -> Path:
     return Path(state_dir) / "retrieval"
 
 
+_TEMP_RE = re.compile(r"^\..+\.(\d+)\.tmp$")
+
+
+def remove_stale_temps(state_dir: Path) -> list[str]:
+    """Delete the temp files of writers that died mid-write (a SIGKILL inside atomic_write
+    leaves `.NAME.PID.tmp` behind). A file whose PID is still alive is left alone: another
+    process may be writing it. Returns the names removed."""
+    removed: list[str] = []
+    try:
+        entries = list(folder(state_dir).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMP_RE.match(entry.name)
+        if m is None or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            entry.unlink()
+            removed.append(entry.name)
+        except OSError:
+            pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
