@@ -27,6 +27,16 @@ def summary(samples_s: list[float]) -> dict[str, Any]:
     }
 
 
+def proc_mem_mb(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM (peak) of process `pid` in MB, from /proc."""
+    out: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = round(int(value.split()[0]) / 1024, 1)
+    return out
+
+
 def emit(result: dict[str, Any], name: str) -> None:
     """Print the JSON result and keep a copy in bench/out/NAME.json."""
     OUT.mkdir(parents=True, exist_ok=True)
@@ -35,4 +45,4 @@ def emit(result: dict[str, Any], name: str) -> None:
     print(text)
 
 
-__all__ = ["Daemon", "NetworkServer", "OUT", "REPO", "descendants", "emit", "stdio_testserver", "summary"]
+__all__ = ["Daemon", "NetworkServer", "OUT", "REPO", "descendants", "emit", "proc_mem_mb", "stdio_testserver", "summary"]

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import emit
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHDATA = ROOT / ".." / "shared" / "benchdata"
 
@@ -85,11 +87,7 @@ def main() -> int:
         "goal_ms": 50,
         "ok": ms(sign_s) < 50 and ms(verify_s) < 50,
     }
-    out = ROOT / "bench" / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(result, indent=2)
-    (out / "cards_sign.json").write_text(text + "\n")
-    print(text)
+    emit(result, "cards_sign")
     return 0 if result["ok"] else 1
 
 

@@ -20,6 +20,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "daemon"))
 
+from _common import emit  # noqa: E402
 from toolatlas.evaluation.cli import ALL_MODES, evaluate  # noqa: E402
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries  # noqa: E402
 from toolatlas.retrieval.embed import ONNX_PRECISIONS  # noqa: E402
@@ -76,12 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sets", default="toollens,mcptoolbenchpp")
     p.add_argument("--embedders", default="onnx,onnx-int8,onnx-fp32,torch")
     args = p.parse_args(argv)
-    report = run(args.sets.split(","), [e for e in args.embedders.split(",") if e])
-    text = json.dumps(report, indent=1)
-    out = REPO / "bench" / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval_report.json").write_text(text + "\n")
-    print(text)
+    emit(run(args.sets.split(","), [e for e in args.embedders.split(",") if e]), "eval_report")
     return 0
 
 

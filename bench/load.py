@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, Daemon, emit, stdio_testserver  # noqa: E402
+from _common import REPO, Daemon, emit, proc_mem_mb, stdio_testserver  # noqa: E402
 from catalog_upstream import upstream_block  # noqa: E402
 
 from toolatlas.surface.rawclient import RawClient  # noqa: E402
@@ -56,12 +56,7 @@ RSS_GROWTH_LIMIT = 0.10  # "no growth": end within 10 % of start (allocator nois
 
 
 def proc_sample(pid: int) -> dict[str, float]:
-    rss = 0.0
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) / 1024
-    return {"t": round(time.monotonic(), 2), "rss_mb": round(rss, 1), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+    return {"t": round(time.monotonic(), 2), "rss_mb": proc_mem_mb(pid)["VmRSS"], "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
 def pct(xs: list[float], q: float) -> float:

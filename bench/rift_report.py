@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import emit
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHDATA = ROOT / ".." / "shared" / "benchdata"
 
@@ -77,11 +79,7 @@ def main() -> int:
     }
     tl = result["sets"].get("toollens", {}).get("publisher", {}).get("wall_s")
     result["toollens_under_30s"] = tl is not None and tl < 30
-    out = ROOT / "bench" / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(result, indent=2)
-    (out / "rift_report.json").write_text(text + "\n")
-    print(text)
+    emit(result, "rift_report")
     return 0
 
 

@@ -54,6 +54,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries  # noqa: E402
 from toolatlas.retrieval.engine import Engine, ToolDoc  # noqa: E402
+from _common import proc_mem_mb  # noqa: E402
 
 SHARD_TOOLS = 5000  # tools per synthetic upstream in the socket bench
 RIFT_WAIT_S = 120  # at most this long for the daemon's background Rift analysis before timing
@@ -216,13 +217,6 @@ def _seed_daemon_embeddings(index_dir: Path, tools: list[dict[str, Any]], server
     return len(vec_of)
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
-
-
 def _socket_size(size: int, queries: list[str], top_k: int, real_max: int) -> dict[str, Any]:
     """One daemon federating `size` synthetic tools; tool_search timed over its socket."""
     from catalog_upstream import catalog_tools, upstream_block
@@ -276,7 +270,7 @@ def _socket_size(size: int, queries: list[str], top_k: int, real_max: int) -> di
                     # a result-cache miss (distinct scope), query vector cached: ranking inside one upstream
                     run("narrow_scope_miss", queries[:100], narrow=True)
             st = d.status()
-            rss = _rss_mb(d.proc.pid)
+            rss = proc_mem_mb(d.proc.pid)["VmRSS"]
         finally:
             d.__exit__(None, None, None)
         idx = st["index"]
@@ -326,16 +320,6 @@ def _link_models(state: Path) -> None:
     (state / "models").symlink_to(models_dir(None), target_is_directory=True)
 
 
-def _vm_rss_mb() -> tuple[float, float]:
-    rss = hwm = 0
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1])
-        if line.startswith("VmHWM:"):
-            hwm = int(line.split()[1])
-    return round(rss / 1024, 1), round(hwm / 1024, 1)
-
-
 def _child(phase: str, state: Path, size: int, embedder: str) -> dict[str, Any]:
     """One fresh process: "cold" indexes `size` tools into an empty state_dir; "restart"
     starts on the state the cold phase left and re-lists the same catalog."""
@@ -357,7 +341,8 @@ def _child(phase: str, state: Path, size: int, embedder: str) -> dict[str, Any]:
     st = eng.stats()
     out["embeddings_computed"] = st["embeddings_computed"]
     out["snapshot_restored"] = st["snapshot_restored"]
-    out["rss_mb"], out["peak_rss_mb"] = _vm_rss_mb()
+    mem = proc_mem_mb(os.getpid())
+    out["rss_mb"], out["peak_rss_mb"] = mem["VmRSS"], mem["VmHWM"]
     out["torch_imported"] = "torch" in sys.modules
     return out
 

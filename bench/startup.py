@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import emit, proc_mem_mb
 from catalog_upstream import upstream_block
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,15 +55,6 @@ QUERIES = ["get the weather forecast for a city", "search recent news articles",
 
 
 # -- the daemon ------------------------------------------------------------------------------
-
-def proc_mem_mb(pid: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out[key] = round(int(value.split()[0]) / 1024, 1)
-    return out
-
 
 def try_status(sock: str) -> dict[str, Any] | None:
     from toolatlas.surface.rawclient import RawClient, RpcError
@@ -248,12 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", type=int, default=200,
                    help="distinct queries timed end to end over the socket after the last restart (0: skip)")
     a = p.parse_args(argv)
-    result = run(a.tools, a.embedder, max(1, a.restarts), a.timeout, a.queries)
-    out = REPO / "bench" / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(result, indent=2)
-    (out / "startup.json").write_text(text + "\n")
-    print(text)
+    emit(run(a.tools, a.embedder, max(1, a.restarts), a.timeout, a.queries), "startup")
     return 0
 
 
