@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries  # noqa: E402
+from toolatlas.evaluation.metrics import percentile  # noqa: E402
 from toolatlas.retrieval.engine import Engine, ToolDoc  # noqa: E402
 from _common import proc_mem_mb  # noqa: E402
 
@@ -114,8 +115,8 @@ def synthetic_catalog(size: int, seed: int = 7) -> tuple[list[ToolDoc], list[int
 
 
 def _pct(samples: list[float], q: float) -> float:
-    s = sorted(samples)
-    return round(s[min(len(s) - 1, max(0, int(np.ceil(q / 100 * len(s))) - 1))] * 1000, 3)
+    """Nearest-rank percentile of `samples` (seconds), in milliseconds."""
+    return round(percentile(samples, q) * 1000, 3)
 
 
 def _stats(samples: list[float]) -> dict[str, float]:

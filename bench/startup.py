@@ -83,11 +83,11 @@ def try_search(sock: str, query: str) -> list[str]:
 def socket_latency(sock: str, queries: list[str]) -> dict[str, Any]:
     """tool_search end to end over one socket connection: distinct queries (cache misses),
     then the same queries again (cache hits); milliseconds."""
+    from toolatlas.evaluation.metrics import percentile
     from toolatlas.surface.rawclient import RawClient
 
     def pct(xs: list[float], q: float) -> float:
-        xs = sorted(xs)
-        return round(xs[min(len(xs) - 1, max(0, -(-len(xs) * q // 100) - 1))] * 1000, 3)
+        return round(percentile(xs, q) * 1000, 3)  # nearest rank, seconds -> ms
 
     out: dict[str, Any] = {"queries": len(queries), "top_k": 5, "client": "toolatlas.surface.rawclient over the Unix socket"}
     with RawClient(sock, timeout=60) as c:
