@@ -170,6 +170,44 @@ def test_default_embedder_fp32_documents_int8_queries_and_releases_the_document_
     assert emb.doc_model_loads == 2
 
 
+def test_a_lone_query_spins_two_threads_and_concurrent_or_batched_queries_take_one(shared_models: Path) -> None:
+    import threading
+
+    from toolatlas.retrieval.embed import OnnxEmbedder, _cores
+
+    folder = shared_models / "minilm-l6-v2-onnx-v1"
+    single = OnnxEmbedder(folder, "fp32", "int8", query_threads=1)
+    assert single.query_threads == 1
+    single.embed_queries(["read a file"])
+    assert single.lone_queries == 0
+    if _cores() < 2:
+        pytest.skip("one usable core: no second thread to spin")
+    emb = OnnxEmbedder(folder, "fp32", "int8", query_threads=2)
+    assert emb.query_threads == 2
+    q = "read a file from disk"
+    lone = emb.embed_queries([q])
+    assert emb.lone_queries == 1
+    # the same vector as on one thread; a batch (Rift, eval) never takes the spinning session
+    np.testing.assert_allclose(lone, single.embed_queries([q]), atol=1e-5)
+    emb.embed_queries([q, "search the web"])
+    assert emb.lone_queries == 1
+    # while another call is in flight, a query runs on one thread
+    long_texts = [" ".join(f"word{i}{j}" for j in range(120)) for i in range(300)]
+    worker = threading.Thread(target=emb.embed_queries, args=(long_texts,))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while emb._in_flight == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert emb._in_flight == 1
+    emb.embed_queries([q])
+    still_in_flight = emb._in_flight == 1
+    worker.join(60)
+    assert still_in_flight, "the batch finished before the second query: lengthen it"
+    assert emb.lone_queries == 1 and emb._in_flight == 0
+    emb.embed_queries([q])
+    assert emb.lone_queries == 2
+
+
 def test_a_query_naming_a_tool_finds_it(engine: Engine) -> None:
     for mode in ("hybrid", "bm25", "keyword", "two-stage"):
         out = engine.search("playwright_iframe_click", 3, mode=mode)

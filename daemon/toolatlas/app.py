@@ -131,6 +131,7 @@ class Gateway:
             embedder=cfg.search.embedder,
             cache_size=cfg.search.cache_size,
             cache_ttl=cfg.search.cache_ttl,
+            query_threads=cfg.search.query_threads,
         )
         self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream)
         self.bus: Any = None  # set by build_server: the subscriptions/listen fan-out
@@ -253,7 +254,7 @@ class Gateway:
     async def reload(self, new: Config) -> dict[str, list[str]]:
         """Apply a re-read config: upstreams added, removed or changed are reconciled; the
         unchanged keep their warm session and index entries. Daemon-level settings that
-        need a restart (socket, state_dir, metrics_addr, search mode/embedder) are logged."""
+        need a restart (socket, state_dir, metrics_addr, search mode/embedder/query_threads) are logged."""
         old = self.cfg
         needs_restart = [
             key for key, a, b in (
@@ -262,6 +263,7 @@ class Gateway:
                 ("daemon.metrics_addr", old.daemon.metrics_addr, new.daemon.metrics_addr),
                 ("search.mode", old.search.mode, new.search.mode),
                 ("search.embedder", old.search.embedder, new.search.embedder),
+                ("search.query_threads", old.search.query_threads, new.search.query_threads),
             ) if a != b
         ]
         if needs_restart:

@@ -49,6 +49,7 @@ MAX_SEQ_LEN = 256  # what sentence-transformers uses for this model
 ONNX_PRECISIONS = {"onnx": ("fp32", "int8"), "onnx-fp32": ("fp32", "fp32"), "onnx-int8": ("int8", "int8")}
 KINDS = (*ONNX_PRECISIONS, "torch")
 DOC_MODEL_IDLE_S = 30.0  # the document model is released after this long without use
+QUERY_THREADS = 2  # intra-op threads for a query embedded while no other is (see OnnxEmbedder)
 _ONNX_FILES = {"int8": "model.int8.onnx", "fp32": "model.onnx"}
 _BATCH_ATTN_BUDGET = 4 * 128 * 128  # rows * width^2 per batch (token-pair budget)
 _EXPORT_DIRNAME = "minilm-l6-v2-onnx-v1"
@@ -87,7 +88,7 @@ def _normalise(vecs: np.ndarray) -> np.ndarray:
     return vecs / norms
 
 
-def _onnx_session(path: Path, threads: int) -> Any:
+def _onnx_session(path: Path, threads: int, *, spin: bool = False) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -97,9 +98,10 @@ def _onnx_session(path: Path, threads: int) -> Any:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # The daemon shares its cores with its upstreams: busy-waiting worker threads cost
     # more than they save there (measured on 2 loaded cores: query 30 -> 22 ms median,
-    # a 32x64 batch 2.5 -> 1.3 s). Without the arena and memory patterns the process
+    # a 32x64 batch 2.5 -> 1.3 s), except for the one session a lone query runs on
+    # (`spin`, see OnnxEmbedder). Without the arena and memory patterns the process
     # keeps ~55 MB less resident after embedding, at no measurable query cost.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     opts.enable_cpu_mem_arena = False
     opts.enable_mem_pattern = False
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
@@ -110,7 +112,12 @@ class OnnxEmbedder:
 
     Documents and queries may run on different precisions of the same model (`doc_variant`,
     `query_variant`). A model used only for documents is loaded on first use and released
-    after `doc_idle_s` seconds without use (it is ~90 MB resident in fp32)."""
+    after `doc_idle_s` seconds without use (it is ~90 MB resident in fp32).
+
+    Queries embed on one thread, except a single query while no other call to
+    `embed_queries` is in flight: that one runs on `query_threads` spinning threads (capped at the cores this process may use).
+    That spends an idle core on the query a client is waiting for, and never competes with
+    a second query for the cores."""
 
     dim = DIM
 
@@ -121,6 +128,7 @@ class OnnxEmbedder:
         query_variant: str | None = None,
         batch_size: int = 32,
         doc_idle_s: float = DOC_MODEL_IDLE_S,
+        query_threads: int = QUERY_THREADS,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -138,12 +146,21 @@ class OnnxEmbedder:
         tok.enable_truncation(max_length=MAX_SEQ_LEN)
         tok.no_padding()
         self._tok = tok
-        # One query is a few dozen tokens. Without spinning a second intra-op thread saves
-        # nothing on int8 (interleaved, 800 queries: p95 10.9 vs 11.1 ms); with spinning it
-        # does (8.4 ms) but burns ~3x the CPU per query, and under load (100 clients,
-        # bench/load.py) search p99 went 66 -> 96 ms. One thread; document batches use all.
+        # One query is a few dozen tokens: a second intra-op thread saves nothing unless it
+        # spins between operators (interleaved, one query at a time, 600 queries: p95 11.8 ms
+        # on one thread, 13.0 on two idle ones, 9.6 on two spinning ones), and spinning
+        # burns the second core, which under concurrent searches belongs to the next query
+        # (bench/load.py, 100 clients, every query on two spinning threads: search p99
+        # 66 -> 96 ms). So a query spins on two threads only while no other is in flight.
         shared = doc_variant == query_variant
-        self._query_sess = _onnx_session(model_dir / _ONNX_FILES[query_variant], _cores() if shared else 1)
+        qpath = model_dir / _ONNX_FILES[query_variant]
+        self._query_sess = _onnx_session(qpath, _cores() if shared else 1)
+        par = min(max(1, int(query_threads)), _cores())
+        self._lone_sess = _onnx_session(qpath, par, spin=True) if par > 1 and not shared else None
+        self.query_threads = par if self._lone_sess is not None else 1
+        self._in_flight = 0
+        self._flight_lock = threading.Lock()
+        self.lone_queries = 0  # queries that ran on the spinning session
         self._inputs = {i.name for i in self._query_sess.get_inputs()}
         self._shared = shared
         self._doc_sess: Any = None
@@ -187,7 +204,18 @@ class OnnxEmbedder:
                 log.info("embed.doc_model_released %s (idle %g s)", self.name, self._doc_idle_s)
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self._run(self._query_sess, texts)
+        with self._flight_lock:
+            self._in_flight += 1
+            lone = self._in_flight == 1 and len(texts) == 1 and self._lone_sess is not None
+            if lone:
+                self.lone_queries += 1
+        try:
+            # A single query that found no other in flight (a search, not a Rift or eval
+            # batch) has the spinning session to itself: a later one sees it in flight.
+            return self._run(self._lone_sess if lone else self._query_sess, texts)
+        finally:
+            with self._flight_lock:
+                self._in_flight -= 1
 
     def _run(self, sess: Any, texts: Sequence[str]) -> np.ndarray:
         n = len(texts)
@@ -330,20 +358,22 @@ def ensure_onnx_export(state_dir: Path | None) -> Path:
     return final
 
 
-_cache: dict[tuple[str, str | None], Embedder] = {}
+_cache: dict[tuple[str, str | None, int], Embedder] = {}
 _cache_lock = threading.Lock()
 
 
-def get_embedder(kind: str = "onnx", state_dir: Path | None = None) -> Embedder:
-    """Load (once per process and (kind, state_dir)) and return an embedder. Blocking.
+def get_embedder(kind: str = "onnx", state_dir: Path | None = None, query_threads: int = QUERY_THREADS) -> Embedder:
+    """Load (once per process and (kind, state_dir, query_threads)) and return an embedder.
+    Blocking.
 
-    kind: "onnx" (default precision), "onnx-int8", "onnx-fp32" or "torch".
+    kind: "onnx" (default precision), "onnx-int8", "onnx-fp32" or "torch"; query_threads:
+    see OnnxEmbedder (ignored by "torch").
     Raises EmbedderUnavailable (a ToolatlasError) with a clear message if the model cannot be
     loaded, and ValueError for an unknown kind.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown embedder kind {kind!r}; expected one of {', '.join(KINDS)}")
-    key = (kind, str(state_dir) if state_dir is not None else None)
+    key = (kind, str(state_dir) if state_dir is not None else None, query_threads)
     with _cache_lock:
         if key in _cache:
             return _cache[key]
@@ -353,7 +383,7 @@ def get_embedder(kind: str = "onnx", state_dir: Path | None = None) -> Embedder:
                 emb = TorchEmbedder()
             else:
                 doc_variant, query_variant = ONNX_PRECISIONS[kind]
-                emb = OnnxEmbedder(ensure_onnx_export(state_dir), doc_variant, query_variant)
+                emb = OnnxEmbedder(ensure_onnx_export(state_dir), doc_variant, query_variant, query_threads=query_threads)
             probe = emb.embed_queries(["probe"])
             if probe.shape != (1, DIM) or not np.isfinite(probe).all():
                 raise EmbedderUnavailable(f"{emb.name} returned an unusable vector of shape {probe.shape}")

@@ -196,9 +196,11 @@ class Engine:
         cache_ttl: float = 300.0,
         persist: bool = True,
         fusion: str = FUSION,
+        query_threads: int = 2,
     ) -> None:
         """`persist=False` keeps state_dir for the model export only (no index files);
-        `fusion` picks the hybrid ranker ("z" default, "minmax", "rrf" baseline)."""
+        `fusion` picks the hybrid ranker ("z" default, "minmax", "rrf" baseline);
+        `query_threads`: threads for a query embedded while no other is (embed.OnnxEmbedder)."""
         if fusion not in FUSIONS:
             raise ValueError(f"unknown fusion {fusion!r}; expected one of {', '.join(FUSIONS)}")
         self.fusion = fusion
@@ -207,6 +209,7 @@ class Engine:
         self.state_dir = Path(state_dir) if state_dir is not None else None
         self.mode = mode
         self.embedder_kind = embedder
+        self.query_threads = query_threads
         self.persist = persist
         self._embedder: Any = None
         self._embedder_error: str | None = None
@@ -280,7 +283,7 @@ class Engine:
                 from toolatlas.retrieval.embed import get_embedder
 
                 try:
-                    self._embedder = get_embedder(self.embedder_kind, self.state_dir)
+                    self._embedder = get_embedder(self.embedder_kind, self.state_dir, self.query_threads)
                 except Exception as exc:  # noqa: BLE001 - any failure degrades, never crashes
                     self._embedder = None
                     self._embedder_error = str(exc)
@@ -642,6 +645,9 @@ class Engine:
             "fusion": self.fusion,
             "embedder": emb.name if emb is not None else self.embedder_kind,
             "query_embedder": emb.query_name if emb is not None else None,
+            # threads a lone query runs on, and how many queries did (embed.OnnxEmbedder)
+            "query_threads": getattr(emb, "query_threads", 1) if emb is not None else None,
+            "lone_queries": getattr(emb, "lone_queries", 0) if emb is not None else None,
             "embedder_error": self._embedder_error,
             "degraded": self.degraded,
             "dense_index": (
