@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tools", type=int, default=500, help="tools in the catalog upstream")
     p.add_argument("--embedder", default="onnx", help="search embedder (onnx | none)")
     p.add_argument("--cache-size", type=int, default=None, help="[search] cache_size (default: the daemon's)")
+    p.add_argument("--query-threads", type=int, default=None, help="[search] query_threads (default: the daemon's)")
     args = p.parse_args(argv)
     levels = [int(x) for x in args.clients.split(",") if x]
     queries = QueryPool(QUERIES.resolve())
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="toolatlas-load-") as tmp_s:
         extra = f'embedder = "{args.embedder}"\n' + (f"cache_size = {args.cache_size}\n" if args.cache_size is not None else "")
+        extra += f"query_threads = {args.query_threads}\n" if args.query_threads is not None else ""
         d = Daemon(Path(tmp_s), upstreams, search_extra=extra)
         with d:
             d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 120, "upstreams ready")
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python bench/load.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "client": "stdlib RawClient, one thread and one persistent connection per client",
         "workload": {"search_share": args.search_share, "think_mean_s": args.think, "catalog_tools": args.tools,
-                     "embedder": args.embedder, "cache_size": args.cache_size, "queries": "toollens queries-train.jsonl, distinct, shuffled",
+                     "embedder": args.embedder, "cache_size": args.cache_size, "query_threads": args.query_threads, "queries": "toollens queries-train.jsonl, distinct, shuffled",
                      "queries_wrapped": queries.wrapped},
         "daemon_idle_before": idle_before,
         "levels": results,

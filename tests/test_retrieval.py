@@ -170,10 +170,10 @@ def test_default_embedder_fp32_documents_int8_queries_and_releases_the_document_
     assert emb.doc_model_loads == 2
 
 
-def test_a_lone_query_spins_two_threads_and_concurrent_or_batched_queries_take_one(shared_models: Path) -> None:
+def test_a_lone_query_spins_two_threads_and_concurrent_recent_or_batched_queries_take_one(shared_models: Path) -> None:
     import threading
 
-    from toolatlas.retrieval.embed import OnnxEmbedder, _cores
+    from toolatlas.retrieval.embed import LONE_WINDOW, OnnxEmbedder, _cores
 
     folder = shared_models / "minilm-l6-v2-onnx-v1"
     single = OnnxEmbedder(folder, "fp32", "int8", query_threads=1)
@@ -204,6 +204,10 @@ def test_a_lone_query_spins_two_threads_and_concurrent_or_batched_queries_take_o
     worker.join(60)
     assert still_in_flight, "the batch finished before the second query: lengthen it"
     assert emb.lone_queries == 1 and emb._in_flight == 0
+    # ... and for the next LONE_WINDOW queries: overlap means the cores are wanted
+    for _ in range(LONE_WINDOW - 1):
+        emb.embed_queries([q])
+    assert emb.lone_queries == 1
     emb.embed_queries([q])
     assert emb.lone_queries == 2
 

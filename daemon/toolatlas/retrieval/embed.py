@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,6 +51,7 @@ ONNX_PRECISIONS = {"onnx": ("fp32", "int8"), "onnx-fp32": ("fp32", "fp32"), "onn
 KINDS = (*ONNX_PRECISIONS, "torch")
 DOC_MODEL_IDLE_S = 30.0  # the document model is released after this long without use
 QUERY_THREADS = 2  # intra-op threads for a query embedded while no other is (see OnnxEmbedder)
+LONE_WINDOW = 32  # ... and none of this many previous single queries overlapped another call
 _ONNX_FILES = {"int8": "model.int8.onnx", "fp32": "model.onnx"}
 _BATCH_ATTN_BUDGET = 4 * 128 * 128  # rows * width^2 per batch (token-pair budget)
 _EXPORT_DIRNAME = "minilm-l6-v2-onnx-v1"
@@ -159,6 +161,8 @@ class OnnxEmbedder:
         self._lone_sess = _onnx_session(qpath, par, spin=True) if par > 1 and not shared else None
         self.query_threads = par if self._lone_sess is not None else 1
         self._in_flight = 0
+        self._recent: deque[bool] = deque(maxlen=LONE_WINDOW)  # did each recent query overlap another?
+        self._recent_overlaps = 0
         self._flight_lock = threading.Lock()
         self.lone_queries = 0  # queries that ran on the spinning session
         self._inputs = {i.name for i in self._query_sess.get_inputs()}
@@ -204,14 +208,23 @@ class OnnxEmbedder:
                 log.info("embed.doc_model_released %s (idle %g s)", self.name, self._doc_idle_s)
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        single = len(texts) == 1
         with self._flight_lock:
             self._in_flight += 1
-            lone = self._in_flight == 1 and len(texts) == 1 and self._lone_sess is not None
+            overlapped = self._in_flight > 1
+            if single:
+                recent = self._recent
+                if len(recent) == recent.maxlen:
+                    self._recent_overlaps -= recent[0]
+                recent.append(overlapped)
+                self._recent_overlaps += overlapped
+            # Spin only for a single query (a search, not a Rift or eval batch) that found no
+            # other call in flight, when none of the last LONE_WINDOW did either: queries that
+            # overlap at all mean the cores are wanted by concurrent work.
+            lone = single and self._recent_overlaps == 0 and self._lone_sess is not None
             if lone:
                 self.lone_queries += 1
         try:
-            # A single query that found no other in flight (a search, not a Rift or eval
-            # batch) has the spinning session to itself: a later one sees it in flight.
             return self._run(self._lone_sess if lone else self._query_sess, texts)
         finally:
             with self._flight_lock:
