@@ -8,7 +8,7 @@ from `Upstream.timeouts`; a timeout becomes `UpstreamTimeout(upstream, operation
 Supervision notices a dead session four ways: the transport's read stream ends (stdio child
 exit, SSE stream drop), a call fails with a connection-level error (HTTP 404 on a stale
 session id, refused connection), a health check fails (legacy: ping every `ping_interval`;
-2026-07-28 has no ping, so a first-page tools/list stands in), or the `subscriptions/listen`
+2026-07-28 has no ping, so a `server/discover` stands in), or the `subscriptions/listen`
 stream cannot be re-opened. Each leads to DEGRADED with a reason, the tools are withdrawn
 (callback with None), and a reconnect follows after a capped, jittered backoff.
 """
@@ -448,13 +448,16 @@ class UpstreamSession:
 
     async def _health_loop(self, client: Client, modern: bool) -> None:
         up = self.upstream
-        op = "tools/list (health check)" if modern else "ping"
+        op = "server/discover (health check)" if modern else "ping"
         while True:
             await anyio.sleep(up.ping_interval)
             try:
                 with anyio.fail_after(up.timeouts.ping):
                     if modern:
-                        await client.session.list_tools()
+                        # 2026-07-28 has no ping; server/discover is small and every server
+                        # implements it (a tools/list here parsed a whole page of tools on
+                        # the event loop each interval, per upstream).
+                        await client.session.send_discover(client.protocol_version)
                     else:
                         await client.session.send_ping()
             except TimeoutError:
