@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,28 @@ def proc_mem_mb(pid: int) -> dict[str, float]:
     return out
 
 
+def wait_settled(status: Callable[[], dict[str, Any] | None], timeout: float) -> tuple[bool, dict[str, Any]]:
+    """Wait until the daemon's background work after a catalog change has finished, so
+    what follows times the steady state: the Rift analysis (or its refusal), the token
+    accounting and the index snapshot write, all for the current index version.
+    Returns (settled, the last catalog_status seen)."""
+    deadline = time.monotonic() + timeout
+    st: dict[str, Any] = {}
+    while True:
+        st = status() or st
+        idx = st.get("index") or {}
+        rift = st.get("rift") or {}
+        done = (
+            bool(idx)
+            and (rift.get("available") or rift.get("reason") not in (None, "not run yet"))
+            and (st.get("tokens") or {}).get("index_version") == idx.get("version")
+            and idx.get("persisted_version") == idx.get("version")
+        )
+        if done or time.monotonic() >= deadline:
+            return bool(done), st
+        time.sleep(0.25)
+
+
 def emit(result: dict[str, Any], name: str) -> None:
     """Print the JSON result and keep a copy in bench/out/NAME.json."""
     OUT.mkdir(parents=True, exist_ok=True)
@@ -45,4 +69,5 @@ def emit(result: dict[str, Any], name: str) -> None:
     print(text)
 
 
-__all__ = ["Daemon", "NetworkServer", "OUT", "REPO", "descendants", "emit", "proc_mem_mb", "stdio_testserver", "summary"]
+__all__ = ["Daemon", "NetworkServer", "OUT", "REPO", "descendants", "emit", "proc_mem_mb", "stdio_testserver", "summary",
+           "wait_settled"]

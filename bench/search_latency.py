@@ -55,10 +55,10 @@ sys.path.insert(0, str(REPO / "bench"))
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries  # noqa: E402
 from toolatlas.evaluation.metrics import percentile  # noqa: E402
 from toolatlas.retrieval.engine import Engine, ToolDoc  # noqa: E402
-from _common import proc_mem_mb  # noqa: E402
+from _common import proc_mem_mb, wait_settled  # noqa: E402
 
 SHARD_TOOLS = 5000  # tools per synthetic upstream in the socket bench
-RIFT_WAIT_S = 120  # at most this long for the daemon's background Rift analysis before timing
+RIFT_WAIT_S = 120  # at most this long for the daemon's background work (Rift, tokens, snapshot) before timing
 
 _VARIANTS = [
     "for teams", "batch mode", "v2 API", "enterprise edition", "with caching", "legacy endpoint",
@@ -240,17 +240,9 @@ def _socket_size(size: int, queries: list[str], top_k: int, real_max: int) -> di
             d.wait_for(lambda: d.status()["index"]["tools"] >= size, timeout=3600, what=f"{size} tools indexed")
             index_s = time.perf_counter() - t0
             # Steady state: the daemon's background work after a catalog change (the Rift
-            # analysis, the token accounting) has finished before anything is timed.
-            settle = time.monotonic() + RIFT_WAIT_S
-            rift: dict[str, Any] = {}
-            while time.monotonic() < settle:
-                st = d.status()
-                rift = st.get("rift") or {}
-                rift_done = rift.get("available") or rift.get("reason") not in (None, "not run yet")
-                tokens_done = (st.get("tokens") or {}).get("index_version") == st["index"]["version"]
-                if rift_done and tokens_done:
-                    break
-                time.sleep(0.25)
+            # analysis, the token accounting, the snapshot write) has finished before timing.
+            settled, st = wait_settled(d.status, RIFT_WAIT_S)
+            rift: dict[str, Any] = st.get("rift") or {}
             timed: dict[str, list[float]] = {"miss": [], "hit": [], "narrow_scope_miss": []}
             with RawClient(d.socket, timeout=60) as c:
                 def run(kind: str, qs: list[str], **extra: Any) -> None:
@@ -284,6 +276,7 @@ def _socket_size(size: int, queries: list[str], top_k: int, real_max: int) -> di
             "embeddings_computed": idx.get("embeddings_computed"),
             "start_to_indexed_s": round(index_s, 1),
             "rift": {k: rift.get(k) for k in ("available", "reason") if k in rift},
+            "settled_before_timing": settled,
             "daemon_rss_mb": rss,
             **{k: _stats(v) for k, v in timed.items() if v},
         }

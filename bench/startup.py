@@ -42,14 +42,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import emit, proc_mem_mb
+from _common import emit, proc_mem_mb, wait_settled
 from catalog_upstream import upstream_block
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHDATA = REPO / ".." / "shared" / "benchdata"
 UPSTREAM = "catalog"
 POLL_S = 0.05
-RIFT_WAIT_S = 90  # at most this long for the daemon's background Rift analysis before timing searches
+RIFT_WAIT_S = 90  # at most this long for the daemon's background work (Rift, tokens, snapshot) before timing searches
 QUERIES = ["get the weather forecast for a city", "search recent news articles", "convert currency amounts",
            "read a file from disk", "translate text into another language", "find recipes with chicken"]
 
@@ -151,17 +151,12 @@ def one_start(config: Path, sock: str, log: Path, n: int, timeout: float,
             for q in QUERIES * 9:
                 try_search(sock, q)
             if latency_queries:
-                # Steady state: the daemon re-runs Rift (a CPU-heavy worker thread) after the
-                # catalog settles; time searches once that analysis has finished.
-                settle = time.perf_counter() + RIFT_WAIT_S
-                rift: dict[str, Any] = {}
-                while time.perf_counter() < settle:
-                    rift = (try_status(sock) or {}).get("rift") or {}
-                    if rift.get("available") or rift.get("reason") not in (None, "not run yet"):
-                        break
-                    time.sleep(0.25)
+                # Steady state: after the catalog settles the daemon re-runs Rift, counts the
+                # catalog's tokens and writes its snapshot; time searches once all are done.
+                settled, st = wait_settled(lambda: try_status(sock), RIFT_WAIT_S)
                 res["latency_timed_from_s"] = round(time.perf_counter() - t0, 3)
-                res["rift_status_before_latency"] = rift
+                res["settled_before_latency"] = settled
+                res["rift_status_before_latency"] = st.get("rift") or {}
                 res["socket_search_latency"] = socket_latency(sock, latency_queries)
             status = try_status(sock) or status
             assert status is not None

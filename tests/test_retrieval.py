@@ -365,14 +365,17 @@ def test_restart_computes_zero_new_embeddings(mcp_docs: list[ToolDoc], tmp_path:
     state = _state_dir(tmp_path, shared_models)
     eng = Engine(state_dir=state)
     eng.load()
-    eng.update(mcp_docs, [])
+    assert eng.stats()["persisted_version"] == 0  # nothing written yet
+    version = eng.update(mcp_docs, [])
     assert eng.stats()["embeddings_computed"] == len(mcp_docs)
+    assert eng.stats()["persisted_version"] == version  # its snapshot is on disk
     before = eng.search("take a screenshot", 5)
 
     again = Engine(state_dir=state)
     again.load()
     # the persisted snapshot serves searches before the catalog is re-listed
     assert again.ready and len(again) == len(mcp_docs)
+    assert again.stats()["persisted_version"] == again.version == version
     restored = again.search("take a screenshot", 5)
     assert [h.name for h in restored.hits] == [h.name for h in before.hits]
     again.update(mcp_docs, [])

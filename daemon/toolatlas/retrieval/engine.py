@@ -235,6 +235,7 @@ class Engine:
             "snapshot_restored": 0,
         }
         self._timings: dict[str, float] = {}
+        self._persisted_version = 0  # the catalog version whose snapshot is on disk
 
     # -- properties -----------------------------------------------------------------------
 
@@ -340,6 +341,8 @@ class Engine:
                         log.warning("retrieval.hnsw_load_failed %s; rebuilding the dense index", exc)
                         self._hnsw = None
             self._commit(entries, [], restored.version, persist_now=not hnsw_ok)
+            if hnsw_ok:
+                self._persisted_version = restored.version
             self._counts["snapshot_restored"] += 1
             log.info("retrieval.snapshot_restored tools=%d version=%d", len(entries), restored.version)
 
@@ -457,6 +460,7 @@ class Engine:
                 labels=[int(x) for x in snap.labels] if snap.labels is not None else [-1] * snap.n,
                 hnsw=self._hnsw if snap.labels is not None else None,
             )
+            self._persisted_version = snap.version
         except OSError as exc:
             self._counts["persist_failures"] += 1
             log.warning("retrieval.persist_failed dir=%s error=%s", self.state_dir, exc)
@@ -641,6 +645,8 @@ class Engine:
             "tools": snap.n if snap is not None else 0,
             "servers": len(snap.servers) if snap is not None else 0,
             "version": snap.version if snap is not None else 0,
+            # equal to version once that catalog's snapshot is written (0: none written)
+            "persisted_version": self._persisted_version,
             "mode": self.mode,
             "fusion": self.fusion,
             "embedder": emb.name if emb is not None else self.embedder_kind,
