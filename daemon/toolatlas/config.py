@@ -97,8 +97,8 @@ class SearchSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     # Embedding runtime: "onnx" (fp32 documents, int8 queries; exported once into state_dir),
     # "onnx-fp32" / "onnx-int8" (one precision), "torch" (the reference) or "none" (BM25 only).
     embedder: Literal["onnx", "onnx-fp32", "onnx-int8", "torch", "none"] = "onnx"
-    # Threads (spinning, capped at the usable cores) for a search's query while no other is
-    # being embedded; concurrent queries take one each. 1: never more than one.
+    # Threads (spinning, capped at the usable cores) for a search's query while searches do
+    # not overlap; overlapping ones take one each. 1: never more than one.
     query_threads: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2
     cache_size: Annotated[int, msgspec.Meta(ge=0)] = 1024
     cache_ttl: Annotated[float, msgspec.Meta(ge=0)] = 300.0

@@ -116,10 +116,10 @@ class OnnxEmbedder:
     `query_variant`). A model used only for documents is loaded on first use and released
     after `doc_idle_s` seconds without use (it is ~90 MB resident in fp32).
 
-    Queries embed on one thread, except a single query while no other call to
-    `embed_queries` is in flight: that one runs on `query_threads` spinning threads (capped at the cores this process may use).
-    That spends an idle core on the query a client is waiting for, and never competes with
-    a second query for the cores."""
+    Queries embed on one thread, except a single query that finds no other call to
+    `embed_queries` in flight while none of the last LONE_WINDOW single queries did either:
+    that one runs on `query_threads` spinning threads (capped at the usable cores). It spends
+    an idle core on the query a client waits for, and stays off once queries overlap."""
 
     dim = DIM
 
@@ -152,8 +152,9 @@ class OnnxEmbedder:
         # spins between operators (interleaved, one query at a time, 600 queries: p95 11.8 ms
         # on one thread, 13.0 on two idle ones, 9.6 on two spinning ones), and spinning
         # burns the second core, which under concurrent searches belongs to the next query
-        # (bench/load.py, 100 clients, every query on two spinning threads: search p99
-        # 66 -> 96 ms). So a query spins on two threads only while no other is in flight.
+        # (bench/load.py, 100 clients: spinning every query took search p99 from 66 to 96 ms;
+        # spinning each query that found no other in flight, 117 and 123 ms against 85 ms on
+        # one thread). So a query spins only while recent queries have not overlapped.
         shared = doc_variant == query_variant
         qpath = model_dir / _ONNX_FILES[query_variant]
         self._query_sess = _onnx_session(qpath, _cores() if shared else 1)
