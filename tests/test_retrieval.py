@@ -173,14 +173,14 @@ def test_default_embedder_fp32_documents_int8_queries_and_releases_the_document_
 def test_a_lone_query_spins_two_threads_and_concurrent_recent_or_batched_queries_take_one(shared_models: Path) -> None:
     import threading
 
-    from toolatlas.retrieval.embed import LONE_WINDOW, OnnxEmbedder, _cores
+    from toolatlas.retrieval.embed import LONE_WINDOW, OnnxEmbedder, usable_cores
 
     folder = shared_models / "minilm-l6-v2-onnx-v1"
     single = OnnxEmbedder(folder, "fp32", "int8", query_threads=1)
     assert single.query_threads == 1
     single.embed_queries(["read a file"])
     assert single.lone_queries == 0
-    if _cores() < 2:
+    if usable_cores() < 2:
         pytest.skip("one usable core: no second thread to spin")
     emb = OnnxEmbedder(folder, "fp32", "int8", query_threads=2)
     assert emb.query_threads == 2

@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import json
 import logging
-import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -37,6 +36,7 @@ from toolatlas.errors import BadInput, ConfigError, ToolatlasError, UpstreamTime
 from toolatlas.metrics import Metrics, StateSnapshot
 from toolatlas.names import split
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
+from toolatlas.retrieval.embed import usable_cores
 from toolatlas.retrieval.engine import Engine, ToolDoc
 from toolatlas.surface.meta_tools import META_TOOLS
 from toolatlas.surface.server import Connection, build_server
@@ -153,8 +153,9 @@ class Gateway:
         self.draining = False
         self._update_lock = anyio.Lock()
         # Searches are CPU work (query embedding, ranking): as many at once as there are
-        # cores. More threads only thrash the caches and grow the heap (a malloc arena each).
-        self._search_limiter = anyio.CapacityLimiter(max(2, os.cpu_count() or 2))
+        # cores this process may use (its affinity mask, as the embedder counts them). More
+        # threads only thrash the caches and grow the heap (a malloc arena each).
+        self._search_limiter = anyio.CapacityLimiter(max(2, usable_cores()))
         self._idle = anyio.Event()
         self._idle.set()
         self._scope = frozenset(cfg.search.scope) or None

@@ -76,7 +76,8 @@ class Embedder(Protocol):
         ...
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity mask), at least 1."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -157,8 +158,8 @@ class OnnxEmbedder:
         # one thread). So a query spins only while recent queries have not overlapped.
         shared = doc_variant == query_variant
         qpath = model_dir / _ONNX_FILES[query_variant]
-        self._query_sess = _onnx_session(qpath, _cores() if shared else 1)
-        par = min(max(1, int(query_threads)), _cores())
+        self._query_sess = _onnx_session(qpath, usable_cores() if shared else 1)
+        par = min(max(1, int(query_threads)), usable_cores())
         self._lone_sess = _onnx_session(qpath, par, spin=True) if par > 1 and not shared else None
         self.query_threads = par if self._lone_sess is not None else 1
         self._in_flight = 0
@@ -186,7 +187,7 @@ class OnnxEmbedder:
                 self._doc_timer.cancel()
                 self._doc_timer = None
             if self._doc_sess is None:
-                self._doc_sess = _onnx_session(self._model_dir / _ONNX_FILES[self._doc_variant], _cores())
+                self._doc_sess = _onnx_session(self._model_dir / _ONNX_FILES[self._doc_variant], usable_cores())
                 self.doc_model_loads += 1
             sess = self._doc_sess
             self._doc_users += 1
