@@ -164,7 +164,6 @@ class OnnxEmbedder:
         self.query_threads = par if self._lone_sess is not None else 1
         self._in_flight = 0
         self._recent: deque[bool] = deque(maxlen=LONE_WINDOW)  # did each recent query overlap another?
-        self._recent_overlaps = 0
         self._flight_lock = threading.Lock()
         self.lone_queries = 0  # queries that ran on the spinning session
         self._inputs = {i.name for i in self._query_sess.get_inputs()}
@@ -215,15 +214,11 @@ class OnnxEmbedder:
             self._in_flight += 1
             overlapped = self._in_flight > 1
             if single:
-                recent = self._recent
-                if len(recent) == recent.maxlen:
-                    self._recent_overlaps -= recent[0]
-                recent.append(overlapped)
-                self._recent_overlaps += overlapped
+                self._recent.append(overlapped)
             # Spin only for a single query (a search, not a Rift or eval batch) that found no
             # other call in flight, when none of the last LONE_WINDOW did either: queries that
             # overlap at all mean the cores are wanted by concurrent work.
-            lone = single and self._recent_overlaps == 0 and self._lone_sess is not None
+            lone = single and not any(self._recent) and self._lone_sess is not None
             if lone:
                 self.lone_queries += 1
         try:

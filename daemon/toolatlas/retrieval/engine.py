@@ -30,6 +30,7 @@ import numpy as np
 from toolatlas.retrieval import fusion, persist
 from toolatlas.retrieval.bm25 import Bm25Index
 from toolatlas.retrieval.cache import TtlLru
+from toolatlas.retrieval.embed import QUERY_THREADS
 from toolatlas.retrieval.text import dense_text, lexical_fields, normalise_query, tokenize
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ class Engine:
         cache_ttl: float = 300.0,
         persist: bool = True,
         fusion: str = FUSION,
-        query_threads: int = 2,
+        query_threads: int = QUERY_THREADS,
     ) -> None:
         """`persist=False` keeps state_dir for the model export only (no index files);
         `fusion` picks the hybrid ranker ("z" default, "minmax", "rrf" baseline);
@@ -483,8 +484,8 @@ class Engine:
         if snap is None:
             return SearchOutcome(hits=[], degraded="no-index", cached=False, mode=mode, version=0)
         top_k = max(1, int(top_k))
-        scope = _scope_key(servers)
-        key = (normalise_query(query), top_k, scope, snap.version, mode)
+        key = _cache_key(query, top_k, servers, snap, mode)
+        scope = key[2]  # the sorted server names, or None for every server
         hit = self._cache.get(key)
         if hit is not None:
             return dataclasses.replace(hit, cached=True)
@@ -517,8 +518,7 @@ class Engine:
         mode = mode or self.mode
         if snap is None or mode not in MODES:
             return None
-        key = (normalise_query(query), max(1, int(top_k)), _scope_key(servers), snap.version, mode)
-        hit = self._cache.get(key, count_miss=False)
+        hit = self._cache.get(_cache_key(query, max(1, int(top_k)), servers, snap, mode), count_miss=False)
         return dataclasses.replace(hit, cached=True) if hit is not None else None
 
     def _query_vector(self, query: str, snap: _Snapshot) -> np.ndarray | None:
@@ -665,10 +665,15 @@ class Engine:
         }
 
 
-def _scope_key(servers: Collection[str] | str | None) -> tuple[str, ...] | None:
+def _cache_key(
+    query: str, top_k: int, servers: Collection[str] | str | None, snap: _Snapshot, mode: str
+) -> tuple[str, int, tuple[str, ...] | None, int, str]:
+    """The result-cache key of one search: (normalised query, top_k, scope, version, mode);
+    the scope is None (every server) or the sorted server names."""
     if isinstance(servers, str):
         servers = [servers]
-    return None if servers is None else tuple(sorted(set(servers)))
+    scope = None if servers is None else tuple(sorted(set(servers)))
+    return (normalise_query(query), top_k, scope, snap.version, mode)
 
 
 def _keyword(snap: _Snapshot, tokens: list[str], k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
