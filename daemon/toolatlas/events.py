@@ -21,14 +21,15 @@ serialisation (pass `toolatlas.config.secrets(cfg)`). Writing never raises: a cl
 from __future__ import annotations
 
 import enum
-import json
 import math
 import re
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
 from typing import Any, TextIO
+
+import msgspec
 
 TOOLS_LIST_SERVED = "tools_list_served"
 TOOL_SEARCH_COMPLETED = "tool_search_completed"
@@ -53,11 +54,13 @@ QUERY_FIELD = "query"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _RESERVED = ("ts", "event")
 _MIN_BARE_CREDENTIAL = 8
+_encode = msgspec.json.Encoder().encode
 
 
 def rfc3339_now() -> str:
     """Current UTC time as RFC 3339 with milliseconds, e.g. 2026-11-29T13:08:10.123Z."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    ms = time.time_ns() // 1_000_000
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(ms // 1000))}.{ms % 1000:03d}Z"
 
 
 class Events:
@@ -113,7 +116,7 @@ class Events:
             if key == QUERY_FIELD and not self.log_queries:
                 continue
             record[f"field_{key}" if key in _RESERVED else key] = value
-        line = json.dumps(self._clean(record), ensure_ascii=False, separators=(",", ":"))
+        line = _encode(self._clean(record)).decode()
         stream = self._stream if self._stream is not None else sys.stderr
         with self._lock:
             try:
