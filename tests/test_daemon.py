@@ -97,6 +97,41 @@ async def test_search_then_execute_over_the_socket(gateway: Daemon, mode: str) -
             await _search_then_execute(client)
 
 
+def test_a_repeated_search_takes_the_fast_lane_with_the_sdks_answer(gateway: Daemon) -> None:
+    """The socket answers a cached tool_search itself (surface.server.fast_lane); its reply
+    must be the one the SDK pipeline gives for the same cached search, and everything it
+    does not handle (a bad argument, a progress token) must still reach the SDK."""
+    args = {"query": "fast lane probe: add two numbers", "top_k": 3}
+    before = gateway.status()["cache"]
+    with gateway.client() as c:
+        first = c.call_tool("tool_search", args)  # a miss: the SDK handler computes it
+        fast = c.call_tool("tool_search", args)  # a hit: answered by the fast lane
+        # The same hit with a progress token: the lane passes it to the SDK handler.
+        through_sdk = c.request("tools/call", {"name": "tool_search", "arguments": args, "_meta": {"progressToken": "p"}})
+        bad = c.call_tool("tool_search", {**args, "servers": ["nope"]})
+        bad_k = c.call_tool("tool_search", {**args, "top_k": "three"})
+    after = gateway.status()["cache"]
+    assert fast == through_sdk == first
+    assert len(fast["structuredContent"]["matches"]) == 3 and not fast["isError"]
+    assert json.loads(fast["content"][0]["text"]) == fast["structuredContent"]
+    assert after["fast_lane"] - before["fast_lane"] == 1
+    assert after["hits"] - before["hits"] == 2
+    assert bad["isError"] and "unknown server(s) nope" in bad["content"][0]["text"]
+    assert bad_k["isError"] and "top_k must be an integer" in bad_k["content"][0]["text"]
+
+
+async def test_the_sdk_client_accepts_fast_lane_answers(gateway: Daemon) -> None:
+    before = gateway.status()["cache"]["fast_lane"]
+    with anyio.fail_after(30):
+        async with Client(unix_client(gateway.socket), mode="legacy") as client:
+            args = {"query": "fast lane probe: echo a message back", "top_k": 4}
+            first = await client.call_tool("tool_search", args)
+            again = await client.call_tool("tool_search", args)
+    assert gateway.status()["cache"]["fast_lane"] == before + 1
+    assert again.structured_content == first.structured_content and not again.is_error
+    assert len(again.structured_content["matches"]) == 4
+
+
 async def test_search_then_execute_through_the_shim(gateway: Daemon) -> None:
     params = StdioServerParameters(command=sys.executable, args=["-m", "toolatlas", "shim", "--socket", gateway.socket])
     with anyio.fail_after(30):

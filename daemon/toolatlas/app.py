@@ -37,9 +37,9 @@ from toolatlas.metrics import Metrics, StateSnapshot
 from toolatlas.names import split
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
 from toolatlas.retrieval.embed import usable_cores
-from toolatlas.retrieval.engine import Engine, ToolDoc
+from toolatlas.retrieval.engine import Engine, SearchOutcome, ToolDoc
 from toolatlas.surface.meta_tools import META_TOOLS
-from toolatlas.surface.server import Connection, build_server
+from toolatlas.surface.server import Connection, build_server, fast_lane
 from toolatlas.surface.unix import UnixServer
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
@@ -146,11 +146,13 @@ class Gateway:
             max_message_bytes=cfg.daemon.max_message_bytes,
             listen_socket=listen_socket,
             on_bad_message=lambda msg: self.metrics.count_error("bad_client_message"),
+            fast_lane=fast_lane(self),
         )
         self.engine_loaded = anyio.Event()
         self.index_ready = anyio.Event()
         self.inflight = 0
         self.draining = False
+        self.fast_answers = 0  # cache hits answered by the socket's fast lane (surface.server)
         self._update_lock = anyio.Lock()
         # Searches are CPU work (query embedding, ranking): as many at once as there are
         # cores this process may use (its affinity mask, as the embedder counts them). More
@@ -480,8 +482,9 @@ class Gateway:
 
     # -- meta-tools ----------------------------------------------------------------------------
 
-    async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
-        t0 = time.perf_counter()
+    def _search_scope(self, servers: list[str] | None, conn: Connection) -> set[str]:
+        """The upstreams a search by `conn` covers: those it may use, narrowed by `servers`,
+        that are up. Naming a server it may not use (or that does not exist) is BadInput."""
         allowed = self.allowed_servers(conn)
         if servers is not None:
             unknown = sorted(set(servers) - allowed)
@@ -490,37 +493,65 @@ class Gateway:
                     f"unknown server(s) {', '.join(unknown)}; servers you can search: {', '.join(sorted(allowed)) or 'none'}"
                 )
             allowed &= set(servers)
-        scope = allowed & self.available
-        degraded: str | None = None
-        matches: list[dict[str, Any]] = []
-        cached = False
+        return allowed & self.available
+
+    def search_cached(
+        self, query: str, top_k: int, servers: list[str] | None, conn: Connection
+    ) -> dict[str, Any] | None:
+        """`search`'s answer when the result cache holds it, else None (nothing counted).
+        Synchronous and cheap: the socket answers a repeated query with it directly."""
+        t0 = time.perf_counter()
+        if not self.engine_loaded.is_set():
+            return None
+        try:
+            scope = self._search_scope(servers, conn)
+        except BadInput:
+            return None  # `search` reports it
+        outcome = self.engine.cached(query, top_k, servers=scope) if scope else None
+        if outcome is None:
+            return None
+        return self._search_answer(query, top_k, servers, scope, outcome, outcome.mode, t0)
+
+    async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        scope = self._search_scope(servers, conn)
+        outcome: SearchOutcome | None = None
         mode = self.cfg.search.mode
         if not self.engine_loaded.is_set():
             with anyio.move_on_after(INDEX_WAIT_S):
                 await self.engine_loaded.wait()
-        if not self.engine_loaded.is_set():
-            degraded = "index-not-ready"
-        elif scope:
+        if self.engine_loaded.is_set() and scope:
             # A repeated query is answered from the result cache here, without a thread hop.
             outcome = self.engine.cached(query, top_k, servers=scope) or await anyio.to_thread.run_sync(
                 lambda: self.engine.search(query, top_k, servers=frozenset(scope)),
                 limiter=self._search_limiter,
             )
-            degraded, cached, mode = outcome.degraded, outcome.cached, outcome.mode
-            for hit in outcome.hits:
-                rec = self.by_name.get(hit.name)
-                if rec is None or rec.server not in scope:
-                    continue
-                matches.append(
-                    {
-                        "name": rec.name,
-                        "server": rec.server,
-                        "tool": rec.tool,
-                        "description": rec.description,
-                        "inputSchema": rec.input_schema,
-                        "score": round(float(hit.score), 6),
-                    }
-                )
+            mode = outcome.mode
+        return self._search_answer(query, top_k, servers, scope, outcome, mode, t0)
+
+    def _search_answer(
+        self, query: str, top_k: int, servers: list[str] | None, scope: set[str],
+        outcome: SearchOutcome | None, mode: str, t0: float,
+    ) -> dict[str, Any]:
+        """The tool_search result for `outcome` (None: no index yet, or an empty scope),
+        counted in the metrics and the event log."""
+        degraded = outcome.degraded if outcome is not None else (None if self.engine_loaded.is_set() else "index-not-ready")
+        cached = outcome is not None and outcome.cached
+        matches: list[dict[str, Any]] = []
+        for hit in outcome.hits if outcome is not None else ():
+            rec = self.by_name.get(hit.name)
+            if rec is None or rec.server not in scope:
+                continue
+            matches.append(
+                {
+                    "name": rec.name,
+                    "server": rec.server,
+                    "tool": rec.tool,
+                    "description": rec.description,
+                    "inputSchema": rec.input_schema,
+                    "score": round(float(hit.score), 6),
+                }
+            )
         matches = matches[:top_k]
         self._add_rift_notes(matches)
         seconds = time.perf_counter() - t0
@@ -701,7 +732,7 @@ class Gateway:
             "tools": sum(1 for r in self.by_name.values() if r.server in allowed and r.server in self.available),
             "index": {"ready": self.index_ready.is_set(), **stats},
             "index_version": stats.get("version"),
-            "cache": stats.get("cache"),
+            "cache": {**(stats.get("cache") or {}), "fast_lane": self.fast_answers},
             "cards": cards,
             "tokens": self._tokens or {"pending": True},
             "rift": self._rift_status(allowed),

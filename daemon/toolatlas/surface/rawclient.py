@@ -6,7 +6,6 @@ It speaks the 2025-11-25 handshake; importing the SDK would cost over a second p
 from __future__ import annotations
 
 import json
-import socket
 from typing import Any
 
 from toolatlas import __version__

@@ -7,11 +7,13 @@ who is asking (peer credentials, client name) without trusting the request.
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 import mcp_types as types
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 INVALID_PARAMS = -32602
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
+_encode = msgspec.json.Encoder().encode  # several times faster than json.dumps on a result
 
 
 @dataclass(eq=False)
@@ -44,6 +47,7 @@ class Connection:
     token: str | None = None  # the name of the HTTP bearer token that authenticated it
     client_name: str | None = None
     session: Any = None  # the SDK ServerSession last seen on this connection
+    protocol_version: str | None = None  # negotiated; set once a request passed the SDK's init gate
     saw_passthrough: bool | None = None  # what its last tools/list returned
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -69,6 +73,7 @@ def _connection(ctx: Any) -> Connection:
     if conn is None:  # in-process use (tests, tools): an anonymous local connection
         conn = Connection(id=0)
     conn.session = ctx.session
+    conn.protocol_version = ctx.session.protocol_version
     name = _client_name(ctx)
     if name:
         conn.client_name = name
@@ -85,14 +90,20 @@ def _input_retry(ctx: Any, params: types.CallToolRequestParams) -> Any:
     return InputRetry(input_responses=params.input_responses, request_state=params.request_state)
 
 
-def json_result(obj: Any, *, is_error: bool = False) -> types.CallToolResult:
-    """A meta-tool result: the JSON as text content and as structuredContent."""
-    text = json.dumps(obj, ensure_ascii=False)
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)],
-        structured_content=obj if isinstance(obj, dict) else None,
-        is_error=is_error,
-    )
+def json_result(obj: Any, *, is_error: bool = False) -> dict[str, Any]:
+    """A meta-tool result: the JSON as text content and as structuredContent.
+
+    A plain mapping in wire form, not a `CallToolResult`: the SDK validates and shapes a
+    handler's result for the connection's protocol version either way, so building the model
+    first only walks the result twice more (tool_search answers carry full input schemas)."""
+    result: dict[str, Any] = {
+        "content": [{"type": "text", "text": _encode(obj).decode()}],
+        "isError": is_error,
+        "resultType": "complete",  # required on 2026-07-28; the SDK drops it for older versions
+    }
+    if isinstance(obj, dict):
+        result["structuredContent"] = obj
+    return result
 
 
 def error_result(message: str) -> types.CallToolResult:
@@ -160,7 +171,7 @@ def build_server(gw: "Gateway") -> Server[Any]:
 
     async def on_call_tool(
         ctx: Any, params: types.CallToolRequestParams
-    ) -> types.CallToolResult | types.InputRequiredResult:
+    ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
         conn = _connection(ctx)
         args = params.arguments or {}
         try:
@@ -212,8 +223,56 @@ def build_server(gw: "Gateway") -> Server[Any]:
     return server
 
 
+_FAST_PARAMS = frozenset({"name", "arguments", "_meta"})
+_FAST_ARGS = frozenset({"query", "top_k", "servers"})
+
+
+def fast_lane(gw: "Gateway") -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """Answer a repeated `tool_search` from the result cache without the SDK's per-request
+    machinery (validation models, a task per request, the result re-dumped per protocol
+    version), which is three quarters of a cache hit's time in the daemon.
+
+    Returns `lane(message) -> response | None` for the socket's reader. It answers only a
+    plain `tools/call` of `tool_search` with well-formed arguments, on a handshake-era
+    connection the SDK has already let through its initialization gate, whose answer is in
+    the result cache; every other message (a miss, an error to report, a 2026-07-28
+    envelope, a progress token) returns None and goes to the SDK as before. The answer is
+    built by the same `Gateway.search_cached` / `json_result` the SDK handler uses."""
+
+    def lane(msg: dict[str, Any]) -> dict[str, Any] | None:
+        conn = CONNECTION.get()
+        if conn is None or conn.protocol_version is None or conn.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return None
+        id_, params = msg.get("id"), msg.get("params")
+        if not isinstance(id_, (str, int)) or isinstance(id_, bool) or not isinstance(params, dict):
+            return None
+        if params.get("name") != TOOL_SEARCH or not params.keys() <= _FAST_PARAMS or params.get("_meta"):
+            return None
+        args = params.get("arguments")
+        if not isinstance(args, dict) or not args.keys() <= _FAST_ARGS:
+            return None
+        query, servers, top_k = args.get("query"), args.get("servers"), args.get("top_k")
+        if not isinstance(query, str) or not query.strip():
+            return None
+        if servers is not None and (not isinstance(servers, list) or not all(isinstance(x, str) for x in servers)):
+            return None
+        try:
+            k = clamp_top_k(top_k, gw.cfg.search.default_top_k)
+        except BadInput:
+            return None
+        answer = gw.search_cached(query, k, servers, conn)
+        if answer is None:
+            return None
+        gw.fast_answers += 1
+        result = json_result(answer)
+        del result["resultType"]  # not in the handshake-era result, as the SDK would send it
+        return {"jsonrpc": "2.0", "id": id_, "result": result}
+
+    return lane
+
+
 def init_options(server: Server[Any]) -> Any:
     return server.create_initialization_options(NotificationOptions(tools_changed=True))
 
 
-__all__ = ["CONNECTION", "Connection", "MCPError", "build_server", "error_result", "init_options", "json_result"]
+__all__ = ["CONNECTION", "Connection", "MCPError", "build_server", "error_result", "fast_lane", "init_options", "json_result"]

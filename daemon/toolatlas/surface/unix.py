@@ -80,6 +80,7 @@ class UnixServer:
         group: str | None = None,
         max_message_bytes: int = 4 * 1024 * 1024,
         on_bad_message: Any = None,
+        fast_lane: Any = None,
         listen_socket: socket.socket | None = None,
     ) -> None:
         self.server = server
@@ -89,6 +90,7 @@ class UnixServer:
         self.group = group
         self.max_message_bytes = max_message_bytes
         self.on_bad_message = on_bad_message
+        self.fast_lane = fast_lane  # see surface.server.fast_lane
         # A listening socket handed over by systemd socket activation (it owns the file).
         self.listen_socket = listen_socket
         self.connections: set[Connection] = set()
@@ -153,7 +155,8 @@ class UnixServer:
         log.debug("client connected: %s", conn)
         try:
             async with stream, ndjson_streams(
-                stream, max_bytes=self.max_message_bytes, on_bad_message=self.on_bad_message
+                stream, max_bytes=self.max_message_bytes, on_bad_message=self.on_bad_message,
+                fast_lane=self.fast_lane,
             ) as (read, write):
                 await self.server.run(read, write, self._opts)
         except Exception:
