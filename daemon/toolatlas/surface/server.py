@@ -244,7 +244,9 @@ def fast_lane(gw: "Gateway") -> Callable[[dict[str, Any]], dict[str, Any] | None
         if conn is None or conn.protocol_version is None or conn.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return None
         id_, params = msg.get("id"), msg.get("params")
-        if not isinstance(id_, (str, int)) or isinstance(id_, bool) or not isinstance(params, dict):
+        if msg.get("jsonrpc") != "2.0" or not isinstance(id_, (str, int)) or isinstance(id_, bool):
+            return None
+        if not isinstance(params, dict):
             return None
         if params.get("name") != TOOL_SEARCH or not params.keys() <= _FAST_PARAMS or params.get("_meta"):
             return None
