@@ -97,27 +97,43 @@ async def test_search_then_execute_over_the_socket(gateway: Daemon, mode: str) -
             await _search_then_execute(client)
 
 
-def test_a_repeated_search_takes_the_fast_lane_with_the_sdks_answer(gateway: Daemon) -> None:
-    """The socket answers a cached tool_search itself (surface.server.fast_lane); its reply
-    must be the one the SDK pipeline gives for the same cached search, and everything it
-    does not handle (a bad argument, a progress token) must still reach the SDK."""
+def test_tool_search_takes_the_fast_lane_with_the_sdks_answers(gateway: Daemon) -> None:
+    """The socket serves tool_search itself (surface.server.fast_lane); its replies must be
+    the ones the SDK pipeline gives, and what it does not take (here: a request with a
+    progress token) must still reach the SDK."""
     args = {"query": "fast lane probe: add two numbers", "top_k": 3}
+    through_sdk: dict[str, dict] = {}
+    fast: dict[str, dict] = {}
+    cases = {
+        "hit": args,
+        "miss": {"query": "fast lane probe: echo a message back", "top_k": 2},
+        "unknown server": {**args, "servers": ["nope"]},
+        "bad top_k": {**args, "top_k": "three"},
+        "empty query": {"query": " "},
+    }
     before = gateway.status()["cache"]
     with gateway.client() as c:
-        first = c.call_tool("tool_search", args)  # a miss: the SDK handler computes it
-        fast = c.call_tool("tool_search", args)  # a hit: answered by the fast lane
-        # The same hit with a progress token: the lane passes it to the SDK handler.
-        through_sdk = c.request("tools/call", {"name": "tool_search", "arguments": args, "_meta": {"progressToken": "p"}})
-        bad = c.call_tool("tool_search", {**args, "servers": ["nope"]})
-        bad_k = c.call_tool("tool_search", {**args, "top_k": "three"})
+        # A connection's first call goes to the SDK: its handler records the negotiated
+        # protocol version, which the lane needs to know before it takes a request.
+        first = c.call_tool("tool_search", args)
+        for name, a in cases.items():
+            fast[name] = c.call_tool("tool_search", a)
+            through_sdk[name] = c.request(
+                "tools/call", {"name": "tool_search", "arguments": a, "_meta": {"progressToken": name}}
+            )
     after = gateway.status()["cache"]
-    assert fast == through_sdk == first
-    assert len(fast["structuredContent"]["matches"]) == 3 and not fast["isError"]
-    assert json.loads(fast["content"][0]["text"]) == fast["structuredContent"]
-    assert after["fast_lane"] - before["fast_lane"] == 1
-    assert after["hits"] - before["hits"] == 2
-    assert bad["isError"] and "unknown server(s) nope" in bad["content"][0]["text"]
-    assert bad_k["isError"] and "top_k must be an integer" in bad_k["content"][0]["text"]
+    assert fast == through_sdk
+    assert first == fast["hit"]
+    hit = fast["hit"]
+    assert len(hit["structuredContent"]["matches"]) == 3 and not hit["isError"]
+    assert len(fast["miss"]["structuredContent"]["matches"]) == 2
+    assert json.loads(hit["content"][0]["text"]) == hit["structuredContent"]
+    assert after["fast_lane"] - before["fast_lane"] == len(cases)
+    assert after["hits"] - before["hits"] == 3 and after["misses"] - before["misses"] == 2
+    assert "unknown server(s) nope" in fast["unknown server"]["content"][0]["text"]
+    assert "top_k must be an integer" in fast["bad top_k"]["content"][0]["text"]
+    assert "non-empty string `query`" in fast["empty query"]["content"][0]["text"]
+    assert all(fast[k]["isError"] for k in ("unknown server", "bad top_k", "empty query"))
 
 
 async def test_the_sdk_client_accepts_fast_lane_answers(gateway: Daemon) -> None:
@@ -127,7 +143,7 @@ async def test_the_sdk_client_accepts_fast_lane_answers(gateway: Daemon) -> None
             args = {"query": "fast lane probe: echo a message back", "top_k": 4}
             first = await client.call_tool("tool_search", args)
             again = await client.call_tool("tool_search", args)
-    assert gateway.status()["cache"]["fast_lane"] == before + 1
+    assert gateway.status()["cache"]["fast_lane"] == before + 1  # the first call goes to the SDK
     assert again.structured_content == first.structured_content and not again.is_error
     assert len(again.structured_content["matches"]) == 4
 

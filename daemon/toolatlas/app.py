@@ -152,7 +152,7 @@ class Gateway:
         self.index_ready = anyio.Event()
         self.inflight = 0
         self.draining = False
-        self.fast_answers = 0  # cache hits answered by the socket's fast lane (surface.server)
+        self.fast_answers = 0  # tool_search requests the socket's fast lane served (surface.server)
         self._update_lock = anyio.Lock()
         # Searches are CPU work (query embedding, ranking): as many at once as there are
         # cores this process may use (its affinity mask, as the embedder counts them). More

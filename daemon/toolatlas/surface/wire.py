@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+INTERNAL_ERROR = -32603
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 _CHUNK = 65536
 _decode = msgspec.json.Decoder().decode
@@ -82,13 +83,13 @@ async def ndjson_streams(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     on_bad_message: Callable[[str], None] | None = None,
-    fast_lane: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    fast_lane: Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]] | None] | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Yield `(read_stream, write_stream)` carrying MCP messages over `stream`.
 
     `fast_lane(request)`, when given, sees each `tools/call` request first (as decoded
-    JSON) and may answer it itself by returning the whole JSON-RPC response; None passes
-    the request on to the SDK.
+    JSON) and may take it: it returns the whole JSON-RPC response, or an awaitable of it
+    (run in its own task), or None to pass the request on to the SDK.
 
     The read side ends when the peer closes; the write side closes the byte stream's
     sending half when the caller closes it. Contextvars set by the caller before entering
@@ -111,8 +112,22 @@ async def ndjson_streams(
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
 
+    async def send_reply(reply: dict[str, Any]) -> None:
+        try:
+            await send_raw(_encode(reply) + b"\n")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+    async def finish(id_: Any, pending: Awaitable[dict[str, Any]]) -> None:
+        try:
+            reply = await pending
+        except Exception:  # as the SDK answers a handler that raised
+            log.exception("fast lane request %r failed", id_)
+            reply = {"jsonrpc": "2.0", "id": id_, "error": {"code": INTERNAL_ERROR, "message": "internal error"}}
+        await send_reply(reply)
+
     async def fast(line: bytes) -> bool:
-        """Whether `fast_lane` answered this line (a failure there leaves it to the SDK)."""
+        """Whether `fast_lane` took this line (a failure to parse it leaves it to the SDK)."""
         assert fast_lane is not None
         try:
             msg = _decode(line)
@@ -122,10 +137,10 @@ async def ndjson_streams(
             return False
         if reply is None:
             return False
-        try:
-            await send_raw(_encode(reply) + b"\n")
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+        if isinstance(reply, dict):
+            await send_reply(reply)
+        else:  # work to await (a search to run): its own task, so this reader goes on reading
+            tg.start_soon(finish, msg.get("id"), reply)
         return True
 
     async def handle_line(line: bytes | None) -> None:
