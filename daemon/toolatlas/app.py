@@ -498,8 +498,9 @@ class Gateway:
     def search_cached(
         self, query: str, top_k: int, servers: list[str] | None, conn: Connection
     ) -> dict[str, Any] | None:
-        """`search`'s answer when the result cache holds it, else None (nothing counted).
-        Synchronous and cheap: the socket answers a repeated query with it directly."""
+        """`search`'s answer when the result cache holds it (counted and logged as `search`
+        does), else None with nothing counted. Synchronous and cheap: the socket's lane
+        answers a repeated query with it without a task or a thread hop."""
         t0 = time.perf_counter()
         if not self.engine_loaded.is_set():
             return None
