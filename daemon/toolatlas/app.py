@@ -314,7 +314,7 @@ class Gateway:
         if computed > self._embeddings_seen:
             self.metrics.count_embeddings(computed - self._embeddings_seen)
         self._embeddings_seen = computed
-        memory.trim_heap()
+        memory.settle_heap()
         return version
 
     async def _on_tools(self, server: str, tools: list[types.Tool] | None) -> None:
@@ -380,7 +380,7 @@ class Gateway:
             return None
         tools, schemas, token_texts = build_inputs([(d, d.description, d.server_summary, d.tags) for d in docs])
         report = analyse(tools, embedder, schemas=schemas, token_texts=token_texts, vectors=vecs)
-        memory.trim_heap()  # the analysis held n x n similarities
+        memory.settle_heap()  # the analysis held n x n similarities; its report stays
         log.info("rift: %d clusters over %d tools (index version %d): %s",
                  len(report.clusters), len(docs), version, report.counts())
         return report
