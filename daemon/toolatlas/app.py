@@ -499,15 +499,13 @@ class Gateway:
         self, query: str, top_k: int, servers: list[str] | None, conn: Connection
     ) -> dict[str, Any] | None:
         """`search`'s answer when the result cache holds it (counted and logged as `search`
-        does), else None with nothing counted. Synchronous and cheap: the socket's lane
-        answers a repeated query with it without a task or a thread hop."""
+        does), else None with nothing counted; BadInput as `search` raises it. Synchronous
+        and cheap: the socket's lane answers a repeated query with it without a task or a
+        thread hop."""
         t0 = time.perf_counter()
         if not self.engine_loaded.is_set():
             return None
-        try:
-            scope = self._search_scope(servers, conn)
-        except BadInput:
-            return None  # `search` reports it
+        scope = self._search_scope(servers, conn)
         outcome = self.engine.cached(query, top_k, servers=scope) if scope else None
         if outcome is None:
             return None

@@ -66,17 +66,15 @@ def normalise_query(query: str) -> str:
 
     Queries up to `_MEMO_CHARS` long are remembered (a repeated query is what the result
     cache answers, and splitting it again was a tenth of a cache hit's time in the daemon)."""
-    if len(query) <= _MEMO_CHARS:
-        return _normalise_memo(query)
+    return (_normalise_memo if len(query) <= _MEMO_CHARS else _normalise)(query)
+
+
+def _normalise(query: str) -> str:
     return " ".join(words(query))
 
 
 _MEMO_CHARS = 512
-
-
-@functools.lru_cache(maxsize=4096)
-def _normalise_memo(query: str) -> str:
-    return " ".join(words(query))
+_normalise_memo = functools.lru_cache(maxsize=4096)(_normalise)
 
 
 def _param_lines(schema: dict[str, Any], prefix: str = "", depth: int = 0) -> Iterable[tuple[str, str, str, str]]:

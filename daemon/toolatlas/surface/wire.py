@@ -21,6 +21,8 @@ import msgspec
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
+from toolatlas.surface.meta_tools import TOOL_SEARCH
+
 log = logging.getLogger(__name__)
 
 PARSE_ERROR = -32700
@@ -28,6 +30,7 @@ INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 _CHUNK = 65536
+_FAST_TOOL = f'"{TOOL_SEARCH}"'.encode()  # the only tool the fast lane serves
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
@@ -87,8 +90,9 @@ async def ndjson_streams(
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Yield `(read_stream, write_stream)` carrying MCP messages over `stream`.
 
-    `fast_lane(request)`, when given, sees each `tools/call` request first (as decoded
-    JSON) and may take it: it returns the whole JSON-RPC response, or an awaitable of it
+    `fast_lane(request)`, when given, sees each `tools/call` request that names
+    `tool_search` first (as decoded JSON; other lines, an execute_tool's arguments of up to
+    `max_bytes` among them, are not decoded twice) and may take it: it returns the whole JSON-RPC response, or an awaitable of it
     (run in its own task), or None to pass the request on to the SDK.
 
     The read side ends when the peer closes; the write side closes the byte stream's
@@ -149,7 +153,7 @@ async def ndjson_streams(
             return
         if not line.strip():
             return
-        if fast_lane is not None and b'"tools/call"' in line and await fast(line):
+        if fast_lane is not None and b'"tools/call"' in line and _FAST_TOOL in line and await fast(line):
             return
         try:
             message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
