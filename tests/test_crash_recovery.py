@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -140,9 +140,26 @@ def test_onnx_vectors_are_normalised_and_int8_stays_close(shared_models: Path) -
     v = onnx.embed(texts)
     assert v.shape == (2, 384) and v.dtype == np.float32
     assert np.linalg.norm(v, axis=1) == pytest.approx([1.0, 1.0], abs=1e-5)
-    # int8 stays close to fp32 (the quality rule is checked with `toolatlas eval`)
+    # int8 (per-channel weight scales) stays close to fp32; the quality rule is checked with
+    # `toolatlas eval`. One scale per tensor measured 0.93-0.96 on such texts.
     q = get_embedder("onnx-int8").embed(texts)
-    assert (q * v).sum(axis=1).min() > 0.9
+    assert (q * v).sum(axis=1).min() > 0.98
+
+
+def test_the_export_fuses_each_layer_and_matches_the_unfused_graph(shared_models: Path) -> None:
+    from toolatlas.retrieval.embed import _EXPORT_DIRNAME
+
+    folder = shared_models / _EXPORT_DIRNAME
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["format"] == 2
+    fusion = manifest["fusion"]
+    assert fusion["fused"] is True, fusion
+    assert fusion["operators"]["Attention"] == 6 and fusion["operators"]["SkipLayerNormalization"] == 12
+    assert fusion["max_abs_diff"] <= 1e-4
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(folder / "model.int8.onnx"), load_external_data=False).graph.node}
+    assert "QAttention" in ops and "Softmax" not in ops  # attention fused, then quantized
 
 
 def test_default_embedder_fp32_documents_int8_queries_and_releases_the_document_model(shared_models: Path) -> None:
@@ -157,7 +174,7 @@ def test_default_embedder_fp32_documents_int8_queries_and_releases_the_document_
     np.testing.assert_allclose(default.embed_queries(texts), get_embedder("onnx-int8").embed_queries(texts), atol=1e-5)
     assert (default.embed_queries(texts) * fp32.embed(texts)).sum(axis=1).min() > 0.9
     # the document model loads on first use and is released once idle
-    emb = OnnxEmbedder(shared_models / "minilm-l6-v2-onnx-v1", "fp32", "int8", doc_idle_s=0.2)
+    emb = OnnxEmbedder(shared_models / "minilm-l6-v2-onnx-v2", "fp32", "int8", doc_idle_s=0.2)
     emb.embed_queries(texts)
     assert not emb.doc_model_loaded and emb.doc_model_loads == 0
     emb.embed(texts)
@@ -175,7 +192,7 @@ def test_a_lone_query_spins_two_threads_and_concurrent_recent_or_batched_queries
 
     from toolatlas.retrieval.embed import LONE_WINDOW, OnnxEmbedder, usable_cores
 
-    folder = shared_models / "minilm-l6-v2-onnx-v1"
+    folder = shared_models / "minilm-l6-v2-onnx-v2"
     single = OnnxEmbedder(folder, "fp32", "int8", query_threads=1)
     assert single.query_threads == 1
     single.embed_queries(["read a file"])
@@ -411,10 +428,27 @@ def test_corrupt_embedding_cache_is_detected_and_rebuilt(mcp_docs: list[ToolDoc]
     assert third.stats()["embeddings_computed"] == 0 and third.stats()["cache_corrupt"] == 0
 
 
+@pytest.mark.slow
+def test_a_new_export_replaces_an_earlier_format_in_state_dir(tmp_path: Path) -> None:
+    from toolatlas.retrieval.embed import _EXPORT_DIRNAME
+
+    stale = tmp_path / "models" / "minilm-l6-v2-onnx-v1"
+    stale.mkdir(parents=True)
+    (stale / "model.onnx").write_bytes(b"x" * 1024)
+    unrelated = tmp_path / "models" / "other-model"
+    unrelated.mkdir()
+    folder = ensure_onnx_export(tmp_path)  # a real export, in a torch subprocess
+    assert folder == tmp_path / "models" / _EXPORT_DIRNAME
+    assert sorted(p.name for p in (tmp_path / "models").iterdir() if not p.name.startswith(".")) == [
+        _EXPORT_DIRNAME, "other-model"
+    ]
+    assert get_embedder("onnx", tmp_path).embed_queries(["read a file"]).shape == (1, 384)
+
+
 def test_embedder_failure_degrades_to_bm25(mcp_docs: list[ToolDoc], tmp_path: Path) -> None:
     # A broken model on disk (complete-looking export, unreadable weights) must not stop search.
     state = tmp_path / "state"
-    export = state / "models" / "minilm-l6-v2-onnx-v1"
+    export = state / "models" / "minilm-l6-v2-onnx-v2"
     export.mkdir(parents=True)
     files = {"model.onnx": b"not a model", "model.int8.onnx": b"not a model either", "tokenizer.json": b"{}"}
     for name, data in files.items():

@@ -54,7 +54,7 @@ QUERY_THREADS = 2  # intra-op threads for a query embedded while no other is (se
 LONE_WINDOW = 32  # ... and none of this many previous single queries overlapped another call
 _ONNX_FILES = {"int8": "model.int8.onnx", "fp32": "model.onnx"}
 _BATCH_ATTN_BUDGET = 4 * 128 * 128  # rows * width^2 per batch (token-pair budget)
-_EXPORT_DIRNAME = "minilm-l6-v2-onnx-v1"
+_EXPORT_DIRNAME = "minilm-l6-v2-onnx-v2"
 _EXPORT_TIMEOUT = 900.0
 
 
@@ -357,6 +357,10 @@ def ensure_onnx_export(state_dir: Path | None) -> Path:
                 if tmp.exists():
                     shutil.rmtree(tmp, ignore_errors=True)
             log.info("embed.export_done out=%s", final)
+            for old in root.glob(_EXPORT_DIRNAME.rsplit("-v", 1)[0] + "-v*"):
+                if old != final and old.is_dir():  # an earlier export format: ~110 MB unused
+                    shutil.rmtree(old, ignore_errors=True)
+                    log.info("embed.export_removed_old path=%s", old)
     except subprocess.TimeoutExpired as exc:
         raise EmbedderUnavailable(
             f"exporting {MODEL_NAME} to ONNX did not finish within {_EXPORT_TIMEOUT:g} s"
