@@ -469,6 +469,15 @@ def test_embedder_failure_degrades_to_bm25(mcp_docs: list[ToolDoc], tmp_path: Pa
     assert st["degraded_searches"] >= 1 and st["embedder_error"]
 
 
+def test_an_engine_runs_numpy_blas_on_one_thread() -> None:
+    # OpenBLAS helper threads busy-wait after a call and fight the query embedder's threads
+    from threadpoolctl import threadpool_info
+
+    Engine(state_dir=None, embedder="none")
+    blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    assert blas and all(i["num_threads"] == 1 for i in blas)
+
+
 def test_embedder_none_is_plain_bm25(mcp_docs: list[ToolDoc]) -> None:
     eng = Engine(state_dir=None, embedder="none")
     eng.load()

@@ -84,6 +84,31 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+_blas_limited = False
+
+
+def limit_blas_threads() -> None:
+    """Run numpy's BLAS on one thread in this process, once; idempotent, never raises.
+
+    OpenBLAS splits a matrix-vector product as small as a 2,000-tool scan (2,000 x 384) over
+    every core, and its helper threads then busy-wait before sleeping. On 2 cores that fights
+    the query embedder's own threads: 2,000 tools in process, 300 queries, query embedding
+    p50 3.3-3.5 ms with one BLAS thread, 6.5-6.7 ms without (ranking 0.7 vs 2.4 ms). The
+    parallel work here is onnxruntime's, which has its own thread pools. A runtime limit
+    (threadpoolctl), not an environment variable, so subprocesses such as stdio upstreams
+    keep their own defaults."""
+    global _blas_limited
+    if _blas_limited:
+        return
+    _blas_limited = True
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=1, user_api="blas")
+    except Exception as exc:  # noqa: BLE001 - a missing limit costs speed, not correctness
+        log.warning("embed.blas_limit_failed error=%s", exc)
+
+
 def _normalise(vecs: np.ndarray) -> np.ndarray:
     vecs = np.asarray(vecs, dtype=np.float32)
     norms = np.linalg.norm(vecs, axis=1, keepdims=True)

@@ -30,7 +30,7 @@ import numpy as np
 from toolatlas.retrieval import fusion, persist
 from toolatlas.retrieval.bm25 import Bm25Index
 from toolatlas.retrieval.cache import TtlLru
-from toolatlas.retrieval.embed import QUERY_THREADS
+from toolatlas.retrieval.embed import QUERY_THREADS, limit_blas_threads
 from toolatlas.retrieval.text import dense_text, lexical_fields, normalise_query, tokenize
 
 log = logging.getLogger(__name__)
@@ -202,10 +202,12 @@ class Engine:
     ) -> None:
         """`persist=False` keeps state_dir for the model export only (no index files);
         `fusion` picks the hybrid ranker ("z" default, "minmax", "rrf" baseline);
-        `query_threads`: threads for a query embedded while no other is (embed.OnnxEmbedder)."""
+        `query_threads`: threads for a query embedded while no other is (embed.OnnxEmbedder).
+        Limits numpy's BLAS to one thread in this process (embed.limit_blas_threads)."""
         if fusion not in FUSIONS:
             raise ValueError(f"unknown fusion {fusion!r}; expected one of {', '.join(FUSIONS)}")
         self.fusion = fusion
+        limit_blas_threads()
         if mode not in MODES:
             raise ValueError(f"unknown search mode {mode!r}; expected one of {', '.join(MODES)}")
         self.state_dir = Path(state_dir) if state_dir is not None else None
