@@ -221,12 +221,30 @@ def test_a_lone_query_spins_two_threads_and_concurrent_recent_or_batched_queries
     worker.join(60)
     assert still_in_flight, "the batch finished before the second query: lengthen it"
     assert emb.lone_queries == 1 and emb._in_flight == 0
-    # ... and for the next LONE_WINDOW queries: overlap means the cores are wanted
-    for _ in range(LONE_WINDOW - 1):
-        emb.embed_queries([q])
-    assert emb.lone_queries == 1
+    # a finished batch says nothing about later searches: the next query spins again
     emb.embed_queries([q])
     assert emb.lone_queries == 2
+    # two searches in flight at once: neither spins, nor do the next LONE_WINDOW searches
+    long_query = " ".join(f"token{j}" for j in range(400))  # truncated at 256 tokens
+    for _attempt in range(20):  # bounded: a try fails only if the first query ends too soon
+        first = threading.Thread(target=emb.embed_queries, args=([long_query],))
+        before = emb.lone_queries
+        first.start()
+        deadline = time.monotonic() + 10
+        while emb._singles_in_flight == 0 and first.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.0002)
+        emb.embed_queries([q])
+        first.join(60)
+        if any(emb._recent):
+            break
+    assert any(emb._recent), "never caught two searches in flight at once"
+    assert emb.lone_queries <= before + 1  # the second search did not spin
+    for _ in range(LONE_WINDOW - 1):
+        emb.embed_queries([q])
+    assert emb.lone_queries <= before + 1
+    for _ in range(LONE_WINDOW):
+        emb.embed_queries([q])
+    assert emb.lone_queries > before + 1
 
 
 def test_a_query_naming_a_tool_finds_it(engine: Engine) -> None:
