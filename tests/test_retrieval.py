@@ -17,7 +17,13 @@ import pytest
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries
 from toolatlas.retrieval import engine as engine_mod
 from toolatlas.retrieval import fusion
-from toolatlas.retrieval.embed import EmbedderUnavailable, ensure_onnx_export, get_embedder, models_dir
+from toolatlas.retrieval.embed import (
+    _EXPORT_DIRNAME,
+    EmbedderUnavailable,
+    ensure_onnx_export,
+    get_embedder,
+    models_dir,
+)
 from toolatlas.retrieval.engine import Engine, ToolDoc
 from toolatlas.retrieval.text import dense_text, normalise_query, tokenize, words
 
@@ -147,8 +153,6 @@ def test_onnx_vectors_are_normalised_and_int8_stays_close(shared_models: Path) -
 
 
 def test_the_export_fuses_each_layer_and_matches_the_unfused_graph(shared_models: Path) -> None:
-    from toolatlas.retrieval.embed import _EXPORT_DIRNAME
-
     folder = shared_models / _EXPORT_DIRNAME
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["format"] == 2
@@ -174,7 +178,7 @@ def test_default_embedder_fp32_documents_int8_queries_and_releases_the_document_
     np.testing.assert_allclose(default.embed_queries(texts), get_embedder("onnx-int8").embed_queries(texts), atol=1e-5)
     assert (default.embed_queries(texts) * fp32.embed(texts)).sum(axis=1).min() > 0.9
     # the document model loads on first use and is released once idle
-    emb = OnnxEmbedder(shared_models / "minilm-l6-v2-onnx-v2", "fp32", "int8", doc_idle_s=0.2)
+    emb = OnnxEmbedder(shared_models / _EXPORT_DIRNAME, "fp32", "int8", doc_idle_s=0.2)
     emb.embed_queries(texts)
     assert not emb.doc_model_loaded and emb.doc_model_loads == 0
     emb.embed(texts)
@@ -192,7 +196,7 @@ def test_a_lone_query_spins_two_threads_and_concurrent_recent_or_batched_queries
 
     from toolatlas.retrieval.embed import LONE_WINDOW, OnnxEmbedder, usable_cores
 
-    folder = shared_models / "minilm-l6-v2-onnx-v2"
+    folder = shared_models / _EXPORT_DIRNAME
     single = OnnxEmbedder(folder, "fp32", "int8", query_threads=1)
     assert single.query_threads == 1
     single.embed_queries(["read a file"])
@@ -448,8 +452,6 @@ def test_corrupt_embedding_cache_is_detected_and_rebuilt(mcp_docs: list[ToolDoc]
 
 @pytest.mark.slow
 def test_a_new_export_replaces_an_earlier_format_in_state_dir(tmp_path: Path) -> None:
-    from toolatlas.retrieval.embed import _EXPORT_DIRNAME
-
     stale = tmp_path / "models" / "minilm-l6-v2-onnx-v1"
     stale.mkdir(parents=True)
     (stale / "model.onnx").write_bytes(b"x" * 1024)
@@ -466,7 +468,7 @@ def test_a_new_export_replaces_an_earlier_format_in_state_dir(tmp_path: Path) ->
 def test_embedder_failure_degrades_to_bm25(mcp_docs: list[ToolDoc], tmp_path: Path) -> None:
     # A broken model on disk (complete-looking export, unreadable weights) must not stop search.
     state = tmp_path / "state"
-    export = state / "models" / "minilm-l6-v2-onnx-v2"
+    export = state / "models" / _EXPORT_DIRNAME
     export.mkdir(parents=True)
     files = {"model.onnx": b"not a model", "model.int8.onnx": b"not a model either", "tokenizer.json": b"{}"}
     for name, data in files.items():

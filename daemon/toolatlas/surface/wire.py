@@ -107,28 +107,27 @@ async def ndjson_streams(
         async with send_lock:
             await stream.send(data)
 
+    async def send_if_open(data: bytes) -> None:
+        """A reply to a peer that has gone is dropped."""
+        try:
+            await send_raw(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
     async def bad(code: int, message: str, id_: Any = None) -> None:
         if on_bad_message is not None:
             on_bad_message(message)
         log.debug("bad client message: %s", message)
-        try:
-            await send_raw(_error_line(code, message, id_))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-
-    async def send_reply(reply: dict[str, Any]) -> None:
-        try:
-            await send_raw(_encode(reply) + b"\n")
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+        await send_if_open(_error_line(code, message, id_))
 
     async def finish(id_: Any, pending: Awaitable[dict[str, Any]]) -> None:
         try:
             reply = await pending
         except Exception:  # as the SDK answers a handler that raised
             log.exception("fast lane request %r failed", id_)
-            reply = {"jsonrpc": "2.0", "id": id_, "error": {"code": INTERNAL_ERROR, "message": "internal error"}}
-        await send_reply(reply)
+            await send_if_open(_error_line(INTERNAL_ERROR, "internal error", id_))
+            return
+        await send_if_open(_encode(reply) + b"\n")
 
     async def fast(line: bytes) -> bool:
         """Whether `fast_lane` took this line (a failure to parse it leaves it to the SDK)."""
@@ -142,7 +141,7 @@ async def ndjson_streams(
         if reply is None:
             return False
         if isinstance(reply, dict):
-            await send_reply(reply)
+            await send_if_open(_encode(reply) + b"\n")
         else:  # work to await (a search to run): its own task, so this reader goes on reading
             tg.start_soon(finish, msg.get("id"), reply)
         return True
