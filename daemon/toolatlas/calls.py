@@ -1,0 +1,75 @@
+"""A tool call as one value through every layer (surface -> gateway -> pool -> session).
+
+`CallRequest` is what a client asked for, by its namespaced name; the gateway checks it
+(access, arguments, sealed input state) and routes it as an `UpstreamCall` to the owning
+upstream's warm session; the pool answers with an `UpstreamReply`, which the gateway hands
+back as a `CallOutcome`. The SDK's own result object travels inside as an opaque payload:
+only `upstream/` and `surface/` know MCP types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# (progress, total, message) -> None, awaited for each upstream progress notification.
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """A client's tools/call or execute_tool, as the surface received it.
+
+    `arguments` is unchecked client input (an object, a JSON string, or anything else: the
+    gateway says what is wrong). `allow_input_required` is set for 2026-07-28 callers, who
+    can answer an `input_required` result; their retry carries `input_responses` and the
+    gateway-sealed `request_state`.
+    """
+
+    name: str
+    arguments: object = None
+    progress: ProgressFn | None = None
+    allow_input_required: bool = False
+    input_responses: Mapping[str, Any] | None = None
+    request_state: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    """A checked call routed to one upstream: its own tool name, validated arguments and
+    the upstream's own (unsealed) request state."""
+
+    server: str
+    tool: str
+    arguments: dict[str, Any] | None
+    progress: ProgressFn | None = None
+    allow_input_required: bool = False
+    input_responses: Mapping[str, Any] | None = None
+    request_state: str | None = None
+    timeout: float | None = None  # None: the upstream's timeouts.call
+
+
+@dataclass(frozen=True, slots=True)
+class InputRequired:
+    """An upstream's 2026-07-28 `input_required` answer: its requests (the SDK's objects,
+    passed through) and the opaque state the retry must carry."""
+
+    input_requests: object
+    request_state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamReply:
+    """What the upstream answered: either a complete result (`payload`, the SDK's
+    CallToolResult, passed through untouched) or an `input_required`."""
+
+    payload: object = None
+    is_error: bool = False
+    input_required: InputRequired | None = None
+
+
+# The gateway hands an UpstreamReply back to the surface with the request state sealed.
+CallOutcome = UpstreamReply
+
+__all__ = ["CallOutcome", "CallRequest", "InputRequired", "ProgressFn", "UpstreamCall", "UpstreamReply"]
