@@ -48,12 +48,12 @@ from toolatlas.tokens import TOKENIZER_NAME, catalog_token_report  # noqa: E402
 def load_meta_tools() -> tuple[list[dict[str, Any]], str]:
     """The meta-tool definitions the gateway serves, and where they came from."""
     try:
-        from toolatlas.surface.meta_tools import META_TOOLS
+        from toolatlas.meta_tools import META_TOOLS
     except ImportError:
         META_TOOLS = None
     if META_TOOLS:
-        return list(META_TOOLS), "toolatlas.surface.meta_tools.META_TOOLS"
-    raise SystemExit("toolatlas.surface.meta_tools.META_TOOLS is not available yet")
+        return list(META_TOOLS), "toolatlas.meta_tools.META_TOOLS"
+    raise SystemExit("toolatlas.meta_tools.META_TOOLS is not available yet")
 
 
 def slug(server: str) -> str:

@@ -216,7 +216,7 @@ def test_attest_verified_changed_and_reattested_by_operator(tmp_path: Path, keys
     res2 = att.attest("files", changed)
     assert set(res2.texts) == {"read_file", "list_dir"}
     assert "definition changed" in res2.quarantined["write_file"]
-    st = att.summary()
+    st = att.summary({"files": res2})
     assert st["quarantined_tools"] == 1 and "write_file" in st["servers"]["files"]["quarantined"]
 
     # a tool added upstream after signing is not served either
@@ -225,12 +225,12 @@ def test_attest_verified_changed_and_reattested_by_operator(tmp_path: Path, keys
 
     # the operator regenerates and signs: the daemon sees the new card file and the tool
     # comes back on the next attestation
-    assert att.changed_servers() == []
+    assert att.changed_servers(["files"]) == []
     signed_card(cfg, keys, "files", changed)
-    assert att.changed_servers() == ["files"]
+    assert att.changed_servers(["files"]) == ["files"]
     res3 = att.attest("files", changed)
     assert not res3.quarantined and "write_file" in res3.texts
-    assert att.changed_servers() == []
+    assert att.changed_servers(["files"]) == []
 
 
 def test_attest_tampered_card_refused_other_servers_served(tmp_path: Path, keys: tuple[Path, Path]) -> None:
@@ -248,8 +248,9 @@ def test_attest_tampered_card_refused_other_servers_served(tmp_path: Path, keys:
     assert res.card_status.startswith("refused: ") and "signature" in res.card_status
     # required = false: publisher text, unattested
     assert res.texts["read_file"] == ("Read a file.", "", ())
-    assert att.attest("other", other).card_status == "verified"
-    assert att.summary()["refused_cards"] == ["files"]
+    res_other = att.attest("other", other)
+    assert res_other.card_status == "verified"
+    assert att.summary({"files": res, "other": res_other})["refused_cards"] == ["files"]
 
     strict = Attestor(make_cfg(tmp_path, keys, required=True))
     res = strict.attest("files", tools)
@@ -310,9 +311,9 @@ def test_attest_caches_by_file_identity(tmp_path: Path, keys: tuple[Path, Path])
     att = Attestor(cfg)
     assert att.attest("files", tools).card_status == "verified"
     os.unlink(path)
-    assert att.changed_servers() == ["files"]
+    assert att.changed_servers(["files"]) == ["files"]
     assert att.attest("files", tools).card_status == "missing"
-    assert att.changed_servers() == []
+    assert att.changed_servers(["files"]) == []
 
 
 def test_signed_publisher_card_is_served_but_reported_unattested(tmp_path: Path, keys: tuple[Path, Path]) -> None:
@@ -329,5 +330,6 @@ def test_signed_publisher_card_is_served_but_reported_unattested(tmp_path: Path,
     assert res.card_status == "unattested" and res.texts["read_file"][0] == "Read a file."
     # schema hashes still guard a publisher card
     changed = [rec("files", "read_file", "Read a file, then upload it.", {"path": {"type": "string"}}), *tools[1:]]
-    assert "definition changed" in att.attest("files", changed).quarantined["read_file"]
-    assert att.summary()["servers"]["files"]["generator"] == "publisher"
+    res2 = att.attest("files", changed)
+    assert "definition changed" in res2.quarantined["read_file"]
+    assert att.summary({"files": res2})["servers"]["files"]["generator"] == "publisher"

@@ -74,7 +74,7 @@ async def test_tampered_replayed_or_misdirected_state_is_refused(gateway: Daemon
 
 async def test_another_caller_cannot_use_a_state(gateway: Daemon, tmp_path: Path) -> None:
     """The state is bound to the caller: a token principal is not the socket user."""
-    from toolatlas.app import Gateway  # noqa: F401  (the sealer is the gateway's)
+    from toolatlas.gateway import Gateway  # noqa: F401  (the sealer is the gateway's)
     from toolatlas.errors import BadInput
     from toolatlas.inputstate import InputStateSealer
 

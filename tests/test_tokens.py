@@ -9,7 +9,7 @@ import sys
 
 import anthropic_tokenizer
 
-from toolatlas.surface.meta_tools import META_TOOLS
+from toolatlas.meta_tools import META_TOOLS
 from toolatlas.tokens import TOKENIZER_NAME, catalog_token_report, count_tokens, count_tokens_in_pieces, tools_list_json
 
 _VERBS = ["get", "list", "create", "update", "delete", "search", "send", "read", "fetch", "sync"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolatlas.surface.meta_tools import clamp_top_k
+from toolatlas.meta_tools import clamp_top_k
 from toolatlas.surface.wire import _LineSplitter
 from toolatlas.errors import BadInput
 

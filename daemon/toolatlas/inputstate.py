@@ -2,7 +2,7 @@
 
 When an upstream answers a tools/call with `input_required` (it needs an elicitation or a
 sample from the user), the gateway passes the input requests to its client and hands out a
-state token of its own: the upstream's state sealed (AES-256-GCM, the SDK's codec) together
+state token of its own: the upstream's state sealed (AES-256-GCM, cryptography's AEAD) together
 with the upstream, the tool, the caller and an expiry. The client's retry must bring it back;
 a token that was tampered with, belongs to another caller or tool, has expired, or was
 already used is refused, so a client cannot forge or replay an upstream's state.
@@ -10,13 +10,16 @@ already used is refused, so a client cannot forge or replay an upstream's state.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import threading
 import time
 from typing import Any
 
-from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from toolatlas.errors import BadInput
 
@@ -28,7 +31,7 @@ class InputStateSealer:
 
     def __init__(self, *, ttl: float = DEFAULT_TTL_S, key: bytes | None = None) -> None:
         self.ttl = ttl
-        self._codec = AESGCMRequestStateCodec([key or os.urandom(32)])
+        self._aead = AESGCM(key or os.urandom(32))
         self._used: dict[str, float] = {}  # nonce -> expiry
         self._lock = threading.Lock()
 
@@ -37,13 +40,21 @@ class InputStateSealer:
             "u": upstream, "t": tool, "p": principal, "e": time.time() + self.ttl,
             "n": os.urandom(12).hex(), "s": upstream_state,
         }
-        return self._codec.seal(json.dumps(payload, separators=(",", ":")).encode())
+        nonce = os.urandom(12)
+        sealed = self._aead.encrypt(nonce, json.dumps(payload, separators=(",", ":")).encode(), None)
+        return base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
+
+    def _unseal(self, token: str) -> bytes:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        if len(raw) < 12 + 16:
+            raise ValueError("token too short")
+        return self._aead.decrypt(raw[:12], raw[12:], None)
 
     def open(self, token: str, *, tool: str, principal: str) -> tuple[str, str | None]:
         """(upstream, upstream state) for a retry of `tool` by `principal`; BadInput if refused."""
         try:
-            payload: dict[str, Any] = json.loads(self._codec.unseal(token))
-        except (InvalidRequestState, ValueError, TypeError) as exc:
+            payload: dict[str, Any] = json.loads(self._unseal(token))
+        except (InvalidTag, binascii.Error, ValueError, TypeError) as exc:
             raise BadInput(
                 "requestState was not issued by this gateway or was altered; call the tool again without it"
             ) from exc

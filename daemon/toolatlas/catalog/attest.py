@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ class AttestResult:
     texts: dict[str, tuple[str, str, tuple[str, ...]]]  # tool -> (tool summary, server summary, tags)
     quarantined: dict[str, str]  # tool -> reason
     card_status: str  # "verified" | "missing" | "refused: <reason>" | "unattested"
+    card: Card | None = None  # the verified card the texts came from
 
 
 def resolve_path(cfg: Any, value: str) -> Path | None:
@@ -78,12 +80,13 @@ class Attestor:
             raise ConfigError("[cards] required = true needs [cards] public_key")
         self._private_path = resolve_path(cfg, cards.private_key)
         self._lock = threading.RLock()
+        # A cache of parsed, verified card files by (inode, mtime, size); the verdicts
+        # themselves belong to the catalog's view, not to this object.
         self._cache: dict[str, tuple[tuple[int, int, int], _Loaded]] = {}
-        self._last: dict[str, tuple[AttestResult, Card | None]] = {}
 
     def __repr__(self) -> str:
         kid = signing.key_id(self._public) if self._public else None
-        return f"<Attestor key={kid} policy={self._policy} required={self._required} servers={len(self._last)}>"
+        return f"<Attestor key={kid} policy={self._policy} required={self._required} cached={len(self._cache)}>"
 
     # ------------------------------------------------------------------ loading
 
@@ -132,7 +135,8 @@ class Attestor:
         """Decide, for one upstream's live tools, what to index and what to quarantine."""
         with self._lock:
             res, card = self._attest(server, tools)
-            self._last[server] = (res, card)
+            if card is not None:
+                res = AttestResult(res.texts, res.quarantined, res.card_status, card)
             if res.quarantined:
                 log.warning("%s: %d tool(s) quarantined (%s)", server, len(res.quarantined), res.card_status)
             return res
@@ -231,15 +235,17 @@ class Attestor:
             texts[name] = (tc.summary, new.summary, tuple(new.tags))
         return new, {}
 
-    def changed_servers(self) -> list[str]:
-        """Servers attested before whose card file has changed since (written, replaced,
-        removed): call `attest` again for them so a regenerated card takes effect without
-        waiting for the upstream's tool list to change. Cheap: one stat per server."""
+    def changed_servers(self, servers: Iterable[str]) -> list[str]:
+        """Those of `servers` (attested before) whose card file changed since this Attestor
+        last read it (written, replaced, removed): call `attest` again for them so a
+        regenerated or tampered card takes effect without waiting for the upstream's tool
+        list to change. A new Attestor (after a reload) has read nothing yet, so every server
+        with a card file is re-checked once. Cheap: one stat per server."""
         with self._lock:
             if self._public is None:
                 return []
             out = []
-            for server in self._last:
+            for server in servers:
                 try:
                     st = card_path(self._state_dir, server).stat()
                     key: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -254,11 +260,12 @@ class Attestor:
 
     # ------------------------------------------------------------------ status
 
-    def summary(self) -> dict[str, Any]:
-        """JSON-serialisable view for catalog_status."""
+    def summary(self, verdicts: Mapping[str, AttestResult]) -> dict[str, Any]:
+        """JSON-serialisable view of `verdicts` (server -> last attestation) for catalog_status."""
         with self._lock:
             servers: dict[str, Any] = {}
-            for name, (res, card) in sorted(self._last.items()):
+            for name, res in sorted(verdicts.items()):
+                card = res.card
                 entry: dict[str, Any] = {
                     "card": res.card_status,
                     "served": len(res.texts),
@@ -274,8 +281,8 @@ class Attestor:
                 "public_key": signing.key_id(self._public) if self._public else None,
                 "policy": self._policy,
                 "required": self._required,
-                "quarantined_tools": sum(len(r.quarantined) for r, _ in self._last.values()),
-                "refused_cards": sorted(n for n, (r, _) in self._last.items() if r.card_status.startswith("refused")),
+                "quarantined_tools": sum(len(r.quarantined) for r in verdicts.values()),
+                "refused_cards": sorted(n for n, r in verdicts.items() if r.card_status.startswith("refused")),
                 "servers": servers,
             }
 

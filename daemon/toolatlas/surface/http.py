@@ -39,8 +39,9 @@ from starlette.types import Receive, Scope, Send
 
 from toolatlas.config import HttpSection, HttpToken
 from toolatlas.errors import ConfigError
-from toolatlas.surface.meta_tools import META_TOOLS
-from toolatlas.surface.server import CONNECTION, Connection
+from toolatlas.meta_tools import META_TOOLS
+from toolatlas.gateway.ports import Connection
+from toolatlas.surface.server import CONNECTION, Connections
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel.server import Server
@@ -107,7 +108,10 @@ def _json_error(status: int, message: str, headers: dict[str, str] | None = None
 class HttpEndpoint:
     """Serves `server` over streamable HTTP on `section.listen`; `address` once started."""
 
-    def __init__(self, server: "Server[Any]", section: HttpSection, *, max_message_bytes: int = 4 * 1024 * 1024) -> None:
+    def __init__(
+        self, server: "Server[Any]", section: HttpSection, *, max_message_bytes: int = 4 * 1024 * 1024,
+        connections: Connections | None = None,
+    ) -> None:
         host, _, port = section.listen.rpartition(":")
         self.host = host.strip("[]") or "127.0.0.1"
         self.port = int(port)
@@ -118,6 +122,9 @@ class HttpEndpoint:
         self.allowed_hosts: list[str] = list(section.allowed_hosts)
         self.allowed_origins: list[str] = list(section.allowed_origins)
         self.requests = 0
+        # Shared with the Unix socket: an HTTP request in flight (an open SSE stream
+        # included) is a connected client in catalog_status and the metrics.
+        self.connections = connections if connections is not None else Connections()
         self.rejected: dict[int, int] = {}
         self._manager: StreamableHTTPSessionManager | None = None
         self._uvicorn: Any = None
@@ -199,11 +206,13 @@ class HttpEndpoint:
         assert name is not None and self._manager is not None
         # Binds a legacy session to the token that opened it (the SDK compares principals).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-token:{name}", scopes=[]))
-        conn = Connection(id=next(_ids), token=name)
+        conn = Connection(id=next(_ids), token=name, endpoint="http")
         ctx_token = CONNECTION.set(conn)
+        self.connections.add(conn)
         try:
             await self._manager.handle_request(scope, receive, send)
         finally:
+            self.connections.discard(conn)
             CONNECTION.reset(ctx_token)
 
     def _admit(self, scope: Scope) -> tuple[Response | None, str | None]:

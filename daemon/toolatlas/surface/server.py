@@ -1,18 +1,22 @@
-"""MCP wiring: one low-level `Server` whose handlers answer for the Gateway.
+"""MCP wiring: one low-level `Server` whose handlers answer for the gateway's port.
 
 Each client connection carries a `Connection` in a contextvar (set by the accept loop before
 the transport starts, and carried to handlers by the SDK's context streams), so handlers know
 who is asking (peer credentials, client name) without trusting the request.
+
+`Surface` holds what belongs to the MCP side: the server, the registry of live connections
+(socket and HTTP), the `subscriptions/listen` fan-out and the fast lane's counter. It reads
+the gateway only through `gateway.ports.GatewayPort` and never writes into it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import anyio
 import msgspec
 
 import mcp_types as types
@@ -24,32 +28,14 @@ from mcp.shared.exceptions import MCPError
 
 from toolatlas import __version__
 from toolatlas.errors import BadInput, ToolatlasError
-from toolatlas.surface.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
-
-if TYPE_CHECKING:
-    from toolatlas.app import Gateway
+from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, GatewayPort
+from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
 
 log = logging.getLogger(__name__)
 
 INVALID_PARAMS = -32602
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 _encode = msgspec.json.Encoder().encode  # several times faster than json.dumps on a result
-
-
-@dataclass(eq=False)
-class Connection:
-    """One client connection: who it is (from the kernel, not the client) and its session."""
-
-    id: int
-    pid: int | None = None
-    uid: int | None = None
-    gid: int | None = None
-    token: str | None = None  # the name of the HTTP bearer token that authenticated it
-    client_name: str | None = None
-    session: Any = None  # the SDK ServerSession last seen on this connection
-    protocol_version: str | None = None  # negotiated; set once a request passed the SDK's init gate
-    saw_passthrough: bool | None = None  # what its last tools/list returned
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 CONNECTION: ContextVar[Connection | None] = ContextVar("toolatlas_connection", default=None)
@@ -80,14 +66,17 @@ def _connection(ctx: Any) -> Connection:
     return conn
 
 
-def _input_retry(ctx: Any, params: types.CallToolRequestParams) -> Any:
-    """The input_required fields of a 2026-07-28 call (None on older connections, whose
-    clients cannot answer an input_required result)."""
-    from toolatlas.app import InputRetry
-
-    if ctx.session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-        return None
-    return InputRetry(input_responses=params.input_responses, request_state=params.request_state)
+def call_result(outcome: CallOutcome) -> types.CallToolResult | types.InputRequiredResult:
+    """The SDK result for a routed call: the upstream's own result, passed through, or its
+    input_required with the gateway's sealed state."""
+    if outcome.input_required is not None:
+        return types.InputRequiredResult(
+            input_requests=outcome.input_required.input_requests,  # type: ignore[arg-type]
+            request_state=outcome.input_required.request_state,
+        )
+    if not isinstance(outcome.payload, types.CallToolResult):
+        raise ToolatlasError(f"upstream returned {type(outcome.payload).__name__}, not a tool result")
+    return outcome.payload
 
 
 def json_result(obj: Any, *, is_error: bool = False) -> dict[str, Any]:
@@ -111,7 +100,7 @@ def error_result(message: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": message}], "isError": True, "resultType": "complete"}
 
 
-def _search_args(gw: "Gateway", args: dict[str, Any]) -> tuple[str, int, list[str] | None]:
+def _search_args(gw: GatewayPort, args: dict[str, Any]) -> tuple[str, int, list[str] | None]:
     """tool_search's (query, top_k, servers), or BadInput saying what is wrong."""
     query = args.get("query")
     if not isinstance(query, str) or not query.strip():
@@ -119,10 +108,10 @@ def _search_args(gw: "Gateway", args: dict[str, Any]) -> tuple[str, int, list[st
     servers = args.get("servers")
     if servers is not None and (not isinstance(servers, list) or not all(isinstance(s, str) for s in servers)):
         raise BadInput("`servers` must be a list of server names")
-    return query, clamp_top_k(args.get("top_k"), gw.cfg.search.default_top_k), servers
+    return query, clamp_top_k(args.get("top_k"), gw.default_top_k), servers
 
 
-async def tool_search(gw: "Gateway", conn: Connection, args: dict[str, Any]) -> dict[str, Any]:
+async def tool_search(gw: GatewayPort, conn: Connection, args: dict[str, Any]) -> dict[str, Any]:
     """The tool_search result for `args`; bad input is an isError result, not an exception."""
     try:
         query, top_k, servers = _search_args(gw, args)
@@ -138,14 +127,33 @@ def _tool(defn: dict[str, Any]) -> types.Tool:
 _META = [_tool(t) for t in META_TOOLS]
 
 
+class Connections:
+    """Every live client connection, socket and HTTP alike (what `clients` counts)."""
+
+    def __init__(self) -> None:
+        self._live: set[Connection] = set()
+
+    def add(self, conn: Connection) -> None:
+        self._live.add(conn)
+
+    def discard(self, conn: Connection) -> None:
+        self._live.discard(conn)
+
+    def __iter__(self) -> Iterator[Connection]:
+        return iter(list(self._live))
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+
 class ConnectionBus:
     """The `subscriptions/listen` fan-out (2026-07-28) with the gateway's own rule: a
     listener hears `tools/list_changed` only when the list *its* connection sees changed
     (passthrough views), never for the three meta-tools, which do not change."""
 
-    def __init__(self, wants: Any) -> None:
-        self._wants = wants  # (Connection) -> bool: does this connection's list change now?
-        self._listeners: dict[object, tuple[Connection | None, Any]] = {}
+    def __init__(self, wants: Callable[[Connection], bool]) -> None:
+        self._wants = wants  # does this connection's list change now?
+        self._listeners: dict[object, tuple[Connection | None, Callable[[Any], None]]] = {}
 
     async def publish(self, event: Any) -> None:
         for conn, listener in list(self._listeners.values()):
@@ -156,7 +164,7 @@ class ConnectionBus:
             except Exception:  # one bad listener must not starve the others
                 log.exception("subscription listener raised; continuing")
 
-    def subscribe(self, listener: Any) -> Any:
+    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], object]:
         token = object()
         # Runs inside the listen request's handler: the connection's context is current.
         self._listeners[token] = (CONNECTION.get(), listener)
@@ -166,8 +174,48 @@ class ConnectionBus:
         await self.publish(ToolsListChanged())
 
 
-def build_server(gw: "Gateway") -> Server[Any]:
-    """The MCP server every connection (socket, shim) is served by."""
+class Surface:
+    """The MCP side of the daemon (see the module docstring); satisfies `SurfaceStats`."""
+
+    def __init__(self, gw: GatewayPort) -> None:
+        self.gw = gw
+        self.connections = Connections()
+        self.fast_lane_answers = 0
+        self.bus = ConnectionBus(self._list_changes_for)
+        self.server = build_server(gw, self.bus)
+        self.lane = fast_lane(gw, self)
+
+    def _list_changes_for(self, conn: Connection) -> bool:
+        return bool(conn.saw_passthrough) or self.gw.passthrough_for(conn)
+
+    def client_count(self) -> int:
+        return len(self.connections)
+
+    def fast_answers(self) -> int:
+        return self.fast_lane_answers
+
+    def refresh_instructions(self) -> None:
+        """Take the gateway's current instructions (after a reload) for new sessions."""
+        self.server.instructions = self.gw.instructions()
+
+    async def tools_changed(self) -> None:
+        """Tell clients whose tools/list would now differ (passthrough views) to re-list:
+        legacy sessions by notification, 2026-07-28 clients on their listen streams."""
+        await self.bus.tools_changed()
+        for conn in self.connections:
+            if conn.session is None or conn.saw_passthrough is None:
+                continue
+            if not self._list_changes_for(conn):
+                continue  # it sees the three meta-tools, which never change
+            try:
+                with anyio.move_on_after(2):
+                    await conn.session.send_tool_list_changed()  # type: ignore[attr-defined]
+            except Exception as exc:  # a client that went away must not stop the others
+                log.debug("list_changed to connection %d failed: %s", conn.id, exc)
+
+
+def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
+    """The MCP server every connection (socket, shim, HTTP) is served by."""
 
     async def on_list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         conn = _connection(ctx)
@@ -186,7 +234,7 @@ def build_server(gw: "Gateway") -> Server[Any]:
                 )
                 for r in gw.visible_records(conn)
             ]
-        gw.events_emit("tools_list_served", passthrough=passthrough, tools=len(tools), client=conn.client_name)
+        gw.tools_listed(conn, passthrough=passthrough, tools=len(tools))
         return types.ListToolsResult(tools=tools)
 
     async def on_call_tool(
@@ -198,21 +246,18 @@ def build_server(gw: "Gateway") -> Server[Any]:
             if params.name == TOOL_SEARCH:
                 return await tool_search(gw, conn, args)
             if params.name == CATALOG_STATUS:
-                return json_result(gw.status(conn))
+                return json_result(dict(gw.status(conn)))
             if params.name == EXECUTE_TOOL:
                 name = args.get("name")
                 if not isinstance(name, str) or not name:
                     raise BadInput("execute_tool needs `name`: a matches[].name from tool_search")
-                return await gw.execute(name, args.get("arguments"), conn, ctx.session.report_progress,
-                                        input=_input_retry(ctx, params))
-            # A namespaced name called directly.
-            return await gw.execute(params.name, params.arguments, conn, ctx.session.report_progress,
-                                    input=_input_retry(ctx, params))
+                call = _call(ctx, params, name, args.get("arguments"))
+            else:  # a namespaced name called directly
+                call = _call(ctx, params, params.name, params.arguments)
+            return call_result(await gw.execute(call, conn))
         except ToolatlasError as exc:  # bad input, an upstream down or slow: a result a model reads
             return error_result(str(exc))
 
-    bus = ConnectionBus(lambda conn: bool(conn.saw_passthrough) or gw.passthrough_for(conn))
-    gw.bus = bus
     server: Server[Any] = Server(
         "toolatlas",
         # Lists are per principal (access rules, passthrough): private, and briefly fresh;
@@ -220,7 +265,7 @@ def build_server(gw: "Gateway") -> Server[Any]:
         cache_hints={"tools/list": CacheHint(ttl_ms=30_000, scope="private")},
         on_subscriptions_listen=ListenHandler(bus),
         version=__version__,
-        instructions=f"toolatlas federates these MCP servers: {', '.join(u.name for u in gw.cfg.upstream) or 'none yet'}. Use tool_search to find a tool for your task, then execute_tool to call it.",
+        instructions=gw.instructions(),
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
     )
@@ -230,11 +275,24 @@ def build_server(gw: "Gateway") -> Server[Any]:
     return server
 
 
+def _call(ctx: Any, params: types.CallToolRequestParams, name: str, arguments: object) -> CallRequest:
+    """A tools/call as the gateway takes it. The input_required fields count only on
+    2026-07-28 connections: older clients cannot answer an input_required result."""
+    modern = ctx.session.protocol_version in MODERN_PROTOCOL_VERSIONS
+    return CallRequest(
+        name=name, arguments=arguments, progress=ctx.session.report_progress, allow_input_required=modern,
+        input_responses=params.input_responses if modern else None,
+        request_state=params.request_state if modern else None,
+    )
+
+
 _FAST_PARAMS = frozenset({"name", "arguments", "_meta"})
 _FAST_ARGS = frozenset({"query", "top_k", "servers"})
 
+Lane = Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]] | None]
 
-def fast_lane(gw: "Gateway") -> Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]] | None]:
+
+def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
     """Serve `tool_search` on the socket without the SDK's per-request machinery (validation
     models, a task per request, the result re-dumped per protocol version): ~1 ms a request
     here, three quarters of a cache hit's time in the daemon and a tenth of a miss's.
@@ -261,7 +319,7 @@ def fast_lane(gw: "Gateway") -> Callable[[dict[str, Any]], dict[str, Any] | Awai
         args = params.get("arguments")
         if not isinstance(args, dict) or not args.keys() <= _FAST_ARGS:
             return None
-        gw.fast_answers += 1
+        surface.fast_lane_answers += 1
         try:
             answer = gw.search_cached(*_search_args(gw, args), conn)
         except BadInput:
@@ -288,4 +346,5 @@ def init_options(server: Server[Any]) -> Any:
     return server.create_initialization_options(NotificationOptions(tools_changed=True))
 
 
-__all__ = ["CONNECTION", "Connection", "MCPError", "build_server", "error_result", "fast_lane", "init_options", "json_result"]
+__all__ = ["CONNECTION", "Connection", "Connections", "MCPError", "Surface", "build_server", "error_result", "fast_lane",
+           "init_options", "json_result"]

@@ -21,7 +21,8 @@ import anyio
 import anyio.abc
 
 from toolatlas.errors import ConfigError
-from toolatlas.surface.server import CONNECTION, Connection, init_options
+from toolatlas.gateway.ports import Connection
+from toolatlas.surface.server import CONNECTION, Connections, init_options
 from toolatlas.surface.wire import ndjson_streams
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class UnixServer:
         on_bad_message: Any = None,
         fast_lane: Any = None,
         listen_socket: socket.socket | None = None,
+        connections: Connections | None = None,
     ) -> None:
         self.server = server
         self.path = path
@@ -93,9 +95,9 @@ class UnixServer:
         self.fast_lane = fast_lane  # see surface.server.fast_lane
         # A listening socket handed over by systemd socket activation (it owns the file).
         self.listen_socket = listen_socket
-        self.connections: set[Connection] = set()
+        # Shared with the HTTP endpoint: catalog_status counts every client.
+        self.connections = connections if connections is not None else Connections()
         self._listener: anyio.abc.Listener[Any] | None = None
-        self._opts = init_options(server)
 
     def __repr__(self) -> str:
         return f"<UnixServer {self.path} connections={len(self.connections)}>"
@@ -158,7 +160,8 @@ class UnixServer:
                 stream, max_bytes=self.max_message_bytes, on_bad_message=self.on_bad_message,
                 fast_lane=self.fast_lane,
             ) as (read, write):
-                await self.server.run(read, write, self._opts)
+                # Options per connection: a reload may have changed the instructions.
+                await self.server.run(read, write, init_options(self.server))
         except Exception:
             log.exception("connection %d ended with an error", conn.id)
         finally:

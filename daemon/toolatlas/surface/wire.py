@@ -21,7 +21,7 @@ import msgspec
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
-from toolatlas.surface.meta_tools import TOOL_SEARCH
+from toolatlas.meta_tools import TOOL_SEARCH
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,231 @@
+"""The Gateway: a thin facade over services with one concern each.
+
+- `LiveCatalog` (catalog.py): the one owner of catalog state; readers see a `CatalogView`.
+- `Visibility` (visibility.py): access rules, scope, passthrough.
+- `SearchService` (search.py), `CallService` (calls.py), `StatusService` (status.py).
+- `TokenReporter` (tokens.py) and `RiftRunner` (rift/runner.py): background analyses that
+  read a view or the index, never live maps.
+
+It satisfies `gateway.ports.GatewayPort`, which is all the MCP surface sees of it. Listeners,
+the surface and the upstream pool are wired by the composition root (`toolatlas.app`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from toolatlas import events as ev
+from toolatlas.calls import CallOutcome, CallRequest
+from toolatlas.catalog.attest import Attestor
+from toolatlas.catalog.model import ToolRecord
+from toolatlas.config import Config, secrets
+from toolatlas.gateway.calls import CallService
+from toolatlas.gateway.catalog import LiveCatalog
+from toolatlas.gateway.ports import Connection
+from toolatlas.gateway.search import SearchService
+from toolatlas.gateway.status import StatusService
+from toolatlas.gateway.tokens import TokenReporter
+from toolatlas.gateway.visibility import Visibility
+from toolatlas.metrics import Metrics
+from toolatlas.retrieval.engine import Engine
+from toolatlas.rift.report import RiftReport
+from toolatlas.rift.runner import RiftRunner
+from toolatlas.upstream.pool import Pool
+from toolatlas.upstream.state import UpstreamState
+
+log = logging.getLogger(__name__)
+
+# How long readiness waits for the first reindex of the upstreams that connected.
+FIRST_INDEX_WAIT_S = 900.0
+
+# Keys a reload cannot apply to a running daemon: logged, applied at the next start.
+RESTART_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("daemon.socket", "daemon", "socket"),
+    ("daemon.state_dir", "daemon", "state_dir"),
+    ("daemon.metrics_addr", "daemon", "metrics_addr"),
+    ("search.mode", "search", "mode"),
+    ("search.embedder", "search", "embedder"),
+    ("search.query_threads", "search", "query_threads"),
+)
+
+
+def make_engine(cfg: Config) -> Engine:
+    return Engine(
+        state_dir=Path(cfg.daemon.state_dir) / "index",
+        mode=cfg.search.mode,
+        embedder=cfg.search.embedder,
+        cache_size=cfg.search.cache_size,
+        cache_ttl=cfg.search.cache_ttl,
+        query_threads=cfg.search.query_threads,
+    )
+
+
+class Gateway:
+    """Everything a client connection can ask of the daemon; see the module docstring."""
+
+    def __init__(
+        self, cfg: Config, *, engine: Engine | None = None, metrics: Metrics | None = None,
+        events: ev.Events | None = None, pool_mode: str = "auto",
+    ) -> None:
+        self.cfg = cfg
+        self.metrics = metrics or Metrics()
+        self.events = events or ev.Events(secrets=secrets(cfg), log_queries=cfg.daemon.log_queries)
+        self.engine = engine or make_engine(cfg)
+        self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
+        self.index_ready = anyio.Event()
+        self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set)
+        self.pool = Pool(cfg.upstream, self.catalog.on_tools, observer=self._observe_upstream, mode=pool_mode)
+        self.rift = RiftRunner(self.engine)
+        self.catalog.on_index_update.append(self.rift.wanted)
+        self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
+        self.searches = SearchService(
+            self.catalog, self.visibility, mode=lambda: self.cfg.search.mode, rift=lambda: self.rift.report,
+            metrics=self.metrics, events=self.events,
+        )
+        self.status_service = StatusService(
+            self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
+        )
+        self.calls = CallService(
+            self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
+            metrics=self.metrics, events=self.events,
+        )
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.metrics.set_state_source(self.status_service.snapshot)
+
+    def __repr__(self) -> str:
+        view = self.catalog.view
+        return f"<Gateway tools={len(view.by_name)} available={sorted(view.available)} ready={self.index_ready.is_set()}>"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Load the index, connect upstreams, and set `index_ready` once the upstreams that
+        connected have their first listing indexed. started() at once: search answers
+        degraded until the index is loaded."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            await self.catalog.load(frozenset(u.name for u in self.cfg.upstream))
+            await tg.start(self.pool.run)
+            tg.start_soon(self.catalog.run_card_rechecks, lambda: self.cfg.cards.recheck_interval)
+            tg.start_soon(self.rift.run)
+            await self.pool.wait_settled(max((u.timeouts.connect for u in self.cfg.upstream), default=1.0) + 5)
+            # Ready upstreams have listed; their first reindex (embedding a new catalog can take
+            # minutes on a small host) must land before the index counts as ready.
+            with anyio.move_on_after(FIRST_INDEX_WAIT_S):
+                while not self._ready_upstreams() <= self.catalog.view.available:
+                    await anyio.sleep(0.02)
+            self.index_ready.set()
+            view = self.catalog.view
+            log.info("index ready: %d tools from %d upstreams", len(view.by_name), len(view.available))
+            for listener in self.catalog.on_change:
+                await listener()
+
+    def _ready_upstreams(self) -> set[str]:
+        return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
+
+    def _observe_upstream(self, upstream: str, kind: str, fields: dict[str, Any]) -> None:
+        """Upstream lifecycle into metrics and structured events."""
+        if kind == "state":
+            self.events.emit(ev.UPSTREAM_STATE_CHANGED, upstream=upstream, **fields)
+        elif kind == "reconnect":
+            self.metrics.count_reconnect(upstream)
+        elif kind == "list_changed":
+            self.metrics.count_list_changed(upstream)
+        elif kind == "call":
+            self.metrics.observe_upstream_call(fields["seconds"], upstream=upstream, operation=fields["operation"])
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new calls and let those in flight finish (bounded)."""
+        self.calls.draining = True
+        await self.calls.wait_idle(timeout)
+        if self.calls.inflight:
+            log.warning("shutting down with %d calls still in flight after %.1f s", self.calls.inflight, timeout)
+
+    async def close_upstreams(self, timeout: float = 20.0) -> None:
+        """Stop every upstream session in its owner task (children reaped) before the
+        task tree is cancelled."""
+        with anyio.move_on_after(timeout, shield=True):
+            await self.pool.reconcile([])
+
+    async def reload(self, new: Config, attestor: Attestor) -> dict[str, list[str]]:
+        """Apply a re-read config (its [cards] already checked into `attestor`): upstreams
+        added, removed or changed are reconciled; the unchanged keep their warm session,
+        index entries and card verdicts. Keys that need a restart are logged."""
+        old = self.cfg
+        needs_restart = [key for key, section, attr in RESTART_KEYS
+                         if getattr(getattr(old, section), attr) != getattr(getattr(new, section), attr)]
+        if needs_restart:
+            log.warning("reload: %s changed; this takes effect only after a restart", ", ".join(needs_restart))
+        old_ups = {u.name: u for u in old.upstream}
+        new_ups = {u.name: u for u in new.upstream}
+        summary = {
+            "added": sorted(set(new_ups) - set(old_ups)),
+            "removed": sorted(set(old_ups) - set(new_ups)),
+            "changed": sorted(n for n in set(old_ups) & set(new_ups) if old_ups[n] != new_ups[n]),
+        }
+        self.cfg = new
+        self.visibility.configure(new)
+        self.catalog.reconfigure(attestor)
+        self.events.add_secrets(secrets(new))
+        self.events.log_queries = new.daemon.log_queries
+        await self.pool.reconcile(new.upstream)
+        for name in summary["removed"]:
+            await self.catalog.on_tools(name, None)
+            await self.catalog.drop(name)
+        log.info("reload: +%s -%s ~%s", summary["added"], summary["removed"], summary["changed"])
+        for listener in self.catalog.on_change:
+            await listener()
+        return summary
+
+    # -- the port the surface uses -------------------------------------------------------------
+
+    @property
+    def default_top_k(self) -> int:
+        return self.cfg.search.default_top_k
+
+    def instructions(self) -> str:
+        names = ", ".join(u.name for u in self.cfg.upstream) or "none yet"
+        return (f"toolatlas federates these MCP servers: {names}. "
+                "Use tool_search to find a tool for your task, then execute_tool to call it.")
+
+    def passthrough_for(self, conn: Connection) -> bool:
+        return self.visibility.passthrough_for(conn)
+
+    def visible_records(self, conn: Connection) -> list[ToolRecord]:
+        return self.visibility.visible_records(conn)
+
+    def tools_listed(self, conn: Connection, *, passthrough: bool, tools: int) -> None:
+        if passthrough and not self.index_ready.is_set():
+            self.metrics.count_fallback("passthrough")
+        self.events.emit(ev.TOOLS_LIST_SERVED, passthrough=passthrough, tools=tools, client=conn.client_name)
+
+    def bad_message(self) -> None:
+        self.metrics.count_error("bad_client_message")
+
+    async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
+        return await self.searches.search(query, top_k, servers, conn)
+
+    def search_cached(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any] | None:
+        return self.searches.cached(query, top_k, servers, conn)
+
+    async def execute(self, call: CallRequest, conn: Connection) -> CallOutcome:
+        return await self.calls.execute(call, conn)
+
+    def status(self, conn: Connection) -> Mapping[str, Any]:
+        if self.index_ready.is_set():
+            self.tokens.ensure(self._tg)
+        return self.status_service.status(conn)
+
+    @property
+    def rift_report(self) -> RiftReport | None:
+        return self.rift.report
+
+
+__all__ = ["FIRST_INDEX_WAIT_S", "Gateway", "make_engine"]

@@ -1,0 +1,173 @@
+"""execute_tool and direct calls: resolve the name, check access and arguments, open the
+sealed input state, route one `UpstreamCall` over the owner's warm session, and count it."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+import anyio
+
+from toolatlas import events as ev
+from toolatlas.calls import CallOutcome, CallRequest, InputRequired, UpstreamCall, UpstreamReply
+from toolatlas.catalog.model import ToolRecord
+from toolatlas.catalog.validate import ArgumentValidator
+from toolatlas.errors import BadInput, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
+from toolatlas.gateway.catalog import LiveCatalog
+from toolatlas.gateway.ports import Connection
+from toolatlas.gateway.visibility import Visibility
+from toolatlas.inputstate import InputStateSealer
+from toolatlas.metrics import Metrics
+from toolatlas.names import split
+
+# The execute_tool outcome label of each error class (first match wins).
+_CALL_OUTCOMES: tuple[tuple[type[ToolatlasError], str], ...] = (
+    (BadInput, "bad_input"),
+    (UpstreamTimeout, "timeout"),
+    (UpstreamUnavailable, "unavailable"),
+    (ToolatlasError, "error"),
+)
+
+Route = Callable[[UpstreamCall], Awaitable[UpstreamReply]]
+Availability = Callable[[str], str]  # server -> "state: reason" for an unavailable upstream
+
+
+class CallService:
+    """Routes calls; tracks calls in flight so a drain can wait for them."""
+
+    def __init__(
+        self, catalog: LiveCatalog, visibility: Visibility, route: Route, availability: Availability, *,
+        metrics: Metrics, events: ev.Events,
+    ) -> None:
+        self._catalog = catalog
+        self._visibility = visibility
+        self._route = route
+        self._availability = availability
+        self._metrics = metrics
+        self._events = events
+        self._validator = ArgumentValidator()
+        self._sealer = InputStateSealer()
+        self.inflight = 0
+        self.draining = False
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> None:
+        """Wait (bounded) until no call is in flight."""
+        with anyio.move_on_after(timeout):
+            await self._idle.wait()
+
+    async def execute(self, call: CallRequest, conn: Connection) -> CallOutcome:
+        """Route `call` to the owning upstream. For 2026-07-28 callers an upstream's
+        input_required reaches them with the gateway's sealed state, and their retry goes
+        back to the same upstream. Raises BadInput / UpstreamUnavailable / UpstreamTimeout
+        with a message a model can act on."""
+        t0 = time.perf_counter()
+        rec = self._catalog.view.by_name.get(call.name)
+        server = rec.server if rec is not None else "unknown"
+        try:
+            outcome = await self._execute(call, conn)
+        except ToolatlasError as exc:
+            label = next(o for cls, o in _CALL_OUTCOMES if isinstance(exc, cls))
+            self._done(t0, server, label, exc)
+            raise
+        self._done(t0, server, "error" if outcome.is_error else "ok", None, name=call.name)
+        return outcome
+
+    def _done(self, t0: float, server: str, outcome: str, exc: BaseException | None, name: str = "") -> None:
+        seconds = time.perf_counter() - t0
+        upstream = server if server in self._catalog.view.servers else "unknown"
+        self._metrics.observe_execute(seconds, upstream=upstream, outcome=outcome)
+        if exc is not None:
+            self._metrics.count_error(type(exc).__name__)
+            self._events.emit(ev.EXECUTE_TOOL_FAILED, upstream=upstream, outcome=outcome,
+                              error_class=type(exc).__name__, latency_ms=round(seconds * 1000, 3))
+        else:
+            self._events.emit(ev.EXECUTE_TOOL_COMPLETED, upstream=upstream, tool=name, outcome=outcome,
+                              latency_ms=round(seconds * 1000, 3))
+
+    def _resolve(self, name: str, conn: Connection) -> ToolRecord:
+        """The record a caller may call by `name`, or BadInput / UpstreamUnavailable."""
+        view = self._catalog.view
+        rec = view.by_name.get(name)
+        allowed = self._visibility.allowed_servers(conn)
+        if rec is None or rec.server not in allowed:
+            parsed = split(name)
+            if parsed and parsed[0] in allowed:
+                reason = view.quarantine_reason(parsed[0], parsed[1])
+                if reason:
+                    raise BadInput(f"tool {name!r} is quarantined: {reason}")
+            raise BadInput(self._unknown_tool_message(name, allowed))
+        if not view.server(rec.server).available:
+            raise UpstreamUnavailable(
+                f"server {rec.server!r} is not available right now ({self._availability(rec.server)}); try again later"
+            )
+        return rec
+
+    async def _execute(self, call: CallRequest, conn: Connection) -> CallOutcome:
+        if self.draining:
+            raise UpstreamUnavailable("the gateway is shutting down; retry in a moment")
+        rec = self._resolve(call.name, conn)
+        arguments = _arguments(call.arguments)
+        problems = self._validator.check(rec, arguments or {})
+        if problems:
+            raise BadInput(
+                f"arguments for {rec.name!r} do not match its inputSchema: {'; '.join(problems)}. "
+                "Fix these and call again."
+            )
+        upstream_state: str | None = None
+        if call.allow_input_required and call.request_state is not None:
+            owner, upstream_state = self._sealer.open(call.request_state, tool=rec.name, principal=conn.principal)
+            if owner != rec.server:  # sealed with the tool's name, so this means a reload moved it
+                raise BadInput("requestState belongs to another upstream; call the tool again without it")
+        elif call.allow_input_required and call.input_responses:
+            raise BadInput("inputResponses need the requestState of the input_required result they answer")
+        routed = UpstreamCall(
+            server=rec.server, tool=rec.tool, arguments=arguments, progress=call.progress,
+            allow_input_required=call.allow_input_required,
+            input_responses=call.input_responses if call.allow_input_required else None,
+            request_state=upstream_state,
+        )
+        if self.inflight == 0:
+            self._idle = anyio.Event()
+        self.inflight += 1
+        try:
+            reply = await self._route(routed)
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+        if reply.input_required is not None:
+            sealed = self._sealer.seal(upstream=rec.server, tool=rec.name, principal=conn.principal,
+                                       upstream_state=reply.input_required.request_state)
+            return replace(reply, input_required=InputRequired(reply.input_required.input_requests, sealed))
+        return reply
+
+    def _unknown_tool_message(self, name: str, allowed: set[str]) -> str:
+        by_name = self._catalog.view.by_name
+        candidates = [n for n, r in by_name.items() if r.server in allowed]
+        close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
+        parsed = split(name)
+        if not close and parsed:
+            close = difflib.get_close_matches(parsed[1], [by_name[n].tool for n in candidates], n=3, cutoff=0.6)
+            close = [n for n in candidates if by_name[n].tool in close][:3]
+        hint = f" Did you mean: {', '.join(close)}?" if close else " Use tool_search to find tools."
+        return f"unknown tool {name!r}.{hint}"
+
+
+def _arguments(raw: object) -> dict[str, object] | None:
+    """A call's arguments as an object: a JSON string is decoded; anything else is BadInput."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise BadInput(f"`arguments` is a string that is not valid JSON: {exc}") from exc
+    if raw is not None and not isinstance(raw, dict):
+        raise BadInput(f"`arguments` must be an object, got {type(raw).__name__}")
+    return raw
+
+
+__all__ = ["CallService"]

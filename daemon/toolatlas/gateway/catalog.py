@@ -1,0 +1,172 @@
+"""`LiveCatalog`: the one owner of catalog state.
+
+Every change goes the same way: a pure plan from `view.py` (old view + what happened), the
+index I/O in a worker thread (inserts before deletes; the engine swaps its snapshot
+atomically), and the new `CatalogView` published by one assignment. Changes are serialised
+by one lock, so a card re-check can never apply an older listing over a newer one. Readers
+take `catalog.view` once and use that value; nothing else holds a copy of the catalog.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+
+from toolatlas import events as ev
+from toolatlas import memory
+from toolatlas.catalog.attest import Attestor
+from toolatlas.catalog.model import ToolRecord
+from toolatlas.gateway.view import CatalogView, Plan, plan_down, plan_drop, plan_listing, plan_restored
+from toolatlas.metrics import Metrics
+from toolatlas.retrieval.engine import Engine, ToolDoc
+
+log = logging.getLogger(__name__)
+
+ChangeListener = Callable[[], Awaitable[None]]
+
+
+class LiveCatalog:
+    """The live catalog of every upstream; see the module docstring."""
+
+    def __init__(self, engine: Engine, attestor: Attestor, *, metrics: Metrics, events: ev.Events) -> None:
+        self.engine = engine
+        self.attestor = attestor
+        self.view = CatalogView()
+        self.engine_loaded = anyio.Event()
+        self._metrics = metrics
+        self._events = events
+        self._lock = anyio.Lock()
+        self._embeddings_seen = 0
+        # Called after every visible change (clients re-list); and after every index update.
+        self.on_change: list[ChangeListener] = []
+        self.on_index_update: list[Callable[[], None]] = []
+
+    def __repr__(self) -> str:
+        return f"<LiveCatalog tools={len(self.view.by_name)} available={sorted(self.view.available)}>"
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def load(self, configured: frozenset[str]) -> None:
+        """Load the index snapshot from disk and adopt what it holds (see `plan_restored`);
+        servers no longer configured are removed from the index now."""
+        await anyio.to_thread.run_sync(self.engine.load)
+        _version, docs, _vecs = self.engine.catalog_vectors()
+        async with self._lock:
+            view, gone = plan_restored(self.view, docs, configured)
+            self.view = view
+            if gone:
+                await anyio.to_thread.run_sync(self._index, (), gone)
+                log.info("dropped %d indexed tools of upstreams no longer configured", len(gone))
+        if docs and not gone:
+            self._index_updated()  # analyse the restored catalog (no update may follow)
+        self.engine_loaded.set()
+
+    def reconfigure(self, attestor: Attestor) -> None:
+        """A reload's new card settings. Verdicts stay in the view, so re-checks go on for
+        every upstream; the new Attestor re-reads each card file on its first re-check."""
+        self.attestor = attestor
+
+    # -- changes ----------------------------------------------------------------------------
+
+    async def on_tools(self, server: str, tools: list[ToolRecord] | None) -> None:
+        """The pool's callback: `server` listed `tools`, or went down (None)."""
+        if tools is None:
+            async with self._lock:
+                plan = plan_down(self.view, server)
+                self.view = plan.final
+            if plan.became_unavailable:
+                log.info("upstream %s is down: its %d tools leave search", server,
+                         len(plan.final.server(server).records))
+                self._events.emit(ev.CATALOG_CHANGED, server=server, available=False, tools=0)
+                await self._changed()
+            return
+        await self.engine_loaded.wait()
+        await self._apply(server, tools, from_listing=True)
+
+    async def recheck(self, servers: Sequence[str]) -> None:
+        """Re-attest `servers` (their card file changed) against their last listing."""
+        for server in servers:
+            entry = self.view.server(server)
+            if entry.available and entry.listing is not None:
+                await self._apply(server, entry.listing, from_listing=False)
+
+    async def drop(self, server: str) -> None:
+        """Forget every tool of a server that left the config."""
+        async with self._lock:
+            plan = plan_drop(self.view, server)
+            self.view = plan.interim
+            if plan.removes:
+                await anyio.to_thread.run_sync(self._index, (), plan.removes)
+            self.view = plan.final
+
+    async def _apply(self, server: str, listing: Sequence[ToolRecord], *, from_listing: bool) -> None:
+        async with self._lock:
+            current = self.view.server(server)
+            if not from_listing:
+                if not current.available or current.listing is None:
+                    return
+                listing = current.listing  # the newest listing, read under the lock
+            verdict = await anyio.to_thread.run_sync(self.attestor.attest, server, list(listing))
+            plan = plan_listing(self.view, server, listing, verdict,
+                                available=True if from_listing else current.available)
+            await self._execute(plan)
+        if plan.visible_change:
+            entry = plan.final.server(server)
+            self._events.emit(
+                ev.CATALOG_CHANGED, server=server, available=True, tools=len(entry.records),
+                upserted=len(plan.upserts), removed=len(plan.removes), quarantined=len(entry.quarantined),
+                card=verdict.card_status,
+            )
+            await self._changed()
+
+    async def _execute(self, plan: Plan) -> None:
+        """Publish `plan`: new records callable first, the index swapped, then the rest."""
+        self.view = plan.interim
+        if plan.index_changed:
+            version = await anyio.to_thread.run_sync(self._index, plan.upserts, plan.removes)
+            log.info("catalog of %s changed: %d upserted, %d removed (index version %d)",
+                     plan.server, len(plan.upserts), len(plan.removes), version)
+        self.view = plan.final
+
+    def _index(self, upserts: Sequence[ToolDoc], removes: Sequence[str]) -> int:
+        """Runs in a worker thread: update the index and count what it cost."""
+        version = self.engine.update(list(upserts), list(removes))
+        anyio.from_thread.run_sync(self._index_updated)
+        self._metrics.count_reindex()
+        computed = int(self.engine.stats().get("embeddings_computed", 0))
+        if computed > self._embeddings_seen:
+            self._metrics.count_embeddings(computed - self._embeddings_seen)
+        self._embeddings_seen = computed
+        memory.settle_heap()
+        return version
+
+    def _index_updated(self) -> None:
+        for hook in self.on_index_update:
+            hook()
+
+    async def _changed(self) -> None:
+        for listener in self.on_change:
+            await listener()
+
+    # -- card re-checks ---------------------------------------------------------------------
+
+    async def run_card_rechecks(self, interval: Callable[[], float]) -> None:
+        """Re-attest connected upstreams whose card file changed: card files change without
+        the upstream's catalog changing (tampering, re-signing after a quarantine). Only
+        those: re-applying every upstream's catalog each interval would block the event
+        loop for a time that grows with the catalog. `interval()` is read each round, so a
+        reload's new value takes effect; 0 turns re-checks off."""
+        while True:
+            seconds = interval()
+            await anyio.sleep(seconds if seconds > 0 else 60)
+            if seconds <= 0:
+                continue
+            view = self.view
+            attested = [n for n, s in view.servers.items() if s.verdict is not None and s.available]
+            changed = await anyio.to_thread.run_sync(self.attestor.changed_servers, attested)
+            await self.recheck(changed)
+
+
+__all__ = ["LiveCatalog"]

@@ -1,0 +1,78 @@
+"""What the MCP surface may use of the gateway, and nothing more.
+
+`surface/` imports this module only: the caller's identity (`Connection`), the gateway's port
+(`GatewayPort`, a Protocol the facade satisfies), the call values of `toolatlas.calls` and
+the records a passthrough listing shows. The surface never writes into the gateway: what the
+gateway needs from the surface (live client counts) it reads through `SurfaceStats`, wired by
+the composition root (`app.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from toolatlas.calls import CallOutcome, CallRequest, InputRequired, ProgressFn
+from toolatlas.catalog.model import ToolRecord
+
+
+@dataclass(eq=False)
+class Connection:
+    """One client connection: who it is (from the kernel or the HTTP token, never from what
+    the client says) and what the surface remembers about it."""
+
+    id: int
+    pid: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    token: str | None = None  # the name of the HTTP bearer token that authenticated it
+    endpoint: str = "socket"  # "socket" | "http"
+    client_name: str | None = None
+    session: object = None  # the SDK ServerSession last seen on this connection (surface only)
+    protocol_version: str | None = None  # negotiated; set once a request passed the SDK's init gate
+    saw_passthrough: bool | None = None  # what its last tools/list returned
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def principal(self) -> str:
+        """A stable name for who is calling: `token:NAME` or `uid:N`."""
+        return f"token:{self.token}" if self.token is not None else f"uid:{self.uid}"
+
+
+class SurfaceStats(Protocol):
+    """What the gateway reads back from the surface for catalog_status and metrics."""
+
+    def client_count(self) -> int: ...
+
+    def fast_answers(self) -> int: ...
+
+
+class GatewayPort(Protocol):
+    """Everything a client connection can ask of the daemon."""
+
+    @property
+    def default_top_k(self) -> int: ...
+
+    def instructions(self) -> str: ...
+
+    def passthrough_for(self, conn: Connection) -> bool: ...
+
+    def visible_records(self, conn: Connection) -> list[ToolRecord]: ...
+
+    def tools_listed(self, conn: Connection, *, passthrough: bool, tools: int) -> None: ...
+
+    def bad_message(self) -> None: ...
+
+    async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]: ...
+
+    def search_cached(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any] | None: ...
+
+    async def execute(self, call: CallRequest, conn: Connection) -> CallOutcome: ...
+
+    def status(self, conn: Connection) -> Mapping[str, Any]: ...
+
+
+__all__ = [
+    "CallOutcome", "CallRequest", "Connection", "GatewayPort", "InputRequired", "ProgressFn", "SurfaceStats", "ToolRecord",
+]

@@ -1,0 +1,127 @@
+"""tool_search: scope, the engine (cache first, then a worker thread), the answer and its
+Rift notes, counted in the metrics and the event log."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from toolatlas import events as ev
+from toolatlas.gateway.catalog import LiveCatalog
+from toolatlas.gateway.ports import Connection
+from toolatlas.gateway.visibility import Visibility
+from toolatlas.metrics import Metrics
+from toolatlas.retrieval.embed import usable_cores
+from toolatlas.retrieval.engine import SearchOutcome
+from toolatlas.rift.report import RiftReport
+
+# How long tool_search waits for a first index before answering degraded.
+INDEX_WAIT_S = 10.0
+
+
+class SearchService:
+    """Answers tool_search for a connection over the catalog's current view."""
+
+    def __init__(
+        self, catalog: LiveCatalog, visibility: Visibility, *, mode: Callable[[], str],
+        rift: Callable[[], RiftReport | None], metrics: Metrics, events: ev.Events,
+    ) -> None:
+        self._catalog = catalog
+        self._visibility = visibility
+        self._mode = mode
+        self._rift = rift
+        self._metrics = metrics
+        self._events = events
+        # Searches are CPU work (query embedding, ranking): as many at once as there are
+        # cores this process may use (its affinity mask, as the embedder counts them). More
+        # threads only thrash the caches and grow the heap (a malloc arena each).
+        self._limiter = anyio.CapacityLimiter(max(2, usable_cores()))
+
+    def cached(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any] | None:
+        """`search`'s answer when the result cache holds it (counted and logged as `search`
+        does), else None with nothing counted; BadInput as `search` raises it. Synchronous
+        and cheap: the socket's lane answers a repeated query with it without a task or a
+        thread hop."""
+        t0 = time.perf_counter()
+        if not self._catalog.engine_loaded.is_set():
+            return None
+        scope = self._visibility.search_scope(servers, conn)
+        outcome = self._catalog.engine.cached(query, top_k, servers=scope) if scope else None
+        if outcome is None:
+            return None
+        return self._answer(query, top_k, servers, scope, outcome, outcome.mode, t0)
+
+    async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        scope = self._visibility.search_scope(servers, conn)
+        outcome: SearchOutcome | None = None
+        mode = self._mode()
+        loaded = self._catalog.engine_loaded
+        if not loaded.is_set():
+            with anyio.move_on_after(INDEX_WAIT_S):
+                await loaded.wait()
+        if loaded.is_set() and scope:
+            engine = self._catalog.engine
+            frozen = frozenset(scope)
+            # A repeated query is answered from the result cache here, without a thread hop.
+            found = engine.cached(query, top_k, servers=scope) or await anyio.to_thread.run_sync(
+                lambda: engine.search(query, top_k, servers=frozen), limiter=self._limiter,
+            )
+            outcome, mode = found, found.mode
+        return self._answer(query, top_k, servers, scope, outcome, mode, t0)
+
+    def _answer(
+        self, query: str, top_k: int, servers: list[str] | None, scope: set[str],
+        outcome: SearchOutcome | None, mode: str, t0: float,
+    ) -> dict[str, Any]:
+        """The tool_search result for `outcome` (None: no index yet, or an empty scope),
+        counted in the metrics and the event log."""
+        loaded = self._catalog.engine_loaded.is_set()
+        degraded = outcome.degraded if outcome is not None else (None if loaded else "index-not-ready")
+        cached = outcome is not None and outcome.cached
+        by_name = self._catalog.view.by_name
+        matches: list[dict[str, Any]] = []
+        for hit in outcome.hits if outcome is not None else ():
+            rec = by_name.get(hit.name)
+            if rec is None or rec.server not in scope:
+                continue
+            matches.append({
+                "name": rec.name, "server": rec.server, "tool": rec.tool, "description": rec.description,
+                "inputSchema": rec.input_schema, "score": round(float(hit.score), 6),
+            })
+        matches = matches[:top_k]
+        add_rift_notes(self._rift(), matches)
+        seconds = time.perf_counter() - t0
+        self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
+        if degraded:
+            self._metrics.count_fallback("bm25-only" if degraded == "bm25-only" else "passthrough")
+            self._events.emit(ev.TOOL_SEARCH_FALLBACK, reason=degraded, mode=mode)
+        self._events.emit(
+            ev.TOOL_SEARCH_COMPLETED, query=query, results=len(matches),
+            matched_servers=sorted({m["server"] for m in matches}), latency_ms=round(seconds * 1000, 3),
+            top_k=top_k, scope=sorted(servers) if servers else "all", mode=mode, cache="hit" if cached else "miss",
+        )
+        return {"query": query, "matches": matches, "degraded": degraded}
+
+
+def add_rift_notes(report: RiftReport | None, matches: list[dict[str, Any]]) -> None:
+    """Matches that share a HIGH/MEDIUM Rift cluster get a note on what sets them apart."""
+    if report is None or len(matches) < 2:
+        return
+    clusters: dict[int, int] = {}
+    for m in matches:
+        diag = report.tools.get(m["name"])
+        if diag is not None:
+            clusters[diag.cluster] = clusters.get(diag.cluster, 0) + 1
+    for m in matches:
+        diag = report.tools.get(m["name"])
+        if diag is not None and clusters[diag.cluster] >= 2:
+            note = report.note_for(m["name"])
+            if note:
+                m["note"] = note
+
+
+__all__ = ["INDEX_WAIT_S", "SearchService", "add_rift_notes"]

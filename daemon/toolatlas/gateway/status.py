@@ -1,0 +1,128 @@
+"""catalog_status for a connection, and the state the Prometheus collector reads per scrape.
+Both are computed from one `CatalogView` and the pool's status at the time of the call."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from toolatlas.catalog.attest import AttestResult
+from toolatlas.gateway.catalog import LiveCatalog
+from toolatlas.gateway.ports import Connection, SurfaceStats
+from toolatlas.gateway.tokens import TokenReporter
+from toolatlas.gateway.visibility import Visibility
+from toolatlas.metrics import StateSnapshot
+from toolatlas.names import split
+from toolatlas.rift.runner import RiftRunner
+from toolatlas.upstream.pool import Pool
+from toolatlas.upstream.state import UpstreamState
+
+
+class NoSurface:
+    """Surface figures before a surface is attached (in-process use)."""
+
+    def client_count(self) -> int:
+        return 0
+
+    def fast_answers(self) -> int:
+        return 0
+
+
+class StatusService:
+    """Builds catalog_status answers and metric snapshots."""
+
+    def __init__(
+        self, catalog: LiveCatalog, visibility: Visibility, pool: Pool, tokens: TokenReporter, rift: RiftRunner,
+        *, index_ready: Callable[[], bool],
+    ) -> None:
+        self._catalog = catalog
+        self._visibility = visibility
+        self._pool = pool
+        self._tokens = tokens
+        self._rift = rift
+        self._index_ready = index_ready
+        self.surface: SurfaceStats = NoSurface()
+        self.started_at = time.time()
+
+    def unavailable_reason(self, server: str) -> str:
+        """`state: reason` of an upstream that is not serving, for call errors."""
+        st = self._pool.get(server)
+        if st is None:
+            return "unknown"
+        return f"{st.state.value}: {st.reason}" if st.reason else st.state.value
+
+    def status(self, conn: Connection) -> dict[str, Any]:
+        allowed = self._visibility.allowed_servers(conn)
+        view = self._catalog.view
+        servers = []
+        for st in self._pool.status():
+            if st.name not in allowed:
+                continue
+            entry = view.server(st.name)
+            out: dict[str, Any] = {
+                "name": st.name,
+                "transport": st.transport,
+                "state": st.state.value,
+                "tools": len(entry.records),
+                "searchable": entry.available,
+                "reason": st.reason,
+                "since": st.since,
+                "reconnects": st.reconnects,
+                "protocol_version": st.protocol_version,
+            }
+            if not entry.available and st.state is not UpstreamState.READY:
+                out["not_searchable_because"] = f"upstream is {st.state.value}" + (f": {st.reason}" if st.reason else "")
+            if entry.quarantined:
+                out["quarantined"] = dict(sorted(entry.quarantined.items()))
+            servers.append(out)
+        engine = self._catalog.engine
+        stats = engine.stats()
+        verdicts: dict[str, AttestResult] = {n: s.verdict for n, s in view.servers.items() if s.verdict is not None}
+        cards = self._catalog.attestor.summary(verdicts)
+        cards["servers"] = {k: v for k, v in cards.get("servers", {}).items() if k in allowed}
+        available = view.available
+        return {
+            "servers": servers,
+            "tools": sum(1 for r in view.by_name.values() if r.server in allowed and r.server in available),
+            "index": {"ready": self._index_ready(), **stats},
+            "index_version": stats.get("version"),
+            "cache": {**(stats.get("cache") or {}), "fast_lane": self.surface.fast_answers()},
+            "cards": cards,
+            "tokens": self._tokens.report or {"pending": True},
+            "rift": self._rift_status(allowed),
+            "clients": self.surface.client_count(),
+            "uptime_s": round(time.time() - self.started_at, 1),
+        }
+
+    def _rift_status(self, allowed: set[str]) -> dict[str, Any]:
+        report = self._rift.report
+        if report is None:
+            return {"available": False, "reason": self._rift.error or (
+                "needs the dense index (embedder)" if self._catalog.engine.embedder is None else "not run yet")}
+        visible = [c for c in report.clusters if all(_server_of(m) in allowed for m in c.members)]
+        counts = {r: 0 for r in ("high", "medium", "low")}
+        for c in visible:
+            if c.risk in counts:
+                counts[c.risk] += 1
+        return {"available": True, "tools": report.n_tools, "clusters": counts,
+                "theta": report.theta, "embedder": report.embedder}
+
+    def snapshot(self) -> StateSnapshot:
+        view = self._catalog.view
+        engine = self._catalog.engine
+        return StateSnapshot(
+            upstreams=[(st.name, st.state.value, len(view.server(st.name).records)) for st in self._pool.status()],
+            index_size=len(engine),
+            index_version=engine.version,
+            clients=self.surface.client_count(),
+            quarantined=sum(len(s.quarantined) for s in view.servers.values()),
+        )
+
+
+def _server_of(name: str) -> str | None:
+    parsed = split(name)
+    return parsed[0] if parsed else None
+
+
+__all__ = ["StatusService"]

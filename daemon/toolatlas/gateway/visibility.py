@@ -1,0 +1,60 @@
+"""Who sees what: [[access]] rules, the static search scope and passthrough clients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from toolatlas import access
+from toolatlas.catalog.model import ToolRecord
+from toolatlas.config import Config
+from toolatlas.errors import BadInput
+from toolatlas.gateway.ports import Connection
+from toolatlas.gateway.view import CatalogView
+
+
+class Visibility:
+    """Answers, for one connection, which upstreams and tools it may use and see."""
+
+    def __init__(self, cfg: Config, view: Callable[[], CatalogView], index_ready: Callable[[], bool]) -> None:
+        self._view = view
+        self._index_ready = index_ready
+        self.configure(cfg)
+
+    def configure(self, cfg: Config) -> None:
+        """Take a (re)loaded config; cached identity lookups are dropped."""
+        self._cfg = cfg
+        self._scope = frozenset(cfg.search.scope) or None
+        access.clear_cache()
+
+    def allowed_servers(self, conn: Connection) -> set[str]:
+        """Servers this connection may use: its [[access]] rules, narrowed by the static scope."""
+        names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token))
+        return names & self._scope if self._scope else names
+
+    def passthrough_for(self, conn: Connection) -> bool:
+        """Whether the connection lists every tool instead of the meta-tools: configured
+        passthrough clients, and everyone while no index is ready yet."""
+        if not self._index_ready():
+            return True
+        return bool(conn.client_name) and conn.client_name in self._cfg.daemon.passthrough_clients
+
+    def visible_records(self, conn: Connection) -> list[ToolRecord]:
+        view = self._view()
+        usable = self.allowed_servers(conn) & view.available
+        return sorted((r for r in view.by_name.values() if r.server in usable), key=lambda r: r.name)
+
+    def search_scope(self, servers: list[str] | None, conn: Connection) -> set[str]:
+        """The upstreams a search by `conn` covers: those it may use, narrowed by `servers`,
+        that are up. Naming a server it may not use (or that does not exist) is BadInput."""
+        allowed = self.allowed_servers(conn)
+        if servers is not None:
+            unknown = sorted(set(servers) - allowed)
+            if unknown:
+                raise BadInput(
+                    f"unknown server(s) {', '.join(unknown)}; servers you can search: {', '.join(sorted(allowed)) or 'none'}"
+                )
+            allowed &= set(servers)
+        return allowed & self._view().available
+
+
+__all__ = ["Visibility"]
