@@ -154,5 +154,5 @@ def test_stable_event_names() -> None:
     assert EVENT_NAMES == {
         "tools_list_served", "tool_search_completed", "tool_search_fallback",
         "execute_tool_completed", "execute_tool_failed", "upstream_state_changed",
-        "catalog_changed",
+        "catalog_changed", "config_reloaded", "config_reload_rejected",
     }

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from toolatlas import events as ev
 from toolatlas import memory
 from toolatlas.catalog.attest import Attestor
 from toolatlas.config import Config, load, metrics_address
@@ -141,10 +142,10 @@ async def _reload(daemon: Daemon, notifier: Notifier) -> None:
         attestor = Attestor(new)  # a bad [cards] section is rejected before anything changes
     except ConfigError as exc:
         log.error("reload rejected, keeping the running config: %s", exc)
-        gw.events.emit("config_reload_rejected", reason=str(exc))
+        gw.events.emit(ev.CONFIG_RELOAD_REJECTED, reason=str(exc))
     else:
         summary = await daemon.reload(new, attestor)
-        gw.events.emit("config_reloaded", **summary)
+        gw.events.emit(ev.CONFIG_RELOADED, **summary)
     notifier.ready()
 
 

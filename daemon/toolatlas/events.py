@@ -1,16 +1,22 @@
 """Structured events: one JSON object a line, on stderr by default (journald under systemd).
 
-Each line is `{"ts": RFC 3339 UTC, "event": NAME, ...fields}`. Names are stable (a log
-pipeline keys on them); the constants below are the ones the daemon emits:
+Each line is `{"ts": RFC 3339 UTC, "event": NAME, ...fields}`. Names and fields are stable
+(a log pipeline keys on them); `EVENT_FIELDS` below is the list of every event the daemon
+emits with exactly the fields each carries (a test checks it against a running daemon):
 
-- `tools_list_served`: a client listed tools (`client`, `tools`, `passthrough`)
-- `tool_search_completed`: `results`, `matched_servers`, `latency_ms`, `top_k`, `scope`,
-  `mode`, `cache` ("hit"|"miss")
-- `tool_search_fallback`: search degraded (`kind`, `reason`)
-- `execute_tool_completed`: `name`, `upstream`, `latency_ms`, `is_error`
-- `execute_tool_failed`: `name`, `upstream`, `latency_ms`, `error_class`, `message`
+- `tools_list_served`: `client`, `tools`, `passthrough`
+- `tool_search_completed`: `query` (only with `log_queries`), `results`, `matched_servers`,
+  `latency_ms`, `top_k`, `scope`, `mode`, `cache` ("hit"|"miss")
+- `tool_search_fallback`: search degraded (`reason`, `mode`)
+- `execute_tool_completed`: `name`, `upstream`, `outcome` ("ok"|"error": the tool's isError),
+  `latency_ms`
+- `execute_tool_failed`: `name`, `upstream`, `outcome` (bad_input|timeout|unavailable|error),
+  `error_class`, `message` (at most 300 characters), `latency_ms`
 - `upstream_state_changed`: `upstream`, `old`, `new`, `reason`
-- `catalog_changed`: `upstream`, `added`, `removed`, `changed`, `index_version`
+- `catalog_changed`: `server`, `available`, `tools`, `upserted`, `removed`, `quarantined`,
+  `card` (the card verdict, null before the first listing)
+- `config_reloaded`: `added`, `removed`, `changed` (upstream names)
+- `config_reload_rejected`: `reason`
 
 Privacy: a field named `query` (at any depth) is dropped unless `log_queries=True`, since
 queries can carry user data. Every configured secret (upstream header values, env values,
@@ -38,16 +44,24 @@ EXECUTE_TOOL_COMPLETED = "execute_tool_completed"
 EXECUTE_TOOL_FAILED = "execute_tool_failed"
 UPSTREAM_STATE_CHANGED = "upstream_state_changed"
 CATALOG_CHANGED = "catalog_changed"
+CONFIG_RELOADED = "config_reloaded"
+CONFIG_RELOAD_REJECTED = "config_reload_rejected"
 
-EVENT_NAMES = frozenset({
-    TOOLS_LIST_SERVED,
-    TOOL_SEARCH_COMPLETED,
-    TOOL_SEARCH_FALLBACK,
-    EXECUTE_TOOL_COMPLETED,
-    EXECUTE_TOOL_FAILED,
-    UPSTREAM_STATE_CHANGED,
-    CATALOG_CHANGED,
-})
+# Every event the daemon emits and exactly its fields (besides "ts" and "event").
+EVENT_FIELDS: Mapping[str, frozenset[str]] = {
+    TOOLS_LIST_SERVED: frozenset({"client", "tools", "passthrough"}),
+    TOOL_SEARCH_COMPLETED: frozenset(
+        {"query", "results", "matched_servers", "latency_ms", "top_k", "scope", "mode", "cache"}),
+    TOOL_SEARCH_FALLBACK: frozenset({"reason", "mode"}),
+    EXECUTE_TOOL_COMPLETED: frozenset({"name", "upstream", "outcome", "latency_ms"}),
+    EXECUTE_TOOL_FAILED: frozenset({"name", "upstream", "outcome", "error_class", "message", "latency_ms"}),
+    UPSTREAM_STATE_CHANGED: frozenset({"upstream", "old", "new", "reason"}),
+    CATALOG_CHANGED: frozenset({"server", "available", "tools", "upserted", "removed", "quarantined", "card"}),
+    CONFIG_RELOADED: frozenset({"added", "removed", "changed"}),
+    CONFIG_RELOAD_REJECTED: frozenset({"reason"}),
+}
+EVENT_NAMES = frozenset(EVENT_FIELDS)
+MESSAGE_CHARS = 300  # execute_tool_failed's message is cut to this
 
 REDACTED = "[REDACTED]"
 QUERY_FIELD = "query"

@@ -72,22 +72,24 @@ class CallService:
             outcome = await self._execute(call, conn)
         except ToolatlasError as exc:
             label = next(o for cls, o in _CALL_OUTCOMES if isinstance(exc, cls))
-            self._done(t0, server, label, exc)
+            self._done(t0, server, label, exc, call.name)
             raise
-        self._done(t0, server, "error" if outcome.is_error else "ok", None, name=call.name)
+        self._done(t0, server, "error" if outcome.is_error else "ok", None, call.name)
         return outcome
 
-    def _done(self, t0: float, server: str, outcome: str, exc: BaseException | None, name: str = "") -> None:
+    def _done(self, t0: float, server: str, outcome: str, exc: BaseException | None, name: str) -> None:
         seconds = time.perf_counter() - t0
         upstream = server if server in self._catalog.view.servers else "unknown"
         self._metrics.observe_execute(seconds, upstream=upstream, outcome=outcome)
+        latency_ms = round(seconds * 1000, 3)
         if exc is not None:
             self._metrics.count_error(type(exc).__name__)
-            self._events.emit(ev.EXECUTE_TOOL_FAILED, upstream=upstream, outcome=outcome,
-                              error_class=type(exc).__name__, latency_ms=round(seconds * 1000, 3))
+            self._events.emit(ev.EXECUTE_TOOL_FAILED, name=name, upstream=upstream, outcome=outcome,
+                              error_class=type(exc).__name__, message=str(exc)[: ev.MESSAGE_CHARS],
+                              latency_ms=latency_ms)
         else:
-            self._events.emit(ev.EXECUTE_TOOL_COMPLETED, upstream=upstream, tool=name, outcome=outcome,
-                              latency_ms=round(seconds * 1000, 3))
+            self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name, upstream=upstream, outcome=outcome,
+                              latency_ms=latency_ms)
 
     def _resolve(self, name: str, conn: Connection) -> ToolRecord:
         """The record a caller may call by `name`, or BadInput / UpstreamUnavailable."""

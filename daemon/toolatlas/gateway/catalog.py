@@ -79,7 +79,10 @@ class LiveCatalog:
             if plan.became_unavailable:
                 log.info("upstream %s is down: its %d tools leave search", server,
                          len(plan.final.server(server).records))
-                self._events.emit(ev.CATALOG_CHANGED, server=server, available=False, tools=0)
+                entry = plan.final.server(server)
+                self._events.emit(ev.CATALOG_CHANGED, server=server, available=False, tools=0, upserted=0,
+                                  removed=0, quarantined=len(entry.quarantined),
+                                  card=entry.verdict.card_status if entry.verdict else None)
                 await self._changed()
             return
         await self.engine_loaded.wait()
