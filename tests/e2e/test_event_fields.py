@@ -33,7 +33,7 @@ def test_emitted_events_match_the_documented_fields(tmp_path: Path) -> None:
             c.list_tools()
         assert d.search("echo a message back")
         assert d.tool("one__echo", {"message": "hi"})["content"][0]["text"] == "Echo: hi"
-        d.meta("execute_tool", {"name": "one__no_such_tool"})
+        assert d.tool("execute_tool", {"name": "one__no_such_tool"})["isError"]
         # A reload that adds an upstream, then one that is rejected (not valid TOML).
         text = d.config.read_text()
         d.config.write_text(text + "\n" + stdio_testserver("two"))

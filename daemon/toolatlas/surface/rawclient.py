@@ -27,7 +27,7 @@ class RawClient:
         self.sock.settimeout(timeout)
         self.file = self.sock.makefile("rb")
         self._id = 0
-        self.request("initialize", {
+        self.initialize_result: Any = self.request("initialize", {
             "protocolVersion": PROTOCOL,
             "capabilities": {},
             "clientInfo": {"name": "toolatlas-cli", "version": __version__},

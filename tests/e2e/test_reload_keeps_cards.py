@@ -1,0 +1,49 @@
+"""A SIGHUP reload keeps card state: unchanged upstreams stay attested and keep being
+re-checked (a card tampered after the reload is refused), catalog_status agrees with itself,
+and new sessions get instructions naming the reloaded upstreams."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from daemon_harness import Daemon, stdio_testserver
+
+from toolatlas.catalog.cards import card_path
+from toolatlas.catalog.cards_cli import keygen_main, main as cards_main
+
+
+def _consistent(st: dict) -> bool:  # type: ignore[type-arg]
+    per_server = sum(len(s.get("quarantined", {})) for s in st["servers"])
+    return bool(st["cards"]["quarantined_tools"] == per_server)
+
+
+def test_reload_keeps_card_state_and_rechecks(tmp_path: Path) -> None:
+    key = tmp_path / "op.key"
+    assert keygen_main(["--out", str(key)]) == 0
+    cards = f'\n[cards]\npublic_key = "{key}.pub"\nrecheck_interval = 0.5\n'
+    d = Daemon(tmp_path, stdio_testserver("one"), daemon_extra=cards)
+    assert cards_main(["generate", "--config", str(d.config), "--key", str(key), "--quiet"]) == 0
+    with d:
+        d.wait_for(lambda: d.status()["cards"]["servers"].get("one", {}).get("card") == "verified", what="one attested")
+        d.config.write_text(d.config.read_text() + "\n" + stdio_testserver("two"))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        st = d.wait_for(lambda: (s := d.status()) and {x["name"] for x in s["servers"] if x["searchable"]} == {"one", "two"} and s,
+                        60, "two serving after the reload")
+        # one is unchanged: its verdict survives the reload; two has no card
+        assert st["cards"]["servers"]["one"]["card"] == "verified", st["cards"]
+        d.wait_for(lambda: d.status()["cards"]["servers"].get("two", {}).get("card") == "missing", 30, "two attested")
+        assert _consistent(d.status())
+        with d.client() as c:
+            instructions = c.initialize_result["instructions"]
+        assert "one" in instructions and "two" in instructions, instructions
+
+        # the card of the unchanged upstream is tampered after the reload: re-checks refuse it
+        path = card_path(tmp_path / "state", "one")
+        data = bytearray(path.read_bytes())
+        i = data.index(b'"summary"') + 12
+        data[i] = ord("Z") if data[i] != ord("Z") else ord("Y")
+        path.write_bytes(bytes(data))
+        st = d.wait_for(lambda: (s := d.status()) and s["cards"]["servers"]["one"]["card"].startswith("refused") and s,
+                        30, "tampered card refused after the reload")
+        assert st["cards"]["refused_cards"] == ["one"] and _consistent(st)
