@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/npm/node_modules/.installed
 
-.PHONY: run test setup npm bench clean
+.PHONY: run test typecheck setup npm bench clean
 
 setup: $(STAMP)
 
@@ -26,7 +26,11 @@ $(NPM_STAMP): tests/npm/package.json
 run: $(STAMP)
 	$(BIN)/python -m toolatlas.examples.run_example conf/example.toml
 
-test: $(STAMP) $(NPM_STAMP)
+# mypy --strict over the packages pyproject's [tool.mypy] lists (gateway, upstream, retrieval).
+typecheck: $(STAMP)
+	$(BIN)/mypy --cache-dir .venv/mypy-cache
+
+test: $(STAMP) $(NPM_STAMP) typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 bench: $(STAMP) $(NPM_STAMP)

@@ -67,9 +67,11 @@ class SearchService:
             engine = self._catalog.engine
             frozen = frozenset(scope)
             # A repeated query is answered from the result cache here, without a thread hop.
-            found = engine.cached(query, top_k, servers=scope) or await anyio.to_thread.run_sync(
-                lambda: engine.search(query, top_k, servers=frozen), limiter=self._limiter,
-            )
+            found = engine.cached(query, top_k, servers=scope)
+            if found is None:
+                found = await anyio.to_thread.run_sync(
+                    lambda: engine.search(query, top_k, servers=frozen), limiter=self._limiter,
+                )
             outcome, mode = found, found.mode
         return self._answer(query, top_k, servers, scope, outcome, mode, t0)
 
