@@ -266,3 +266,12 @@ async def test_bind_error_at_start_port_zero_and_stop_accepting() -> None:
             with pytest.raises(OSError):
                 await anyio.connect_tcp("127.0.0.1", free.port)
             tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_http_clients_are_counted_with_socket_clients(gw: Daemon, mode: str) -> None:
+    with anyio.fail_after(60):
+        async with _client(gw.http_url, ALL_TOKEN, mode) as c:  # type: ignore[attr-defined]
+            # the HTTP request asking is a live client, as a socket connection asking is
+            over_http = json.loads(_text(await c.call_tool("catalog_status", {})))["clients"]
+    assert over_http >= 1
