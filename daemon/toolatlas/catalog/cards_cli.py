@@ -51,21 +51,8 @@ def load_catalog(path: str | os.PathLike[str]) -> dict[str, list[Any]]:
     return out
 
 
-def records_from_mcp(server: str, tools: Sequence[Any]) -> list[Any]:
-    """mcp Tool objects -> ToolRecords (upstream names, descriptions, inputSchemas)."""
-    from toolatlas.catalog.model import ToolRecord
-
-    out = []
-    for t in tools:
-        schema = getattr(t, "input_schema", None)
-        if schema is None:
-            schema = getattr(t, "inputSchema", None)
-        out.append(ToolRecord.make(server, t.name, t.description, dict(schema) if schema else None))
-    return out
-
-
 def list_live(upstream: Any, timeout: float | None = None) -> list[Any]:
-    """One tools/list against a configured upstream (blocking)."""
+    """One tools/list against a configured upstream (blocking), as ToolRecords."""
     import anyio
 
     from toolatlas.upstream.pool import list_tools_once
@@ -73,7 +60,7 @@ def list_live(upstream: Any, timeout: float | None = None) -> list[Any]:
     async def go() -> list[Any]:
         return await list_tools_once(upstream, timeout=timeout)
 
-    return records_from_mcp(upstream.name, anyio.run(go))
+    return anyio.run(go)
 
 
 def _load_cfg(path: str | None) -> Any:

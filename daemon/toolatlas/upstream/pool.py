@@ -18,25 +18,25 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import mcp_types
 
+from toolatlas.calls import UpstreamCall, UpstreamReply
+from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.upstream.session import (
     CLOSE_TIMEOUT,
     Observer,
-    ProgressCallback,
     UpstreamSession,
     describe,
-    list_all_tools,
     make_client,
 )
+from toolatlas.upstream.listing import list_records
 from toolatlas.upstream.state import UpstreamState
 from toolatlas.upstream.transports import open_transport
 
 logger = logging.getLogger(__name__)
 
-ToolsCallback = Callable[[str, "list[mcp_types.Tool] | None"], Awaitable[None]]
+ToolsCallback = Callable[[str, "list[ToolRecord] | None"], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -143,35 +143,20 @@ class Pool:
             raise UpstreamUnavailable(f"no upstream named {name!r} is configured")
         return s
 
-    async def call_tool(
-        self,
-        upstream: str,
-        tool: str,
-        arguments: dict[str, Any] | None,
-        *,
-        progress_callback: ProgressCallback | None = None,
-        timeout: float | None = None,
-        input_responses: dict[str, Any] | None = None,
-        request_state: str | None = None,
-        allow_input_required: bool = False,
-    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
-        """Call ``tool`` on ``upstream``'s warm session.
+    async def call_tool(self, call: UpstreamCall) -> UpstreamReply:
+        """Make `call` on its upstream's warm session.
 
-        With ``allow_input_required`` an upstream's `InputRequiredResult` (2026-07-28
+        With ``call.allow_input_required`` an upstream's `input_required` (2026-07-28
         elicitation/sampling) is returned as is, for the caller to pass on; the retry
-        carries ``input_responses`` and the upstream's ``request_state``.
+        carries the input responses and the upstream's request state.
 
-        ``timeout`` defaults to the upstream's ``timeouts.call`` and includes waiting for a
+        ``call.timeout`` defaults to the upstream's ``timeouts.call`` and includes waiting for a
         slot under ``max_concurrency``. Raises UpstreamUnavailable (not READY; the message
         names state and reason), UpstreamTimeout(upstream, "tools/call <tool>", seconds),
         UpstreamProtocolError (JSON-RPC error or invalid result). A timed-out or cancelled
         call leaves the session usable.
         """
-        return await self._session(upstream).call_tool(
-            tool, arguments, progress_callback=progress_callback, timeout=timeout,
-            input_responses=input_responses, request_state=request_state,
-            allow_input_required=allow_input_required,
-        )
+        return await self._session(call.server).call_tool(call)
 
     async def refresh(self, name: str) -> None:
         """Re-list ``name`` now (callback runs before this returns); on a DEGRADED upstream,
@@ -212,7 +197,7 @@ class Pool:
             self._order = [u.name for u in upstreams]
 
 
-async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, mode: str = "auto") -> list[mcp_types.Tool]:
+async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, mode: str = "auto") -> list[ToolRecord]:
     """Connect once, list every tool (all pages), close. For `toolatlas cards generate`.
 
     ``timeout`` bounds the whole operation (default: timeouts.connect + timeouts.list_tools).
@@ -220,14 +205,14 @@ async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, m
     """
     seconds = timeout if timeout is not None else upstream.timeouts.connect + upstream.timeouts.list_tools
     reason: str | None = None
-    tools: list[mcp_types.Tool] | None = None
+    tools: list[ToolRecord] | None = None
     phase = "connect"
     with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
         try:
             async with make_client(upstream, open_transport(upstream, on_eof=lambda _w: None), mode=mode) as client:
                 try:
                     phase = "tools/list"
-                    tools = await list_all_tools(client, upstream.name)
+                    tools = await list_records(client, upstream.name)
                 finally:
                     # Teardown is shielded from outer cancellation and bounded.
                     scope.shield = True

@@ -31,23 +31,24 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from toolatlas.calls import InputRequired, UpstreamCall, UpstreamReply
+from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.upstream.backoff import backoff_delay
+from toolatlas.upstream.listing import list_records
 from toolatlas.upstream.state import Action, Event, UpstreamState, decide
 from toolatlas.upstream.transports import StdioProcess, open_transport
 
 logger = logging.getLogger(__name__)
 
-ToolsCallback = Callable[[str, "list[mcp_types.Tool] | None"], Awaitable[None]]
+ToolsCallback = Callable[[str, "list[ToolRecord] | None"], Awaitable[None]]
 ProgressCallback = Callable[[float, "float | None", "str | None"], Awaitable[None]]
 # observer(upstream, kind, fields): kind is "state" (old, new, reason), "reconnect",
 # "list_changed" or "call" (operation, seconds, outcome). Synchronous, cheap, never raises.
 Observer = Callable[[str, str, dict[str, Any]], None]
 
 # Bounds on one complete tools/list walk: a paginator that never ends cannot hang us.
-MAX_PAGES = 200
-MAX_TOOLS = 20_000
 # Seconds a teardown may take (stdio escalation is bounded below this on its own).
 CLOSE_TIMEOUT = 10.0
 # A session READY this long resets the backoff attempt count when it is lost.
@@ -85,39 +86,6 @@ def _is_connection_error(exc: BaseException) -> bool:
     return isinstance(
         exc, (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, EOFError)
     )
-
-
-def _dump(tools: list[mcp_types.Tool]) -> list[dict[str, Any]]:
-    return [t.model_dump(by_alias=True, exclude_none=True) for t in tools]
-
-
-async def list_all_tools(client: Client, name: str, *, refresh: bool = True) -> list[mcp_types.Tool]:
-    """Every tool the upstream offers, following `nextCursor` to the end (bounded).
-
-    Raises UpstreamProtocolError on a repeated cursor, more than MAX_PAGES pages or
-    MAX_TOOLS tools; SDK errors propagate. The caller bounds the time.
-    """
-    tools: list[mcp_types.Tool] = []
-    seen_names: set[str] = set()
-    seen_cursors: set[str] = set()
-    cursor: str | None = None
-    for _ in range(MAX_PAGES):
-        page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
-        for tool in page.tools:
-            if tool.name in seen_names:
-                logger.warning("upstream %s lists tool %r twice; keeping the first", name, tool.name)
-                continue
-            seen_names.add(tool.name)
-            tools.append(tool)
-        if len(tools) > MAX_TOOLS:
-            raise UpstreamProtocolError(f"upstream {name!r} lists more than {MAX_TOOLS} tools")
-        cursor = page.next_cursor
-        if not cursor:
-            return tools
-        if cursor in seen_cursors:
-            raise UpstreamProtocolError(f"upstream {name!r} repeated tools/list cursor {cursor[:80]!r}")
-        seen_cursors.add(cursor)
-    raise UpstreamProtocolError(f"upstream {name!r} tools/list did not end within {MAX_PAGES} pages")
 
 
 async def _no_direct_elicitation(ctx: Any, params: Any) -> mcp_types.ErrorData:
@@ -169,7 +137,7 @@ class UpstreamSession:
         self.since = time.time()
         self.attempt = 0
         self.reconnects = 0
-        self.tools: list[mcp_types.Tool] | None = None  # what the callback last got
+        self.tools: list[ToolRecord] | None = None  # what the callback last got
         self.protocol_version: str | None = None
         self._ready_at: float | None = None
         self._retry_at: float | None = None
@@ -243,7 +211,7 @@ class UpstreamSession:
             except Exception:  # an observer bug must never disturb the session
                 logger.exception("upstream %s: observer failed on %s", self.name, kind)
 
-    async def _publish(self, tools: list[mcp_types.Tool] | None) -> None:
+    async def _publish(self, tools: list[ToolRecord] | None) -> None:
         self.tools = tools
         try:
             await self._on_tools(self.name, tools)
@@ -387,7 +355,7 @@ class UpstreamSession:
                 await tg.start(self._listen_loop, client)
             phase[:] = ["tools/list", up.timeouts.list_tools]
             deadline.deadline = anyio.current_time() + up.timeouts.list_tools
-            tools = await list_all_tools(client, self.name)
+            tools = await list_records(client, self.name)
             deadline.deadline = math.inf
             self._client = client
             self._apply(Event.CONNECTED)
@@ -535,7 +503,7 @@ class UpstreamSession:
             seq = self._relist_started
             try:
                 with anyio.fail_after(up.timeouts.list_tools):
-                    tools = await list_all_tools(client, self.name)
+                    tools = await list_records(client, self.name)
             except TimeoutError:
                 self._mark_lost(str(UpstreamTimeout(self.name, "tools/list", up.timeouts.list_tools)))
                 return
@@ -548,7 +516,7 @@ class UpstreamSession:
                                self.name, len(self.tools or ()), describe(exc))
             else:
                 forced, self._force_publish = self._force_publish, False
-                if self.tools is None or forced or _dump(tools) != _dump(self.tools):
+                if self.tools is None or forced or tools != self.tools:
                     if not forced:
                         logger.info("upstream %s: tool list changed: %d tools", self.name, len(tools))
                     await self._publish(tools)
@@ -597,37 +565,31 @@ class UpstreamSession:
 
     # ---- calls from other tasks -------------------------------------------------------
 
-    async def call_tool(
-        self,
-        tool: str,
-        arguments: dict[str, Any] | None,
-        *,
-        progress_callback: ProgressCallback | None = None,
-        timeout: float | None = None,
-        input_responses: dict[str, Any] | None = None,
-        request_state: str | None = None,
-        allow_input_required: bool = False,
-    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
-        """Call ``tool`` on the warm session; see `Pool.call_tool` for the error contract."""
+    async def call_tool(self, call: UpstreamCall) -> UpstreamReply:
+        """Make `call` on the warm session; see `Pool.call_tool` for the error contract."""
         client = self._client
         if self.state is not UpstreamState.READY or client is None or self._lost.is_set():
             raise UpstreamUnavailable(self._unavailable_message())
-        seconds = timeout if timeout is not None else self.upstream.timeouts.call
+        seconds = call.timeout if call.timeout is not None else self.upstream.timeouts.call
+        tool, arguments, progress_callback = call.tool, call.arguments, call.progress
         op = f"tools/call {tool}"
         t0 = time.perf_counter()
         try:
             with anyio.fail_after(seconds):
                 async with self._sem:
-                    if allow_input_required:
+                    result: mcp_types.CallToolResult | mcp_types.InputRequiredResult
+                    if call.allow_input_required:
                         result = await client.session.call_tool(
                             tool, arguments, progress_callback=progress_callback,
-                            input_responses=input_responses, request_state=request_state,
-                            allow_input_required=True,
+                            input_responses=dict(call.input_responses) if call.input_responses else None,
+                            request_state=call.request_state, allow_input_required=True,
                         )
                     else:
                         result = await client.call_tool(tool, arguments, progress_callback=progress_callback)
             self._observe("call", operation="call_tool", seconds=time.perf_counter() - t0, outcome="ok")
-            return result
+            if isinstance(result, mcp_types.InputRequiredResult):
+                return UpstreamReply(input_required=InputRequired(result.input_requests, result.request_state))
+            return UpstreamReply(payload=result, is_error=bool(result.is_error))
         except TimeoutError:
             self._observe("call", operation="call_tool", seconds=time.perf_counter() - t0, outcome="timeout")
             raise UpstreamTimeout(self.name, op, seconds) from None
