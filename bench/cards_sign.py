@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from _common import emit
+from _common import emit, pct_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHDATA = ROOT / ".." / "shared" / "benchdata"
@@ -76,7 +75,7 @@ def main() -> int:
         BootstrapGenerator().generate("bench", tools)
         gen_s.append(time.perf_counter() - t0)
 
-    ms = lambda xs: round(statistics.median(xs) * 1000, 3)  # noqa: E731
+    ms = lambda xs: pct_ms(xs, 50)  # noqa: E731
     result = {
         "tools": len(tools),
         "card_bytes": len(data),
