@@ -33,17 +33,17 @@ def main() -> int:
 
     from toolatlas.catalog import signing
     from toolatlas.catalog.cards import ServerIdentity, decode_card, encode_card, verify_card
+    from toolatlas.catalog.catalog_file import read_catalog
     from toolatlas.catalog.generators import BootstrapGenerator, build_card
     from toolatlas.catalog.model import ToolRecord, schema_hash
 
-    rows = [json.loads(l) for l in (BENCHDATA / "toollens" / "catalog.jsonl").read_text().splitlines() if l.strip()]
     seen: set[str] = set()
     tools = []
-    for r in rows:
-        if r["name"] in seen:
+    for r in read_catalog(BENCHDATA / "toollens" / "catalog.jsonl"):
+        if r.name in seen:
             continue
-        seen.add(r["name"])
-        tools.append(ToolRecord.make("bench", r["name"], r["description"], r["input_schema"]))
+        seen.add(r.name)
+        tools.append(ToolRecord.make("bench", r.name, r.description, r.input_schema))
         if len(tools) == args.tools:
             break
     key = signing.generate_private_key()

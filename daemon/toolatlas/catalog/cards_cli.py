@@ -32,25 +32,6 @@ def _err(msg: str) -> None:
     print(f"toolatlas: {msg}", file=sys.stderr)
 
 
-def load_catalog(path: str | os.PathLike[str]) -> dict[str, list[Any]]:
-    """A catalog JSONL file (`{"server","name","description","input_schema"}` a line) as
-    {server: [ToolRecord, ...]} in file order. ValueError names the bad line."""
-    from toolatlas.catalog.model import ToolRecord
-
-    out: dict[str, list[Any]] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                rec = ToolRecord.make(str(obj["server"]), str(obj["name"]), obj.get("description"), obj.get("input_schema"))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a catalog line ({exc})") from exc
-            out.setdefault(rec.server, []).append(rec)
-    return out
-
-
 def records_from_mcp(server: str, tools: Sequence[Any]) -> list[Any]:
     """mcp Tool objects -> ToolRecords (upstream names, descriptions, inputSchemas)."""
     from toolatlas.catalog.model import ToolRecord
@@ -87,6 +68,7 @@ def _load_cfg(path: str | None) -> Any:
 
 def _generate(args: argparse.Namespace) -> int:
     from toolatlas.catalog import signing
+    from toolatlas.catalog.catalog_file import load_records
     from toolatlas.catalog.attest import resolve_path
     from toolatlas.catalog.cards import ServerIdentity, card_path, identity_of, write_card
     from toolatlas.catalog.generators import build_card, make_generator
@@ -108,7 +90,7 @@ def _generate(args: argparse.Namespace) -> int:
     jobs: list[tuple[Any, str, list[Any]]] = []  # (identity, generator kind, records)
     failed = 0
     if args.catalog:
-        catalog = load_catalog(args.catalog)
+        catalog = load_records(args.catalog)
         wanted = args.server or list(catalog)
         for name in wanted:
             if name not in catalog:
@@ -157,6 +139,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     from toolatlas.catalog import signing
+    from toolatlas.catalog.catalog_file import load_records
     from toolatlas.catalog.attest import resolve_path
     from toolatlas.catalog.cards import card_filename, cards_dir, identity_of, read_card, verify_card
     from toolatlas.catalog.model import schema_hash
@@ -191,7 +174,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     live: dict[str, list[Any]] = {}
     if args.catalog:
-        live = load_catalog(args.catalog)
+        live = load_records(args.catalog)
     elif cfg is not None and not args.offline:
         for up in cfg.upstream:
             if not up.enabled:
@@ -268,11 +251,12 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from toolatlas.catalog.catalog_file import read_catalog, records_by_server
     from toolatlas.catalog.generators import make_generator
 
     cfg = _load_cfg(args.config)
-    catalog = load_catalog(args.catalog)
-    rows_in = [json.loads(line) for line in Path(args.catalog).read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = read_catalog(args.catalog)
+    catalog = records_by_server(lines)
     text: dict[tuple[str, str], str] = {}
     for server, recs in catalog.items():
         draft = make_generator(args.generator, cfg).generate(server, recs)
@@ -283,8 +267,8 @@ def _export(args: argparse.Namespace) -> int:
             text[(server, d.tool)] = summary
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
-        for row in rows_in:
-            row = dict(row, description=text[(str(row["server"]), str(row["name"]))])
+        for line in lines:
+            row = dict(line.raw, description=text[(line.server, line.name)])
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
     finally:
         if out is not sys.stdout:
