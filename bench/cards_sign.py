@@ -14,7 +14,6 @@ The goal (issue 4) is < 50 ms each.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
