@@ -63,13 +63,32 @@ def _load_cfg(path: str | None) -> Any:
     return config.load(path) if path else None
 
 
+def _state_dir(args: argparse.Namespace, cfg: Any) -> str | None:
+    """--state-dir, else the config's [daemon] state_dir; None, said on stderr, if neither."""
+    state_dir = args.state_dir or (cfg.daemon.state_dir if cfg else None)
+    if not state_dir:
+        _err("no state dir: pass --state-dir DIR or --config PATH")
+        return None
+    return str(state_dir)
+
+
+def _key_file(given: str | None, cfg: Any, key: str, flag: str) -> Path | None:
+    """The key file given by `flag`, else the config's [cards] `key` (private_key or
+    public_key); None, said on stderr, if neither."""
+    from toolatlas.catalog.attest import resolve_path
+
+    path = Path(given) if given else (resolve_path(cfg, getattr(cfg.cards, key)) if cfg else None)
+    if path is None:
+        _err(f"no {key.replace('_', ' ')}: pass {flag} PATH or set [cards] {key}")
+    return path
+
+
 # --------------------------------------------------------------------------- generate
 
 
 def _generate(args: argparse.Namespace) -> int:
     from toolatlas.catalog import signing
     from toolatlas.catalog.catalog_file import load_records
-    from toolatlas.catalog.attest import resolve_path
     from toolatlas.catalog.cards import ServerIdentity, card_path, identity_of, write_card
     from toolatlas.catalog.generators import build_card, make_generator
 
@@ -77,13 +96,9 @@ def _generate(args: argparse.Namespace) -> int:
     if cfg is None and not args.catalog:
         _err("cards generate needs --config PATH or --catalog FILE")
         return EX_USAGE
-    key_path = Path(args.key) if args.key else (resolve_path(cfg, cfg.cards.private_key) if cfg else None)
-    if key_path is None:
-        _err("no private key: pass --key PATH or set [cards] private_key")
-        return EX_USAGE
-    state_dir = args.state_dir or (cfg.daemon.state_dir if cfg else None)
-    if not state_dir:
-        _err("no state dir: pass --state-dir DIR or --config PATH")
+    key_path = _key_file(args.key, cfg, "private_key", "--key")
+    state_dir = _state_dir(args, cfg) if key_path is not None else None
+    if key_path is None or state_dir is None:
         return EX_USAGE
     key = signing.load_private_key(key_path)
 
@@ -140,19 +155,14 @@ def _generate(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from toolatlas.catalog import signing
     from toolatlas.catalog.catalog_file import load_records
-    from toolatlas.catalog.attest import resolve_path
     from toolatlas.catalog.cards import card_filename, cards_dir, identity_of, read_card, verify_card
     from toolatlas.catalog.model import schema_hash
     from toolatlas.errors import SignatureError
 
     cfg = _load_cfg(args.config)
-    pub_path = Path(args.public_key) if args.public_key else (resolve_path(cfg, cfg.cards.public_key) if cfg else None)
-    if pub_path is None:
-        _err("no public key: pass --public-key PATH or set [cards] public_key")
-        return EX_USAGE
-    state_dir = args.state_dir or (cfg.daemon.state_dir if cfg else None)
-    if not state_dir:
-        _err("no state dir: pass --state-dir DIR or --config PATH")
+    pub_path = _key_file(args.public_key, cfg, "public_key", "--public-key")
+    state_dir = _state_dir(args, cfg) if pub_path is not None else None
+    if pub_path is None or state_dir is None:
         return EX_USAGE
     pub = signing.load_public_key(pub_path)
 
@@ -226,9 +236,8 @@ def _show(args: argparse.Namespace) -> int:
     from toolatlas.errors import SignatureError
 
     cfg = _load_cfg(args.config)
-    state_dir = args.state_dir or (cfg.daemon.state_dir if cfg else None)
-    if not state_dir:
-        _err("no state dir: pass --state-dir DIR or --config PATH")
+    state_dir = _state_dir(args, cfg)
+    if state_dir is None:
         return EX_USAGE
     path = card_path(state_dir, args.server)
     if not path.exists():
