@@ -1,4 +1,8 @@
-"""Shared helpers for the bench scripts: statistics, and the test harness's daemon runner."""
+"""Shared helpers for the bench scripts: statistics, and the test harness's daemon runner.
+
+Every percentile (median included) a bench script reports is the nearest-rank one of
+`toolatlas.evaluation.metrics.percentile`, through `pct_ms` / `median` below, so figures from
+different scripts (and `toolatlas eval`) mean the same thing."""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +20,28 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from daemon_harness import Daemon, NetworkServer, descendants, stdio_testserver  # noqa: E402
 
+from toolatlas.evaluation.metrics import percentile  # noqa: E402
+
+
+def median(values: Sequence[float]) -> float:
+    """The nearest-rank 50th percentile (the lower middle value of an even count)."""
+    return percentile(values, 50)
+
+
+def pct_ms(samples_s: Sequence[float], q: float, digits: int = 3) -> float:
+    """Nearest-rank percentile `q` (0..100) of samples in seconds, in milliseconds."""
+    return round(percentile(samples_s, q) * 1000, digits)
+
 
 def summary(samples_s: list[float]) -> dict[str, Any]:
     """Median, p95, mean and min of samples given in seconds, reported in milliseconds."""
-    ms = sorted(x * 1000 for x in samples_s)
+    ms = [x * 1000 for x in samples_s]
     return {
         "n": len(ms),
-        "median_ms": round(statistics.median(ms), 3),
-        "p95_ms": round(ms[min(len(ms) - 1, int(0.95 * len(ms)))], 3),
+        "median_ms": pct_ms(samples_s, 50),
+        "p95_ms": pct_ms(samples_s, 95),
         "mean_ms": round(statistics.fmean(ms), 3),
-        "min_ms": round(ms[0], 3),
+        "min_ms": round(min(ms), 3),
     }
 
 
@@ -69,5 +85,5 @@ def emit(result: dict[str, Any], name: str) -> None:
     print(text)
 
 
-__all__ = ["Daemon", "NetworkServer", "OUT", "REPO", "descendants", "emit", "proc_mem_mb", "stdio_testserver", "summary",
-           "wait_settled"]
+__all__ = ["Daemon", "NetworkServer", "OUT", "REPO", "descendants", "emit", "median", "pct_ms", "proc_mem_mb",
+           "stdio_testserver", "summary", "wait_settled"]

@@ -14,13 +14,11 @@ The goal (issue 4) is < 50 ms each.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from _common import emit
+from _common import emit, pct_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHDATA = ROOT / ".." / "shared" / "benchdata"
@@ -34,17 +32,17 @@ def main() -> int:
 
     from toolatlas.catalog import signing
     from toolatlas.catalog.cards import ServerIdentity, decode_card, encode_card, verify_card
+    from toolatlas.catalog.catalog_file import read_catalog
     from toolatlas.catalog.generators import BootstrapGenerator, build_card
     from toolatlas.catalog.model import ToolRecord, schema_hash
 
-    rows = [json.loads(l) for l in (BENCHDATA / "toollens" / "catalog.jsonl").read_text().splitlines() if l.strip()]
     seen: set[str] = set()
     tools = []
-    for r in rows:
-        if r["name"] in seen:
+    for r in read_catalog(BENCHDATA / "toollens" / "catalog.jsonl"):
+        if r.name in seen:
             continue
-        seen.add(r["name"])
-        tools.append(ToolRecord.make("bench", r["name"], r["description"], r["input_schema"]))
+        seen.add(r.name)
+        tools.append(ToolRecord.make("bench", r.name, r.description, r.input_schema))
         if len(tools) == args.tools:
             break
     key = signing.generate_private_key()
@@ -76,7 +74,7 @@ def main() -> int:
         BootstrapGenerator().generate("bench", tools)
         gen_s.append(time.perf_counter() - t0)
 
-    ms = lambda xs: round(statistics.median(xs) * 1000, 3)  # noqa: E731
+    ms = lambda xs: pct_ms(xs, 50)  # noqa: E731
     result = {
         "tools": len(tools),
         "card_bytes": len(data),

@@ -25,6 +25,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+# Run as a daemon's stdio upstream, this file gets no PYTHONPATH: read catalogs with this tree's
+# toolatlas (catalog.catalog_file), whichever one is installed.
+if str(REPO / "daemon") not in sys.path:
+    sys.path.insert(0, str(REPO / "daemon"))
 BENCHDATA = REPO / ".." / "shared" / "benchdata"
 CATALOGS = [BENCHDATA / "toollens" / "catalog.jsonl", BENCHDATA / "mcptoolbenchpp" / "catalog.jsonl"]
 VARIANTS = ["for teams", "batch mode", "v2 API", "enterprise edition", "with caching", "legacy endpoint",
@@ -34,22 +38,24 @@ VARIANTS = ["for teams", "batch mode", "v2 API", "enterprise edition", "with cac
 def catalog_tools(n: int, seed: int = 7) -> list[dict[str, Any]]:
     """`n` tool definitions (name, description, inputSchema, base = index of the published
     tool it copies) cycling over the benchdata catalogs."""
-    records = [json.loads(line) for p in CATALOGS for line in p.read_text().splitlines() if line.strip()]
+    from toolatlas.catalog.catalog_file import read_catalog
+
+    records = [line for p in CATALOGS for line in read_catalog(p)]
     rng = random.Random(seed)
     tools: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i in range(n):
         rec = records[i % len(records)]
         copy = i // len(records)
-        base = re.sub(r"[^a-zA-Z0-9_-]+", "_", f"{rec['server']}_{rec['name']}").strip("_")[:44] or "tool"
+        base = re.sub(r"[^a-zA-Z0-9_-]+", "_", f"{rec.server}_{rec.name}").strip("_")[:44] or "tool"
         name = base if copy == 0 else f"{base}_{copy}"
         while name in seen:
             name = f"{name}_{i}"
         seen.add(name)
-        desc = rec.get("description") or ""
-        desc = (f"{desc} (server: {rec['server']})" if copy == 0
-                else f"{desc} (server: {rec['server']}, {rng.choice(VARIANTS)}, copy {copy})")
-        tools.append({"name": name, "description": desc, "inputSchema": rec.get("input_schema") or {"type": "object"},
+        desc = rec.description
+        desc = (f"{desc} (server: {rec.server})" if copy == 0
+                else f"{desc} (server: {rec.server}, {rng.choice(VARIANTS)}, copy {copy})")
+        tools.append({"name": name, "description": desc, "inputSchema": rec.input_schema or {"type": "object"},
                       "base": i % len(records)})
     return tools
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, Daemon, emit, proc_mem_mb, stdio_testserver  # noqa: E402
+from _common import REPO, Daemon, emit, pct_ms, proc_mem_mb, stdio_testserver  # noqa: E402
 from catalog_upstream import upstream_block  # noqa: E402
 
 from toolatlas.surface.rawclient import RawClient  # noqa: E402
@@ -59,17 +59,12 @@ def proc_sample(pid: int) -> dict[str, float]:
     return {"t": round(time.monotonic(), 2), "rss_mb": proc_mem_mb(pid)["VmRSS"], "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
-
-
 def lat(xs: list[float]) -> dict[str, Any]:
     if not xs:
         return {"n": 0}
     ms = [x * 1000 for x in xs]
-    return {"n": len(ms), "p50_ms": round(pct(ms, 0.5), 2), "p95_ms": round(pct(ms, 0.95), 2),
-            "p99_ms": round(pct(ms, 0.99), 2), "max_ms": round(max(ms), 2), "mean_ms": round(statistics.fmean(ms), 2)}
+    return {"n": len(ms), "p50_ms": pct_ms(xs, 50, 2), "p95_ms": pct_ms(xs, 95, 2),
+            "p99_ms": pct_ms(xs, 99, 2), "max_ms": round(max(ms), 2), "mean_ms": round(statistics.fmean(ms), 2)}
 
 
 class QueryPool:

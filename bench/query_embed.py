@@ -25,7 +25,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "daemon"))
 
-from _common import emit, summary  # noqa: E402
+from _common import emit, median, summary  # noqa: E402
+from toolatlas.evaluation.metrics import percentile  # noqa: E402
 from search_latency import bench_queries  # noqa: E402
 from toolatlas.retrieval.embed import _EXPORT_DIRNAME, OnnxEmbedder, ensure_onnx_export  # noqa: E402
 
@@ -60,7 +61,7 @@ def run(n_queries: int, rounds: int) -> dict[str, Any]:
         "export": _EXPORT_DIRNAME,
         "fusion": manifest.get("fusion"),
         "queries": len(queries),
-        "tokens": {"median": int(np.median(tokens)), "p95": int(np.percentile(tokens, 95)), "max": int(tokens.max())},
+        "tokens": {"median": int(median(tokens.tolist())), "p95": int(percentile(tokens.tolist(), 95)), "max": int(tokens.max())},
         "rounds": rounds,
     }
     before = lone.lone_queries
@@ -69,7 +70,7 @@ def run(n_queries: int, rounds: int) -> dict[str, Any]:
         entry: dict[str, Any] = {"rounds": [summary(r) for r in per_round]}
         last = np.array(per_round[-1]) * 1000
         entry["median_ms_by_tokens"] = {
-            f"{lo}-{hi - 1}": {"n": int(m.sum()), "median_ms": round(float(np.median(last[m])), 3)}
+            f"{lo}-{hi - 1}": {"n": int(m.sum()), "median_ms": round(float(median(last[m].tolist())), 3)}
             for lo, hi in BUCKETS
             if (m := (tokens >= lo) & (tokens < hi)).any()
         }

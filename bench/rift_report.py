@@ -63,7 +63,9 @@ def main() -> int:
             entry[label] = brief(js, wall)
         result["sets"][name] = entry
 
-    rows = [json.loads(l) for l in (BENCHDATA / "mcptoolbenchpp" / "catalog.jsonl").read_text().splitlines() if l.strip()]
+    from toolatlas.catalog.catalog_file import read_catalog
+
+    rows = [line.raw for line in read_catalog(BENCHDATA / "mcptoolbenchpp" / "catalog.jsonl")]
     picks = [r for r in rows if r["name"] in ("read_file", "tavily-search", "playwright_navigate")]
     with tempfile.TemporaryDirectory() as tmp:
         planted = Path(tmp) / "planted.jsonl"

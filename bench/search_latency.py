@@ -53,9 +53,8 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries  # noqa: E402
-from toolatlas.evaluation.metrics import percentile  # noqa: E402
 from toolatlas.retrieval.engine import Engine, ToolDoc  # noqa: E402
-from _common import proc_mem_mb, wait_settled  # noqa: E402
+from _common import pct_ms, proc_mem_mb, wait_settled  # noqa: E402
 
 SHARD_TOOLS = 5000  # tools per synthetic upstream in the socket bench
 RIFT_WAIT_S = 120  # at most this long for the daemon's background work (Rift, tokens, snapshot) before timing
@@ -114,13 +113,8 @@ def synthetic_catalog(size: int, seed: int = 7) -> tuple[list[ToolDoc], list[int
     return docs, origin
 
 
-def _pct(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile of `samples` (seconds), in milliseconds."""
-    return round(percentile(samples, q) * 1000, 3)
-
-
 def _stats(samples: list[float]) -> dict[str, float]:
-    return {"n": len(samples), "p50_ms": _pct(samples, 50), "p95_ms": _pct(samples, 95), "max_ms": _pct(samples, 100)}
+    return {"n": len(samples), "p50_ms": pct_ms(samples, 50), "p95_ms": pct_ms(samples, 95), "max_ms": pct_ms(samples, 100)}
 
 
 def measure(

@@ -34,7 +34,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import emit, proc_mem_mb, wait_settled
+from _common import emit, median, pct_ms, proc_mem_mb, wait_settled
 from catalog_upstream import upstream_block
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,11 +82,7 @@ def try_search(sock: str, query: str) -> list[str]:
 def socket_latency(sock: str, queries: list[str]) -> dict[str, Any]:
     """tool_search end to end over one socket connection: distinct queries (cache misses),
     then the same queries again (cache hits); milliseconds."""
-    from toolatlas.evaluation.metrics import percentile
     from toolatlas.surface.rawclient import RawClient
-
-    def pct(xs: list[float], q: float) -> float:
-        return round(percentile(xs, q) * 1000, 3)  # nearest rank, seconds -> ms
 
     out: dict[str, Any] = {"queries": len(queries), "top_k": 5, "client": "toolatlas.surface.rawclient over the Unix socket"}
     with RawClient(sock, timeout=60) as c:
@@ -98,7 +93,7 @@ def socket_latency(sock: str, queries: list[str]) -> dict[str, Any]:
                 r = c.call_tool("tool_search", {"query": q, "top_k": 5})
                 xs.append(time.perf_counter() - t)
                 assert not r.get("isError"), r
-            out[kind] = {"n": len(xs), "p50_ms": pct(xs, 50), "p95_ms": pct(xs, 95), "max_ms": pct(xs, 100)}
+            out[kind] = {"n": len(xs), "p50_ms": pct_ms(xs, 50), "p95_ms": pct_ms(xs, 95), "max_ms": pct_ms(xs, 100)}
     return out
 
 
@@ -194,7 +189,7 @@ def run(n: int, embedder: str, restarts: int, timeout: float, n_queries: int = 2
                           queries if i == restarts - 1 else None) for i in range(restarts)]
 
     def med(key: str) -> float:
-        return round(statistics.median(w[key] for w in warm), 3)
+        return round(median([w[key] for w in warm]), 3)
 
     return {
         "bench": "startup",
@@ -212,7 +207,7 @@ def run(n: int, embedder: str, restarts: int, timeout: float, n_queries: int = 2
             "first_search_s": med("first_search_s"),
             "indexed_s": med("indexed_s"),
             "embeddings_computed_max": max(w["index"]["embeddings_computed"] for w in warm),
-            "rss_mb": round(statistics.median(w["memory_mb"]["VmRSS"] for w in warm), 1),
+            "rss_mb": round(median([w["memory_mb"]["VmRSS"] for w in warm]), 1),
         },
         "goals": {
             "cold_indexed_s <= 60": cold["indexed_s"] <= 60,

@@ -41,6 +41,7 @@ SAMPLE_QUERIES = 50
 
 sys.path.insert(0, str(ROOT / "daemon"))
 
+from toolatlas.catalog.catalog_file import CatalogLine, read_catalog, read_json_lines  # noqa: E402
 from toolatlas.names import namespaced  # noqa: E402
 from toolatlas.tokens import TOKENIZER_NAME, catalog_token_report  # noqa: E402
 
@@ -62,29 +63,28 @@ def slug(server: str) -> str:
     return (s or "server")[:40]
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_queries(path: Path) -> list[dict[str, Any]]:
+    return [obj for _, obj in read_json_lines(path)]
 
 
 def mcp_tool(server: str, name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"name": namespaced(server, name), "description": description, "inputSchema": schema}
 
 
-def replicate(records: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+def replicate(records: list[CatalogLine], n: int) -> list[dict[str, Any]]:
     """`n` MCP tool dicts cycling over `records`, copy k of server s renamed s-k."""
     tools = []
     for i in range(n):
         rec = records[i % len(records)]
         copy = i // len(records)
-        server = slug(rec["server"]) + (f"-{copy}" if copy else "")
-        tools.append(mcp_tool(server, rec["name"], rec.get("description", ""), rec.get("input_schema") or {"type": "object"}))
+        server = slug(rec.server) + (f"-{copy}" if copy else "")
+        tools.append(mcp_tool(server, rec.name, rec.description, rec.input_schema or {"type": "object"}))
     return tools
 
 
-def sample_results(records: list[dict[str, Any]], queries: list[dict[str, Any]], seed: int = 1) -> list[dict[str, Any]]:
+def sample_results(records: list[CatalogLine], queries: list[dict[str, Any]], seed: int = 1) -> list[dict[str, Any]]:
     """Top-5 tool_search result objects for sampled queries (relevant tools first)."""
-    by_key = {(r["server"], r["name"]): r for r in records}
+    by_key = {(r.server, r.name): r for r in records}
     rnd = random.Random(seed)
     picked = rnd.sample(queries, min(SAMPLE_QUERIES, len(queries))) if queries else [{"query": "", "relevant": []}] * SAMPLE_QUERIES
     results = []
@@ -94,8 +94,8 @@ def sample_results(records: list[dict[str, Any]], queries: list[dict[str, Any]],
             recs.append(rnd.choice(records))
         matches = []
         for rank, r in enumerate(recs):
-            t = mcp_tool(slug(r["server"]), r["name"], r.get("description", ""), r.get("input_schema") or {"type": "object"})
-            matches.append({"name": t["name"], "server": slug(r["server"]), "tool": r["name"],
+            t = mcp_tool(slug(r.server), r.name, r.description, r.input_schema or {"type": "object"})
+            matches.append({"name": t["name"], "server": slug(r.server), "tool": r.name,
                             "description": t["description"], "inputSchema": t["inputSchema"],
                             "score": round(1.0 / (rank + 1), 4)})
         results.append({"query": q["query"], "matches": matches, "degraded": None})
@@ -104,8 +104,8 @@ def sample_results(records: list[dict[str, Any]], queries: list[dict[str, Any]],
 
 def catalog_mode(args: argparse.Namespace, meta: list[dict[str, Any]]) -> dict[str, Any]:
     paths = [Path(p) for p in args.catalog] if args.catalog else DEFAULT_CATALOGS
-    records = [r for p in paths for r in read_jsonl(p)]
-    queries = read_jsonl(Path(args.queries)) if args.queries else (read_jsonl(DEFAULT_QUERIES) if not args.catalog else [])
+    records = [r for p in paths for r in read_catalog(p)]
+    queries = read_queries(Path(args.queries)) if args.queries else (read_queries(DEFAULT_QUERIES) if not args.catalog else [])
     samples = sample_results(records, queries)
     sizes = args.tools or [2000]
     runs = []

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries
-from toolatlas.retrieval import engine as engine_mod
+from toolatlas.retrieval import rank as rank_mod
 from toolatlas.retrieval import fusion
 from toolatlas.retrieval.embed import (
     _EXPORT_DIRNAME,
@@ -280,7 +280,7 @@ def test_narrow_scope_still_returns_top_k_from_the_allowed_set(engine: Engine, m
 
 
 def test_scopes_on_the_hnsw_paths(mcp_docs: list[ToolDoc], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_mod, "HNSW_MIN", 0)  # route even 49 docs through hnswlib
+    monkeypatch.setattr(rank_mod, "HNSW_MIN", 0)  # route even 49 docs through hnswlib
     eng = Engine(state_dir=None, cache_size=0)
     eng.load()
     eng.update(mcp_docs, [])
@@ -356,7 +356,7 @@ def test_update_replaces_and_removes(mcp_docs: list[ToolDoc]) -> None:
 
 def test_search_during_updates_never_misses_a_stable_doc(mcp_docs: list[ToolDoc], monkeypatch: pytest.MonkeyPatch) -> None:
     """Insert-before-delete: docs replaced over and over stay findable at every instant."""
-    monkeypatch.setattr(engine_mod, "HNSW_MIN", 0)  # exercise the shared hnswlib index
+    monkeypatch.setattr(rank_mod, "HNSW_MIN", 0)  # exercise the shared hnswlib index
     eng = Engine(state_dir=None, cache_size=0)
     eng.load()
     eng.update(mcp_docs, [])

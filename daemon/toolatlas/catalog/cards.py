@@ -142,10 +142,7 @@ def card_path(state_dir: str | os.PathLike[str], server: str) -> Path:
 
 def read_card(path: str | os.PathLike[str]) -> Card:
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise SignatureError(f"cannot read card {str(p)!r}: {exc.strerror}") from exc
+    data = signing.read_bytes(p, "card")
     return decode_card(data, source=f"card file {str(p)!r}")
 
 

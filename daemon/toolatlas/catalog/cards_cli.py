@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,25 +29,6 @@ EX_CONFIG = 78
 
 def _err(msg: str) -> None:
     print(f"toolatlas: {msg}", file=sys.stderr)
-
-
-def load_catalog(path: str | os.PathLike[str]) -> dict[str, list[Any]]:
-    """A catalog JSONL file (`{"server","name","description","input_schema"}` a line) as
-    {server: [ToolRecord, ...]} in file order. ValueError names the bad line."""
-    from toolatlas.catalog.model import ToolRecord
-
-    out: dict[str, list[Any]] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                rec = ToolRecord.make(str(obj["server"]), str(obj["name"]), obj.get("description"), obj.get("input_schema"))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a catalog line ({exc})") from exc
-            out.setdefault(rec.server, []).append(rec)
-    return out
 
 
 def list_live(upstream: Any, timeout: float | None = None) -> list[Any]:
@@ -69,12 +49,32 @@ def _load_cfg(path: str | None) -> Any:
     return config.load(path) if path else None
 
 
+def _state_dir(args: argparse.Namespace, cfg: Any) -> str | None:
+    """--state-dir, else the config's [daemon] state_dir; None, said on stderr, if neither."""
+    state_dir = args.state_dir or (cfg.daemon.state_dir if cfg else None)
+    if not state_dir:
+        _err("no state dir: pass --state-dir DIR or --config PATH")
+        return None
+    return str(state_dir)
+
+
+def _key_file(given: str | None, cfg: Any, key: str, flag: str) -> Path | None:
+    """The key file given by `flag`, else the config's [cards] `key` (private_key or
+    public_key); None, said on stderr, if neither."""
+    from toolatlas.catalog.attest import resolve_path
+
+    path = Path(given) if given else (resolve_path(cfg, getattr(cfg.cards, key)) if cfg else None)
+    if path is None:
+        _err(f"no {key.replace('_', ' ')}: pass {flag} PATH or set [cards] {key}")
+    return path
+
+
 # --------------------------------------------------------------------------- generate
 
 
 def _generate(args: argparse.Namespace) -> int:
     from toolatlas.catalog import signing
-    from toolatlas.catalog.attest import resolve_path
+    from toolatlas.catalog.catalog_file import load_records
     from toolatlas.catalog.cards import ServerIdentity, card_path, identity_of, write_card
     from toolatlas.catalog.generators import build_card, make_generator
 
@@ -82,20 +82,16 @@ def _generate(args: argparse.Namespace) -> int:
     if cfg is None and not args.catalog:
         _err("cards generate needs --config PATH or --catalog FILE")
         return EX_USAGE
-    key_path = Path(args.key) if args.key else (resolve_path(cfg, cfg.cards.private_key) if cfg else None)
-    if key_path is None:
-        _err("no private key: pass --key PATH or set [cards] private_key")
-        return EX_USAGE
-    state_dir = args.state_dir or (cfg.daemon.state_dir if cfg else None)
-    if not state_dir:
-        _err("no state dir: pass --state-dir DIR or --config PATH")
+    key_path = _key_file(args.key, cfg, "private_key", "--key")
+    state_dir = _state_dir(args, cfg) if key_path is not None else None
+    if key_path is None or state_dir is None:
         return EX_USAGE
     key = signing.load_private_key(key_path)
 
     jobs: list[tuple[Any, str, list[Any]]] = []  # (identity, generator kind, records)
     failed = 0
     if args.catalog:
-        catalog = load_catalog(args.catalog)
+        catalog = load_records(args.catalog)
         wanted = args.server or list(catalog)
         for name in wanted:
             if name not in catalog:
@@ -144,19 +140,15 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     from toolatlas.catalog import signing
-    from toolatlas.catalog.attest import resolve_path
+    from toolatlas.catalog.catalog_file import load_records
     from toolatlas.catalog.cards import card_filename, cards_dir, identity_of, read_card, verify_card
     from toolatlas.catalog.model import schema_hash
     from toolatlas.errors import SignatureError
 
     cfg = _load_cfg(args.config)
-    pub_path = Path(args.public_key) if args.public_key else (resolve_path(cfg, cfg.cards.public_key) if cfg else None)
-    if pub_path is None:
-        _err("no public key: pass --public-key PATH or set [cards] public_key")
-        return EX_USAGE
-    state_dir = args.state_dir or (cfg.daemon.state_dir if cfg else None)
-    if not state_dir:
-        _err("no state dir: pass --state-dir DIR or --config PATH")
+    pub_path = _key_file(args.public_key, cfg, "public_key", "--public-key")
+    state_dir = _state_dir(args, cfg) if pub_path is not None else None
+    if pub_path is None or state_dir is None:
         return EX_USAGE
     pub = signing.load_public_key(pub_path)
 
@@ -178,7 +170,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     live: dict[str, list[Any]] = {}
     if args.catalog:
-        live = load_catalog(args.catalog)
+        live = load_records(args.catalog)
     elif cfg is not None and not args.offline:
         for up in cfg.upstream:
             if not up.enabled:
@@ -230,9 +222,8 @@ def _show(args: argparse.Namespace) -> int:
     from toolatlas.errors import SignatureError
 
     cfg = _load_cfg(args.config)
-    state_dir = args.state_dir or (cfg.daemon.state_dir if cfg else None)
-    if not state_dir:
-        _err("no state dir: pass --state-dir DIR or --config PATH")
+    state_dir = _state_dir(args, cfg)
+    if state_dir is None:
         return EX_USAGE
     path = card_path(state_dir, args.server)
     if not path.exists():
@@ -255,11 +246,12 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from toolatlas.catalog.catalog_file import read_catalog, records_by_server
     from toolatlas.catalog.generators import make_generator
 
     cfg = _load_cfg(args.config)
-    catalog = load_catalog(args.catalog)
-    rows_in = [json.loads(line) for line in Path(args.catalog).read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = read_catalog(args.catalog)
+    catalog = records_by_server(lines)
     text: dict[tuple[str, str], str] = {}
     for server, recs in catalog.items():
         draft = make_generator(args.generator, cfg).generate(server, recs)
@@ -270,8 +262,8 @@ def _export(args: argparse.Namespace) -> int:
             text[(server, d.tool)] = summary
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
-        for row in rows_in:
-            row = dict(row, description=text[(str(row["server"]), str(row["name"]))])
+        for line in lines:
+            row = dict(line.raw, description=text[(line.server, line.name)])
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
     finally:
         if out is not sys.stdout:

@@ -1,4 +1,4 @@
-"""Tool records as the gateway keeps them, with content hashes for diffing."""
+"""Tool records as the gateway keeps them, with content hashes for change detection."""
 
 from __future__ import annotations
 
@@ -57,20 +57,3 @@ class ToolRecord(msgspec.Struct, frozen=True, kw_only=True):
             **extra,
         )
 
-
-class CatalogDiff(msgspec.Struct, frozen=True):
-    added: list[ToolRecord]
-    changed: list[ToolRecord]
-    removed: list[str]  # namespaced names
-
-    @property
-    def empty(self) -> bool:
-        return not (self.added or self.changed or self.removed)
-
-
-def diff(old: dict[str, ToolRecord], new: dict[str, ToolRecord]) -> CatalogDiff:
-    """Per-tool diff by content hash between two {name: record} maps."""
-    added = [r for n, r in new.items() if n not in old]
-    changed = [r for n, r in new.items() if n in old and old[n].content_hash != r.content_hash]
-    removed = [n for n in old if n not in new]
-    return CatalogDiff(added, changed, removed)

@@ -89,12 +89,18 @@ def write_private_key(path: str | os.PathLike[str], key: Ed25519PrivateKey) -> P
     return pub
 
 
-def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+def read_bytes(path: str | os.PathLike[str], what: str) -> bytes:
+    """The bytes of a key or card file; SignatureError "cannot read WHAT 'PATH': reason"."""
     p = Path(path)
     try:
-        data = p.read_bytes()
+        return p.read_bytes()
     except OSError as exc:
-        raise SignatureError(f"cannot read private key {str(p)!r}: {exc.strerror}") from exc
+        raise SignatureError(f"cannot read {what} {str(p)!r}: {exc.strerror}") from exc
+
+
+def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+    p = Path(path)
+    data = read_bytes(p, "private key")
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as exc:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from toolatlas.catalog.catalog_file import read_catalog, read_json_lines
 from toolatlas.errors import BadInput
 from toolatlas.names import namespaced
 from toolatlas.retrieval.engine import ToolDoc
@@ -26,25 +25,6 @@ class Query:
     relevant: frozenset[str]  # ToolDoc names
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise BadInput(f"cannot read {str(path)!r}: {exc.strerror}") from exc
-    out = []
-    for no, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise BadInput(f"{path}:{no}: not valid JSON: {exc}") from exc
-        if not isinstance(obj, dict):
-            raise BadInput(f"{path}:{no}: expected a JSON object")
-        out.append(obj)
-    return out
-
-
 def server_slug(server: str) -> str:
     return _SLUG.sub("-", server.lower()).strip("-") or "server"
 
@@ -58,13 +38,8 @@ def load_catalog(path: Path) -> tuple[list[ToolDoc], dict[tuple[str, str], str]]
     docs: list[ToolDoc] = []
     key_of: dict[tuple[str, str], str] = {}
     used: set[str] = set()
-    for no, obj in enumerate(_jsonl(path), start=1):
-        try:
-            server, tool = str(obj["server"]), str(obj["name"])
-        except KeyError as exc:
-            raise BadInput(f"{path}:{no}: a catalog line needs 'server' and 'name'") from exc
-        if (server, tool) in key_of:
-            continue
+    for line in read_catalog(path):
+        server, tool = line.server, line.name
         name = namespaced(server_slug(server), tool)
         i = 1
         while name in used:
@@ -72,14 +47,13 @@ def load_catalog(path: Path) -> tuple[list[ToolDoc], dict[tuple[str, str], str]]
             name = f"{namespaced(server_slug(server), tool)[:58]}_{i}"
         used.add(name)
         key_of[(server, tool)] = name
-        schema = obj.get("input_schema")
         docs.append(
             ToolDoc(
                 name=name,
                 server=server,
                 tool=tool,
-                description=str(obj.get("description") or ""),
-                input_schema=schema if isinstance(schema, dict) else {"type": "object"},
+                description=line.description,
+                input_schema=line.input_schema,
             )
         )
     return docs, key_of
@@ -88,7 +62,7 @@ def load_catalog(path: Path) -> tuple[list[ToolDoc], dict[tuple[str, str], str]]
 def load_queries(path: Path, key_of: dict[tuple[str, str], str]) -> list[Query]:
     """Queries with relevance resolved to doc names; unknown relevant tools stay counted."""
     out = []
-    for no, obj in enumerate(_jsonl(path), start=1):
+    for no, obj in read_json_lines(path):
         if "query" not in obj or not isinstance(obj.get("relevant"), list):
             raise BadInput(f"{path}:{no}: a query line needs 'query' and a 'relevant' list")
         rel = set()

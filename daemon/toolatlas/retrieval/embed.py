@@ -114,7 +114,8 @@ def _normalise(vecs: np.ndarray) -> np.ndarray:
     vecs = np.asarray(vecs, dtype=np.float32)
     norms = np.linalg.norm(vecs, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
-    return vecs / norms
+    unit: np.ndarray = vecs / norms
+    return unit
 
 
 def _onnx_session(path: Path, threads: int, *, spin: bool = False) -> Any:

@@ -98,9 +98,10 @@ def export(out: Path) -> dict[str, object]:
         def forward(
             self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
         ) -> torch.Tensor:
-            return self.inner(
+            hidden: torch.Tensor = self.inner(
                 input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             ).last_hidden_state
+            return hidden
 
     wrapper = Wrapper(model)
     dummy = (

@@ -66,7 +66,8 @@ def zscore(values: np.ndarray) -> np.ndarray:
     sd = float(values.std())
     if sd <= 1e-12:
         return np.zeros_like(values, dtype=np.float32)
-    return ((values - values.mean()) / sd).astype(np.float32)
+    scaled: np.ndarray = ((values - values.mean()) / sd).astype(np.float32)
+    return scaled
 
 
 def weighted(lexical: np.ndarray, dense: np.ndarray, alpha: float, norm: str = "z") -> np.ndarray:

@@ -142,7 +142,8 @@ class HnswStore:
             except RuntimeError:
                 # fewer than k reachable elements (deletions, or a narrow filter)
                 return np.empty(0, dtype=np.int64)
-        return labels[0].astype(np.int64)
+        found: np.ndarray = labels[0].astype(np.int64)  # hnswlib is untyped
+        return found
 
     def save(self, path: Path) -> None:
         with self.lock.shared():  # reads only: searches go on while it writes

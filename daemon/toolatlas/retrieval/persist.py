@@ -7,7 +7,7 @@
 
 Every file is written atomically (temp file, fsync, rename, fsync of the folder) and carries a
 SHA-256 of its body that is checked on load; a mismatch raises CorruptFile and the caller
-rebuilds.
+rebuilds. This module is the file format only; store.py decides what is written and read.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
+from toolatlas.retrieval.documents import ToolDoc
+
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from toolatlas.retrieval.engine import ToolDoc
     from toolatlas.retrieval.hnsw import HnswStore
 
 _EMB_MAGIC = b"TAEMB01\n"
@@ -169,7 +170,7 @@ def load_embeddings(state_dir: Path, model: str, dim: int) -> dict[bytes, np.nda
 @dataclass(frozen=True)
 class Restored:
     version: int
-    docs: list["ToolDoc"]
+    docs: list[ToolDoc]
     labels: list[int]
     next_label: int
     hnsw_path: Path | None  # None when there is no usable dense index on disk
@@ -189,7 +190,7 @@ def _file_sha(path: Path) -> str:
 
 
 def save_snapshot(
-    state_dir: Path, model: str, *, version: int, docs: list["ToolDoc"], labels: list[int], hnsw: "HnswStore | None"
+    state_dir: Path, model: str, *, version: int, docs: list[ToolDoc], labels: list[int], hnsw: "HnswStore | None"
 ) -> None:
     snap_path, hnsw_path = _snap_paths(state_dir, model)
     hnsw_sha = None
@@ -217,8 +218,6 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
 
     A missing or mismatching hnsw file is not an error: `hnsw_path` is then None.
     """
-    from toolatlas.retrieval.engine import ToolDoc
-
     snap_path, hnsw_path = _snap_paths(state_dir, model)
     got = _unpack(snap_path, _SNAP_MAGIC)
     if got is None:

@@ -17,60 +17,20 @@ import sys
 import time
 from typing import Any
 
+from toolatlas.rift.inputs import InputRow, build_inputs, catalog_rows
+
 EX_FOUND = 1
 EX_USAGE = 2
 EX_UPSTREAM = 3
 EX_CONFIG = 78
 
 
-def _param_text(schema: Any) -> str:
-    props = schema.get("properties") if isinstance(schema, dict) else None
-    if not isinstance(props, dict):
-        return ""
-    bits = []
-    for k, spec in props.items():
-        bits.append(k)
-        if isinstance(spec, dict) and isinstance(spec.get("description"), str):
-            bits.append(spec["description"])
-    return " ".join(bits)
-
-
-def build_inputs(rows: list[tuple[Any, str, str, tuple[str, ...]]]) -> tuple[list[tuple[str, str]], dict[str, Any], dict[str, str]]:
-    """(ToolRecord, summary, server summary, tags) rows -> analyse() inputs: documents as the
-    retrieval engine builds them, schemas, and layer-3 texts (summary + parameters)."""
-    from toolatlas.retrieval.text import dense_text
-
-    tools: list[tuple[str, str]] = []
-    schemas: dict[str, Any] = {}
-    token_texts: dict[str, str] = {}
-    for rec, summary, server_summary, tags in rows:
-        tools.append((rec.name, dense_text(rec.tool, rec.server, summary, rec.input_schema, server_summary, tags)))
-        schemas[rec.name] = rec.input_schema
-        token_texts[rec.name] = f"{summary} {_param_text(rec.input_schema)}"
-    return tools, schemas, token_texts
-
-
-def _from_catalog(path: str, generator: str) -> list[tuple[Any, str, str, tuple[str, ...]]]:
-    from toolatlas.catalog.cards_cli import load_catalog
-    from toolatlas.catalog.generators import make_generator
-
-    rows = []
-    for server, recs in load_catalog(path).items():
-        if generator == "publisher":
-            rows.extend((r, r.description, "", ()) for r in recs)
-            continue
-        draft = make_generator(generator).generate(server, recs)
-        by = {d.tool: d.summary for d in draft.tools}
-        rows.extend((r, by[r.tool], draft.summary, draft.tags) for r in recs)
-    return rows
-
-
-def _from_config(cfg: Any, timeout: float | None) -> tuple[list[tuple[Any, str, str, tuple[str, ...]]], int]:
+def _from_config(cfg: Any, timeout: float | None) -> tuple[list[InputRow], int]:
     from toolatlas.catalog.attest import Attestor
     from toolatlas.catalog.cards_cli import list_live
 
     att = Attestor(cfg)
-    rows = []
+    rows: list[InputRow] = []
     quarantined = 0
     for up in cfg.upstream:
         if not up.enabled:
@@ -103,6 +63,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--timeout", type=float, help="seconds per upstream listing")
     args = p.parse_args(argv)
 
+    from toolatlas.catalog.catalog_file import CatalogFileError
     from toolatlas.errors import ConfigError, ToolatlasError
 
     t_start = time.perf_counter()
@@ -115,11 +76,11 @@ def main(argv: list[str]) -> int:
             cfg = config.load(args.config)
             rows, quarantined = _from_config(cfg, args.timeout)
         else:
-            rows = _from_catalog(args.catalog, args.generator)
+            rows = catalog_rows(args.catalog, args.generator)
     except ConfigError as exc:
         print(f"toolatlas: {exc}", file=sys.stderr)
         return EX_CONFIG
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, CatalogFileError) as exc:
         print(f"toolatlas: {exc}", file=sys.stderr)
         return EX_USAGE
     except ToolatlasError as exc:

@@ -52,7 +52,7 @@ class RiftRunner:
                 self.error = str(exc)
 
     def _analyse(self) -> RiftReport | None:
-        from toolatlas.rift.cli import build_inputs
+        from toolatlas.rift.inputs import build_inputs
 
         embedder = self._engine.embedder
         version, docs, vecs = self._engine.catalog_vectors()

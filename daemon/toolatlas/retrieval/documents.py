@@ -1,0 +1,61 @@
+"""What the engine indexes: a tool as a `ToolDoc`, and its `Entry` (the texts both branches
+see, the embedding-cache key, the hnsw label).
+
+Pure and small, below everything else in retrieval/: the index, the rankers, the on-disk
+store and the facade all speak these types, and none of them imports another to get them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from toolatlas.retrieval.text import dense_text, lexical_fields
+
+# BM25 field weights (token repeats per field), tuned on toollens/queries-train.jsonl only
+# (see bench/eval_report.py).
+FIELD_WEIGHTS: dict[str, int] = {
+    "name": 1,
+    "server": 1,
+    "description": 1,
+    "params": 1,
+    "param_desc": 1,
+    "summary": 1,
+}
+
+
+class ToolDoc(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool as the engine ranks it; `name` (namespaced "server__tool") is the key."""
+
+    name: str
+    server: str
+    tool: str
+    description: str
+    input_schema: dict[str, Any]
+    server_summary: str = ""
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class Entry:
+    """A ToolDoc with what indexing it needs; `label` is set once its vector is in hnswlib."""
+
+    doc: ToolDoc
+    text: str  # what the embedder sees
+    key: bytes  # sha256 of `text`: the embedding cache key
+    tokens: list[str]  # field-weighted BM25 tokens
+    label: int = -1  # hnsw label, -1 if not in the dense index
+
+
+def make_entry(doc: ToolDoc) -> Entry:
+    """The index entry of `doc` (not yet in the dense index)."""
+    args = (doc.tool, doc.server, doc.description, doc.input_schema, doc.server_summary, doc.tags)
+    text = dense_text(*args)
+    fields = lexical_fields(*args)
+    tokens: list[str] = []
+    for fname, toks in fields.items():
+        tokens.extend(toks * FIELD_WEIGHTS.get(fname, 1))
+    return Entry(doc=doc, text=text, key=hashlib.sha256(text.encode()).digest(), tokens=tokens)

@@ -1,0 +1,224 @@
+"""The index: a frozen `Snapshot` searches read, and the `IndexBuilder` that makes the next one.
+
+A snapshot is immutable once built (its scope cache only memoises pure functions of it) and
+is published by one attribute assignment, so a search never sees a half-built index. The one
+shared mutable piece is the hnswlib store (see hnsw.py): each snapshot keeps its own label ->
+position map and vectors, so a search on an older snapshot stays consistent.
+
+The builder holds what carries over between versions (the entries, the embedding cache, the
+hnswlib store) and runs a change as: embed what is missing, insert the new vectors, delete
+the stale ones, build the snapshot. It holds no lock: its caller serialises updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from toolatlas.retrieval.bm25 import Bm25Index
+from toolatlas.retrieval.documents import Entry, ToolDoc, make_entry
+
+if TYPE_CHECKING:
+    from toolatlas.retrieval.embed import Embedder
+    from toolatlas.retrieval.hnsw import HnswStore
+
+log = logging.getLogger(__name__)
+
+EMBED_BATCH = 256  # texts per embedder call while indexing
+_SCOPE_CACHE_MAX = 256
+
+# scope (sorted server names) -> (allowed positions, their hnsw labels once asked for)
+ScopeCache = dict[tuple[str, ...], tuple[np.ndarray, frozenset[int] | None]]
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """One published catalog version: documents, BM25, dense vectors, server groupings."""
+
+    version: int
+    docs: tuple[ToolDoc, ...]
+    servers: tuple[str, ...]
+    server_pos: dict[str, np.ndarray]
+    doc_server: np.ndarray  # index into `servers` per position
+    bm25: Bm25Index
+    vecs: np.ndarray | None  # (n, dim) normalised, None when bm25-only
+    labels: np.ndarray | None  # hnsw label per position
+    label_pos: dict[int, int]
+    centroids: np.ndarray | None  # (len(servers), dim)
+    hnsw: HnswStore | None = None  # the shared dense index the labels point into
+    scope_cache: ScopeCache = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.docs)
+
+    def allowed(self, scope: tuple[str, ...] | None) -> np.ndarray | None:
+        """Sorted positions of the documents of `scope`'s servers; None for every server."""
+        if scope is None:
+            return None
+        got = self.scope_cache.get(scope)
+        if got is None:
+            parts = [self.server_pos[s] for s in scope if s in self.server_pos]
+            arr = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+            got = (arr, None)
+            if len(self.scope_cache) < _SCOPE_CACHE_MAX:
+                self.scope_cache[scope] = got
+        return got[0]
+
+    def allowed_labels(self, scope: tuple[str, ...], allowed: np.ndarray) -> frozenset[int]:
+        """The hnsw labels of `allowed` (the positions of `scope`), memoised per scope."""
+        got = self.scope_cache.get(scope)
+        if got is not None and got[1] is not None:
+            return got[1]
+        assert self.labels is not None
+        labels = frozenset(int(x) for x in self.labels[allowed])
+        if len(self.scope_cache) < _SCOPE_CACHE_MAX:
+            self.scope_cache[scope] = (allowed, labels)
+        return labels
+
+
+def build_snapshot(
+    version: int,
+    entries: dict[str, Entry],
+    vec_of: dict[bytes, np.ndarray] | None,
+    dim: int,
+    hnsw: HnswStore | None = None,
+) -> Snapshot:
+    """The snapshot of `entries` (in their order). Dense parts only when `vec_of` is given
+    and every entry is in the dense index; else a bm25-only snapshot."""
+    ents = list(entries.values())
+    docs = tuple(e.doc for e in ents)
+    servers = tuple(sorted({d.server for d in docs}))
+    sidx = {s: i for i, s in enumerate(servers)}
+    doc_server = np.fromiter((sidx[d.server] for d in docs), dtype=np.int64, count=len(docs))
+    order = np.argsort(doc_server, kind="stable")
+    bounds = np.searchsorted(doc_server[order], np.arange(len(servers) + 1))
+    server_pos = {s: order[bounds[i] : bounds[i + 1]] for i, s in enumerate(servers)}
+    bm25 = Bm25Index([e.tokens for e in ents])
+    vecs = labels = centroids = None
+    label_pos: dict[int, int] = {}
+    if vec_of is not None and ents and all(e.label >= 0 for e in ents):
+        vecs = np.empty((len(ents), dim), dtype=np.float32)
+        for i, e in enumerate(ents):
+            vecs[i] = vec_of[e.key]
+        labels = np.fromiter((e.label for e in ents), dtype=np.int64, count=len(ents))
+        label_pos = {int(lab): i for i, lab in enumerate(labels)}
+        sums = np.zeros((len(servers), dim), dtype=np.float32)
+        np.add.at(sums, doc_server, vecs)
+        norms = np.linalg.norm(sums, axis=1, keepdims=True)
+        norms[norms == 0] = 1.0
+        centroids = sums / norms
+    return Snapshot(
+        version=version,
+        docs=docs,
+        servers=servers,
+        server_pos=server_pos,
+        doc_server=doc_server,
+        bm25=bm25,
+        vecs=vecs,
+        labels=labels,
+        label_pos=label_pos,
+        centroids=centroids,
+        hnsw=hnsw if vecs is not None else None,
+    )
+
+
+def plan_update(
+    entries: dict[str, Entry], upserts: Sequence[ToolDoc], removes: Sequence[str]
+) -> tuple[dict[str, Entry], list[int]]:
+    """The entries after a change, and the hnsw labels it makes stale. Pure: `entries` is
+    not modified. An upserted document whose text is unchanged keeps its label (no embedding,
+    no hnsw write); a changed one is re-embedded and its old label goes stale."""
+    entries = dict(entries)
+    stale: list[int] = []
+    for name in removes:
+        old = entries.pop(name, None)
+        if old is not None and old.label >= 0:
+            stale.append(old.label)
+    for doc in upserts:
+        new = make_entry(doc)
+        old = entries.get(doc.name)
+        if old is not None and old.label >= 0:
+            if old.key == new.key:
+                new = dataclasses.replace(new, label=old.label)
+            else:
+                stale.append(old.label)
+        entries[doc.name] = new
+    return entries, stale
+
+
+class IndexBuilder:
+    """Entries, embedding cache and hnswlib store across versions; `commit` makes a snapshot.
+
+    `counts` is the engine's counter table (embeddings_computed, embeddings_cached)."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.entries: dict[str, Entry] = {}
+        self.vec_of: dict[bytes, np.ndarray] = {}  # sha256 of a document text -> its vector
+        self.vec_dirty = False  # vec_of holds vectors not yet on disk
+        self.hnsw: HnswStore | None = None  # created with the first vectors
+        self._counts = counts
+
+    def seed(self, docs: Sequence[ToolDoc], vectors: np.ndarray) -> None:
+        """Put precomputed vectors for `docs` into the embedding cache."""
+        if vectors.shape[0] != len(docs):
+            raise ValueError(f"{len(docs)} docs but {vectors.shape[0]} vectors")
+        for doc, vec in zip(docs, np.asarray(vectors, dtype=np.float32)):
+            self.vec_of[make_entry(doc).key] = vec
+        self.vec_dirty = True
+
+    def commit(
+        self, entries: dict[str, Entry], stale: list[int], version: int, emb: Embedder | None
+    ) -> tuple[Snapshot, Exception | None]:
+        """Embed what is missing, insert, then delete, then build the snapshot of `entries`.
+
+        Returns it with the embedder's failure, if it failed: the snapshot is then bm25-only
+        and the caller stops using that embedder. `entries` becomes the builder's entries."""
+        failure: Exception | None = None
+        if emb is not None:
+            need = [name for name, e in entries.items() if e.label < 0]
+            if need:
+                try:
+                    self._embed_missing(emb, [entries[n] for n in need])
+                except Exception as exc:  # noqa: BLE001 - the embedder died: degrade
+                    failure = exc
+                    emb = None
+            if emb is not None and need:
+                from toolatlas.retrieval.hnsw import HnswStore
+
+                if self.hnsw is None:
+                    self.hnsw = HnswStore(emb.dim, capacity=max(1024, 2 * len(entries)))
+                vecs = np.stack([self.vec_of[entries[n].key] for n in need])
+                labels = self.hnsw.add(vecs)  # insert first ...
+                for name, label in zip(need, labels):
+                    entries[name] = dataclasses.replace(entries[name], label=int(label))
+        if self.hnsw is not None and stale:
+            self.hnsw.delete(stale)  # ... then delete
+        snap = build_snapshot(
+            version, entries, self.vec_of if emb is not None else None, emb.dim if emb else 0, self.hnsw
+        )
+        self.entries = entries
+        return snap, failure
+
+    def _embed_missing(self, emb: Embedder, ents: Sequence[Entry]) -> None:
+        missing: dict[bytes, str] = {}
+        for e in ents:
+            if e.key in self.vec_of:
+                self._counts["embeddings_cached"] += 1
+            elif e.key not in missing:
+                missing[e.key] = e.text
+        if not missing:
+            return
+        keys = list(missing)
+        for s in range(0, len(keys), EMBED_BATCH):
+            chunk = keys[s : s + EMBED_BATCH]
+            vecs = emb.embed([missing[k] for k in chunk])
+            for k, v in zip(chunk, vecs):
+                self.vec_of[k] = v
+        self._counts["embeddings_computed"] += len(keys)
+        self.vec_dirty = True

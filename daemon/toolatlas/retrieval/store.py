@@ -1,0 +1,134 @@
+"""Restore and persist the engine's index under `state_dir/retrieval/`.
+
+What to keep and how to bring it back: the embedding cache (trimmed to the live vectors plus
+a bounded number of older ones), the last snapshot's documents and hnsw labels, and the
+hnswlib index when it is consistent with both. The file format (atomic writes, checksums)
+is persist.py's; this module decides what goes in and what a corrupt file costs: a warning,
+a counter, and a rebuild, never a crash.
+
+Below the engine facade and above documents/index/persist, so the engine imports it and it
+imports nothing of the engine (the engine <-> persist cycle is gone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from toolatlas.retrieval import persist
+from toolatlas.retrieval.documents import Entry, make_entry
+from toolatlas.retrieval.index import IndexBuilder, Snapshot
+
+if TYPE_CHECKING:
+    from toolatlas.retrieval.embed import Embedder
+    from toolatlas.retrieval.hnsw import HnswStore
+
+log = logging.getLogger(__name__)
+
+KEEP_MIN = 4096  # embedding-cache vectors kept on disk at least (live ones always)
+KEEP_FACTOR = 4  # ... and up to this many times the live count, so flapping tools stay cheap
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    """What `read` found: the embedding cache ({} if there is no file; None without an
+    embedder or when it is corrupt, see `vectors_corrupt`) and the last snapshot (None if
+    there is none or it is corrupt)."""
+
+    vec_of: dict[bytes, np.ndarray] | None
+    vectors_corrupt: bool
+    snapshot: persist.Restored | None
+    corrupt: int  # files that failed their checks
+
+
+@dataclass(frozen=True)
+class Revived:
+    """Entries rebuilt from a snapshot on disk, with the hnswlib index if it could be used
+    (then every entry carries its label and nothing needs re-embedding or re-indexing)."""
+
+    entries: dict[str, Entry]
+    hnsw: HnswStore | None
+    corrupt: int
+
+
+def read(state_dir: Path, emb: Embedder | None) -> OnDisk:
+    """Clear dead writers' temp files, then load the embedding cache (when there is an
+    embedder) and the snapshot of the embedder's vector space. Never raises CorruptFile."""
+    stale = persist.remove_stale_temps(state_dir)
+    if stale:
+        log.info("retrieval.stale_temps_removed %s (left by a writer that died mid-write)", ", ".join(sorted(stale)))
+    vec_of: dict[bytes, np.ndarray] | None = None
+    vectors_corrupt = False
+    corrupt = 0
+    if emb is not None:
+        try:
+            vec_of = persist.load_embeddings(state_dir, emb.name, emb.dim)
+        except persist.CorruptFile as exc:
+            corrupt += 1
+            vectors_corrupt = True
+            log.warning("retrieval.embedding_cache_corrupt %s; rebuilding it", exc)
+    snapshot = None
+    try:
+        snapshot = persist.load_snapshot(state_dir, emb.name if emb else "none")
+    except persist.CorruptFile as exc:
+        corrupt += 1
+        log.warning("retrieval.snapshot_corrupt %s; waiting for the catalog", exc)
+    return OnDisk(vec_of=vec_of, vectors_corrupt=vectors_corrupt, snapshot=snapshot, corrupt=corrupt)
+
+
+def revive(restored: persist.Restored, vec_of: dict[bytes, np.ndarray], emb: Embedder | None) -> Revived:
+    """Entries for the restored documents; with the hnswlib file when it is on disk and
+    every document's vector is in the embedding cache. A file hnswlib cannot load is
+    counted corrupt and the dense index is rebuilt from the cache."""
+    entries: dict[str, Entry] = {}
+    for doc in restored.docs:
+        entries[doc.name] = make_entry(doc)
+    if emb is None or restored.hnsw_path is None or not all(e.key in vec_of for e in entries.values()):
+        return Revived(entries=entries, hnsw=None, corrupt=0)
+    from toolatlas.retrieval.hnsw import HnswStore
+
+    try:
+        hnsw = HnswStore.load(restored.hnsw_path, emb.dim, restored.next_label, live=len(entries))
+    except (RuntimeError, OSError, ValueError) as exc:
+        log.warning("retrieval.hnsw_load_failed %s; rebuilding the dense index", exc)
+        return Revived(entries=entries, hnsw=None, corrupt=1)
+    for (name, e), label in zip(list(entries.items()), restored.labels):
+        entries[name] = dataclasses.replace(e, label=label)
+    return Revived(entries=entries, hnsw=hnsw, corrupt=0)
+
+
+def vectors_to_keep(vec_of: dict[bytes, np.ndarray], live: set[bytes]) -> dict[bytes, np.ndarray]:
+    """Every live vector, then older ones (in cache order) up to max(4 x live, 4096)."""
+    keep = {k: v for k, v in vec_of.items() if k in live}
+    for k, v in vec_of.items():
+        if len(keep) >= max(KEEP_FACTOR * len(live), KEEP_MIN):
+            break
+        keep.setdefault(k, v)
+    return keep
+
+
+def write(state_dir: Path, emb: Embedder | None, builder: IndexBuilder, snap: Snapshot) -> bool:
+    """Write the embedding cache (if it changed) and `snap` with the hnswlib index. Returns
+    False, logged, when the disk refused (the engine counts it and serves on)."""
+    try:
+        if emb is not None and builder.vec_dirty:
+            live = {e.key for e in builder.entries.values()}
+            persist.save_embeddings(state_dir, emb.name, vectors_to_keep(builder.vec_of, live))
+            builder.vec_dirty = False
+        persist.save_snapshot(
+            state_dir,
+            emb.name if emb is not None else "none",
+            version=snap.version,
+            docs=list(snap.docs),
+            labels=[int(x) for x in snap.labels] if snap.labels is not None else [-1] * snap.n,
+            hnsw=builder.hnsw if snap.labels is not None else None,
+        )
+    except OSError as exc:
+        log.warning("retrieval.persist_failed dir=%s error=%s", state_dir, exc)
+        return False
+    return True
