@@ -23,8 +23,10 @@ def test_first_listing_indexes_everything_and_becomes_available() -> None:
     assert [d.name for d in plan.upserts] == ["a__read", "a__write"] and plan.removes == ()
     assert plan.became_available and plan.visible_change
     assert set(plan.final.by_name) == {"a__read", "a__write"} and plan.final.available == {"a"}
-    # the interim view already makes the new records callable, before the index holds them
+    # the interim view already holds the new records, but the server serves (search, calls)
+    # only once the index holds them
     assert set(plan.interim.by_name) == {"a__read", "a__write"} and dict(plan.interim.server("a").docs) == {}
+    assert plan.interim.available == frozenset()
 
 
 def test_unchanged_listing_plans_no_index_work() -> None:

@@ -145,7 +145,9 @@ def plan_listing(
     )
     return Plan(
         server=server, upserts=upserts, removes=removes,
-        interim=view.with_server(server, replace(entry, docs=old.docs), keep_names=old.records),
+        # The interim keeps the old documents (the index has not changed yet) and the old
+        # availability: an upstream's first listing serves once its tools are indexed.
+        interim=view.with_server(server, replace(entry, docs=old.docs, available=old.available), keep_names=old.records),
         final=view.with_server(server, entry),
         became_available=available and not old.available,
         became_unavailable=old.available and not available,
