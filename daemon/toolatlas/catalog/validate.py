@@ -1,20 +1,46 @@
 """Arguments checked against a tool's inputSchema before a call leaves the gateway.
 
-fastjsonschema (compiled, ~2 us a call) is the fast path; only when it rejects do we ask
-jsonschema for every problem with its path, so a model can repair the whole call at once.
-A schema that does not compile is not enforced (the upstream still validates): logged once.
+An inputSchema comes from an upstream, so it is treated as hostile input:
+
+- **No `$ref` is ever fetched or read.** Before anything compiles a schema, every `$ref` /
+  `$dynamicRef` / `$recursiveRef` that is not local (does not start with `#`) is removed, and
+  so is every non-anchor `$id` / `id` (a base URI could turn a local ref into a remote one).
+  The part a removed ref stood for is *not enforced*; the rest of the schema still is (the
+  upstream validates its own arguments anyway); logged once per schema. Belt and braces:
+  fastjsonschema gets `handlers` that refuse every URI scheme, jsonschema a `referencing`
+  Registry whose `retrieve` refuses. Local `#/...` refs (into `$defs` / `definitions`) work.
+- **`$ref` cycles** that never consume the argument (`a -> a`) would recurse forever: a
+  RecursionError while compiling or checking marks the schema as not enforced.
+- **Regex patterns** (`pattern`, `patternProperties`, and `additionalProperties` next to
+  `patternProperties`) never run on the `re` engine (which backtracks catastrophically and holds
+  the GIL): they run on the `regex` module with a per-call time budget (`REGEX_BUDGET`, shared
+  by every pattern of one check) and `concurrent=True` (the GIL is released while matching). A
+  pattern that exceeds the budget rejects the call with a message naming the limit.
+- `check_async` runs the check in a worker thread, bounded by `CHECK_LIMIT`, so nothing
+  upstream-controlled and CPU-bound in validation runs on the event loop.
+
+fastjsonschema (compiled, ~2 us a call) is the fast path for schemas without patterns; only
+when it rejects do we ask jsonschema for every problem with its path, so a model can repair
+the whole call at once. A schema that does not compile is not enforced: logged once.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import fastjsonschema
 import jsonschema
+import referencing
+import referencing.exceptions
+import regex
 
 from toolatlas.catalog.model import ToolRecord
 
@@ -22,47 +48,192 @@ log = logging.getLogger(__name__)
 
 MAX_PROBLEMS = 10
 _CACHE_SIZE = 4096
+REGEX_BUDGET = 0.25  # seconds of regex matching one check may spend, over all its patterns
+CHECK_LIMIT = 2.0  # seconds one check may take in its worker thread
+
+_REF_KEYS = ("$ref", "$dynamicRef", "$recursiveRef")
+_DATA_KEYS = frozenset({"const", "enum", "default", "examples"})  # instance data, not schemas
+_NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                        "dependencies"})
+_PATTERN_KEYS = frozenset({"pattern", "patternProperties"})
+
+
+class PatternTimeout(Exception):
+    """A schema's regex did not finish within the check's budget."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__(pattern)
+        self.pattern = pattern
+
+
+def _refuse(uri: str) -> Any:
+    raise referencing.exceptions.NoSuchResource(ref=uri)
+
+
+def _refuse_handler(uri: str) -> Any:
+    raise ValueError(f"remote $ref {uri!r} is not resolved")
+
+
+# Every scheme urllib would open, and then some: fastjsonschema only consults these.
+_HANDLERS = {s: _refuse_handler for s in ("http", "https", "file", "ftp", "data", "jar", "urn", "")}
+_REGISTRY: referencing.Registry[Any] = referencing.Registry(retrieve=_refuse)  # type: ignore[call-arg]
+
+
+def sanitise(schema: Any) -> tuple[Any, list[str], bool]:
+    """(a copy of `schema` without non-local refs or base ids, the refs removed, whether it
+    has regex patterns)."""
+    removed: list[str] = []
+    patterns = False
+
+    def walk(node: Any) -> Any:
+        nonlocal patterns
+        if isinstance(node, list):
+            return [walk(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            if k in _DATA_KEYS:
+                out[k] = v
+            elif k in _REF_KEYS and isinstance(v, str) and not v.startswith("#"):
+                removed.append(v)
+            elif k in ("$id", "id") and isinstance(v, str) and not v.startswith("#"):
+                continue
+            elif k in _NAME_MAPS and isinstance(v, dict):
+                out[k] = {name: walk(sub) for name, sub in v.items()}
+                patterns = patterns or (k == "patternProperties" and bool(v))
+            else:
+                if k == "pattern" and isinstance(v, str):
+                    patterns = True
+                out[k] = walk(v)
+        return out
+
+    return walk(schema), removed, patterns
+
+
+_budget = threading.local()
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> Any:
+    return regex.compile(pattern)
+
+
+def _search(pattern: str, text: str) -> bool:
+    deadline: float = getattr(_budget, "deadline", time.monotonic() + REGEX_BUDGET)
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise PatternTimeout(pattern)
+    try:
+        return _compiled(pattern).search(text, timeout=left, concurrent=True) is not None
+    except TimeoutError:
+        raise PatternTimeout(pattern) from None
+
+
+def _pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Iterator[Any]:
+    if validator.is_type(instance, "string") and not _search(patrn, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
+
+
+def _pattern_properties(validator: Any, pprops: dict[str, Any], instance: Any, schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for patrn, subschema in pprops.items():
+        for k, v in instance.items():
+            if _search(patrn, k):
+                yield from validator.descend(v, subschema, path=k, schema_path=patrn)
+
+
+def _additional_properties(validator: Any, aP: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    props = schema.get("properties", {})
+    pats = schema.get("patternProperties", {})
+    extras = [k for k in instance if k not in props and not any(_search(p, k) for p in pats)]
+    if validator.is_type(aP, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], aP, path=extra)
+    elif not aP and extras:
+        yield jsonschema.ValidationError(f"Additional properties are not allowed ({', '.join(map(repr, extras))} "
+                                         f"{'was' if len(extras) == 1 else 'were'} unexpected)")
+
+
+_SAFE = {"pattern": _pattern, "patternProperties": _pattern_properties, "additionalProperties": _additional_properties}
+
+
+class _Compiled:
+    """One schema, sanitised, with its fast checker (None when it has patterns)."""
+
+    def __init__(self, schema: Any, fast: Callable[[Any], Any] | None) -> None:
+        self.schema = schema
+        self.fast = fast
+        base = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        self.full = jsonschema.validators.extend(base, _SAFE)(schema, registry=_REGISTRY)
 
 
 class ArgumentValidator:
     """Compiled validators cached by tool content hash (a changed schema recompiles)."""
 
     def __init__(self) -> None:
-        self._compiled: OrderedDict[str, Callable[[Any], Any] | None] = OrderedDict()
+        self._compiled: OrderedDict[str, _Compiled | None] = OrderedDict()
         self._lock = threading.Lock()
+        self._workers: anyio.CapacityLimiter | None = None  # made on first use, inside the loop
 
-    def _get(self, rec: ToolRecord) -> Callable[[Any], Any] | None:
+    def _get(self, rec: ToolRecord) -> _Compiled | None:
         key = rec.content_hash
         with self._lock:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
                 return self._compiled[key]
+        got: _Compiled | None
         try:
-            fn: Callable[[Any], Any] | None = fastjsonschema.compile(rec.input_schema)
-        except Exception as exc:  # any schema error: do not enforce, say so once
+            schema, removed, patterns = sanitise(rec.input_schema)
+            if removed:
+                log.warning("inputSchema of %s has non-local $ref %s: never fetched; that part is not checked",
+                            rec.name, ", ".join(repr(r) for r in removed[:5]))
+            for p in _pattern_strings(schema):
+                _compiled(p)
+            fast = None if patterns else fastjsonschema.compile(schema, handlers=_HANDLERS)
+            got = _Compiled(schema, fast)
+        except (Exception, RecursionError) as exc:  # any schema error: do not enforce, say so once
             log.warning("inputSchema of %s does not compile (%s); its arguments are not checked", rec.name, exc)
-            fn = None
+            got = None
+        self._remember(key, got)
+        return got
+
+    def _remember(self, key: str, got: _Compiled | None) -> None:
         with self._lock:
-            self._compiled[key] = fn
+            self._compiled[key] = got
             while len(self._compiled) > _CACHE_SIZE:
                 self._compiled.popitem(last=False)
-        return fn
 
     def check(self, rec: ToolRecord, arguments: dict[str, Any]) -> list[str]:
         """Problems with `arguments`, each naming its path; [] when they are valid."""
-        fn = self._get(rec)
-        if fn is None:
+        c = self._get(rec)
+        if c is None:
             return []
+        _budget.deadline = time.monotonic() + REGEX_BUDGET
         try:
-            fn(arguments)
+            if c.fast is not None:
+                try:
+                    c.fast(arguments)
+                    return []
+                except fastjsonschema.JsonSchemaException:
+                    pass
+            errors = sorted(c.full.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+            if not errors and c.fast is None:
+                return []
+        except PatternTimeout as exc:
+            return [f"the schema's pattern {exc.pattern[:80]!r} did not finish within the {REGEX_BUDGET} s "
+                    "regex time limit on these arguments; the call was not sent"]
+        except RecursionError:
+            log.warning("inputSchema of %s recurses without end ($ref cycle); its arguments are not checked", rec.name)
+            self._remember(rec.content_hash, None)
             return []
-        except fastjsonschema.JsonSchemaException:
-            pass
-        try:
-            validator = jsonschema.validators.validator_for(rec.input_schema)(rec.input_schema)
-            errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
         except Exception as exc:
-            return [f"(schema check failed: {exc})"]
+            return [f"(schema check failed: {type(exc).__name__})"]
+        finally:
+            del _budget.deadline
         problems = []
         for err in errors[:MAX_PROBLEMS]:
             path = "/".join(str(p) for p in err.absolute_path)
@@ -70,3 +241,29 @@ class ArgumentValidator:
         if len(errors) > MAX_PROBLEMS:
             problems.append(f"and {len(errors) - MAX_PROBLEMS} more")
         return problems or ["the arguments were rejected by the schema"]
+
+    async def check_async(self, rec: ToolRecord, arguments: dict[str, Any]) -> list[str]:
+        """`check` in a worker thread (off the event loop), bounded by CHECK_LIMIT."""
+        if self._workers is None:
+            self._workers = anyio.CapacityLimiter(2)
+        with anyio.move_on_after(CHECK_LIMIT):
+            return await anyio.to_thread.run_sync(self.check, rec, arguments, limiter=self._workers,
+                                                  abandon_on_cancel=True)
+        return [f"checking the arguments against the inputSchema did not finish within the {CHECK_LIMIT} s "
+                "limit; the call was not sent"]
+
+
+def _pattern_strings(node: Any) -> Iterator[str]:
+    """Every regex of a (sanitised) schema, so a pattern the regex engine rejects fails compile."""
+    if isinstance(node, list):
+        for x in node:
+            yield from _pattern_strings(x)
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            if k in _DATA_KEYS:
+                continue
+            if k == "pattern" and isinstance(v, str):
+                yield v
+            elif k == "patternProperties" and isinstance(v, dict):
+                yield from v
+            yield from _pattern_strings(v)

@@ -114,7 +114,7 @@ class CallService:
             raise UpstreamUnavailable("the gateway is shutting down; retry in a moment")
         rec = self._resolve(call.name, conn)
         arguments = _arguments(call.arguments)
-        problems = self._validator.check(rec, arguments or {})
+        problems = await self._validator.check_async(rec, arguments or {})
         if problems:
             raise BadInput(
                 f"arguments for {rec.name!r} do not match its inputSchema: {'; '.join(problems)}. "

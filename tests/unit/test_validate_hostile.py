@@ -1,0 +1,153 @@
+"""Hostile inputSchemas (issue #15 items 2 and 3): the validator never fetches a remote
+`$ref` or reads a `file://` one, survives `$ref` cycles, and a catastrophic `pattern` is
+bounded (never blocks the event loop). Each test failed on the old validator."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from toolatlas.catalog.model import ToolRecord
+from toolatlas.catalog.validate import ArgumentValidator
+
+
+def _rec(schema: dict[str, Any], tool: str = "t") -> ToolRecord:
+    return ToolRecord.make("hostile", tool, "a tool", schema)
+
+
+class _Listener:
+    """A real HTTP listener on 127.0.0.1 that records every request it gets."""
+
+    def __init__(self) -> None:
+        self.hits: list[str] = []
+        hits = self.hits
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                hits.append(self.path)
+                body = b'{"type": "integer"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def listener() -> Iterator[_Listener]:
+    lst = _Listener()
+    yield lst
+    lst.close()
+
+
+def test_remote_ref_is_never_fetched_and_the_rest_is_still_checked(listener: _Listener) -> None:
+    v = ArgumentValidator()
+    rec = _rec({"type": "object", "properties": {"x": {"$ref": f"{listener.url}/x"}, "n": {"type": "integer"}},
+                "required": ["n"]})
+    # The fetched schema would say "integer": a string passes only because it is never fetched.
+    assert v.check(rec, {"x": "a string", "n": 1}) == []
+    assert v.check(rec, {"x": "a string"})  # `required` still enforced
+    assert listener.hits == []
+
+
+def test_remote_ref_at_the_root_and_base_id_are_never_fetched(listener: _Listener) -> None:
+    v = ArgumentValidator()
+    assert v.check(_rec({"$ref": f"{listener.url}/root"}), {"a": 1}) == []
+    based = _rec({"$id": f"{listener.url}/base/", "type": "object",
+                  "properties": {"y": {"$ref": "other.json"}}}, tool="based")
+    assert v.check(based, {"y": "s"}) == []
+    assert listener.hits == []
+
+
+def test_file_ref_is_never_read(tmp_path: Path) -> None:
+    target = tmp_path / "schema.json"
+    target.write_text('{"type": "integer"}')  # read, it would reject the string below
+    v = ArgumentValidator()
+    rec = _rec({"type": "object", "properties": {"x": {"$ref": target.as_uri()}}})
+    assert v.check(rec, {"x": "not an integer"}) == []
+
+
+def test_local_refs_still_work() -> None:
+    v = ArgumentValidator()
+    rec = _rec({"type": "object", "$defs": {"n": {"type": "integer"}},
+                "definitions": {"s": {"type": "string"}},
+                "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"$ref": "#/definitions/s"}}})
+    assert v.check(rec, {"a": 1, "b": "x"}) == []
+    problems = v.check(rec, {"a": "x", "b": 2})
+    assert len(problems) == 2 and "/a" in problems[0] and "/b" in problems[1]
+
+
+def test_ref_cycles_are_handled() -> None:
+    v = ArgumentValidator()
+    tight = _rec({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, tool="tight")
+    assert v.check(tight, {"q": 1}) == []
+    mutual = _rec({"$defs": {"a": {"allOf": [{"$ref": "#/$defs/b"}]}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
+                   "$ref": "#/$defs/a"}, tool="mutual")
+    assert v.check(mutual, {"q": 1}) == []
+    # A recursive schema that does consume the argument is a real, enforced schema.
+    tree = _rec({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
+                                                                    "kids": {"type": "array",
+                                                                             "items": {"$ref": "#/$defs/node"}}}}},
+                 "$ref": "#/$defs/node"}, tool="tree")
+    assert v.check(tree, {"v": 1, "kids": [{"v": 2, "kids": []}]}) == []
+    assert v.check(tree, {"v": 1, "kids": [{"v": "x"}]})
+
+
+EVIL = "^(a+)+$"
+ARG = "a" * 25 + "!"
+
+
+def test_catastrophic_pattern_is_bounded() -> None:
+    v = ArgumentValidator()
+    rec = _rec({"type": "object", "properties": {"s": {"type": "string", "pattern": EVIL}}})
+    problems = v.check(rec, {"s": ARG})  # old code: 10-20 s of backtracking here
+    assert problems and "/s" in problems[0]
+    assert v.check(rec, {"s": "aaaa"}) == []
+
+
+def test_catastrophic_pattern_properties_are_bounded() -> None:
+    v = ArgumentValidator()
+    rec = _rec({"type": "object", "patternProperties": {EVIL: {"type": "integer"}},
+                "additionalProperties": False})
+    assert v.check(rec, {ARG: 1})  # an additional property: rejected, quickly
+    assert v.check(rec, {"aaa": 1}) == []
+    assert v.check(rec, {"aaa": "x"})
+
+
+async def test_check_async_leaves_the_event_loop_free() -> None:
+    """While a hostile check runs, the loop keeps ticking (old code: no async check at all)."""
+    v = ArgumentValidator()
+    rec = _rec({"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|a)*$"},
+                                                "t": {"type": "string", "pattern": EVIL}}})
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.sleep(0.001)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        problems = await v.check_async(rec, {"s": "a" * 40 + "!", "t": ARG})
+        tg.cancel_scope.cancel()
+    assert problems
+    assert ticks >= 1
