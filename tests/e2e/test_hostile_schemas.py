@@ -1,0 +1,110 @@
+"""A real daemon with a hostile stdio upstream (tests/support/servers/hostile.py) whose tools
+carry a remote `$ref`, a `file://` `$ref`, a `$ref` cycle and a catastrophic `pattern`
+(issue #15 items 2 and 3). Correctness only: every hostile call gets an error or a result,
+the HTTP listener the remote refs point at is never contacted, and another client's
+tool_search on the same daemon keeps answering while the hostile calls run."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_harness import Daemon
+
+HOSTILE = Path(__file__).resolve().parents[1] / "support" / "servers" / "hostile.py"
+ARG = "a" * 34 + "!"  # `re` backtracks for minutes on ^(a+)+$ with this
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.hits: list[str] = []
+        hits = self.hits
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                hits.append(self.path)
+                time.sleep(30)  # a server that does not answer
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/x"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _upstream(ref_url: str, ref_file: str) -> str:
+    args = json.dumps([str(HOSTILE), "--ref-url", ref_url, "--ref-file", ref_file])
+    return f'[[upstream]]\nname = "hostile"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+
+
+HOSTILE_CALLS: list[tuple[str, dict[str, Any]]] = [
+    ("hostile__evil_pattern", {"s": ARG}),
+    ("hostile__evil_keys", {ARG: "v"}),
+    ("hostile__remote_ref", {"x": "a string", "n": 1}),
+    ("hostile__remote_root", {"x": 1}),
+    ("hostile__file_ref", {"x": "not an integer"}),
+    ("hostile__ref_cycle", {"q": 1}),
+]
+
+
+@pytest.mark.timeout(150)
+def test_hostile_schemas_never_fetch_never_read_and_never_freeze_other_clients(tmp_path: Path) -> None:
+    listener = _Listener()
+    ref_file = tmp_path / "schema.json"
+    ref_file.write_text('{"type": "integer"}')  # if it were read, "not an integer" would be rejected
+    d = Daemon(tmp_path, _upstream(listener.url, ref_file.as_uri()))
+    try:
+        with d:
+            d.wait_for(lambda: "hostile__evil_pattern" in d.search("hostile schema evil pattern", top_k=10),
+                       60, "hostile tools indexed")
+            answers: list[list[str]] = []
+            results: dict[str, dict[str, Any]] = {}
+            done = threading.Event()
+            failures: list[BaseException] = []
+
+            def hostile() -> None:
+                try:
+                    with d.client() as c:
+                        for name, args in HOSTILE_CALLS:
+                            results[name] = c.call_tool(name, args)
+                except BaseException as exc:  # reported by the main thread
+                    failures.append(exc)
+                finally:
+                    done.set()
+
+            t = threading.Thread(target=hostile, daemon=True)
+            t.start()
+            with d.client() as other:
+                deadline = time.monotonic() + 120
+                while (not done.is_set() or not answers) and time.monotonic() < deadline:
+                    r = other.call_tool("tool_search", {"query": "hostile schema", "top_k": 3})
+                    assert not r.get("isError"), r
+                    answers.append([m["name"] for m in r["structuredContent"]["matches"]])
+            t.join(timeout=60)
+            assert done.is_set() and not failures, failures
+            assert answers and all(a for a in answers)
+            assert set(results) == {n for n, _ in HOSTILE_CALLS}
+            # The catastrophic patterns: a clear error for that call (the argument does not match).
+            for name in ("hostile__evil_pattern", "hostile__evil_keys"):
+                assert results[name].get("isError"), results[name]
+            # Remote and file refs are never resolved: the rest of the schema is checked, the call goes out.
+            for name in ("hostile__remote_ref", "hostile__remote_root", "hostile__file_ref", "hostile__ref_cycle"):
+                r = results[name]
+                assert not r.get("isError"), r
+                assert r["content"][0]["text"] == "called", r
+            assert d.search("hostile schema", top_k=3)  # still answering afterwards
+    finally:
+        listener.close()
+    assert listener.hits == []
