@@ -40,7 +40,7 @@ import fastjsonschema
 import jsonschema
 import referencing
 import referencing.exceptions
-import regex
+import regex  # type: ignore[import-untyped]  # (no stubs installed)
 
 from toolatlas.catalog.model import ToolRecord
 
@@ -67,7 +67,7 @@ class PatternTimeout(Exception):
 
 
 def _refuse(uri: str) -> Any:
-    raise referencing.exceptions.NoSuchResource(ref=uri)
+    raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]
 
 
 def _refuse_handler(uri: str) -> Any:
