@@ -273,3 +273,15 @@ def testserver_stdio() -> Callable[..., StdioUpstream]:
 @pytest.fixture
 def everything_stdio() -> StdioUpstream:
     return stdio_everything()
+
+
+async def pool_call(pool: Any, server: str, tool: str, arguments: dict[str, Any] | None, **kw: Any) -> Any:
+    """One tools/call through an upstream Pool as the gateway makes it (an UpstreamCall);
+    returns the SDK CallToolResult the upstream answered."""
+    import mcp_types
+
+    from toolatlas.calls import UpstreamCall
+
+    reply = await pool.call_tool(UpstreamCall(server=server, tool=tool, arguments=arguments, **kw))
+    assert isinstance(reply.payload, mcp_types.CallToolResult) and reply.is_error == bool(reply.payload.is_error)
+    return reply.payload

@@ -13,6 +13,7 @@ import mcp_types
 import pytest
 
 from conftest import (
+    pool_call,
     children_of,
     stdio_everything,
     get_free_port,
@@ -23,7 +24,6 @@ from conftest import (
 )
 from toolatlas.config import Timeouts
 from toolatlas.errors import UpstreamTimeout, UpstreamUnavailable
-from toolatlas.calls import UpstreamCall
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.upstream.pool import Pool, UpstreamStatus, list_tools_once
 from toolatlas.upstream.state import UpstreamState
@@ -75,13 +75,6 @@ async def running(pool: Pool) -> AsyncIterator[Pool]:
             tg.cancel_scope.cancel()
 
 
-async def call(pool: Pool, server: str, tool: str, arguments: dict[str, Any] | None, **kw: Any) -> mcp_types.CallToolResult:
-    """One tools/call through the pool as the gateway makes it (an UpstreamCall)."""
-    reply = await pool.call_tool(UpstreamCall(server=server, tool=tool, arguments=arguments, **kw))
-    assert isinstance(reply.payload, mcp_types.CallToolResult) and reply.is_error == bool(reply.payload.is_error)
-    return reply.payload
-
-
 def text(result: mcp_types.CallToolResult) -> str:
     block = result.content[0]
     assert isinstance(block, mcp_types.TextContent)
@@ -110,16 +103,16 @@ async def test_discovery_and_calls_across_stdio_sse_and_http(testserver_http_url
                 assert "echo" in (rec.latest[name] or [])
                 assert states[name].tools == len(rec.latest[name] or [])
                 assert states[name].protocol_version
-                result = await call(pool, name, "echo", {"message": f"hi {name}"})
+                result = await pool_call(pool, name, "echo", {"message": f"hi {name}"})
                 assert text(result) == f"Echo: hi {name}"
             assert states["local"].pid is not None and pid_alive(states["local"].pid)
             assert states["remote-http"].pid is None
             assert states["off"].state is UpstreamState.DISABLED and "off" not in rec.latest
             assert "local" in repr(pool) and "ready" in repr(pool)
             with pytest.raises(UpstreamUnavailable, match="disabled"):
-                await call(pool, "off", "echo", {"message": "x"})
+                await pool_call(pool, "off", "echo", {"message": "x"})
             with pytest.raises(UpstreamUnavailable, match="no upstream named 'nope'"):
-                await call(pool, "nope", "echo", {})
+                await pool_call(pool, "nope", "echo", {})
 
 
 @pytest.mark.slow
@@ -134,7 +127,7 @@ async def test_server_everything_over_stdio_and_http(spawn_everything: Any) -> N
                 st = pool.get(name)
                 assert st is not None and st.state is READY, st
                 assert st.tools >= 10 and "echo" in (rec.latest[name] or [])
-                result = await call(pool, name, "echo", {"message": "hello"})
+                result = await pool_call(pool, name, "echo", {"message": "hello"})
                 assert text(result) == "Echo: hello"
 
 
@@ -155,11 +148,11 @@ async def test_list_changed_reaches_the_callback(spawn_server: Any, transport: s
             assert st is not None and st.state is READY
             assert st.protocol_version is not None and st.protocol_version.startswith(generation)
             assert "weather_lookup" not in (rec.latest["dyn"] or [])
-            await call(pool, "dyn", "add_tool", {"name": "weather_lookup", "description": "Look up weather."})
+            await pool_call(pool, "dyn", "add_tool", {"name": "weather_lookup", "description": "Look up weather."})
             await rec.wait(lambda: "weather_lookup" in (rec.latest.get("dyn") or []), timeout=10)
-            result = await call(pool, "dyn", "weather_lookup", {"text": "oslo"})
+            result = await pool_call(pool, "dyn", "weather_lookup", {"text": "oslo"})
             assert text(result) == "weather_lookup: oslo"
-            await call(pool, "dyn", "remove_tool", {"name": "weather_lookup"})
+            await pool_call(pool, "dyn", "remove_tool", {"name": "weather_lookup"})
             await rec.wait(lambda: "weather_lookup" not in (rec.latest.get("dyn") or []), timeout=10)
 
 
@@ -173,7 +166,7 @@ async def test_periodic_relist_picks_up_changes_without_notifications(spawn_serv
     with anyio.fail_after(60):
         async with running(Pool([watcher, changer], rec, mode="legacy")) as pool:
             await pool.wait_settled(30)
-            await call(pool, "changer", "add_tool", {"name": "polled_tool", "description": "Seen by polling."})
+            await pool_call(pool, "changer", "add_tool", {"name": "polled_tool", "description": "Seen by polling."})
             await rec.wait(lambda: "polled_tool" in (rec.latest.get("watched") or []), timeout=10)
 
 
@@ -208,12 +201,12 @@ async def test_killed_stdio_upstream_recovers_with_a_new_process(testserver_http
             await wait_status(pool, "fragile", lambda s: "signal 9" in (s.reason or ""), timeout=5)
             await rec.wait(lambda: ("fragile", None) in rec.history)
             # The other upstream is untouched and keeps serving calls meanwhile.
-            result = await call(pool, "steady", "echo", {"message": "still here"})
+            result = await pool_call(pool, "steady", "echo", {"message": "still here"})
             assert text(result) == "Echo: still here"
             back = await wait_status(pool, "fragile", lambda s: s.state is READY and s.pid not in (None, first.pid))
             assert back.pid is not None and back.pid != first.pid and back.reconnects >= 1
             assert rec.latest["fragile"] and "echo" in rec.latest["fragile"]
-            result = await call(pool, "fragile", "pid", {})
+            result = await pool_call(pool, "fragile", "pid", {})
             assert text(result) == str(back.pid)
             steady = pool.get("steady")
             assert steady is not None and steady.state is READY and steady.reconnects == 0
@@ -226,10 +219,10 @@ async def test_crash_during_a_call_fails_that_call_and_recovers() -> None:
             await pool.wait_settled(30)
             pid = pool.get("crashy").pid  # type: ignore[union-attr]
             with pytest.raises(UpstreamUnavailable, match="crashy"):
-                await call(pool, "crashy", "crash", {"code": 3})
+                await pool_call(pool, "crashy", "crash", {"code": 3})
             back = await wait_status(pool, "crashy", lambda s: s.state is READY and s.pid not in (None, pid))
             assert back.reconnects >= 1
-            assert text(await call(pool, "crashy", "echo", {"message": "again"})) == "Echo: again"
+            assert text(await pool_call(pool, "crashy", "echo", {"message": "again"})) == "Echo: again"
 
 
 async def test_hung_call_times_out_while_other_calls_proceed() -> None:
@@ -241,7 +234,7 @@ async def test_hung_call_times_out_while_other_calls_proceed() -> None:
 
             async def hang() -> None:
                 try:
-                    await call(pool, "slow", "hang", {}, timeout=1.5)
+                    await pool_call(pool, "slow", "hang", {}, timeout=1.5)
                 except UpstreamTimeout as exc:
                     errors.append(exc)
 
@@ -249,7 +242,7 @@ async def test_hung_call_times_out_while_other_calls_proceed() -> None:
                 tg.start_soon(hang)
                 # While the hang is in flight the same session answers other calls.
                 for i in range(5):
-                    assert text(await call(pool, "slow", "echo", {"message": str(i)})) == f"Echo: {i}"
+                    assert text(await pool_call(pool, "slow", "echo", {"message": str(i)})) == f"Echo: {i}"
             assert len(errors) == 1
             err = errors[0]
             assert isinstance(err, UpstreamTimeout)
@@ -257,8 +250,8 @@ async def test_hung_call_times_out_while_other_calls_proceed() -> None:
             assert "'slow'" in str(err) and "tools/call hang" in str(err) and "1.5 s" in str(err)
             # A cancelled call does not poison the session either.
             with anyio.move_on_after(0.3):
-                await call(pool, "slow", "sleep", {"seconds": 5})
-            assert text(await call(pool, "slow", "echo", {"message": "after"})) == "Echo: after"
+                await pool_call(pool, "slow", "sleep", {"seconds": 5})
+            assert text(await pool_call(pool, "slow", "echo", {"message": "after"})) == "Echo: after"
             assert pool.get("slow").state is READY  # type: ignore[union-attr]
 
 
@@ -271,7 +264,7 @@ async def test_progress_notifications_reach_the_caller() -> None:
     with anyio.fail_after(60):
         async with running(Pool([stdio_testserver("prog")], Recorder())) as pool:
             await pool.wait_settled(30)
-            result = await call(pool, "prog", "progress", {"steps": 3}, progress=on_progress)
+            result = await pool_call(pool, "prog", "progress", {"steps": 3}, progress=on_progress)
             assert text(result) == "done"
             assert [p for p, _, _ in seen] == [1, 2, 3]
             assert seen[-1] == (3, 3, "step 3")
@@ -289,7 +282,7 @@ async def test_unreachable_upstream_is_degraded_with_a_reason_and_others_work() 
             assert st.next_retry_in is not None and 0 < st.next_retry_in <= 30.0
             assert "dead" not in rec.latest
             with pytest.raises(UpstreamUnavailable, match=r"'dead' is degraded: connect failed"):
-                await call(pool, "dead", "echo", {"message": "x"})
+                await pool_call(pool, "dead", "echo", {"message": "x"})
             assert pool.get("alive").state is READY  # type: ignore[union-attr]
 
 
@@ -324,7 +317,7 @@ async def test_shutdown_leaves_no_child_processes(testserver_http_url: str) -> N
             assert len(pids) == 2 and all(pid_alive(p) for p in pids)
             # A call in flight at shutdown must not keep anything alive either.
             async with anyio.create_task_group() as tg:
-                tg.start_soon(call, pool, "one", "hang", {})
+                tg.start_soon(pool_call, pool, "one", "hang", {})
                 await anyio.sleep(0)
                 tg.cancel_scope.cancel()
     assert not any(pid_alive(p) for p in pids)
@@ -359,7 +352,7 @@ async def test_reconcile_keeps_unchanged_restarts_changed_adds_and_removes() -> 
             assert rec.latest["change"] is None and rec.latest["added"] is None
             assert not pid_alive(added_pid)  # type: ignore[arg-type]
             assert pool.get("keep").pid == keep_pid  # type: ignore[union-attr]
-            assert text(await call(pool, "keep", "echo", {"message": "k"})) == "Echo: k"
+            assert text(await pool_call(pool, "keep", "echo", {"message": "k"})) == "Echo: k"
 
 
 async def test_stale_http_session_404_reconnects(spawn_server: Any, tmp_path: Any) -> None:
@@ -376,10 +369,10 @@ async def test_stale_http_session_404_reconnects(spawn_server: Any, tmp_path: An
             second = spawn_server("testserver", "http", ["--port", str(port)])
             assert second.port == port
             with pytest.raises(UpstreamUnavailable, match="lost its session during tools/call echo: .*Session"):
-                await call(pool, "web", "echo", {"message": "x"})
+                await pool_call(pool, "web", "echo", {"message": "x"})
             st = await wait_status(pool, "web", lambda s: s.state is READY and s.reconnects >= 1)
             assert st.reconnects >= 1
-            assert text(await call(pool, "web", "echo", {"message": "y"})) == "Echo: y"
+            assert text(await pool_call(pool, "web", "echo", {"message": "y"})) == "Echo: y"
 
 
 @pytest.mark.slow
