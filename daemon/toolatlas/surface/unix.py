@@ -139,6 +139,14 @@ class UnixServer:
             gid = grp.getgrnam(self.group).gr_gid if self.group else -1
             os.chown(self.path, uid, gid)
 
+    def reconfigure(self, *, mode: int, owner: str | None, group: str | None, max_message_bytes: int) -> None:
+        """Apply reloaded socket settings: the file's mode and ownership at once (a tightened
+        mode shuts out new peers that it no longer admits), the line limit for new lines."""
+        self.mode, self.owner, self.group = mode, owner, group
+        self.max_message_bytes = max_message_bytes
+        if self.listen_socket is None and self._listener is not None:
+            self._apply_permissions()
+
     async def stop_accepting(self) -> None:
         """Close the listening socket; live connections go on."""
         if self._listener is not None:
