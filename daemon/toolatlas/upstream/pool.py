@@ -12,9 +12,8 @@ reconnects on its own schedule.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -23,20 +22,13 @@ from toolatlas.calls import UpstreamCall, UpstreamReply
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
-from toolatlas.upstream.session import (
-    CLOSE_TIMEOUT,
-    Observer,
-    UpstreamSession,
-    describe,
-    make_client,
-)
+from toolatlas.upstream.client import describe, make_client
 from toolatlas.upstream.listing import list_records
+from toolatlas.upstream.session import CLOSE_TIMEOUT, Observer, ToolsCallback, UpstreamSession
 from toolatlas.upstream.state import UpstreamState
 from toolatlas.upstream.transports import open_transport
 
 logger = logging.getLogger(__name__)
-
-ToolsCallback = Callable[[str, "list[ToolRecord] | None"], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -209,7 +201,7 @@ async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, m
     phase = "connect"
     with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
         try:
-            async with make_client(upstream, open_transport(upstream, on_eof=lambda _w: None), mode=mode) as client:
+            async with make_client(open_transport(upstream, on_eof=lambda _w: None), mode=mode) as client:
                 try:
                     phase = "tools/list"
                     tools = await list_records(client, upstream.name)
