@@ -27,6 +27,8 @@ from toolatlas.calls import ProgressFn
 from toolatlas.errors import ToolatlasError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 
 _CLIENT_INFO = mcp_types.Implementation(name="toolatlas", version="0.1.0")
+# Seconds a teardown may take (stdio escalation is bounded below this on its own).
+CLOSE_TIMEOUT = 10.0
 
 
 class LossReason(enum.Enum):
@@ -144,6 +146,16 @@ def make_client(transport: Transport, *, mode: ConnectMode, message_handler: Mes
     )
 
 
+def begin_teardown(scope: anyio.CancelScope) -> bool:
+    """Shield the client's teardown in `scope` from outer cancellation and bound it by
+    CLOSE_TIMEOUT, unless the scope's own deadline already fired. Returns whether it had."""
+    fired = scope.cancel_called
+    scope.shield = True
+    if not fired:
+        scope.deadline = anyio.current_time() + CLOSE_TIMEOUT
+    return fired
+
+
 def progress_fn(fn: ProgressFn | None) -> ProgressFnT | None:
     """`fn` in the SDK's callback shape (its protocol names the parameters)."""
     if fn is None:
@@ -156,4 +168,7 @@ def progress_fn(fn: ProgressFn | None) -> ProgressFnT | None:
     return on_progress
 
 
-__all__ = ["Loss", "LossReason", "call_error", "classify", "describe", "make_client", "progress_fn", "timeout_loss"]
+__all__ = [
+    "CLOSE_TIMEOUT", "Loss", "LossReason", "begin_teardown", "call_error", "classify", "describe",
+    "make_client", "progress_fn", "timeout_loss",
+]

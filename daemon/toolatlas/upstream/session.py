@@ -34,7 +34,7 @@ from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.upstream.backoff import backoff_delay
 from toolatlas.upstream.client import Loss, LossReason, call_error, classify, describe, make_client, progress_fn
-from toolatlas.upstream.client import timeout_loss
+from toolatlas.upstream.client import begin_teardown, timeout_loss
 from toolatlas.upstream.listing import list_records
 from toolatlas.upstream.state import Action, Event, UpstreamState, decide
 from toolatlas.upstream.supervision import Supervision
@@ -47,8 +47,6 @@ ToolsCallback = Callable[[str, "list[ToolRecord] | None"], Awaitable[None]]
 # "list_changed" or "call" (operation, seconds, outcome). Synchronous, cheap, never raises.
 Observer = Callable[[str, str, dict[str, Any]], None]
 
-# Seconds a teardown may take (stdio escalation is bounded below this on its own).
-CLOSE_TIMEOUT = 10.0
 # A session READY this long resets the backoff attempt count when it is lost.
 HEALTHY_RESET = 60.0
 
@@ -84,8 +82,6 @@ class Connection:
         )
         self.proc = self.transport if isinstance(self.transport, StdioProcess) else None
 
-    # ---- Supervised -------------------------------------------------------------------
-
     @property
     def tools(self) -> list[ToolRecord] | None:
         return self._s.tools
@@ -107,8 +103,6 @@ class Connection:
         id every failure of this connection means the session expired."""
         return LossReason.SESSION_EXPIRED if self._expired else classify(exc)
 
-    # ---- transport signals ------------------------------------------------------------
-
     def _on_expired(self) -> None:
         self._expired = True
 
@@ -125,8 +119,6 @@ class Connection:
             logger.info("upstream %s: tools/list_changed", self.name)
             self.observe_list_changed()
             self.supervision.want_relist()
-
-    # ---- the connection's life --------------------------------------------------------
 
     async def run(self) -> Loss:
         """Connect, serve until lost, tear down (shielded, bounded). Returns why it ended."""
@@ -145,11 +137,7 @@ class Connection:
                         await self._serve(client, deadline, phase)
                     finally:
                         self.client = None
-                        # Teardown is shielded from outer cancellation and bounded.
-                        timed_out = deadline.cancel_called
-                        deadline.shield = True
-                        if not timed_out:
-                            deadline.deadline = anyio.current_time() + CLOSE_TIMEOUT
+                        timed_out = begin_teardown(deadline)
                 loss = self.loss or _ENDED
             except Exception as exc:  # noqa: BLE001 - every failure is a reason to retry
                 if self.lost.is_set() or self.reached_ready:
