@@ -26,7 +26,7 @@ import anyio.abc
 import httpx2
 import mcp_types
 from anyio.streams.text import TextReceiveStream
-from mcp.client._transport import TransportStreams
+from mcp.client._transport import ReadStream, TransportStreams
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
@@ -46,6 +46,7 @@ _POLL = 0.01
 STDERR_TAIL = 20
 
 Streams = TransportStreams
+Incoming = SessionMessage | Exception
 
 _ID_RE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
 
@@ -120,12 +121,12 @@ class EofWatch:
     the message path. Attributes it does not define (``last_context``, ``close``) pass through.
     """
 
-    def __init__(self, inner: Any, on_eof: Callable[[str], None], what: str) -> None:
+    def __init__(self, inner: ReadStream[Incoming], on_eof: Callable[[str], None], what: str) -> None:
         self._inner = inner
         self._on_eof = on_eof
         self._what = what
 
-    async def receive(self) -> Any:
+    async def receive(self) -> Incoming:
         try:
             return await self._inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -135,7 +136,7 @@ class EofWatch:
     def __aiter__(self) -> EofWatch:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> Incoming:
         try:
             return await self.receive()
         except anyio.EndOfStream:
