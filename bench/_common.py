@@ -12,9 +12,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # the test support package: tests.support
 
-from daemon_harness import Daemon, NetworkServer, descendants, stdio_testserver  # noqa: E402
+from tests.support.daemon import Daemon, stdio_testserver  # noqa: E402
+from tests.support.processes import descendants  # noqa: E402
+from tests.support.servers import start_server  # noqa: E402
 
 
 def summary(samples_s: list[float]) -> dict[str, Any]:
@@ -69,5 +71,5 @@ def emit(result: dict[str, Any], name: str) -> None:
     print(text)
 
 
-__all__ = ["Daemon", "NetworkServer", "OUT", "REPO", "descendants", "emit", "proc_mem_mb", "stdio_testserver", "summary",
+__all__ = ["Daemon", "OUT", "REPO", "descendants", "emit", "proc_mem_mb", "start_server", "stdio_testserver", "summary",
            "wait_settled"]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon_harness import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.results import text as _text
 
 USERS = ("ta-alice", "ta-bob", "ta-carol")
 
@@ -66,10 +67,6 @@ def _search(user: pwd.struct_passwd, sock: str) -> list[str]:
     res = _as_user(user, "tool_search", {"query": "echo the message back", "top_k": 20}, sock)
     assert not res.get("isError"), res
     return [m["name"] for m in res["structuredContent"]["matches"]]
-
-
-def _text(res: dict) -> str:
-    return "".join(c.get("text", "") for c in res["content"])
 
 
 def test_two_users_see_different_tools_and_denied_calls_do_not_leak(users: dict[str, pwd.struct_passwd]) -> None:

@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from daemon_harness import REPO, Daemon, free_port, stdio_testserver
+from tests.support import REPO
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.ports import free_port
 from toolatlas.surface.http import hash_token
 
 NPM = REPO / "tests" / "npm"

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon_harness import Daemon, alive, descendants, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.processes import descendants, kill_all
 from toolatlas.retrieval import persist
 
 pytestmark = pytest.mark.slow
@@ -32,7 +33,7 @@ def _live_catalog() -> list[str]:
     """What the upstream lists after a fresh start: the test server built the same way."""
     import anyio
 
-    from toolatlas.examples.testserver import build
+    from tests.support.servers.testserver import build
 
     return sorted(f"big__{t.name}" for t in anyio.run(build(tools=N_GEN).list_tools))
 
@@ -68,9 +69,7 @@ class Runs:
         d.proc.send_signal(signal.SIGKILL)
         d.proc.wait(timeout=30)
         d._logfh.close()
-        for pid in kids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(kids)
 
     def cleanup(self) -> None:
         d = self.current

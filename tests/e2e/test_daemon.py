@@ -18,18 +18,13 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 
-from daemon_harness import REPO, Daemon, NetworkServer, alive, descendants, stdio_testserver, url_upstream
+from tests.support.daemon import Daemon, everything_upstream, stdio_testserver, url_upstream
+from tests.support.processes import descendants, pid_alive as alive
+from tests.support.results import text as _text
+from tests.support.servers import EVERYTHING_BIN as EVERYTHING, start_server
 from toolatlas.surface.unix import unix_client
 
-EVERYTHING = REPO / "tests" / "npm" / "node_modules" / ".bin" / "mcp-server-everything"
 PASSTHROUGH = "passthrough-client"
-
-
-def everything_upstream() -> str:
-    return (
-        '[[upstream]]\nname = "everything"\ntransport = "stdio"\n'
-        f'command = "{EVERYTHING}"\nargs = ["stdio"]\n'
-    )
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +32,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     if not EVERYTHING.exists():
         pytest.fail("npm's server-everything is not installed: run `make npm` (make test does)")
     tmp = tmp_path_factory.mktemp("gw")
-    sse = NetworkServer("toolatlas.examples.testserver", "sse", "--name", "beta")
-    http = NetworkServer("toolatlas.examples.testserver", "http", "--name", "gamma")
+    sse = start_server("testserver", "sse", "--name", "beta")
+    http = start_server("testserver", "http", "--name", "gamma")
     upstreams = (
         stdio_testserver("alpha", "--tools", "5", "--page-size", "3")
         + url_upstream("beta", "sse", sse.url)
@@ -70,10 +65,6 @@ def test_discovery_across_all_transports_and_pagination(gateway: Daemon) -> None
     assert servers["alpha"]["tools"] == 14
     assert servers["beta"]["tools"] == servers["gamma"]["tools"] == 9
     assert servers["everything"]["tools"] >= 10
-
-
-def _text(result: types.CallToolResult) -> str:
-    return "".join(c.text for c in result.content if isinstance(c, types.TextContent))
 
 
 async def _search_then_execute(client: Client) -> None:

@@ -10,7 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from daemon_harness import Daemon, free_port, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.ports import free_port
 
 
 def _recv_all(sock: socket.socket, until: float) -> list[tuple[float, str]]:

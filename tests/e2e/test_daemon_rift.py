@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from daemon_harness import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
 
 
 def test_confusable_tools_get_disambiguation_notes(tmp_path: Path) -> None:

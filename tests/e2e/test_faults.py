@@ -1,4 +1,4 @@
-"""Fault injection through a real daemon: a misbehaving upstream (toolatlas.examples.faultserver)
+"""Fault injection through a real daemon: a misbehaving upstream (tests/support/servers/faultserver.py)
 next to a healthy one. For every fault: the daemon stays up, the healthy upstream keeps
 answering, callers get an error naming the upstream and the operation within their timeout,
 and the faulty upstream is READY again and serves calls once the fault stops."""
@@ -17,8 +17,11 @@ import anyio
 import pytest
 from mcp import Client
 
-from daemon_harness import Daemon, NetworkServer, free_port, stdio_testserver, url_upstream
-from toolatlas.examples.faultserver import write_fault_file
+from tests.support.daemon import Daemon, stdio_testserver, url_upstream
+from tests.support.ports import free_port
+from tests.support.results import text
+from tests.support.servers import RunningServer, faultserver_args, start_server
+from tests.support.servers.faultserver import write_fault_file
 from toolatlas.surface.unix import unix_client
 
 CALL_TIMEOUT = 2.0
@@ -27,7 +30,7 @@ STALL_S = 10.0
 
 
 def faultserver_stdio(name: str, fault_file: Path, extra: str = "") -> str:
-    args = json.dumps(["-m", "toolatlas.examples.faultserver", "--transport", "stdio", "--fault-file", str(fault_file)])
+    args = json.dumps(faultserver_args("--fault-file", str(fault_file)))
     return (
         f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
         f"timeouts = {{ call = {CALL_TIMEOUT}, connect = 5, list_tools = 5, ping = 2 }}\nping_interval = 1\n{extra}"
@@ -38,7 +41,7 @@ NET_OPTS = f"timeouts = {{ call = {CALL_TIMEOUT}, connect = 3, list_tools = 3, p
 
 
 class Env:
-    def __init__(self, d: Daemon, fault_files: dict[str, Path], web: NetworkServer, refused_port: int, tmp: Path) -> None:
+    def __init__(self, d: Daemon, fault_files: dict[str, Path], web: RunningServer, refused_port: int, tmp: Path) -> None:
         self.d, self.fault_files, self.web, self.refused_port, self.tmp = d, fault_files, web, refused_port, tmp
 
 
@@ -48,7 +51,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     files = {n: tmp / f"{n}.fault.json" for n in ("fs", "crashy", "web")}
     for f in files.values():
         write_fault_file(str(f), "none")
-    web = NetworkServer("toolatlas.examples.faultserver", "http", "--fault-file", str(files["web"]), "--legacy-only")
+    web = start_server("faultserver", "http", "--fault-file", str(files["web"]), "--legacy-only")
     refused_port = free_port()  # nothing listens here until a test starts a server on it
     upstreams = (
         stdio_testserver("healthy")
@@ -69,10 +72,6 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
 def servers(d: Daemon) -> dict[str, dict[str, Any]]:
     return {s["name"]: s for s in d.status()["servers"]}
-
-
-def text(result: dict[str, Any]) -> str:
-    return "".join(c.get("text", "") for c in result.get("content", []))
 
 
 def healthy_answers(d: Daemon, tag: str) -> None:
@@ -282,31 +281,13 @@ def test_refused_connection_then_server_starts(env: Env) -> None:
     r = d.tool("refused__echo", {"message": "x"})
     assert r["isError"] and ("refused" in text(r)), r
     healthy_answers(d, "refused")
-    late = NetworkServer_on_port(env.refused_port)
+    late = start_server("faultserver", "http", port=env.refused_port)
     try:
         recovers(d, "refused", timeout=60)
     finally:
         late.stop()
     d.wait_for(lambda: servers(d)["refused"]["state"] != "ready", 30, "refused leaves ready when its server stops")
     healthy_answers(d, "refused-after")
-
-
-def NetworkServer_on_port(port: int) -> NetworkServer:
-    """A faultserver over streamable HTTP on a given port (NetworkServer takes port 0)."""
-    import subprocess
-
-    from daemon_harness import die_with_parent
-
-    srv = NetworkServer.__new__(NetworkServer)
-    srv.proc = subprocess.Popen(
-        [sys.executable, "-m", "toolatlas.examples.faultserver", "--transport", "http", "--port", str(port)],
-        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
-    )
-    assert srv.proc.stdout is not None
-    line = srv.proc.stdout.readline()
-    assert line.startswith(b"READY "), line
-    srv.port, srv.url = port, f"http://127.0.0.1:{port}/mcp"
-    return srv
 
 
 def test_client_disconnect_cancels_the_upstream_call(env: Env) -> None:

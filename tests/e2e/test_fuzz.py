@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon_harness import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
 
 pytestmark = pytest.mark.slow
 

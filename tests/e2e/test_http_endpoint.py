@@ -17,7 +17,9 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from daemon_harness import Daemon, free_port, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.ports import free_port
+from tests.support.results import text as _text
 from toolatlas.config import parse
 from toolatlas.errors import ConfigError
 from toolatlas.surface.http import TokenTable, hash_token
@@ -62,10 +64,6 @@ def _client(url: str, token: str | None, mode: str = "auto", **headers: str) -> 
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return Client(_transport(url, headers), mode=mode)
-
-
-def _text(result: types.CallToolResult) -> str:
-    return "".join(c.text for c in result.content if isinstance(c, types.TextContent))
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])

@@ -12,7 +12,8 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
-from daemon_harness import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.results import text as _text
 from toolatlas.surface.unix import unix_client
 
 
@@ -25,10 +26,6 @@ async def answer_ada(ctx: object, params: types.ElicitRequestParams) -> types.El
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     with Daemon(tmp_path_factory.mktemp("ir"), stdio_testserver("asker") + stdio_testserver("other")) as d:
         yield d
-
-
-def _text(r: types.CallToolResult) -> str:
-    return "".join(c.text for c in r.content if isinstance(c, types.TextContent))
 
 
 async def test_elicitation_round_trip_reaches_the_same_upstream(gateway: Daemon) -> None:

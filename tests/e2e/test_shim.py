@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from daemon_harness import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
 
 
 def test_shim_imports_nothing_heavy() -> None:

@@ -8,25 +8,14 @@ from typing import Any
 import anyio
 import mcp_types
 
-from conftest import make_upstream
+from tests.support.configs import make_upstream, stdio_testserver
+from tests.support.results import error_text, structured
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
 
 
 async def _ignore(_name: str, _tools: list[mcp_types.Tool] | None) -> None:
     return None
-
-
-def structured(result: mcp_types.CallToolResult) -> Any:
-    assert not result.is_error, result.content
-    return result.structured_content
-
-
-def error_text(result: mcp_types.CallToolResult) -> str:
-    assert result.is_error
-    block = result.content[0]
-    assert isinstance(block, mcp_types.TextContent)
-    return block.text
 
 
 async def test_examples_on_stdio_sse_and_http(spawn_server: Any) -> None:
@@ -85,7 +74,6 @@ async def test_examples_on_stdio_sse_and_http(spawn_server: Any) -> None:
 
 
 async def test_testserver_pagination_and_generated_tools() -> None:
-    from conftest import stdio_testserver
     from toolatlas.upstream.pool import list_tools_once
 
     tools = await list_tools_once(stdio_testserver("paged", "--tools", "7", "--page-size", "2"))

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.servers import testserver_args  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "systemd"
 INSTALLED_BIN = "/usr/local/bin/toolatlas"
 USER_BIN = "%h/.local/bin/toolatlas"
@@ -332,7 +334,7 @@ def test_syscall_filter_allows_a_node_stdio_upstream(systemd_analyze: str, strac
 def test_syscall_filter_allows_a_python_stdio_upstream(systemd_analyze: str, strace: str, tmp_path: Path) -> None:
     trace = tmp_path / "python.trace"
     replies = run_traced_mcp_session(
-        strace, [sys.executable, "-m", "toolatlas.examples.testserver", "--transport", "stdio"], trace
+        strace, [sys.executable, *testserver_args()], trace
     )
     assert "Echo: hi" in json.dumps(replies[3]["result"])
     _assert_within_filter(systemd_analyze, traced_syscalls(trace), trace)

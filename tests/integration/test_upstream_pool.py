@@ -12,15 +12,10 @@ import anyio
 import mcp_types
 import pytest
 
-from conftest import (
-    children_of,
-    stdio_everything,
-    get_free_port,
-    make_upstream,
-    pid_alive,
-    replace,
-    stdio_testserver,
-)
+from tests.support.configs import make_upstream, replace, stdio_everything, stdio_testserver
+from tests.support.ports import free_port as get_free_port
+from tests.support.processes import children_of, pid_alive
+from tests.support.results import text
 from toolatlas.config import Timeouts
 from toolatlas.errors import UpstreamTimeout, UpstreamUnavailable
 from toolatlas.upstream.pool import Pool, UpstreamStatus, list_tools_once
@@ -71,12 +66,6 @@ async def running(pool: Pool) -> AsyncIterator[Pool]:
             yield pool
         finally:
             tg.cancel_scope.cancel()
-
-
-def text(result: mcp_types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, mcp_types.TextContent)
-    return block.text
 
 
 def no_backoff(_attempt: int) -> float:

@@ -1,66 +1,33 @@
-"""Run a real `toolatlas serve` subprocess on a generated config, for end-to-end tests and benches."""
+"""Run a real `toolatlas serve` subprocess on a generated TOML config, for end-to-end tests and
+benches; and the TOML [[upstream]] blocks those configs are made of."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
+from tests.support.processes import descendants, die_with_parent, kill_all
+from tests.support.servers import EVERYTHING_BIN, testserver_args
 
-
-def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM if the test process dies (no orphaned servers)."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid`, from /proc (no psutil)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] == "Z":
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    out: set[int] = set()
-    todo = [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] != "Z"
+__all__ = ["REPO", "Daemon", "everything_upstream", "shared_onnx_models", "stdio_testserver", "url_upstream"]
 
 
 def stdio_testserver(name: str, *extra: str) -> str:
     """A TOML [[upstream]] block running the project's test server over stdio."""
-    args = json.dumps(["-m", "toolatlas.examples.testserver", "--transport", "stdio", *extra])
+    args = json.dumps(testserver_args(*extra))
     return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+
+
+def everything_upstream(name: str = "everything") -> str:
+    """A TOML [[upstream]] block running npm's server-everything over stdio."""
+    return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{EVERYTHING_BIN}"\nargs = ["stdio"]\n'
 
 
 def url_upstream(name: str, transport: str, url: str, extra: str = "") -> str:
@@ -179,46 +146,4 @@ class Daemon:
         if self.proc is not None and self.proc.poll() is None:
             kids = descendants(self.proc.pid)
             self.stop()
-            for pid in kids:
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class NetworkServer:
-    """An example/test server on SSE or streamable HTTP at 127.0.0.1 on a free port."""
-
-    def __init__(self, module: str, transport: str, *extra: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--transport", transport, "--host", "127.0.0.1", "--port", "0", *extra],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
-        )
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + 30
-        line = b""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if line.startswith(b"READY ") or not line:
-                break
-        if not line.startswith(b"READY "):
-            self.proc.kill()
-            raise RuntimeError(f"{module} over {transport} did not start")
-        self.port = int(line.split()[1])
-        path = "/sse" if transport == "sse" else "/mcp"
-        self.url = f"http://127.0.0.1:{self.port}{path}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout:
-            self.proc.stdout.close()
+            kill_all(kids)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.servers import testserver_args
 from toolatlas.catalog import signing
 from toolatlas.catalog.cards import card_path, read_card
 from toolatlas.catalog.cards_cli import keygen_main, main
@@ -106,14 +107,14 @@ private_key = "op.key"
 name = "test"
 transport = "stdio"
 command = "{sys.executable}"
-args = ["-m", "toolatlas.examples.testserver", "--transport", "stdio", "--tools", "3"]
+args = {json.dumps(testserver_args("--tools", "3"))}
 """
     )
     assert main(["generate", "--config", str(cfg)]) == 0
     card = read_card(card_path(tmp_path / "state", "test"))
     names = {t.tool for t in card.tools}
     assert {"echo", "gen_000", "gen_002"} <= names
-    assert card.server.transport == "stdio" and "toolatlas.examples.testserver" in card.server.endpoint
+    assert card.server.transport == "stdio" and "testserver.py" in card.server.endpoint
     assert main(["verify", "--config", str(cfg)]) == 0
     assert "ok   test:" in capsys.readouterr().out
 

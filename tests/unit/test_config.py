@@ -84,7 +84,7 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
 
 
 def test_bundled_example_config_is_valid() -> None:
-    cfg = load(Path(__file__).resolve().parents[1] / "conf" / "example.toml")
+    cfg = load(Path(__file__).resolve().parents[2] / "conf" / "example.toml")
     assert {u.name for u in cfg.upstream} and {type(u).__name__ for u in cfg.upstream} == {
         "StdioUpstream", "SseUpstream", "HttpUpstream"
     }

@@ -282,7 +282,7 @@ async def test_real_prometheus_scrapes_and_returns_the_search_histogram() -> Non
     """Debian's prometheus scrapes Metrics.serve on loopback; its query API has the histogram."""
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not installed (Debian: apt-get install -y prometheus)")
-    path = Path(__file__).resolve().parents[1] / "bench" / "prometheus_scrape.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "prometheus_scrape.py"
     spec = importlib.util.spec_from_file_location("prometheus_scrape", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)

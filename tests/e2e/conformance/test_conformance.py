@@ -1,6 +1,6 @@
 """The official MCP conformance suite against the HTTP endpoint of a real daemon: every
 scenario that applies to the gateway's own surface passes, the rest are the listed
-expected failures (tests/conformance/expected-failures.json, a reason each)."""
+expected failures (tests/e2e/conformance/expected-failures.json, a reason each)."""
 
 from __future__ import annotations
 
