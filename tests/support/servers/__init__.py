@@ -48,6 +48,9 @@ def testserver_args(*extra: str) -> list[str]:
     return [str(TESTSERVER), "--transport", "stdio", *extra]
 
 
+testserver_args.__test__ = False  # type: ignore[attr-defined]  # not a test, whatever its name
+
+
 def faultserver_args(*extra: str) -> list[str]:
     """args for a stdio upstream ``command = sys.executable`` running the fault server."""
     return [str(FAULTSERVER), "--transport", "stdio", *extra]

@@ -1,6 +1,6 @@
 """A misbehaving MCP server for fault-injection tests (all transports).
 
-    python -m toolatlas.examples.faultserver [--transport stdio|sse|http] [--port 0]
+    python tests/support/servers/faultserver.py [--transport stdio|sse|http] [--port 0]
         [--fault FAULT] [--fault-file PATH] [--delay S] [--size BYTES]
 
 The current fault applies to every *work* tool (``echo``, ``work``); the control tools

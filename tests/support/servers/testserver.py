@@ -1,6 +1,6 @@
 """A configurable MCP server for the test suite (all transports).
 
-    python -m toolatlas.examples.testserver [--transport stdio|sse|http] [--port 0]
+    python tests/support/servers/testserver.py [--transport stdio|sse|http] [--port 0]
         [--tools N] [--page-size N] [--name NAME]
 
 Tools: ``echo``, ``sleep(seconds)``, ``hang`` (never returns), ``crash`` (the process exits
