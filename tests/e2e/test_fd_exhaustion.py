@@ -8,7 +8,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from daemon_harness import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
 
 
 def test_accept_survives_fd_exhaustion(tmp_path: Path) -> None:

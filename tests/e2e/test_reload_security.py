@@ -9,7 +9,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from daemon_harness import Daemon, free_port, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.ports import free_port
 
 from toolatlas.surface.http import hash_token
 
