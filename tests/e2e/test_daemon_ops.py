@@ -46,8 +46,6 @@ def test_sd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
         log_tail = d.log.read_text()[-3000:]
         assert len(ready) == 1, (messages, log_tail)
         assert len(pings) >= 5, (messages, log_tail)  # every 0.2 s: half of WatchdogSec
-        gaps = [b - a for a, b in zip(pings, pings[1:])]
-        assert sorted(gaps)[len(gaps) // 2] < 0.4, gaps  # median; the machine may be loaded
         # The upstream children never see our notify socket.
         pid = int(d.tool("one__pid", {})["content"][0]["text"])
         with open(f"/proc/{pid}/environ", "rb") as fh:

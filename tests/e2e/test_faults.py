@@ -74,14 +74,19 @@ def servers(d: Daemon) -> dict[str, dict[str, Any]]:
     return {s["name"]: s for s in d.status()["servers"]}
 
 
+def call_within(d: Daemon, name: str, args: dict[str, Any], deadline: float) -> dict[str, Any]:
+    """One call whose answer must arrive before `deadline` seconds (a socket deadline: a
+    hang fails the test with a timeout, nothing measures how fast the answer came)."""
+    with d.client() as c:
+        c.sock.settimeout(deadline)
+        return c.call_tool(name, args)  # type: ignore[no-any-return]
+
+
 def healthy_answers(d: Daemon, tag: str) -> None:
-    """The bystander answers promptly and the daemon process is alive."""
+    """The bystander answers (within a generous stall deadline) and the daemon is alive."""
     assert d.proc is not None and d.proc.poll() is None, "the daemon died"
-    t0 = time.monotonic()
-    r = d.tool("healthy__echo", {"message": tag})
+    r = call_within(d, "healthy__echo", {"message": tag}, STALL_S)
     assert not r.get("isError") and text(r) == f"Echo: {tag}", r
-    # A stall detector, not a latency goal (bench/load.py measures latency): the machine is shared.
-    assert time.monotonic() - t0 < STALL_S, "the healthy upstream was stalled by the faulty one"
 
 
 def recovers(d: Daemon, name: str, timeout: float = 30.0) -> None:
@@ -95,10 +100,10 @@ def recovers(d: Daemon, name: str, timeout: float = 30.0) -> None:
     d.wait_for(ok, timeout, f"{name} answers again")
 
 
-def timed_call(d: Daemon, name: str, args: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    t0 = time.monotonic()
-    r = d.tool(name, args)
-    return time.monotonic() - t0, r
+def bounded_call(d: Daemon, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A call to a faulty upstream: it must end (answer or error) before its timeout plus
+    slack; a hang fails the test on the socket deadline."""
+    return call_within(d, name, args, CALL_TIMEOUT + SLACK_S)
 
 
 def stats(d: Daemon, server: str) -> dict[str, int]:
@@ -112,9 +117,8 @@ def test_crash_on_call(env: Env) -> None:
     old = stats(d, "crashy")["pid"]
     write_fault_file(str(env.fault_files["crashy"]), "crash")
     try:
-        seconds, r = timed_call(d, "crashy__echo", {"message": "x"})
+        r = bounded_call(d, "crashy__echo", {"message": "x"})
         assert r["isError"] and "crashy" in text(r) and "tools/call echo" in text(r), r
-        assert seconds < CALL_TIMEOUT + SLACK_S
         healthy_answers(d, "crash")
         # Restarted processes keep crashing on call while the fault lasts (the file survives).
         d.wait_for(lambda: servers(d)["crashy"]["reconnects"] >= 1, 30, "crashy restarted")
@@ -129,9 +133,9 @@ def test_hang(env: Env) -> None:
     d = env.d
     d.tool("fs__set_fault", {"fault": "hang"})
     try:
-        seconds, r = timed_call(d, "fs__echo", {"message": "x"})
+        r = bounded_call(d, "fs__echo", {"message": "x"})
+        # the error is the daemon's own timeout (it names the seconds), not a transport failure
         assert r["isError"] and "fs" in text(r) and "tools/call echo" in text(r) and f"{CALL_TIMEOUT:g} s" in text(r), r
-        assert CALL_TIMEOUT - 0.2 <= seconds < CALL_TIMEOUT + SLACK_S
         healthy_answers(d, "hang")
         # The hung handler was cancelled upstream when the daemon gave up on it.
         d.wait_for(lambda: stats(d, "fs")["inflight"] == 0, 10, "hung call cancelled upstream")
@@ -144,12 +148,11 @@ def test_slow_responses(env: Env) -> None:
     d = env.d
     d.tool("fs__set_fault", {"fault": "slow", "delay": 0.5})
     try:
-        seconds, r = timed_call(d, "fs__echo", {"message": "slowly"})
-        assert text(r) == "Echo: slowly" and seconds >= 0.5  # within the timeout: served
+        r = bounded_call(d, "fs__echo", {"message": "slowly"})
+        assert text(r) == "Echo: slowly"  # slower than usual but within the timeout: served
         d.tool("fs__set_fault", {"fault": "slow", "delay": CALL_TIMEOUT + 3})
-        seconds, r = timed_call(d, "fs__echo", {"message": "too slowly"})
-        assert r["isError"] and "fs" in text(r) and "tools/call echo" in text(r), r
-        assert seconds < CALL_TIMEOUT + SLACK_S
+        r = bounded_call(d, "fs__echo", {"message": "too slowly"})
+        assert r["isError"] and "fs" in text(r) and f"{CALL_TIMEOUT:g} s" in text(r), r
         healthy_answers(d, "slow")
     finally:
         d.tool("fs__heal", {})
@@ -162,10 +165,9 @@ def test_garbage_on_stdout(env: Env) -> None:
     pid = stats(d, "fs")["pid"]
     d.tool("fs__set_fault", {"fault": "garbage"})
     try:
-        seconds, r = timed_call(d, "fs__echo", {"message": "g"})
+        r = bounded_call(d, "fs__echo", {"message": "g"})
         # Either the session skipped the junk and the reply got through, or the call failed
-        # with an error naming the upstream; never a hang past the timeout.
-        assert seconds < CALL_TIMEOUT + SLACK_S
+        # with an error naming the upstream; never a hang past the timeout (bounded_call).
         assert text(r) == "Echo: g" or (r["isError"] and "fs" in text(r)), r
         healthy_answers(d, "garbage")
     finally:
@@ -180,25 +182,20 @@ def test_garbage_on_stdout(env: Env) -> None:
 HUGE = 4 * 1024 * 1024
 
 
-def _huge_call(env: Env) -> tuple[float, dict[str, Any]]:
+def _huge_call(env: Env) -> dict[str, Any]:
     d = env.d
     d.tool("fs__set_fault", {"fault": "huge", "size": HUGE})
     try:
-        t0 = time.monotonic()
-        with d.client() as c:
-            c.sock.settimeout(30)
-            r = c.call_tool("fs__echo", {"message": "big"})
-        seconds = time.monotonic() - t0
+        r = bounded_call(d, "fs__echo", {"message": "big"})
         healthy_answers(d, "huge")
     finally:
         write_fault_file(str(env.fault_files["fs"]), "none")
     recovers(d, "fs")
-    return seconds, r
+    return r
 
 
 def test_huge_result(env: Env) -> None:
-    seconds, r = _huge_call(env)
-    assert seconds < CALL_TIMEOUT + SLACK_S
+    r = _huge_call(env)
     # An error naming the upstream, or the result delivered whole: never truncated.
     if r.get("isError"):
         assert "fs" in text(r), r
@@ -207,21 +204,22 @@ def test_huge_result(env: Env) -> None:
 
 
 def test_huge_result_is_refused_for_its_size(env: Env) -> None:
-    _, r = _huge_call(env)
+    r = _huge_call(env)
     assert r.get("isError") and "fs" in text(r) and any(w in text(r).lower() for w in ("bytes", "too large", "size")), r
 
 
 async def test_list_changed_storm(env: Env) -> None:
     d = env.d
     before = servers(d)["fs"]["tools"]
-    latencies: list[float] = []
+    answered: list[Any] = []
     with anyio.fail_after(60):
         async with Client(unix_client(d.socket)) as client:
             async def bystander(done: anyio.Event) -> None:
                 while not done.is_set():
-                    t0 = time.monotonic()
-                    r = await client.call_tool("execute_tool", {"name": "healthy__echo", "arguments": {"message": "storm"}})
-                    latencies.append(time.monotonic() - t0)
+                    # a stall deadline per call, not a latency goal (bench/load.py measures latency)
+                    with anyio.fail_after(STALL_S):
+                        r = await client.call_tool("execute_tool", {"name": "healthy__echo", "arguments": {"message": "storm"}})
+                    answered.append(r)
                     assert not r.is_error
                     await anyio.sleep(0.05)
 
@@ -231,7 +229,7 @@ async def test_list_changed_storm(env: Env) -> None:
                 r = await client.call_tool("execute_tool", {"name": "fs__storm", "arguments": {"count": 500, "per_second": 1000}})
                 done.set()
             assert not r.is_error and r.content[0].text == "500", r
-    assert latencies and max(latencies) < STALL_S, f"bystander calls stalled during the storm: max {max(latencies):.2f} s"
+    assert answered, "the bystander got no answer during the storm"
     assert d.proc is not None and d.proc.poll() is None
     recovers(d, "fs")
     assert servers(d)["fs"]["tools"] == before
@@ -242,8 +240,7 @@ def test_http_5xx(env: Env) -> None:
     d = env.d
     write_fault_file(str(env.fault_files["web"]), "http500")
     try:
-        seconds, r = timed_call(d, "web__echo", {"message": "x"})
-        assert seconds < CALL_TIMEOUT + SLACK_S
+        r = bounded_call(d, "web__echo", {"message": "x"})
         assert r["isError"] and "web" in text(r), r
         # Health checks see the 503s too: the upstream leaves READY and says why.
         d.wait_for(lambda: servers(d)["web"]["state"] != "ready", 20, "web leaves ready")
