@@ -16,9 +16,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # the test support package: tests.support
 
-from daemon_harness import Daemon, NetworkServer, descendants, stdio_testserver  # noqa: E402
+from tests.support.daemon import Daemon, stdio_testserver  # noqa: E402
+from tests.support.processes import descendants  # noqa: E402
+from tests.support.servers import start_server  # noqa: E402
 
 from toolatlas.evaluation.metrics import percentile  # noqa: E402
 
@@ -85,5 +87,5 @@ def emit(result: dict[str, Any], name: str) -> None:
     print(text)
 
 
-__all__ = ["Daemon", "NetworkServer", "OUT", "REPO", "descendants", "emit", "median", "pct_ms", "proc_mem_mb",
+__all__ = ["Daemon", "OUT", "REPO", "descendants", "emit", "median", "pct_ms", "proc_mem_mb", "start_server",
            "stdio_testserver", "summary", "wait_settled"]

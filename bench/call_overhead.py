@@ -19,9 +19,10 @@ import anyio
 from mcp import Client, StdioServerParameters
 
 from _common import Daemon, emit, stdio_testserver, summary
+from tests.support.servers import testserver_args
 from toolatlas.surface.unix import unix_client
 
-UPSTREAM = StdioServerParameters(command=sys.executable, args=["-m", "toolatlas.examples.testserver", "--transport", "stdio"])
+UPSTREAM = StdioServerParameters(command=sys.executable, args=testserver_args())
 
 
 async def timed_calls(client: Client, n: int, name: str, args: dict) -> list[float]:
@@ -55,7 +56,7 @@ async def run(calls: int, oneshot_calls: int, sock: str) -> dict:
     d, s, h, o = summary(direct_s), summary(socket_s), summary(shim_s), summary(oneshot_s)
     return {
         "bench": "call_overhead",
-        "upstream": "toolatlas.examples.testserver over stdio, tool echo",
+        "upstream": "tests/support/servers/testserver.py over stdio, tool echo",
         "calls": calls,
         "direct_warm": d,
         "gateway_socket": s,

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "daemon"))
 
 from _common import emit  # noqa: E402
-from toolatlas.evaluation.cli import ALL_MODES, evaluate  # noqa: E402
+from toolatlas.evaluation.run import ALL_MODES, evaluate  # noqa: E402
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries  # noqa: E402
 from toolatlas.retrieval.embed import ONNX_PRECISIONS  # noqa: E402
 from toolatlas.retrieval.engine import Engine  # noqa: E402

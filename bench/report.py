@@ -130,15 +130,15 @@ def machine_text(m: dict[str, Any]) -> str:
 @contextlib.contextmanager
 def example_config() -> Iterator[tuple[str, ...]]:
     """conf/example.toml with its SSE and HTTP example servers on free loopback ports."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from daemon_harness import NetworkServer
+    sys.path.insert(0, str(REPO))
+    from tests.support.servers import start_server
 
     text = (REPO / "conf" / "example.toml").read_text()
     servers = []
     try:
-        weather = NetworkServer("toolatlas.examples.weather", "sse")
+        weather = start_server("weather", "sse")
         servers.append(weather)
-        units = NetworkServer("toolatlas.examples.units", "http")
+        units = start_server("units", "http")
         servers.append(units)
         with tempfile.TemporaryDirectory(prefix="toolatlas-report-") as tmp:
             text = text.replace("http://127.0.0.1:8931/sse", weather.url).replace("http://127.0.0.1:8932/mcp", units.url)

@@ -49,7 +49,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
 sys.path.insert(0, str(REPO / "daemon"))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries  # noqa: E402
@@ -215,7 +215,7 @@ def _seed_daemon_embeddings(index_dir: Path, tools: list[dict[str, Any]], server
 def _socket_size(size: int, queries: list[str], top_k: int, real_max: int) -> dict[str, Any]:
     """One daemon federating `size` synthetic tools; tool_search timed over its socket."""
     from catalog_upstream import catalog_tools, upstream_block
-    from daemon_harness import Daemon
+    from tests.support.daemon import Daemon
     from toolatlas.surface.rawclient import RawClient
 
     tools = catalog_tools(size)

@@ -108,7 +108,7 @@ def bench_queries(n: int, seed: int = 1) -> list[str]:
 def one_start(config: Path, sock: str, log: Path, n: int, timeout: float,
               latency_queries: list[str] | None = None) -> dict[str, Any]:
     """Spawn the daemon, time READY / fully indexed / first search, measure memory, stop it."""
-    from daemon_harness import alive, descendants, die_with_parent
+    from tests.support.processes import descendants, die_with_parent, pid_alive as alive
 
     with open(log, "wb") as logfh:
         t0 = time.perf_counter()
@@ -173,8 +173,8 @@ def one_start(config: Path, sock: str, log: Path, n: int, timeout: float,
 
 
 def run(n: int, embedder: str, restarts: int, timeout: float, n_queries: int = 200) -> dict[str, Any]:
-    sys.path.insert(0, str(REPO / "tests"))
-    from daemon_harness import Daemon
+    sys.path.insert(0, str(REPO))
+    from tests.support.daemon import Daemon
 
     upstream = upstream_block(UPSTREAM, n)
     load_start = [round(x, 2) for x in os.getloadavg()]

@@ -79,7 +79,24 @@ class Daemon:
             await self.http.stop_accepting()
         await self.gateway.drain(timeout)
 
+    def check_reload(self, new: Config) -> None:
+        """Refuse (ConfigError naming the key) a reload whose security-relevant settings
+        cannot be applied to the running daemon: the running config is then kept whole, so
+        no setting is half applied and no removed credential or endpoint stays alive."""
+        old = self.cfg
+        if new.http.listen != old.http.listen:
+            raise ConfigError(f"[http] listen changed from {old.http.listen!r} to {new.http.listen!r}: "
+                              "the endpoint can only be moved, opened or closed by a restart")
+
     async def reload(self, new: Config, attestor: Attestor) -> dict[str, list[str]]:
+        """Apply a checked reload: access rules and upstreams (gateway), tokens and
+        admission rules (HTTP), socket mode, ownership and limits (Unix socket)."""
+        self.check_reload(new)
+        d = new.daemon
+        self.unix.reconfigure(mode=int(d.socket_mode, 8), owner=d.socket_owner, group=d.socket_group,
+                              max_message_bytes=d.max_message_bytes)
+        if self.http is not None:
+            self.http.reconfigure(new.http, max_message_bytes=d.max_message_bytes)
         summary = await self.gateway.reload(new, attestor)
         self.surface.refresh_instructions()
         return summary
@@ -140,6 +157,7 @@ async def _reload(daemon: Daemon, notifier: Notifier) -> None:
     try:
         new = await anyio.to_thread.run_sync(load, gw.cfg.source)
         attestor = Attestor(new)  # a bad [cards] section is rejected before anything changes
+        daemon.check_reload(new)
     except ConfigError as exc:
         log.error("reload rejected, keeping the running config: %s", exc)
         gw.events.emit(ev.CONFIG_RELOAD_REJECTED, reason=str(exc))

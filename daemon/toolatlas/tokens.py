@@ -15,7 +15,7 @@ tokenizer holds the GIL for a whole call, so long texts are counted in pieces of
 `PIECE_CHARS` cut after a comma (`count_tokens_in_pieces`): no call then stalls the daemon's
 other threads for more than a few milliseconds (one call on the JSON of 20,000 tools held
 them for seconds). A cut can merge or split a token at the seam, so the sum differs from a
-single call by about one token per piece (measured in tests/test_tokens.py).
+single call by about one token per piece (measured in tests/integration/test_tokens.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from daemon_harness import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
 
 from toolatlas.events import EVENT_FIELDS
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from daemon_harness import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_testserver
 
 from toolatlas.catalog.cards import card_path
 from toolatlas.catalog.cards_cli import keygen_main, main as cards_main

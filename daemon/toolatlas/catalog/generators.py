@@ -155,7 +155,8 @@ def bootstrap_summary(rec: ToolRecord) -> str:
     if h and h.lower().rstrip(".") != title.lower():
         parts.append(h if h.endswith((".", "!", "?", "...")) else h + ".")
     schema = rec.input_schema if isinstance(rec.input_schema, dict) else {}
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    raw = schema.get("properties")
+    props: dict[str, Any] = raw if isinstance(raw, dict) else {}
     req = set(schema.get("required") or []) if isinstance(schema.get("required"), list) else set()
     ordered = sorted(props, key=lambda k: (k not in req, list(props).index(k)))
     if ordered:

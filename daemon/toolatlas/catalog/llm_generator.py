@@ -53,7 +53,8 @@ def _type_of(spec: dict[str, Any]) -> str:
 
 def _tool_brief(rec: ToolRecord) -> dict[str, Any]:
     schema = rec.input_schema if isinstance(rec.input_schema, dict) else {}
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    raw = schema.get("properties")
+    props: dict[str, Any] = raw if isinstance(raw, dict) else {}
     params = {}
     for k, spec in props.items():
         spec = spec if isinstance(spec, dict) else {}
@@ -104,7 +105,8 @@ class LlmGenerator:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         siblings = [r.tool for r in tools]
-        summary, tags = "", ()
+        summary = ""
+        tags: tuple[str, ...] = ()
         drafts: dict[str, ToolDraft] = {}
         with httpx.Client(timeout=httpx.Timeout(self.timeout), headers=headers) as client:
             for start in range(0, max(len(tools), 1), self.chunk_size):
@@ -130,7 +132,8 @@ class LlmGenerator:
     def _backoff(self, attempt: int) -> float:
         if self.backoff_base <= 0:
             return 0.0
-        return min(self.backoff_cap, self.backoff_base * 2**attempt) * (0.5 + random.random() / 2)
+        delay: float = min(self.backoff_cap, self.backoff_base * 2**attempt) * (0.5 + random.random() / 2)
+        return delay
 
     def _chunk(
         self, client: Any, server: str, chunk: list[ToolRecord], siblings: list[str]

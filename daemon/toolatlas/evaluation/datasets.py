@@ -9,7 +9,7 @@ from pathlib import Path
 from toolatlas.catalog.catalog_file import read_catalog, read_json_lines
 from toolatlas.errors import BadInput
 from toolatlas.names import namespaced
-from toolatlas.retrieval.engine import ToolDoc
+from toolatlas.retrieval.documents import ToolDoc
 
 _SLUG = re.compile(r"[^a-z0-9-]+")
 

@@ -14,6 +14,7 @@ from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.metrics import Metrics
+from toolatlas.names import split
 from toolatlas.retrieval.embed import usable_cores
 from toolatlas.retrieval.engine import SearchOutcome
 from toolatlas.rift.report import RiftReport
@@ -52,7 +53,8 @@ class SearchService:
         outcome = self._catalog.engine.cached(query, top_k, servers=scope) if scope else None
         if outcome is None:
             return None
-        return self._answer(query, top_k, servers, scope, outcome, outcome.mode, t0)
+        return self._answer(query, top_k, servers, scope, outcome, outcome.mode, t0,
+                            self._visibility.allowed_servers(conn))
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -73,11 +75,11 @@ class SearchService:
                     lambda: engine.search(query, top_k, servers=frozen), limiter=self._limiter,
                 )
             outcome, mode = found, found.mode
-        return self._answer(query, top_k, servers, scope, outcome, mode, t0)
+        return self._answer(query, top_k, servers, scope, outcome, mode, t0, self._visibility.allowed_servers(conn))
 
     def _answer(
         self, query: str, top_k: int, servers: list[str] | None, scope: set[str],
-        outcome: SearchOutcome | None, mode: str, t0: float,
+        outcome: SearchOutcome | None, mode: str, t0: float, allowed: set[str],
     ) -> dict[str, Any]:
         """The tool_search result for `outcome` (None: no index yet, or an empty scope),
         counted in the metrics and the event log."""
@@ -95,7 +97,7 @@ class SearchService:
                 "inputSchema": rec.input_schema, "score": round(float(hit.score), 6),
             })
         matches = matches[:top_k]
-        add_rift_notes(self._rift(), matches)
+        add_rift_notes(self._rift(), matches, allowed)
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
         if degraded:
@@ -109,8 +111,9 @@ class SearchService:
         return {"query": query, "matches": matches, "degraded": degraded}
 
 
-def add_rift_notes(report: RiftReport | None, matches: list[dict[str, Any]]) -> None:
-    """Matches that share a HIGH/MEDIUM Rift cluster get a note on what sets them apart."""
+def add_rift_notes(report: RiftReport | None, matches: list[dict[str, Any]], allowed: set[str]) -> None:
+    """Matches that share a HIGH/MEDIUM Rift cluster get a note on what sets them apart,
+    naming only siblings on servers in `allowed` (those the caller may use)."""
     if report is None or len(matches) < 2:
         return
     clusters: dict[int, int] = {}
@@ -121,7 +124,7 @@ def add_rift_notes(report: RiftReport | None, matches: list[dict[str, Any]]) -> 
     for m in matches:
         diag = report.tools.get(m["name"])
         if diag is not None and clusters[diag.cluster] >= 2:
-            note = report.note_for(m["name"])
+            note = report.note_for(m["name"], visible=lambda n: (p := split(n)) is not None and p[0] in allowed)
             if note:
                 m["note"] = note
 

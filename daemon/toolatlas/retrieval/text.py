@@ -77,6 +77,11 @@ _MEMO_CHARS = 512
 _normalise_memo = functools.lru_cache(maxsize=4096)(_normalise)
 
 
+def _enum_values(schema: dict[str, Any]) -> list[Any]:
+    values = schema.get("enum")
+    return values if isinstance(values, list) else []
+
+
 def _param_lines(schema: dict[str, Any], prefix: str = "", depth: int = 0) -> Iterable[tuple[str, str, str, str]]:
     """(name, type, description, enum values) for every property, nested objects flattened."""
     props = schema.get("properties") if isinstance(schema, dict) else None
@@ -90,10 +95,13 @@ def _param_lines(schema: dict[str, Any], prefix: str = "", depth: int = 0) -> It
         if isinstance(ptype, list):
             ptype = " ".join(str(t) for t in ptype)
         desc = pschema.get("description", "")
-        enum = pschema.get("enum") or []
+        # Upstream schemas are untrusted JSON: an `enum` that is not a list (5, an object,
+        # true) is not JSON Schema; it is left out of the document, never a crash that would
+        # take the upstream's whole catalog out of the index.
+        enum = _enum_values(pschema)
         items = pschema.get("items")
         if isinstance(items, dict) and not enum:
-            enum = items.get("enum") or []
+            enum = _enum_values(items)
         yield full, str(ptype), str(desc) if isinstance(desc, str) else "", " ".join(str(e) for e in enum[:20])
         if isinstance(items, dict) and items.get("properties"):
             yield from _param_lines(items, f"{full} ", depth + 1)

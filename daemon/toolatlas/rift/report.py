@@ -15,7 +15,7 @@ it apart, whatever the embedder does); one with tokens but a margin below `high`
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,15 +124,19 @@ class RiftReport:
     def fails(self, fail_on: str) -> bool:
         return any(risk_at_least(c.risk, fail_on) for c in self.clusters)
 
-    def note_for(self, name: str, *, max_tokens: int = 4) -> str | None:
-        """Short disambiguation note for a tool_search match in a HIGH/MEDIUM cluster."""
+    def note_for(self, name: str, *, max_tokens: int = 4, visible: Callable[[str], bool] | None = None) -> str | None:
+        """Short disambiguation note for a tool_search match in a HIGH/MEDIUM cluster.
+        `visible(name)` limits the siblings it names to tools the caller may use: a note
+        never tells a caller about a tool it cannot see (None when no sibling is visible)."""
         diag = self.tools.get(name)
         if diag is None:
             return None
         cl = self.clusters[diag.cluster]
         if cl.risk not in ("high", "medium"):
             return None
-        others = [m for m in cl.members if m != name]
+        others = [m for m in cl.members if m != name and (visible is None or visible(m))]
+        if not others:
+            return None
         shown = ", ".join(others[:3]) + (f" (+{len(others) - 3})" if len(others) > 3 else "")
         if diag.distinguishing:
             return f"Easily confused with {shown}; this one: {', '.join(diag.distinguishing[:max_tokens])}."

@@ -10,6 +10,7 @@ import anyio
 
 from toolatlas import memory
 from toolatlas.retrieval.engine import Engine
+from toolatlas.rift.inputs import build_inputs
 from toolatlas.rift.report import RiftReport, analyse
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,6 @@ class RiftRunner:
                 self.error = str(exc)
 
     def _analyse(self) -> RiftReport | None:
-        from toolatlas.rift.inputs import build_inputs
-
         embedder = self._engine.embedder
         version, docs, vecs = self._engine.catalog_vectors()
         if embedder is None or vecs is None or not docs:

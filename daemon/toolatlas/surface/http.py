@@ -149,14 +149,31 @@ class HttpEndpoint:
             raise ConfigError(f"[http] listen {self.section.listen!r}: cannot bind: {exc.strerror or exc}") from exc
         sock.setblocking(False)
         self.port = sock.getsockname()[1]  # the real port when listen asked for 0
-        if not self.section.allowed_hosts:
-            self.allowed_hosts = default_allowed_hosts(self.host, self.port)
-            if self.host in ("0.0.0.0", "::"):
-                log.warning("[http] listens on all interfaces but allowed_hosts is empty: only requests "
-                            "addressed to localhost/127.0.0.1 are accepted; list your host names there")
-        if not self.section.allowed_origins:
-            self.allowed_origins = [f"http://{h}" for h in self.allowed_hosts if not h.endswith(":*")]
+        self._admission_rules()
         return sock
+
+    def _admission_rules(self) -> None:
+        """Allowed Host and Origin values from the section (defaults: the bound address)."""
+        self.allowed_hosts = list(self.section.allowed_hosts) or default_allowed_hosts(self.host, self.port)
+        if not self.section.allowed_hosts and self.host in ("0.0.0.0", "::"):
+            log.warning("[http] listens on all interfaces but allowed_hosts is empty: only requests "
+                        "addressed to localhost/127.0.0.1 are accepted; list your host names there")
+        self.allowed_origins = list(self.section.allowed_origins) or [
+            f"http://{h}" for h in self.allowed_hosts if not h.endswith(":*")]
+
+    def reconfigure(self, section: HttpSection, *, max_message_bytes: int) -> None:
+        """Apply a reloaded [http] section at once: tokens (a removed token stops working for
+        the next request), the anonymous principal, Host/Origin rules and the body limit.
+        `listen` cannot change while running; the reload is refused before this is called."""
+        if section.listen != self.section.listen:
+            raise ConfigError(f"[http] listen cannot change from {self.section.listen!r} to {section.listen!r} "
+                              "without a restart")
+        self.section = section
+        self.tokens = TokenTable(section.tokens)
+        self.max_message_bytes = max_message_bytes
+        if self._manager is not None:
+            self._manager.max_request_body_size = max_message_bytes
+        self._admission_rules()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Bind (a bind error raises before started()), serve until cancelled, then close."""

@@ -22,6 +22,7 @@ import anyio.abc
 
 from toolatlas.errors import ConfigError
 from toolatlas.gateway.ports import Connection
+from toolatlas.upstream.backoff import backoff_delay
 from toolatlas.surface.server import CONNECTION, Connections, init_options
 from toolatlas.surface.wire import ndjson_streams
 
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from mcp.server.lowlevel.server import Server
 
 log = logging.getLogger(__name__)
+
+# A failed accept() (EMFILE, ENFILE, ENOBUFS) is retried after a backoff between these.
+ACCEPT_RETRY_BASE_S = 0.05
+ACCEPT_RETRY_CAP_S = 2.0
 
 _ids = itertools.count(1)
 
@@ -98,6 +103,7 @@ class UnixServer:
         # Shared with the HTTP endpoint: catalog_status counts every client.
         self.connections = connections if connections is not None else Connections()
         self._listener: anyio.abc.Listener[Any] | None = None
+        self._stopping = False
 
     def __repr__(self) -> str:
         return f"<UnixServer {self.path} connections={len(self.connections)}>"
@@ -119,15 +125,36 @@ class UnixServer:
         task_status.started()
         try:
             async with anyio.create_task_group() as tg:
-                try:
-                    await listener.serve(self._handle, task_group=tg)
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    pass  # stop_accepting(): live connections go on until cancelled
+                await self._accept_loop(listener, tg)
         finally:
             with anyio.move_on_after(1, shield=True):
                 await listener.aclose()
             if self.listen_socket is None:
                 Path(self.path).unlink(missing_ok=True)
+
+    async def _accept_loop(self, listener: Any, tg: anyio.abc.TaskGroup) -> None:
+        """Accept until `stop_accepting()`. A failed accept (out of file descriptors, out of
+        memory for a socket buffer) is logged and retried with backoff: the listener, and
+        the socket file, stay, and accepting resumes once descriptors are free again."""
+        failures = 0
+        while True:
+            try:
+                stream = await listener.accept()
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+                if self._stopping or isinstance(exc, anyio.ClosedResourceError):
+                    return  # stop_accepting(): live connections go on until cancelled
+                # anyio reports a failed accept(2) (EMFILE...) as BrokenResourceError from it
+                cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+                failures += 1
+                delay = backoff_delay(failures, base=ACCEPT_RETRY_BASE_S, cap=ACCEPT_RETRY_CAP_S)
+                log.warning("accept on %s failed (%s, %d in a row); retrying in %.2f s", self.path,
+                            getattr(cause, "strerror", None) or cause, failures, delay)
+                await anyio.sleep(delay)
+                continue
+            if failures:
+                log.info("accepting on %s again after %d failed attempts", self.path, failures)
+                failures = 0
+            tg.start_soon(self._handle, stream)
 
     def _apply_permissions(self) -> None:
         os.chmod(self.path, self.mode)
@@ -139,8 +166,17 @@ class UnixServer:
             gid = grp.getgrnam(self.group).gr_gid if self.group else -1
             os.chown(self.path, uid, gid)
 
+    def reconfigure(self, *, mode: int, owner: str | None, group: str | None, max_message_bytes: int) -> None:
+        """Apply reloaded socket settings: the file's mode and ownership at once (a tightened
+        mode shuts out new peers that it no longer admits), the line limit for new lines."""
+        self.mode, self.owner, self.group = mode, owner, group
+        self.max_message_bytes = max_message_bytes
+        if self.listen_socket is None and self._listener is not None:
+            self._apply_permissions()
+
     async def stop_accepting(self) -> None:
         """Close the listening socket; live connections go on."""
+        self._stopping = True
         if self._listener is not None:
             await self._listener.aclose()
             if self.listen_socket is None:

@@ -3,7 +3,7 @@
     pool = Pool(cfg.upstream, on_tools)
     await tg.start(pool.run)          # owner tasks spawned; connections proceed in background
     await pool.wait_settled(10)       # readiness: every upstream READY or DEGRADED
-    await pool.call_tool("notes", "add_note", {...})
+    await pool.call_tool(UpstreamCall(server="notes", tool="add_note", arguments={...}))
 
 One bad upstream never disturbs the others: each owner task catches its own failures and
 reconnects on its own schedule.
@@ -12,9 +12,8 @@ reconnects on its own schedule.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -23,20 +22,13 @@ from toolatlas.calls import UpstreamCall, UpstreamReply
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
-from toolatlas.upstream.session import (
-    CLOSE_TIMEOUT,
-    Observer,
-    UpstreamSession,
-    describe,
-    make_client,
-)
+from toolatlas.upstream.client import CLOSE_TIMEOUT, begin_teardown, describe, make_client
 from toolatlas.upstream.listing import list_records
+from toolatlas.upstream.session import Observer, ToolsCallback, UpstreamSession
 from toolatlas.upstream.state import UpstreamState
 from toolatlas.upstream.transports import open_transport
 
 logger = logging.getLogger(__name__)
-
-ToolsCallback = Callable[[str, "list[ToolRecord] | None"], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -209,15 +201,12 @@ async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, m
     phase = "connect"
     with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
         try:
-            async with make_client(upstream, open_transport(upstream, on_eof=lambda _w: None), mode=mode) as client:
+            async with make_client(open_transport(upstream, on_eof=lambda _w: None), mode=mode) as client:
                 try:
                     phase = "tools/list"
                     tools = await list_records(client, upstream.name)
                 finally:
-                    # Teardown is shielded from outer cancellation and bounded.
-                    scope.shield = True
-                    if not scope.cancel_called:
-                        scope.deadline = anyio.current_time() + CLOSE_TIMEOUT
+                    begin_teardown(scope)
         except UpstreamProtocolError:
             raise
         except Exception as exc:  # noqa: BLE001

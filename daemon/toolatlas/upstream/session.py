@@ -1,16 +1,16 @@
 """One upstream's owner task: connect, list, supervise, reconnect.
 
-The owner task is the only task that enters and exits the transport and the SDK `Client`
-(the SDK requires enter and exit in one task); other tasks call tools through the entered
-client, which the SDK allows concurrently. Every await on the upstream has a named timeout
-from `Upstream.timeouts`; a timeout becomes `UpstreamTimeout(upstream, operation, seconds)`.
+The owner task alone enters and exits the transport and the SDK `Client` (the SDK requires
+one task); other tasks call tools through the entered client. Every await on the upstream
+has a named timeout from `Upstream.timeouts`, raised as `UpstreamTimeout`.
+`UpstreamSession` is the upstream across its life (state, status, reconnects, calls); each
+connection attempt is one `Connection`, whose facts (client, loss, child) die with it.
 
-Supervision notices a dead session four ways: the transport's read stream ends (stdio child
-exit, SSE stream drop), a call fails with a connection-level error (HTTP 404 on a stale
-session id, refused connection), a health check fails (legacy: ping every `ping_interval`;
-2026-07-28 has no ping, so a `server/discover` stands in), or the `subscriptions/listen`
-stream cannot be re-opened. Each leads to DEGRADED with a reason, the tools are withdrawn
-(callback with None), and a reconnect follows after a capped, jittered backoff.
+A dead session is noticed four ways: the read stream ends (stdio child exit, SSE drop), a
+call fails at the connection level (404 on a stale session id, refused connection), a
+health check fails, or `subscriptions/listen` cannot be re-opened (the last two in
+``supervision.py``). Each is a typed `Loss`: DEGRADED with its text as the reason, tools
+withdrawn (callback with None), a reconnect after a capped, jittered backoff.
 """
 
 from __future__ import annotations
@@ -19,95 +19,186 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import anyio.abc
-import httpx2
 import mcp_types
 from mcp import Client
-from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
-from mcp.shared.exceptions import MCPError
+from mcp.client.session import IncomingMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
 
 from toolatlas.calls import InputRequired, UpstreamCall, UpstreamReply
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.upstream.backoff import backoff_delay
+from toolatlas.upstream.client import Loss, LossReason, call_error, classify, describe, make_client, progress_fn
+from toolatlas.upstream.client import begin_teardown, timeout_loss
 from toolatlas.upstream.listing import list_records
 from toolatlas.upstream.state import Action, Event, UpstreamState, decide
+from toolatlas.upstream.supervision import Supervision
 from toolatlas.upstream.transports import StdioProcess, open_transport
 
 logger = logging.getLogger(__name__)
 
 ToolsCallback = Callable[[str, "list[ToolRecord] | None"], Awaitable[None]]
-ProgressCallback = Callable[[float, "float | None", "str | None"], Awaitable[None]]
 # observer(upstream, kind, fields): kind is "state" (old, new, reason), "reconnect",
 # "list_changed" or "call" (operation, seconds, outcome). Synchronous, cheap, never raises.
 Observer = Callable[[str, str, dict[str, Any]], None]
 
-# Bounds on one complete tools/list walk: a paginator that never ends cannot hang us.
-# Seconds a teardown may take (stdio escalation is bounded below this on its own).
-CLOSE_TIMEOUT = 10.0
 # A session READY this long resets the backoff attempt count when it is lost.
 HEALTHY_RESET = 60.0
-# Consecutive failed re-listens of subscriptions/listen before the session counts as lost.
-LISTEN_MAX_FAILURES = 3
-
-_CLIENT_INFO = mcp_types.Implementation(name="toolatlas", version="0.1.0")
 
 
-def describe(exc: BaseException) -> str:
-    """A one-line reason for logs and status: the innermost meaningful error."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, MCPError):
-        return f"JSON-RPC error {exc.error.code}: {exc.error.message}"
-    if isinstance(exc, httpx2.HTTPStatusError):
-        return f"HTTP {exc.response.status_code} from {exc.request.url}"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+@dataclass
+class _Phase:
+    """Which bounded step of a connection runs now, for the timeout message."""
+
+    name: str
+    seconds: float
 
 
-def _is_connection_error(exc: BaseException) -> bool:
-    """True when the session itself is gone (reconnect), not just this request."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, MCPError):
-        if exc.error.code == mcp_types.CONNECTION_CLOSED:
-            return True
-        # A 404 on a stale (2025-era) streamable HTTP session id: the SDK says "Session
-        # terminated", the Python server's body says "Session not found".
-        return exc.error.code == mcp_types.INVALID_REQUEST and exc.error.message in (
-            "Session terminated", "Session not found",
+class Connection:
+    """One connection attempt, from spawn or connect to teardown; `run()` is awaited by
+    the owner task, so transport and `Client` are entered and exited in that one task.
+
+    Implements `supervision.Supervised` for the watchers it starts while READY.
+    """
+
+    def __init__(self, session: UpstreamSession) -> None:
+        self._s = session
+        self.name = session.name
+        self.upstream = session.upstream
+        self.lost = anyio.Event()
+        self.loss: Loss | None = None
+        self.client: Client | None = None  # set while READY
+        self.reached_ready = False
+        # Set by the HTTP transport on a 404 to a request carrying our (2025-era) session id.
+        self._expired = False
+        self.supervision = Supervision(self)
+        self.transport = open_transport(
+            self.upstream, on_eof=lambda what: self.mark_lost(self._eof_loss(what)), on_expired=self._on_expired
         )
-    return isinstance(
-        exc, (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, EOFError)
-    )
+        self.proc = self.transport if isinstance(self.transport, StdioProcess) else None
 
+    @property
+    def tools(self) -> list[ToolRecord] | None:
+        return self._s.tools
 
-async def _no_direct_elicitation(ctx: Any, params: Any) -> mcp_types.ErrorData:
-    """Elicitation is passed through to 2026-07-28 callers as input_required; a caller on an
-    older protocol cannot answer one, and the gateway will not answer on anyone's behalf."""
-    return mcp_types.ErrorData(
-        code=mcp_types.INVALID_REQUEST,
-        message="this tool asks the user for input; call it through toolatlas with MCP 2026-07-28 "
-                "(input_required) to answer",
-    )
+    async def publish(self, tools: list[ToolRecord] | None) -> None:
+        await self._s.publish(tools)
 
+    def observe_list_changed(self) -> None:
+        self._s.observe("list_changed")
 
-def make_client(up: Upstream, transport: Any, *, mode: str, message_handler: Any = None) -> Client:
-    # The elicitation callback declares the capability (upstreams check it before asking);
-    # the questions themselves travel to the gateway's caller as input_required.
-    return Client(
-        transport,
-        mode=mode,
-        message_handler=message_handler,
-        client_info=_CLIENT_INFO,
-        elicitation_callback=_no_direct_elicitation,
-    )
+    def mark_lost(self, loss: Loss) -> None:
+        """The session is gone (first loss wins); the owner task tears it down."""
+        if not self.lost.is_set():
+            self.loss = loss
+            self.lost.set()
+
+    def classify(self, exc: BaseException) -> LossReason:
+        """`client.classify`, refined by what the transport saw: after a 404 on our session
+        id every failure of this connection means the session expired."""
+        return LossReason.SESSION_EXPIRED if self._expired else classify(exc)
+
+    def _on_expired(self) -> None:
+        self._expired = True
+
+    def _eof_loss(self, what: str) -> Loss:
+        if what == "stdio" and self.proc is not None and self.proc.returncode is not None:
+            return Loss(LossReason.EOF, self.proc.describe_exit())
+        return Loss(LossReason.EOF, f"{what} connection closed")
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        if isinstance(message, Exception):
+            logger.debug("upstream %s: transport error: %s", self.name, describe(message))
+            return
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            logger.info("upstream %s: tools/list_changed", self.name)
+            self.observe_list_changed()
+            self.supervision.want_relist()
+
+    async def run(self) -> Loss:
+        """Connect, serve until lost, tear down (shielded, bounded). Returns why it ended."""
+        up = self.upstream
+        client = make_client(self.transport, mode=self._s.mode, message_handler=self._on_message)
+        phase = _Phase("connect", up.timeouts.connect)
+        loss = _ENDED
+        timed_out = False
+        with anyio.CancelScope(deadline=anyio.current_time() + up.timeouts.connect) as deadline:
+            try:
+                # `async with`, not an exit stack: the transport may cancel its own task
+                # group (whose scope encloses this body), and only an __aexit__ that sees
+                # that CancelledError can absorb it.
+                async with client:
+                    try:
+                        await self._serve(client, deadline, phase)
+                    finally:
+                        self.client = None
+                        timed_out = begin_teardown(deadline)
+                loss = self.loss or _ENDED
+            except Exception as exc:  # noqa: BLE001 - every failure is a reason to retry
+                if self.lost.is_set() or self.reached_ready:
+                    loss = self.loss or Loss(self.classify(exc), f"session failed: {describe(exc)}")
+                elif isinstance(exc, UpstreamProtocolError):
+                    loss = Loss(LossReason.PROTOCOL, str(exc))
+                else:
+                    loss = Loss(self.classify(exc), f"{phase.name} failed: {describe(exc)}")
+        timed_out = timed_out or deadline.cancelled_caught
+        if timed_out and not self.reached_ready:
+            loss = timeout_loss(self.name, phase.name, phase.seconds)
+        if self.proc is not None and self.proc.returncode is not None and loss.reason is LossReason.EOF:
+            # A dead child explains more than "connection closed" does.
+            loss = Loss(LossReason.EOF, self.proc.describe_exit())
+        return loss
+
+    async def _serve(self, client: Client, deadline: anyio.CancelScope, phase: _Phase) -> None:
+        """Inside the entered client: subscribe, list, go READY, supervise until lost.
+
+        ``phase`` tracks which bounded step is running, for the timeout message. Returns
+        when the session was lost.
+        """
+        up, s = self.upstream, self._s
+        s.protocol_version = client.protocol_version
+        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        async with anyio.create_task_group() as tg:
+            if modern:
+                # Subscribe before the first list, so a change in between is not missed.
+                phase.name, phase.seconds = "subscriptions/listen", up.timeouts.ping
+                deadline.deadline = anyio.current_time() + up.timeouts.ping + 1.0
+                await tg.start(self.supervision.listen, client)
+            phase.name, phase.seconds = "tools/list", up.timeouts.list_tools
+            deadline.deadline = anyio.current_time() + up.timeouts.list_tools
+            tools = await list_records(client, self.name)
+            deadline.deadline = math.inf
+            self.client = client
+            s.went_ready()
+            self.reached_ready = True
+            logger.info(
+                "upstream %s: %d tools, protocol %s%s",
+                self.name, len(tools), s.protocol_version,
+                f", pid {self.proc.pid}" if self.proc is not None else "",
+            )
+            await self.publish(tools)
+            await self.supervision.run(client, tg, modern=modern)
+            await self.lost.wait()
+            tg.cancel_scope.cancel()
+        loss = self.loss or _ENDED
+        # Leave READY and withdraw before the (possibly slow) teardown: search must not
+        # offer tools of a dead session while its child is being reaped.
+        s.leave(True, loss)
+        if self.tools is not None:
+            await self.publish(None)
+        if self.proc is not None and loss.reason is LossReason.EOF:
+            # stdout EOF usually means the child died: a short wait gets its exit status.
+            with anyio.move_on_after(0.5):
+                while self.proc.returncode is None:
+                    await anyio.sleep(0.01)
+            if self.proc.returncode is not None:
+                self.loss = Loss(LossReason.EOF, self.proc.describe_exit())
+                s.reason = self.loss.text
 
 
 class UpstreamSession:
@@ -141,22 +232,13 @@ class UpstreamSession:
         self.protocol_version: str | None = None
         self._ready_at: float | None = None
         self._retry_at: float | None = None
-        self._client: Client | None = None
-        self._proc: StdioProcess | None = None
+        self._conn: Connection | None = None
         self._sem = anyio.Semaphore(upstream.max_concurrency)
         self._settled = anyio.Event()
         self._done = anyio.Event()
         self._scope: anyio.CancelScope | None = None
         self._stop_requested = False
         self._wake = anyio.Event()
-        self._lost = anyio.Event()
-        self._lost_reason: str | None = None
-        self._relist_wanted = anyio.Event()
-        self._relist_started = 0
-        self._relist_done = 0
-        self._relist_evt = anyio.Event()
-        self._force_publish = False
-        self._reached_ready = False
 
     def __repr__(self) -> str:
         extra = f" reason={self.reason!r}" if self.reason else ""
@@ -166,7 +248,7 @@ class UpstreamSession:
 
     @property
     def pid(self) -> int | None:
-        proc = self._proc
+        proc = self._conn.proc if self._conn is not None else None
         if proc is None or proc.pid is None or proc.returncode is not None:
             return None
         return proc.pid
@@ -201,17 +283,17 @@ class UpstreamSession:
                 logger.info("upstream %s: %s -> %s (%s)", self.name, old.value, d.state.value, reason)
             else:
                 logger.info("upstream %s: %s -> %s", self.name, old.value, d.state.value)
-            self._observe("state", old=old.value, new=d.state.value, reason=reason)
+            self.observe("state", old=old.value, new=d.state.value, reason=reason)
         return d.actions
 
-    def _observe(self, kind: str, **fields: Any) -> None:
+    def observe(self, kind: str, **fields: Any) -> None:
         if self._observer is not None:
             try:
                 self._observer(self.name, kind, fields)
             except Exception:  # an observer bug must never disturb the session
                 logger.exception("upstream %s: observer failed on %s", self.name, kind)
 
-    async def _publish(self, tools: list[ToolRecord] | None) -> None:
+    async def publish(self, tools: list[ToolRecord] | None) -> None:
         self.tools = tools
         try:
             await self._on_tools(self.name, tools)
@@ -219,10 +301,19 @@ class UpstreamSession:
             # The pool must survive a faulty consumer; the next list retries the hand-over.
             logger.exception("upstream %s: the tools callback raised", self.name)
 
-    def _mark_lost(self, reason: str) -> None:
-        if not self._lost.is_set():
-            self._lost_reason = reason
-            self._lost.set()
+    def went_ready(self) -> None:
+        """The connection listed its tools: READY, and the first attempt has settled."""
+        self._apply(Event.CONNECTED)
+        self._settled.set()
+
+    def leave(self, was_ready: bool, loss: Loss) -> bool:
+        """Feed LOST or CONNECT_FAILED once per connection; True if tools must be withdrawn."""
+        if self.state is UpstreamState.DEGRADED:
+            # Already applied (before teardown); keep the better reason if teardown found one.
+            self.reason = loss.text
+            return False
+        actions = self._apply(Event.LOST if was_ready else Event.CONNECT_FAILED, reason=loss.text)
+        return Action.WITHDRAW_TOOLS in actions
 
     # ---- the owner task ---------------------------------------------------------------
 
@@ -241,9 +332,10 @@ class UpstreamSession:
             # this task, as the contract promises.
             if self.tools is not None:
                 with anyio.CancelScope(shield=True):
-                    await self._publish(None)
+                    await self.publish(None)
         finally:
-            self._client = None
+            if self._conn is not None:
+                self._conn.client = None
             if self.state is not UpstreamState.CLOSED:
                 self._apply(Event.CLOSE, reason="closed")
             self._retry_at = None
@@ -263,266 +355,28 @@ class UpstreamSession:
         """Cut a pending backoff wait short (operator `refresh` on a DEGRADED upstream)."""
         self._wake.set()
 
-    def _leave(self, was_ready: bool, reason: str) -> bool:
-        """Feed LOST or CONNECT_FAILED once per connection; True if tools must be withdrawn."""
-        if self.state is UpstreamState.DEGRADED:
-            # Already applied (before teardown); keep the better reason if teardown found one.
-            self.reason = reason
-            return False
-        actions = self._apply(Event.LOST if was_ready else Event.CONNECT_FAILED, reason=reason)
-        return Action.WITHDRAW_TOOLS in actions
-
     async def _loop(self) -> None:
         while True:
-            was_ready, reason = await self._session_once()
-            if self._leave(was_ready, reason) and self.tools is not None:
-                await self._publish(None)
+            self.protocol_version = None
+            conn = self._conn = Connection(self)
+            loss = await conn.run()
+            if self.leave(conn.reached_ready, loss) and self.tools is not None:
+                await self.publish(None)
             self._settled.set()
             delay = max(0.0, float(self._backoff(self.attempt)))
             logger.warning(
-                "upstream %s: %s; reconnect attempt %d in %.2f s", self.name, reason, self.attempt, delay
+                "upstream %s: %s; reconnect attempt %d in %.2f s", self.name, loss.text, self.attempt, delay
             )
             self._retry_at = anyio.current_time() + delay
             with anyio.move_on_after(delay):
                 await self._wake.wait()
             self._wake = anyio.Event()
             self._retry_at = None
-            self._apply(Event.RETRY, reason=f"reconnecting after: {reason}")
+            self._apply(Event.RETRY, reason=f"reconnecting after: {loss.text}")
             self.reconnects += 1
-            self._observe("reconnect")
+            self.observe("reconnect")
 
-    async def _session_once(self) -> tuple[bool, str]:
-        """One connection's whole life. Returns (was it READY, why it ended)."""
-        up = self.upstream
-        self._lost = anyio.Event()
-        self._lost_reason = None
-        self._reached_ready = False
-        self.protocol_version = None
-        transport = open_transport(up, on_eof=lambda what: self._mark_lost(self._eof_reason(what)))
-        self._proc = transport if isinstance(transport, StdioProcess) else None
-        client = make_client(up, transport, mode=self.mode, message_handler=self._on_message)
-        phase = "connect"
-        stage_seconds = up.timeouts.connect
-        reason = "session ended"
-        timed_out = False
-        with anyio.CancelScope(deadline=anyio.current_time() + up.timeouts.connect) as deadline:
-            try:
-                # `async with`, not an exit stack: the transport may cancel its own task
-                # group (whose scope encloses this body), and only an __aexit__ that sees
-                # that CancelledError can absorb it.
-                async with client:
-                    try:
-                        await self._serve(client, transport, deadline, phase_box := [phase, stage_seconds])
-                    finally:
-                        phase, stage_seconds = phase_box
-                        self._client = None
-                        # Teardown is shielded from outer cancellation and bounded.
-                        timed_out = deadline.cancel_called
-                        deadline.shield = True
-                        if not timed_out:
-                            deadline.deadline = anyio.current_time() + CLOSE_TIMEOUT
-                reason = self._lost_reason or "session ended"
-            except Exception as exc:  # noqa: BLE001 - every failure is a reason to retry
-                if self._lost.is_set() or self._reached_ready:
-                    reason = self._lost_reason or f"session failed: {describe(exc)}"
-                elif isinstance(exc, UpstreamProtocolError):
-                    reason = str(exc)
-                else:
-                    reason = f"{phase} failed: {describe(exc)}"
-        ready = self._reached_ready
-        timed_out = timed_out or deadline.cancelled_caught
-        if timed_out and not ready:
-            reason = str(UpstreamTimeout(self.name, phase, stage_seconds))
-        if isinstance(transport, StdioProcess) and transport.returncode is not None and "onnection closed" in reason:
-            # A dead child explains more than "connection closed" does.
-            reason = transport.describe_exit()
-        return ready, reason
-
-    async def _serve(self, client: Client, transport: Any, deadline: anyio.CancelScope, phase: list[Any]) -> None:
-        """Inside the entered client: subscribe, list, go READY, supervise until lost.
-
-        ``phase`` ([name, seconds]) tracks which bounded step is running, for the timeout
-        message. Returns when the session was lost.
-        """
-        up = self.upstream
-        self.protocol_version = client.protocol_version
-        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
-        async with anyio.create_task_group() as tg:
-            if modern:
-                # Subscribe before the first list, so a change in between is not missed.
-                phase[:] = ["subscriptions/listen", up.timeouts.ping]
-                deadline.deadline = anyio.current_time() + up.timeouts.ping + 1.0
-                await tg.start(self._listen_loop, client)
-            phase[:] = ["tools/list", up.timeouts.list_tools]
-            deadline.deadline = anyio.current_time() + up.timeouts.list_tools
-            tools = await list_records(client, self.name)
-            deadline.deadline = math.inf
-            self._client = client
-            self._apply(Event.CONNECTED)
-            self._reached_ready = True
-            logger.info(
-                "upstream %s: %d tools, protocol %s%s",
-                self.name, len(tools), self.protocol_version,
-                f", pid {self._proc.pid}" if self._proc is not None else "",
-            )
-            self._settled.set()
-            await self._publish(tools)
-            await self._supervise(client, tg, modern)
-        reason = self._lost_reason or "session ended"
-        # Leave READY and withdraw before the (possibly slow) teardown: search must not
-        # offer tools of a dead session while its child is being reaped.
-        self._leave(True, reason)
-        if self.tools is not None:
-            await self._publish(None)
-        if isinstance(transport, StdioProcess) and "onnection closed" in reason:
-            # stdout EOF usually means the child died: a short wait gets its exit status.
-            with anyio.move_on_after(0.5):
-                while transport.returncode is None:
-                    await anyio.sleep(0.01)
-            if transport.returncode is not None:
-                self._lost_reason = self.reason = transport.describe_exit()
-
-    def _eof_reason(self, what: str) -> str:
-        if what == "stdio" and self._proc is not None and self._proc.returncode is not None:
-            return self._proc.describe_exit()
-        return f"{what} connection closed"
-
-    async def _on_message(self, message: Any) -> None:
-        if isinstance(message, Exception):
-            logger.debug("upstream %s: transport error: %s", self.name, describe(message))
-            return
-        inner = getattr(message, "root", message)
-        if isinstance(inner, mcp_types.ToolListChangedNotification):
-            logger.info("upstream %s: tools/list_changed", self.name)
-            self._observe("list_changed")
-            self._relist_wanted.set()
-
-    # ---- supervision ------------------------------------------------------------------
-
-    async def _supervise(self, client: Client, tg: anyio.abc.TaskGroup, modern: bool) -> None:
-        up = self.upstream
-        tg.start_soon(self._relist_worker, client)
-        if up.relist_interval > 0:
-            tg.start_soon(self._relist_timer, up.relist_interval)
-        if up.ping_interval > 0:
-            tg.start_soon(self._health_loop, client, modern)
-        await self._lost.wait()
-        tg.cancel_scope.cancel()
-
-    async def _relist_timer(self, interval: float) -> None:
-        while True:
-            await anyio.sleep(interval)
-            self._relist_wanted.set()
-
-    async def _health_loop(self, client: Client, modern: bool) -> None:
-        up = self.upstream
-        op = "server/discover (health check)" if modern else "ping"
-        while True:
-            await anyio.sleep(up.ping_interval)
-            try:
-                with anyio.fail_after(up.timeouts.ping):
-                    if modern:
-                        # 2026-07-28 has no ping; server/discover is small and every server
-                        # implements it (a tools/list here parsed a whole page of tools on
-                        # the event loop each interval, per upstream).
-                        await client.session.send_discover(client.protocol_version)
-                    else:
-                        await client.session.send_ping()
-            except TimeoutError:
-                self._mark_lost(f"health check failed: {UpstreamTimeout(self.name, op, up.timeouts.ping)}")
-                return
-            except Exception as exc:  # noqa: BLE001
-                self._mark_lost(f"health check failed: {op}: {describe(exc)}")
-                return
-
-    async def _listen_loop(
-        self, client: Client, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """2026-07-28: keep a `subscriptions/listen` stream open; every event means re-list.
-
-        Signals started once the first stream is acknowledged (or listening proved
-        impossible), so the caller can list tools knowing no change slips in between.
-        """
-        up = self.upstream
-        failures = 0
-        first = True
-        started = False
-        while True:
-            try:
-                with anyio.CancelScope(deadline=anyio.current_time() + up.timeouts.ping) as ack:
-                    async with client.listen(tools_list_changed=True) as sub:
-                        ack.deadline = math.inf
-                        failures = 0
-                        if not started:
-                            started = True
-                            task_status.started()
-                        if not first:
-                            # No replay after a drop: whatever changed meanwhile needs a refetch.
-                            self._relist_wanted.set()
-                        first = False
-                        async for _event in sub:
-                            logger.info("upstream %s: tools list changed (listen)", self.name)
-                            self._observe("list_changed")
-                            self._relist_wanted.set()
-                if ack.cancelled_caught:
-                    raise TimeoutError(f"no subscriptions/listen acknowledgment within {up.timeouts.ping:g} s")
-                logger.debug("upstream %s: listen stream closed by the server; re-listening", self.name)
-            except ListenNotSupportedError:
-                if not started:
-                    task_status.started()
-                return
-            except MCPError as exc:
-                if exc.error.code == mcp_types.METHOD_NOT_FOUND:
-                    logger.info("upstream %s: no subscriptions/listen; relying on polling", self.name)
-                    if not started:
-                        task_status.started()
-                    return
-                failures += 1
-                last = describe(exc)
-            except (SubscriptionLost, TimeoutError, Exception) as exc:  # noqa: BLE001
-                failures += 1
-                last = describe(exc)
-            else:
-                failures += 1
-                last = "listen stream closed"
-            if failures >= LISTEN_MAX_FAILURES:
-                if not started:
-                    raise UpstreamProtocolError(
-                        f"upstream {self.name!r}: subscriptions/listen failed {failures} times: {last}"
-                    )
-                self._mark_lost(f"subscriptions/listen lost {failures} times: {last}")
-                return
-            await anyio.sleep(min(0.05 * 2**failures, 2.0))
-
-    async def _relist_worker(self, client: Client) -> None:
-        up = self.upstream
-        while True:
-            await self._relist_wanted.wait()
-            self._relist_wanted = anyio.Event()
-            self._relist_started += 1
-            seq = self._relist_started
-            try:
-                with anyio.fail_after(up.timeouts.list_tools):
-                    tools = await list_records(client, self.name)
-            except TimeoutError:
-                self._mark_lost(str(UpstreamTimeout(self.name, "tools/list", up.timeouts.list_tools)))
-                return
-            except Exception as exc:  # noqa: BLE001
-                if _is_connection_error(exc):
-                    self._mark_lost(f"tools/list failed: {describe(exc)}")
-                    return
-                # A server bug in listing keeps the last good catalog.
-                logger.warning("upstream %s: re-list failed, keeping %d tools: %s",
-                               self.name, len(self.tools or ()), describe(exc))
-            else:
-                forced, self._force_publish = self._force_publish, False
-                if self.tools is None or forced or tools != self.tools:
-                    if not forced:
-                        logger.info("upstream %s: tool list changed: %d tools", self.name, len(tools))
-                    await self._publish(tools)
-            self._relist_done = seq
-            evt, self._relist_evt = self._relist_evt, anyio.Event()
-            evt.set()
+    # ---- operator and calls, from other tasks -----------------------------------------
 
     async def refresh(self) -> None:
         """Re-list now and return once that re-list finished and the callback got the
@@ -535,43 +389,28 @@ class UpstreamSession:
         if self.state is UpstreamState.DEGRADED:
             self.retry_now()
             return
-        if self.state is not UpstreamState.READY:
+        conn = self._conn
+        if self.state is not UpstreamState.READY or conn is None:
             raise UpstreamUnavailable(self._unavailable_message())
-        target = self._relist_started + 1
-        lost = self._lost
-        self._force_publish = True
-        self._relist_wanted.set()
-        seconds = self.upstream.timeouts.list_tools * 2
-        with anyio.move_on_after(seconds) as scope:
-            while self._relist_done < target:
-                evt = self._relist_evt
-                if lost.is_set() or self.state is not UpstreamState.READY:
-                    raise UpstreamUnavailable(self._unavailable_message())
-                async with anyio.create_task_group() as tg:
-                    async def watch_lost() -> None:
-                        await lost.wait()
-                        tg.cancel_scope.cancel()
-                    tg.start_soon(watch_lost)
-                    await evt.wait()
-                    tg.cancel_scope.cancel()
-        if scope.cancelled_caught:
-            raise UpstreamTimeout(self.name, "tools/list (refresh)", seconds)
+        ready = lambda: self.state is UpstreamState.READY  # noqa: E731
+        if not await conn.supervision.relist_now(conn.lost, ready, self.upstream.timeouts.list_tools * 2):
+            raise UpstreamUnavailable(self._unavailable_message())
 
     def _unavailable_message(self) -> str:
         why = f": {self.reason}" if self.reason else ""
-        if self.state is UpstreamState.READY and self._lost.is_set():
-            return f"upstream {self.name!r} lost its session: {self._lost_reason}"
+        conn = self._conn
+        if self.state is UpstreamState.READY and conn is not None and conn.loss is not None:
+            return f"upstream {self.name!r} lost its session: {conn.loss.text}"
         return f"upstream {self.name!r} is {self.state.value}{why}"
-
-    # ---- calls from other tasks -------------------------------------------------------
 
     async def call_tool(self, call: UpstreamCall) -> UpstreamReply:
         """Make `call` on the warm session; see `Pool.call_tool` for the error contract."""
-        client = self._client
-        if self.state is not UpstreamState.READY or client is None or self._lost.is_set():
+        conn = self._conn
+        client = conn.client if conn is not None else None
+        if self.state is not UpstreamState.READY or conn is None or client is None or conn.lost.is_set():
             raise UpstreamUnavailable(self._unavailable_message())
         seconds = call.timeout if call.timeout is not None else self.upstream.timeouts.call
-        tool, arguments, progress_callback = call.tool, call.arguments, call.progress
+        tool, arguments, progress = call.tool, call.arguments, progress_fn(call.progress)
         op = f"tools/call {tool}"
         t0 = time.perf_counter()
         try:
@@ -580,31 +419,24 @@ class UpstreamSession:
                     result: mcp_types.CallToolResult | mcp_types.InputRequiredResult
                     if call.allow_input_required:
                         result = await client.session.call_tool(
-                            tool, arguments, progress_callback=progress_callback,
+                            tool, arguments, progress_callback=progress,
                             input_responses=dict(call.input_responses) if call.input_responses else None,
                             request_state=call.request_state, allow_input_required=True,
                         )
                     else:
-                        result = await client.call_tool(tool, arguments, progress_callback=progress_callback)
-            self._observe("call", operation="call_tool", seconds=time.perf_counter() - t0, outcome="ok")
+                        result = await client.call_tool(tool, arguments, progress_callback=progress)
+            self.observe("call", operation="call_tool", seconds=time.perf_counter() - t0, outcome="ok")
             if isinstance(result, mcp_types.InputRequiredResult):
                 return UpstreamReply(input_required=InputRequired(result.input_requests, result.request_state))
             return UpstreamReply(payload=result, is_error=bool(result.is_error))
         except TimeoutError:
-            self._observe("call", operation="call_tool", seconds=time.perf_counter() - t0, outcome="timeout")
+            self.observe("call", operation="call_tool", seconds=time.perf_counter() - t0, outcome="timeout")
             raise UpstreamTimeout(self.name, op, seconds) from None
         except Exception as exc:
-            if _is_connection_error(exc):
-                self._mark_lost(f"{op} failed: {describe(exc)}")
-                raise UpstreamUnavailable(
-                    f"upstream {self.name!r} lost its session during {op}: {describe(exc)}"
-                ) from exc
-            if isinstance(exc, MCPError):
-                raise UpstreamProtocolError(
-                    f"upstream {self.name!r} answered {op} with JSON-RPC error {exc.error.code}: {exc.error.message}"
-                ) from exc
-            if isinstance(exc, ValidationError):
-                raise UpstreamProtocolError(
-                    f"upstream {self.name!r} sent an invalid result for {op}: {describe(exc)}"
-                ) from exc
-            raise UpstreamProtocolError(f"upstream {self.name!r} failed {op}: {describe(exc)}") from exc
+            reason = conn.classify(exc)
+            if reason.session_gone:
+                conn.mark_lost(Loss(reason, f"{op} failed: {describe(exc)}"))
+            raise call_error(self.name, op, exc, reason) from exc
+
+
+_ENDED = Loss(LossReason.EOF, "session ended")  # the client context exited without a recorded loss

@@ -18,18 +18,18 @@ import os
 import re
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
 import anyio.abc
 import httpx2
 import mcp_types
-from anyio.streams.memory import MemoryObjectSendStream
 from anyio.streams.text import TextReceiveStream
+from mcp.client._transport import ReadStream, TransportStreams
 from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.message import SessionMessage
 
@@ -45,7 +45,8 @@ _POLL = 0.01
 # stderr lines kept per child, for the DEGRADED reason when it dies.
 STDERR_TAIL = 20
 
-Streams = tuple[Any, MemoryObjectSendStream[SessionMessage]]
+Streams = TransportStreams
+Incoming = SessionMessage | Exception
 
 _ID_RE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
 
@@ -120,12 +121,12 @@ class EofWatch:
     the message path. Attributes it does not define (``last_context``, ``close``) pass through.
     """
 
-    def __init__(self, inner: Any, on_eof: Callable[[str], None], what: str) -> None:
+    def __init__(self, inner: ReadStream[Incoming], on_eof: Callable[[str], None], what: str) -> None:
         self._inner = inner
         self._on_eof = on_eof
         self._what = what
 
-    async def receive(self) -> Any:
+    async def receive(self) -> Incoming:
         try:
             return await self._inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -135,7 +136,7 @@ class EofWatch:
     def __aiter__(self) -> EofWatch:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> Incoming:
         try:
             return await self.receive()
         except anyio.EndOfStream:
@@ -354,22 +355,41 @@ async def sse_transport(up: SseUpstream, on_eof: Callable[[str], None]) -> Async
         yield EofWatch(read, on_eof, "sse"), write
 
 
+def _expiry_hook(on_expired: Callable[[], None]) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """A response hook that reports a 404 to a request carrying a (2025-era) session id:
+    by the spec the server no longer knows the session. Runs before the SDK hands the
+    request its error, so the session knows why the request failed."""
+
+    async def hook(response: httpx2.Response) -> None:
+        if response.status_code == 404 and MCP_SESSION_ID in response.request.headers:
+            on_expired()
+
+    return hook
+
+
 @contextlib.asynccontextmanager
-async def http_transport(up: HttpUpstream, on_eof: Callable[[str], None]) -> AsyncIterator[Streams]:
+async def http_transport(
+    up: HttpUpstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None
+) -> AsyncIterator[Streams]:
     async with _http_client(up) as client:
+        if on_expired is not None:
+            client.event_hooks["response"].append(_expiry_hook(on_expired))
         async with streamable_http_client(up.url, http_client=client) as (read, write):
             yield EofWatch(read, on_eof, "http"), write
 
 
 def open_transport(
-    up: Upstream, on_eof: Callable[[str], None]
+    up: Upstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None
 ) -> contextlib.AbstractAsyncContextManager[Streams] | StdioProcess:
-    """The transport context manager for ``up`` (not yet entered)."""
+    """The transport context manager for ``up`` (not yet entered).
+
+    ``on_eof(kind)`` hears the end of the read stream; ``on_expired()`` (streamable HTTP
+    only) hears a 404 on our session id."""
     if isinstance(up, StdioUpstream):
         return StdioProcess(up, on_eof)
     if isinstance(up, SseUpstream):
         return sse_transport(up, on_eof)
-    return http_transport(up, on_eof)
+    return http_transport(up, on_eof, on_expired)
 
 
 __all__ = ["EofWatch", "StdioProcess", "open_transport", "stop_process"]

@@ -1,0 +1,174 @@
+"""The SDK client of one upstream, made in one place, and what its failures mean, decided once.
+
+`make_client` builds the `mcp.Client` every path uses (the owner task and the one-shot
+`list_tools_once`). `classify` turns an exception into a `LossReason` by its type alone:
+whether the session is gone (reconnect) or only this request failed. `call_error` maps a
+failed call onto the toolatlas error tree. `describe` is the one-line text logs and status
+show. Nothing here looks at an error message to decide anything.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal
+
+import anyio
+import httpx2
+import mcp_types
+from mcp import Client
+from mcp.client import Transport
+from mcp.client.session import ClientRequestContext, MessageHandlerFnT
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+
+from toolatlas.calls import ProgressFn
+from toolatlas.errors import ToolatlasError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+
+_CLIENT_INFO = mcp_types.Implementation(name="toolatlas", version="0.1.0")
+# Seconds a teardown may take (stdio escalation is bounded below this on its own).
+CLOSE_TIMEOUT = 10.0
+
+
+class LossReason(enum.Enum):
+    """Why a session ended, or why one request on it failed.
+
+    `session_gone` says which of them mean "reconnect": the owner task tears the session
+    down for those and keeps it for the others (a call's JSON-RPC error or timeout).
+    """
+
+    EOF = "eof"  # the peer closed the connection: read stream ended, "Connection closed"
+    TRANSPORT = "transport"  # connection-level failure: refused, reset, broken stream
+    SESSION_EXPIRED = "session_expired"  # HTTP 404 on a 2025-era session id the server forgot
+    HEALTH_CHECK = "health_check"  # ping / server/discover failed or did not answer
+    LISTEN = "listen"  # the subscriptions/listen stream could not be kept open
+    TIMEOUT = "timeout"  # a bounded step (connect, tools/list, a call) ran out of time
+    PROTOCOL = "protocol"  # the upstream answered, but wrongly (JSON-RPC error, invalid result)
+
+    @property
+    def session_gone(self) -> bool:
+        """True when the failure means the session itself is dead, not just one request."""
+        return self in _GONE
+
+
+_GONE = frozenset({LossReason.EOF, LossReason.TRANSPORT, LossReason.SESSION_EXPIRED})
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A session's end: the typed reason the code acts on, the text status shows."""
+
+    reason: LossReason
+    text: str
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def classify(exc: BaseException) -> LossReason:
+    """The `LossReason` an exception raised by the SDK or a transport stands for, by type.
+
+    A JSON-RPC error is the upstream answering (PROTOCOL), except CONNECTION_CLOSED, which
+    the SDK synthesises when the connection ends under a pending request (EOF). Anything
+    unknown counts as PROTOCOL: the request failed, the session is not presumed dead.
+    """
+    exc = _innermost(exc)
+    if isinstance(exc, TimeoutError):  # before OSError, of which it is a subclass
+        return LossReason.TIMEOUT
+    if isinstance(exc, MCPError):
+        return LossReason.EOF if exc.error.code == mcp_types.CONNECTION_CLOSED else LossReason.PROTOCOL
+    if isinstance(exc, (EOFError, anyio.EndOfStream)):
+        return LossReason.EOF
+    if isinstance(exc, (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)):
+        return LossReason.TRANSPORT
+    return LossReason.PROTOCOL
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line reason for logs and status: the innermost meaningful error."""
+    exc = _innermost(exc)
+    if isinstance(exc, MCPError):
+        return f"JSON-RPC error {exc.error.code}: {exc.error.message}"
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return f"HTTP {exc.response.status_code} from {exc.request.url}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+def call_error(upstream: str, op: str, exc: Exception, reason: LossReason) -> ToolatlasError:
+    """The toolatlas error for request `op` on `upstream` failing with `exc` (classified as
+    `reason`, which the caller may have refined, e.g. to SESSION_EXPIRED)."""
+    if reason.session_gone:
+        return UpstreamUnavailable(f"upstream {upstream!r} lost its session during {op}: {describe(exc)}")
+    inner = _innermost(exc)
+    if isinstance(inner, MCPError):
+        return UpstreamProtocolError(
+            f"upstream {upstream!r} answered {op} with JSON-RPC error {inner.error.code}: {inner.error.message}"
+        )
+    if isinstance(inner, ValidationError):
+        return UpstreamProtocolError(f"upstream {upstream!r} sent an invalid result for {op}: {describe(exc)}")
+    return UpstreamProtocolError(f"upstream {upstream!r} failed {op}: {describe(exc)}")
+
+
+def timeout_loss(upstream: str, op: str, seconds: float) -> Loss:
+    return Loss(LossReason.TIMEOUT, str(UpstreamTimeout(upstream, op, seconds)))
+
+
+async def _no_direct_elicitation(
+    context: ClientRequestContext, params: mcp_types.ElicitRequestParams
+) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+    """Elicitation is passed through to 2026-07-28 callers as input_required; a caller on an
+    older protocol cannot answer one, and the gateway will not answer on anyone's behalf."""
+    return mcp_types.ErrorData(
+        code=mcp_types.INVALID_REQUEST,
+        message="this tool asks the user for input; call it through toolatlas with MCP 2026-07-28 "
+                "(input_required) to answer",
+    )
+
+
+ConnectMode = Literal["legacy", "auto"] | str
+
+
+def make_client(transport: Transport, *, mode: ConnectMode, message_handler: MessageHandlerFnT | None = None) -> Client:
+    """The SDK client over an unentered `transport`; enter and exit it in one task."""
+    # The elicitation callback declares the capability (upstreams check it before asking);
+    # the questions themselves travel to the gateway's caller as input_required.
+    return Client(
+        transport,
+        mode=mode,
+        message_handler=message_handler,
+        client_info=_CLIENT_INFO,
+        elicitation_callback=_no_direct_elicitation,
+    )
+
+
+def begin_teardown(scope: anyio.CancelScope) -> bool:
+    """Shield the client's teardown in `scope` from outer cancellation and bound it by
+    CLOSE_TIMEOUT, unless the scope's own deadline already fired. Returns whether it had."""
+    fired = scope.cancel_called
+    scope.shield = True
+    if not fired:
+        scope.deadline = anyio.current_time() + CLOSE_TIMEOUT
+    return fired
+
+
+def progress_fn(fn: ProgressFn | None) -> ProgressFnT | None:
+    """`fn` in the SDK's callback shape (its protocol names the parameters)."""
+    if fn is None:
+        return None
+    callback = fn
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        await callback(progress, total, message)
+
+    return on_progress
+
+
+__all__ = [
+    "CLOSE_TIMEOUT", "Loss", "LossReason", "begin_teardown", "call_error", "classify", "describe",
+    "make_client", "progress_fn", "timeout_loss",
+]

@@ -1,0 +1,141 @@
+"""The daemon as a Linux service: sd_notify, reload, Prometheus metrics, token figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.ports import free_port
+
+
+def _recv_all(sock: socket.socket, until: float) -> list[tuple[float, str]]:
+    out = []
+    sock.settimeout(0.05)
+    while time.monotonic() < until:
+        try:
+            data = sock.recv(4096)
+        except TimeoutError:
+            continue
+        out.append((time.monotonic(), data.decode()))
+    return out
+
+
+def test_sd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
+    notify_path = str(tmp_path / "notify.sock")
+    nsock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    nsock.bind(notify_path)
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    env = {"NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": "400000"}
+    assert not os.path.exists(d.socket)
+    d.start(env=env)
+    try:
+        messages: list[tuple[float, str]] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            messages += _recv_all(nsock, time.monotonic() + 0.5)
+            ready = [t for t, m in messages if "READY=1" in m.split("\n")]
+            pings = [t for t, m in messages if m == "WATCHDOG=1" and ready and t > ready[0]]
+            if ready and len(pings) >= 5:
+                break
+        log_tail = d.log.read_text()[-3000:]
+        assert len(ready) == 1, (messages, log_tail)
+        assert len(pings) >= 5, (messages, log_tail)  # every 0.2 s: half of WatchdogSec
+        # The upstream children never see our notify socket.
+        pid = int(d.tool("one__pid", {})["content"][0]["text"])
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            assert b"NOTIFY_SOCKET" not in fh.read()
+        assert d.stop(signal.SIGTERM) == 0
+        after = [m for _, m in _recv_all(nsock, time.monotonic() + 0.5)]
+        assert any("STOPPING=1" in m for m in after), after
+    finally:
+        nsock.close()
+        if d.proc and d.proc.poll() is None:
+            d.stop()
+
+
+def test_ready_comes_only_after_the_socket_accepts(tmp_path: Path) -> None:
+    notify_path = str(tmp_path / "notify.sock")
+    nsock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    nsock.bind(notify_path)
+    nsock.settimeout(60)
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "toolatlas", "serve", "--config", str(d.config)],
+                            env=dict(os.environ, NOTIFY_SOCKET=notify_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while True:
+            msg = nsock.recv(4096).decode()
+            if "READY=1" in msg.split("\n"):
+                break
+        # At READY=1 the socket already accepts and the index answers.
+        with socket.socket(socket.AF_UNIX) as c:
+            c.connect(d.socket)
+        assert d.status()["index"]["ready"] is True
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        nsock.close()
+
+
+def test_sighup_reload_adds_removes_and_keeps_unchanged_warm(tmp_path: Path) -> None:
+    keep, drop = stdio_testserver("keep"), stdio_testserver("drop")
+    with Daemon(tmp_path, keep + drop) as d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 30, "ready")
+        keep_pid = int(d.tool("keep__pid", {})["content"][0]["text"])
+        text = d.config.read_text().replace(drop, stdio_testserver("added"))
+        d.config.write_text(text)
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGHUP)
+        seen_ok = 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            # Searches keep succeeding throughout the reload.
+            assert "keep__echo" in d.search("echo a message", 20)
+            seen_ok += 1
+            names = {s["name"]: s["state"] for s in d.status()["servers"]}
+            if names == {"keep": "ready", "added": "ready"} and "added__echo" in d.search("echo a message", 20):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"reload did not converge: {d.status()['servers']}")
+        assert seen_ok >= 1
+        assert int(d.tool("keep__pid", {})["content"][0]["text"]) == keep_pid
+        assert not [n for n in d.search("echo a message", 20) if n.startswith("drop__")]
+        gone = d.tool("drop__echo", {"message": "x"})
+        assert gone["isError"] and "unknown tool" in gone["content"][0]["text"]
+        # An invalid config is rejected and the running one stays.
+        d.config.write_text(text + "\n[daemon]\nbogus = 1\n")
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for(lambda: "reload rejected" in d.log.read_text(), 10, "rejection logged")
+        assert d.proc.poll() is None
+        assert int(d.tool("keep__pid", {})["content"][0]["text"]) == keep_pid
+
+
+def test_metrics_endpoint_and_token_figures(tmp_path: Path) -> None:
+    port = free_port()
+    with Daemon(tmp_path, stdio_testserver("m", "--tools", "40"), daemon_extra=f'metrics_addr = "127.0.0.1:{port}"') as d:
+        d.search("echo a message")
+        d.tool("execute_tool", {"name": "m__echo", "arguments": {"message": "x"}})
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert 'toolatlas_search_latency_seconds_count{cache="miss",mode=' in body
+        assert 'toolatlas_execute_latency_seconds_count{outcome="ok",upstream="m"} 1.0' in body
+        assert 'upstream="m"' in body and "toolatlas_upstream_state" in body
+        assert 'toolatlas_upstream_call_latency_seconds_count{operation="call_tool",upstream="m"} 1.0' in body
+        events = [json.loads(line) for line in d.log.read_text().splitlines() if line.startswith("{")]
+        assert {"event": "upstream_state_changed", "new": "ready"}.items() <= next(
+            e for e in events if e["event"] == "upstream_state_changed" and e.get("new") == "ready").items()
+        assert "query" not in next(e for e in events if e["event"] == "tool_search_completed")
+        tokens = d.wait_for(lambda: d.status()["tokens"].get("tools") == 49 and d.status()["tokens"], 60, "tokens")
+        assert tokens["tools"] == 49
+        assert tokens["meta_tools_tokens"] < tokens["full_catalog_tokens"]
+        assert "anthropic-tokenizer" in tokens["tokenizer"]
+        assert tokens["mean_top5_search_result_tokens"] > 0

@@ -1,0 +1,33 @@
+"""Rift inside the daemon: confusable tools found in the live catalog, noted in tool_search
+results, and summarised by risk in catalog_status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.daemon import Daemon, stdio_testserver
+
+
+def test_confusable_tools_get_disambiguation_notes(tmp_path: Path) -> None:
+    with Daemon(tmp_path, stdio_testserver("crm"), search_extra='embedder = "onnx"\n') as d:
+        for name in ("delete_contact", "remove_contact"):
+            d.tool("crm__add_tool", {"name": name, "description": "Delete a contact from the address book."})
+        d.wait_for(lambda: d.status()["rift"].get("available") and d.status()["rift"]["clusters"]["high"] >= 1,
+                   60, "rift finds the planted pair")
+        found = d.meta("tool_search", {"query": "delete a contact from the address book", "top_k": 5})["matches"]
+        by_name = {m["name"]: m for m in found}
+        assert {"crm__delete_contact", "crm__remove_contact"} <= set(by_name)
+        for name, other in (("crm__delete_contact", "crm__remove_contact"), ("crm__remove_contact", "crm__delete_contact")):
+            assert other in by_name[name]["note"], by_name[name]
+        # A tool outside any cluster carries no note.
+        lone = d.meta("tool_search", {"query": "return this server's process id", "top_k": 1})["matches"][0]
+        assert "note" not in lone
+
+
+def test_rift_runs_after_a_restart_with_an_unchanged_catalog(tmp_path: Path) -> None:
+    upstream = stdio_testserver("crm")
+    with Daemon(tmp_path, upstream, search_extra='embedder = "onnx"\n') as d:
+        d.wait_for(lambda: d.status()["rift"].get("available"), 60, "rift after the first index")
+    with Daemon(tmp_path, upstream, search_extra='embedder = "onnx"\n') as d:
+        assert d.status()["index"]["embeddings_computed"] == 0
+        d.wait_for(lambda: d.status()["rift"].get("available"), 60, "rift after a restart")

@@ -1,0 +1,275 @@
+"""The streamable-HTTP endpoint of a real `toolatlas serve`: Python SDK clients in both protocol
+modes (2025-11-25 sessions and the 2026-07-28 default), bearer tokens mapped to [[access]]
+rules, Host/Origin checks, the 2026-07-28 header validation, and the socket alongside."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.ports import free_port
+from tests.support.results import text as _text
+from toolatlas.config import parse
+from toolatlas.errors import ConfigError
+from toolatlas.surface.http import TokenTable, hash_token
+from toolatlas.surface.unix import unix_client
+
+ALL_TOKEN = "s3cret-all-upstreams"
+ALPHA_TOKEN = "s3cret-only-alpha"
+NEW_ERA = "2026-07-28"
+
+
+def http_section(port: int, *, anonymous: str = "") -> str:
+    return (
+        f'[http]\nlisten = "127.0.0.1:{port}"\n'
+        + (f'anonymous = "{anonymous}"\n' if anonymous else "")
+        + f'[[http.tokens]]\nname = "ops"\nsha256 = "{hash_token(ALL_TOKEN)}"\n'
+        + f'[[http.tokens]]\nname = "alpha-only"\nsha256 = "{hash_token(ALPHA_TOKEN)}"\n'
+        + '[[access]]\ntokens = ["ops"]\nservers = ["*"]\n'
+        + '[[access]]\ntokens = ["alpha-only"]\nservers = ["alpha"]\n'
+    )
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("httpgw")
+    port = free_port()
+    upstreams = http_section(port) + stdio_testserver("alpha") + stdio_testserver("beta")
+    d = Daemon(tmp, upstreams)
+    d.http_url = f"http://127.0.0.1:{port}/mcp"  # type: ignore[attr-defined]
+    with d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 60, "upstreams ready")
+        yield d
+
+
+@asynccontextmanager
+async def _transport(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        async with streamable_http_client(url, http_client=http) as streams:
+            yield streams
+
+
+def _client(url: str, token: str | None, mode: str = "auto", **headers: str) -> Client:
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return Client(_transport(url, headers), mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_sdk_client_lists_searches_and_executes(gw: Daemon, mode: str) -> None:
+    with anyio.fail_after(60):
+        async with _client(gw.http_url, ALL_TOKEN, mode) as c:  # type: ignore[attr-defined]
+            if mode == "legacy":
+                assert c.protocol_version == "2025-11-25"
+            else:
+                assert c.protocol_version == NEW_ERA
+            names = [t.name for t in (await c.list_tools()).tools]
+            assert names == ["tool_search", "execute_tool", "catalog_status"]
+            assert names == [t.name for t in (await c.list_tools()).tools]  # deterministic
+            found = await c.call_tool("tool_search", {"query": "echo a message back", "top_k": 5})
+            matches = found.structured_content["matches"]
+            assert any(m["name"] == "alpha__echo" for m in matches), matches
+            assert {m["server"] for m in matches} <= {"alpha", "beta"}
+            done = await c.call_tool("execute_tool", {"name": "alpha__echo", "arguments": {"message": "over http"}})
+            assert not done.is_error, done
+            assert _text(done) == "Echo: over http"
+            assert "alpha" in (c.instructions or "") and "beta" in (c.instructions or "")
+
+
+async def _raw(url: str, body: dict[str, Any], headers: dict[str, str]) -> httpx2.Response:
+    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    async with httpx2.AsyncClient(timeout=30) as h:
+        return await h.post(url, content=json.dumps(body), headers={**base, **headers})
+
+
+def _init_body() -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+
+async def test_no_token_or_wrong_token_is_refused(gw: Daemon) -> None:
+    url = gw.http_url  # type: ignore[attr-defined]
+    with anyio.fail_after(30):
+        missing = await _raw(url, _init_body(), {})
+        assert missing.status_code == 401
+        assert missing.headers["www-authenticate"].startswith("Bearer")
+        wrong = await _raw(url, _init_body(), {"Authorization": "Bearer not-the-token"})
+        assert wrong.status_code == 401
+        assert 'error="invalid_token"' in wrong.headers["www-authenticate"]
+        basic = await _raw(url, _init_body(), {"Authorization": f"Basic {ALL_TOKEN}"})
+        assert basic.status_code == 401
+        good = await _raw(url, _init_body(), {"Authorization": f"Bearer {ALL_TOKEN}"})
+        assert good.status_code == 200
+        assert good.headers.get("mcp-session-id")
+
+
+async def test_two_tokens_see_what_their_access_rules_allow(gw: Daemon) -> None:
+    url = gw.http_url  # type: ignore[attr-defined]
+    with anyio.fail_after(60):
+        for mode in ("legacy", "auto"):
+            async with _client(url, ALPHA_TOKEN, mode) as c:
+                found = await c.call_tool("tool_search", {"query": "echo a message back", "top_k": 10})
+                assert {m["server"] for m in found.structured_content["matches"]} == {"alpha"}
+                refused = await c.call_tool("execute_tool", {"name": "beta__echo", "arguments": {"message": "x"}})
+                assert refused.is_error
+                status = (await c.call_tool("catalog_status", {})).structured_content
+                assert [s["name"] for s in status["servers"]] == ["alpha"]
+            async with _client(url, ALL_TOKEN, mode) as c:
+                status = (await c.call_tool("catalog_status", {})).structured_content
+                assert sorted(s["name"] for s in status["servers"]) == ["alpha", "beta"]
+                ok = await c.call_tool("execute_tool", {"name": "beta__echo", "arguments": {"message": "y"}})
+                assert not ok.is_error and _text(ok) == "Echo: y"
+
+
+async def test_a_session_cannot_be_used_with_another_token(gw: Daemon) -> None:
+    url = gw.http_url  # type: ignore[attr-defined]
+    with anyio.fail_after(30):
+        opened = await _raw(url, _init_body(), {"Authorization": f"Bearer {ALL_TOKEN}"})
+        sid = opened.headers["mcp-session-id"]
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+        hijack = await _raw(url, listing, {"Authorization": f"Bearer {ALPHA_TOKEN}", "Mcp-Session-Id": sid,
+                                           "MCP-Protocol-Version": "2025-11-25"})
+        assert hijack.status_code == 404
+
+
+async def test_foreign_host_and_origin_are_refused(gw: Daemon) -> None:
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}"}
+    with anyio.fail_after(30):
+        rebound = await _raw(url, _init_body(), {**auth, "Host": "evil.example.com"})
+        assert rebound.status_code == 421
+        foreign = await _raw(url, _init_body(), {**auth, "Origin": "http://evil.example.com"})
+        assert foreign.status_code == 403
+        port = url.split(":")[2].split("/")[0]
+        same = await _raw(url, _init_body(), {**auth, "Origin": f"http://localhost:{port}", "Host": f"localhost:{port}"})
+        assert same.status_code == 200
+        elsewhere = await _raw(url.replace("/mcp", "/other"), _init_body(), auth)
+        assert elsewhere.status_code == 404
+
+
+def _new_era_call(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": name, "arguments": args,
+        "_meta": {"io.modelcontextprotocol/protocolVersion": NEW_ERA,
+                  "io.modelcontextprotocol/clientCapabilities": {}}}}
+
+
+async def test_new_era_headers_must_match_the_body(gw: Daemon) -> None:
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}", "MCP-Protocol-Version": NEW_ERA}
+    body = _new_era_call("catalog_status", {})
+    with anyio.fail_after(30):
+        ok = await _raw(url, body, {**auth, "Mcp-Method": "tools/call", "Mcp-Name": "catalog_status"})
+        assert ok.status_code == 200, ok.text
+        wrong_method = await _raw(url, body, {**auth, "Mcp-Method": "tools/list", "Mcp-Name": "catalog_status"})
+        assert wrong_method.status_code == 400
+        wrong_name = await _raw(url, body, {**auth, "Mcp-Method": "tools/call", "Mcp-Name": "tool_search"})
+        assert wrong_name.status_code == 400
+        assert wrong_method.json()["error"]["code"] == -32020  # header mismatch
+        assert wrong_name.json()["error"]["code"] == -32020
+        mismatched_version = await _raw(url, body, {**auth, "MCP-Protocol-Version": "2099-01-01",
+                                                     "Mcp-Method": "tools/call", "Mcp-Name": "catalog_status"})
+        assert mismatched_version.status_code == 400
+        assert mismatched_version.json()["error"]["code"] == -32020
+        future = _new_era_call("catalog_status", {})
+        future["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2099-01-01"
+        unsupported = await _raw(url, future, {**auth, "MCP-Protocol-Version": "2099-01-01",
+                                               "Mcp-Method": "tools/call", "Mcp-Name": "catalog_status"})
+        assert unsupported.status_code == 400
+        error = unsupported.json()["error"]
+        assert error["code"] == -32022 and NEW_ERA in error["data"]["supported"]
+
+
+async def test_server_discover_and_initialize_both_answer(gw: Daemon) -> None:
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}"}
+    discover = {"jsonrpc": "2.0", "id": 3, "method": "server/discover", "params": {
+        "_meta": {"io.modelcontextprotocol/protocolVersion": NEW_ERA,
+                  "io.modelcontextprotocol/clientCapabilities": {}}}}
+    with anyio.fail_after(30):
+        d = await _raw(url, discover, {**auth, "MCP-Protocol-Version": NEW_ERA, "Mcp-Method": "server/discover"})
+        assert d.status_code == 200, d.text
+        result = d.json()["result"]
+        assert NEW_ERA in result["supportedVersions"]
+        assert "alpha" in result["instructions"] and "beta" in result["instructions"]
+        i = await _raw(url, _init_body(), auth)
+        assert i.status_code == 200
+        assert "2025-11-25" in i.text
+
+
+async def test_socket_keeps_working_alongside(gw: Daemon) -> None:
+    with anyio.fail_after(30):
+        async with Client(unix_client(gw.socket)) as c:
+            names = [t.name for t in (await c.list_tools()).tools]
+            assert names == ["tool_search", "execute_tool", "catalog_status"]
+            status = (await c.call_tool("catalog_status", {})).structured_content
+            assert sorted(s["name"] for s in status["servers"]) == ["alpha", "beta"]
+
+
+def test_token_table_matches_by_hash_only() -> None:
+    from toolatlas.config import HttpToken
+
+    table = TokenTable([HttpToken(name="a", sha256=hash_token("one")), HttpToken(name="b", sha256=hash_token("two"))])
+    assert table.name_for("one") == "a"
+    assert table.name_for("two") == "b"
+    assert table.name_for("three") is None
+    assert table.name_for(hashlib.sha256(b"one").hexdigest()) is None  # the hash itself is no token
+
+
+def test_config_checks_the_http_section() -> None:
+    ok = parse('[http]\nlisten = "127.0.0.1:8765"\n[[http.tokens]]\nname = "x"\nsha256 = "' + "a" * 64 + '"\n')
+    assert ok.http.listen == "127.0.0.1:8765"
+    assert parse("").http.listen == ""  # off by default
+    with pytest.raises(ConfigError, match="no \\[\\[http.tokens\\]\\]"):
+        parse('[http]\nlisten = "127.0.0.1:8765"\n')
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        parse('[http]\nlisten = "8765"\nanonymous = "dev"\n')
+    with pytest.raises(ConfigError, match="sha256"):
+        parse('[http]\nlisten = "127.0.0.1:1"\n[[http.tokens]]\nname = "x"\nsha256 = "plaintext"\n')
+
+
+async def test_bind_error_at_start_port_zero_and_stop_accepting() -> None:
+    import socket
+
+    from mcp.server.lowlevel.server import Server
+
+    from toolatlas.config import HttpSection
+    from toolatlas.surface.http import HttpEndpoint
+
+    with anyio.fail_after(30), socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        ep = HttpEndpoint(Server("t"), HttpSection(listen=f"127.0.0.1:{taken}", anonymous="dev"))
+        with pytest.raises(ConfigError, match="cannot bind"):
+            await ep.run()  # raises before it would have called started()
+        free = HttpEndpoint(Server("t", instructions="hello"), HttpSection(listen="127.0.0.1:0", anonymous="dev"))
+        async with anyio.create_task_group() as tg:
+            await tg.start(free.run)
+            assert free.port != 0 and free.url == f"http://127.0.0.1:{free.port}/mcp"
+            async with Client(_transport(free.url, {}), mode="legacy") as c:
+                assert c.instructions == "hello"
+            await free.stop_accepting()
+            with pytest.raises(OSError):
+                await anyio.connect_tcp("127.0.0.1", free.port)
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_http_clients_are_counted_with_socket_clients(gw: Daemon, mode: str) -> None:
+    with anyio.fail_after(60):
+        async with _client(gw.http_url, ALL_TOKEN, mode) as c:  # type: ignore[attr-defined]
+            # the HTTP request asking is a live client, as a socket connection asking is
+            over_http = json.loads(_text(await c.call_tool("catalog_status", {})))["clients"]
+    assert over_http >= 1

@@ -1,0 +1,137 @@
+"""`toolatlas keygen` and `toolatlas cards generate|verify|show`, offline and against a live
+stdio test server."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.servers import testserver_args
+from toolatlas.catalog import signing
+from toolatlas.catalog.cards import card_path, read_card
+from toolatlas.catalog.cards_cli import keygen_main, main
+
+
+def write_catalog(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+ROWS = [
+    {"server": "Weather API", "name": "forecast", "description": "Daily forecast.", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}},
+    {"server": "Weather API", "name": "current", "description": "Current conditions.", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    {"server": "notes", "name": "add_note", "description": "Add a note.", "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}}},
+]
+
+
+def test_keygen_prints_public_key_and_refuses_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "op.key"
+    assert keygen_main(["--out", str(out)]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed.startswith("ed25519:")
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert signing.public_key_text(signing.load_private_key(out)) == printed
+    assert keygen_main(["--out", str(out)]) == 2
+    assert "refusing to overwrite" in capsys.readouterr().err
+
+
+def test_generate_verify_show_from_catalog(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = tmp_path / "op.key"
+    assert keygen_main(["--out", str(key)]) == 0
+    cat = write_catalog(tmp_path / "catalog.jsonl", ROWS)
+    state = tmp_path / "state"
+    assert main(["generate", "--catalog", str(cat), "--key", str(key), "--state-dir", str(state)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    card = read_card(card_path(state, "Weather API"))
+    assert [t.tool for t in card.tools] == ["forecast", "current"]
+
+    pub = str(key) + ".pub"
+    assert main(["verify", "--state-dir", str(state), "--public-key", pub, "--catalog", str(cat)]) == 0
+    out = capsys.readouterr().out
+    assert "ok   Weather API: 2 tools, bootstrap" in out and "ok   notes" in out
+
+    # the catalog changes a tool definition: verify fails and names it
+    rows = [dict(r) for r in ROWS]
+    rows[1]["description"] = "Current conditions and alerts."
+    cat2 = write_catalog(tmp_path / "catalog2.jsonl", rows)
+    assert main(["verify", "--state-dir", str(state), "--public-key", pub, "--catalog", str(cat2)]) == 1
+    assert "FAIL Weather API: tool 'current' changed since the card was signed" in capsys.readouterr().out
+
+    # one changed byte in one card file: verify fails naming that file, the other card is ok
+    path = card_path(state, "notes")
+    data = bytearray(path.read_bytes())
+    data[data.index(b"Add a note")] = ord("a")
+    path.write_bytes(bytes(data))
+    assert main(["verify", "--state-dir", str(state), "--public-key", pub, "--offline"]) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL {path.name}: signature does not match" in out and "ok   Weather API" in out
+
+    assert main(["show", "Weather API", "--state-dir", str(state)]) == 0
+    shown = capsys.readouterr().out
+    assert "Forecast. Daily forecast. Inputs: city; days." in shown
+    assert main(["show", "Weather API", "--state-dir", str(state), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["server"]["name"] == "Weather API"
+
+
+def test_publisher_cards_marked_unattested(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = tmp_path / "op.key"
+    keygen_main(["--out", str(key)])
+    cat = write_catalog(tmp_path / "c.jsonl", ROWS)
+    state = tmp_path / "s"
+    assert main(["generate", "--catalog", str(cat), "--key", str(key), "--state-dir", str(state), "--generator", "publisher", "--server", "notes"]) == 0
+    assert "unattested" in capsys.readouterr().out
+    card = read_card(card_path(state, "notes"))
+    assert card.provenance.attested is False and card.tools[0].summary == "Add a note."
+
+
+@pytest.mark.slow
+def test_generate_and_verify_against_live_stdio_upstream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = tmp_path / "op.key"
+    keygen_main(["--out", str(key)])
+    capsys.readouterr()
+    cfg = tmp_path / "toolatlas.toml"
+    cfg.write_text(
+        f"""
+[daemon]
+state_dir = "state"
+socket = "sock"
+metrics_addr = ""
+[cards]
+public_key = "op.key.pub"
+private_key = "op.key"
+[[upstream]]
+name = "test"
+transport = "stdio"
+command = "{sys.executable}"
+args = {json.dumps(testserver_args("--tools", "3"))}
+"""
+    )
+    assert main(["generate", "--config", str(cfg)]) == 0
+    card = read_card(card_path(tmp_path / "state", "test"))
+    names = {t.tool for t in card.tools}
+    assert {"echo", "gen_000", "gen_002"} <= names
+    assert card.server.transport == "stdio" and "testserver.py" in card.server.endpoint
+    assert main(["verify", "--config", str(cfg)]) == 0
+    assert "ok   test:" in capsys.readouterr().out
+
+    # the upstream now offers more tools than the card covers: verify names the new ones
+    cfg.write_text(cfg.read_text().replace('"--tools", "3"', '"--tools", "4"'))
+    assert main(["verify", "--config", str(cfg)]) == 1
+    out = capsys.readouterr().out
+    assert "card signed for stdio" in out and "tool 'gen_003' is offered but not in the card" in out
+
+
+def test_export_replaces_descriptions_with_card_text(tmp_path: Path) -> None:
+    cat = write_catalog(tmp_path / "c.jsonl", ROWS)
+    out = tmp_path / "cards.jsonl"
+    assert main(["export", "--catalog", str(cat), "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["server"], r["name"]) for r in rows] == [(r["server"], r["name"]) for r in ROWS]
+    assert rows[0]["description"] == "Forecast. Daily forecast. Inputs: city; days."
+    assert rows[0]["input_schema"] == ROWS[0]["input_schema"]
+    assert main(["export", "--catalog", str(cat), "--out", str(out), "--generator", "publisher"]) == 0
+    assert [json.loads(line)["description"] for line in out.read_text().splitlines()] == [r["description"] for r in ROWS]

@@ -1,0 +1,90 @@
+"""Config parsing: errors name the key and its table; ${VAR} expands; paths resolve."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolatlas.config import HttpUpstream, StdioUpstream, load, parse
+from toolatlas.errors import ConfigError
+
+GOOD = """
+[daemon]
+socket = "run/t.sock"
+state_dir = "state"
+metrics_addr = ""
+
+[[upstream]]
+name = "files"
+transport = "stdio"
+command = "python3"
+args = ["-m", "x"]
+env = { TOKEN = "${SECRET_TOKEN}" }
+
+[[upstream]]
+name = "web"
+transport = "http"
+url = "http://127.0.0.1:3001/mcp"
+headers = { Authorization = "Bearer ${SECRET_TOKEN}" }
+"""
+
+
+def test_good_config_parses_with_expansion_and_relative_paths(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(GOOD)
+    cfg = parse(f.read_text(), source=str(f), env={"SECRET_TOKEN": "s3cret"})
+    assert [type(u) for u in cfg.upstream] == [StdioUpstream, HttpUpstream]
+    assert cfg.upstream[0].env == {"TOKEN": "s3cret"}
+    assert cfg.upstream[1].headers["Authorization"] == "Bearer s3cret"
+    assert cfg.daemon.socket == str(tmp_path / "run" / "t.sock")
+    assert cfg.daemon.state_dir == str(tmp_path / "state")
+    assert cfg.upstream[0].timeouts.call == 60.0
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[daemon]\nsockett = 'x'\n", "unknown key 'sockett' in [daemon]"),
+        ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nbogus=1\n", "unknown key 'bogus' in [upstream 'a'"),
+        ("[[upstream]]\nname='a'\ntransport='ftp'\nurl='x'\n", "transport must be one of stdio, sse, http"),
+        ("[[upstream]]\nname='Bad Name'\ntransport='stdio'\ncommand='x'\n", "upstream[0].name"),
+        ("[daemon]\ndrain_timeout = 'soon'\n", "Expected `float`"),
+        ("[[upstream]]\nname='a'\ntransport='http'\nurl='${NOPE_UNSET}'\n", "${NOPE_UNSET} is not set"),
+        ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\n[[upstream]]\nname='a'\ntransport='stdio'\ncommand='y'\n", "used more than once"),
+        ("[daemon]\nmetrics_addr = 'nope'\n", "metrics_addr must be HOST:PORT"),
+        ("[[upstream]]\nname='a'\ntransport='http'\nurl='ftp://x'\n", "must start with http://"),
+        ("this is = = not toml", "not valid TOML"),
+    ],
+)
+def test_bad_configs_name_the_key(text: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(text, env={})
+    assert needle in str(info.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load(tmp_path / "absent.toml")
+
+
+def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text("[daemon]\nmetrics_addr = ''\n")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon]\nwhat = 1\n")
+    ok = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(good)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "OK" in ok.stdout
+    no = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(bad)], capture_output=True, text=True)
+    assert no.returncode == 78
+    assert "unknown key 'what' in [daemon]" in no.stderr
+
+
+def test_bundled_example_config_is_valid() -> None:
+    cfg = load(Path(__file__).resolve().parents[2] / "conf" / "example.toml")
+    assert {u.name for u in cfg.upstream} and {type(u).__name__ for u in cfg.upstream} == {
+        "StdioUpstream", "SseUpstream", "HttpUpstream"
+    }

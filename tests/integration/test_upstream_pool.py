@@ -1,0 +1,413 @@
+"""The upstream pool against real servers: subprocesses, real sockets, no mocks."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types
+import pytest
+
+from tests.support.configs import make_upstream, replace, stdio_everything, stdio_testserver
+from tests.support.ports import free_port as get_free_port
+from tests.support.processes import children_of, pid_alive
+from tests.support.results import pool_call, text
+from toolatlas.config import Timeouts
+from toolatlas.errors import UpstreamTimeout, UpstreamUnavailable
+from toolatlas.catalog.model import ToolRecord
+from toolatlas.upstream.pool import Pool, UpstreamStatus, list_tools_once
+from toolatlas.upstream.state import UpstreamState
+
+READY, DEGRADED = UpstreamState.READY, UpstreamState.DEGRADED
+
+
+class Recorder:
+    """The pool's tools callback: remembers the latest list per upstream, wakes waiters."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, list[str] | None] = {}
+        self.history: list[tuple[str, list[str] | None]] = []
+        self._changed = anyio.Event()
+
+    async def __call__(self, name: str, tools: list[ToolRecord] | None) -> None:
+        names = None if tools is None else [t.tool for t in tools]
+        self.latest[name] = names
+        self.history.append((name, names))
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait(self, pred: Callable[[], bool], timeout: float = 30.0) -> None:
+        with anyio.fail_after(timeout):
+            while True:
+                evt = self._changed
+                if pred():
+                    return
+                await evt.wait()
+
+
+async def wait_status(pool: Pool, name: str, pred: Callable[[UpstreamStatus], bool], timeout: float = 30.0) -> UpstreamStatus:
+    """Poll the pool's status (cheap, in-memory) until ``pred`` holds, with a deadline."""
+    with anyio.fail_after(timeout):
+        while True:
+            st = pool.get(name)
+            if st is not None and pred(st):
+                return st
+            await anyio.sleep(0.02)
+
+
+@asynccontextmanager
+async def running(pool: Pool) -> AsyncIterator[Pool]:
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        try:
+            yield pool
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def no_backoff(_attempt: int) -> float:
+    return 0.0
+
+
+async def test_discovery_and_calls_across_stdio_sse_and_http(testserver_http_url: str, testserver_sse_url: str) -> None:
+    rec = Recorder()
+    ups = [
+        stdio_testserver("local", "--tools", "2"),
+        make_upstream("remote-sse", "sse", url=testserver_sse_url),
+        make_upstream("remote-http", "http", url=testserver_http_url),
+        make_upstream("off", "http", url="http://127.0.0.1:9/mcp", enabled=False),
+    ]
+    with anyio.fail_after(60):
+        async with running(Pool(ups, rec)) as pool:
+            await pool.wait_settled(45)
+            states = {s.name: s for s in pool.status()}
+            assert [s.name for s in pool.status()] == ["local", "remote-sse", "remote-http", "off"]
+            for name in ("local", "remote-sse", "remote-http"):
+                assert states[name].state is READY, states[name]
+                assert "echo" in (rec.latest[name] or [])
+                assert states[name].tools == len(rec.latest[name] or [])
+                assert states[name].protocol_version
+                result = await pool_call(pool, name, "echo", {"message": f"hi {name}"})
+                assert text(result) == f"Echo: hi {name}"
+            assert states["local"].pid is not None and pid_alive(states["local"].pid)
+            assert states["remote-http"].pid is None
+            assert states["off"].state is UpstreamState.DISABLED and "off" not in rec.latest
+            assert "local" in repr(pool) and "ready" in repr(pool)
+            with pytest.raises(UpstreamUnavailable, match="disabled"):
+                await pool_call(pool, "off", "echo", {"message": "x"})
+            with pytest.raises(UpstreamUnavailable, match="no upstream named 'nope'"):
+                await pool_call(pool, "nope", "echo", {})
+
+
+@pytest.mark.slow
+async def test_server_everything_over_stdio_and_http(spawn_everything: Any) -> None:
+    srv = spawn_everything("http")
+    rec = Recorder()
+    ups = [stdio_everything("ev-stdio"), make_upstream("ev-http", "http", url=srv.url)]
+    with anyio.fail_after(60):
+        async with running(Pool(ups, rec)) as pool:
+            await pool.wait_settled(45)
+            for name in ("ev-stdio", "ev-http"):
+                st = pool.get(name)
+                assert st is not None and st.state is READY, st
+                assert st.tools >= 10 and "echo" in (rec.latest[name] or [])
+                result = await pool_call(pool, name, "echo", {"message": "hello"})
+                assert text(result) == "Echo: hello"
+
+
+@pytest.mark.parametrize(
+    ("transport", "mode", "generation"),
+    [("stdio", "legacy", "2025"), ("stdio", "auto", "2026"), ("http", "legacy", "2025"), ("http", "auto", "2026")],
+)
+async def test_list_changed_reaches_the_callback(spawn_server: Any, transport: str, mode: str, generation: str) -> None:
+    if transport == "stdio":
+        up = stdio_testserver("dyn", relist_interval=0)
+    else:
+        up = make_upstream("dyn", "http", url=spawn_server("testserver", "http").url, relist_interval=0)
+    rec = Recorder()
+    with anyio.fail_after(60):
+        async with running(Pool([up], rec, mode=mode)) as pool:
+            await pool.wait_settled(30)
+            st = pool.get("dyn")
+            assert st is not None and st.state is READY
+            assert st.protocol_version is not None and st.protocol_version.startswith(generation)
+            assert "weather_lookup" not in (rec.latest["dyn"] or [])
+            await pool_call(pool, "dyn", "add_tool", {"name": "weather_lookup", "description": "Look up weather."})
+            await rec.wait(lambda: "weather_lookup" in (rec.latest.get("dyn") or []), timeout=10)
+            result = await pool_call(pool, "dyn", "weather_lookup", {"text": "oslo"})
+            assert text(result) == "weather_lookup: oslo"
+            await pool_call(pool, "dyn", "remove_tool", {"name": "weather_lookup"})
+            await rec.wait(lambda: "weather_lookup" not in (rec.latest.get("dyn") or []), timeout=10)
+
+
+async def test_periodic_relist_picks_up_changes_without_notifications(spawn_server: Any) -> None:
+    # The legacy notification goes only to the session that made the change; a second
+    # client's change is only seen by polling.
+    url = spawn_server("testserver", "http").url
+    rec = Recorder()
+    watcher = make_upstream("watched", "http", url=url, relist_interval=0.3)
+    changer = make_upstream("changer", "http", url=url, relist_interval=0)
+    with anyio.fail_after(60):
+        async with running(Pool([watcher, changer], rec, mode="legacy")) as pool:
+            await pool.wait_settled(30)
+            await pool_call(pool, "changer", "add_tool", {"name": "polled_tool", "description": "Seen by polling."})
+            await rec.wait(lambda: "polled_tool" in (rec.latest.get("watched") or []), timeout=10)
+
+
+async def test_pagination_is_followed_to_the_end() -> None:
+    rec = Recorder()
+    up = stdio_testserver("paged", "--tools", "25", "--page-size", "4")
+    with anyio.fail_after(60):
+        async with running(Pool([up], rec)) as pool:
+            await pool.wait_settled(30)
+            names = rec.latest["paged"] or []
+            assert len(names) == 9 + 25 and len(set(names)) == len(names)
+            assert names[-1] == "gen_024"
+            before = len(rec.history)
+            await pool.refresh("paged")  # a forced re-list also walks every page
+            assert len(rec.history) == before + 1 and len(rec.history[-1][1] or []) == 34
+            assert pool.get("paged").tools == 34  # type: ignore[union-attr]
+    tools = await list_tools_once(up)
+    assert len(tools) == 34
+
+
+async def test_killed_stdio_upstream_recovers_with_a_new_process(testserver_http_url: str) -> None:
+    rec = Recorder()
+    ups = [stdio_testserver("fragile"), make_upstream("steady", "http", url=testserver_http_url)]
+    with anyio.fail_after(90):
+        async with running(Pool(ups, rec, backoff=lambda a: 0.2)) as pool:
+            await pool.wait_settled(30)
+            first = pool.get("fragile")
+            assert first is not None and first.state is READY and first.pid is not None
+            os.kill(first.pid, signal.SIGKILL)
+            down = await wait_status(pool, "fragile", lambda s: s.state is not READY)
+            assert down.state in (DEGRADED, UpstreamState.CONNECTING)
+            await wait_status(pool, "fragile", lambda s: "signal 9" in (s.reason or ""), timeout=5)
+            await rec.wait(lambda: ("fragile", None) in rec.history)
+            # The other upstream is untouched and keeps serving calls meanwhile.
+            result = await pool_call(pool, "steady", "echo", {"message": "still here"})
+            assert text(result) == "Echo: still here"
+            back = await wait_status(pool, "fragile", lambda s: s.state is READY and s.pid not in (None, first.pid))
+            assert back.pid is not None and back.pid != first.pid and back.reconnects >= 1
+            assert rec.latest["fragile"] and "echo" in rec.latest["fragile"]
+            result = await pool_call(pool, "fragile", "pid", {})
+            assert text(result) == str(back.pid)
+            steady = pool.get("steady")
+            assert steady is not None and steady.state is READY and steady.reconnects == 0
+
+
+async def test_crash_during_a_call_fails_that_call_and_recovers() -> None:
+    rec = Recorder()
+    with anyio.fail_after(60):
+        async with running(Pool([stdio_testserver("crashy")], rec, backoff=no_backoff)) as pool:
+            await pool.wait_settled(30)
+            pid = pool.get("crashy").pid  # type: ignore[union-attr]
+            with pytest.raises(UpstreamUnavailable, match="crashy"):
+                await pool_call(pool, "crashy", "crash", {"code": 3})
+            back = await wait_status(pool, "crashy", lambda s: s.state is READY and s.pid not in (None, pid))
+            assert back.reconnects >= 1
+            assert text(await pool_call(pool, "crashy", "echo", {"message": "again"})) == "Echo: again"
+
+
+async def test_hung_call_times_out_while_other_calls_proceed() -> None:
+    rec = Recorder()
+    with anyio.fail_after(60):
+        async with running(Pool([stdio_testserver("slow")], rec)) as pool:
+            await pool.wait_settled(30)
+            errors: list[BaseException] = []
+
+            async def hang() -> None:
+                try:
+                    await pool_call(pool, "slow", "hang", {}, timeout=1.5)
+                except UpstreamTimeout as exc:
+                    errors.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hang)
+                # While the hang is in flight the same session answers other calls.
+                for i in range(5):
+                    assert text(await pool_call(pool, "slow", "echo", {"message": str(i)})) == f"Echo: {i}"
+            assert len(errors) == 1
+            err = errors[0]
+            assert isinstance(err, UpstreamTimeout)
+            assert (err.upstream, err.operation, err.seconds) == ("slow", "tools/call hang", 1.5)
+            assert "'slow'" in str(err) and "tools/call hang" in str(err) and "1.5 s" in str(err)
+            # A cancelled call does not poison the session either.
+            with anyio.move_on_after(0.3):
+                await pool_call(pool, "slow", "sleep", {"seconds": 5})
+            assert text(await pool_call(pool, "slow", "echo", {"message": "after"})) == "Echo: after"
+            assert pool.get("slow").state is READY  # type: ignore[union-attr]
+
+
+async def test_progress_notifications_reach_the_caller() -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    with anyio.fail_after(60):
+        async with running(Pool([stdio_testserver("prog")], Recorder())) as pool:
+            await pool.wait_settled(30)
+            result = await pool_call(pool, "prog", "progress", {"steps": 3}, progress=on_progress)
+            assert text(result) == "done"
+            assert [p for p, _, _ in seen] == [1, 2, 3]
+            assert seen[-1] == (3, 3, "step 3")
+
+
+async def test_unreachable_upstream_is_degraded_with_a_reason_and_others_work() -> None:
+    rec = Recorder()
+    dead = make_upstream("dead", "http", url=f"http://127.0.0.1:{get_free_port()}/mcp")
+    with anyio.fail_after(60):
+        async with running(Pool([dead, stdio_testserver("alive")], rec, backoff=lambda a: 30.0)) as pool:
+            await pool.wait_settled(30)
+            st = pool.get("dead")
+            assert st is not None and st.state is DEGRADED
+            assert st.reason and "connect failed" in st.reason
+            assert st.next_retry_in is not None and 0 < st.next_retry_in <= 30.0
+            assert "dead" not in rec.latest
+            with pytest.raises(UpstreamUnavailable, match=r"'dead' is degraded: connect failed"):
+                await pool_call(pool, "dead", "echo", {"message": "x"})
+            assert pool.get("alive").state is READY  # type: ignore[union-attr]
+
+
+async def test_silent_stdio_child_times_out_connect_and_is_not_left_behind(tmp_path: Any) -> None:
+    import sys
+
+    script = tmp_path / "silent.py"
+    pidfile = tmp_path / "pid"
+    script.write_text(f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    up = make_upstream("silent", "stdio", command=sys.executable, args=[str(script)],
+                       timeouts=Timeouts(connect=1.0, list_tools=1.0, call=1.0, ping=1.0))
+    with anyio.fail_after(60):
+        async with running(Pool([up], Recorder(), backoff=lambda a: 60.0)) as pool:
+            await pool.wait_settled(30)
+            st = pool.get("silent")
+            assert st is not None and st.state is DEGRADED
+            assert st.reason == "upstream 'silent' did not answer connect within 1 s"
+            assert st.pid is None
+            child = int(pidfile.read_text())
+        assert not pid_alive(child)
+        assert child not in children_of(os.getpid())
+
+
+async def test_shutdown_leaves_no_child_processes(testserver_http_url: str) -> None:
+    ups = [stdio_testserver("one"), stdio_testserver("two"),
+           make_upstream("net", "http", url=testserver_http_url)]
+    pool = Pool(ups, Recorder())
+    with anyio.fail_after(60):
+        async with running(pool):
+            await pool.wait_settled(30)
+            pids = [s.pid for s in pool.status() if s.pid is not None]
+            assert len(pids) == 2 and all(pid_alive(p) for p in pids)
+            # A call in flight at shutdown must not keep anything alive either.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pool_call, pool, "one", "hang", {})
+                await anyio.sleep(0)
+                tg.cancel_scope.cancel()
+    assert not any(pid_alive(p) for p in pids)
+    assert [p for p in children_of(os.getpid()) if p in pids] == []
+    assert {s.state for s in pool.status()} == {UpstreamState.CLOSED}
+
+
+@pytest.mark.slow
+async def test_reconcile_keeps_unchanged_restarts_changed_adds_and_removes() -> None:
+    rec = Recorder()
+    keep = stdio_testserver("keep")
+    change = stdio_testserver("change")
+    with anyio.fail_after(90):
+        async with running(Pool([keep, change], rec)) as pool:
+            await pool.wait_settled(30)
+            keep_pid = pool.get("keep").pid  # type: ignore[union-attr]
+            change_pid = pool.get("change").pid  # type: ignore[union-attr]
+            changed = replace(change, args=[*change.args, "--tools", "2"])
+            added = stdio_testserver("added")
+            await pool.reconcile([keep, changed, added])
+            await pool.wait_settled(30)
+            await wait_status(pool, "change", lambda s: s.state is READY)
+            await wait_status(pool, "added", lambda s: s.state is READY)
+            assert pool.get("keep").pid == keep_pid  # type: ignore[union-attr]
+            assert pool.get("change").pid not in (None, change_pid)  # type: ignore[union-attr]
+            assert not pid_alive(change_pid)  # type: ignore[arg-type]
+            assert "gen_001" in (rec.latest["change"] or [])
+            assert [s.name for s in pool.status()] == ["keep", "change", "added"]
+            added_pid = pool.get("added").pid  # type: ignore[union-attr]
+            await pool.reconcile([keep])
+            assert [s.name for s in pool.status()] == ["keep"]
+            assert rec.latest["change"] is None and rec.latest["added"] is None
+            assert not pid_alive(added_pid)  # type: ignore[arg-type]
+            assert pool.get("keep").pid == keep_pid  # type: ignore[union-attr]
+            assert text(await pool_call(pool, "keep", "echo", {"message": "k"})) == "Echo: k"
+
+
+async def test_stale_http_session_404_reconnects(spawn_server: Any, tmp_path: Any) -> None:
+    """A 2025-era session id the server no longer knows (it restarted) -> reconnect."""
+    port = get_free_port()
+    first = spawn_server("testserver", "http", ["--port", str(port)])
+    up = make_upstream("web", "http", url=first.url, ping_interval=0, relist_interval=0)
+    rec = Recorder()
+    with anyio.fail_after(90):
+        async with running(Pool([up], rec, mode="legacy", backoff=lambda a: 0.2)) as pool:
+            await pool.wait_settled(30)
+            assert pool.get("web").state is READY  # type: ignore[union-attr]
+            first.kill()
+            second = spawn_server("testserver", "http", ["--port", str(port)])
+            assert second.port == port
+            with pytest.raises(UpstreamUnavailable, match="lost its session during tools/call echo: .*Session"):
+                await pool_call(pool, "web", "echo", {"message": "x"})
+            st = await wait_status(pool, "web", lambda s: s.state is READY and s.reconnects >= 1)
+            assert st.reconnects >= 1
+            assert text(await pool_call(pool, "web", "echo", {"message": "y"})) == "Echo: y"
+
+
+@pytest.mark.slow
+async def test_failed_health_check_degrades(spawn_server: Any) -> None:
+    srv = spawn_server("testserver", "sse")
+    up = make_upstream("pinged", "sse", url=srv.url, ping_interval=0.2, relist_interval=0,
+                       timeouts=Timeouts(connect=10.0, list_tools=5.0, call=5.0, ping=1.0))
+    rec = Recorder()
+    with anyio.fail_after(60):
+        async with running(Pool([up], rec, backoff=lambda a: 30.0)) as pool:
+            await pool.wait_settled(30)
+            assert pool.get("pinged").state is READY  # type: ignore[union-attr]
+            os.killpg(srv.pid, signal.SIGSTOP)  # frozen, not dead: only a health check can notice
+            try:
+                st = await wait_status(pool, "pinged", lambda s: s.state is DEGRADED, timeout=20)
+                assert "did not answer" in (st.reason or "") or "health check" in (st.reason or ""), st.reason
+                await rec.wait(lambda: rec.latest.get("pinged") is None)
+            finally:
+                os.killpg(srv.pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("transport", "mode"), [("http", "auto"), ("http", "legacy"), ("sse", "auto")])
+async def test_dropped_network_upstream_degrades_and_keeps_retrying(
+    spawn_server: Any, testserver_http_url: str, transport: str, mode: str
+) -> None:
+    srv = spawn_server("testserver", transport)
+    up = make_upstream("net", transport, url=srv.url, ping_interval=0.5)
+    rec = Recorder()
+    attempts: list[int] = []
+
+    def backoff(attempt: int) -> float:
+        attempts.append(attempt)
+        return 0.2
+
+    with anyio.fail_after(60):
+        async with running(Pool([up, make_upstream("other", "http", url=testserver_http_url)], rec,
+                                backoff=backoff, mode=mode)) as pool:
+            await pool.wait_settled(30)
+            assert pool.get("net").state is READY  # type: ignore[union-attr]
+            srv.kill()
+            st = await wait_status(pool, "net", lambda s: s.state is DEGRADED, timeout=20)
+            assert st.reason
+            await rec.wait(lambda: rec.latest.get("net") is None)
+            # It keeps trying (the owner task did not die) with growing attempt numbers...
+            await wait_status(pool, "net", lambda s: s.reconnects >= 2, timeout=20)
+            assert attempts[:2] == [1, 2]
+            # ...and the other upstream never noticed.
+            other = pool.get("other")
+            assert other is not None and other.state is READY and other.reconnects == 0

@@ -1,0 +1,18 @@
+"""What the test layers and the bench scripts share, one copy of each job:
+
+- ``ports``: a free TCP port on 127.0.0.1.
+- ``processes``: /proc helpers (pid_alive, children_of, descendants), die_with_parent, kill_all.
+- ``servers``: the project's test MCP servers (testserver, faultserver), the user examples and
+  npm's server-everything as subprocesses on 127.0.0.1.
+- ``configs``: upstream config structs with short test timeouts (TEST_TIMEOUTS).
+- ``daemon``: a real ``toolatlas serve`` subprocess on a generated TOML config.
+- ``results``: the text of a tool result (SDK object or raw JSON).
+
+The repository root must be on sys.path (pytest puts it there: ``tests`` is a package).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,48 @@
+"""Upstream config structs for tests that drive ``toolatlas.upstream`` directly (no daemon);
+the daemon's TOML lives with its harness in ``tests.support.daemon``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Timeouts, Upstream
+
+from tests.support.servers import EVERYTHING_BIN, server_command
+
+# Short enough that a broken test fails fast, long enough for 2 loaded CI cores.
+TEST_TIMEOUTS = Timeouts(connect=15.0, list_tools=10.0, call=20.0, ping=5.0)
+
+
+def make_upstream(name: str, transport: str, **fields: Any) -> Upstream:
+    """A config upstream struct; ``timeouts`` default to TEST_TIMEOUTS."""
+    fields.setdefault("timeouts", TEST_TIMEOUTS)
+    cls: type[Upstream] = {"stdio": StdioUpstream, "sse": SseUpstream, "http": HttpUpstream}[transport]  # type: ignore[assignment]
+    return cls(name=name, **fields)
+
+
+def stdio_testserver(name: str = "ts", *args: str, **fields: Any) -> StdioUpstream:
+    """A stdio upstream running the project's test server with ``args``."""
+    command, *argv = server_command("testserver")
+    up = make_upstream(name, "stdio", command=command, args=[*argv, *args], **fields)
+    assert isinstance(up, StdioUpstream)
+    return up
+
+
+def stdio_everything(name: str = "everything", **fields: Any) -> StdioUpstream:
+    """A stdio upstream running npm's server-everything (skips when it is not installed)."""
+    if not EVERYTHING_BIN.exists():
+        import pytest
+
+        pytest.skip("npm server-everything is not installed (make npm)")
+    up = make_upstream(name, "stdio", command=str(EVERYTHING_BIN), args=["stdio"], **fields)
+    assert isinstance(up, StdioUpstream)
+    return up
+
+
+def replace(up: Upstream, **changes: Any) -> Upstream:
+    return msgspec.structs.replace(up, **changes)
+
+
+__all__ = ["TEST_TIMEOUTS", "make_upstream", "replace", "stdio_everything", "stdio_testserver"]

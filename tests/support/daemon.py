@@ -1,0 +1,149 @@
+"""Run a real `toolatlas serve` subprocess on a generated TOML config, for end-to-end tests and
+benches; and the TOML [[upstream]] blocks those configs are made of."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support import REPO
+from tests.support.processes import descendants, die_with_parent, kill_all
+from tests.support.servers import EVERYTHING_BIN, testserver_args
+
+__all__ = ["REPO", "Daemon", "everything_upstream", "shared_onnx_models", "stdio_testserver", "url_upstream"]
+
+
+def stdio_testserver(name: str, *extra: str) -> str:
+    """A TOML [[upstream]] block running the project's test server over stdio."""
+    args = json.dumps(testserver_args(*extra))
+    return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+
+
+def everything_upstream(name: str = "everything") -> str:
+    """A TOML [[upstream]] block running npm's server-everything over stdio."""
+    return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{EVERYTHING_BIN}"\nargs = ["stdio"]\n'
+
+
+def url_upstream(name: str, transport: str, url: str, extra: str = "") -> str:
+    return f'[[upstream]]\nname = "{name}"\ntransport = "{transport}"\nurl = "{url}"\n{extra}'
+
+
+def shared_onnx_models() -> Path:
+    """A folder with the ONNX export of the embedding model, made once per machine for the
+    test suite (the export itself is what toolatlas does on first start; atomic, locked)."""
+    import tempfile
+
+    from toolatlas.retrieval.embed import ensure_onnx_export
+
+    root = Path(tempfile.gettempdir()) / f"toolatlas-test-models-{os.getuid()}"
+    ensure_onnx_export(root)
+    return root / "models"
+
+
+class Daemon:
+    """A daemon subprocess; `rpc(method, params)` talks to it over the socket."""
+
+    def __init__(self, tmp: Path, upstreams: str, *, daemon_extra: str = "", search_extra: str = 'embedder = "none"\n') -> None:
+        self.tmp = tmp
+        self.socket = str(tmp / "run" / "toolatlas.sock")
+        self.config = tmp / "toolatlas.toml"
+        self.config.write_text(
+            "[daemon]\n"
+            f'socket = "{self.socket}"\n'
+            f'state_dir = "{tmp / "state"}"\n'
+            + ('metrics_addr = ""\n' if "metrics_addr" not in daemon_extra else "")
+            +
+            "drain_timeout = 5\n"
+            f"{daemon_extra}\n"
+            "[search]\n"
+            f"{search_extra}\n"
+            f"{upstreams}"
+        )
+        self.log = tmp / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        if 'embedder = "onnx"' in search_extra:
+            (tmp / "state" / "index").mkdir(parents=True, exist_ok=True)
+            models = tmp / "state" / "index" / "models"
+            if not models.exists():
+                models.symlink_to(shared_onnx_models(), target_is_directory=True)
+
+    def start(self, *, wait_ready: float = 60.0, env: dict[str, str] | None = None) -> "Daemon":
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        self._logfh = open(self.log, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "toolatlas", "serve", "--config", str(self.config)],
+            stdout=self._logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            preexec_fn=die_with_parent,
+        )
+        deadline = time.monotonic() + wait_ready
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                if self.status()["index"]["ready"]:
+                    return self
+            except (OSError, ConnectionError, KeyError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"daemon not ready within {wait_ready} s:\n{self.log.read_text()}")
+
+    def client(self) -> Any:
+        from toolatlas.surface.rawclient import RawClient
+
+        return RawClient(self.socket, timeout=60)
+
+    def tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        with self.client() as c:
+            return c.call_tool(name, args)
+
+    def meta(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        result = self.tool(name, args)
+        assert not result.get("isError"), result
+        return result["structuredContent"]
+
+    def status(self) -> dict[str, Any]:
+        return self.meta("catalog_status", {})
+
+    def search(self, query: str, top_k: int = 5, **kw: Any) -> list[str]:
+        return [m["name"] for m in self.meta("tool_search", {"query": query, "top_k": top_k, **kw})["matches"]]
+
+    def wait_for(self, predicate: Any, timeout: float = 30.0, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = predicate()
+                if last:
+                    return last
+            except (OSError, ConnectionError, AssertionError, KeyError):
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"{what} not reached within {timeout} s (last: {last!r})\n{self.log.read_text()[-4000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        self._logfh.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "Daemon":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            kids = descendants(self.proc.pid)
+            self.stop()
+            kill_all(kids)

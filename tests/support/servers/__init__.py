@@ -1,0 +1,203 @@
+"""MCP servers for the tests, as subprocesses on 127.0.0.1.
+
+- ``testserver.py`` / ``faultserver.py`` (this folder): the project's test servers. They are
+  run by file path (``server_command``), so a child started by a daemon under test finds them
+  without the repository on its PYTHONPATH; they import only ``toolatlas`` and ``mcp``.
+- ``weather`` / ``units`` / ``notes``: the user examples in ``toolatlas.examples``.
+- npm's server-everything (``EVERYTHING_BIN``, ``ServerFactory.everything``).
+
+``start_server`` runs one over sse or http with ``--port 0`` (or a given port) and waits for
+its ``READY <port>`` line; ``ServerFactory`` keeps what it started and stops it at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.support import REPO
+from tests.support.ports import free_port
+from tests.support.processes import die_with_parent
+
+HERE = Path(__file__).resolve().parent
+TESTSERVER = HERE / "testserver.py"
+FAULTSERVER = HERE / "faultserver.py"
+EVERYTHING_BIN = REPO / "tests" / "npm" / "node_modules" / ".bin" / "mcp-server-everything"
+START_TIMEOUT = 30.0
+_FILES = {"testserver": TESTSERVER, "faultserver": FAULTSERVER}
+
+
+def server_command(module: str) -> list[str]:
+    """argv that runs ``module``: "testserver"/"faultserver" (this folder, by path), a user
+    example by short name ("weather") or any dotted module ("toolatlas.examples.units")."""
+    if module in _FILES:
+        return [sys.executable, str(_FILES[module])]
+    return [sys.executable, "-m", module if "." in module else f"toolatlas.examples.{module}"]
+
+
+def testserver_args(*extra: str) -> list[str]:
+    """args for a stdio upstream ``command = sys.executable`` running the test server."""
+    return [str(TESTSERVER), "--transport", "stdio", *extra]
+
+
+testserver_args.__test__ = False  # type: ignore[attr-defined]  # not a test, whatever its name
+
+
+def faultserver_args(*extra: str) -> list[str]:
+    """args for a stdio upstream ``command = sys.executable`` running the fault server."""
+    return [str(FAULTSERVER), "--transport", "stdio", *extra]
+
+
+@dataclass
+class RunningServer:
+    proc: subprocess.Popen[bytes]
+    port: int
+    url: str
+    log: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def _tail(self) -> str:
+        return self.log.read_text()[-2000:] if self.log is not None and self.log.exists() else ""
+
+
+def _wait_ready_line(srv: RunningServer) -> int:
+    proc = srv.proc
+    assert proc.stdout is not None
+    deadline = time.monotonic() + START_TIMEOUT
+    buf = b""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {srv._tail()}")
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            buf += os.read(proc.stdout.fileno(), 4096)
+            for line in buf.decode(errors="replace").splitlines():
+                if line.startswith("READY "):
+                    return int(line.split()[1])
+    raise RuntimeError(f"server did not print READY within {START_TIMEOUT} s: {srv._tail()}")
+
+
+def _wait_port(srv: RunningServer) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if srv.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {srv.proc.returncode}: {srv._tail()}")
+        try:
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listened on 127.0.0.1:{srv.port} within {START_TIMEOUT} s")
+
+
+def start_server(module: str, transport: str = "http", *args: str, port: int = 0, log: Path | None = None) -> RunningServer:
+    """Start ``module`` (see ``server_command``) over sse or http on 127.0.0.1 and wait for it.
+
+    Its stderr goes to ``log`` (or is inherited); it dies with the test process. Raises
+    RuntimeError, with the log's tail, when it exits or prints no READY line in time."""
+    if transport not in ("sse", "http"):
+        raise ValueError("start_server runs network transports; stdio upstreams are config (tests.support.configs)")
+    err = log.open("wb") if log is not None else None
+    try:
+        proc = subprocess.Popen(
+            [*server_command(module), "--transport", transport, "--host", "127.0.0.1", "--port", str(port), *args],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+    finally:
+        if err is not None:
+            err.close()
+    srv = RunningServer(proc, port, "", log)
+    try:
+        srv.port = _wait_ready_line(srv)
+    except BaseException:
+        srv.stop()
+        raise
+    srv.url = f"http://127.0.0.1:{srv.port}" + ("/sse" if transport == "sse" else "/mcp")
+    return srv
+
+
+def start_everything(transport: str = "http", log: Path | None = None) -> RunningServer:
+    """npm's server-everything over streamable HTTP or SSE on a free port (it binds every
+    interface; only its loopback address is used). The caller checks EVERYTHING_BIN exists."""
+    port = free_port()
+    mode = {"http": "streamableHttp", "sse": "sse"}[transport]
+    out = log.open("wb") if log is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(
+            [str(EVERYTHING_BIN), mode], env={**os.environ, "PORT": str(port)},
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+    finally:
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
+    srv = RunningServer(proc, port, "", log)
+    try:
+        _wait_port(srv)
+    except BaseException:
+        srv.stop()
+        raise
+    srv.url = f"http://127.0.0.1:{port}" + ("/mcp" if transport == "http" else "/sse")
+    return srv
+
+
+class ServerFactory:
+    """Starts servers with their logs in ``tmp`` and stops every one at ``close()``."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.running: list[RunningServer] = []
+
+    def python(self, module: str = "testserver", transport: str = "http", args: tuple[str, ...] | list[str] = ()) -> RunningServer:
+        log = self.tmp / f"{module.rsplit('.', 1)[-1]}-{transport}-{len(self.running)}.log"
+        srv = start_server(module, transport, *args, log=log)
+        self.running.append(srv)
+        return srv
+
+    def everything(self, transport: str = "http") -> RunningServer:
+        import pytest
+
+        if not EVERYTHING_BIN.exists():
+            pytest.skip("npm server-everything is not installed (make npm)")
+        srv = start_everything(transport, self.tmp / f"everything-{transport}-{len(self.running)}.log")
+        self.running.append(srv)
+        return srv
+
+    def close(self) -> None:
+        for srv in self.running:
+            srv.stop()

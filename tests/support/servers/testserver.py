@@ -1,0 +1,144 @@
+"""A configurable MCP server for the test suite (all transports).
+
+    python tests/support/servers/testserver.py [--transport stdio|sse|http] [--port 0]
+        [--tools N] [--page-size N] [--name NAME]
+
+Tools: ``echo``, ``sleep(seconds)``, ``hang`` (never returns), ``crash`` (the process exits
+at once), ``add_tool(name, description)`` / ``remove_tool(name)`` (change the catalog and
+announce it on both protocol generations: the legacy notification on the calling session
+and a ``subscriptions/listen`` event), ``progress(steps)`` (progress notifications),
+``pid`` (the server's process id), plus ``--tools N`` generated ``gen_NNN`` tools.
+``--page-size N`` makes tools/list return N tools a page with a ``nextCursor``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import ListToolsResult, PaginatedRequestParams
+from mcp.server.mcpserver.resolve import Elicit, Resolve
+from pydantic import BaseModel
+
+from toolatlas.examples import _serve
+
+
+class PagedServer(MCPServer):
+    """MCPServer whose tools/list pages by ``page_size`` (0 = one page) with offset cursors."""
+
+    page_size = 0
+
+    async def _handle_list_tools(self, ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
+        tools = await self.list_tools()
+        if self.page_size <= 0:
+            return ListToolsResult(tools=tools)
+        cursor = params.cursor if params is not None else None
+        start = int(cursor) if cursor and cursor.isdigit() else 0
+        end = start + self.page_size
+        return ListToolsResult(tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None)
+
+
+async def _announce(ctx: Context) -> None:
+    # Legacy (<= 2025-11-25): a notification on the calling session.
+    with contextlib.suppress(Exception):
+        await ctx.request_context.session.send_tool_list_changed()
+    # 2026-07-28: an event for every open subscriptions/listen stream.
+    with contextlib.suppress(Exception):
+        await ctx.notify_tools_changed()
+
+
+class _Name(BaseModel):
+    name: str
+
+
+def ask_name() -> Elicit[_Name]:
+    """Resolver for greet_user: elicit the user's name (input_required on 2026-07-28)."""
+    return Elicit("What is your name?", _Name)
+
+
+def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_description: str | None = None) -> PagedServer:
+    server = PagedServer(name, instructions="A configurable server for toolatlas tests.")
+    server.page_size = page_size
+
+    @server.tool(description=echo_description or "Echo the message back, prefixed with 'Echo: '.")
+    def echo(message: str) -> str:
+        return f"Echo: {message}"
+
+    @server.tool(description="Wait the given number of seconds, then return how long it slept.")
+    async def sleep(seconds: float) -> str:
+        await anyio.sleep(seconds)
+        return f"slept {seconds:g} s"
+
+    @server.tool(description="Never return (for timeout tests).")
+    async def hang() -> str:
+        await anyio.sleep_forever()
+        return "unreachable"
+
+    @server.tool(description="Exit the server process immediately with the given code.")
+    def crash(code: int = 1) -> str:
+        sys.stderr.write(f"testserver: crashing with code {code}\n")
+        sys.stderr.flush()
+        os._exit(code)
+
+    @server.tool(description="Ask the user for their name (an elicitation), then greet them by it.")
+    async def greet_user(who: Annotated[_Name, Resolve(ask_name)]) -> str:
+        return f"Hello, {who.name}! (pid {os.getpid()})"
+
+    @server.tool(description="Return this server's process id.")
+    def pid() -> int:
+        return os.getpid()
+
+    @server.tool(description="Send `steps` progress notifications, then return 'done'.")
+    async def progress(steps: int, ctx: Context) -> str:
+        for i in range(1, steps + 1):
+            await ctx.report_progress(i, steps, f"step {i}")
+        return "done"
+
+    @server.tool(description="Add a tool with this name and description at run time and announce the change.")
+    async def add_tool(name: str, description: str, ctx: Context) -> str:
+        def dynamic(text: str = "") -> str:
+            return f"{name}: {text}"
+
+        server.add_tool(dynamic, name=name, description=description)
+        await _announce(ctx)
+        return f"added {name}"
+
+    @server.tool(description="Remove a tool by name at run time and announce the change.")
+    async def remove_tool(name: str, ctx: Context) -> str:
+        server.remove_tool(name)
+        await _announce(ctx)
+        return f"removed {name}"
+
+    def make_gen(i: int) -> Any:
+        def gen(value: str = "") -> str:
+            return f"gen_{i:03d}: {value}"
+
+        return gen
+
+    for i in range(tools):
+        server.add_tool(make_gen(i), name=f"gen_{i:03d}", description=f"Generated test tool number {i}; returns its input.")
+    return server
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = _serve.parser("Configurable MCP test server.")
+    p.add_argument("--name", default="testserver")
+    p.add_argument("--tools", type=int, default=0, help="extra generated tools")
+    p.add_argument("--page-size", type=int, default=0, help="tools per tools/list page (0 = all)")
+    p.add_argument("--echo-description-file", help="if this file exists at start, echo's description is its text "
+                   "(a new release of the server that redefines a tool)")
+    args = p.parse_args(argv)
+    echo_description = None
+    if args.echo_description_file and os.path.exists(args.echo_description_file):
+        with open(args.echo_description_file, encoding="utf-8") as fh:
+            echo_description = fh.read().strip()
+    _serve.run(build(args.name, args.tools, args.page_size, echo_description), args)
+
+
+if __name__ == "__main__":
+    main()

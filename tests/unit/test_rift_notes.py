@@ -1,0 +1,31 @@
+"""Rift notes name only tools the caller may use (#15 item 6)."""
+
+from __future__ import annotations
+
+from toolatlas.gateway.search import add_rift_notes
+from toolatlas.rift.report import Cluster, RiftReport, ToolDiag
+
+
+def _report() -> RiftReport:
+    members = ("git__create_issue", "vault7__create_issue")
+    tools = {m: ToolDiag(name=m, cluster=0, margin=0.01, confused_with=members[1 - i], distinguishing=("git",),
+                         diagnosis="SHARPEN", query="create issue") for i, m in enumerate(members)}
+    cluster = Cluster(id=0, members=members, cohesion=0.95, risk="high", worst_margin=0.01, shared=("create", "issue"))
+    return RiftReport(clusters=(cluster,), tools=tools, n_tools=2, theta=0.65, high=0.9, medium=0.8,
+                      margin_analysis=True, embedder="test")
+
+
+def test_note_names_only_visible_siblings() -> None:
+    report = _report()
+    assert "vault7__create_issue" in (report.note_for("git__create_issue") or "")
+    assert report.note_for("git__create_issue", visible=lambda n: n.startswith("git__")) is None
+
+
+def test_search_notes_are_scoped_to_the_callers_servers() -> None:
+    matches = [{"name": "git__create_issue"}, {"name": "vault7__create_issue"}]
+    add_rift_notes(_report(), matches, {"git", "vault7"})
+    assert "vault7__create_issue" in matches[0]["note"]
+    # a caller without vault7 (its match would not be shown either) never reads its name
+    only_git = [{"name": "git__create_issue"}, {"name": "git__create_issue"}]
+    add_rift_notes(_report(), only_git, {"git"})
+    assert all("vault7" not in m.get("note", "") for m in only_git)
