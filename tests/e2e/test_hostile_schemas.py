@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import Daemon
+from tests.support.daemon import Daemon
 
 HOSTILE = Path(__file__).resolve().parents[1] / "support" / "servers" / "hostile.py"
 ARG = "a" * 34 + "!"  # `re` backtracks for minutes on ^(a+)+$ with this
