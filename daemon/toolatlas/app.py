@@ -832,7 +832,7 @@ async def serve(cfg: Config, *, ready: Callable[[Gateway], None] | None = None) 
 
             async def announce_ready() -> None:
                 await gw.index_ready.wait()
-                notifier.ready(f"serving {len(gw.by_name)} tools from {len(gw.available)} upstreams")
+                await notifier.ready(f"serving {len(gw.by_name)} tools from {len(gw.available)} upstreams")
                 if ready is not None:
                     ready(gw)
 
@@ -843,7 +843,7 @@ async def serve(cfg: Config, *, ready: Callable[[Gateway], None] | None = None) 
                     continue
                 log.info("received %s: draining for up to %.0f s", signal.Signals(signum).name, cfg.daemon.drain_timeout)
                 break
-        notifier.stopping()
+        await notifier.stopping()
         await gw.drain(gw.cfg.daemon.drain_timeout)
         await gw.close_upstreams()
         tg.cancel_scope.cancel()
@@ -851,7 +851,7 @@ async def serve(cfg: Config, *, ready: Callable[[Gateway], None] | None = None) 
 
 
 async def _reload(gw: Gateway, notifier: Notifier) -> None:
-    notifier.reloading()
+    await notifier.reloading()
     try:
         new = await anyio.to_thread.run_sync(load, gw.cfg.source)
         Attestor(new)  # a bad [cards] section is rejected before anything changes
@@ -861,7 +861,7 @@ async def _reload(gw: Gateway, notifier: Notifier) -> None:
     else:
         summary = await gw.reload(new)
         gw.events.emit("config_reloaded", **summary)
-    notifier.ready()
+    await notifier.ready()
 
 
 def main_serve(cfg: Config) -> int:
