@@ -133,7 +133,7 @@ async def serve(cfg: Config, *, ready: Callable[[Daemon], None] | None = None) -
             async def announce_ready() -> None:
                 await gw.index_ready.wait()
                 view = gw.catalog.view
-                notifier.ready(f"serving {len(view.by_name)} tools from {len(view.available)} upstreams")
+                await notifier.ready(f"serving {len(view.by_name)} tools from {len(view.available)} upstreams")
                 if ready is not None:
                     ready(daemon)
 
@@ -144,7 +144,7 @@ async def serve(cfg: Config, *, ready: Callable[[Daemon], None] | None = None) -
                     continue
                 log.info("received %s: draining for up to %.0f s", signal.Signals(signum).name, cfg.daemon.drain_timeout)
                 break
-        notifier.stopping()
+        await notifier.stopping()
         await daemon.drain(gw.cfg.daemon.drain_timeout)
         await gw.close_upstreams()
         tg.cancel_scope.cancel()
@@ -153,7 +153,7 @@ async def serve(cfg: Config, *, ready: Callable[[Daemon], None] | None = None) -
 
 async def _reload(daemon: Daemon, notifier: Notifier) -> None:
     gw = daemon.gateway
-    notifier.reloading()
+    await notifier.reloading()
     try:
         new = await anyio.to_thread.run_sync(load, gw.cfg.source)
         attestor = Attestor(new)  # a bad [cards] section is rejected before anything changes
@@ -164,7 +164,7 @@ async def _reload(daemon: Daemon, notifier: Notifier) -> None:
     else:
         summary = await daemon.reload(new, attestor)
         gw.events.emit(ev.CONFIG_RELOADED, **summary)
-    notifier.ready()
+    await notifier.ready()
 
 
 def main_serve(cfg: Config) -> int:

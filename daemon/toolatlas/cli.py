@@ -9,6 +9,8 @@ import os
 import sys
 from typing import Any
 
+from toolatlas.paths import client_socket
+
 EX_CONFIG = 78
 
 # Subcommands implemented in their own modules: `toolatlas WORD ...` -> module.main(argv).
@@ -18,25 +20,6 @@ _DELEGATED = {
     "keygen": ("toolatlas.catalog.cards_cli", "keygen_main"),
     "rift": ("toolatlas.rift.cli", "main"),
 }
-
-
-def resolve_socket(flag: str | None, config: str | None = None) -> str:
-    """--socket, else $TOOLATLAS_SOCKET, else the config's socket, else the default path."""
-    if flag:
-        return flag
-    if env := os.environ.get("TOOLATLAS_SOCKET"):
-        return env
-    config = config or os.environ.get("TOOLATLAS_CONFIG")
-    if config and os.path.exists(config):
-        import tomllib
-
-        with open(config, "rb") as fh:
-            sock = tomllib.load(fh).get("daemon", {}).get("socket")
-        if sock:
-            return os.path.join(os.path.dirname(os.path.abspath(config)), os.path.expandvars(sock))
-    from toolatlas.paths import default_socket_path
-
-    return default_socket_path()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,10 +70,9 @@ def _content_json(result: dict[str, Any]) -> Any:
         return "".join(texts)
 
 
-def _client_command(args: argparse.Namespace) -> int:
+def _client_command(args: argparse.Namespace, path: str) -> int:
     from toolatlas.surface.rawclient import RawClient, RpcError
 
-    path = resolve_socket(args.socket, args.config)
     try:
         client = RawClient(path)
     except ConnectionError as exc:
@@ -167,15 +149,21 @@ def main(argv: list[str] | None = None) -> int:
         return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
 
     args = _parser().parse_args(argv)
-    if args.cmd == "shim":
-        from toolatlas.surface.shim import run
+    from toolatlas.errors import ConfigError
 
-        return run(resolve_socket(args.socket, args.config))
-    if args.cmd in ("search", "call", "status"):
-        return _client_command(args)
+    if args.cmd in ("shim", "search", "call", "status"):
+        try:
+            socket = client_socket(args.socket, args.config)
+        except ConfigError as exc:
+            print(f"toolatlas: config error: {exc}", file=sys.stderr)
+            return EX_CONFIG
+        if args.cmd == "shim":
+            from toolatlas.surface.shim import run
+
+            return run(socket)
+        return _client_command(args, socket)
 
     from toolatlas.config import load
-    from toolatlas.errors import ConfigError
 
     path = args.config if args.cmd == "serve" else args.path
     try:

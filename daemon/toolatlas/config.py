@@ -16,13 +16,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from toolatlas.errors import ConfigError
-from toolatlas.paths import default_socket_path
+from toolatlas.paths import default_state_dir, expand_vars, resolve_path, socket_path
 
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
 UpstreamName = Annotated[str, msgspec.Meta(pattern=NAME_RE, max_length=48)]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
-
-_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -49,19 +47,19 @@ class _UpstreamBase(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     card_generator: Literal["bootstrap", "llm", "publisher"] = "bootstrap"
 
 
-class StdioUpstream(_UpstreamBase, tag_field="transport", tag="stdio"):
+class StdioUpstream(_UpstreamBase, tag_field="transport", tag="stdio", frozen=True):
     command: str
     args: list[str] = []
     env: dict[str, str] = {}
     cwd: str | None = None
 
 
-class SseUpstream(_UpstreamBase, tag_field="transport", tag="sse"):
+class SseUpstream(_UpstreamBase, tag_field="transport", tag="sse", frozen=True):
     url: str
     headers: dict[str, str] = {}
 
 
-class HttpUpstream(_UpstreamBase, tag_field="transport", tag="http"):
+class HttpUpstream(_UpstreamBase, tag_field="transport", tag="http", frozen=True):
     url: str
     headers: dict[str, str] = {}
 
@@ -188,22 +186,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         return None
 
 
-def default_state_dir() -> str:
-    if os.geteuid() == 0:
-        return "/var/lib/toolatlas"
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return os.path.join(base, "toolatlas")
-
-
 def _expand(value: Any, path: str, env: dict[str, str]) -> Any:
     if isinstance(value, str):
-        def sub(m: re.Match[str]) -> str:
-            var = m.group(1)
-            if var not in env:
-                raise ConfigError(f"{path}: environment variable ${{{var}}} is not set")
-            return env[var]
-
-        return _VAR_RE.sub(sub, value)
+        return expand_vars(value, env, path)
     if isinstance(value, dict):
         return {k: _expand(v, f"{path}.{k}" if path else k, env) for k, v in value.items()}
     if isinstance(value, list):
@@ -262,24 +247,27 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         if isinstance(up, (SseUpstream, HttpUpstream)) and not up.url.startswith(("http://", "https://")):
             raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {up.url!r}")
     if cfg.daemon.metrics_addr:
-        _split_addr(cfg.daemon.metrics_addr, source)
+        host_port(cfg.daemon.metrics_addr, key="[daemon] metrics_addr", source=source)
     _check_http(cfg.http, source)
     return _resolve_paths(cfg, Path(source).parent if source != "<string>" else Path.cwd(), source)
 
 
-def _split_addr(addr: str, source: str = "<config>") -> tuple[str, int]:
+def host_port(addr: str, *, key: str, source: str = "<config>", default_host: str | None = "127.0.0.1") -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::1]:PORT`) as (host, port); the one parser of listen addresses.
+
+    An empty host means `default_host`; with `default_host=None` a host is required. Raises
+    ConfigError naming `key` when the text is not HOST:PORT with a port in 0..65535.
+    """
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or not (0 <= int(port) < 65536):
-        raise ConfigError(f"{source}: [daemon] metrics_addr must be HOST:PORT, got {addr!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535 or not (host or default_host):
+        raise ConfigError(f"{source}: {key} must be HOST:PORT, got {addr!r}")
+    return host.strip("[]") or str(default_host), int(port)
 
 
 def _check_http(http: HttpSection, source: str) -> None:
     if not http.listen:
         return
-    host, sep, port = http.listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not (0 <= int(port) < 65536):
-        raise ConfigError(f"{source}: [http] listen must be HOST:PORT, got {http.listen!r}")
+    host_port(http.listen, key="[http] listen", source=source, default_host=None)
     names = [t.name for t in http.tokens]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -289,29 +277,26 @@ def _check_http(http: HttpSection, source: str) -> None:
                           "(and no [http] anonymous); every request would be refused")
 
 
-def http_address(cfg: Config) -> tuple[str, int] | None:
-    """(host, port) of the HTTP endpoint, or None when it is off."""
-    if not cfg.http.listen:
-        return None
-    host, _, port = cfg.http.listen.rpartition(":")
-    return host.strip("[]"), int(port)
+def listen_address(http: HttpSection) -> tuple[str, int]:
+    """(host, port) of the HTTP endpoint's `[http] listen` (checked by `parse`)."""
+    return host_port(http.listen, key="[http] listen")
 
 
 def metrics_address(cfg: Config) -> tuple[str, int] | None:
-    return _split_addr(cfg.daemon.metrics_addr, cfg.source) if cfg.daemon.metrics_addr else None
+    """(host, port) of the Prometheus endpoint, or None when `metrics_addr` is ""."""
+    if not cfg.daemon.metrics_addr:
+        return None
+    return host_port(cfg.daemon.metrics_addr, key="[daemon] metrics_addr", source=cfg.source)
 
 
 def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
-    def res(p: str) -> str:
-        return str((base / os.path.expanduser(p)).resolve()) if p else p
-
     daemon = msgspec.structs.replace(
         cfg.daemon,
-        socket=res(cfg.daemon.socket) or default_socket_path(),
-        state_dir=res(cfg.daemon.state_dir) or default_state_dir(),
+        socket=socket_path(cfg.daemon.socket, base),
+        state_dir=resolve_path(cfg.daemon.state_dir, base) or default_state_dir(),
     )
     ups = [
-        msgspec.structs.replace(u, cwd=res(u.cwd)) if isinstance(u, StdioUpstream) and u.cwd else u
+        msgspec.structs.replace(u, cwd=resolve_path(u.cwd, base)) if isinstance(u, StdioUpstream) and u.cwd else u
         for u in cfg.upstream
     ]
     return msgspec.structs.replace(cfg, daemon=daemon, upstream=ups, source=source)

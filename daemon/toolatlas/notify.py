@@ -4,8 +4,11 @@
 AF_UNIX socket named by `$NOTIFY_SOCKET`; a leading `@` names an abstract socket. With no
 socket configured every method is a no-op, so the daemon calls them unconditionally.
 
-Sending never blocks the event loop: the datagram socket is non-blocking and a full receive
-queue (systemd busy) drops that one message with a warning rather than stalling requests.
+Sending never blocks the event loop: the datagram socket is non-blocking. A full receive
+queue (systemd busy, or nobody reading yet) is retried with capped backoff for the state
+changes systemd acts on (`ready`, `reloading`, `stopping`, which are awaited), so READY=1 is
+not lost; a periodic `watchdog`/`status` line is sent once and dropped when there is no
+room (the next one supersedes it). A message is given up only after `RETRY_FOR_S`.
 
 Protocol reminders (see sd_notify(3)): after `reloading()` the service must send `ready()`
 again once the new configuration is live; `WATCHDOG=1` must arrive within `WatchdogSec`,
@@ -23,10 +26,18 @@ import time
 import anyio
 from anyio.abc import TaskStatus
 
+from toolatlas.upstream.backoff import backoff_delay
+
 logger = logging.getLogger(__name__)
 
 # The first fd systemd passes with socket activation (SD_LISTEN_FDS_START).
 LISTEN_FDS_START = 3
+
+# How long a state change waits for room in a full notify queue before it is given up,
+# and the backoff between attempts (seconds).
+RETRY_FOR_S = 10.0
+RETRY_BASE_S = 0.005
+RETRY_CAP_S = 0.5
 
 # Variables the service manager sets for this process only; children (stdio upstreams)
 # must not inherit them (see `scrub_environment`).
@@ -54,7 +65,9 @@ class Notifier:
     """sd_notify client for `$NOTIFY_SOCKET` (or an explicit path); no-op when unset.
 
     `enabled` is True when a usable socket address is configured. Errors while sending
-    are logged and swallowed: losing a status line must never take the daemon down.
+    are logged and swallowed: losing a status line must never take the daemon down. The
+    state changes (`ready`, `reloading`, `stopping`) are coroutines: they wait (bounded) for
+    room in a full queue instead of dropping the message.
     """
 
     def __init__(self, socket_path: str | None = None) -> None:
@@ -68,39 +81,68 @@ class Notifier:
     def __repr__(self) -> str:
         return f"<Notifier socket={self._path!r} enabled={self.enabled}>"
 
-    def _send(self, message: str) -> None:
+    def _send(self, message: str) -> bool:
+        """One attempt; False only when the receive queue is full (worth retrying).
+
+        Other errors (no listener, permission) are logged and count as done: losing a status
+        line must never take the daemon down.
+        """
         if self._address is None:
-            return
+            return True
         # A socket per message, as libsystemd does: nothing to close, nothing to leak.
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
                 sock.setblocking(False)
                 sock.sendto(message.encode(), self._address)
         except BlockingIOError:
-            logger.warning("sd_notify queue full; dropped %r", message.split("\n", 1)[0])
+            return False
         except OSError as exc:
             logger.warning("sd_notify to %s failed: %s", self._path, exc)
+        return True
 
-    def ready(self, status: str = "") -> None:
+    def _send_once(self, message: str) -> None:
+        if not self._send(message):
+            logger.debug("sd_notify queue full; dropped %r", _first_line(message))
+
+    async def _deliver(self, message: str) -> None:
+        """Send `message`, retrying a full queue with capped backoff for up to RETRY_FOR_S."""
+        deadline = anyio.current_time() + RETRY_FOR_S
+        attempt = 0
+        while not self._send(message):
+            attempt += 1
+            delay = backoff_delay(attempt, base=RETRY_BASE_S, cap=RETRY_CAP_S)
+            if anyio.current_time() + delay > deadline:
+                logger.warning("sd_notify queue still full after %g s; gave up %r", RETRY_FOR_S, _first_line(message))
+                return
+            log = logger.warning if attempt == 1 else logger.debug
+            log("sd_notify queue full; retrying %r in %.3f s (attempt %d)", _first_line(message), delay, attempt)
+            await anyio.sleep(delay)
+        if attempt:
+            logger.info("sd_notify %r delivered after %d retries", _first_line(message), attempt)
+
+    async def ready(self, status: str = "") -> None:
         """READY=1: the socket accepts and the index is loaded (also after a reload)."""
-        self._send("READY=1" + (f"\nSTATUS={_one_line(status)}" if status else ""))
+        await self._deliver("READY=1" + (f"\nSTATUS={_one_line(status)}" if status else ""))
 
-    def stopping(self) -> None:
+    async def stopping(self) -> None:
         """STOPPING=1: shutdown has begun."""
-        self._send("STOPPING=1")
+        await self._deliver("STOPPING=1")
 
-    def reloading(self) -> None:
-        """RELOADING=1 with the CLOCK_MONOTONIC timestamp systemd requires (Type=notify-reload)."""
+    async def reloading(self) -> None:
+        """RELOADING=1 with the CLOCK_MONOTONIC timestamp systemd requires (Type=notify-reload).
+
+        The timestamp is taken at the first attempt; a retried message keeps it.
+        """
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        self._send(f"RELOADING=1\nMONOTONIC_USEC={usec}")
+        await self._deliver(f"RELOADING=1\nMONOTONIC_USEC={usec}")
 
     def watchdog(self) -> None:
-        """WATCHDOG=1: the event loop is alive."""
-        self._send("WATCHDOG=1")
+        """WATCHDOG=1: the event loop is alive (once; the next ping supersedes a dropped one)."""
+        self._send_once("WATCHDOG=1")
 
     def status(self, text: str) -> None:
-        """STATUS=...: a one-line human status shown by `systemctl status`."""
-        self._send(f"STATUS={_one_line(text)}")
+        """STATUS=...: a one-line human status shown by `systemctl status` (sent once)."""
+        self._send_once(f"STATUS={_one_line(text)}")
 
     def extend_timeout(self, seconds: float) -> None:
         """EXTEND_TIMEOUT_USEC: ask for `seconds` more before the start/stop timeout fires.
@@ -108,7 +150,7 @@ class Notifier:
         For a slow first index build (embedding thousands of tools) during startup; repeat
         it while progress is being made.
         """
-        self._send(f"EXTEND_TIMEOUT_USEC={max(0, int(seconds * 1_000_000))}")
+        self._send_once(f"EXTEND_TIMEOUT_USEC={max(0, int(seconds * 1_000_000))}")
 
     def watchdog_interval(self) -> float | None:
         """Seconds between WATCHDOG=1 pings (half of `$WATCHDOG_USEC`), or None.
@@ -136,6 +178,10 @@ class Notifier:
             except ValueError:
                 return None
         return usec / 2 / 1_000_000
+
+
+def _first_line(message: str) -> str:
+    return message.split("\n", 1)[0]
 
 
 def _one_line(text: str) -> str:

@@ -1,8 +1,42 @@
-"""Default locations, stdlib only (the shim and the CLI import this without msgspec)."""
+"""Where things live: default locations, and the one resolver of a configured path.
+
+Stdlib only: the shim and the CLI import this without msgspec. The daemon's config
+(config.py) and the CLI's `--socket` default both resolve a path here, so `~`, `${VAR}`
+and a path relative to the config file mean the same thing to both.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from toolatlas.errors import ConfigError
+
+SYSTEM_SOCKET = "/run/toolatlas/toolatlas.sock"
+_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_vars(text: str, env: Mapping[str, str], where: str) -> str:
+    """`${VAR}` in `text` from `env` (a bare `$VAR` is left alone, as the config documents).
+
+    Raises ConfigError naming `where` (the config key) when a variable is not set.
+    """
+
+    def sub(m: re.Match[str]) -> str:
+        var = m.group(1)
+        if var not in env:
+            raise ConfigError(f"{where}: environment variable ${{{var}}} is not set")
+        return env[var]
+
+    return _VAR_RE.sub(sub, text)
+
+
+def resolve_path(path: str, base: str | os.PathLike[str]) -> str:
+    """A configured path made absolute: `~` expanded, a relative one taken from `base` (the
+    config file's folder). "" stays "" (the key is unset)."""
+    return str((Path(base) / os.path.expanduser(path)).resolve()) if path else path
 
 
 def default_socket_path() -> str:
@@ -10,6 +44,47 @@ def default_socket_path() -> str:
     if env := os.environ.get("TOOLATLAS_SOCKET"):
         return env
     if os.geteuid() == 0:
-        return "/run/toolatlas/toolatlas.sock"
+        return SYSTEM_SOCKET
     runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/toolatlas-{os.geteuid()}"
     return os.path.join(runtime, "toolatlas", "toolatlas.sock")
+
+
+def default_state_dir() -> str:
+    """The state folder when the config names none."""
+    if os.geteuid() == 0:
+        return "/var/lib/toolatlas"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "toolatlas")
+
+
+def socket_path(configured: str, config_dir: str | os.PathLike[str]) -> str:
+    """The daemon socket for a `[daemon] socket` value whose `${VAR}`s are expanded."""
+    return resolve_path(configured, config_dir) or default_socket_path()
+
+
+def client_socket(flag: str | None, config: str | None = None) -> str:
+    """The socket a client command (shim, search, call, status) talks to.
+
+    `--socket`, else `$TOOLATLAS_SOCKET`, else the `[daemon] socket` of `config` (or of
+    `$TOOLATLAS_CONFIG`) resolved exactly as the daemon resolves it, else the default. Only
+    that key is read, so a config whose other values need the daemon's environment (an
+    unset `${TOKEN}` in an upstream header) still names its socket. Raises ConfigError when
+    the config is not valid TOML or its socket names an unset variable.
+    """
+    if flag:
+        return flag
+    if env := os.environ.get("TOOLATLAS_SOCKET"):
+        return env
+    config = config or os.environ.get("TOOLATLAS_CONFIG")
+    if not config or not os.path.exists(config):
+        return default_socket_path()
+    import tomllib
+
+    try:
+        with open(config, "rb") as fh:
+            raw = tomllib.load(fh).get("daemon", {}).get("socket", "")
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read the socket from {config!r}: {exc}") from exc
+    if not isinstance(raw, str):
+        raise ConfigError(f"{config}: [daemon] socket must be a string, got {raw!r}")
+    return socket_path(expand_vars(raw, os.environ, "daemon.socket"), Path(config).parent)

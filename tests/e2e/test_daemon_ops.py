@@ -6,55 +6,77 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from tests.support.daemon import Daemon, stdio_testserver
 from tests.support.ports import free_port
 
 
-def _recv_all(sock: socket.socket, until: float) -> list[tuple[float, str]]:
-    out = []
-    sock.settimeout(0.05)
-    while time.monotonic() < until:
-        try:
-            data = sock.recv(4096)
-        except TimeoutError:
-            continue
-        out.append((time.monotonic(), data.decode()))
-    return out
+class NotifyListener:
+    """A notify socket read by a thread from before the daemon starts, as systemd reads it:
+    a socket nobody reads fills up (10 datagrams on Linux) while the daemon is starting."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.05)
+        self.messages: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            self.messages.append((time.monotonic(), data.decode()))
+
+    def ready_times(self) -> list[float]:
+        return [t for t, m in list(self.messages) if "READY=1" in m.split("\n")]
+
+    def wait_for(self, predicate: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} not seen within {timeout} s: {self.messages}")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
 
 
 def test_sd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
-    notify_path = str(tmp_path / "notify.sock")
-    nsock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    nsock.bind(notify_path)
+    listener = NotifyListener(str(tmp_path / "notify.sock"))
     d = Daemon(tmp_path, stdio_testserver("one"))
-    env = {"NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": "400000"}
+    env = {"NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "400000"}
     assert not os.path.exists(d.socket)
     d.start(env=env)
     try:
-        messages: list[tuple[float, str]] = []
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            messages += _recv_all(nsock, time.monotonic() + 0.5)
-            ready = [t for t, m in messages if "READY=1" in m.split("\n")]
-            pings = [t for t, m in messages if m == "WATCHDOG=1" and ready and t > ready[0]]
-            if ready and len(pings) >= 5:
-                break
+        def pings() -> list[float]:
+            ready = listener.ready_times()
+            return [t for t, m in list(listener.messages) if m == "WATCHDOG=1" and ready and t > ready[0]]
+
+        listener.wait_for(lambda: len(pings()) >= 5, 30, "READY=1 and then 5 watchdog pings")
         log_tail = d.log.read_text()[-3000:]
-        assert len(ready) == 1, (messages, log_tail)
-        assert len(pings) >= 5, (messages, log_tail)  # every 0.2 s: half of WatchdogSec
+        assert len(listener.ready_times()) == 1, (listener.messages, log_tail)
+        assert len(pings()) >= 5, (listener.messages, log_tail)  # every 0.2 s: half of WatchdogSec
         # The upstream children never see our notify socket.
         pid = int(d.tool("one__pid", {})["content"][0]["text"])
         with open(f"/proc/{pid}/environ", "rb") as fh:
             assert b"NOTIFY_SOCKET" not in fh.read()
         assert d.stop(signal.SIGTERM) == 0
-        after = [m for _, m in _recv_all(nsock, time.monotonic() + 0.5)]
-        assert any("STOPPING=1" in m for m in after), after
+        listener.wait_for(lambda: any(m == "STOPPING=1" for _, m in listener.messages), 10, "STOPPING=1")
     finally:
-        nsock.close()
+        listener.close()
         if d.proc and d.proc.poll() is None:
             d.stop()
 

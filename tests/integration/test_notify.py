@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from toolatlas import notify
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
 
 
@@ -30,16 +31,16 @@ def _fields(datagram: bytes) -> dict[str, str]:
     return dict(line.split("=", 1) for line in datagram.decode().split("\n"))
 
 
-def test_ready_stopping_reloading_watchdog_status(notify_socket: tuple[socket.socket, str]) -> None:
+async def test_ready_stopping_reloading_watchdog_status(notify_socket: tuple[socket.socket, str]) -> None:
     sock, path = notify_socket
     n = Notifier(path)
     assert n.enabled
 
-    n.ready("serving 3 upstreams\n42 tools")
+    await n.ready("serving 3 upstreams\n42 tools")
     assert _fields(sock.recv(4096)) == {"READY": "1", "STATUS": "serving 3 upstreams 42 tools"}
 
     before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-    n.reloading()
+    await n.reloading()
     after = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
     got = _fields(sock.recv(4096))
     assert got["RELOADING"] == "1"
@@ -51,49 +52,98 @@ def test_ready_stopping_reloading_watchdog_status(notify_socket: tuple[socket.so
     assert sock.recv(4096) == b"STATUS=reindexing"
     n.extend_timeout(90)
     assert sock.recv(4096) == b"EXTEND_TIMEOUT_USEC=90000000"
-    n.stopping()
+    await n.stopping()
     assert sock.recv(4096) == b"STOPPING=1"
 
 
-def test_ready_without_status_is_a_single_assignment(notify_socket: tuple[socket.socket, str]) -> None:
+async def test_ready_without_status_is_a_single_assignment(notify_socket: tuple[socket.socket, str]) -> None:
     sock, path = notify_socket
-    Notifier(path).ready()
+    await Notifier(path).ready()
     assert sock.recv(4096) == b"READY=1"
 
 
-def test_abstract_socket_name() -> None:
+async def test_abstract_socket_name() -> None:
     name = f"toolatlas-test-{os.getpid()}-{time.monotonic_ns()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind("\0" + name)
         sock.settimeout(5)
         n = Notifier("@" + name)
         assert n.enabled
-        n.ready()
+        await n.ready()
         assert sock.recv(4096) == b"READY=1"
 
 
-def test_default_reads_env_and_unset_is_noop(
+async def test_default_reads_env_and_unset_is_noop(
     notify_socket: tuple[socket.socket, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sock, path = notify_socket
     monkeypatch.setenv("NOTIFY_SOCKET", path)
     n = Notifier()
     assert n.enabled
-    n.stopping()
+    await n.stopping()
     assert sock.recv(4096) == b"STOPPING=1"
 
     monkeypatch.delenv("NOTIFY_SOCKET")
     off = Notifier()
     assert not off.enabled
-    off.ready()  # must not raise
+    await off.ready()  # must not raise
     off.watchdog()
     assert off.watchdog_interval() is None
 
 
-def test_missing_socket_file_does_not_raise(tmp_path: Path) -> None:
+async def test_missing_socket_file_does_not_raise(tmp_path: Path) -> None:
     n = Notifier(str(tmp_path / "gone.sock"))
     assert n.enabled
-    n.ready()  # systemd went away: logged, not raised
+    await n.ready()  # systemd went away: logged, not raised
+
+
+def _fill(path: str) -> int:
+    """Fill the receive queue of the datagram socket at `path`; the number of datagrams queued."""
+    n = 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.setblocking(False)
+        while True:
+            try:
+                s.sendto(b"FILLER=1", path)
+            except BlockingIOError:
+                return n
+            n += 1
+
+
+async def test_ready_waits_for_room_in_a_full_queue(
+    notify_socket: tuple[socket.socket, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """systemd busy (or nobody reading yet): READY=1 is retried, not dropped, and the loop runs on."""
+    sock, path = notify_socket
+    sock.setblocking(False)
+    queued = _fill(path)
+    assert queued > 0
+    n = Notifier(path)
+    n.watchdog()  # a ping finds no room: dropped, not raised
+    got: list[bytes] = []
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(n.ready, "up")
+            while "sd_notify queue full; retrying 'READY=1'" not in caplog.text:
+                await anyio.sleep(0.01)  # the event loop is not blocked by the retry
+            while b"READY=1\nSTATUS=up" not in got:
+                try:
+                    got.append(sock.recv(4096))
+                except BlockingIOError:
+                    await anyio.wait_readable(sock)
+    assert got.count(b"FILLER=1") == queued and b"WATCHDOG=1" not in got
+    assert got[-1] == b"READY=1\nSTATUS=up"
+
+
+async def test_a_queue_that_stays_full_is_given_up_after_the_bound(
+    notify_socket: tuple[socket.socket, str], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sock, path = notify_socket
+    monkeypatch.setattr(notify, "RETRY_FOR_S", 0.2)
+    _fill(path)
+    with anyio.fail_after(10):
+        await Notifier(path).stopping()
+    assert "sd_notify queue still full after 0.2 s; gave up 'STOPPING=1'" in caplog.text
 
 
 def test_watchdog_interval(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

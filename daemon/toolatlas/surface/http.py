@@ -37,7 +37,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from toolatlas.config import HttpSection, HttpToken
+from toolatlas.config import HttpSection, HttpToken, listen_address
 from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
 from toolatlas.gateway.ports import Connection
@@ -112,9 +112,7 @@ class HttpEndpoint:
         self, server: "Server[Any]", section: HttpSection, *, max_message_bytes: int = 4 * 1024 * 1024,
         connections: Connections | None = None,
     ) -> None:
-        host, _, port = section.listen.rpartition(":")
-        self.host = host.strip("[]") or "127.0.0.1"
-        self.port = int(port)
+        self.host, self.port = listen_address(section)
         self.section = section
         self.server = server
         self.tokens = TokenTable(section.tokens)

@@ -9,8 +9,11 @@ import json
 from typing import Any
 
 from toolatlas import __version__
+from toolatlas.jsonlines import BoundedLines, Oversized
 
 PROTOCOL = "2025-11-25"
+# A reply larger than this is refused, not buffered (a tool result passed through whole).
+MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
 class RpcError(Exception):
@@ -25,7 +28,8 @@ class RawClient:
 
         self.sock = connect(path, wait=1.0)
         self.sock.settimeout(timeout)
-        self.file = self.sock.makefile("rb")
+        self._lines = BoundedLines(MAX_REPLY_BYTES)
+        self._ready: list[bytes | Oversized] = []
         self._id = 0
         self.initialize_result: Any = self.request("initialize", {
             "protocolVersion": PROTOCOL,
@@ -50,9 +54,15 @@ class RawClient:
             msg["params"] = params
         self._send(msg)
         while True:
-            line = self.file.readline()
-            if not line:
-                raise ConnectionError("the daemon closed the connection")
+            line = self._next_line()
+            if isinstance(line, Oversized):
+                if line.request_id in (self._id, None):
+                    raise ConnectionError(
+                        f"the daemon's reply of {line.size} bytes exceeds the {self._lines.limit}-byte limit"
+                    )
+                continue
+            if not line.strip():
+                continue
             reply = json.loads(line)
             if reply.get("id") != self._id:
                 continue  # a notification or a reply to someone else
@@ -60,11 +70,18 @@ class RawClient:
                 raise RpcError(reply["error"].get("code", 0), reply["error"].get("message", ""))
             return reply["result"]
 
+    def _next_line(self) -> bytes | Oversized:
+        while not self._ready:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("the daemon closed the connection")
+            self._ready = self._lines.feed(data)
+        return self._ready.pop(0)
+
     def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return self.request("tools/call", {"name": name, "arguments": arguments})
 
     def close(self) -> None:
-        self.file.close()
         self.sock.close()
 
     def __enter__(self) -> "RawClient":

@@ -21,6 +21,7 @@ import msgspec
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
+from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.meta_tools import TOOL_SEARCH
 
 log = logging.getLogger(__name__)
@@ -40,44 +41,6 @@ def _error_line(code: int, message: str, id_: Any = None) -> bytes:
         json.dumps({"jsonrpc": "2.0", "id": id_, "error": {"code": code, "message": message}}).encode()
         + b"\n"
     )
-
-
-class _LineSplitter:
-    """Splits a byte stream into lines, refusing (not buffering) lines over a limit."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._buf = bytearray()
-        self._discarding = False
-
-    def feed(self, data: bytes) -> list[bytes | None]:
-        """Return complete lines; None stands for a line that was over the limit."""
-        out: list[bytes | None] = []
-        start = 0
-        while True:
-            nl = data.find(b"\n", start)
-            if nl < 0:
-                break
-            piece = data[start:nl]
-            if self._discarding:
-                out.append(None)
-                self._discarding = False
-            elif len(self._buf) + len(piece) > self.max_bytes:
-                self._buf.clear()
-                out.append(None)
-            else:
-                self._buf += piece
-                out.append(bytes(self._buf))
-                self._buf.clear()
-            start = nl + 1
-        rest = data[start:]
-        if not self._discarding:
-            if len(self._buf) + len(rest) > self.max_bytes:
-                self._buf.clear()
-                self._discarding = True
-            else:
-                self._buf += rest
-        return out
 
 
 @asynccontextmanager
@@ -146,8 +109,8 @@ async def ndjson_streams(
             tg.start_soon(finish, msg.get("id"), reply)
         return True
 
-    async def handle_line(line: bytes | None) -> None:
-        if line is None:
+    async def handle_line(line: bytes | Oversized) -> None:
+        if isinstance(line, Oversized):
             await bad(INVALID_REQUEST, f"message exceeds the {max_bytes}-byte limit and was discarded")
             return
         if not line.strip():
@@ -168,7 +131,7 @@ async def ndjson_streams(
         await read_writer.send(SessionMessage(message))
 
     async def reader() -> None:
-        splitter = _LineSplitter(max_bytes)
+        splitter = BoundedLines(max_bytes)
         try:
             async with read_writer:
                 while True:

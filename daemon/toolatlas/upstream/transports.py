@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
-import json
 import logging
 import os
-import re
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,6 +31,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.message import SessionMessage
 
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
+from toolatlas.jsonlines import BoundedLines, Oversized
 
 logger = logging.getLogger(__name__)
 
@@ -47,71 +45,6 @@ STDERR_TAIL = 20
 
 Streams = TransportStreams
 Incoming = SessionMessage | Exception
-
-_ID_RE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
-
-
-@dataclasses.dataclass(frozen=True)
-class Oversized:
-    """A line that was over the limit: discarded, with the request id read off its start."""
-
-    size: int
-    request_id: str | int | None
-
-
-class BoundedLines:
-    """Splits a byte stream into lines without ever holding more than `limit` bytes of one.
-
-    Chunks of a line are kept in a list and joined once (no quadratic re-copying); a line
-    that grows past the limit is dropped as it streams in, keeping only its first bytes to
-    find the JSON-RPC id it answers.
-    """
-
-    HEAD = 512
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._parts: list[bytes] = []
-        self._size = 0
-        self._head: bytes | None = None  # set while discarding an oversized line
-
-    def feed(self, data: bytes) -> list[bytes | Oversized]:
-        out: list[bytes | Oversized] = []
-        start = 0
-        while True:
-            nl = data.find(b"\n", start)
-            piece = data[start:] if nl < 0 else data[start:nl]
-            self._take(piece)
-            if nl < 0:
-                return out
-            out.append(self._finish())
-            start = nl + 1
-
-    def _take(self, piece: bytes) -> None:
-        if not piece:
-            return
-        self._size += len(piece)
-        if self._head is not None:
-            return
-        if self._size > self.limit:
-            self._head = (b"".join(self._parts) + piece)[: self.HEAD]
-            self._parts = []
-            return
-        self._parts.append(piece)
-
-    def _finish(self) -> bytes | Oversized:
-        size, head = self._size, self._head
-        self._size, self._head = 0, None
-        if head is not None:
-            m = _ID_RE.search(head)
-            rid: str | int | None = None
-            if m:
-                raw = m.group(1)
-                rid = json.loads(raw) if raw.startswith(b'"') else int(raw)
-            return Oversized(size, rid)
-        line = b"".join(self._parts)
-        self._parts = []
-        return line
 
 
 class EofWatch:

@@ -1,0 +1,88 @@
+"""The one newline-delimited JSON line splitter, for every byte stream toolatlas reads.
+
+Used on the daemon socket (surface.wire), on a stdio upstream's stdout (upstream.transports)
+and by the CLI's raw client (surface.rawclient). Stdlib only and cheap to import: the shim
+and the CLI load it, and they must start in a few tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import NamedTuple
+
+_ID_RE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
+
+
+class Oversized(NamedTuple):
+    """A line that was over the limit: discarded, with the JSON-RPC id read off its start."""
+
+    size: int
+    request_id: str | int | None
+
+
+def request_id_of(head: bytes) -> str | int | None:
+    """The first `"id": ...` (a string or an integer) in the start of a message, or None."""
+    m = _ID_RE.search(head)
+    if m is None:
+        return None
+    raw = m.group(1)
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, (str, int)) else None
+
+
+class BoundedLines:
+    """Splits a byte stream into lines without ever holding more than `limit` bytes of one.
+
+    `feed(chunk)` returns the lines the chunk completed, without their newline. Chunks of a
+    line are kept in a list and joined once (no quadratic re-copying); a line that grows past
+    the limit is dropped as it streams in and comes out as one `Oversized`, keeping only its
+    first `HEAD` bytes to find the JSON-RPC id it carries. The stream goes on after it.
+    """
+
+    HEAD = 512
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._head: bytes | None = None  # set while discarding an oversized line
+
+    def __repr__(self) -> str:
+        return f"<BoundedLines limit={self.limit} pending={self._size}>"
+
+    def feed(self, data: bytes) -> list[bytes | Oversized]:
+        out: list[bytes | Oversized] = []
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            piece = data[start:] if nl < 0 else data[start:nl]
+            self._take(piece)
+            if nl < 0:
+                return out
+            out.append(self._finish())
+            start = nl + 1
+
+    def _take(self, piece: bytes) -> None:
+        if not piece:
+            return
+        self._size += len(piece)
+        if self._head is not None:
+            return
+        if self._size > self.limit:
+            self._head = (b"".join(self._parts) + piece)[: self.HEAD]
+            self._parts = []
+            return
+        self._parts.append(piece)
+
+    def _finish(self) -> bytes | Oversized:
+        size, head = self._size, self._head
+        self._size, self._head = 0, None
+        if head is not None:
+            return Oversized(size, request_id_of(head))
+        line = b"".join(self._parts)
+        self._parts = []
+        return line

@@ -1,0 +1,104 @@
+"""One socket-path resolver (toolatlas.paths) and one HOST:PORT parser (toolatlas.config)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolatlas.config import host_port, load, metrics_address, parse
+from toolatlas.errors import ConfigError
+from toolatlas.paths import client_socket, default_socket_path
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("RUNDIR", str(tmp_path / "rundir"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    monkeypatch.delenv("TOOLATLAS_SOCKET", raising=False)
+    monkeypatch.delenv("TOOLATLAS_CONFIG", raising=False)
+    return monkeypatch
+
+
+def _config(tmp_path: Path, socket: str | None) -> Path:
+    f = tmp_path / "conf" / "c.toml"
+    f.parent.mkdir(exist_ok=True)
+    body = "[daemon]\nmetrics_addr = ''\n" + (f"socket = {socket!r}\n" if socket is not None else "")
+    # A value only the daemon's environment has: the CLI must still find the socket.
+    f.write_text(body + "[[upstream]]\nname = 'w'\ntransport = 'http'\nurl = 'http://x/${DAEMON_ONLY}'\n")
+    return f
+
+
+@pytest.mark.parametrize("socket", [
+    "~/run/t.sock", "${RUNDIR}/t.sock", "rel/t.sock", "../up/t.sock", "/abs/t.sock", "$RUNDIR/t.sock", "", None,
+])
+def test_the_cli_finds_the_socket_the_daemon_listens_on(env: pytest.MonkeyPatch, tmp_path: Path, socket: str | None) -> None:
+    f = _config(tmp_path, socket)
+    env.setenv("DAEMON_ONLY", "x")
+    daemon_side = load(f).daemon.socket
+    env.delenv("DAEMON_ONLY")
+    assert client_socket(None, str(f)) == daemon_side
+    env.setenv("TOOLATLAS_CONFIG", str(f))
+    assert client_socket(None) == daemon_side
+
+
+def test_expected_paths(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert client_socket(None, str(_config(tmp_path, "~/run/t.sock"))) == str(tmp_path / "home" / "run" / "t.sock")
+    assert client_socket(None, str(_config(tmp_path, "${RUNDIR}/t.sock"))) == str(tmp_path / "rundir" / "t.sock")
+    assert client_socket(None, str(_config(tmp_path, None))) == default_socket_path()
+
+
+def test_precedence_flag_env_config_default(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    f = str(_config(tmp_path, "/from/config.sock"))
+    env.setenv("TOOLATLAS_SOCKET", "/from/env.sock")
+    assert client_socket("/from/flag.sock", f) == "/from/flag.sock"
+    assert client_socket(None, f) == "/from/env.sock"
+    env.delenv("TOOLATLAS_SOCKET")
+    assert client_socket(None, f) == "/from/config.sock"
+    assert client_socket(None, str(tmp_path / "missing.toml")) == default_socket_path()
+
+
+def test_an_unset_variable_or_bad_toml_is_a_config_error(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"daemon.socket: environment variable \$\{NOPE\} is not set"):
+        client_socket(None, str(_config(tmp_path, "${NOPE}/t.sock")))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon\n")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        client_socket(None, str(bad))
+
+
+def test_the_cli_command_uses_the_expanded_socket(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`toolatlas status --config C` with `socket = "~/..."` looks where the daemon listens."""
+    f = _config(tmp_path, "~/run/t.sock")
+    r = subprocess.run([sys.executable, "-m", "toolatlas", "status", "--config", str(f)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 69, r.stderr
+    assert f"cannot reach the toolatlas daemon at {tmp_path / 'home' / 'run' / 't.sock'}:" in r.stderr
+
+
+@pytest.mark.parametrize(("addr", "want"), [
+    ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+    (":9464", ("127.0.0.1", 9464)),
+    ("[::1]:0", ("::1", 0)),
+    ("0.0.0.0:65535", ("0.0.0.0", 65535)),
+    ("localhost:80", ("localhost", 80)),
+])
+def test_host_port(addr: str, want: tuple[str, int]) -> None:
+    assert host_port(addr, key="[daemon] metrics_addr") == want
+
+
+@pytest.mark.parametrize("addr", ["nope", "127.0.0.1", "h:65536", "h:-1", "h:", "h:８０", "h:1e3"])
+def test_host_port_refuses(addr: str) -> None:
+    with pytest.raises(ConfigError, match=r"^src: \[x\] y must be HOST:PORT, got"):
+        host_port(addr, key="[x] y", source="src")
+
+
+def test_http_listen_needs_a_host_and_metrics_does_not() -> None:
+    assert metrics_address(parse("[daemon]\nmetrics_addr = ':9464'\n")) == ("127.0.0.1", 9464)
+    with pytest.raises(ConfigError, match=r"\[http\] listen must be HOST:PORT, got ':8765'"):
+        parse('[http]\nlisten = ":8765"\nanonymous = "dev"\n')
