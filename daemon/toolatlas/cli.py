@@ -140,7 +140,26 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
             print(f"rift: confusable clusters high={c['high']} medium={c['medium']} low={c['low']}")
 
 
+# Exit status when stdout's reader goes away (`toolatlas ... | head -1`): 128 + SIGPIPE,
+# what a shell reports for a tool killed by the signal, but without a traceback.
+EX_BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; output piped into a reader that stops early ends quietly (141)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EX_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in _DELEGATED:
         import importlib
