@@ -21,6 +21,7 @@ from toolatlas import events as ev
 from toolatlas import memory
 from toolatlas.catalog.attest import Attestor
 from toolatlas.config import Config, load, metrics_address
+from toolatlas.metrics import MetricsBindError
 from toolatlas.errors import ConfigError
 from toolatlas.gateway import Gateway
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
@@ -127,7 +128,10 @@ async def serve(cfg: Config, *, ready: Callable[[Daemon], None] | None = None) -
             await tg.start(run_watchdog, notifier)  # reads WATCHDOG_USEC before the scrub
             scrub_environment()  # children must not inherit NOTIFY_SOCKET, LISTEN_FDS or WATCHDOG_*
             if addr := metrics_address(cfg):
-                await tg.start(gw.metrics.serve, *addr)
+                try:
+                    await tg.start(gw.metrics.serve, *addr)
+                except MetricsBindError as exc:  # a busy port: one clear line, not a traceback
+                    raise ConfigError(str(exc)) from None
             await tg.start(daemon.run)
 
             async def announce_ready() -> None:
