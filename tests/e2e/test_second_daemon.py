@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from daemon_harness import Daemon, free_port
+from tests.support.daemon import Daemon
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
