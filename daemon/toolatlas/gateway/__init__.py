@@ -34,7 +34,6 @@ from toolatlas.gateway.tokens import TokenReporter
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.metrics import Metrics
 from toolatlas.retrieval.engine import Engine
-from toolatlas.rift.report import RiftReport
 from toolatlas.rift.runner import RiftRunner
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
@@ -124,8 +123,7 @@ class Gateway:
             self.index_ready.set()
             view = self.catalog.view
             log.info("index ready: %d tools from %d upstreams", len(view.by_name), len(view.available))
-            for listener in self.catalog.on_change:
-                await listener()
+            await self.catalog.announce()
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
@@ -180,8 +178,7 @@ class Gateway:
             await self.catalog.on_tools(name, None)
             await self.catalog.drop(name)
         log.info("reload: +%s -%s ~%s", summary["added"], summary["removed"], summary["changed"])
-        for listener in self.catalog.on_change:
-            await listener()
+        await self.catalog.announce()
         return summary
 
     # -- the port the surface uses -------------------------------------------------------------
@@ -222,10 +219,6 @@ class Gateway:
         if self.index_ready.is_set():
             self.tokens.ensure(self._tg)
         return self.status_service.status(conn)
-
-    @property
-    def rift_report(self) -> RiftReport | None:
-        return self.rift.report
 
 
 __all__ = ["FIRST_INDEX_WAIT_S", "Gateway", "make_engine"]

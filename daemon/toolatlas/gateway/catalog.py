@@ -83,7 +83,7 @@ class LiveCatalog:
                 self._events.emit(ev.CATALOG_CHANGED, server=server, available=False, tools=0, upserted=0,
                                   removed=0, quarantined=len(entry.quarantined),
                                   card=entry.verdict.card_status if entry.verdict else None)
-                await self._changed()
+                await self.announce()
             return
         await self.engine_loaded.wait()
         await self._apply(server, tools, from_listing=True)
@@ -122,7 +122,7 @@ class LiveCatalog:
                 upserted=len(plan.upserts), removed=len(plan.removes), quarantined=len(entry.quarantined),
                 card=verdict.card_status,
             )
-            await self._changed()
+            await self.announce()
 
     async def _execute(self, plan: Plan) -> None:
         """Publish `plan`: new records callable first, the index swapped, then the rest."""
@@ -149,7 +149,8 @@ class LiveCatalog:
         for hook in self.on_index_update:
             hook()
 
-    async def _changed(self) -> None:
+    async def announce(self) -> None:
+        """Tell the change listeners (the surface: clients re-list) that lists may differ."""
         for listener in self.on_change:
             await listener()
 
