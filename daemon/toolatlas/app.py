@@ -123,8 +123,11 @@ async def serve(cfg: Config, *, ready: Callable[[Daemon], None] | None = None) -
     activated = listen_fds()
     daemon = Daemon(cfg, listen_socket=activated[0] if activated else None)
     gw = daemon.gateway
-    async with anyio.create_task_group() as tg:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+    # The signal receiver encloses the whole task tree: a second Ctrl-C or SIGTERM while the
+    # tree drains and tears down is queued and logged, never the default action (a
+    # KeyboardInterrupt traceback or death by SIGTERM); once the tree is gone, both are ignored.
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async with anyio.create_task_group() as tg:
             await tg.start(run_watchdog, notifier)  # reads WATCHDOG_USEC before the scrub
             scrub_environment()  # children must not inherit NOTIFY_SOCKET, LISTEN_FDS or WATCHDOG_*
             if addr := metrics_address(cfg):
@@ -148,10 +151,18 @@ async def serve(cfg: Config, *, ready: Callable[[Daemon], None] | None = None) -
                     continue
                 log.info("received %s: draining for up to %.0f s", signal.Signals(signum).name, cfg.daemon.drain_timeout)
                 break
-        await notifier.stopping()
-        await daemon.drain(gw.cfg.daemon.drain_timeout)
-        await gw.close_upstreams()
-        tg.cancel_scope.cancel()
+
+            async def late_signals() -> None:
+                async for late in signals:
+                    log.warning("received %s while draining; already stopping", signal.Signals(late).name)
+
+            tg.start_soon(late_signals)
+            await notifier.stopping()
+            await daemon.drain(gw.cfg.daemon.drain_timeout)
+            await gw.close_upstreams()
+            tg.cancel_scope.cancel()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # the receiver restored the defaults on its exit
     log.info("stopped")
 
 
