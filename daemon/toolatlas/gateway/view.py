@@ -147,7 +147,9 @@ def plan_listing(
         server=server, upserts=upserts, removes=removes,
         # The interim keeps the old documents (the index has not changed yet) and the old
         # availability: an upstream's first listing serves once its tools are indexed.
-        interim=view.with_server(server, replace(entry, docs=old.docs, available=old.available), keep_names=old.records),
+        # A tool the verdict quarantines is refused at once, not kept callable until the swap.
+        interim=view.with_server(server, replace(entry, docs=old.docs, available=old.available),
+                                 keep_names={n: r for n, r in old.records.items() if r.tool not in verdict.quarantined}),
         final=view.with_server(server, entry),
         became_available=available and not old.available,
         became_unavailable=old.available and not available,
