@@ -26,7 +26,7 @@ import time
 import anyio
 from anyio.abc import TaskStatus
 
-from toolatlas.upstream.backoff import backoff_delay
+from toolatlas.backoff import backoff_delay
 
 logger = logging.getLogger(__name__)
 

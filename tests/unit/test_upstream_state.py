@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from toolatlas.upstream.backoff import backoff_delay
+from toolatlas.backoff import backoff_delay
 from toolatlas.upstream.state import TRANSITIONS, Action, Event, InvalidTransition, UpstreamState, decide
 
 S, E = UpstreamState, Event

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolatlas.backoff import backoff_delay
 from toolatlas.catalog.drafts import LLM_VERSION, CardDraft, GeneratorError, ToolDraft
 from toolatlas.catalog.model import ToolRecord
 
@@ -130,10 +130,8 @@ class LlmGenerator:
         )
 
     def _backoff(self, attempt: int) -> float:
-        if self.backoff_base <= 0:
-            return 0.0
-        delay: float = min(self.backoff_cap, self.backoff_base * 2**attempt) * (0.5 + random.random() / 2)
-        return delay
+        """Seconds before retry `attempt + 1`: the project's one backoff (toolatlas.backoff)."""
+        return backoff_delay(attempt + 1, base=self.backoff_base, cap=self.backoff_cap) if self.backoff_base > 0 else 0.0
 
     def _chunk(
         self, client: Any, server: str, chunk: list[ToolRecord], siblings: list[str]

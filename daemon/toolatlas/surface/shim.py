@@ -13,13 +13,15 @@ import sys
 import threading
 import time
 
+from toolatlas.backoff import backoff_delay
+
 CONNECT_WAIT_S = 5.0
 
 
 def connect(path: str, wait: float = CONNECT_WAIT_S) -> socket.socket:
     """Connect to the daemon, waiting briefly in case it is just starting."""
     deadline = time.monotonic() + wait
-    delay = 0.02
+    attempt = 0
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -32,8 +34,8 @@ def connect(path: str, wait: float = CONNECT_WAIT_S) -> socket.socket:
                     f"cannot reach the toolatlas daemon at {path}: {exc.strerror or exc}. "
                     "Is `toolatlas serve` running, and is this the right --socket?"
                 ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
+            attempt += 1
+            time.sleep(backoff_delay(attempt, base=0.02, cap=0.25, jitter=0.0))
 
 
 def _pump_stdin(sock: socket.socket) -> None:

@@ -22,7 +22,7 @@ import anyio.abc
 
 from toolatlas.errors import ConfigError
 from toolatlas.gateway.ports import Connection
-from toolatlas.upstream.backoff import backoff_delay
+from toolatlas.backoff import backoff_delay
 from toolatlas.surface.server import CONNECTION, Connections, init_options
 from toolatlas.surface.wire import ndjson_streams
 

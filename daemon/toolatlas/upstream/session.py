@@ -32,7 +32,7 @@ from toolatlas.calls import InputRequired, UpstreamCall, UpstreamReply
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
-from toolatlas.upstream.backoff import backoff_delay
+from toolatlas.backoff import backoff_delay
 from toolatlas.upstream.client import Loss, LossReason, call_error, classify, describe, make_client, progress_fn
 from toolatlas.upstream.client import begin_teardown, timeout_loss
 from toolatlas.upstream.listing import list_records

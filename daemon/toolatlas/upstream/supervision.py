@@ -29,7 +29,7 @@ from mcp.shared.exceptions import MCPError
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout
-from toolatlas.upstream.backoff import backoff_delay
+from toolatlas.backoff import backoff_delay
 from toolatlas.upstream.client import Loss, LossReason, describe, timeout_loss
 from toolatlas.upstream.listing import list_records
 
