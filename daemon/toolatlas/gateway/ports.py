@@ -27,7 +27,6 @@ class Connection:
     uid: int | None = None
     gid: int | None = None
     token: str | None = None  # the name of the HTTP bearer token that authenticated it
-    endpoint: str = "socket"  # "socket" | "http"
     client_name: str | None = None
     session: object = None  # the SDK ServerSession last seen on this connection (surface only)
     protocol_version: str | None = None  # negotiated; set once a request passed the SDK's init gate

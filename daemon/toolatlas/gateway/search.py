@@ -49,16 +49,17 @@ class SearchService:
         t0 = time.perf_counter()
         if not self._catalog.engine_loaded.is_set():
             return None
-        scope = self._visibility.search_scope(servers, conn)
+        allowed = self._visibility.allowed_servers(conn)
+        scope = self._visibility.search_scope(servers, allowed)
         outcome = self._catalog.engine.cached(query, top_k, servers=scope) if scope else None
         if outcome is None:
             return None
-        return self._answer(query, top_k, servers, scope, outcome, outcome.mode, t0,
-                            self._visibility.allowed_servers(conn))
+        return self._answer(query, top_k, servers, scope, outcome, outcome.mode, t0, allowed)
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
         t0 = time.perf_counter()
-        scope = self._visibility.search_scope(servers, conn)
+        allowed = self._visibility.allowed_servers(conn)
+        scope = self._visibility.search_scope(servers, allowed)
         outcome: SearchOutcome | None = None
         mode = self._mode()
         loaded = self._catalog.engine_loaded
@@ -75,7 +76,7 @@ class SearchService:
                     lambda: engine.search(query, top_k, servers=frozen), limiter=self._limiter,
                 )
             outcome, mode = found, found.mode
-        return self._answer(query, top_k, servers, scope, outcome, mode, t0, self._visibility.allowed_servers(conn))
+        return self._answer(query, top_k, servers, scope, outcome, mode, t0, allowed)
 
     def _answer(
         self, query: str, top_k: int, servers: list[str] | None, scope: set[str],

@@ -43,17 +43,17 @@ class Visibility:
         usable = self.allowed_servers(conn) & view.available
         return sorted((r for r in view.by_name.values() if r.server in usable), key=lambda r: r.name)
 
-    def search_scope(self, servers: list[str] | None, conn: Connection) -> set[str]:
-        """The upstreams a search by `conn` covers: those it may use, narrowed by `servers`,
-        that are up. Naming a server it may not use (or that does not exist) is BadInput."""
-        allowed = self.allowed_servers(conn)
+    def search_scope(self, servers: list[str] | None, allowed: set[str]) -> set[str]:
+        """The upstreams a search covers: those the caller may use (`allowed`, from
+        `allowed_servers`), narrowed by `servers`, that are up. Naming a server it may not
+        use (or that does not exist) is BadInput."""
         if servers is not None:
             unknown = sorted(set(servers) - allowed)
             if unknown:
                 raise BadInput(
                     f"unknown server(s) {', '.join(unknown)}; servers you can search: {', '.join(sorted(allowed)) or 'none'}"
                 )
-            allowed &= set(servers)
+            return allowed & set(servers) & self._view().available
         return allowed & self._view().available
 
 

@@ -221,7 +221,7 @@ class HttpEndpoint:
         assert name is not None and self._manager is not None
         # Binds a legacy session to the token that opened it (the SDK compares principals).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-token:{name}", scopes=[]))
-        conn = Connection(id=next(_ids), token=name, endpoint="http")
+        conn = Connection(id=next(_ids), token=name)
         ctx_token = CONNECTION.set(conn)
         self.connections.add(conn)
         try:
