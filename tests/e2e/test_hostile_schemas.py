@@ -6,7 +6,6 @@ tool_search on the same daemon keeps answering while the hostile calls run."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import sys
 import threading
@@ -16,32 +15,10 @@ from typing import Any
 
 import pytest
 from tests.support.daemon import Daemon
+from tests.support.listener import RecordingListener
 
 HOSTILE = Path(__file__).resolve().parents[1] / "support" / "servers" / "hostile.py"
 ARG = "a" * 34 + "!"  # `re` backtracks for minutes on ^(a+)+$ with this
-
-
-class _Listener:
-    def __init__(self) -> None:
-        self.hits: list[str] = []
-        hits = self.hits
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                hits.append(self.path)
-                time.sleep(30)  # a server that does not answer
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/x"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _upstream(ref_url: str, ref_file: str) -> str:
@@ -61,10 +38,10 @@ HOSTILE_CALLS: list[tuple[str, dict[str, Any]]] = [
 
 @pytest.mark.timeout(150)
 def test_hostile_schemas_never_fetch_never_read_and_never_freeze_other_clients(tmp_path: Path) -> None:
-    listener = _Listener()
+    listener = RecordingListener()  # never answers: a fetch would hang the call
     ref_file = tmp_path / "schema.json"
     ref_file.write_text('{"type": "integer"}')  # if it were read, "not an integer" would be rejected
-    d = Daemon(tmp_path, _upstream(listener.url, ref_file.as_uri()))
+    d = Daemon(tmp_path, _upstream(f"{listener.url}/x", ref_file.as_uri()))
     try:
         with d:
             d.wait_for(lambda: "hostile__evil_pattern" in d.search("hostile schema evil pattern", top_k=10),

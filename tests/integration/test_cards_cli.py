@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import stat
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.servers import testserver_args
+from tests.support.configs import write_carded_testserver_config
 from toolatlas.catalog import signing
 from toolatlas.catalog.cards import card_path, read_card
 from toolatlas.catalog.cards_cli import keygen_main, main
@@ -93,23 +92,7 @@ def test_generate_and_verify_against_live_stdio_upstream(tmp_path: Path, capsys:
     key = tmp_path / "op.key"
     keygen_main(["--out", str(key)])
     capsys.readouterr()
-    cfg = tmp_path / "toolatlas.toml"
-    cfg.write_text(
-        f"""
-[daemon]
-state_dir = "state"
-socket = "sock"
-metrics_addr = ""
-[cards]
-public_key = "op.key.pub"
-private_key = "op.key"
-[[upstream]]
-name = "test"
-transport = "stdio"
-command = "{sys.executable}"
-args = {json.dumps(testserver_args("--tools", "3"))}
-"""
-    )
+    cfg = write_carded_testserver_config(tmp_path)
     assert main(["generate", "--config", str(cfg)]) == 0
     card = read_card(card_path(tmp_path / "state", "test"))
     names = {t.tool for t in card.tools}

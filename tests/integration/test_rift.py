@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.servers import testserver_args
 from toolatlas.rift.clusters import agglomerate, cohesion
 from toolatlas.rift.report import analyse, risk_at_least, synthetic_query
 
@@ -190,30 +189,14 @@ def test_rift_cli_planted_duplicates_fail_on_and_ablation(tmp_path: Path, capsys
 
 @pytest.mark.slow
 def test_rift_cli_on_live_config_through_cards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import sys
-
     from toolatlas.catalog.cards_cli import keygen_main
     from toolatlas.catalog.cards_cli import main as cards_main
     from toolatlas.rift.cli import main
 
+    from tests.support.configs import write_carded_testserver_config
+
     assert keygen_main(["--out", str(tmp_path / "op.key")]) == 0
-    cfg = tmp_path / "toolatlas.toml"
-    cfg.write_text(
-        f"""
-[daemon]
-state_dir = "state"
-socket = "sock"
-metrics_addr = ""
-[cards]
-public_key = "op.key.pub"
-private_key = "op.key"
-[[upstream]]
-name = "test"
-transport = "stdio"
-command = "{sys.executable}"
-args = {json.dumps(testserver_args("--tools", "3"))}
-"""
-    )
+    cfg = write_carded_testserver_config(tmp_path)
     assert cards_main(["generate", "--config", str(cfg), "--quiet"]) == 0
     capsys.readouterr()
     # gen_000..gen_002 differ only by a number: the index cannot tell them apart

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import json
+import sys
+from pathlib import Path
+
 import msgspec
 
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Timeouts, Upstream
 
-from tests.support.servers import EVERYTHING_BIN, server_command
+from tests.support.servers import EVERYTHING_BIN, server_command, testserver_args
 
 # Short enough that a broken test fails fast, long enough for 2 loaded CI cores.
 TEST_TIMEOUTS = Timeouts(connect=15.0, list_tools=10.0, call=20.0, ping=5.0)
@@ -46,3 +50,26 @@ def replace(up: Upstream, **changes: Any) -> Upstream:
 
 
 __all__ = ["TEST_TIMEOUTS", "make_upstream", "replace", "stdio_everything", "stdio_testserver"]
+
+
+def write_carded_testserver_config(folder: Path) -> Path:
+    """`folder/toolatlas.toml`: one stdio test server (3 generated tools) and [cards] keys
+    `op.key`/`op.key.pub` in `folder` (make them with `toolatlas keygen`); state under it."""
+    cfg = folder / "toolatlas.toml"
+    cfg.write_text(
+        f"""
+[daemon]
+state_dir = "state"
+socket = "sock"
+metrics_addr = ""
+[cards]
+public_key = "op.key.pub"
+private_key = "op.key"
+[[upstream]]
+name = "test"
+transport = "stdio"
+command = "{sys.executable}"
+args = {json.dumps(testserver_args("--tools", "3"))}
+"""
+    )
+    return cfg

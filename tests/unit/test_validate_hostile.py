@@ -4,14 +4,14 @@ bounded (never blocks the event loop). Each test failed on the old validator."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+
+from tests.support.listener import RecordingListener
 
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.validate import ArgumentValidator
@@ -21,44 +21,15 @@ def _rec(schema: dict[str, Any], tool: str = "t") -> ToolRecord:
     return ToolRecord.make("hostile", tool, "a tool", schema)
 
 
-class _Listener:
-    """A real HTTP listener on 127.0.0.1 that records every request it gets."""
-
-    def __init__(self) -> None:
-        self.hits: list[str] = []
-        hits = self.hits
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                hits.append(self.path)
-                body = b'{"type": "integer"}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def listener() -> Iterator[_Listener]:
-    lst = _Listener()
+def listener() -> Iterator[RecordingListener]:
+    # it would answer a schema that rejects strings: a passing string proves it was not fetched
+    lst = RecordingListener(b'{"type": "integer"}')
     yield lst
     lst.close()
 
 
-def test_remote_ref_is_never_fetched_and_the_rest_is_still_checked(listener: _Listener) -> None:
+def test_remote_ref_is_never_fetched_and_the_rest_is_still_checked(listener: RecordingListener) -> None:
     v = ArgumentValidator()
     rec = _rec({"type": "object", "properties": {"x": {"$ref": f"{listener.url}/x"}, "n": {"type": "integer"}},
                 "required": ["n"]})
@@ -68,7 +39,7 @@ def test_remote_ref_is_never_fetched_and_the_rest_is_still_checked(listener: _Li
     assert listener.hits == []
 
 
-def test_remote_ref_at_the_root_and_base_id_are_never_fetched(listener: _Listener) -> None:
+def test_remote_ref_at_the_root_and_base_id_are_never_fetched(listener: RecordingListener) -> None:
     v = ArgumentValidator()
     assert v.check(_rec({"$ref": f"{listener.url}/root"}), {"a": 1}) == []
     based = _rec({"$id": f"{listener.url}/base/", "type": "object",
