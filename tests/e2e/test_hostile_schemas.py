@@ -85,3 +85,27 @@ def test_hostile_schemas_never_fetch_never_read_and_never_freeze_other_clients(t
     finally:
         listener.close()
     assert listener.hits == []
+
+
+@pytest.mark.timeout(120)
+def test_malformed_schemas_are_repaired_per_tool_and_reported(tmp_path: Path) -> None:
+    """#15 item 7: `"enum": 5`, an object enum and `items.enum: true` each cost only the bad
+    part of that one tool; the upstream stays in search and calls, and catalog_status and the
+    log name each repaired tool and what was removed."""
+    upstream = (f'[[upstream]]\nname = "hostile"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+                f'args = {json.dumps([str(HOSTILE), "--malformed"])}\n')
+    with Daemon(tmp_path, upstream) as d:
+        bad = {"enum_number", "enum_object", "items_enum_true"}
+        d.wait_for(lambda: len(d.search("hostile schema", top_k=10)) == 4, 60, "all four tools searchable")
+        (server,) = [s for s in d.status()["servers"] if s["name"] == "hostile"]
+        assert server["state"] == "ready" and server["tools"] == 4 and server["searchable"], server
+        assert set(server["repaired_tools"]) == bad, server
+        assert server["repaired_tools"]["enum_number"] == ["removed properties/x/enum: 5 is not of type 'array'"]
+        assert server["repaired_tools"]["items_enum_true"][0].startswith("removed properties/x/items/enum")
+        for tool in sorted(bad | {"well_formed"}):
+            r = d.tool(f"hostile__{tool}", {"x": ["a"]} if tool == "items_enum_true" else {"x": "a"})
+            assert not r.get("isError") and r["content"][0]["text"] == "called", (tool, r)
+        log = d.log.read_text()
+        for tool in bad:
+            assert f"tool {tool!r} has a malformed inputSchema" in log, log[-3000:]
+        assert "'well_formed' has a malformed" not in log

@@ -25,3 +25,27 @@ def test_malformed_enum_is_indexed_without_it(schema: dict) -> None:  # type: ig
     engine.update([good, bad], [])
     assert [h.name for h in engine.search("pick a color", 1).hits] == ["a__pick_color"]
     assert [h.name for h in engine.search("read a file", 1).hits] == ["a__read_file"]
+
+
+def test_repair_removes_only_what_the_meta_schema_rejects() -> None:
+    from toolatlas.catalog.schemas import repair_schema
+
+    good = {"type": "object", "properties": {"path": {"type": "string", "enum": ["a", "b"]}}, "required": ["path"]}
+    assert repair_schema(good) == (good, ())
+    assert repair_schema(good)[0] is good  # no copy on the common path
+    fixed, problems = repair_schema({"type": "object", "properties": {"x": {"enum": 5, "type": "string"}},
+                                     "required": ["x", 7]})
+    assert fixed == {"type": "object", "properties": {"x": {"type": "string"}}}
+    assert problems == ("removed properties/x/enum: 5 is not of type 'array'",
+                        "removed required: 7 is not of type 'string'")
+    assert repair_schema("not a schema")[0] == {"type": "object"}  # type: ignore[arg-type]
+
+
+def test_record_carries_its_repairs_and_hashes_the_repaired_schema() -> None:
+    from toolatlas.catalog.model import ToolRecord, schema_hash
+
+    rec = ToolRecord.make("a", "pick", "Pick one.", {"type": "object", "properties": {"x": {"enum": {"k": 1}}}})
+    assert rec.input_schema == {"type": "object", "properties": {"x": {}}}
+    assert rec.problems and rec.problems[0].startswith("removed properties/x/enum")
+    assert rec.content_hash == schema_hash("pick", "Pick one.", rec.input_schema)
+    assert ToolRecord.make("a", "ok", "", {"type": "object"}).problems == ()

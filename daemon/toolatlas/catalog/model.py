@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from toolatlas.catalog.schemas import repair_schema
 from toolatlas.names import namespaced
 
 _canon = msgspec.json.Encoder(order="sorted")
@@ -35,6 +36,8 @@ class ToolRecord(msgspec.Struct, frozen=True, kw_only=True):
     output_schema: dict[str, Any] | None = None
     annotations: dict[str, Any] | None = None
     content_hash: str = ""
+    # What had to be repaired in the upstream's inputSchema (catalog/schemas.py), one line each.
+    problems: tuple[str, ...] = ()
 
     @classmethod
     def make(
@@ -46,7 +49,7 @@ class ToolRecord(msgspec.Struct, frozen=True, kw_only=True):
         **extra: Any,
     ) -> "ToolRecord":
         desc = description or ""
-        schema = input_schema or {"type": "object"}
+        schema, problems = repair_schema(input_schema or {"type": "object"})
         return cls(
             server=server,
             tool=tool,
@@ -54,6 +57,7 @@ class ToolRecord(msgspec.Struct, frozen=True, kw_only=True):
             description=desc,
             input_schema=schema,
             content_hash=schema_hash(tool, desc, schema),
+            problems=problems,
             **extra,
         )
 

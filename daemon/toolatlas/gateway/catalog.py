@@ -115,6 +115,8 @@ class LiveCatalog:
             plan = plan_listing(self.view, server, listing, verdict,
                                 available=True if from_listing else current.available)
             await self._execute(plan)
+        if from_listing:
+            _log_repairs(server, listing, {d.name for d in plan.upserts})
         if plan.visible_change:
             entry = plan.final.server(server)
             self._events.emit(
@@ -171,6 +173,16 @@ class LiveCatalog:
             attested = [n for n, s in view.servers.items() if s.verdict is not None and s.available]
             changed = await anyio.to_thread.run_sync(self.attestor.changed_servers, attested)
             await self.recheck(changed)
+
+
+
+
+def _log_repairs(server: str, listing: Sequence[ToolRecord], changed: set[str]) -> None:
+    """One warning per repaired tool, when it enters the index or changes (not every poll)."""
+    for rec in listing:
+        if rec.problems and rec.name in changed:
+            log.warning("upstream %s: tool %r has a malformed inputSchema; it stays usable with these parts "
+                        "removed: %s", server, rec.tool, "; ".join(rec.problems))
 
 
 __all__ = ["LiveCatalog"]

@@ -75,6 +75,9 @@ class StatusService:
                 out["not_searchable_because"] = f"upstream is {st.state.value}" + (f": {st.reason}" if st.reason else "")
             if entry.quarantined:
                 out["quarantined"] = dict(sorted(entry.quarantined.items()))
+            repaired = {r.tool: list(r.problems) for r in entry.records.values() if r.problems}
+            if repaired:
+                out["repaired_tools"] = dict(sorted(repaired.items()))
             servers.append(out)
         engine = self._catalog.engine
         stats = engine.stats()

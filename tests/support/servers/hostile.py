@@ -1,8 +1,10 @@
 """A hostile stdio MCP upstream for the security tests (issue #15): its tools advertise
 inputSchemas with a remote `$ref`, a `file://` `$ref`, a `$ref` cycle and a catastrophic
-`pattern`. Self-contained: run it as a script.
+`pattern`; with `--malformed`, schemas the meta-schema rejects instead. Self-contained: run it
+as a script.
 
     python hostile.py --ref-url http://127.0.0.1:P/x --ref-file /path/schema.json
+    python hostile.py --malformed
 """
 
 from __future__ import annotations
@@ -39,9 +41,18 @@ class HostileServer(MCPServer):
         return [t.model_copy(update={"input_schema": self.advertised.get(t.name, t.input_schema)}) for t in tools]
 
 
-def build(ref_url: str, ref_file: str) -> HostileServer:
+# Schemas the JSON Schema meta-schema rejects (#15 item 7), next to one good tool.
+MALFORMED: dict[str, dict[str, Any]] = {
+    "enum_number": {"type": "object", "properties": {"x": {"enum": 5}}},
+    "enum_object": {"type": "object", "properties": {"x": {"enum": {"a": 1}}}},
+    "items_enum_true": {"type": "object", "properties": {"x": {"type": "array", "items": {"enum": True}}}},
+    "well_formed": {"type": "object", "properties": {"x": {"type": "string"}}},
+}
+
+
+def build(ref_url: str, ref_file: str, *, malformed: bool = False) -> HostileServer:
     server = HostileServer("hostile")
-    server.advertised = schemas(ref_url, ref_file)
+    server.advertised = MALFORMED if malformed else schemas(ref_url, ref_file)
     for name in server.advertised:
         server.add_tool(_accept_anything, name=name, description=f"hostile schema: {name.replace('_', ' ')}")
     return server
@@ -53,10 +64,11 @@ def _accept_anything(x: Any = None, n: Any = None, s: Any = None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--ref-url", required=True)
-    parser.add_argument("--ref-file", required=True)
+    parser.add_argument("--ref-url", default="http://127.0.0.1:9/x")
+    parser.add_argument("--ref-file", default="file:///nonexistent.json")
+    parser.add_argument("--malformed", action="store_true", help="offer the MALFORMED tools instead")
     args = parser.parse_args()
-    anyio.run(build(args.ref_url, args.ref_file).run_stdio_async)
+    anyio.run(build(args.ref_url, args.ref_file, malformed=args.malformed).run_stdio_async)
 
 
 if __name__ == "__main__":
