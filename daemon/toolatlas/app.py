@@ -99,7 +99,6 @@ class Daemon:
         if self.http is not None:
             self.http.reconfigure(new.http, max_message_bytes=d.max_message_bytes)
         summary = await self.gateway.reload(new, attestor)
-        self.surface.refresh_instructions()
         return summary
 
 

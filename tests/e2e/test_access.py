@@ -8,11 +8,15 @@ import os
 import pwd
 import subprocess
 import tempfile
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.ports import free_port
 from tests.support.results import text as _text
 
 USERS = ("ta-alice", "ta-bob", "ta-carol")
@@ -34,7 +38,12 @@ def users() -> dict[str, pwd.struct_passwd]:
 
 
 def _as_user(user: pwd.struct_passwd, tool: str, args: dict, sock: str) -> dict:
-    """One tools/call over the socket from a forked child running as `user`.
+    """One tools/call over the socket from a forked child running as `user`."""
+    return _in_child(user, sock, lambda c: c.call_tool(tool, args))
+
+
+def _in_child(user: pwd.struct_passwd, sock: str, fn: Callable[[Any], Any]) -> Any:
+    """`fn(RawClient)` in a forked child running as `user`, its JSON result back.
 
     A fork, not a new interpreter: the project's venv may live where other users cannot read.
     """
@@ -49,7 +58,7 @@ def _as_user(user: pwd.struct_passwd, tool: str, args: dict, sock: str) -> dict:
             os.setgid(user.pw_gid)
             os.setuid(user.pw_uid)
             with RawClient(sock, timeout=30) as c:
-                out = {"result": c.call_tool(tool, args)}
+                out = {"result": fn(c)}
         except BaseException as exc:  # report, never return into pytest
             out = {"error": repr(exc)}
         os.write(w, json.dumps(out).encode())
@@ -74,7 +83,9 @@ def test_two_users_see_different_tools_and_denied_calls_do_not_leak(users: dict[
     os.chmod(base, 0o755)
     try:
         upstreams = stdio_testserver("alpha") + stdio_testserver("beta")
-        d = Daemon(base, upstreams, daemon_extra='socket_mode = "0666"\naccess_default = "deny"')
+        port = free_port()
+        d = Daemon(base, upstreams,
+                   daemon_extra=f'socket_mode = "0666"\naccess_default = "deny"\nmetrics_addr = "127.0.0.1:{port}"')
         d.config.write_text(
             d.config.read_text()
             + '\n[[access]]\nusers = ["ta-alice"]\nservers = ["alpha"]\n'
@@ -102,6 +113,27 @@ def test_two_users_see_different_tools_and_denied_calls_do_not_leak(users: dict[
 
             status = _as_user(bob, "catalog_status", {}, d.socket)["structuredContent"]
             assert [s["name"] for s in status["servers"]] == ["beta"]
+            # #15 item 6: every figure is bob's share (beta), not the whole catalog's.
+            beta_tools = status["servers"][0]["tools"]
+            assert status["index"]["tools"] == beta_tools and status["index"]["servers"] == 1, status["index"]
+            assert status["tools"] == beta_tools
+            assert set(status["cards"]["servers"]) <= {"beta"} and status["cards"]["refused_cards"] == []
+
+            def bob_tokens() -> dict | None:
+                t = _as_user(bob, "catalog_status", {}, d.socket)["structuredContent"]["tokens"]
+                return t if "tools" in t else None
+
+            tokens = d.wait_for(bob_tokens, 60, "bob's token figures")
+            assert tokens["tools"] == beta_tools, tokens
+            assert d.status()["index"]["tools"] == 0  # root: no rule, denied by default
+            hello = _in_child(alice, d.socket, lambda c: c.initialize_result["instructions"])
+            assert "alpha" in hello and "beta" not in hello, hello
+            # The refused calls above are counted as upstream "unknown", never as beta.
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            beta_calls = [ln for ln in metrics.splitlines() if ln.startswith("toolatlas_calls_total") and "beta" in ln]
+            assert beta_calls == [], beta_calls
+            assert [ln for ln in metrics.splitlines() if ln.startswith("toolatlas_calls_total")
+                    and 'upstream="unknown"' in ln and "bad_input" in ln], metrics
             # root (the daemon's own user here) matches no rule either: denied by default.
             assert d.search("echo the message back", 20) == []
     finally:

@@ -44,8 +44,8 @@ class FakeGateway:
     def default_top_k(self) -> int:
         return 5
 
-    def instructions(self) -> str:
-        return "fake gateway over notes, vault"
+    def instructions(self, conn: Connection | None) -> str:
+        return "fake gateway over " + (", ".join(sorted(self._allowed(conn))) if conn else "nothing")
 
     def _allowed(self, conn: Connection) -> set[str]:
         return {"notes"} if conn.uid == DENIED_UID else {"notes", "vault"}
@@ -214,11 +214,15 @@ async def test_modern_session_gets_input_required_with_the_gateway_state(fake: F
     assert fake.calls[0][0].allow_input_required
 
 
-async def test_instructions_follow_the_gateway_after_refresh(fake: FakeGateway) -> None:
+async def test_instructions_are_per_caller_and_follow_the_gateway(fake: FakeGateway) -> None:
+    """#15 item 6: instructions name only the upstreams the caller may use, computed when its
+    session initializes (so a reload's upstreams show without any refresh call)."""
     surface = Surface(fake)
-    assert surface.server.instructions == "fake gateway over notes, vault"
-    fake.instructions = lambda: "after reload: notes"  # type: ignore[method-assign]
-    surface.refresh_instructions()
     with anyio.fail_after(10):
         async with connected(surface, Connection(id=1, uid=1000)) as client:
+            assert client.instructions == "fake gateway over notes, vault"
+        async with connected(surface, Connection(id=2, uid=DENIED_UID)) as client:
+            assert client.instructions == "fake gateway over notes"
+        fake.instructions = lambda conn: "after reload: notes"  # type: ignore[method-assign]
+        async with connected(surface, Connection(id=3, uid=1000)) as client:
             assert client.instructions == "after reload: notes"

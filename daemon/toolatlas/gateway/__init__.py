@@ -187,8 +187,9 @@ class Gateway:
     def default_top_k(self) -> int:
         return self.cfg.search.default_top_k
 
-    def instructions(self) -> str:
-        names = ", ".join(u.name for u in self.cfg.upstream) or "none yet"
+    def instructions(self, conn: Connection | None) -> str:
+        allowed = self.visibility.allowed_servers(conn) if conn is not None else set()
+        names = ", ".join(u.name for u in self.cfg.upstream if u.name in allowed) or "none yet"
         return (f"toolatlas federates these MCP servers: {names}. "
                 "Use tool_search to find a tool for your task, then execute_tool to call it.")
 
@@ -216,9 +217,7 @@ class Gateway:
         return await self.calls.execute(call, conn)
 
     def status(self, conn: Connection) -> Mapping[str, Any]:
-        if self.index_ready.is_set():
-            self.tokens.ensure(self._tg)
-        return self.status_service.status(conn)
+        return self.status_service.status(conn, self._tg if self.index_ready.is_set() else None)
 
 
 __all__ = ["FIRST_INDEX_WAIT_S", "Gateway", "make_engine"]

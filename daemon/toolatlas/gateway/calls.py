@@ -67,7 +67,8 @@ class CallService:
         with a message a model can act on."""
         t0 = time.perf_counter()
         rec = self._catalog.view.by_name.get(call.name)
-        server = rec.server if rec is not None else "unknown"
+        # A refused call is labelled "unknown": metrics must not confirm a server the caller may not use.
+        server = rec.server if rec is not None and rec.server in self._visibility.allowed_servers(conn) else "unknown"
         try:
             outcome = await self._execute(call, conn)
         except ToolatlasError as exc:

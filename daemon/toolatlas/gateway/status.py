@@ -7,10 +7,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio.abc
+
 from toolatlas.catalog.attest import AttestResult
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection, SurfaceStats
-from toolatlas.gateway.tokens import TokenReporter
+from toolatlas.gateway.tokens import Scope, TokenReporter
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.metrics import StateSnapshot
 from toolatlas.names import split
@@ -52,9 +54,16 @@ class StatusService:
             return "unknown"
         return f"{st.state.value}: {st.reason}" if st.reason else st.state.value
 
-    def status(self, conn: Connection) -> dict[str, Any]:
+    def status(self, conn: Connection, tg: anyio.abc.TaskGroup | None = None) -> dict[str, Any]:
+        """catalog_status as `conn` may see it: every figure (servers, tool counts, index and
+        token figures, cards, Rift) covers only the servers it may use. `tg` starts a token
+        recount for its scope when the index moved."""
         allowed = self._visibility.allowed_servers(conn)
         view = self._catalog.view
+        # None: the caller sees every configured server, so the global figures are its own.
+        scope: Scope = None if allowed >= set(view.servers) | {st.name for st in self._pool.status()} \
+            else frozenset(allowed)
+        self._tokens.ensure(tg, scope)
         servers = []
         for st in self._pool.status():
             if st.name not in allowed:
@@ -81,9 +90,15 @@ class StatusService:
             servers.append(out)
         engine = self._catalog.engine
         stats = engine.stats()
-        verdicts: dict[str, AttestResult] = {n: s.verdict for n, s in view.servers.items() if s.verdict is not None}
+        if scope is not None:
+            indexed = sum(len(view.server(n).docs) for n in allowed)
+            stats["tools"] = indexed
+            stats["servers"] = sum(1 for n in allowed if view.server(n).docs)
+            if stats.get("dense_index") is not None:
+                stats["dense_index"] = {"live": indexed}  # slots of other servers are not the caller's
+        verdicts: dict[str, AttestResult] = {n: s.verdict for n, s in view.servers.items()
+                                             if s.verdict is not None and n in allowed}
         cards = self._catalog.attestor.summary(verdicts)
-        cards["servers"] = {k: v for k, v in cards.get("servers", {}).items() if k in allowed}
         available = view.available
         return {
             "servers": servers,
@@ -92,23 +107,25 @@ class StatusService:
             "index_version": stats.get("version"),
             "cache": {**(stats.get("cache") or {}), "fast_lane": self.surface.fast_answers()},
             "cards": cards,
-            "tokens": self._tokens.report or {"pending": True},
-            "rift": self._rift_status(allowed),
+            "tokens": self._tokens.report(scope) or {"pending": True},
+            "rift": self._rift_status(allowed, scope),
             "clients": self.surface.client_count(),
             "uptime_s": round(time.time() - self.started_at, 1),
         }
 
-    def _rift_status(self, allowed: set[str]) -> dict[str, Any]:
+    def _rift_status(self, allowed: set[str], scope: Scope) -> dict[str, Any]:
         report = self._rift.report
         if report is None:
             return {"available": False, "reason": self._rift.error or (
                 "needs the dense index (embedder)" if self._catalog.engine.embedder is None else "not run yet")}
         visible = [c for c in report.clusters if all(_server_of(m) in allowed for m in c.members)]
+        view = self._catalog.view
+        n_tools = report.n_tools if scope is None else sum(len(view.server(n).docs) for n in allowed)
         counts = {r: 0 for r in ("high", "medium", "low")}
         for c in visible:
             if c.risk in counts:
                 counts[c.risk] += 1
-        return {"available": True, "tools": report.n_tools, "clusters": counts,
+        return {"available": True, "tools": n_tools, "clusters": counts,
                 "theta": report.theta, "embedder": report.embedder}
 
     def snapshot(self) -> StateSnapshot:

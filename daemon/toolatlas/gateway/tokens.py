@@ -4,6 +4,7 @@ index version moves. It reads one `CatalogView`, never the live catalog."""
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -31,19 +32,22 @@ def tool_dict(rec: ToolRecord) -> dict[str, Any]:
     return out
 
 
-def token_report(view: CatalogView, engine: Engine, version: int) -> dict[str, Any]:
-    """Tokens of the whole catalog as tools/list, of the meta-tools, and of sample top-5
-    answers (queries made from tool names, spread over the catalog)."""
+Scope = frozenset[str] | None  # the servers a report covers; None: every server
+
+
+def token_report(view: CatalogView, engine: Engine, version: int, scope: Scope = None) -> dict[str, Any]:
+    """Tokens of the catalog (of the servers in `scope`) as tools/list, of the meta-tools, and
+    of sample top-5 answers (queries made from tool names, spread over the catalog)."""
     from toolatlas.tokens import catalog_token_report
 
-    available = view.available
+    servers = view.available if scope is None else view.available & scope
     by_name = view.by_name
-    records = sorted((r for r in by_name.values() if r.server in available), key=lambda r: r.name)
+    records = sorted((r for r in by_name.values() if r.server in servers), key=lambda r: r.name)
     samples = []
     step = max(1, len(records) // TOKEN_SAMPLE_QUERIES)
     for rec in records[::step][:TOKEN_SAMPLE_QUERIES]:
         query = " ".join(rec.tool.replace("_", " ").replace("-", " ").split())
-        outcome = engine.search(query, 5, servers=available)
+        outcome = engine.search(query, 5, servers=servers)
         samples.append({"query": query, "matches": [
             {"name": h.name, "server": h.server, "tool": by_name[h.name].tool,
              "description": by_name[h.name].description,
@@ -56,32 +60,42 @@ def token_report(view: CatalogView, engine: Engine, version: int) -> dict[str, A
 
 
 class TokenReporter:
-    """The latest token report; `ensure()` starts a recount when the index moved."""
+    """The latest token report per scope (a caller sees figures over the servers it may use
+    only); `ensure()` starts a recount of a scope when the index moved."""
+
+    MAX_SCOPES = 32  # distinct server sets kept (one per [[access]] outcome, in practice)
 
     def __init__(self, engine: Engine, view: Callable[[], CatalogView]) -> None:
         self._engine = engine
         self._view = view
-        self.report: dict[str, Any] | None = None
-        self._version = -1
-        self._running = False
+        self._reports: OrderedDict[Scope, tuple[int, dict[str, Any]]] = OrderedDict()
+        self._running: set[Scope] = set()
 
-    def ensure(self, tg: anyio.abc.TaskGroup | None) -> None:
+    def report(self, scope: Scope = None) -> dict[str, Any] | None:
+        got = self._reports.get(scope)
+        return got[1] if got is not None else None
+
+    def ensure(self, tg: anyio.abc.TaskGroup | None, scope: Scope = None) -> None:
         version = self._engine.version
-        if self._version == version or self._running or tg is None:
+        got = self._reports.get(scope)
+        if (got is not None and got[0] == version) or scope in self._running or tg is None:
             return
-        self._running = True
-        tg.start_soon(self._compute, version)
+        self._running.add(scope)
+        tg.start_soon(self._compute, version, scope)
 
-    async def _compute(self, version: int) -> None:
+    async def _compute(self, version: int, scope: Scope) -> None:
         view = self._view()
         try:
-            self.report = await anyio.to_thread.run_sync(token_report, view, self._engine, version)
+            report = await anyio.to_thread.run_sync(token_report, view, self._engine, version, scope)
         except Exception as exc:  # token figures are informative; never break status
             log.warning("token accounting failed: %s", exc)
-            self.report = {"error": str(exc)}
+            report = {"error": str(exc)}
         finally:
-            self._version = version
-            self._running = False
+            self._running.discard(scope)
+        self._reports[scope] = (version, report)
+        self._reports.move_to_end(scope)
+        while len(self._reports) > self.MAX_SCOPES:
+            self._reports.popitem(last=False)
 
 
-__all__ = ["TOKEN_SAMPLE_QUERIES", "TokenReporter", "token_report", "tool_dict"]
+__all__ = ["TOKEN_SAMPLE_QUERIES", "Scope", "TokenReporter", "token_report", "tool_dict"]

@@ -194,10 +194,6 @@ class Surface:
     def fast_answers(self) -> int:
         return self.fast_lane_answers
 
-    def refresh_instructions(self) -> None:
-        """Take the gateway's current instructions (after a reload) for new sessions."""
-        self.server.instructions = self.gw.instructions()
-
     async def tools_changed(self) -> None:
         """Tell clients whose tools/list would now differ (passthrough views) to re-list:
         legacy sessions by notification, 2026-07-28 clients on their listen streams."""
@@ -212,6 +208,24 @@ class Surface:
                     await conn.session.send_tool_list_changed()  # type: ignore[attr-defined]
             except Exception as exc:  # a client that went away must not stop the others
                 log.debug("list_changed to connection %d failed: %s", conn.id, exc)
+
+
+class _Server(Server[Any]):
+    """The SDK server with `instructions` per caller: read when a session initializes (or a
+    2026-07-28 client discovers), in that connection's context, so they name only the
+    upstreams it may use and follow a reload."""
+
+    def __init__(self, gw: GatewayPort, *args: Any, **kwargs: Any) -> None:
+        self._gw = gw
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def instructions(self) -> str | None:
+        return self._gw.instructions(CONNECTION.get())
+
+    @instructions.setter
+    def instructions(self, _value: str | None) -> None:
+        pass  # computed per caller; the SDK's constructor assigns None
 
 
 def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
@@ -258,14 +272,14 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
         except ToolatlasError as exc:  # bad input, an upstream down or slow: a result a model reads
             return error_result(str(exc))
 
-    server: Server[Any] = Server(
+    server: Server[Any] = _Server(
+        gw,
         "toolatlas",
         # Lists are per principal (access rules, passthrough): private, and briefly fresh;
         # a change is announced with tools/list_changed.
         cache_hints={"tools/list": CacheHint(ttl_ms=30_000, scope="private")},
         on_subscriptions_listen=ListenHandler(bus),
         version=__version__,
-        instructions=gw.instructions(),
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
     )
