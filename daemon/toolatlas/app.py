@@ -47,6 +47,9 @@ class Daemon:
             owner=cfg.daemon.socket_owner,
             group=cfg.daemon.socket_group,
             max_message_bytes=cfg.daemon.max_message_bytes,
+            max_clients=cfg.daemon.max_clients,
+            max_clients_per_uid=cfg.daemon.max_clients_per_uid,
+            message_timeout=cfg.daemon.message_timeout,
             listen_socket=listen_socket,
             on_bad_message=lambda _msg: self.gateway.bad_message(),
             fast_lane=self.surface.lane,
@@ -68,7 +71,8 @@ class Daemon:
             await tg.start(self.unix.run)
             if cfg.http.listen:
                 self.http = HttpEndpoint(self.surface.server, cfg.http, max_message_bytes=cfg.daemon.max_message_bytes,
-                                         connections=self.surface.connections)
+                                         connections=self.surface.connections, max_clients=cfg.daemon.max_clients,
+                                         message_timeout=cfg.daemon.message_timeout)
                 await tg.start(self.http.run)
             task_status.started()
             await tg.start(self.gateway.run)
@@ -95,9 +99,11 @@ class Daemon:
         self.check_reload(new)
         d = new.daemon
         self.unix.reconfigure(mode=int(d.socket_mode, 8), owner=d.socket_owner, group=d.socket_group,
-                              max_message_bytes=d.max_message_bytes)
+                              max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
+                              max_clients_per_uid=d.max_clients_per_uid, message_timeout=d.message_timeout)
         if self.http is not None:
-            self.http.reconfigure(new.http, max_message_bytes=d.max_message_bytes)
+            self.http.reconfigure(new.http, max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
+                                  message_timeout=d.message_timeout)
         summary = await self.gateway.reload(new, attestor)
         return summary
 

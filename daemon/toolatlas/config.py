@@ -79,6 +79,12 @@ class DaemonSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     # Seconds in-flight calls may take to finish on shutdown.
     drain_timeout: Seconds = 10.0
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 4 * 1024 * 1024
+    # Client connections: at most this many at once (socket and HTTP each), and per socket
+    # peer uid; a client must finish each message it starts (its first one too) within
+    # message_timeout seconds, or the connection is closed (a stalled or slowloris peer).
+    max_clients: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    max_clients_per_uid: Annotated[int, msgspec.Meta(ge=1)] = 256
+    message_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # What a client that matches no [[access]] rule may use: "allow" (every upstream; the
     # single-user default) or "deny" (nothing).

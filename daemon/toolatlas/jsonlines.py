@@ -54,6 +54,11 @@ class BoundedLines:
     def __repr__(self) -> str:
         return f"<BoundedLines limit={self.limit} pending={self._size}>"
 
+    @property
+    def pending(self) -> bool:
+        """Whether part of a line has arrived and its newline has not."""
+        return self._size > 0
+
     def feed(self, data: bytes) -> list[bytes | Oversized]:
         out: list[bytes | Oversized] = []
         start = 0

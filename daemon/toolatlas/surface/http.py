@@ -21,12 +21,13 @@ uvicorn serves it on the daemon's event loop (no thread, no signal handlers of i
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import itertools
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -110,13 +111,15 @@ class HttpEndpoint:
 
     def __init__(
         self, server: "Server[Any]", section: HttpSection, *, max_message_bytes: int = 4 * 1024 * 1024,
-        connections: Connections | None = None,
+        connections: Connections | None = None, max_clients: int = 1024, message_timeout: float = 30.0,
     ) -> None:
         self.host, self.port = listen_address(section)
         self.section = section
         self.server = server
         self.tokens = TokenTable(section.tokens)
         self.max_message_bytes = max_message_bytes
+        self.max_clients = max_clients
+        self.message_timeout = message_timeout
         self.allowed_hosts: list[str] = list(section.allowed_hosts)
         self.allowed_origins: list[str] = list(section.allowed_origins)
         self.requests = 0
@@ -159,9 +162,11 @@ class HttpEndpoint:
         self.allowed_origins = list(self.section.allowed_origins) or [
             f"http://{h}" for h in self.allowed_hosts if not h.endswith(":*")]
 
-    def reconfigure(self, section: HttpSection, *, max_message_bytes: int) -> None:
+    def reconfigure(self, section: HttpSection, *, max_message_bytes: int, max_clients: int = 1024,
+                    message_timeout: float = 30.0) -> None:
         """Apply a reloaded [http] section at once: tokens (a removed token stops working for
-        the next request), the anonymous principal, Host/Origin rules and the body limit.
+        the next request), the anonymous principal, Host/Origin rules, the body limit, and
+        for new connections the connection cap and header timeout.
         `listen` cannot change while running; the reload is refused before this is called."""
         if section.listen != self.section.listen:
             raise ConfigError(f"[http] listen cannot change from {self.section.listen!r} to {section.listen!r} "
@@ -169,6 +174,9 @@ class HttpEndpoint:
         self.section = section
         self.tokens = TokenTable(section.tokens)
         self.max_message_bytes = max_message_bytes
+        self.max_clients, self.message_timeout = max_clients, message_timeout
+        if self._uvicorn is not None:
+            self._uvicorn.config.limit_concurrency = max_clients  # read by each new connection
         if self._manager is not None:
             self._manager.max_request_body_size = max_message_bytes
         self._admission_rules()
@@ -183,7 +191,9 @@ class HttpEndpoint:
         )
         config = uvicorn.Config(
             self, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=2,
-            loop="none", ws="none", http="h11", server_header=False,
+            loop="none", ws="none", http=_bounded_h11(lambda: self.message_timeout), server_header=False,
+            # Over this many connections (or requests in flight) a new request gets 503.
+            limit_concurrency=self.max_clients,
         )
         config.load()
         userver = uvicorn.Server(config)
@@ -254,6 +264,35 @@ class HttpEndpoint:
             challenge = 'Bearer realm="toolatlas"' + (', error="invalid_token"' if auth else "")
             return _json_error(401, "a valid bearer token is required", {"WWW-Authenticate": challenge}), None
         return None, name
+
+
+def _bounded_h11(timeout: Callable[[], float]) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a header timeout, which uvicorn lacks: a connection whose
+    request headers have not all arrived `timeout()` seconds after it opened, or after its
+    last response, is closed (a peer that connects and sends nothing, or trickles headers,
+    would otherwise hold it forever). A request being served (an SSE stream) is not cut."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedH11Protocol(H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_header_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_header_timer()
+
+        def _arm_header_timer(self) -> None:
+            self.loop.call_later(timeout(), self._header_deadline)
+
+        def _header_deadline(self) -> None:
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                log.info("closing an HTTP connection from %s: no complete request headers within %g s "
+                         "([daemon] message_timeout)", self.client, timeout())
+                self.transport.close()
+
+    return BoundedH11Protocol
 
 
 __all__ = ["HttpEndpoint", "PATH", "TokenTable", "default_allowed_hosts", "hash_token"]

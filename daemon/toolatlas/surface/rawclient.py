@@ -31,12 +31,16 @@ class RawClient:
         self._lines = BoundedLines(MAX_REPLY_BYTES)
         self._ready: list[bytes | Oversized] = []
         self._id = 0
-        self.initialize_result: Any = self.request("initialize", {
-            "protocolVersion": PROTOCOL,
-            "capabilities": {},
-            "clientInfo": {"name": "toolatlas-cli", "version": __version__},
-        })
-        self.notify("notifications/initialized")
+        try:
+            self.initialize_result: Any = self.request("initialize", {
+                "protocolVersion": PROTOCOL,
+                "capabilities": {},
+                "clientInfo": {"name": "toolatlas-cli", "version": __version__},
+            })
+            self.notify("notifications/initialized")
+        except BaseException:  # refused (a connection cap) or gone: never leak the socket
+            self.sock.close()
+            raise
 
     def _send(self, obj: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(obj).encode() + b"\n")

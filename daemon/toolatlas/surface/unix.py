@@ -5,8 +5,10 @@ Also `unix_client(path)`: a transport for the SDK `Client` over the same socket 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
+import json
 import logging
 import os
 import socket
@@ -85,6 +87,9 @@ class UnixServer:
         owner: str | None = None,
         group: str | None = None,
         max_message_bytes: int = 4 * 1024 * 1024,
+        max_clients: int = 1024,
+        max_clients_per_uid: int = 256,
+        message_timeout: float | None = 30.0,
         on_bad_message: Any = None,
         fast_lane: Any = None,
         listen_socket: socket.socket | None = None,
@@ -96,6 +101,9 @@ class UnixServer:
         self.owner = owner
         self.group = group
         self.max_message_bytes = max_message_bytes
+        self.max_clients = max_clients
+        self.max_clients_per_uid = max_clients_per_uid
+        self.message_timeout = message_timeout
         self.on_bad_message = on_bad_message
         self.fast_lane = fast_lane  # see surface.server.fast_lane
         # A listening socket handed over by systemd socket activation (it owns the file).
@@ -166,11 +174,17 @@ class UnixServer:
             gid = grp.getgrnam(self.group).gr_gid if self.group else -1
             os.chown(self.path, uid, gid)
 
-    def reconfigure(self, *, mode: int, owner: str | None, group: str | None, max_message_bytes: int) -> None:
+    def reconfigure(
+        self, *, mode: int, owner: str | None, group: str | None, max_message_bytes: int,
+        max_clients: int, max_clients_per_uid: int, message_timeout: float | None,
+    ) -> None:
         """Apply reloaded socket settings: the file's mode and ownership at once (a tightened
-        mode shuts out new peers that it no longer admits), the line limit for new lines."""
+        mode shuts out new peers that it no longer admits); the line limit, the connection
+        caps and the message timeout for new connections."""
         self.mode, self.owner, self.group = mode, owner, group
         self.max_message_bytes = max_message_bytes
+        self.max_clients, self.max_clients_per_uid = max_clients, max_clients_per_uid
+        self.message_timeout = message_timeout
         if self.listen_socket is None and self._listener is not None:
             self._apply_permissions()
 
@@ -188,13 +202,21 @@ class UnixServer:
         conn = Connection(id=next(_ids))
         if creds:
             conn.pid, conn.uid, conn.gid = creds
+        refusal = self._over_cap(conn)
+        if refusal is not None:
+            log.warning("refused a client connection (pid %s, uid %s): %s", conn.pid, conn.uid, refusal)
+            with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                async with stream:
+                    with anyio.move_on_after(1):
+                        await stream.send(_refusal_line(refusal))
+            return
         self.connections.add(conn)
         token = CONNECTION.set(conn)
         log.debug("client connected: %s", conn)
         try:
             async with stream, ndjson_streams(
                 stream, max_bytes=self.max_message_bytes, on_bad_message=self.on_bad_message,
-                fast_lane=self.fast_lane,
+                fast_lane=self.fast_lane, message_timeout=self.message_timeout,
             ) as (read, write):
                 # Options per connection: a reload may have changed the instructions.
                 await self.server.run(read, write, init_options(self.server))
@@ -204,6 +226,21 @@ class UnixServer:
             CONNECTION.reset(token)
             self.connections.discard(conn)
             log.debug("client disconnected: %d", conn.id)
+
+
+    def _over_cap(self, conn: Connection) -> str | None:
+        """Why `conn` may not be served (a connection cap reached), else None."""
+        unix = [c for c in self.connections if c.token is None]
+        if len(unix) >= self.max_clients:
+            return f"the daemon serves at most {self.max_clients} socket clients at once ([daemon] max_clients)"
+        if conn.uid is not None and sum(1 for c in unix if c.uid == conn.uid) >= self.max_clients_per_uid:
+            return (f"uid {conn.uid} already has {self.max_clients_per_uid} connections open "
+                    "([daemon] max_clients_per_uid); close one and retry")
+        return None
+
+
+def _refusal_line(reason: str) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": reason}}).encode() + b"\n"
 
 
 @asynccontextmanager

@@ -9,6 +9,7 @@ to its newline and answered with -32600 naming the limit. None of them ends the 
 from __future__ import annotations
 
 import json
+import math
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -50,6 +51,7 @@ async def ndjson_streams(
     max_bytes: int = DEFAULT_MAX_BYTES,
     on_bad_message: Callable[[str], None] | None = None,
     fast_lane: Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]] | None] | None = None,
+    message_timeout: float | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Yield `(read_stream, write_stream)` carrying MCP messages over `stream`.
 
@@ -58,7 +60,9 @@ async def ndjson_streams(
     `max_bytes` among them, are not decoded twice) and may take it: it returns the whole JSON-RPC response, or an awaitable of it
     (run in its own task), or None to pass the request on to the SDK.
 
-    The read side ends when the peer closes; the write side closes the byte stream's
+    With `message_timeout`, the first message and every message once started must arrive
+    within that many seconds, or the peer is told so and the read side ends (a stalled or
+    slowloris peer holds no connection). The read side also ends when the peer closes; the write side closes the byte stream's
     sending half when the caller closes it. Contextvars set by the caller before entering
     travel with every inbound message to the handlers (the SDK's context streams).
     """
@@ -132,13 +136,22 @@ async def ndjson_streams(
 
     async def reader() -> None:
         splitter = BoundedLines(max_bytes)
+        started = False  # a first complete line has arrived
         try:
             async with read_writer:
                 while True:
-                    try:
-                        data = await stream.receive(_CHUNK)
-                    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    bounded = message_timeout is not None and (splitter.pending or not started)
+                    with anyio.move_on_after(message_timeout if bounded else math.inf) as waited:
+                        try:
+                            data = await stream.receive(_CHUNK)
+                        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                            return
+                    if waited.cancelled_caught:
+                        log.info("closing a client connection: no complete message within %g s", message_timeout)
+                        await bad(INVALID_REQUEST, f"no complete message arrived within {message_timeout:g} s "
+                                                   "([daemon] message_timeout); closing the connection")
                         return
+                    started = started or b"\n" in data
                     for line in splitter.feed(data):
                         await handle_line(line)
         except anyio.ClosedResourceError:
