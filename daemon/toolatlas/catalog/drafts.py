@@ -7,6 +7,7 @@ these types without importing each other.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,3 +47,24 @@ class Generator(Protocol):
     name: str
 
     def generate(self, server: str, tools: Sequence[ToolRecord]) -> CardDraft: ...
+
+
+# Sentences that address the model rather than describe the tool: never copied into a card.
+# Phrasings from published tool-poisoning and prompt-injection examples: orders to the model,
+# role switches, secrecy, and reaching for files the tool has no business with (words that a
+# real tool may use, such as "password" or "credentials", are not on the list).
+_DIRECTIVE = re.compile(
+    r"\b(ignore (all|any|previous|prior|the above|your)|disregard|forget (all|any|previous|prior|your|the)|"
+    r"you must|you should|you are now|you will now|from now on|act as|pretend|"
+    r"always (use|call|prefer|choose|run|invoke)|never (use|call|tell|mention)|"
+    r"do not (tell|mention|use|inform|reveal|show|call)|don'?t (tell|mention|inform|reveal)|"
+    r"without (telling|asking|informing)|instead of|system prompt|important:|override|jailbreak|"
+    r"developer mode|new instructions|instructions? (above|below)|"
+    r"before (using|calling|you use|you call|any|every|each)|prefer this|best tool|the only tool|"
+    r"(assistant|system|user)\s*:|tell the user|upset the user|the user (must|should) not|"
+    r"pass (its|the|their) contents?|sidenote|exfiltrat\w*|id_rsa|\.ssh/|mcp\.json)",
+    re.IGNORECASE,
+)
+def is_directive(text: str) -> bool:
+    """Whether `text` addresses the model (see `_DIRECTIVE`) rather than describing a tool."""
+    return bool(_DIRECTIVE.search(text))

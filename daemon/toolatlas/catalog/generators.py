@@ -24,6 +24,7 @@ from toolatlas.catalog.drafts import (
     Generator,
     GeneratorError,
     ToolDraft,
+    is_directive,
 )
 from toolatlas.catalog.llm_generator import LlmGenerator
 from toolatlas.catalog.model import ToolRecord, schema_hash
@@ -33,7 +34,7 @@ from toolatlas.catalog.model import ToolRecord, schema_hash
 __all__ = [
     "BOOTSTRAP_VERSION", "GENERATORS", "LLM_VERSION", "PUBLISHER_VERSION", "BootstrapGenerator", "CardDraft",
     "Generator", "GeneratorError", "LlmGenerator", "PublisherGenerator", "ToolDraft", "bootstrap_summary",
-    "build_card", "hint", "make_generator", "name_words",
+    "build_card", "hint", "is_directive", "make_generator", "name_words",
 ]
 
 
@@ -86,13 +87,14 @@ _TAGS = re.compile(r"<[^>]{0,200}>")
 _MD = re.compile(r"[*_`#]+|\[([^\]]*)\]\([^)]*\)")
 _URL = re.compile(r"https?://\S+")
 _SENT = re.compile(r"(?<=[.!?])\s+")
-# Sentences that address the model rather than describe the tool: never copied into a card.
-_DIRECTIVE = re.compile(
-    r"\b(ignore (all|any|previous|prior)|you must|you should|always (use|call|prefer|choose)|"
-    r"never (use|call)|do not (tell|mention|use)|instead of|system prompt|important:|"
-    r"before (using|calling) any|prefer this|best tool|the only tool)\b",
-    re.IGNORECASE,
+# A block the publisher marks up for the model (<IMPORTANT>...</IMPORTANT>, <system>...): dropped
+# whole, unclosed ones to the end of the text.
+_BLOCK = re.compile(
+    r"<\s*(important|system|instructions?|secret|hidden|note|admin|prompt|assistant)\b[^>]{0,200}>.*?"
+    r"(<\s*/\s*\1\s*>|$)",
+    re.IGNORECASE | re.DOTALL,
 )
+_ENUM_CHARS = 40  # an allowed value longer than this is prose, not a value: not copied
 
 
 def name_words(name: str) -> list[str]:
@@ -106,7 +108,8 @@ def hint(text: str | None, *, max_chars: int = 220) -> str:
     the model removed; the first sentences up to `max_chars`, cut at a word."""
     if not text:
         return ""
-    t = _TAGS.sub(" ", text)
+    t = _BLOCK.sub(" ", text)
+    t = _TAGS.sub(" ", t)
     t = _MD.sub(lambda m: m.group(1) or " ", t)
     t = _URL.sub(" ", t)
     t = re.sub(r"\s+", " ", t).strip()
@@ -114,7 +117,7 @@ def hint(text: str | None, *, max_chars: int = 220) -> str:
     size = 0
     for sent in _SENT.split(t):
         sent = sent.strip()
-        if not sent or _DIRECTIVE.search(sent):
+        if not sent or is_directive(sent):
             continue
         if size and size + len(sent) + 1 > max_chars:
             break
@@ -132,7 +135,10 @@ def _param_phrase(name: str, spec: Any) -> str:
     phrase = " ".join(name_words(name)) or name
     enum = spec.get("enum")
     if isinstance(enum, list) and enum:
-        phrase += " (" + "|".join(str(v) for v in enum[:6]) + ("|..." if len(enum) > 6 else "") + ")"
+        values = [str(v) for v in enum[:6]]
+        values = [v for v in values if len(v) <= _ENUM_CHARS and not is_directive(v)]
+        if values:
+            phrase += " (" + "|".join(values) + ("|..." if len(enum) > 6 else "") + ")"
     desc = hint(spec.get("description"), max_chars=80)
     if desc:
         phrase += f": {desc.rstrip('.')}"
@@ -160,7 +166,9 @@ def bootstrap_summary(rec: ToolRecord) -> str:
     req = set(schema.get("required") or []) if isinstance(schema.get("required"), list) else set()
     ordered = sorted(props, key=lambda k: (k not in req, list(props).index(k)))
     if ordered:
-        parts.append("Inputs: " + "; ".join(_param_phrase(k, props[k]) for k in ordered[:12]) + ".")
+        phrases = [_param_phrase(k, props[k]) for k in ordered[:12]]
+        # A parameter name can carry an order too ("ignore_previous_instructions"): left out.
+        parts.append("Inputs: " + "; ".join(p for p in phrases if not is_directive(p)) + ".")
     else:
         parts.append("Takes no inputs.")
     return " ".join(parts)

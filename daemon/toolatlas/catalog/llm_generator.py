@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolatlas.backoff import backoff_delay
-from toolatlas.catalog.drafts import LLM_VERSION, CardDraft, GeneratorError, ToolDraft
+from toolatlas.catalog.drafts import LLM_VERSION, CardDraft, GeneratorError, ToolDraft, is_directive
 from toolatlas.catalog.model import ToolRecord
 
 log = logging.getLogger(__name__)
@@ -211,6 +211,8 @@ def _validate(content: str, wanted: list[str]) -> tuple[str, tuple[str, ...], di
     summary = obj.get("server_summary")
     if not isinstance(summary, str) or not summary.strip() or len(summary) > 600:
         raise GeneratorError("server_summary must be a non-empty string of at most 600 characters")
+    if is_directive(summary):
+        raise GeneratorError("server_summary contains instruction-like text; describe only what the server does")
     tags = obj.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) and 0 < len(t) <= 40 for t in tags):
         raise GeneratorError("tags must be a list of short strings")
@@ -232,6 +234,10 @@ def _validate(content: str, wanted: list[str]) -> tuple[str, tuple[str, ...], di
         ex = item.get("examples", [])
         if not isinstance(ex, list) or not all(isinstance(e, str) and 0 < len(e) <= 200 for e in ex):
             raise GeneratorError(f"examples of {name!r} must be a list of short strings")
+        if is_directive(s) or any(is_directive(e) for e in ex):
+            # The model repeated (or wrote) an order to the model: a signed card never carries it.
+            raise GeneratorError(f"summary of {name!r} contains instruction-like text (an order to the model, "
+                                 "not a description of the tool); describe only what the tool does")
         out[name] = ToolDraft(tool=name, summary=s.strip(), examples=tuple(e.strip() for e in ex[:5]))
     missing = [w for w in wanted if w not in out]
     if missing:
