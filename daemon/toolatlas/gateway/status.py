@@ -14,6 +14,7 @@ from toolatlas.gateway.tokens import TokenReporter
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.metrics import StateSnapshot
 from toolatlas.names import split
+from toolatlas.redact import Redactor
 from toolatlas.rift.runner import RiftRunner
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
@@ -34,8 +35,9 @@ class StatusService:
 
     def __init__(
         self, catalog: LiveCatalog, visibility: Visibility, pool: Pool, tokens: TokenReporter, rift: RiftRunner,
-        *, index_ready: Callable[[], bool],
+        *, index_ready: Callable[[], bool], redactor: Redactor | None = None,
     ) -> None:
+        self._redact = redactor or Redactor()
         self._catalog = catalog
         self._visibility = visibility
         self._pool = pool
@@ -82,7 +84,8 @@ class StatusService:
         cards = self._catalog.attestor.summary(verdicts)
         cards["servers"] = {k: v for k, v in cards.get("servers", {}).items() if k in allowed}
         available = view.available
-        return {
+        # Reasons carry upstream stderr, URLs and error texts: no configured secret leaves here.
+        report: dict[str, Any] = self._redact.tree({
             "servers": servers,
             "tools": sum(1 for r in view.by_name.values() if r.server in allowed and r.server in available),
             "index": {"ready": self._index_ready(), **stats},
@@ -93,7 +96,8 @@ class StatusService:
             "rift": self._rift_status(allowed),
             "clients": self.surface.client_count(),
             "uptime_s": round(time.time() - self.started_at, 1),
-        }
+        })
+        return report
 
     def _rift_status(self, allowed: set[str]) -> dict[str, Any]:
         report = self._rift.report
