@@ -288,13 +288,21 @@ async def sse_transport(up: SseUpstream, on_eof: Callable[[str], None]) -> Async
         yield EofWatch(read, on_eof, "sse"), write
 
 
-def _expiry_hook(on_expired: Callable[[], None]) -> Callable[[httpx2.Response], Awaitable[None]]:
-    """A response hook that reports a 404 to a request carrying a (2025-era) session id:
-    by the spec the server no longer knows the session. Runs before the SDK hands the
-    request its error, so the session knows why the request failed."""
+OnResponse = Callable[[int, str], None]  # (HTTP status, request URL)
+
+
+def _response_hook(
+    on_expired: Callable[[], None] | None, on_response: OnResponse | None
+) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """A response hook that reports every status (``on_response``) and a 404 to a request
+    carrying a (2025-era) session id (``on_expired``: by the spec the server no longer knows
+    the session). Runs before the SDK hands the request its error, so the session knows why
+    the request failed."""
 
     async def hook(response: httpx2.Response) -> None:
-        if response.status_code == 404 and MCP_SESSION_ID in response.request.headers:
+        if on_response is not None:
+            on_response(response.status_code, str(response.request.url))
+        if on_expired is not None and response.status_code == 404 and MCP_SESSION_ID in response.request.headers:
             on_expired()
 
     return hook
@@ -302,27 +310,29 @@ def _expiry_hook(on_expired: Callable[[], None]) -> Callable[[httpx2.Response], 
 
 @contextlib.asynccontextmanager
 async def http_transport(
-    up: HttpUpstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None
+    up: HttpUpstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None,
+    on_response: OnResponse | None = None,
 ) -> AsyncIterator[Streams]:
     async with _http_client(up) as client:
-        if on_expired is not None:
-            client.event_hooks["response"].append(_expiry_hook(on_expired))
+        if on_expired is not None or on_response is not None:
+            client.event_hooks["response"].append(_response_hook(on_expired, on_response))
         async with streamable_http_client(up.url, http_client=client) as (read, write):
             yield EofWatch(read, on_eof, "http"), write
 
 
 def open_transport(
-    up: Upstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None
+    up: Upstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None,
+    on_response: OnResponse | None = None,
 ) -> contextlib.AbstractAsyncContextManager[Streams] | StdioProcess:
     """The transport context manager for ``up`` (not yet entered).
 
-    ``on_eof(kind)`` hears the end of the read stream; ``on_expired()`` (streamable HTTP
-    only) hears a 404 on our session id."""
+    ``on_eof(kind)`` hears the end of the read stream; streamable HTTP only: ``on_expired()``
+    hears a 404 on our session id, ``on_response(status, url)`` every response's status."""
     if isinstance(up, StdioUpstream):
         return StdioProcess(up, on_eof)
     if isinstance(up, SseUpstream):
         return sse_transport(up, on_eof)
-    return http_transport(up, on_eof, on_expired)
+    return http_transport(up, on_eof, on_expired, on_response)
 
 
 __all__ = ["EofWatch", "StdioProcess", "open_transport", "stop_process"]
