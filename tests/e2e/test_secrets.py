@@ -2,11 +2,12 @@
 an upstream's env, args, URL or headers is `[REDACTED]` in catalog_status reasons, in the
 daemon's log lines, in its structured events and in execute_tool's error messages; and an
 HTTP upstream answering 401 is reported as an authentication failure naming the header used,
-never its value."""
+never its value. A secret a SIGHUP reload brings is redacted from then on."""
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,17 +23,22 @@ SECRETS = {
     "URL_SECRET": "url-secret-9e05c7b3",
     "QUERY_SECRET": "query-secret-4a61d2e8",
     "HEADER_SECRET": "header-secret-c3f08b59",
+    "RELOAD_SECRET": "reload-secret-5d27a4c1",  # used only by the config a SIGHUP loads
 }
 
 
-def _upstreams(marker: Path, refusing_url: str) -> str:
+def _leaky(name: str, marker: Path, token_var: str) -> str:
     args = json.dumps([str(LEAKY), "--marker", str(marker), "--key=${ARG_SECRET}"])
+    return (f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+            f'env = {{ TOKEN = "${{{token_var}}}" }}\n')
+
+
+def _upstreams(marker: Path, refusing_url: str) -> str:
     netloc = refusing_url.replace("http://", "http://op:${URL_SECRET}@")
     auth = 'headers = { Authorization = "Bearer ${HEADER_SECRET}" }\n'
     return (
-        f'[[upstream]]\nname = "leaky"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
-        'env = { TOKEN = "${ENV_SECRET}" }\n'
-        f'[[upstream]]\nname = "locked"\ntransport = "http"\nurl = "{netloc}/mcp?key=${{QUERY_SECRET}}"\n{auth}'
+        _leaky("leaky", marker, "ENV_SECRET")
+        + f'[[upstream]]\nname = "locked"\ntransport = "http"\nurl = "{netloc}/mcp?key=${{QUERY_SECRET}}"\n{auth}'
         f'[[upstream]]\nname = "locked-sse"\ntransport = "sse"\nurl = "{netloc}/sse?key=${{QUERY_SECRET}}"\n{auth}'
         f'[[upstream]]\nname = "bare"\ntransport = "http"\nurl = "{refusing_url}/mcp"\n'
     )
@@ -42,9 +48,10 @@ def _leaks(text: str) -> list[str]:
     return [name for name, value in SECRETS.items() if value in text]
 
 
-def _leaky_down(d: Daemon) -> dict[str, Any] | None:
+def _down(d: Daemon, name: str) -> dict[str, Any] | None:
+    """catalog_status's servers by name once `name` is down with the leaky server's exit."""
     servers = {s["name"]: s for s in d.status()["servers"]}
-    return servers if "exited with code 3" in (servers["leaky"]["reason"] or "") else None
+    return servers if name in servers and "exited with code 3" in (servers[name]["reason"] or "") else None
 
 
 def _text(result: dict[str, Any]) -> str:
@@ -58,14 +65,19 @@ def test_secrets_are_redacted_from_status_logs_events_and_errors(tmp_path: Path)
     try:
         with d.start(env=SECRETS):
             crashed = d.tool("execute_tool", {"name": "leaky__crash", "arguments": {}})
-            servers = d.wait_for(lambda: _leaky_down(d), 30, "the leaky upstream down with its stderr as the reason")
+            servers = d.wait_for(lambda: _down(d, "leaky"), 30, "the leaky upstream down with its stderr as the reason")
             failed = d.tool("execute_tool", {"name": "leaky__crash", "arguments": {}})
+            # a reload brings a new secret: it is redacted from then on, in the log lines too
+            d.config.write_text(d.config.read_text() + _leaky("leaky-reloaded", tmp_path / "crashed", "RELOAD_SECRET"))
+            d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+            reloaded = d.wait_for(lambda: _down(d, "leaky-reloaded"), 30, "the reloaded leaky upstream down")
             status_text = json.dumps(d.status())
         log = d.log.read_text(errors="replace")
     finally:
         refusing.close()
     leaky = servers["leaky"]["reason"]
     assert "TOKEN=[REDACTED]" in leaky and "--key=[REDACTED]" in leaky, leaky
+    assert "TOKEN=[REDACTED]" in reloaded["leaky-reloaded"]["reason"], reloaded["leaky-reloaded"]
     assert crashed["isError"] and _leaks(_text(crashed)) == []
     assert failed["isError"] and "exited with code 3" in _text(failed), failed
     for name in ("locked", "locked-sse"):
