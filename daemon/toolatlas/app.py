@@ -8,6 +8,7 @@ and reloads them. `serve` runs it as the process: signals, sd_notify, metrics.
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import socket
@@ -20,11 +21,12 @@ import anyio.abc
 from toolatlas import events as ev
 from toolatlas import memory
 from toolatlas.catalog.attest import Attestor
-from toolatlas.config import Config, load, metrics_address
+from toolatlas.config import Config, load, metrics_address, secrets
 from toolatlas.metrics import MetricsBindError
 from toolatlas.errors import ConfigError
 from toolatlas.gateway import Gateway
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
+from toolatlas.redact import RedactingFormatter, Redactor
 from toolatlas.surface.http import HttpEndpoint
 from toolatlas.surface.server import Surface
 from toolatlas.surface.unix import UnixServer
@@ -35,8 +37,10 @@ log = logging.getLogger(__name__)
 class Daemon:
     """The gateway with its surface on the Unix socket (and the HTTP endpoint if set)."""
 
-    def __init__(self, cfg: Config, *, listen_socket: socket.socket | None = None) -> None:
-        self.gateway = Gateway(cfg)
+    def __init__(
+        self, cfg: Config, *, listen_socket: socket.socket | None = None, redactor: Redactor | None = None,
+    ) -> None:
+        self.gateway = Gateway(cfg, redactor=redactor)
         self.surface = Surface(self.gateway)
         self.gateway.status_service.surface = self.surface
         self.gateway.catalog.on_change.append(self.surface.tools_changed)
@@ -108,25 +112,28 @@ class Daemon:
         return summary
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _configure_logging(level: str, redactor: Redactor) -> None:
+    """Log lines on stderr, every one (tracebacks too) redacted by the daemon's `redactor`."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(RedactingFormatter(redactor, "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level), handlers=[handler])
     # The HTTP clients log every request at INFO (each upstream ping): keep them quiet.
     for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, getattr(logging, level)))
 
 
-async def serve(cfg: Config, *, ready: Callable[[Daemon], None] | None = None) -> None:
-    """Run the daemon until SIGTERM/SIGINT; SIGHUP reloads the config.
+async def serve(
+    cfg: Config, *, ready: Callable[[Daemon], None] | None = None, redactor: Redactor | None = None,
+) -> None:
+    """Run the daemon until SIGTERM/SIGINT; SIGHUP reloads the config (and adds its secrets
+    to `redactor`, the one the log formatter uses).
 
     systemd: READY=1 once the socket listens and the index is loaded, WATCHDOG=1 pings
     from the event loop, RELOADING=1 around a reload, STOPPING=1 on shutdown.
     """
     notifier = Notifier()
     activated = listen_fds()
-    daemon = Daemon(cfg, listen_socket=activated[0] if activated else None)
+    daemon = Daemon(cfg, listen_socket=activated[0] if activated else None, redactor=redactor)
     gw = daemon.gateway
     # The signal receiver encloses the whole task tree: a second Ctrl-C or SIGTERM while the
     # tree drains and tears down is queued and logged, never the default action (a
@@ -188,7 +195,8 @@ async def _reload(daemon: Daemon, notifier: Notifier) -> None:
 
 
 def main_serve(cfg: Config) -> int:
-    _configure_logging(cfg.daemon.log_level)
+    redactor = Redactor(secrets(cfg))
+    _configure_logging(cfg.daemon.log_level, redactor)
     memory.limit_arenas()
     backend_options: dict[str, Any] = {}
     if cfg.daemon.event_loop == "uvloop":
@@ -199,7 +207,7 @@ def main_serve(cfg: Config) -> int:
         except ImportError:
             log.warning("uvloop is not installed; using asyncio's event loop")
     try:
-        anyio.run(serve, cfg, backend="asyncio", backend_options=backend_options)
+        anyio.run(functools.partial(serve, cfg, redactor=redactor), backend="asyncio", backend_options=backend_options)
     except BaseExceptionGroup as group:
         raise _sole_leaf(group) from None
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,7 @@ import msgspec
 
 from toolatlas.errors import ConfigError
 from toolatlas.paths import default_state_dir, expand_vars, resolve_path, socket_path
+from toolatlas.redact import Redactor
 
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
 UpstreamName = Annotated[str, msgspec.Meta(pattern=NAME_RE, max_length=48)]
@@ -184,6 +186,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     http: HttpSection = msgspec.field(default_factory=HttpSection)
     # Where the file was read from (not a TOML key; set by load()).
     source: str = ""
+    # The values `${VAR}` put into upstream tables, for `secrets` (not a TOML key; set by parse()).
+    expanded_secrets: tuple[str, ...] = ()
 
     def upstream_by_name(self, name: str) -> Upstream | None:
         for up in self.upstream:
@@ -192,13 +196,29 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         return None
 
 
-def _expand(value: Any, path: str, env: dict[str, str]) -> Any:
+# Keys set by the code, never by the file.
+_DERIVED_KEYS = ("source", "expanded_secrets")
+# Upstream keys whose `${VAR}` values are not secrets (paths and names: redacting `${HOME}`
+# would mangle every path in the log).
+_NOT_SECRET_KEYS = frozenset({"name", "command", "cwd"})
+_UPSTREAM_KEY_RE = re.compile(r"upstream\[\d+\]\.([^.\[]+)")
+# Shorter values are never redacted (they would mangle every line); query values are only
+# taken for secrets from this length (`format=json` is not one).
+MIN_SECRET_CHARS = 4
+MIN_QUERY_SECRET_CHARS = 8
+
+
+def _expand(value: Any, path: str, env: dict[str, str], found: list[str]) -> Any:
+    """`value` with `${VAR}` expanded in every string; values put into upstream tables (but
+    not their `_NOT_SECRET_KEYS`) are appended to `found`."""
     if isinstance(value, str):
-        return expand_vars(value, env, path)
+        key = _UPSTREAM_KEY_RE.match(path)
+        secret = key is not None and key.group(1) not in _NOT_SECRET_KEYS
+        return expand_vars(value, env, path, found if secret else None)
     if isinstance(value, dict):
-        return {k: _expand(v, f"{path}.{k}" if path else k, env) for k, v in value.items()}
+        return {k: _expand(v, f"{path}.{k}" if path else k, env, found) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand(v, f"{path}[{i}]", env) for i, v in enumerate(value)]
+        return [_expand(v, f"{path}[{i}]", env, found) for i, v in enumerate(value)]
     return value
 
 
@@ -229,9 +249,12 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
-    if "source" in raw:
-        raise ConfigError(f"{source}: unknown key 'source' in [top level]")
-    raw = _expand(raw, "", dict(os.environ) if env is None else env)
+    for key in _DERIVED_KEYS:
+        if key in raw:
+            raise ConfigError(f"{source}: unknown key {key!r} in [top level]")
+    found: list[str] = []
+    raw = _expand(raw, "", dict(os.environ) if env is None else env, found)
+    raw["expanded_secrets"] = tuple(dict.fromkeys(found))
     try:
         cfg = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
@@ -251,7 +274,8 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
             raise ConfigError(f"{source}: [[access]] rule {i + 1} names no users, groups or tokens")
     for up in cfg.upstream:
         if isinstance(up, (SseUpstream, HttpUpstream)) and not up.url.startswith(("http://", "https://")):
-            raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {up.url!r}")
+            url = Redactor(secrets(cfg))(up.url)
+            raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {url!r}")
     if cfg.daemon.metrics_addr:
         host_port(cfg.daemon.metrics_addr, key="[daemon] metrics_addr", source=source)
     _check_http(cfg.http, source)
@@ -319,11 +343,25 @@ def load(path: str | os.PathLike[str]) -> Config:
 
 
 def secrets(cfg: Config) -> list[str]:
-    """Values that must never appear in logs, status or errors (headers and env values)."""
-    out: list[str] = []
+    """Values that must never appear in logs, events, status, errors or card files: every
+    upstream env and header value, every value `${VAR}` put into an upstream (args, url,
+    env, headers), and a URL's password and query values. See `toolatlas.redact`."""
+    out: list[str] = list(cfg.expanded_secrets)
     for up in cfg.upstream:
         if isinstance(up, StdioUpstream):
-            out.extend(v for v in up.env.values() if len(v) >= 4)
+            out.extend(up.env.values())
         else:
-            out.extend(v for v in up.headers.values() if len(v) >= 4)
-    return out
+            out.extend(up.headers.values())
+            out.extend(url_secrets(up.url))
+    return [v for v in dict.fromkeys(out) if len(v) >= MIN_SECRET_CHARS]
+
+
+def url_secrets(url: str) -> list[str]:
+    """The password in `url`'s userinfo and its longer query values, as written and decoded."""
+    parts = urllib.parse.urlsplit(url)
+    found = [parts.password or ""]
+    for pair in parts.query.split("&"):
+        value = pair.partition("=")[2]
+        if len(value) >= MIN_QUERY_SECRET_CHARS:
+            found.append(value)
+    return [form for raw in found for form in dict.fromkeys((raw, urllib.parse.unquote_plus(raw))) if form]

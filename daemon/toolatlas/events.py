@@ -19,9 +19,10 @@ emits with exactly the fields each carries (a test checks it against a running d
 - `config_reload_rejected`: `reason`
 
 Privacy: a field named `query` (at any depth) is dropped unless `log_queries=True`, since
-queries can carry user data. Every configured secret (upstream header values, env values,
-tokens) is replaced by `[REDACTED]` wherever it appears, in keys and values, before
-serialisation (pass `toolatlas.config.secrets(cfg)`). Writing never raises: a closed or broken stream loses the line, not the daemon.
+queries can carry user data. Every configured secret (see `toolatlas.config.secrets`) is
+replaced by `[REDACTED]` wherever it appears, in keys and values, before serialisation: pass
+the daemon's `toolatlas.redact.Redactor` (or `secrets=` for one of its own). Writing never
+raises: a closed or broken stream loses the line, not the daemon.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 import msgspec
+
+from toolatlas.redact import Redactor
 
 TOOLS_LIST_SERVED = "tools_list_served"
 TOOL_SEARCH_COMPLETED = "tool_search_completed"
@@ -63,11 +66,9 @@ EVENT_FIELDS: Mapping[str, frozenset[str]] = {
 EVENT_NAMES = frozenset(EVENT_FIELDS)
 MESSAGE_CHARS = 300  # execute_tool_failed's message is cut to this
 
-REDACTED = "[REDACTED]"
 QUERY_FIELD = "query"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _RESERVED = ("ts", "event")
-_MIN_BARE_CREDENTIAL = 8
 _encode = msgspec.json.Encoder().encode
 
 
@@ -90,32 +91,21 @@ class Events:
         *,
         log_queries: bool = False,
         secrets: Sequence[str] = (),
+        redactor: Redactor | None = None,
     ) -> None:
         self._stream = stream
         self.log_queries = log_queries
-        self._secrets: list[str] = []
-        self.add_secrets(secrets)
+        self.redactor = redactor if redactor is not None else Redactor()
+        self.redactor.add(secrets)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"<Events log_queries={self.log_queries} secrets={len(self._secrets)}>"
+        return f"<Events log_queries={self.log_queries} secrets={len(self.redactor)}>"
 
     def add_secrets(self, secrets: Sequence[str]) -> None:
-        """Redact these too from now on (after a config reload brought new ones).
-
-        For a header-style value "Scheme credential" (e.g. "Bearer abc..."), the credential
-        alone is redacted as well, since error messages often quote just the token.
-        """
-        merged = set(self._secrets)
-        for secret in secrets:
-            if not secret:
-                continue
-            merged.add(secret)
-            parts = secret.split()
-            if len(parts) > 1 and len(parts[-1]) >= _MIN_BARE_CREDENTIAL:
-                merged.add(parts[-1])
-        # Longest first, so a secret containing another is redacted whole.
-        self._secrets = sorted(merged, key=len, reverse=True)
+        """Redact these too from now on (after a config reload brought new ones). For a
+        header-style value "Scheme credential" the credential alone is redacted as well."""
+        self.redactor.add(secrets)
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one event line. `event` must be a snake_case name (ValueError otherwise).
@@ -140,15 +130,9 @@ class Events:
                 # Broken pipe or closed stream: nothing sensible to do but keep serving.
                 pass
 
-    def _redact(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-        return text
-
     def _clean(self, value: Any) -> Any:
         if isinstance(value, str):
-            return self._redact(value)
+            return self.redactor(value)
         if isinstance(value, float):
             return value if math.isfinite(value) else str(value)  # NaN is not JSON
         if value is None or isinstance(value, (bool, int)):
@@ -157,12 +141,12 @@ class Events:
             return self._clean(value.value)
         if isinstance(value, Mapping):
             return {
-                self._redact(str(k)): self._clean(v)
+                self.redactor(str(k)): self._clean(v)
                 for k, v in value.items()
                 if self.log_queries or k != QUERY_FIELD
             }
         if isinstance(value, (list, tuple, set, frozenset)):
             return [self._clean(v) for v in value]
         if isinstance(value, BaseException):
-            return self._redact(f"{type(value).__name__}: {value}")
-        return self._redact(str(value))
+            return self.redactor(f"{type(value).__name__}: {value}")
+        return self.redactor(str(value))

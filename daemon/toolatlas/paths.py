@@ -18,16 +18,19 @@ SYSTEM_SOCKET = "/run/toolatlas/toolatlas.sock"
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def expand_vars(text: str, env: Mapping[str, str], where: str) -> str:
+def expand_vars(text: str, env: Mapping[str, str], where: str, found: list[str] | None = None) -> str:
     """`${VAR}` in `text` from `env` (a bare `$VAR` is left alone, as the config documents).
 
-    Raises ConfigError naming `where` (the config key) when a variable is not set.
+    Each value put in is appended to `found` (when given). Raises ConfigError naming `where`
+    (the config key) when a variable is not set.
     """
 
     def sub(m: re.Match[str]) -> str:
         var = m.group(1)
         if var not in env:
             raise ConfigError(f"{where}: environment variable ${{{var}}} is not set")
+        if found is not None:
+            found.append(env[var])
         return env[var]
 
     return _VAR_RE.sub(sub, text)

@@ -118,3 +118,21 @@ def test_export_replaces_descriptions_with_card_text(tmp_path: Path) -> None:
     assert rows[0]["input_schema"] == ROWS[0]["input_schema"]
     assert main(["export", "--catalog", str(cat), "--out", str(out), "--generator", "publisher"]) == 0
     assert [json.loads(line)["description"] for line in out.read_text().splitlines()] == [r["description"] for r in ROWS]
+
+
+def test_card_file_never_carries_an_expanded_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `${VAR}` in an upstream's args is a secret: the card's endpoint (its command line)
+    shows it redacted, and the card still verifies against the config."""
+    secret = "arg-secret-3f9a1c77"
+    monkeypatch.setenv("CARD_ARG_SECRET", secret)
+    keygen_main(["--out", str(tmp_path / "op.key")])
+    cfg = write_carded_testserver_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace('"--tools", "3"', '"--tools", "3", "--name", "${CARD_ARG_SECRET}"'))
+    assert main(["generate", "--config", str(cfg)]) == 0
+    text = card_path(tmp_path / "state", "test").read_text()
+    assert secret not in text and "--name [REDACTED]" in text
+    assert main(["verify", "--config", str(cfg)]) == 0
+    out = capsys.readouterr()
+    assert "ok   test:" in out.out and secret not in out.out + out.err

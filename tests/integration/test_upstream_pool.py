@@ -411,3 +411,30 @@ async def test_dropped_network_upstream_degrades_and_keeps_retrying(
             # ...and the other upstream never noticed.
             other = pool.get("other")
             assert other is not None and other.state is READY and other.reconnects == 0
+
+
+async def test_stdout_garbage_is_logged_a_bounded_number_of_times(caplog: pytest.LogCaptureFixture) -> None:
+    """10,000 lines that are not JSON-RPC: the first few are logged, the rest counted in a
+    summary (this flooded the log with one warning per line, ~288 KiB/s)."""
+    import logging
+    import re
+    import sys
+
+    from toolatlas.upstream.transports import StdioProcess
+
+    lines = 10_000
+    script = f"import sys\nsys.stdout.write(''.join(f'garbage {{i}}\\n' for i in range({lines})))\n"
+    up = make_upstream("noisy", "stdio", command=sys.executable, args=["-c", script])
+    caplog.set_level(logging.WARNING, logger="toolatlas.upstream.transports")
+    received = 0
+    with anyio.fail_after(60):
+        async with StdioProcess(up) as (read, _write):
+            async for item in read:
+                assert isinstance(item, Exception)  # each line is an error for the session, not a message
+                received += 1
+    warnings = [r.getMessage() for r in caplog.records if r.name == "toolatlas.upstream.transports"]
+    assert received == lines
+    assert len(warnings) <= 10, f"{len(warnings)} warning lines, the first: {warnings[:3]}"
+    shown = sum("ignoring a stdout line" in w for w in warnings)
+    counted = sum(int(m.group(1)) for w in warnings if (m := re.search(r"ignored (\d+) more", w)))
+    assert shown >= 1 and shown + counted == lines, warnings

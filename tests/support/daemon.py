@@ -140,7 +140,8 @@ class Daemon:
         return self.proc.returncode
 
     def __enter__(self) -> "Daemon":
-        return self.start()
+        """Start it, unless `start(...)` already did (`with d.start(env=...):`)."""
+        return self if self.proc is not None and self.proc.poll() is None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -1,5 +1,6 @@
-"""A real HTTP listener on 127.0.0.1 that records every GET it gets: the target a test plants
-in hostile schemas, to prove the daemon never contacts it."""
+"""A real HTTP listener on 127.0.0.1 that records every request it gets: the target a test
+plants in hostile schemas, to prove the daemon never contacts it, or an upstream that refuses
+every request (`status=401`)."""
 
 from __future__ import annotations
 
@@ -10,24 +11,35 @@ from typing import Any
 
 
 class RecordingListener:
-    """Records request paths in `hits`. With `answer`, GETs get it as JSON; without, they
-    get no answer (the handler waits 30 s), as a server that hangs."""
+    """Records request paths (GET and POST) in `hits`. With `status`, every request gets that
+    status and a short plain-text body; with `answer`, it as JSON (200); with neither, no
+    answer (the handler waits 30 s), as a server that hangs."""
 
-    def __init__(self, answer: bytes | None = None) -> None:
+    def __init__(self, answer: bytes | None = None, *, status: int | None = None) -> None:
         self.hits: list[str] = []
         hits = self.hits
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 hits.append(self.path)
+                if status is not None:
+                    self._send(status, "text/plain", b"refused by the test listener")
+                    return
                 if answer is None:
                     time.sleep(30)
                     return
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
+                self._send(200, "application/json", answer)
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.do_GET()
+
+            def _send(self, code: int, content_type: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(answer)
+                self.wfile.write(body)
 
             def log_message(self, *a: Any) -> None:
                 pass

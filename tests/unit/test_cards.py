@@ -32,6 +32,7 @@ from toolatlas.catalog.generators import (
 )
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.errors import ConfigError, SignatureError
+from toolatlas.redact import Redactor
 
 
 def rec(server: str, tool: str, desc: str, props: dict | None = None, required: list[str] | None = None) -> ToolRecord:
@@ -88,7 +89,7 @@ def signed_card(cfg: config.Config, keys: tuple[Path, Path], server: str, tools:
 
     up = cfg.upstream_by_name(server)
     assert up is not None
-    card = build_card(identity_of(up), BootstrapGenerator().generate(server, tools), tools, key)
+    card = build_card(identity_of(up, redact=Redactor(config.secrets(cfg))), BootstrapGenerator().generate(server, tools), tools, key)
     return write_card(card_path(cfg.daemon.state_dir, server), card)
 
 
@@ -323,7 +324,7 @@ def test_signed_publisher_card_is_served_but_reported_unattested(tmp_path: Path,
     tools = files_tools()
     up = cfg.upstream_by_name("files")
     assert up is not None
-    card = build_card(identity_of(up), PublisherGenerator().generate("files", tools), tools, signing.load_private_key(keys[0]))
+    card = build_card(identity_of(up, redact=Redactor(config.secrets(cfg))), PublisherGenerator().generate("files", tools), tools, signing.load_private_key(keys[0]))
     write_card(card_path(cfg.daemon.state_dir, "files"), card)
     att = Attestor(cfg)
     res = att.attest("files", tools)

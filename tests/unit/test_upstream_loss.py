@@ -13,9 +13,10 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from toolatlas.errors import UpstreamProtocolError, UpstreamUnavailable
-from toolatlas.upstream.client import LossReason, call_error, classify, describe
+from toolatlas.config import HttpUpstream
+from toolatlas.upstream.client import AuthWatch, LossReason, call_error, classify, describe
 from toolatlas.upstream.listing import record_from_tool
-from toolatlas.upstream.transports import _expiry_hook
+from toolatlas.upstream.transports import _response_hook
 
 URL = "http://127.0.0.1:9/mcp"
 
@@ -100,7 +101,7 @@ def test_call_error_maps_onto_the_error_tree() -> None:
 
 async def test_http_404_on_a_session_id_flags_the_session_expired() -> None:
     seen: list[bool] = []
-    hook = _expiry_hook(lambda: seen.append(True))
+    hook = _response_hook(lambda: seen.append(True), None)
     with_session = httpx2.Request("POST", URL, headers={"mcp-session-id": "abc"})
     await hook(httpx2.Response(200, request=with_session))
     assert seen == []
@@ -109,6 +110,28 @@ async def test_http_404_on_a_session_id_flags_the_session_expired() -> None:
     assert seen == []
     await hook(httpx2.Response(404, request=with_session))
     assert seen == [True]
+
+
+async def test_a_401_is_said_to_be_an_authentication_failure_naming_the_header_not_its_value() -> None:
+    up = HttpUpstream(name="web", url="http://op:pw-secret@127.0.0.1:9/mcp?key=k",
+                      headers={"Authorization": "Bearer tok-secret-123", "X-Team": "blue"})
+    auth = AuthWatch(up)
+    hook = _response_hook(None, auth.response)
+    sdk_stand_in = MCPError(mcp_types.INTERNAL_ERROR, "Server returned an error response")
+    await hook(httpx2.Response(401, request=httpx2.Request("POST", up.url)))
+    said = auth.describe(sdk_stand_in)
+    assert said == ("authentication failed (HTTP 401) at http://127.0.0.1:9/mcp; check the 'Authorization' "
+                    "and 'X-Team' headers set in [[upstream]] 'web' headers, and the password in its url")
+    assert "secret" not in said and "blue" not in said
+    await hook(httpx2.Response(200, request=httpx2.Request("POST", up.url)))  # accepted again
+    assert auth.describe(sdk_stand_in) == "JSON-RPC error -32603: Server returned an error response"
+    # SSE: the connect raises the status itself; with no headers configured, that is said.
+    bare = AuthWatch(HttpUpstream(name="bare", url=URL))
+    refused = httpx2.HTTPStatusError("401", request=_request(), response=httpx2.Response(401, request=_request()))
+    assert bare.failure(refused) == (
+        "authentication failed (HTTP 401) at http://127.0.0.1:9/mcp; no headers are configured in [[upstream]] "
+        """'bare'; set the one the server expects, e.g. headers = { Authorization = "Bearer ${TOKEN}" }""")
+    assert bare.failure(httpx2.ConnectError("refused", request=_request())) is None
 
 
 def test_record_from_tool_keeps_title_output_schema_and_annotations() -> None:

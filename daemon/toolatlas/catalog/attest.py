@@ -31,7 +31,9 @@ import msgspec
 from toolatlas.catalog import signing
 from toolatlas.catalog.cards import Card, card_path, identity_of, read_card, verify_card, write_card
 from toolatlas.catalog.model import ToolRecord, schema_hash
+from toolatlas.config import secrets
 from toolatlas.errors import ConfigError, SignatureError, ToolatlasError
+from toolatlas.redact import Redactor
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class Attestor:
 
     def __init__(self, cfg: Any) -> None:
         self._cfg = cfg
+        self._redact = Redactor(secrets(cfg))  # what card endpoints are compared as
         cards = cfg.cards
         self._state_dir = cfg.daemon.state_dir
         self._policy: str = cards.policy
@@ -120,7 +123,7 @@ class Attestor:
             return _Loaded(None, f"card is for server {card.server.name!r}, not {server!r}")
         up = self._cfg.upstream_by_name(server)
         if up is not None:
-            ident = identity_of(up)
+            ident = identity_of(up, redact=self._redact)
             if (card.server.transport, card.server.endpoint) != (ident.transport, ident.endpoint):
                 return _Loaded(
                     None,

@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,14 +78,17 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def identity_of(upstream: Any) -> ServerIdentity:
-    """ServerIdentity of a configured upstream (toolatlas.config.Upstream)."""
+def identity_of(upstream: Any, *, redact: Callable[[str], str]) -> ServerIdentity:
+    """ServerIdentity of a configured upstream (toolatlas.config.Upstream), its endpoint passed
+    through `redact` (a `toolatlas.redact.Redactor` of the config's secrets): a card file never
+    holds a `${VAR}` value of the command line or a password in the URL, and a card stays
+    valid when only a secret is rotated."""
     transport = getattr(upstream, "transport", None) or type(upstream).__struct_config__.tag
     if transport == "stdio":
         endpoint = shlex.join([upstream.command, *upstream.args])
     else:
         endpoint = upstream.url
-    return ServerIdentity(name=upstream.name, transport=str(transport), endpoint=endpoint)
+    return ServerIdentity(name=upstream.name, transport=str(transport), endpoint=redact(endpoint))
 
 
 def signing_payload(card: Card) -> bytes:

@@ -69,6 +69,14 @@ def _key_file(given: str | None, cfg: Any, key: str, flag: str) -> Path | None:
     return path
 
 
+def _redactor(cfg: Any) -> Any:
+    """The redactor of `cfg`'s secrets (none without a config): card endpoints and messages."""
+    from toolatlas.config import secrets
+    from toolatlas.redact import Redactor
+
+    return Redactor(secrets(cfg) if cfg else ())
+
+
 # --------------------------------------------------------------------------- generate
 
 
@@ -79,6 +87,7 @@ def _generate(args: argparse.Namespace) -> int:
     from toolatlas.catalog.generators import build_card, make_generator
 
     cfg = _load_cfg(args.config)
+    redact = _redactor(cfg)
     if cfg is None and not args.catalog:
         _err("cards generate needs --config PATH or --catalog FILE")
         return EX_USAGE
@@ -98,7 +107,7 @@ def _generate(args: argparse.Namespace) -> int:
                 _err(f"server {name!r} is not in {args.catalog}")
                 return EX_USAGE
             up = cfg.upstream_by_name(name) if cfg else None
-            ident = identity_of(up) if up else ServerIdentity(name=name, transport="catalog", endpoint=os.path.basename(args.catalog))
+            ident = identity_of(up, redact=redact) if up else ServerIdentity(name=name, transport="catalog", endpoint=os.path.basename(args.catalog))
             kind = args.generator or (up.card_generator if up else "bootstrap")
             jobs.append((ident, kind, catalog[name]))
     else:
@@ -111,10 +120,10 @@ def _generate(args: argparse.Namespace) -> int:
             try:
                 records = list_live(up, args.timeout)
             except Exception as exc:  # noqa: BLE001 - report and go on with the others
-                _err(f"{up.name}: cannot list tools, no card written: {exc}")
+                _err(redact(f"{up.name}: cannot list tools, no card written: {exc}"))
                 failed += 1
                 continue
-            jobs.append((identity_of(up), args.generator or up.card_generator, records))
+            jobs.append((identity_of(up, redact=redact), args.generator or up.card_generator, records))
 
     for ident, kind, records in jobs:
         try:
@@ -125,7 +134,7 @@ def _generate(args: argparse.Namespace) -> int:
 
             if not isinstance(exc, ToolatlasError):
                 raise
-            _err(f"{ident.name}: {exc}")
+            _err(redact(f"{ident.name}: {exc}"))
             failed += 1
             continue
         path = write_card(card_path(state_dir, ident.name), card)
@@ -146,6 +155,7 @@ def _verify(args: argparse.Namespace) -> int:
     from toolatlas.errors import SignatureError
 
     cfg = _load_cfg(args.config)
+    redact = _redactor(cfg)
     pub_path = _key_file(args.public_key, cfg, "public_key", "--public-key")
     state_dir = _state_dir(args, cfg) if pub_path is not None else None
     if pub_path is None or state_dir is None:
@@ -178,14 +188,14 @@ def _verify(args: argparse.Namespace) -> int:
             if up.name not in cards:
                 failures.append(f"{up.name}: no valid card in {folder}")
                 continue
-            ident = identity_of(up)
+            ident = identity_of(up, redact=redact)
             c = cards[up.name].server
             if (c.transport, c.endpoint) != (ident.transport, ident.endpoint):
                 failures.append(f"{up.name}: card signed for {c.transport} {c.endpoint!r}, config has {ident.transport} {ident.endpoint!r}")
             try:
                 live[up.name] = list_live(up, args.timeout)
             except Exception as exc:  # noqa: BLE001
-                failures.append(f"{up.name}: cannot list tools to check schema hashes: {exc}")
+                failures.append(redact(f"{up.name}: cannot list tools to check schema hashes: {exc}"))
     for server, records in live.items():
         card = cards.get(server)
         if card is None:

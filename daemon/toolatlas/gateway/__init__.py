@@ -33,6 +33,7 @@ from toolatlas.gateway.status import StatusService
 from toolatlas.gateway.tokens import TokenReporter
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.metrics import Metrics
+from toolatlas.redact import Redactor
 from toolatlas.retrieval.engine import Engine
 from toolatlas.rift.runner import RiftRunner
 from toolatlas.upstream.pool import Pool
@@ -70,11 +71,15 @@ class Gateway:
 
     def __init__(
         self, cfg: Config, *, engine: Engine | None = None, metrics: Metrics | None = None,
-        events: ev.Events | None = None, pool_mode: str = "auto",
+        events: ev.Events | None = None, pool_mode: str = "auto", redactor: Redactor | None = None,
     ) -> None:
         self.cfg = cfg
         self.metrics = metrics or Metrics()
-        self.events = events or ev.Events(secrets=secrets(cfg), log_queries=cfg.daemon.log_queries)
+        # The one source of redaction: events, status, call errors (and the log lines, when
+        # the composition root hands the same one to its log formatter).
+        self.redactor = redactor or (events.redactor if events is not None else Redactor())
+        self.redactor.add(secrets(cfg))
+        self.events = events or ev.Events(redactor=self.redactor, log_queries=cfg.daemon.log_queries)
         self.engine = engine or make_engine(cfg)
         self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
         self.index_ready = anyio.Event()
@@ -89,10 +94,11 @@ class Gateway:
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
+            redactor=self.redactor,
         )
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
-            metrics=self.metrics, events=self.events,
+            metrics=self.metrics, events=self.events, redactor=self.redactor,
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self.metrics.set_state_source(self.status_service.snapshot)
@@ -171,7 +177,7 @@ class Gateway:
         self.cfg = new
         self.visibility.configure(new)
         self.catalog.reconfigure(attestor)
-        self.events.add_secrets(secrets(new))
+        self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
         self.events.log_queries = new.daemon.log_queries
         await self.pool.reconcile(new.upstream)
         for name in summary["removed"]:

@@ -22,6 +22,7 @@ from toolatlas.gateway.visibility import Visibility
 from toolatlas.inputstate import InputStateSealer
 from toolatlas.metrics import Metrics
 from toolatlas.names import split
+from toolatlas.redact import Redactor
 
 # The execute_tool outcome label of each error class (first match wins).
 _CALL_OUTCOMES: tuple[tuple[type[ToolatlasError], str], ...] = (
@@ -40,8 +41,9 @@ class CallService:
 
     def __init__(
         self, catalog: LiveCatalog, visibility: Visibility, route: Route, availability: Availability, *,
-        metrics: Metrics, events: ev.Events,
+        metrics: Metrics, events: ev.Events, redactor: Redactor | None = None,
     ) -> None:
+        self._redact = redactor or events.redactor
         self._catalog = catalog
         self._visibility = visibility
         self._route = route
@@ -72,6 +74,8 @@ class CallService:
         try:
             outcome = await self._execute(call, conn)
         except ToolatlasError as exc:
+            # Its message reaches the client: an upstream's reason may quote its stderr or URL.
+            self._redact.exception(exc)
             label = next(o for cls, o in _CALL_OUTCOMES if isinstance(exc, cls))
             self._done(t0, server, label, exc, call.name)
             raise

@@ -16,6 +16,7 @@ from toolatlas.gateway.tokens import Scope, TokenReporter
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.metrics import StateSnapshot
 from toolatlas.names import split
+from toolatlas.redact import Redactor
 from toolatlas.rift.runner import RiftRunner
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
@@ -36,8 +37,9 @@ class StatusService:
 
     def __init__(
         self, catalog: LiveCatalog, visibility: Visibility, pool: Pool, tokens: TokenReporter, rift: RiftRunner,
-        *, index_ready: Callable[[], bool],
+        *, index_ready: Callable[[], bool], redactor: Redactor | None = None,
     ) -> None:
+        self._redact = redactor or Redactor()
         self._catalog = catalog
         self._visibility = visibility
         self._pool = pool
@@ -100,7 +102,8 @@ class StatusService:
                                              if s.verdict is not None and n in allowed}
         cards = self._catalog.attestor.summary(verdicts)
         available = view.available
-        return {
+        # Reasons carry upstream stderr, URLs and error texts: no configured secret leaves here.
+        report: dict[str, Any] = self._redact.tree({
             "servers": servers,
             "tools": sum(1 for r in view.by_name.values() if r.server in allowed and r.server in available),
             "index": {"ready": self._index_ready(), **stats},
@@ -111,7 +114,8 @@ class StatusService:
             "rift": self._rift_status(allowed, scope),
             "clients": self.surface.client_count(),
             "uptime_s": round(time.time() - self.started_at, 1),
-        }
+        })
+        return report
 
     def _rift_status(self, allowed: set[str], scope: Scope) -> dict[str, Any]:
         report = self._rift.report

@@ -10,6 +10,7 @@ show. Nothing here looks at an error message to decide anything.
 from __future__ import annotations
 
 import enum
+import urllib.parse
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,6 +25,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from toolatlas.calls import ProgressFn
+from toolatlas.config import Upstream
 from toolatlas.errors import ToolatlasError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 
 _CLIENT_INFO = mcp_types.Implementation(name="toolatlas", version="0.1.0")
@@ -99,6 +101,56 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
 
+# HTTP statuses that mean "who you are was not accepted": said as such, naming the headers.
+AUTH_STATUSES = frozenset({401, 403})
+
+
+def auth_failure(up: Upstream, status: int, url: str) -> str:
+    """What an HTTP 401/403 from `up` means, naming the headers sent (never their values) or
+    saying none are configured. `url` is shown without userinfo or query."""
+    parts = urllib.parse.urlsplit(url)
+    where = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    headers = sorted(getattr(up, "headers", None) or {})
+    if headers:
+        names = " and ".join(repr(h) for h in headers)
+        hint = f"check the {names} header{'s' if len(headers) > 1 else ''} set in [[upstream]] {up.name!r} headers"
+    else:
+        hint = (f"no headers are configured in [[upstream]] {up.name!r}; set the one the server expects, "
+                'e.g. headers = { Authorization = "Bearer ${TOKEN}" }')
+    if urllib.parse.urlsplit(getattr(up, "url", "")).password is not None:
+        hint += ", and the password in its url"
+    return f"authentication failed (HTTP {status}) at {where}; {hint}"
+
+
+class AuthWatch:
+    """The HTTP authentication refusal (401/403) an upstream's last response was, if any.
+
+    The streamable-HTTP client turns such a response into a bare JSON-RPC error ("Server
+    returned an error response"); the transport's response hook reports every status here
+    first, so `describe` can say what really happened. An SSE connect raises HTTPStatusError,
+    which carries its status itself."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self._refused: tuple[int, str] | None = None
+
+    def response(self, status: int, url: str) -> None:
+        self._refused = (status, url) if status in AUTH_STATUSES else None
+
+    def failure(self, exc: BaseException) -> str | None:
+        """The authentication failure `exc` stands for, or None when it is something else."""
+        inner = _innermost(exc)
+        if isinstance(inner, httpx2.HTTPStatusError) and inner.response.status_code in AUTH_STATUSES:
+            return auth_failure(self.upstream, inner.response.status_code, str(inner.request.url))
+        if self._refused is not None and isinstance(inner, MCPError) and inner.error.code == mcp_types.INTERNAL_ERROR:
+            return auth_failure(self.upstream, *self._refused)
+        return None
+
+    def describe(self, exc: BaseException) -> str:
+        """`describe(exc)`, unless it is an authentication failure: then that, said plainly."""
+        return self.failure(exc) or describe(exc)
+
+
 def call_error(upstream: str, op: str, exc: Exception, reason: LossReason) -> ToolatlasError:
     """The toolatlas error for request `op` on `upstream` failing with `exc` (classified as
     `reason`, which the caller may have refined, e.g. to SESSION_EXPIRED)."""
@@ -169,6 +221,6 @@ def progress_fn(fn: ProgressFn | None) -> ProgressFnT | None:
 
 
 __all__ = [
-    "CLOSE_TIMEOUT", "Loss", "LossReason", "begin_teardown", "call_error", "classify", "describe",
+    "AUTH_STATUSES", "AuthWatch", "CLOSE_TIMEOUT", "Loss", "auth_failure", "LossReason", "begin_teardown", "call_error", "classify", "describe",
     "make_client", "progress_fn", "timeout_loss",
 ]

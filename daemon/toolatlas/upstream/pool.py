@@ -22,7 +22,7 @@ from toolatlas.calls import UpstreamCall, UpstreamReply
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
-from toolatlas.upstream.client import CLOSE_TIMEOUT, begin_teardown, describe, make_client
+from toolatlas.upstream.client import CLOSE_TIMEOUT, AuthWatch, begin_teardown, describe, make_client
 from toolatlas.upstream.listing import list_records
 from toolatlas.upstream.session import Observer, ToolsCallback, UpstreamSession
 from toolatlas.upstream.state import UpstreamState
@@ -199,9 +199,11 @@ async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, m
     reason: str | None = None
     tools: list[ToolRecord] | None = None
     phase = "connect"
+    auth = AuthWatch(upstream)
+    transport = open_transport(upstream, on_eof=lambda _w: None, on_response=auth.response)
     with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
         try:
-            async with make_client(open_transport(upstream, on_eof=lambda _w: None), mode=mode) as client:
+            async with make_client(transport, mode=mode) as client:
                 try:
                     phase = "tools/list"
                     tools = await list_records(client, upstream.name)
@@ -211,7 +213,7 @@ async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, m
             raise
         except Exception as exc:  # noqa: BLE001
             if tools is None:
-                reason = f"{phase} failed: {describe(exc)}"
+                reason = f"{phase} failed: {auth.describe(exc)}"
             else:
                 logger.debug("upstream %s: error while closing: %s", upstream.name, describe(exc))
     if scope.cancelled_caught and tools is None:

@@ -33,7 +33,7 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.backoff import backoff_delay
-from toolatlas.upstream.client import Loss, LossReason, call_error, classify, describe, make_client, progress_fn
+from toolatlas.upstream.client import AuthWatch, Loss, LossReason, call_error, classify, make_client, progress_fn
 from toolatlas.upstream.client import begin_teardown, timeout_loss
 from toolatlas.upstream.listing import list_records
 from toolatlas.upstream.state import Action, Event, UpstreamState, decide
@@ -77,8 +77,10 @@ class Connection:
         # Set by the HTTP transport on a 404 to a request carrying our (2025-era) session id.
         self._expired = False
         self.supervision = Supervision(self)
+        self.auth = AuthWatch(self.upstream)
         self.transport = open_transport(
-            self.upstream, on_eof=lambda what: self.mark_lost(self._eof_loss(what)), on_expired=self._on_expired
+            self.upstream, on_eof=lambda what: self.mark_lost(self._eof_loss(what)), on_expired=self._on_expired,
+            on_response=self.auth.response,
         )
         self.proc = self.transport if isinstance(self.transport, StdioProcess) else None
 
@@ -103,6 +105,9 @@ class Connection:
         id every failure of this connection means the session expired."""
         return LossReason.SESSION_EXPIRED if self._expired else classify(exc)
 
+    def describe(self, exc: BaseException) -> str:  # an HTTP 401/403 said as an authentication failure
+        return self.auth.describe(exc)
+
     def _on_expired(self) -> None:
         self._expired = True
 
@@ -113,7 +118,7 @@ class Connection:
 
     async def _on_message(self, message: IncomingMessage) -> None:
         if isinstance(message, Exception):
-            logger.debug("upstream %s: transport error: %s", self.name, describe(message))
+            logger.debug("upstream %s: transport error: %s", self.name, self.describe(message))
             return
         if isinstance(message, mcp_types.ToolListChangedNotification):
             logger.info("upstream %s: tools/list_changed", self.name)
@@ -141,11 +146,11 @@ class Connection:
                 loss = self.loss or _ENDED
             except Exception as exc:  # noqa: BLE001 - every failure is a reason to retry
                 if self.lost.is_set() or self.reached_ready:
-                    loss = self.loss or Loss(self.classify(exc), f"session failed: {describe(exc)}")
+                    loss = self.loss or Loss(self.classify(exc), f"session failed: {self.describe(exc)}")
                 elif isinstance(exc, UpstreamProtocolError):
                     loss = Loss(LossReason.PROTOCOL, str(exc))
                 else:
-                    loss = Loss(self.classify(exc), f"{phase.name} failed: {describe(exc)}")
+                    loss = Loss(self.classify(exc), f"{phase.name} failed: {self.describe(exc)}")
         timed_out = timed_out or deadline.cancelled_caught
         if timed_out and not self.reached_ready:
             loss = timeout_loss(self.name, phase.name, phase.seconds)
@@ -435,7 +440,9 @@ class UpstreamSession:
         except Exception as exc:
             reason = conn.classify(exc)
             if reason.session_gone:
-                conn.mark_lost(Loss(reason, f"{op} failed: {describe(exc)}"))
+                conn.mark_lost(Loss(reason, f"{op} failed: {conn.describe(exc)}"))
+            if refused := conn.auth.failure(exc):
+                raise UpstreamUnavailable(f"upstream {self.name!r} refused {op}: {refused}") from exc
             raise call_error(self.name, op, exc, reason) from exc
 
 

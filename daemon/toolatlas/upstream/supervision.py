@@ -30,7 +30,7 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout
 from toolatlas.backoff import backoff_delay
-from toolatlas.upstream.client import Loss, LossReason, describe, timeout_loss
+from toolatlas.upstream.client import Loss, LossReason, timeout_loss
 from toolatlas.upstream.listing import list_records
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ class Supervised(Protocol):
     def mark_lost(self, loss: Loss) -> None: ...
 
     def classify(self, exc: BaseException) -> LossReason: ...
+
+    def describe(self, exc: BaseException) -> str: ...
 
     def observe_list_changed(self) -> None: ...
 
@@ -111,7 +113,7 @@ class Supervision:
                 self._s.mark_lost(Loss(LossReason.HEALTH_CHECK, f"health check failed: {timeout}"))
                 return
             except Exception as exc:  # noqa: BLE001
-                self._s.mark_lost(Loss(LossReason.HEALTH_CHECK, f"health check failed: {op}: {describe(exc)}"))
+                self._s.mark_lost(Loss(LossReason.HEALTH_CHECK, f"health check failed: {op}: {self._s.describe(exc)}"))
                 return
 
     # ---- listen (2026-07-28) ----------------------------------------------------------
@@ -160,10 +162,10 @@ class Supervision:
                         task_status.started()
                     return
                 failures += 1
-                last = describe(exc)
+                last = self._s.describe(exc)
             except Exception as exc:  # noqa: BLE001 - SubscriptionLost, TimeoutError, transport errors
                 failures += 1
-                last = describe(exc)
+                last = self._s.describe(exc)
             else:
                 failures += 1
                 last = "listen stream closed"
@@ -199,11 +201,11 @@ class Supervision:
             except Exception as exc:  # noqa: BLE001
                 reason = s.classify(exc)
                 if reason.session_gone:
-                    s.mark_lost(Loss(reason, f"tools/list failed: {describe(exc)}"))
+                    s.mark_lost(Loss(reason, f"tools/list failed: {s.describe(exc)}"))
                     return
                 # A server bug in listing keeps the last good catalog.
                 logger.warning("upstream %s: re-list failed, keeping %d tools: %s",
-                               s.name, len(s.tools or ()), describe(exc))
+                               s.name, len(s.tools or ()), s.describe(exc))
             else:
                 forced, self._force_publish = self._force_publish, False
                 if s.tools is None or forced or tools != s.tools:

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -42,6 +43,10 @@ _WRITER_FLUSH = 0.5
 _POLL = 0.01
 # stderr lines kept per child, for the DEGRADED reason when it dies.
 STDERR_TAIL = 20
+# Stdout lines that are not JSON-RPC logged one by one per child; the rest are counted and
+# said in one line per GARBAGE_SUMMARY_INTERVAL seconds (and when stdout ends).
+GARBAGE_LOGGED = 5
+GARBAGE_SUMMARY_INTERVAL = 60.0
 
 Streams = TransportStreams
 Incoming = SessionMessage | Exception
@@ -88,6 +93,36 @@ class EofWatch:
         return getattr(self._inner, name)
 
 
+class GarbageLog:
+    """Warnings about a child's stdout lines that are not JSON-RPC, rate-limited: a server
+    printing in a loop (~288 KiB/s of warnings before) must not flood the daemon's log."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seen = 0
+        self.suppressed = 0
+        self._summary_at = 0.0
+
+    def line(self, line: bytes) -> None:
+        self.seen += 1
+        if self.seen <= GARBAGE_LOGGED:
+            more = f"; further ones are counted every {GARBAGE_SUMMARY_INTERVAL:g} s" if self.seen == GARBAGE_LOGGED else ""
+            logger.warning("upstream %s: ignoring a stdout line that is not JSON-RPC: %.120r%s", self.name, line, more)
+            self._summary_at = time.monotonic() + GARBAGE_SUMMARY_INTERVAL
+            return
+        self.suppressed += 1
+        if time.monotonic() >= self._summary_at:
+            self.flush()
+
+    def flush(self) -> None:
+        """Say how many lines went unlogged since the last summary (if any did)."""
+        if self.suppressed:
+            logger.warning("upstream %s: ignored %d more stdout lines that are not JSON-RPC (%d in all)",
+                           self.name, self.suppressed, self.seen)
+            self.suppressed = 0
+        self._summary_at = time.monotonic() + GARBAGE_SUMMARY_INTERVAL
+
+
 class StdioProcess:
     """A spawned stdio MCP server: ``async with StdioProcess(up) as (read, write)``.
 
@@ -103,6 +138,7 @@ class StdioProcess:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
         self._on_eof = on_eof or (lambda _what: None)
         self._stack: contextlib.AsyncExitStack | None = None
+        self._garbage = GarbageLog(upstream.name)
 
     def _parse_line(self, line: bytes | Oversized) -> SessionMessage | Exception | None:
         """One stdout line as a message; an oversized one becomes an error for its request."""
@@ -125,7 +161,7 @@ class StdioProcess:
         try:
             return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
         except ValueError as exc:
-            logger.warning("upstream %s: ignoring a stdout line that is not JSON-RPC: %.120r", up.name, line)
+            self._garbage.line(line)
             return exc
 
     @property
@@ -183,6 +219,8 @@ class StdioProcess:
                                 return
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass
+            finally:
+                self._garbage.flush()
 
         async def stdin_writer() -> None:
             assert process.stdin is not None
@@ -288,13 +326,21 @@ async def sse_transport(up: SseUpstream, on_eof: Callable[[str], None]) -> Async
         yield EofWatch(read, on_eof, "sse"), write
 
 
-def _expiry_hook(on_expired: Callable[[], None]) -> Callable[[httpx2.Response], Awaitable[None]]:
-    """A response hook that reports a 404 to a request carrying a (2025-era) session id:
-    by the spec the server no longer knows the session. Runs before the SDK hands the
-    request its error, so the session knows why the request failed."""
+OnResponse = Callable[[int, str], None]  # (HTTP status, request URL)
+
+
+def _response_hook(
+    on_expired: Callable[[], None] | None, on_response: OnResponse | None
+) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """A response hook that reports every status (``on_response``) and a 404 to a request
+    carrying a (2025-era) session id (``on_expired``: by the spec the server no longer knows
+    the session). Runs before the SDK hands the request its error, so the session knows why
+    the request failed."""
 
     async def hook(response: httpx2.Response) -> None:
-        if response.status_code == 404 and MCP_SESSION_ID in response.request.headers:
+        if on_response is not None:
+            on_response(response.status_code, str(response.request.url))
+        if on_expired is not None and response.status_code == 404 and MCP_SESSION_ID in response.request.headers:
             on_expired()
 
     return hook
@@ -302,27 +348,29 @@ def _expiry_hook(on_expired: Callable[[], None]) -> Callable[[httpx2.Response], 
 
 @contextlib.asynccontextmanager
 async def http_transport(
-    up: HttpUpstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None
+    up: HttpUpstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None,
+    on_response: OnResponse | None = None,
 ) -> AsyncIterator[Streams]:
     async with _http_client(up) as client:
-        if on_expired is not None:
-            client.event_hooks["response"].append(_expiry_hook(on_expired))
+        if on_expired is not None or on_response is not None:
+            client.event_hooks["response"].append(_response_hook(on_expired, on_response))
         async with streamable_http_client(up.url, http_client=client) as (read, write):
             yield EofWatch(read, on_eof, "http"), write
 
 
 def open_transport(
-    up: Upstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None
+    up: Upstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None,
+    on_response: OnResponse | None = None,
 ) -> contextlib.AbstractAsyncContextManager[Streams] | StdioProcess:
     """The transport context manager for ``up`` (not yet entered).
 
-    ``on_eof(kind)`` hears the end of the read stream; ``on_expired()`` (streamable HTTP
-    only) hears a 404 on our session id."""
+    ``on_eof(kind)`` hears the end of the read stream; streamable HTTP only: ``on_expired()``
+    hears a 404 on our session id, ``on_response(status, url)`` every response's status."""
     if isinstance(up, StdioUpstream):
         return StdioProcess(up, on_eof)
     if isinstance(up, SseUpstream):
         return sse_transport(up, on_eof)
-    return http_transport(up, on_eof, on_expired)
+    return http_transport(up, on_eof, on_expired, on_response)
 
 
 __all__ = ["EofWatch", "StdioProcess", "open_transport", "stop_process"]
