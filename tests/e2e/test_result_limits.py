@@ -19,6 +19,12 @@ MiB = 1024 * 1024
 LIMIT = 8 * MiB
 LIMIT_KEY = f"max_result_bytes = {LIMIT}\n"
 TRANSPORTS = ("stdio", "sse", "http")
+# (upstream, stream): over streamable HTTP a result comes as a JSON body, or, after a
+# notification, as an event stream.
+CASES = pytest.mark.parametrize(
+    ("name", "stream"), [("stdio", False), ("sse", False), ("http", False), ("http", True)],
+    ids=["stdio", "sse", "http-json", "http-events"],
+)
 
 
 class Env:
@@ -61,8 +67,8 @@ def pid_of(d: Daemon, name: str) -> str:
     return text(r)
 
 
-def blob(d: Daemon, name: str, size: int) -> dict[str, Any]:
-    return d.tool(f"{name}__blob", {"size": size})
+def blob(d: Daemon, name: str, size: int, stream: bool = False) -> dict[str, Any]:
+    return d.tool(f"{name}__blob", {"size": size, "stream": stream})
 
 
 def vm_hwm_bytes(pid: int) -> int:
@@ -73,11 +79,11 @@ def vm_hwm_bytes(pid: int) -> int:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", TRANSPORTS)
-def test_result_over_the_limit_fails_that_call_only(env: Env, name: str) -> None:
+@CASES
+def test_result_over_the_limit_fails_that_call_only(env: Env, name: str, stream: bool) -> None:
     d = env.d
     pid, before = pid_of(d, name), reconnects(d, name)
-    r = blob(d, name, LIMIT + MiB)
+    r = blob(d, name, LIMIT + MiB, stream)
     assert r.get("isError"), {k: v for k, v in r.items() if k != "content"}
     message = text(r)
     assert "max_result_bytes" in message and repr(name) in message and str(LIMIT) in message, message[:500]
@@ -89,12 +95,12 @@ def test_result_over_the_limit_fails_that_call_only(env: Env, name: str) -> None
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", TRANSPORTS)
-def test_result_over_1mib_under_the_limit_is_delivered(env: Env, name: str) -> None:
+@CASES
+def test_result_over_1mib_under_the_limit_is_delivered(env: Env, name: str, stream: bool) -> None:
     d = env.d
     pid = pid_of(d, name)
     size = 3 * MiB
-    r = blob(d, name, size)
+    r = blob(d, name, size, stream)
     assert not r.get("isError"), text(r)[:500]
     assert text(r) == "x" * size
     assert pid_of(d, name) == pid

@@ -7,7 +7,8 @@ Tools: ``echo``, ``sleep(seconds)``, ``hang`` (never returns), ``crash`` (the pr
 at once), ``add_tool(name, description)`` / ``remove_tool(name)`` (change the catalog and
 announce it on both protocol generations: the legacy notification on the calling session
 and a ``subscriptions/listen`` event), ``progress(steps)`` (progress notifications),
-``pid`` (the server's process id), ``blob(size)`` (a result of ``size`` bytes of text), plus ``--tools N`` generated ``gen_NNN`` tools.
+``pid`` (the server's process id), ``blob(size, stream)`` (a result of
+``size`` bytes of text; ``stream``: after a notification), plus ``--tools N`` generated ``gen_NNN`` tools.
 ``--page-size N`` makes tools/list return N tools a page with a ``nextCursor``.
 """
 
@@ -93,8 +94,11 @@ def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_des
     def pid() -> int:
         return os.getpid()
 
-    @server.tool(description="Return `size` bytes of text (for result size limits).")
-    def blob(size: int) -> str:
+    @server.tool(description="Return `size` bytes of text (for result size limits); with `stream`, a log "
+                 "notification first (over streamable HTTP the reply is then an event stream, not JSON).")
+    async def blob(size: int, ctx: Context, stream: bool = False) -> str:
+        if stream:
+            await ctx.info("blob: streaming")
         return "x" * size
 
     @server.tool(description="Send `steps` progress notifications, then return 'done'.")
