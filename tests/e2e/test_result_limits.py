@@ -35,10 +35,10 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("limits")
-    servers = {t: start_server("testserver", t, log=tmp / f"{t}.log") for t in ("sse", "http")}
+    servers = {t: start_server("testserver", t, "--blob", log=tmp / f"{t}.log") for t in ("sse", "http")}
     try:
         upstreams = (
-            stdio_testserver("stdio") + LIMIT_KEY
+            stdio_testserver("stdio", "--blob") + LIMIT_KEY
             + url_upstream("sse", "sse", servers["sse"].url, LIMIT_KEY)
             + url_upstream("http", "http", servers["http"].url, LIMIT_KEY)
             # the default limit (16 MiB), for the memory check
