@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any
-
 import httpx2
 import mcp_types
 
@@ -138,9 +136,9 @@ class _Bounded(httpx2.AsyncByteStream):
         content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
         self._events = content_type == "text/event-stream"
 
-    def _refusal(self, size: int, request_id: RequestId | None) -> bytes | None:
-        logger.warning("upstream %s: refused a message of over %d bytes (limit %d bytes)",
-                       self._up.name, size - 1, self._up.max_result_bytes)
+    def _refusal(self, request_id: RequestId | None) -> bytes | None:
+        logger.warning("upstream %s: refused a message larger than max_result_bytes (%d bytes)",
+                       self._up.name, self._up.max_result_bytes)
         request_id = self._posted if request_id is None else request_id
         if request_id is None:
             return None
@@ -164,7 +162,7 @@ class _Bounded(httpx2.AsyncByteStream):
             for event in events.feed(chunk):
                 if not isinstance(event, Oversized):
                     yield event
-                elif (error := self._refusal(event.size, event.request_id)) is not None:
+                elif (error := self._refusal(event.request_id)) is not None:
                     yield b"event: message\ndata: " + error + b"\n\n"
 
     async def _whole(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
@@ -173,7 +171,7 @@ class _Bounded(httpx2.AsyncByteStream):
         async for chunk in chunks:
             size += len(chunk)
             if size > self._up.max_result_bytes:
-                error = self._refusal(size, request_id_of(_head([*parts, chunk])))
+                error = self._refusal(request_id_of(_head([*parts, chunk])))
                 if error is not None:
                     yield error
                 return  # stop reading: this body holds this one reply
@@ -203,7 +201,8 @@ def limit_hook(up: SseUpstream | HttpUpstream) -> Callable[[httpx2.Response], Aw
     """An httpx2 response hook that reads every body of ``up``'s client through its limit."""
 
     async def hook(response: httpx2.Response) -> None:
-        body: Any = response.stream
+        body = response.stream
+        assert isinstance(body, httpx2.AsyncByteStream)  # an AsyncClient's response
         encoding = response.headers.get("content-encoding", "")
         if encoding.strip().lower() not in ("", "identity"):
             # Count what the SDK will hold, not what came over the wire: decode here, once.
