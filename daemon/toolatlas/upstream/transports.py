@@ -3,8 +3,10 @@
 The stdio transport is our own (modelled on the SDK's ``stdio_client``) because the pool
 needs the child's pid, its exit code and its last stderr lines, and must own the shutdown
 sequence: close stdin, wait, SIGTERM the process group, wait, SIGKILL. SSE and streamable
-HTTP wrap the SDK clients. Every transport reports the end of its read stream through
-``on_eof`` so a dead peer is noticed at once, not at the next health check.
+HTTP run on the SDK's pieces (``sse``, ``streamable_http_client``), every reply body read
+through ``max_result_bytes`` (``bounded``) as stdio's lines are (``BoundedLines``). Every
+transport reports the end of its read stream through ``on_eof`` so a dead peer is noticed
+at once, not at the next health check.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import httpx2
 import mcp_types
 from anyio.streams.text import TextReceiveStream
 from mcp.client._transport import ReadStream, TransportStreams
-from mcp.client.sse import sse_client
 from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -33,6 +34,8 @@ from mcp.shared.message import SessionMessage
 
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized
+from toolatlas.upstream.bounded import limit_hook, refusal, sse_event_limit
+from toolatlas.upstream.sse import sse_client
 
 logger = logging.getLogger(__name__)
 
@@ -146,16 +149,7 @@ class StdioProcess:
         if isinstance(line, Oversized):
             logger.warning("upstream %s: refused a %d-byte message (limit %d bytes)",
                            up.name, line.size, up.max_result_bytes)
-            if line.request_id is None:
-                return None
-            return SessionMessage(mcp_types.JSONRPCError(
-                jsonrpc="2.0", id=line.request_id,
-                error=mcp_types.ErrorData(
-                    code=-32603,
-                    message=f"the result from upstream {up.name!r} is larger than max_result_bytes "
-                            f"({up.max_result_bytes} bytes) and was refused",
-                ),
-            ))
+            return None if line.request_id is None else SessionMessage(refusal(up, line.request_id))
         if not line.strip():
             return None
         try:
@@ -310,19 +304,17 @@ async def stop_process(process: anyio.abc.Process, name: str) -> None:
 
 
 def _http_client(up: SseUpstream | HttpUpstream) -> httpx2.AsyncClient:
+    """The upstream's HTTP client; every body it reads is bounded by max_result_bytes."""
     # Connect bounded by the upstream's connect timeout; reads stay long (SSE streams idle).
     timeout = httpx2.Timeout(up.timeouts.connect, read=max(300.0, up.timeouts.call + 30.0))
-    return create_mcp_http_client(headers=dict(up.headers) or None, timeout=timeout)
+    client = create_mcp_http_client(headers=dict(up.headers) or None, timeout=timeout)
+    client.event_hooks["response"].append(limit_hook(up))
+    return client
 
 
 @contextlib.asynccontextmanager
 async def sse_transport(up: SseUpstream, on_eof: Callable[[str], None]) -> AsyncIterator[Streams]:
-    async with sse_client(
-        up.url,
-        headers=dict(up.headers) or None,
-        timeout=up.timeouts.connect,
-        sse_read_timeout=max(300.0, up.timeouts.call + 30.0),
-    ) as (read, write):
+    async with _http_client(up) as client, sse_client(up.url, client, sse_event_limit(up)) as (read, write):
         yield EofWatch(read, on_eof, "sse"), write
 
 
@@ -354,7 +346,9 @@ async def http_transport(
     async with _http_client(up) as client:
         if on_expired is not None or on_response is not None:
             client.event_hooks["response"].append(_response_hook(on_expired, on_response))
-        async with streamable_http_client(up.url, http_client=client) as (read, write):
+        async with streamable_http_client(
+            up.url, http_client=client, max_sse_event_size=sse_event_limit(up)
+        ) as (read, write):
             yield EofWatch(read, on_eof, "http"), write
 
 

@@ -7,7 +7,9 @@ Tools: ``echo``, ``sleep(seconds)``, ``hang`` (never returns), ``crash`` (the pr
 at once), ``add_tool(name, description)`` / ``remove_tool(name)`` (change the catalog and
 announce it on both protocol generations: the legacy notification on the calling session
 and a ``subscriptions/listen`` event), ``progress(steps)`` (progress notifications),
-``pid`` (the server's process id), plus ``--tools N`` generated ``gen_NNN`` tools.
+``pid`` (the server's process id), plus ``--tools N`` generated ``gen_NNN`` tools, and with
+``--blob`` ``blob(size, stream)`` (a result of ``size`` bytes of text; with ``stream``, after a
+notification).
 ``--page-size N`` makes tools/list return N tools a page with a ``nextCursor``.
 """
 
@@ -61,7 +63,8 @@ def ask_name() -> Elicit[_Name]:
     return Elicit("What is your name?", _Name)
 
 
-def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_description: str | None = None) -> PagedServer:
+def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_description: str | None = None,
+          with_blob: bool = False) -> PagedServer:
     server = PagedServer(name, instructions="A configurable server for toolatlas tests.")
     server.page_size = page_size
 
@@ -120,6 +123,14 @@ def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_des
 
         return gen
 
+    if with_blob:
+        @server.tool(description="Return `size` bytes of text (for result size limits); with `stream`, a log "
+                     "notification first (over streamable HTTP the reply is then an event stream, not JSON).")
+        async def blob(size: int, ctx: Context, stream: bool = False) -> str:
+            if stream:
+                await ctx.info("blob: streaming")
+            return "x" * size
+
     for i in range(tools):
         server.add_tool(make_gen(i), name=f"gen_{i:03d}", description=f"Generated test tool number {i}; returns its input.")
     return server
@@ -130,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--name", default="testserver")
     p.add_argument("--tools", type=int, default=0, help="extra generated tools")
     p.add_argument("--page-size", type=int, default=0, help="tools per tools/list page (0 = all)")
+    p.add_argument("--blob", action="store_true", help="add the blob tool (big results)")
     p.add_argument("--echo-description-file", help="if this file exists at start, echo's description is its text "
                    "(a new release of the server that redefines a tool)")
     args = p.parse_args(argv)
@@ -137,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.echo_description_file and os.path.exists(args.echo_description_file):
         with open(args.echo_description_file, encoding="utf-8") as fh:
             echo_description = fh.read().strip()
-    _serve.run(build(args.name, args.tools, args.page_size, echo_description), args)
+    _serve.run(build(args.name, args.tools, args.page_size, echo_description, args.blob), args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,216 @@
+"""``max_result_bytes`` for the HTTP transports: every reply is counted while it is read.
+
+``limit_hook(up)`` is an httpx2 response hook for an upstream's client. It wraps the body of
+each response before the SDK reads it:
+
+- an event stream (the SSE transport's GET stream, a streamable-HTTP POST's or GET's stream)
+  is passed on one whole event at a time (``BoundedEvents``); an event past the limit is
+  dropped as it streams in and replaced at once by an error event for the request it answers,
+  and the stream goes on, so the session stays up;
+- any other body (a streamable-HTTP POST's JSON reply) is held up to the limit, as the SDK
+  reads it whole anyway; past it, reading stops and the body becomes that request's error.
+
+A compressed body is counted after decoding. The error is the one the stdio transport gives
+(``refusal``), so a caller sees the same message whatever the transport.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+import httpx2
+import mcp_types
+
+from toolatlas.config import HttpUpstream, SseUpstream, Upstream
+from toolatlas.jsonlines import BoundedLines, Oversized, request_id_of
+
+logger = logging.getLogger(__name__)
+
+HEAD = BoundedLines.HEAD
+RequestId = str | int
+
+
+def refusal(up: Upstream, request_id: RequestId) -> mcp_types.JSONRPCError:
+    """The JSON-RPC error that answers a request whose result was over ``max_result_bytes``."""
+    return mcp_types.JSONRPCError(
+        jsonrpc="2.0", id=request_id,
+        error=mcp_types.ErrorData(
+            code=-32603,
+            message=f"the result from upstream {up.name!r} is larger than max_result_bytes "
+                    f"({up.max_result_bytes} bytes) and was refused",
+        ),
+    )
+
+
+def _head(parts: list[bytes]) -> bytes:
+    """The first HEAD bytes of ``parts`` joined (without joining them all)."""
+    head = bytearray()
+    for part in parts:
+        head += part[: HEAD - len(head)]
+        if len(head) >= HEAD:
+            break
+    return bytes(head)
+
+
+def sse_event_limit(up: SseUpstream | HttpUpstream) -> int:
+    """The SDK parser's event size limit behind a ``limit_hook``: never the one that trips
+    (events reach it at most ``max_result_bytes`` raw bytes long), but a backstop. A raw byte
+    decodes to at most 3 UTF-8 bytes (U+FFFD for an invalid one)."""
+    return 3 * up.max_result_bytes
+
+
+class BoundedEvents:
+    """Splits a server-sent-event byte stream into whole events, never holding more than
+    ``limit`` bytes of one.
+
+    ``feed(chunk)`` returns the events the chunk completed, each with its ending blank line
+    (line ends normalised to ``\\n``). An event that grows past the limit comes out as one
+    ``Oversized`` the moment it crosses, with the JSON-RPC id read off its first ``HEAD``
+    bytes; the rest of it is skipped as it streams in, and the stream goes on after it.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._skipping = False
+        self._cr = False  # the last chunk ended in "\r": maybe half of a "\r\n"
+        self._nl = False  # the event so far ends in "\n": a leading "\n" ends it
+
+    def feed(self, data: bytes) -> list[bytes | Oversized]:
+        if self._cr:
+            data = b"\r" + data
+        self._cr = data.endswith(b"\r")
+        if self._cr:
+            data = data[:-1]
+        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        out: list[bytes | Oversized] = []
+        pos = 0
+        while pos < len(data):
+            if self._nl and data[pos] == 0x0A:
+                end = pos + 1
+            else:
+                i = data.find(b"\n\n", pos)
+                end = -1 if i < 0 else i + 2
+            piece = data[pos:] if end < 0 else data[pos:end]
+            self._take(piece, out)
+            self._nl = end < 0 and piece.endswith(b"\n")
+            if end < 0:
+                break
+            self._finish(out)
+            pos = end
+        return out
+
+    def _take(self, piece: bytes, out: list[bytes | Oversized]) -> None:
+        if self._skipping:
+            return
+        self._size += len(piece)
+        if self._size > self.limit:
+            out.append(Oversized(self._size, request_id_of(_head([*self._parts, piece]))))
+            self._parts, self._skipping = [], True
+            return
+        self._parts.append(piece)
+
+    def _finish(self, out: list[bytes | Oversized]) -> None:
+        if not self._skipping:
+            out.append(b"".join(self._parts))
+        self._parts, self._size, self._skipping = [], 0, False
+
+
+def _posted_id(request: httpx2.Request) -> RequestId | None:
+    """The id of the JSON-RPC request a POST carried (its reply answers that one)."""
+    if request.method != "POST":
+        return None
+    try:
+        return request_id_of(request.content[:HEAD])
+    except httpx2.RequestNotRead:
+        return None
+
+
+class _Bounded(httpx2.AsyncByteStream):
+    """A response body read through ``max_result_bytes`` (see the module docstring)."""
+
+    def __init__(self, up: Upstream, response: httpx2.Response, body: httpx2.AsyncByteStream) -> None:
+        self._up, self._body = up, body
+        self._posted = _posted_id(response.request)
+        content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+        self._events = content_type == "text/event-stream"
+
+    def _refusal(self, request_id: RequestId | None) -> bytes | None:
+        logger.warning("upstream %s: refused a message larger than max_result_bytes (%d bytes)",
+                       self._up.name, self._up.max_result_bytes)
+        request_id = self._posted if request_id is None else request_id
+        if request_id is None:
+            return None
+        return refusal(self._up, request_id).model_dump_json(by_alias=True, exclude_unset=True).encode()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = self._body.__aiter__()
+        pieces = self._event_pieces(chunks) if self._events else self._whole(chunks)
+        try:
+            async for piece in pieces:
+                yield piece
+        finally:
+            await pieces.aclose()
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _event_pieces(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+        events = BoundedEvents(self._up.max_result_bytes)
+        async for chunk in chunks:
+            for event in events.feed(chunk):
+                if not isinstance(event, Oversized):
+                    yield event
+                elif (error := self._refusal(event.request_id)) is not None:
+                    yield b"event: message\ndata: " + error + b"\n\n"
+
+    async def _whole(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > self._up.max_result_bytes:
+                error = self._refusal(request_id_of(_head([*parts, chunk])))
+                if error is not None:
+                    yield error
+                return  # stop reading: this body holds this one reply
+            parts.append(chunk)
+        for part in parts:
+            yield part
+
+    async def aclose(self) -> None:
+        await self._body.aclose()
+
+
+class _Decoded(httpx2.AsyncByteStream):
+    """A compressed body, decoded by httpx2 itself (a response of its own over the raw stream)."""
+
+    def __init__(self, encoding: str, raw: httpx2.AsyncByteStream) -> None:
+        self._response = httpx2.Response(200, headers={"content-encoding": encoding}, stream=raw)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._response.aiter_bytes():
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+def limit_hook(up: SseUpstream | HttpUpstream) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """An httpx2 response hook that reads every body of ``up``'s client through its limit."""
+
+    async def hook(response: httpx2.Response) -> None:
+        body = response.stream
+        assert isinstance(body, httpx2.AsyncByteStream)  # an AsyncClient's response
+        encoding = response.headers.get("content-encoding", "")
+        if encoding.strip().lower() not in ("", "identity"):
+            # Count what the SDK will hold, not what came over the wire: decode here, once.
+            body = _Decoded(encoding, body)
+            del response.headers["content-encoding"]
+        response.stream = _Bounded(up, response, body)
+
+    return hook
+
+
+__all__ = ["BoundedEvents", "limit_hook", "refusal", "sse_event_limit"]

@@ -1,0 +1,91 @@
+"""The SSE (2024-11-05) client transport, made of the SDK's pieces, with our event size limit.
+
+The SDK's ``sse_client`` reads its GET stream with a fixed 1 MiB event limit and ends the
+whole session on a larger event. This is the same client (``sse_within_origin`` for the GET
+stream, ``request_within_origin`` for each message POST, sent in the sender's context) on a
+client the caller made, with the limit the caller gives: with ``bounded.limit_hook`` on that
+client an event over ``max_result_bytes`` fails only the request it answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from urllib.parse import urljoin, urlparse
+
+import anyio
+import httpx2
+import mcp_types
+from anyio.abc import TaskStatus
+from mcp.client._transport import TransportStreams
+from mcp.shared._context_streams import create_context_streams
+from mcp.shared._httpx_utils import request_within_origin, sse_within_origin
+from mcp.shared.message import SessionMessage
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def sse_client(url: str, client: httpx2.AsyncClient, max_event_size: int) -> AsyncIterator[TransportStreams]:
+    """``async with sse_client(url, client, limit) as (read, write)``; the read stream ends
+    when the GET stream does (or breaks), a failed message POST ends the write side."""
+    async with sse_within_origin(client, url, max_event_size=max_event_size) as source:
+        source.response.raise_for_status()
+        read_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
+        write_stream, write_reader = create_context_streams[SessionMessage](0)
+
+        async def reader(task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
+            started = False
+            try:
+                async for sse in source:
+                    if sse.event == "endpoint":
+                        endpoint = urljoin(url, sse.data)
+                        if urlparse(endpoint)[:2] != urlparse(url)[:2]:
+                            raise ValueError(f"endpoint origin does not match connection origin: {endpoint}")
+                        task_status.started(endpoint)
+                        started = True
+                    elif sse.event == "message" and sse.data:  # empty data: a keep-alive
+                        try:
+                            message = mcp_types.jsonrpc_message_adapter.validate_json(sse.data, by_name=False)
+                        except ValueError as exc:
+                            await read_writer.send(exc)
+                            continue
+                        await read_writer.send(SessionMessage(message))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass
+            except Exception:
+                if not started:
+                    raise  # connecting fails with the reason
+                logger.warning("SSE stream from %s failed", url, exc_info=True)
+            finally:
+                await read_writer.aclose()
+
+        async def send(endpoint: str, msg: SessionMessage) -> None:
+            response = await request_within_origin(
+                client, "POST", endpoint,
+                json=msg.message.model_dump(by_alias=True, mode="json", exclude_unset=True),
+            )
+            response.raise_for_status()
+
+        async def writer(endpoint: str) -> None:
+            try:
+                async with write_reader, write_stream:
+                    async for msg in write_reader:
+                        sender = write_reader.last_context
+                        async with anyio.create_task_group() as tg:
+                            if sender is None:
+                                tg.start_soon(send, endpoint, msg)
+                            else:
+                                sender.run(tg.start_soon, send, endpoint, msg)
+            except Exception:
+                logger.warning("SSE message POST to %s failed", url, exc_info=True)
+
+        async with read_writer, read_stream, write_stream, write_reader, anyio.create_task_group() as tg:
+            endpoint = await tg.start(reader)
+            tg.start_soon(writer, endpoint)
+            yield read_stream, write_stream
+            tg.cancel_scope.cancel()
+
+
+__all__ = ["sse_client"]
