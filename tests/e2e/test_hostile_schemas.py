@@ -6,24 +6,16 @@ tool_search on the same daemon keeps answering while the hostile calls run."""
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.daemon import Daemon
+from tests.support.daemon import Daemon, hostile_upstream
 from tests.support.listener import RecordingListener
 
-HOSTILE = Path(__file__).resolve().parents[1] / "support" / "servers" / "hostile.py"
 ARG = "a" * 34 + "!"  # `re` backtracks for minutes on ^(a+)+$ with this
-
-
-def _upstream(ref_url: str, ref_file: str) -> str:
-    args = json.dumps([str(HOSTILE), "--ref-url", ref_url, "--ref-file", ref_file])
-    return f'[[upstream]]\nname = "hostile"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
 
 
 HOSTILE_CALLS: list[tuple[str, dict[str, Any]]] = [
@@ -41,7 +33,7 @@ def test_hostile_schemas_never_fetch_never_read_and_never_freeze_other_clients(t
     listener = RecordingListener()  # never answers: a fetch would hang the call
     ref_file = tmp_path / "schema.json"
     ref_file.write_text('{"type": "integer"}')  # if it were read, "not an integer" would be rejected
-    d = Daemon(tmp_path, _upstream(f"{listener.url}/x", ref_file.as_uri()))
+    d = Daemon(tmp_path, hostile_upstream("--ref-url", f"{listener.url}/x", "--ref-file", ref_file.as_uri()))
     try:
         with d:
             d.wait_for(lambda: "hostile__evil_pattern" in d.search("hostile schema evil pattern", top_k=10),
