@@ -35,6 +35,9 @@ class ToolRecord(msgspec.Struct, frozen=True, kw_only=True):
     output_schema: dict[str, Any] | None = None
     annotations: dict[str, Any] | None = None
     content_hash: str = ""
+    # What toolatlas changed in the upstream's definition at ingest (an outsized description
+    # or schema cut to its bound), in words for catalog_status; None when nothing.
+    problem: str | None = None
 
     @classmethod
     def make(

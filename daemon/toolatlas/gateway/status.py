@@ -18,6 +18,9 @@ from toolatlas.rift.runner import RiftRunner
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
 
+# Tools listed per server under `problems` (what ingest cut); the rest are only counted.
+PROBLEMS_SHOWN = 50
+
 
 class NoSurface:
     """Surface figures before a surface is attached (in-process use)."""
@@ -75,6 +78,11 @@ class StatusService:
                 out["not_searchable_because"] = f"upstream is {st.state.value}" + (f": {st.reason}" if st.reason else "")
             if entry.quarantined:
                 out["quarantined"] = dict(sorted(entry.quarantined.items()))
+            if entry.problems:
+                shown = sorted(entry.problems.items())[:PROBLEMS_SHOWN]
+                out["problems"] = dict(shown)
+                if len(entry.problems) > len(shown):
+                    out["problems_not_shown"] = len(entry.problems) - len(shown)
             servers.append(out)
         engine = self._catalog.engine
         stats = engine.stats()
