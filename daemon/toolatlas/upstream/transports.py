@@ -22,6 +22,7 @@ import anyio
 import anyio.abc
 import httpx2
 import mcp_types
+import msgspec
 from anyio.streams.text import TextReceiveStream
 from mcp.client._transport import ReadStream, TransportStreams
 from mcp.client.sse import sse_client
@@ -45,26 +46,81 @@ STDERR_TAIL = 20
 
 Streams = TransportStreams
 Incoming = SessionMessage | Exception
+# The fewest bytes a content block takes in JSON (`{"type":"text"}` and a comma).
+_MIN_BLOCK_BYTES = 16
+
+
+def refusal(request_id: str | int, message: str) -> SessionMessage:
+    """The JSON-RPC error that answers request `request_id` in place of a refused result."""
+    return SessionMessage(mcp_types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=mcp_types.ErrorData(code=-32603, message=message)))
+
+
+def blocks_refusal(up: Upstream, request_id: str | int, blocks: int) -> SessionMessage:
+    logger.warning("upstream %s: refused a result of %d content blocks (limit %d)", up.name, blocks, up.max_result_blocks)
+    return refusal(request_id, f"the result from upstream {up.name!r} has {blocks} content blocks, more than "
+                               f"max_result_blocks ({up.max_result_blocks}), and was refused")
+
+
+class _Block(msgspec.Struct):
+    pass  # decoded without its fields: only the count matters
+
+
+class _Result(msgspec.Struct):
+    content: list[_Block] | None = None
+
+
+class _Reply(msgspec.Struct):
+    id: int | str | None = None
+    result: _Result | None = None
+
+
+_count_blocks = msgspec.json.Decoder(_Reply).decode
+
+
+def too_many_blocks(up: Upstream, line: bytes) -> SessionMessage | None:
+    """For a raw stdout line: a refusal when it is a result with more than max_result_blocks
+    content blocks, counted before any model is built (pydantic took seconds on 400,000)."""
+    if len(line) <= up.max_result_blocks * _MIN_BLOCK_BYTES:
+        return None
+    try:
+        reply = _count_blocks(line)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None  # not a tool result's shape: the normal parse decides
+    content = reply.result.content if reply.result is not None else None
+    if content is None or len(content) <= up.max_result_blocks or reply.id is None:
+        return None
+    return blocks_refusal(up, reply.id, len(content))
 
 
 class EofWatch:
-    """A receive stream proxy that calls ``on_eof`` once when the stream ends or closes.
+    """A receive stream proxy that calls ``on_eof`` once when the stream ends or closes, and
+    answers a result of more than `max_result_blocks` content blocks with a refusal before
+    the SDK converts it (SSE and HTTP results are parsed by the SDK; stdio ones are counted
+    earlier, by `too_many_blocks`).
 
     Zero-copy: it delegates to the transport's stream, so no extra task or hop is added to
     the message path. Attributes it does not define (``last_context``, ``close``) pass through.
     """
 
-    def __init__(self, inner: ReadStream[Incoming], on_eof: Callable[[str], None], what: str) -> None:
+    def __init__(self, inner: ReadStream[Incoming], on_eof: Callable[[str], None], what: str, up: Upstream) -> None:
         self._inner = inner
         self._on_eof = on_eof
         self._what = what
+        self._up = up
 
     async def receive(self) -> Incoming:
         try:
-            return await self._inner.receive()
+            item = await self._inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._on_eof(self._what)
             raise
+        msg = item.message if isinstance(item, SessionMessage) else None
+        if isinstance(msg, mcp_types.JSONRPCResponse):
+            content = msg.result.get("content")
+            if isinstance(content, list) and len(content) > self._up.max_result_blocks:
+                return blocks_refusal(self._up, msg.id, len(content))
+        return item
 
     def __aiter__(self) -> EofWatch:
         return self
@@ -112,14 +168,11 @@ class StdioProcess:
                            up.name, line.size, up.max_result_bytes)
             if line.request_id is None:
                 return None
-            return SessionMessage(mcp_types.JSONRPCError(
-                jsonrpc="2.0", id=line.request_id,
-                error=mcp_types.ErrorData(
-                    code=-32603,
-                    message=f"the result from upstream {up.name!r} is larger than max_result_bytes "
-                            f"({up.max_result_bytes} bytes) and was refused",
-                ),
-            ))
+            return refusal(line.request_id, f"the result from upstream {up.name!r} is larger than max_result_bytes "
+                                            f"({up.max_result_bytes} bytes) and was refused")
+        refused = too_many_blocks(up, line)
+        if refused is not None:
+            return refused
         if not line.strip():
             return None
         try:
@@ -222,7 +275,7 @@ class StdioProcess:
             tg.start_soon(stdin_writer)
             tg.start_soon(stderr_reader)
             try:
-                yield EofWatch(read_stream, self._on_eof, "stdio"), write_stream
+                yield EofWatch(read_stream, self._on_eof, "stdio", up), write_stream
             finally:
                 with anyio.CancelScope(shield=True):
                     await shutdown()
@@ -285,7 +338,7 @@ async def sse_transport(up: SseUpstream, on_eof: Callable[[str], None]) -> Async
         timeout=up.timeouts.connect,
         sse_read_timeout=max(300.0, up.timeouts.call + 30.0),
     ) as (read, write):
-        yield EofWatch(read, on_eof, "sse"), write
+        yield EofWatch(read, on_eof, "sse", up), write
 
 
 def _expiry_hook(on_expired: Callable[[], None]) -> Callable[[httpx2.Response], Awaitable[None]]:
@@ -308,7 +361,7 @@ async def http_transport(
         if on_expired is not None:
             client.event_hooks["response"].append(_expiry_hook(on_expired))
         async with streamable_http_client(up.url, http_client=client) as (read, write):
-            yield EofWatch(read, on_eof, "http"), write
+            yield EofWatch(read, on_eof, "http", up), write
 
 
 def open_transport(
