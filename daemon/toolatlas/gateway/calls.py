@@ -162,7 +162,7 @@ class CallService:
                 self._name_indexes[server] = cached
             indexes[server] = cached[1]
         by_name = view.by_name
-        close = suggest(name, indexes, lambda n: by_name[n].tool if n in by_name else n)
+        close = await anyio.to_thread.run_sync(suggest, name, indexes, lambda n: by_name[n].tool if n in by_name else n)
         hint = f" Did you mean: {', '.join(close)}?" if close else " Use tool_search to find tools."
         return f"unknown tool {name!r}.{hint}"
 

@@ -1,7 +1,7 @@
 """Close-match suggestions for an unknown tool name, without comparing it to every name.
 
-`NameIndex` is built once per server catalog (in a worker thread: a few hundred ms for
-20,000 names): trigram -> the names holding it. A lookup counts shared trigrams over the
+`NameIndex` is built once per server catalog (a few hundred ms for 20,000 names; the gateway
+builds it and looks names up in a worker thread): trigram -> the names holding it. A lookup counts shared trigrams over the
 posting lists of the query's rarest trigrams, each list read to at most `POSTING_CAP`
 entries, and ranks only the best `POOL` candidates with difflib, as the old scan over every
 name did (that scan cost about a second of event-loop time per unknown name at 20,000 tools).
