@@ -23,6 +23,9 @@ from toolatlas.redact import Redactor
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
 UpstreamName = Annotated[str, msgspec.Meta(pattern=NAME_RE, max_length=48)]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
+# Defaults of the per-upstream ingest bounds (also what a record made without a config gets).
+MAX_DESCRIPTION_CHARS = 8192
+MAX_SCHEMA_BYTES = 64 * 1024
 
 
 class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -46,6 +49,14 @@ class _UpstreamBase(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     # A message from the upstream larger than this (bytes) is refused, not buffered: the
     # call it answers fails with an error saying so.
     max_result_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024
+    # A result with more content blocks than this is refused the same way (converting a
+    # few hundred thousand blocks would hold the event loop for seconds).
+    max_result_blocks: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    # A tool's description longer than this (characters) is cut, and an inputSchema larger
+    # than this (bytes of JSON) is replaced by an open `{"type": "object"}`; catalog_status
+    # lists each cut under the server's `problems`.
+    max_description_chars: Annotated[int, msgspec.Meta(ge=256)] = MAX_DESCRIPTION_CHARS
+    max_schema_bytes: Annotated[int, msgspec.Meta(ge=1024)] = MAX_SCHEMA_BYTES
     card_generator: Literal["bootstrap", "llm", "publisher"] = "bootstrap"
 
 

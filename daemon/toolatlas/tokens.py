@@ -111,7 +111,7 @@ def catalog_token_report(
     mean: float | None = None
     if sample_search_results:
         counts = [
-            count_tokens(json.dumps(r, ensure_ascii=False, separators=(",", ":")))
+            count_tokens_in_pieces(json.dumps(r, ensure_ascii=False, separators=(",", ":")))
             for r in sample_search_results
         ]
         mean = sum(counts) / len(counts)

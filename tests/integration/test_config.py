@@ -57,6 +57,10 @@ def test_good_config_parses_with_expansion_and_relative_paths(tmp_path: Path) ->
         ("[daemon]\nmetrics_addr = 'nope'\n", "metrics_addr must be HOST:PORT"),
         ("[[upstream]]\nname='a'\ntransport='http'\nurl='ftp://x'\n", "must start with http://"),
         ("this is = = not toml", "not valid TOML"),
+        ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_description_chars=10\n",
+         "Expected `int` >= 256 at [upstream 'a' (upstream[0].max_description_chars)]"),
+        ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_schema_bytes=0\n", "upstream[0].max_schema_bytes"),
+        ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_result_blocks=0\n", "upstream[0].max_result_blocks"),
     ],
 )
 def test_bad_configs_name_the_key(text: str, needle: str) -> None:

@@ -14,15 +14,22 @@ from typing import Any
 
 from tests.support import REPO
 from tests.support.processes import descendants, die_with_parent, kill_all
-from tests.support.servers import EVERYTHING_BIN, testserver_args
+from tests.support.servers import EVERYTHING_BIN, HOSTILE, testserver_args
 
-__all__ = ["REPO", "Daemon", "everything_upstream", "shared_onnx_models", "stdio_testserver", "url_upstream"]
+__all__ = ["REPO", "Daemon", "everything_upstream", "hostile_upstream", "shared_onnx_models", "stdio_testserver",
+           "url_upstream"]
 
 
 def stdio_testserver(name: str, *extra: str) -> str:
     """A TOML [[upstream]] block running the project's test server over stdio."""
     args = json.dumps(testserver_args(*extra))
     return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+
+
+def hostile_upstream(*args: str, name: str = "hostile", extra: str = "") -> str:
+    """A TOML [[upstream]] block running the hostile server (servers/hostile.py) over stdio."""
+    argv = json.dumps([str(HOSTILE), *args])
+    return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {argv}\n{extra}'
 
 
 def everything_upstream(name: str = "everything") -> str:

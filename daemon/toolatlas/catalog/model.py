@@ -36,7 +36,9 @@ class ToolRecord(msgspec.Struct, frozen=True, kw_only=True):
     output_schema: dict[str, Any] | None = None
     annotations: dict[str, Any] | None = None
     content_hash: str = ""
-    # What had to be repaired in the upstream's inputSchema (catalog/schemas.py), one line each.
+    # What toolatlas changed in the upstream's definition at ingest, one line each: a bound
+    # (an outsized description or schema cut, upstream/listing.py) or a repair of a malformed
+    # inputSchema (catalog/schemas.py). Shown in catalog_status, logged when the tool changes.
     problems: tuple[str, ...] = ()
 
     @classmethod
@@ -49,7 +51,8 @@ class ToolRecord(msgspec.Struct, frozen=True, kw_only=True):
         **extra: Any,
     ) -> "ToolRecord":
         desc = description or ""
-        schema, problems = repair_schema(input_schema or {"type": "object"})
+        schema, repairs = repair_schema(input_schema or {"type": "object"})
+        problems = (*extra.pop("problems", ()), *repairs)
         return cls(
             server=server,
             tool=tool,

@@ -3,10 +3,9 @@ sealed input state, route one `UpstreamCall` over the owner's warm session, and 
 
 from __future__ import annotations
 
-import difflib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 
 import anyio
@@ -18,6 +17,7 @@ from toolatlas.catalog.validate import ArgumentValidator
 from toolatlas.errors import BadInput, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection
+from toolatlas.gateway.suggest import NameIndex, suggest
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.inputstate import InputStateSealer
 from toolatlas.metrics import Metrics
@@ -52,6 +52,8 @@ class CallService:
         self._events = events
         self._validator = ArgumentValidator()
         self._sealer = InputStateSealer()
+        # server -> (the records mapping it was built from, its name index), rebuilt on change.
+        self._name_indexes: dict[str, tuple[Mapping[str, ToolRecord], NameIndex]] = {}
         self.inflight = 0
         self.draining = False
         self._idle = anyio.Event()
@@ -96,7 +98,7 @@ class CallService:
             self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name, upstream=upstream, outcome=outcome,
                               latency_ms=latency_ms)
 
-    def _resolve(self, name: str, conn: Connection) -> ToolRecord:
+    async def _resolve(self, name: str, conn: Connection) -> ToolRecord:
         """The record a caller may call by `name`, or BadInput / UpstreamUnavailable."""
         view = self._catalog.view
         rec = view.by_name.get(name)
@@ -107,7 +109,7 @@ class CallService:
                 reason = view.quarantine_reason(parsed[0], parsed[1])
                 if reason:
                     raise BadInput(f"tool {name!r} is quarantined: {reason}")
-            raise BadInput(self._unknown_tool_message(name, allowed))
+            raise BadInput(await self._unknown_tool_message(name, allowed))
         if not view.server(rec.server).available:
             raise UpstreamUnavailable(
                 f"server {rec.server!r} is not available right now ({self._availability(rec.server)}); try again later"
@@ -117,7 +119,7 @@ class CallService:
     async def _execute(self, call: CallRequest, conn: Connection) -> CallOutcome:
         if self.draining:
             raise UpstreamUnavailable("the gateway is shutting down; retry in a moment")
-        rec = self._resolve(call.name, conn)
+        rec = await self._resolve(call.name, conn)
         arguments = _arguments(call.arguments)
         problems = await self._validator.check_async(rec, arguments or {})
         if problems:
@@ -153,14 +155,19 @@ class CallService:
             return replace(reply, input_required=InputRequired(reply.input_required.input_requests, sealed))
         return reply
 
-    def _unknown_tool_message(self, name: str, allowed: set[str]) -> str:
-        by_name = self._catalog.view.by_name
-        candidates = [n for n, r in by_name.items() if r.server in allowed]
-        close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
-        parsed = split(name)
-        if not close and parsed:
-            close = difflib.get_close_matches(parsed[1], [by_name[n].tool for n in candidates], n=3, cutoff=0.6)
-            close = [n for n in candidates if by_name[n].tool in close][:3]
+    async def _unknown_tool_message(self, name: str, allowed: set[str]) -> str:
+        view = self._catalog.view
+        indexes: dict[str, NameIndex] = {}
+        for server, entry in view.servers.items():
+            if server not in allowed or not entry.records:
+                continue
+            cached = self._name_indexes.get(server)
+            if cached is None or cached[0] is not entry.records:
+                cached = entry.records, await anyio.to_thread.run_sync(NameIndex, list(entry.records))
+                self._name_indexes[server] = cached
+            indexes[server] = cached[1]
+        by_name = view.by_name
+        close = await anyio.to_thread.run_sync(suggest, name, indexes, lambda n: by_name[n].tool if n in by_name else n)
         hint = f" Did you mean: {', '.join(close)}?" if close else " Use tool_search to find tools."
         return f"unknown tool {name!r}.{hint}"
 

@@ -21,6 +21,9 @@ from toolatlas.rift.runner import RiftRunner
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
 
+# Tools listed per server under `problems` (what ingest cut); the rest are only counted.
+PROBLEMS_SHOWN = 50
+
 
 class NoSurface:
     """Surface figures before a surface is attached (in-process use)."""
@@ -86,9 +89,11 @@ class StatusService:
                 out["not_searchable_because"] = f"upstream is {st.state.value}" + (f": {st.reason}" if st.reason else "")
             if entry.quarantined:
                 out["quarantined"] = dict(sorted(entry.quarantined.items()))
-            repaired = {r.tool: list(r.problems) for r in entry.records.values() if r.problems}
-            if repaired:
-                out["repaired_tools"] = dict(sorted(repaired.items()))
+            if entry.problems:
+                shown = sorted(entry.problems.items())[:PROBLEMS_SHOWN]
+                out["problems"] = dict(shown)
+                if len(entry.problems) > len(shown):
+                    out["problems_not_shown"] = len(entry.problems) - len(shown)
             servers.append(out)
         engine = self._catalog.engine
         stats = engine.stats()

@@ -33,14 +33,16 @@ class ServerCatalog:
 
     `listing`: its tools as last listed (None until it first lists); `records`: the callable
     ones by namespaced name (quarantined ones excluded); `docs`: what the index holds for it;
-    `quarantined`: upstream tool name -> reason; `verdict`: the last card attestation;
-    `available`: its upstream is up and its tools are in search.
+    `quarantined`: upstream tool name -> reason; `problems`: upstream tool name -> what was cut
+    at ingest (`ToolRecord.problems`); `verdict`: the last card attestation; `available`: its
+    upstream is up and its tools are in search.
     """
 
     listing: tuple[ToolRecord, ...] | None = None
     records: Mapping[str, ToolRecord] = field(default_factory=lambda: _EMPTY_RECORDS)
     docs: Mapping[str, ToolDoc] = field(default_factory=lambda: _EMPTY_DOCS)
     quarantined: Mapping[str, str] = field(default_factory=lambda: _EMPTY_REASONS)
+    problems: Mapping[str, str] = field(default_factory=lambda: _EMPTY_REASONS)
     verdict: AttestResult | None = None
     available: bool = False
 
@@ -141,7 +143,9 @@ def plan_listing(
     removes = tuple(n for n in old.docs if n not in docs)
     entry = ServerCatalog(
         listing=tuple(listing), records=MappingProxyType(records), docs=MappingProxyType(docs),
-        quarantined=MappingProxyType(dict(verdict.quarantined)), verdict=verdict, available=available,
+        quarantined=MappingProxyType(dict(verdict.quarantined)),
+        problems=MappingProxyType({r.tool: "; ".join(r.problems) for r in listing if r.problems}), verdict=verdict,
+        available=available,
     )
     return Plan(
         server=server, upserts=upserts, removes=removes,

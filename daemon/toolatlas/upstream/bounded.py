@@ -1,4 +1,5 @@
-"""``max_result_bytes`` for the HTTP transports: every reply is counted while it is read.
+"""``max_result_bytes`` for the HTTP transports: every reply is counted while it is read;
+``max_result_blocks`` for every transport (``too_many_blocks``, ``blocks_refusal``).
 
 ``limit_hook(up)`` is an httpx2 response hook for an upstream's client. It wraps the body of
 each response before the SDK reads it:
@@ -20,6 +21,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 import httpx2
 import mcp_types
+import msgspec
 
 from toolatlas.config import HttpUpstream, SseUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized, request_id_of
@@ -30,16 +32,57 @@ HEAD = BoundedLines.HEAD
 RequestId = str | int
 
 
+def _error(request_id: RequestId, message: str) -> mcp_types.JSONRPCError:
+    return mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id,
+                                  error=mcp_types.ErrorData(code=-32603, message=message))
+
+
 def refusal(up: Upstream, request_id: RequestId) -> mcp_types.JSONRPCError:
     """The JSON-RPC error that answers a request whose result was over ``max_result_bytes``."""
-    return mcp_types.JSONRPCError(
-        jsonrpc="2.0", id=request_id,
-        error=mcp_types.ErrorData(
-            code=-32603,
-            message=f"the result from upstream {up.name!r} is larger than max_result_bytes "
-                    f"({up.max_result_bytes} bytes) and was refused",
-        ),
-    )
+    return _error(request_id, f"the result from upstream {up.name!r} is larger than max_result_bytes "
+                              f"({up.max_result_bytes} bytes) and was refused")
+
+
+# The fewest bytes a content block takes in JSON (`{"type":"text"}` and a comma).
+_MIN_BLOCK_BYTES = 16
+
+
+def blocks_refusal(up: Upstream, request_id: RequestId, blocks: int) -> mcp_types.JSONRPCError:
+    """The JSON-RPC error that answers a request whose result had over ``max_result_blocks``."""
+    logger.warning("upstream %s: refused a result of %d content blocks (limit %d)", up.name, blocks, up.max_result_blocks)
+    return _error(request_id, f"the result from upstream {up.name!r} has {blocks} content blocks, more than "
+                              f"max_result_blocks ({up.max_result_blocks}), and was refused")
+
+
+class _Block(msgspec.Struct):
+    pass  # decoded without its fields: only the count matters
+
+
+class _Result(msgspec.Struct):
+    content: list[_Block] | None = None
+
+
+class _Reply(msgspec.Struct):
+    id: int | str | None = None
+    result: _Result | None = None
+
+
+_count_blocks = msgspec.json.Decoder(_Reply).decode
+
+
+def too_many_blocks(up: Upstream, line: bytes) -> mcp_types.JSONRPCError | None:
+    """For a raw stdout line: a refusal when it is a result with more than max_result_blocks
+    content blocks, counted before any model is built (pydantic took seconds on 400,000)."""
+    if len(line) <= up.max_result_blocks * _MIN_BLOCK_BYTES:
+        return None
+    try:
+        reply = _count_blocks(line)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None  # not a tool result's shape: the normal parse decides
+    content = reply.result.content if reply.result is not None else None
+    if content is None or len(content) <= up.max_result_blocks or reply.id is None:
+        return None
+    return blocks_refusal(up, reply.id, len(content))
 
 
 def _head(parts: list[bytes]) -> bytes:
@@ -213,4 +256,4 @@ def limit_hook(up: SseUpstream | HttpUpstream) -> Callable[[httpx2.Response], Aw
     return hook
 
 
-__all__ = ["BoundedEvents", "limit_hook", "refusal", "sse_event_limit"]
+__all__ = ["BoundedEvents", "blocks_refusal", "limit_hook", "refusal", "sse_event_limit", "too_many_blocks"]

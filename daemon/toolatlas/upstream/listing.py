@@ -1,15 +1,26 @@
 """An upstream's tool listing: every page of tools/list, and the one conversion of an SDK
 `Tool` into the gateway's `ToolRecord` (title, outputSchema and annotations kept). Past
-this module no layer above `upstream/` sees an MCP type."""
+this module no layer above `upstream/` sees an MCP type.
+
+The conversion bounds what an upstream can make the daemon carry: a description over the
+upstream's `max_description_chars` is cut, an inputSchema over `max_schema_bytes` of JSON is
+replaced by an open object schema (the upstream still checks the arguments); each cut is
+logged and kept on the record (`ToolRecord.problems`) for catalog_status. It runs in a
+worker thread: hashing 20,000 tools held the event loop for a tenth of a second or more.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+import anyio
 import mcp_types
+import msgspec
 from mcp import Client
 
 from toolatlas.catalog.model import ToolRecord
+from toolatlas.config import MAX_DESCRIPTION_CHARS, MAX_SCHEMA_BYTES, Upstream
 from toolatlas.errors import UpstreamProtocolError
 
 logger = logging.getLogger(__name__)
@@ -19,18 +30,54 @@ MAX_PAGES = 200
 MAX_TOOLS = 20_000
 
 
-def record_from_tool(server: str, tool: mcp_types.Tool) -> ToolRecord:
-    """The gateway's record of `server`'s `tool`."""
+OPEN_SCHEMA: dict[str, Any] = {"type": "object"}
+_json = msgspec.json.Encoder()
+
+
+def _cut_description(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, ending with a note saying it was cut."""
+    note = f" [... cut by toolatlas: {len(text)} characters, max_description_chars is {limit}]"
+    return text[: limit - len(note)] + note
+
+
+def record_from_tool(
+    server: str, tool: mcp_types.Tool, *, max_description_chars: int = MAX_DESCRIPTION_CHARS,
+    max_schema_bytes: int = MAX_SCHEMA_BYTES,
+) -> ToolRecord:
+    """The gateway's record of `server`'s `tool`, its description and schema bounded."""
     annotations = tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else None
+    problems: list[str] = []
+    description = tool.description
+    if description is not None and len(description) > max_description_chars:
+        problems.append(f"description cut from {len(description)} to {max_description_chars} characters "
+                        "(max_description_chars)")
+        description = _cut_description(description, max_description_chars)
+    schema = tool.input_schema
+    size = len(_json.encode(schema)) if schema else 0
+    if size > max_schema_bytes:
+        problems.append(f"inputSchema of {size} bytes is over max_schema_bytes ({max_schema_bytes}); "
+                        "replaced by an open object schema, the upstream checks the arguments")
+        schema = dict(OPEN_SCHEMA)
+    output_schema = tool.output_schema
+    if output_schema and len(_json.encode(output_schema)) > max_schema_bytes:
+        problems.append(f"outputSchema is over max_schema_bytes ({max_schema_bytes}); dropped")
+        output_schema = None
     return ToolRecord.make(
         server,
         tool.name,
-        tool.description,
-        tool.input_schema,
+        description,
+        schema,
         title=tool.title,
-        output_schema=tool.output_schema,
+        output_schema=output_schema,
         annotations=annotations or None,
+        problems=tuple(problems),  # logged by the catalog when the tool enters or changes
     )
+
+
+def records(up: Upstream, tools: list[mcp_types.Tool]) -> list[ToolRecord]:
+    """`tools` as records under `up`'s bounds (blocking: call it in a worker thread)."""
+    return [record_from_tool(up.name, t, max_description_chars=up.max_description_chars,
+                             max_schema_bytes=up.max_schema_bytes) for t in tools]
 
 
 async def list_all_tools(client: Client, name: str, *, refresh: bool = True) -> list[mcp_types.Tool]:
@@ -63,7 +110,7 @@ async def list_all_tools(client: Client, name: str, *, refresh: bool = True) -> 
 
 
 
-
-async def list_records(client: Client, name: str, *, refresh: bool = True) -> list[ToolRecord]:
-    """`list_all_tools` as the gateway's records."""
-    return [record_from_tool(name, t) for t in await list_all_tools(client, name, refresh=refresh)]
+async def list_records(client: Client, up: Upstream, *, refresh: bool = True) -> list[ToolRecord]:
+    """`list_all_tools` as the gateway's records (converted in a worker thread)."""
+    tools = await list_all_tools(client, up.name, refresh=refresh)
+    return await anyio.to_thread.run_sync(records, up, tools)

@@ -206,7 +206,7 @@ async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, m
             async with make_client(transport, mode=mode) as client:
                 try:
                     phase = "tools/list"
-                    tools = await list_records(client, upstream.name)
+                    tools = await list_records(client, upstream)
                 finally:
                     begin_teardown(scope)
         except UpstreamProtocolError:

@@ -176,7 +176,7 @@ class Connection:
                 await tg.start(self.supervision.listen, client)
             phase.name, phase.seconds = "tools/list", up.timeouts.list_tools
             deadline.deadline = anyio.current_time() + up.timeouts.list_tools
-            tools = await list_records(client, self.name)
+            tools = await list_records(client, self.upstream)
             deadline.deadline = math.inf
             self.client = client
             s.went_ready()

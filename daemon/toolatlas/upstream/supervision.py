@@ -194,7 +194,7 @@ class Supervision:
             seq = self._started
             try:
                 with anyio.fail_after(s.upstream.timeouts.list_tools):
-                    tools = await list_records(client, s.name)
+                    tools = await list_records(client, s.upstream)
             except TimeoutError:
                 s.mark_lost(timeout_loss(s.name, "tools/list", s.upstream.timeouts.list_tools))
                 return

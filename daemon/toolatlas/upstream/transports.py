@@ -34,7 +34,7 @@ from mcp.shared.message import SessionMessage
 
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized
-from toolatlas.upstream.bounded import limit_hook, refusal, sse_event_limit
+from toolatlas.upstream.bounded import blocks_refusal, limit_hook, refusal, sse_event_limit, too_many_blocks
 from toolatlas.upstream.sse import sse_client
 
 logger = logging.getLogger(__name__)
@@ -53,26 +53,34 @@ GARBAGE_SUMMARY_INTERVAL = 60.0
 
 Streams = TransportStreams
 Incoming = SessionMessage | Exception
-
-
 class EofWatch:
-    """A receive stream proxy that calls ``on_eof`` once when the stream ends or closes.
+    """A receive stream proxy that calls ``on_eof`` once when the stream ends or closes, and
+    answers a result of more than `max_result_blocks` content blocks with a refusal before
+    the SDK converts it (SSE and HTTP results are parsed by the SDK; stdio ones are counted
+    earlier, by `too_many_blocks`).
 
     Zero-copy: it delegates to the transport's stream, so no extra task or hop is added to
     the message path. Attributes it does not define (``last_context``, ``close``) pass through.
     """
 
-    def __init__(self, inner: ReadStream[Incoming], on_eof: Callable[[str], None], what: str) -> None:
+    def __init__(self, inner: ReadStream[Incoming], on_eof: Callable[[str], None], what: str, up: Upstream) -> None:
         self._inner = inner
         self._on_eof = on_eof
         self._what = what
+        self._up = up
 
     async def receive(self) -> Incoming:
         try:
-            return await self._inner.receive()
+            item = await self._inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._on_eof(self._what)
             raise
+        msg = item.message if isinstance(item, SessionMessage) else None
+        if isinstance(msg, mcp_types.JSONRPCResponse):
+            content = msg.result.get("content")
+            if isinstance(content, list) and len(content) > self._up.max_result_blocks:
+                return SessionMessage(blocks_refusal(self._up, msg.id, len(content)))
+        return item
 
     def __aiter__(self) -> EofWatch:
         return self
@@ -150,6 +158,9 @@ class StdioProcess:
             logger.warning("upstream %s: refused a %d-byte message (limit %d bytes)",
                            up.name, line.size, up.max_result_bytes)
             return None if line.request_id is None else SessionMessage(refusal(up, line.request_id))
+        refused = too_many_blocks(up, line)
+        if refused is not None:
+            return SessionMessage(refused)
         if not line.strip():
             return None
         try:
@@ -254,7 +265,7 @@ class StdioProcess:
             tg.start_soon(stdin_writer)
             tg.start_soon(stderr_reader)
             try:
-                yield EofWatch(read_stream, self._on_eof, "stdio"), write_stream
+                yield EofWatch(read_stream, self._on_eof, "stdio", up), write_stream
             finally:
                 with anyio.CancelScope(shield=True):
                     await shutdown()
@@ -315,7 +326,7 @@ def _http_client(up: SseUpstream | HttpUpstream) -> httpx2.AsyncClient:
 @contextlib.asynccontextmanager
 async def sse_transport(up: SseUpstream, on_eof: Callable[[str], None]) -> AsyncIterator[Streams]:
     async with _http_client(up) as client, sse_client(up.url, client, sse_event_limit(up)) as (read, write):
-        yield EofWatch(read, on_eof, "sse"), write
+        yield EofWatch(read, on_eof, "sse", up), write
 
 
 OnResponse = Callable[[int, str], None]  # (HTTP status, request URL)
@@ -349,7 +360,7 @@ async def http_transport(
         async with streamable_http_client(
             up.url, http_client=client, max_sse_event_size=sse_event_limit(up)
         ) as (read, write):
-            yield EofWatch(read, on_eof, "http"), write
+            yield EofWatch(read, on_eof, "http", up), write
 
 
 def open_transport(

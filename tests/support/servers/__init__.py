@@ -30,6 +30,7 @@ from tests.support.processes import die_with_parent
 HERE = Path(__file__).resolve().parent
 TESTSERVER = HERE / "testserver.py"
 FAULTSERVER = HERE / "faultserver.py"
+HOSTILE = HERE / "hostile.py"
 EVERYTHING_BIN = REPO / "tests" / "npm" / "node_modules" / ".bin" / "mcp-server-everything"
 START_TIMEOUT = 30.0
 _FILES = {"testserver": TESTSERVER, "faultserver": FAULTSERVER}

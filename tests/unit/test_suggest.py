@@ -1,0 +1,35 @@
+"""Close-match suggestions for unknown tool names from a trigram index (issue #15 item 8):
+the right names from a 20,000-tool catalog, and a bounded candidate pool per lookup."""
+
+from __future__ import annotations
+
+from toolatlas.gateway.suggest import POOL, NameIndex, suggest
+
+FAMILIES = ("fetch", "store", "parse", "render", "sync", "audit", "index", "notify")
+NAMES = [f"bulk__many_{i:05d}_{FAMILIES[i % len(FAMILIES)]}_record" for i in range(20_000)]
+SMALL = ["notes__create_note", "notes__search_notes", "weather__forecast"]
+
+
+def _tool(name: str) -> str:
+    return name.split("__", 1)[1]
+
+
+def test_a_misspelt_name_gets_the_tool_meant_first_from_20000_names() -> None:
+    index = NameIndex(NAMES)
+    wanted = NAMES[12_345]
+    typo = wanted.replace("_record", "_recrod")
+    assert suggest(typo, {"bulk": index}, _tool)[0] == wanted
+    transposed = wanted.replace("many", "mnay")
+    assert suggest(transposed, {"bulk": index}, _tool)[0] == wanted
+
+
+def test_the_right_tool_under_a_wrong_server_is_suggested_on_its_server() -> None:
+    indexes = {"notes": NameIndex(SMALL[:2]), "weather": NameIndex(SMALL[2:])}
+    assert suggest("an_unrelated_server_name__forecast", indexes, _tool) == ["weather__forecast"]
+    assert suggest("notes__create_noet", indexes, _tool)[0] == "notes__create_note"
+
+
+def test_nothing_alike_gets_no_suggestion_and_every_lookup_ranks_a_bounded_pool() -> None:
+    index = NameIndex(NAMES)
+    assert suggest("zzzz", {"bulk": index}, _tool) == []
+    assert len(index.candidates("bulk__many_")) == POOL  # every name shares these trigrams
