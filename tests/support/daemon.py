@@ -140,10 +140,17 @@ class Daemon:
         return self.proc.returncode
 
     def __enter__(self) -> "Daemon":
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a daemon that never got ready must not outlive the test
+            self._halt(signal.SIGKILL)
+            raise
 
     def __exit__(self, *exc: object) -> None:
+        self._halt(signal.SIGTERM)
+
+    def _halt(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
             kids = descendants(self.proc.pid)
-            self.stop()
+            self.stop(sig)
             kill_all(kids)
