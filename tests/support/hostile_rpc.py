@@ -68,6 +68,7 @@ CASES = [
     Case("arguments string", tool_call(14, "execute_tool", "x"), INVALID_PARAMS, 14, "`arguments`"),
     Case("tool name not a string", b'{"jsonrpc":"2.0","id":28,"method":"tools/call","params":{"name":7}}',
          INVALID_PARAMS, 28, "`name`"),
+    Case("lone surrogate", tool_call(29, "\ud800", {}), INVALID_REQUEST, 29, "surrogate"),
     Case("unknown method", b'{"jsonrpc":"2.0","id":16,"method":"no/such"}', METHOD_NOT_FOUND, 16, "no/such"),
     Case("top_k 1e400", b'{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"tool_search",'
          b'"arguments":{"query":"echo","top_k":1e400}}}', None, 8, "top_k must be an integer from 1 to 20"),

@@ -105,7 +105,17 @@ def _strict(data: bytes) -> tuple[Any, Refusal | None]:
     except msgspec.ValidationError:  # a number beyond a double (1e400) is still JSON
         pass
     except msgspec.DecodeError as exc:
-        return None, Refusal(PARSE_ERROR, _parse_message(data, str(exc)))
+        if "surrogate" not in str(exc):
+            return None, Refusal(PARSE_ERROR, _parse_message(data, str(exc)))
+        obj, refused = _lenient(data)  # a lone "\ud800" escape is JSON, but no Unicode the SDK takes
+        rid = obj.get("id") if isinstance(obj, dict) and _valid_id(obj.get("id")) else None
+        return None, refused or Refusal(INVALID_REQUEST, "invalid request: a string holds a lone UTF-16 surrogate "
+                                        "escape (\\ud800-\\udfff without its pair); send valid Unicode", rid)
+    return _lenient(data)
+
+
+def _lenient(data: bytes) -> tuple[Any, Refusal | None]:
+    """Python's parser: numbers beyond a double (1e400) and lone surrogates, no NaN."""
     try:
         return json.loads(data, parse_constant=_no_constant), None
     except RecursionError:
