@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from toolatlas.errors import ConfigError
-from toolatlas.paths import default_state_dir, expand_vars, resolve_path, socket_path
+from toolatlas.paths import default_state_dir, expand_vars, read_regular, resolve_path, socket_path
 from toolatlas.redact import Redactor
 
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
@@ -347,9 +347,11 @@ def load(path: str | os.PathLike[str]) -> Config:
     """Read and parse a config file; ConfigError if it is missing or invalid."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_regular(p).decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config {str(p)!r}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read config {str(p)!r}: it is not UTF-8 text") from exc
     return parse(text, source=str(p))
 
 

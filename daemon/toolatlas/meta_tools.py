@@ -70,8 +70,12 @@ def clamp_top_k(value: Any, default: int = 5) -> int:
     """top_k clamped to [1, 20]; a missing value gives the default, a non-integer is BadInput."""
     from toolatlas.errors import BadInput
 
+    import math
+
     if value is None:
         return default
+    if isinstance(value, float) and not math.isfinite(value):  # 1e400 parses as inf
+        raise BadInput(f"top_k must be an integer from 1 to {MAX_TOP_K}, got a number out of range")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
         raise BadInput(f"top_k must be an integer from 1 to {MAX_TOP_K}, got {value!r}")
     return max(1, min(MAX_TOP_K, int(value)))

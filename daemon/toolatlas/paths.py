@@ -7,15 +7,49 @@ and a path relative to the config file mean the same thing to both.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from toolatlas.errors import ConfigError
 
 SYSTEM_SOCKET = "/run/toolatlas/toolatlas.sock"
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """`path` opened for reading, if it is a regular file; never blocks.
+
+    A plain open() of a FIFO waits for a writer forever, and one of a device reads without
+    end. This opens with O_NONBLOCK (a FIFO opens at once) and checks the type on the open
+    descriptor (no race with a rename): anything but a regular file raises OSError whose
+    strerror says "not a regular file (a FIFO)". FileNotFoundError when nothing is there.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((k for test, k in _KINDS if test(mode)), "a special file")
+            raise OSError(errno.EINVAL, f"not a regular file ({kind})", os.fspath(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of the regular file `path` (see `open_regular` for what else raises)."""
+    with open_regular(path) as fh:
+        return fh.read()
 
 
 def expand_vars(text: str, env: Mapping[str, str], where: str, found: list[str] | None = None) -> str:
@@ -84,7 +118,7 @@ def client_socket(flag: str | None, config: str | None = None) -> str:
     import tomllib
 
     try:
-        with open(config, "rb") as fh:
+        with open_regular(config) as fh:
             raw = tomllib.load(fh).get("daemon", {}).get("socket", "")
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read the socket from {config!r}: {exc}") from exc

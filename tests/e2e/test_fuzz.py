@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.hostile_rpc import CASES, INVALID_REQUEST, Case, check_answer
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +67,7 @@ class Conn:
         self.sock.settimeout(SYNC_TIMEOUT)
         self.sock.connect(self.path)
         self.seen: set[str] = set()
+        self.answers: list[dict[str, Any]] = []  # every reply that is a JSON object, in order
         self.cond = threading.Condition()
         self.closed = False
         self.replies = 0
@@ -106,9 +108,11 @@ class Conn:
         except ValueError:
             self.bad_lines.append(line[:200])
             return
-        if isinstance(msg, dict) and isinstance(msg.get("id"), str):
+        if isinstance(msg, dict):
             with self.cond:
-                self.seen.add(msg["id"])
+                self.answers.append(msg)
+                if isinstance(msg.get("id"), str):
+                    self.seen.add(msg["id"])
                 self.cond.notify_all()
 
     def send(self, data: bytes) -> None:
@@ -125,6 +129,18 @@ class Conn:
                 assert left > 0, f"no reply to {rid} within {SYNC_TIMEOUT} s: the daemon stopped answering"
                 self.cond.wait(left)
             return rid in self.seen
+
+    def answer(self, start: int, id_: Any) -> dict[str, Any]:
+        """The first reply since `self.answers[start]` that carries `id_`."""
+        deadline = time.monotonic() + SYNC_TIMEOUT
+        with self.cond:
+            while True:
+                found = [a for a in self.answers[start:] if "id" in a and a["id"] == id_ and type(a["id"]) is type(id_)]
+                if found:
+                    return found[0]
+                left = deadline - time.monotonic()
+                assert left > 0 and not self.closed, f"no reply with id {id_!r} within {SYNC_TIMEOUT} s"
+                self.cond.wait(left)
 
     def sync(self) -> None:
         """A ping must be answered; a connection the daemon closed is replaced."""
@@ -175,6 +191,7 @@ def conns(daemon: Daemon, baseline: dict[str, int]) -> Iterator[dict[str, Conn]]
         "rpc": Conn(daemon.socket, initialize=True),
         "rpc-fresh": Conn(daemon.socket, initialize=False),
         "tools": Conn(daemon.socket, initialize=True),
+        "hostile": Conn(daemon.socket, initialize=True),
     }
     yield made
     for c in made.values():
@@ -290,6 +307,39 @@ def test_random_meta_tool_calls(conns: dict[str, Conn], call: dict[str, Any]) ->
     # Every request gets an answer (a result or a JSON-RPC error) on a connection that stays open.
     assert c.wait_for(rid), f"the daemon closed the connection on {call!r}"
     c.sync()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_malformed_jsonrpc_gets_a_json_rpc_error_and_the_connection_goes_on(conns: dict[str, Conn], case: Case) -> None:
+    """Issue #15 item 12: each case of tests/support/hostile_rpc.py as a line on the socket gets
+    its answer (an error with the exact code, or a result), and the same connection then
+    answers a ping (the leak check below asserts it was never reopened)."""
+    c = conns["hostile"]
+    start, opened = len(c.answers), c.reconnects
+    c.send(case.body + b"\n")
+    c.sync()
+    assert c.reconnects == opened, f"the daemon closed the connection on {case.name}"
+    if case.id is None:  # answered before the ping that follows it: replies to one line come in order
+        nulls = [a for a in c.answers[start:] if a.get("id") is None]
+        assert len(nulls) == 1, (case.name, c.answers[start:])
+        check_answer(case, nulls[0])
+    else:
+        check_answer(case, c.answer(start, case.id))
+
+
+@pytest.mark.timeout(60)
+def test_an_oversized_line_is_answered_with_its_id(conns: dict[str, Conn]) -> None:
+    """A 1 MB query is over this daemon's 64 KiB line limit: -32600 naming the limit, with the
+    request's id (read off the start of the line) so the client's call does not hang."""
+    c = conns["hostile"]
+    start = len(c.answers)
+    big = {"jsonrpc": "2.0", "id": 22, "method": "tools/call",
+           "params": {"name": "tool_search", "arguments": {"query": "echo " * 200_000}}}
+    c.send(_dumps(big))
+    c.sync()
+    reply = c.answer(start, 22)
+    assert reply["error"]["code"] == INVALID_REQUEST and "65536-byte limit" in reply["error"]["message"], reply
 
 
 def test_daemon_healthy_and_nothing_leaked(daemon: Daemon, baseline: dict[str, int], conns: dict[str, Conn]) -> None:

@@ -18,6 +18,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.hostile_rpc import CASES, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, Case, check_answer, tool_call
 from tests.support.ports import free_port
 from tests.support.results import text as _text
 from toolatlas.config import parse
@@ -273,3 +274,47 @@ async def test_http_clients_are_counted_with_socket_clients(gw: Daemon, mode: st
             # the HTTP request asking is a live client, as a socket connection asking is
             over_http = json.loads(_text(await c.call_tool("catalog_status", {})))["clients"]
     assert over_http >= 1
+
+
+@pytest.fixture(scope="module")
+def session(gw: Daemon) -> dict[str, str]:
+    """The headers of one legacy (2025-11-25) session, initialized."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+            "Authorization": f"Bearer {ALL_TOKEN}"}
+    with httpx2.Client(timeout=30) as h:
+        opened = h.post(url, content=json.dumps(_init_body()), headers=base)
+        assert opened.status_code == 200, opened.text
+        headers = {**base, "Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
+        done = h.post(url, content=b'{"jsonrpc":"2.0","method":"notifications/initialized"}', headers=headers)
+        assert done.status_code == 202, done.text
+    return headers
+
+
+def _answer(response: httpx2.Response) -> dict[str, Any]:
+    """The one JSON-RPC message of a POST's answer: a JSON body or an SSE `data:` event."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
+        assert len(data) == 1, response.text
+        return json.loads(data[0])
+    return response.json()
+
+
+_HTTP_CASES = [*CASES, Case("query of 1 MB", tool_call(22, "tool_search", {"query": "echo " * 200_000}), None, 22,
+                            '"matches"')]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", _HTTP_CASES, ids=str)
+def test_malformed_jsonrpc_over_http_gets_a_json_rpc_error(gw: Daemon, session: dict[str, str], case: Case) -> None:
+    """Issue #15 item 12 on the HTTP endpoint: each case of tests/support/hostile_rpc.py as a
+    POST body gets its answer (a refused message: 400 with the JSON-RPC error), and the same
+    session answers a ping afterwards."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    with httpx2.Client(timeout=30) as h:
+        response = h.post(url, content=case.body, headers=session)
+        refused = case.code in (PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS)
+        assert response.status_code == (400 if refused else 200), (case.name, response.status_code, response.text[:300])
+        check_answer(case, _answer(response))
+        ping = h.post(url, content=b'{"jsonrpc":"2.0","id":"after","method":"ping"}', headers=session)
+        assert _answer(ping) == {"jsonrpc": "2.0", "id": "after", "result": {}}

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.files import UNREADABLE, plant_unreadable
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries
 from toolatlas.retrieval import rank as rank_mod
 from toolatlas.retrieval import fusion
@@ -448,6 +449,31 @@ def test_corrupt_embedding_cache_is_detected_and_rebuilt(mcp_docs: list[ToolDoc]
     third.load()
     third.update(mcp_docs, [])
     assert third.stats()["embeddings_computed"] == 0 and third.stats()["cache_corrupt"] == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_an_unreadable_embedding_cache_and_dense_index_are_rebuilt(
+    mcp_docs: list[ToolDoc], tmp_path: Path, shared_models: Path, kind: str
+) -> None:
+    """Issue #15 item 11: a directory or a FIFO where the embedding cache and the hnswlib file
+    belong is counted corrupt and rebuilt, never a crash and never a blocked open()."""
+    docs = mcp_docs[:40]
+    state = _state_dir(tmp_path, shared_models)
+    first = Engine(state_dir=state)
+    first.load()
+    first.update(docs, [])
+    planted = [*(state / "retrieval").glob("embeddings-*.bin"), *(state / "retrieval").glob("hnsw-*.idx")]
+    assert len(planted) == 2
+    for path in planted:
+        plant_unreadable(path, kind)
+
+    second = Engine(state_dir=state)
+    second.load()
+    second.update(docs, [])
+    st = second.stats()
+    assert st["cache_corrupt"] >= 1 and st["embeddings_computed"] == len(docs)  # rebuilt, not trusted
+    assert docs[0].name in [h.name for h in second.search(docs[0].name, 5).hits]
 
 
 @pytest.mark.slow

@@ -148,10 +148,19 @@ class Daemon:
 
     def __enter__(self) -> "Daemon":
         """Start it, unless `start(...)` already did (`with d.start(env=...):`)."""
-        return self if self.proc is not None and self.proc.poll() is None else self.start()
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        try:
+            return self.start()
+        except BaseException:  # a daemon that never got ready must not outlive the test
+            self._halt(signal.SIGKILL)
+            raise
 
     def __exit__(self, *exc: object) -> None:
+        self._halt(signal.SIGTERM)
+
+    def _halt(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
             kids = descendants(self.proc.pid)
-            self.stop()
+            self.stop(sig)
             kill_all(kids)

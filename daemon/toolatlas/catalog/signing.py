@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from toolatlas.errors import SignatureError
+from toolatlas.paths import read_regular
 
 PUBLIC_PREFIX = "ed25519:"
 
@@ -93,7 +94,7 @@ def read_bytes(path: str | os.PathLike[str], what: str) -> bytes:
     """The bytes of a key or card file; SignatureError "cannot read WHAT 'PATH': reason"."""
     p = Path(path)
     try:
-        return p.read_bytes()
+        return read_regular(p)
     except OSError as exc:
         raise SignatureError(f"cannot read {what} {str(p)!r}: {exc.strerror}") from exc
 
@@ -132,7 +133,7 @@ def parse_public_key(text: str, *, source: str = "public key") -> Ed25519PublicK
 def load_public_key(path: str | os.PathLike[str]) -> Ed25519PublicKey:
     p = Path(path)
     try:
-        text = p.read_text(encoding="ascii")
+        text = read_regular(p).decode("ascii")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not ASCII text"
         raise SignatureError(f"cannot read public key {str(p)!r}: {reason}") from exc

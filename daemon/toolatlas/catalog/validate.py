@@ -230,8 +230,9 @@ class ArgumentValidator:
             log.warning("inputSchema of %s recurses without end ($ref cycle); its arguments are not checked", rec.name)
             self._remember(rec.content_hash, None)
             return []
-        except Exception as exc:
-            return [f"(schema check failed: {type(exc).__name__})"]
+        except Exception:
+            log.exception("checking arguments against the inputSchema of %s failed", rec.name)
+            return ["the arguments could not be checked against the tool's inputSchema; the call was not sent"]
         finally:
             del _budget.deadline
         problems = []

@@ -37,6 +37,7 @@ import numpy as np
 
 from toolatlas import memory
 from toolatlas.errors import ToolatlasError
+from toolatlas.paths import read_regular
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +344,7 @@ def models_dir(state_dir: Path | None) -> Path:
 
 def _export_complete(folder: Path) -> bool:
     try:
-        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads(read_regular(folder / "manifest.json"))
         files: dict[str, int] = manifest["files"]
         return all((folder / name).stat().st_size == size for name, size in files.items())
     except (OSError, ValueError, KeyError, TypeError):

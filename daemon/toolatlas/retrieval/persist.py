@@ -7,7 +7,8 @@
 
 Every file is written atomically (temp file, fsync, rename, fsync of the folder) and carries a
 SHA-256 of its body that is checked on load; a mismatch raises CorruptFile and the caller
-rebuilds. This module is the file format only; store.py decides what is written and read.
+rebuilds, and so does a file that cannot be read (a directory or a FIFO in its place: files
+are opened without blocking and must be regular, see paths.open_regular). This module is the file format only; store.py decides what is written and read.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
+from toolatlas.paths import open_regular, read_regular
 from toolatlas.retrieval.documents import ToolDoc
 
 log = logging.getLogger(__name__)
@@ -121,9 +123,11 @@ def _pack(magic: bytes, header: dict[str, Any], body: list[bytes]) -> list[bytes
 
 def _unpack(path: Path, magic: bytes) -> tuple[dict[str, Any], memoryview] | None:
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
     except FileNotFoundError:
         return None
+    except OSError as exc:  # a directory or FIFO in its place, no permission: rebuilt like corruption
+        raise CorruptFile(f"{path} cannot be read: {exc.strerror or exc}") from exc
     if not raw.startswith(magic) or len(raw) < len(magic) + _HDR.size:
         raise CorruptFile(f"{path} does not start with the expected header")
     (hlen,) = _HDR.unpack_from(raw, len(magic))
@@ -183,7 +187,7 @@ def _snap_paths(state_dir: Path, model: str) -> tuple[Path, Path]:
 
 def _file_sha(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -234,14 +238,17 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         raise CorruptFile(f"{snap_path} is inconsistent")
     usable = None
     sha = header.get("hnsw_sha256")
-    if sha and hnsw_path.exists():
-        if _file_sha(hnsw_path) == sha:
+    try:
+        if sha and _file_sha(hnsw_path) == sha:
             usable = hnsw_path
-        else:
+        elif sha:
             log.warning("index.hnsw_corrupt path=%s: the dense index file failed its checksum; "
                         "it is rebuilt from the embedding cache", hnsw_path)
-    elif sha:
+    except FileNotFoundError:
         log.warning("index.hnsw_missing path=%s: the dense index is rebuilt from the embedding cache", hnsw_path)
+    except OSError as exc:
+        log.warning("index.hnsw_corrupt path=%s: cannot be read (%s); the dense index is rebuilt from the "
+                    "embedding cache", hnsw_path, exc.strerror or exc)
     return Restored(
         version=int(header.get("version", 0)),
         docs=docs,

@@ -12,7 +12,9 @@ In front of it, for every request, in this order:
 4. `Authorization: Bearer TOKEN`: the SHA-256 of TOKEN must match a configured token,
    compared in constant time (else 401 with `WWW-Authenticate: Bearer`). A request with no
    Authorization header at all is admitted as `[http] anonymous` when that is set.
-The matching token's name becomes `Connection.token` in the `CONNECTION` contextvar, so the
+5. a JSON POST body is screened as the socket screens a line (surface.rpccheck): a malformed
+   message gets 400 with the JSON-RPC error that says what to send instead.
+The matching token's name (4) becomes `Connection.token` in the `CONNECTION` contextvar, so the
 [[access]] rules apply; the SDK's context streams carry it to the handlers. A legacy session
 is bound to the token that opened it (another token gets 404 for that session id).
 
@@ -36,12 +38,13 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from toolatlas.config import HttpSection, HttpToken, listen_address
 from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
 from toolatlas.gateway.ports import Connection
+from toolatlas.surface.rpccheck import Refusal, screen
 from toolatlas.surface.server import CONNECTION, Connections
 
 if TYPE_CHECKING:
@@ -99,6 +102,16 @@ def _matches(value: str, allowed: Sequence[str]) -> bool:
         if pattern.endswith(":*") and value.startswith(pattern[:-1]) and value[len(pattern) - 1 :].isdigit():
             return True
     return False
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A `receive` that hands out `messages` first, then reads on."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replay
 
 
 def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -231,6 +244,11 @@ class HttpEndpoint:
         assert name is not None and self._manager is not None
         # Binds a legacy session to the token that opened it (the SDK compares principals).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-token:{name}", scopes=[]))
+        if scope.get("method") == "POST":
+            refusal, receive = await self._screen(scope, receive)
+            if refusal is not None:
+                await JSONResponse(refusal.payload(), status_code=400)(scope, receive, send)
+                return
         conn = Connection(id=next(_ids), token=name)
         ctx_token = CONNECTION.set(conn)
         self.connections.add(conn)
@@ -239,6 +257,26 @@ class HttpEndpoint:
         finally:
             self.connections.discard(conn)
             CONNECTION.reset(ctx_token)
+
+    async def _screen(self, scope: Scope, receive: Receive) -> tuple[Refusal | None, Receive]:
+        """Read a JSON POST body (up to the limit) and screen it as the socket screens a line
+        (surface.rpccheck); the SDK then gets the same body, replayed. A body over the limit
+        is left to the SDK, which answers 413."""
+        headers = dict(scope.get("headers", []))
+        if not headers.get(b"content-type", b"").lower().startswith(b"application/json"):
+            return None, receive
+        body, more, size = [], True, 0
+        while more and size <= self.max_message_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None, _replay([{"type": "http.request", "body": b"".join(body), "more_body": True}, message],
+                                     receive)
+            body.append(message.get("body", b""))
+            size += len(body[-1])
+            more = message.get("more_body", False)
+        data = b"".join(body)
+        refusal = screen(data)[1] if not more and size <= self.max_message_bytes else None
+        return refusal, _replay([{"type": "http.request", "body": data, "more_body": more}], receive)
 
     def _admit(self, scope: Scope) -> tuple[Response | None, str | None]:
         path = scope.get("path", "")

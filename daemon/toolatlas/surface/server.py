@@ -29,11 +29,11 @@ from mcp.shared.exceptions import MCPError
 from toolatlas import __version__
 from toolatlas.errors import BadInput, ToolatlasError
 from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, GatewayPort
+from toolatlas.surface.rpccheck import INTERNAL_ERROR
 from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
 
 log = logging.getLogger(__name__)
 
-INVALID_PARAMS = -32602
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 _encode = msgspec.json.Encoder().encode  # several times faster than json.dumps on a result
 
@@ -228,6 +228,14 @@ class _Server(Server[Any]):
         pass  # computed per caller; the SDK's constructor assigns None
 
 
+def internal_error(method: str) -> MCPError:
+    """The JSON-RPC error for a handler that failed unexpectedly (logged here, with the
+    traceback); the client sees no Python text."""
+    log.exception("%s failed", method)
+    return MCPError(INTERNAL_ERROR, f"internal error: the gateway failed on this {method}; the daemon's log has the "
+                    "details")
+
+
 def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
     """The MCP server every connection (socket, shim, HTTP) is served by."""
 
@@ -271,6 +279,10 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
             return call_result(await gw.execute(call, conn))
         except ToolatlasError as exc:  # bad input, an upstream down or slow: a result a model reads
             return error_result(str(exc))
+        except MCPError:
+            raise
+        except Exception as exc:  # a bug: the SDK would answer code 0 with the exception's text
+            raise internal_error("tools/call") from exc
 
     server: Server[Any] = _Server(
         gw,

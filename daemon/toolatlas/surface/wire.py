@@ -1,47 +1,37 @@
 """Newline-delimited JSON-RPC over any anyio byte stream, as MCP read/write streams.
 
 The SDK's stdio transport silently drops lines it cannot parse; a gateway must answer them.
-Here a malformed line gets a JSON-RPC parse error (-32700), valid JSON that is not a
-JSON-RPC message gets invalid request (-32600), and a line over `max_bytes` is discarded up
-to its newline and answered with -32600 naming the limit. None of them ends the connection.
+Every line is screened by surface.rpccheck: a malformed one gets the JSON-RPC error it
+earns (-32700, -32600 or -32602, saying what to send instead), and a line over `max_bytes`
+is discarded up to its newline and answered with -32600 naming the limit, with the id read
+off its start. None of them ends the connection; an empty line is skipped.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import anyio.abc
-import mcp_types as types
 import msgspec
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
 from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.meta_tools import TOOL_SEARCH
+from toolatlas.surface.rpccheck import INTERNAL_ERROR, INVALID_REQUEST, Refusal, screen
 
 log = logging.getLogger(__name__)
 
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-INTERNAL_ERROR = -32603
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 _CHUNK = 65536
 _FAST_TOOL = f'"{TOOL_SEARCH}"'.encode()  # the only tool the fast lane serves
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
-
-
-def _error_line(code: int, message: str, id_: Any = None) -> bytes:
-    return (
-        json.dumps({"jsonrpc": "2.0", "id": id_, "error": {"code": code, "message": message}}).encode()
-        + b"\n"
-    )
 
 
 @asynccontextmanager
@@ -81,18 +71,19 @@ async def ndjson_streams(
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
 
-    async def bad(code: int, message: str, id_: Any = None) -> None:
+    async def bad(refusal: Refusal) -> None:
         if on_bad_message is not None:
-            on_bad_message(message)
-        log.debug("bad client message: %s", message)
-        await send_if_open(_error_line(code, message, id_))
+            on_bad_message(refusal.message)
+        log.debug("bad client message: %s", refusal.message)
+        await send_if_open(refusal.line())
 
     async def finish(id_: Any, pending: Awaitable[dict[str, Any]]) -> None:
         try:
             reply = await pending
         except Exception:  # as the SDK answers a handler that raised
             log.exception("fast lane request %r failed", id_)
-            await send_if_open(_error_line(INTERNAL_ERROR, "internal error", id_))
+            await send_if_open(Refusal(INTERNAL_ERROR, "internal error: the search failed; the daemon's log has "
+                                       "the details", id_).line())
             return
         await send_if_open(_encode(reply) + b"\n")
 
@@ -115,22 +106,16 @@ async def ndjson_streams(
 
     async def handle_line(line: bytes | Oversized) -> None:
         if isinstance(line, Oversized):
-            await bad(INVALID_REQUEST, f"message exceeds the {max_bytes}-byte limit and was discarded")
+            await bad(Refusal(INVALID_REQUEST, f"message exceeds the {max_bytes}-byte limit and was discarded; "
+                              "send a smaller one", line.request_id))
             return
-        if not line.strip():
+        if line in (b"", b"\r"):
             return
         if fast_lane is not None and b'"tools/call"' in line and _FAST_TOOL in line and await fast(line):
             return
-        try:
-            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-        except Exception:
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                await bad(PARSE_ERROR, "parse error: the line is not valid JSON")
-                return
-            id_ = obj.get("id") if isinstance(obj, dict) and isinstance(obj.get("id"), (str, int)) else None
-            await bad(INVALID_REQUEST, "invalid request: not a JSON-RPC 2.0 message", id_)
+        message, refusal = screen(line)
+        if refusal is not None:
+            await bad(refusal)
             return
         await read_writer.send(SessionMessage(message))
 
@@ -148,8 +133,8 @@ async def ndjson_streams(
                             return
                     if waited.cancelled_caught:
                         log.info("closing a client connection: no complete message within %g s", message_timeout)
-                        await bad(INVALID_REQUEST, f"no complete message arrived within {message_timeout:g} s "
-                                                   "([daemon] message_timeout); closing the connection")
+                        await bad(Refusal(INVALID_REQUEST, f"no complete message arrived within {message_timeout:g} s "
+                                                           "([daemon] message_timeout); closing the connection"))
                         return
                     started = started or b"\n" in data
                     for line in splitter.feed(data):

@@ -1,0 +1,204 @@
+"""What is wrong with a client's JSON-RPC message, said so a model or a person can fix it.
+
+Both client surfaces screen every message here before the SDK sees it: the Unix socket
+(surface.wire, one line at a time) and the HTTP endpoint (surface.http, one POST body).
+`screen(data)` returns the SDK's message, or a `Refusal`: the JSON-RPC error to answer with.
+
+- -32700 parse error (id null): not JSON (NaN/Infinity literals, invalid UTF-8, only whitespace).
+- -32600 invalid request: a batch (a JSON array), not an object, an `id` that is not a
+  string or an integer (then id null: it cannot be echoed), `jsonrpc` not "2.0", no
+  string `method`, or nesting deeper than the SDK's parser takes (`MAX_DEPTH`; the id, when
+  the message is too deep to decode at all, is read off its start as for an oversized line).
+- -32602 invalid params: `params` not an object; a tools/call without a string `name`
+  or with `arguments` that are not an object.
+
+The SDK's parser would otherwise take a request with an object `id` for a notification (and
+never answer it), accept NaN, and on deep nesting answer with pydantic's text or, on the
+socket, fall into a recursion error that dropped the connection. A message that is fine
+costs the one parse it always cost, plus two substring scans.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, NamedTuple
+
+import mcp_types as types
+import msgspec
+
+from toolatlas.jsonlines import request_id_of
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+# pydantic-core's JSON parser, the SDK's, refuses a message that nests deeper than this.
+MAX_DEPTH = 200
+
+_decode = msgspec.json.Decoder().decode
+_BYTE_RE = re.compile(r"\(byte (\d+)\)")
+
+
+class Refusal(NamedTuple):
+    """The JSON-RPC error a refused message is answered with."""
+
+    code: int
+    message: str
+    id: str | int | None = None
+
+    def payload(self) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": self.id, "error": {"code": self.code, "message": self.message}}
+
+    def line(self) -> bytes:
+        return json.dumps(self.payload()).encode() + b"\n"
+
+
+def screen(data: bytes) -> tuple[types.JSONRPCMessage | None, Refusal | None]:
+    """(the message, None) when `data` is one the SDK may take, else (None, why not)."""
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(data, by_name=False)
+    except ValueError:  # pydantic's ValidationError: not JSON, not a message, too deep
+        return None, _refusal(data, parsed=False) or Refusal(
+            INVALID_REQUEST, 'invalid request: not a JSON-RPC 2.0 message (an object with "jsonrpc": "2.0", '
+            "a string `method` and an object `params`)")
+    # pydantic takes NaN, and an invalid `id` for a notification's ignored extra field
+    if (b"NaN" in data or b"Infinity" in data
+            or isinstance(message, types.JSONRPCNotification) and b'"id"' in data):
+        refused = _refusal(data, parsed=True)
+        if refused is not None:
+            return None, refused
+    if isinstance(message, types.JSONRPCRequest) and message.method == "tools/call":
+        refused = _call_params(message.params, message.id)
+        if refused is not None:
+            return None, refused
+    return message, None
+
+
+def _refusal(data: bytes, *, parsed: bool) -> Refusal | None:
+    """Why the SDK's parser refused `data` (`parsed`: why it should have)."""
+    obj, refused = _strict(data)
+    if refused is not None:
+        return refused
+    refused = _shape(obj)
+    if refused is not None or parsed:
+        return refused
+    if _deeper_than(obj, MAX_DEPTH):
+        return _too_deep(obj.get("id"))
+    return None
+
+
+def _too_deep(id_: Any) -> Refusal:
+    return Refusal(INVALID_REQUEST, f"invalid request: the message nests arrays and objects more than {MAX_DEPTH} "
+                   "levels deep; send flatter arguments", id_ if _valid_id(id_) else None)
+
+
+def _strict(data: bytes) -> tuple[Any, Refusal | None]:
+    """`data` decoded as strict JSON (no NaN or Infinity), or the parse error."""
+    if not data.strip():
+        return None, Refusal(PARSE_ERROR, "parse error: the message holds only whitespace; send one JSON-RPC 2.0 "
+                             "object")
+    try:
+        return _decode(data), None
+    except RecursionError:  # (it runs on the stack it is called on: well under 1000 levels)
+        return None, _too_deep(request_id_of(data[:512]))
+    except msgspec.ValidationError:  # a number beyond a double (1e400) is still JSON
+        pass
+    except msgspec.DecodeError as exc:
+        if "surrogate" not in str(exc):
+            return None, Refusal(PARSE_ERROR, _parse_message(data, str(exc)))
+        obj, refused = _lenient(data)  # a lone "\ud800" escape is JSON, but no Unicode the SDK takes
+        rid = obj.get("id") if isinstance(obj, dict) and _valid_id(obj.get("id")) else None
+        return None, refused or Refusal(INVALID_REQUEST, "invalid request: a string holds a lone UTF-16 surrogate "
+                                        "escape (\\ud800-\\udfff without its pair); send valid Unicode", rid)
+    return _lenient(data)
+
+
+def _lenient(data: bytes) -> tuple[Any, Refusal | None]:
+    """Python's parser: numbers beyond a double (1e400) and lone surrogates, no NaN."""
+    try:
+        return json.loads(data, parse_constant=_no_constant), None
+    except RecursionError:
+        return None, _too_deep(request_id_of(data[:512]))
+    except ValueError:
+        return None, Refusal(PARSE_ERROR, "parse error: the message is not valid JSON")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def _parse_message(data: bytes, reason: str) -> str:
+    if "UTF-8" in reason:
+        return "parse error: the message is not valid UTF-8; JSON text must be UTF-8"
+    m = _BYTE_RE.search(reason)
+    at = int(m.group(1)) if m else -1
+    if at >= 0 and (data.startswith((b"NaN", b"Infinity"), at) or data.startswith(b"-Infinity", max(at - 1, 0))):
+        return "parse error: NaN and Infinity are not JSON numbers; send a finite number, a string or null"
+    reason = reason.removeprefix("JSON is malformed: ")
+    return f"parse error: the message is not valid JSON ({reason}); send one JSON-RPC 2.0 object"
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, str) or isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shape(obj: Any) -> Refusal | None:
+    """What makes the decoded `obj` no JSON-RPC 2.0 message, or None."""
+    if isinstance(obj, list):
+        return Refusal(INVALID_REQUEST, "invalid request: batches (a JSON array of messages) are not supported; send "
+                       "each JSON-RPC message on its own")
+    if not isinstance(obj, dict):
+        return Refusal(INVALID_REQUEST, f"invalid request: a JSON-RPC message is a JSON object, not {_kind(obj)}")
+    if "id" in obj and not _valid_id(obj["id"]):
+        hint = "; leave `id` out for a notification" if obj["id"] is None else ""
+        return Refusal(INVALID_REQUEST, f"invalid request: `id` must be a string or an integer, not "
+                       f"{_kind(obj['id'])}{hint}")
+    rid = obj.get("id")
+    if obj.get("jsonrpc") != "2.0":
+        return Refusal(INVALID_REQUEST, 'invalid request: `jsonrpc` must be "2.0"', rid)
+    if "method" not in obj:
+        if "result" in obj or "error" in obj:
+            return None  # a response: the SDK matches it to its request
+        return Refusal(INVALID_REQUEST, "invalid request: a message needs a `method` (a request or a notification) "
+                       "or a `result` or `error` (a response)", rid)
+    if not isinstance(obj["method"], str):
+        return Refusal(INVALID_REQUEST, 'invalid request: `method` must be a string such as "tools/call"', rid)
+    params = obj.get("params")
+    if params is not None and not isinstance(params, dict):
+        return Refusal(INVALID_PARAMS, f"invalid params: `params` must be an object, not {_kind(params)}", rid)
+    return _call_params(params, rid) if obj["method"] == "tools/call" and "id" in obj else None
+
+
+def _call_params(params: dict[str, Any] | None, rid: Any) -> Refusal | None:
+    if params is None or not isinstance(params.get("name"), str):
+        return Refusal(INVALID_PARAMS, "invalid params: tools/call needs `name`, a tool name string (tool_search, "
+                       "execute_tool, catalog_status or a server__tool name)", rid)
+    args = params.get("arguments")
+    if args is not None and not isinstance(args, dict):
+        return Refusal(INVALID_PARAMS, "invalid params: tools/call `arguments` must be an object of named arguments, "
+                       f"not {_kind(args)}", rid)
+    return None
+
+
+def _deeper_than(obj: Any, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False

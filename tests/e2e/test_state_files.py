@@ -1,0 +1,35 @@
+"""Issue #15 item 11: a state file under state_dir that cannot be read (a directory where the
+file should be, or a FIFO, which would block a plain open() for good) is treated like a
+corrupt one: the daemon starts, logs it, rebuilds, and serves. Tests run as root, so an
+unreadable file is emulated by what root cannot read either: a directory or a FIFO."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.files import UNREADABLE, plant_unreadable
+from toolatlas.catalog.cards import card_path
+from toolatlas.catalog.cards_cli import keygen_main
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_an_unreadable_snapshot_and_card_are_logged_and_the_daemon_serves(tmp_path: Path, kind: str) -> None:
+    snapshot = tmp_path / "state" / "index" / "retrieval" / "snapshot-none.bin"
+    plant_unreadable(snapshot, kind)
+    plant_unreadable(card_path(tmp_path / "state", "alpha"), kind)
+    key = tmp_path / "op.key"
+    assert keygen_main(["--out", str(key)]) == 0
+    with Daemon(tmp_path, stdio_testserver("alpha"), daemon_extra=f'\n[cards]\npublic_key = "{key}.pub"\n') as d:
+        # the index is rebuilt from the live catalog
+        assert "alpha__echo" in d.wait_for(lambda: d.search("echo a message back"), 30, "a search finds alpha")
+        log = d.log.read_text()
+        assert "retrieval.snapshot_corrupt" in log and str(snapshot) in log and "not a regular file" in log, log[-3000:]
+        # the card is refused, and (cards not required) the server's tools are served all the same
+        status = d.wait_for(lambda: (s := d.status()) and "alpha" in s["cards"]["servers"] and s, 30, "alpha attested")
+        verdict = status["cards"]["servers"]["alpha"]["card"]
+        assert verdict.startswith("refused: ") and "not a regular file" in verdict, verdict
+    assert "Traceback" not in d.log.read_text()
