@@ -78,6 +78,7 @@ def _search(user: pwd.struct_passwd, sock: str) -> list[str]:
     return [m["name"] for m in res["structuredContent"]["matches"]]
 
 
+@pytest.mark.hostile
 def test_two_users_see_different_tools_and_denied_calls_do_not_leak(users: dict[str, pwd.struct_passwd]) -> None:
     base = Path(tempfile.mkdtemp(prefix="toolatlas-access-"))
     os.chmod(base, 0o755)

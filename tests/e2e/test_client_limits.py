@@ -13,6 +13,9 @@ import pytest
 from tests.support.daemon import Daemon, stdio_testserver
 from tests.support.ports import free_port
 
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
+
 TIMEOUT_S = 2  # [daemon] message_timeout for this daemon
 
 

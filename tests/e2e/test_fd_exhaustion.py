@@ -3,12 +3,16 @@ and retried, the socket file stays, and the daemon serves again once descriptors
 
 from __future__ import annotations
 
+import pytest
 import os
 import socket
 import subprocess
 from pathlib import Path
 
 from tests.support.daemon import Daemon, stdio_testserver
+
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
 
 
 def test_accept_survives_fd_exhaustion(tmp_path: Path) -> None:

@@ -309,6 +309,7 @@ def test_random_meta_tool_calls(conns: dict[str, Conn], call: dict[str, Any]) ->
     c.sync()
 
 
+@pytest.mark.hostile
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_malformed_jsonrpc_gets_a_json_rpc_error_and_the_connection_goes_on(conns: dict[str, Conn], case: Case) -> None:
@@ -328,6 +329,7 @@ def test_malformed_jsonrpc_gets_a_json_rpc_error_and_the_connection_goes_on(conn
         check_answer(case, c.answer(start, case.id))
 
 
+@pytest.mark.hostile
 @pytest.mark.timeout(60)
 def test_an_oversized_line_is_answered_with_its_id(conns: dict[str, Conn]) -> None:
     """A 1 MB query is over this daemon's 64 KiB line limit: -32600 naming the limit, with the

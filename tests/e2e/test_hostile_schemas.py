@@ -15,6 +15,9 @@ import pytest
 from tests.support.daemon import Daemon, hostile_upstream
 from tests.support.listener import RecordingListener
 
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
+
 ARG = "a" * 34 + "!"  # `re` backtracks for minutes on ^(a+)+$ with this
 
 

@@ -14,6 +14,9 @@ import pytest
 from tests.support.daemon import Daemon, hostile_upstream
 from tests.support.servers.hostile import FAMILIES
 
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
+
 MANY = 3000
 DESCRIPTION_BOUND = 2000
 

@@ -304,6 +304,7 @@ _HTTP_CASES = [*CASES, Case("query of 1 MB", tool_call(22, "tool_search", {"quer
                             '"matches"')]
 
 
+@pytest.mark.hostile
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", _HTTP_CASES, ids=str)
 def test_malformed_jsonrpc_over_http_gets_a_json_rpc_error(gw: Daemon, session: dict[str, str], case: Case) -> None:

@@ -9,10 +9,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from tests.support.daemon import Daemon, stdio_testserver
 from tests.support.ports import free_port
 
 from toolatlas.surface.http import hash_token
+
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
 
 KEEP, DROP = "token-that-stays", "token-that-is-removed"
 

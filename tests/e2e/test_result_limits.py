@@ -15,6 +15,9 @@ from tests.support.daemon import Daemon, stdio_testserver, url_upstream
 from tests.support.results import text
 from tests.support.servers import RunningServer, start_server
 
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
+
 MiB = 1024 * 1024
 LIMIT = 8 * MiB
 LIMIT_KEY = f"max_result_bytes = {LIMIT}\n"

@@ -16,6 +16,9 @@ import pytest
 from tests.support.daemon import Daemon
 from tests.support.listener import RecordingListener
 
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
+
 LEAKY = Path(__file__).resolve().parents[1] / "support" / "servers" / "leaky.py"
 SECRETS = {
     "ENV_SECRET": "env-secret-71c3e9a0",

@@ -14,6 +14,9 @@ from tests.support.files import UNREADABLE, plant_unreadable
 from toolatlas.catalog.cards import card_path
 from toolatlas.catalog.cards_cli import keygen_main
 
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
+
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("kind", UNREADABLE)

@@ -120,6 +120,7 @@ def test_export_replaces_descriptions_with_card_text(tmp_path: Path) -> None:
     assert [json.loads(line)["description"] for line in out.read_text().splitlines()] == [r["description"] for r in ROWS]
 
 
+@pytest.mark.hostile
 def test_card_file_never_carries_an_expanded_secret(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

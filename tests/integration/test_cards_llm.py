@@ -159,6 +159,7 @@ def test_llm_from_config_reads_key_from_env(server: FakeOpenAI, monkeypatch: pyt
     assert server.headers[-1]["Authorization"] == "Bearer sk-env"
 
 
+@pytest.mark.hostile
 def test_llm_answer_that_repeats_injected_text_is_refused_and_retried(server: FakeOpenAI) -> None:
     """#15 item 13: a model that copies the publisher's "Ignore previous instructions" (or any
     order to the model) into a summary is told so and asked again; no card carries it."""

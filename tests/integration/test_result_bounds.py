@@ -18,6 +18,9 @@ from tests.support.configs import make_upstream
 from toolatlas.config import HttpUpstream
 from toolatlas.upstream.bounded import limit_hook
 
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
+
 LIMIT = 1024 * 1024
 
 

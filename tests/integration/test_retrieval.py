@@ -451,6 +451,7 @@ def test_corrupt_embedding_cache_is_detected_and_rebuilt(mcp_docs: list[ToolDoc]
     assert third.stats()["embeddings_computed"] == 0 and third.stats()["cache_corrupt"] == 0
 
 
+@pytest.mark.hostile
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", UNREADABLE)
 def test_an_unreadable_embedding_cache_and_dense_index_are_rebuilt(

@@ -413,6 +413,7 @@ async def test_dropped_network_upstream_degrades_and_keeps_retrying(
             assert other is not None and other.state is READY and other.reconnects == 0
 
 
+@pytest.mark.hostile
 async def test_stdout_garbage_is_logged_a_bounded_number_of_times(caplog: pytest.LogCaptureFixture) -> None:
     """10,000 lines that are not JSON-RPC: the first few are logged, the rest counted in a
     summary (this flooded the log with one warning per line, ~288 KiB/s)."""

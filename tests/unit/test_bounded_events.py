@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import pytest
 from toolatlas.jsonlines import Oversized
 from toolatlas.upstream.bounded import BoundedEvents
+
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
 
 
 def test_events_split_across_chunks_with_any_line_end() -> None:

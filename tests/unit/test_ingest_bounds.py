@@ -3,11 +3,15 @@ the upstream's bound when it becomes a ToolRecord, and the record says what was 
 
 from __future__ import annotations
 
+import pytest
 from typing import Any
 
 import mcp_types
 
 from toolatlas.upstream.listing import OPEN_SCHEMA, record_from_tool
+
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
 
 BIG_SCHEMA: dict[str, Any] = {"type": "object", "properties": {f"f{i:05d}": {"type": "string"} for i in range(2000)}}
 

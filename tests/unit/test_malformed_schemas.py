@@ -7,6 +7,9 @@ import pytest
 
 from toolatlas.retrieval.engine import Engine, ToolDoc
 
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
+
 MALFORMED = [
     {"type": "object", "properties": {"x": {"enum": 5}}},
     {"type": "object", "properties": {"x": {"enum": {"a": 1}}}},

@@ -6,9 +6,14 @@ from __future__ import annotations
 import io
 import logging
 
+import pytest
+
 from toolatlas.config import parse, secrets
 from toolatlas.events import Events
 from toolatlas.redact import RedactingFormatter, Redactor
+
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
 
 CONFIG = """
 [[upstream]]

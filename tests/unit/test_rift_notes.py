@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from toolatlas.gateway.search import add_rift_notes
 from toolatlas.rift.report import Cluster, RiftReport, ToolDiag
+
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
 
 
 def _report() -> RiftReport:

@@ -3,7 +3,11 @@ the right names from a 20,000-tool catalog, and a bounded candidate pool per loo
 
 from __future__ import annotations
 
+import pytest
 from toolatlas.gateway.suggest import POOL, NameIndex, suggest
+
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
 
 FAMILIES = ("fetch", "store", "parse", "render", "sync", "audit", "index", "notify")
 NAMES = [f"bulk__many_{i:05d}_{FAMILIES[i % len(FAMILIES)]}_record" for i in range(20_000)]

@@ -112,6 +112,7 @@ async def test_http_404_on_a_session_id_flags_the_session_expired() -> None:
     assert seen == [True]
 
 
+@pytest.mark.hostile
 async def test_a_401_is_said_to_be_an_authentication_failure_naming_the_header_not_its_value() -> None:
     up = HttpUpstream(name="web", url="http://op:pw-secret@127.0.0.1:9/mcp?key=k",
                       headers={"Authorization": "Bearer tok-secret-123", "X-Team": "blue"})

@@ -16,6 +16,9 @@ from tests.support.listener import RecordingListener
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.validate import ArgumentValidator
 
+# Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
+
 
 def _rec(schema: dict[str, Any], tool: str = "t") -> ToolRecord:
     return ToolRecord.make("hostile", tool, "a tool", schema)

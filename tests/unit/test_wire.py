@@ -13,6 +13,7 @@ def test_top_k_is_clamped(given: object, want: int) -> None:
     assert clamp_top_k(given) == want
 
 
+@pytest.mark.hostile
 @pytest.mark.parametrize("bad", ["5", 2.5, True, [1], float("inf"), float("-inf"), float("nan")])
 def test_top_k_rejects_non_integers(bad: object) -> None:
     with pytest.raises(BadInput, match="top_k must be an integer"):
