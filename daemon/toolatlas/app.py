@@ -54,6 +54,7 @@ class Daemon:
             max_clients=cfg.daemon.max_clients,
             max_clients_per_uid=cfg.daemon.max_clients_per_uid,
             message_timeout=cfg.daemon.message_timeout,
+            idle_timeout=cfg.daemon.idle_timeout,
             listen_socket=listen_socket,
             on_bad_message=lambda _msg: self.gateway.bad_message(),
             fast_lane=self.surface.lane,
@@ -104,7 +105,8 @@ class Daemon:
         d = new.daemon
         self.unix.reconfigure(mode=int(d.socket_mode, 8), owner=d.socket_owner, group=d.socket_group,
                               max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
-                              max_clients_per_uid=d.max_clients_per_uid, message_timeout=d.message_timeout)
+                              max_clients_per_uid=d.max_clients_per_uid, message_timeout=d.message_timeout,
+                              idle_timeout=d.idle_timeout)
         if self.http is not None:
             self.http.reconfigure(new.http, max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
                                   message_timeout=d.message_timeout)

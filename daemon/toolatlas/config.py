@@ -98,6 +98,9 @@ class DaemonSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     max_clients: Annotated[int, msgspec.Meta(ge=1)] = 1024
     max_clients_per_uid: Annotated[int, msgspec.Meta(ge=1)] = 256
     message_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # Seconds a socket connection may go with no traffic either way before it is closed; 0:
+    # never (MCP clients hold sessions open for days; set it above the longest tool call).
+    idle_timeout: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # What a client that matches no [[access]] rule may use: "allow" (every upstream; the
     # single-user default) or "deny" (nothing).

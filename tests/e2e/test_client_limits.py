@@ -1,10 +1,11 @@
-"""Connection caps and message timeouts (#15 item 4): a local user cannot hold the daemon's
+"""Connection caps, message and idle timeouts (#15 item 4): a local user cannot hold the daemon's
 connections, and a stalled or slowloris peer on the socket or the HTTP endpoint is closed.
 One daemon; every wait polls with a deadline (no timing is asserted)."""
 
 from __future__ import annotations
 
 import json
+import signal
 import socket
 from pathlib import Path
 
@@ -76,3 +77,16 @@ def test_caps_per_uid_and_timeouts_for_stalled_peers(tmp_path: Path) -> None:
             tcp.close()
         assert d.status()["servers"][0]["state"] == "ready"  # and the daemon goes on
         assert "no complete request headers" in d.log.read_text()
+
+        # idle_timeout (off by default) comes with a reload: a session quiet that long is closed.
+        assert "idle_timeout" not in d.config.read_text()
+        d.config.write_text(d.config.read_text().replace("message_timeout", f"idle_timeout = {TIMEOUT_S}\nmessage_timeout"))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        d.wait_for(lambda: "config_reloaded" in d.log.read_text(), 30, "reload applied")
+        quiet = _unix(d.socket)
+        quiet.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode() + b"\n")
+        reply, rest = _read_to_eof(quiet).split(b"\n", 1)
+        assert json.loads(reply)["id"] == 1  # answered, then closed once idle
+        err = _error(rest)
+        assert err["code"] == -32600 and "idle_timeout" in err["message"], err
+        quiet.close()

@@ -90,6 +90,7 @@ class UnixServer:
         max_clients: int = 1024,
         max_clients_per_uid: int = 256,
         message_timeout: float | None = 30.0,
+        idle_timeout: float = 0.0,
         on_bad_message: Any = None,
         fast_lane: Any = None,
         listen_socket: socket.socket | None = None,
@@ -104,6 +105,7 @@ class UnixServer:
         self.max_clients = max_clients
         self.max_clients_per_uid = max_clients_per_uid
         self.message_timeout = message_timeout
+        self.idle_timeout = idle_timeout
         self.on_bad_message = on_bad_message
         self.fast_lane = fast_lane  # see surface.server.fast_lane
         # A listening socket handed over by systemd socket activation (it owns the file).
@@ -176,7 +178,7 @@ class UnixServer:
 
     def reconfigure(
         self, *, mode: int, owner: str | None, group: str | None, max_message_bytes: int,
-        max_clients: int, max_clients_per_uid: int, message_timeout: float | None,
+        max_clients: int, max_clients_per_uid: int, message_timeout: float | None, idle_timeout: float = 0.0,
     ) -> None:
         """Apply reloaded socket settings: the file's mode and ownership at once (a tightened
         mode shuts out new peers that it no longer admits); the line limit, the connection
@@ -184,7 +186,7 @@ class UnixServer:
         self.mode, self.owner, self.group = mode, owner, group
         self.max_message_bytes = max_message_bytes
         self.max_clients, self.max_clients_per_uid = max_clients, max_clients_per_uid
-        self.message_timeout = message_timeout
+        self.message_timeout, self.idle_timeout = message_timeout, idle_timeout
         if self.listen_socket is None and self._listener is not None:
             self._apply_permissions()
 
@@ -217,6 +219,7 @@ class UnixServer:
             async with stream, ndjson_streams(
                 stream, max_bytes=self.max_message_bytes, on_bad_message=self.on_bad_message,
                 fast_lane=self.fast_lane, message_timeout=self.message_timeout,
+                idle_timeout=self.idle_timeout,
             ) as (read, write):
                 # Options per connection: a reload may have changed the instructions.
                 await self.server.run(read, write, init_options(self.server))

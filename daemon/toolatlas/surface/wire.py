@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -42,6 +43,7 @@ async def ndjson_streams(
     on_bad_message: Callable[[str], None] | None = None,
     fast_lane: Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]] | None] | None = None,
     message_timeout: float | None = None,
+    idle_timeout: float = 0.0,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Yield `(read_stream, write_stream)` carrying MCP messages over `stream`.
 
@@ -52,7 +54,8 @@ async def ndjson_streams(
 
     With `message_timeout`, the first message and every message once started must arrive
     within that many seconds, or the peer is told so and the read side ends (a stalled or
-    slowloris peer holds no connection). The read side also ends when the peer closes; the write side closes the byte stream's
+    slowloris peer holds no connection); with `idle_timeout`, a connection with no traffic either
+    way for that long is told so and closed. The read side also ends when the peer closes; the write side closes the byte stream's
     sending half when the caller closes it. Contextvars set by the caller before entering
     travel with every inbound message to the handlers (the SDK's context streams).
     """
@@ -60,9 +63,13 @@ async def ndjson_streams(
     write_stream, write_reader = create_context_streams[SessionMessage](0)
     send_lock = anyio.Lock()
 
+    last_traffic = time.monotonic()
+
     async def send_raw(data: bytes) -> None:
+        nonlocal last_traffic
         async with send_lock:
             await stream.send(data)
+        last_traffic = time.monotonic()
 
     async def send_if_open(data: bytes) -> None:
         """A reply to a peer that has gone is dropped."""
@@ -120,22 +127,33 @@ async def ndjson_streams(
         await read_writer.send(SessionMessage(message))
 
     async def reader() -> None:
+        nonlocal last_traffic
         splitter = BoundedLines(max_bytes)
         started = False  # a first complete line has arrived
         try:
             async with read_writer:
                 while True:
                     bounded = message_timeout is not None and (splitter.pending or not started)
-                    with anyio.move_on_after(message_timeout if bounded else math.inf) as waited:
+                    wait = message_timeout if bounded else (
+                        max(0.0, last_traffic + idle_timeout - time.monotonic()) if idle_timeout else math.inf)
+                    with anyio.move_on_after(wait) as waited:
                         try:
                             data = await stream.receive(_CHUNK)
                         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                             return
                     if waited.cancelled_caught:
-                        log.info("closing a client connection: no complete message within %g s", message_timeout)
-                        await bad(Refusal(INVALID_REQUEST, f"no complete message arrived within {message_timeout:g} s "
-                                                           "([daemon] message_timeout); closing the connection"))
+                        if bounded:
+                            log.info("closing a client connection: no complete message within %g s", message_timeout)
+                            await bad(Refusal(INVALID_REQUEST, f"no complete message arrived within "
+                                              f"{message_timeout:g} s ([daemon] message_timeout); closing the connection"))
+                            return
+                        if time.monotonic() - last_traffic < idle_timeout:
+                            continue  # a reply went out meanwhile: the connection is not idle
+                        log.info("closing a client connection idle for %g s ([daemon] idle_timeout)", idle_timeout)
+                        await bad(Refusal(INVALID_REQUEST, f"the connection was idle for {idle_timeout:g} s "
+                                          "([daemon] idle_timeout) and is closed; connect again to go on"))
                         return
+                    last_traffic = time.monotonic()
                     started = started or b"\n" in data
                     for line in splitter.feed(data):
                         await handle_line(line)
