@@ -21,7 +21,7 @@ from toolatlas.rift.runner import RiftRunner
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
 
-# Tools listed per server under `problems` (what ingest cut); the rest are only counted.
+# Tools listed per server under `problems` (what ingest cut or repaired); the rest are only counted.
 PROBLEMS_SHOWN = 50
 
 
