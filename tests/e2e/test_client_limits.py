@@ -55,6 +55,12 @@ def test_caps_per_uid_and_timeouts_for_stalled_peers(tmp_path: Path) -> None:
             err = _error(_read_to_eof(refused))
             assert err["code"] == -32000 and "max_clients_per_uid" in err["message"], err
             refused.close()
+            for _ in range(20):  # a peer hammering the full share: refused each time, logged once
+                again = _unix(d.socket)
+                assert _error(_read_to_eof(again))["code"] == -32000
+                again.close()
+            refusal_lines = [ln for ln in d.log.read_text().splitlines() if "client connection(s)" in ln]
+            assert len(refusal_lines) <= 2, refusal_lines
             assert held[0].call_tool("catalog_status", {})["structuredContent"]["servers"][0]["name"] == "one"
         finally:
             for c in held:

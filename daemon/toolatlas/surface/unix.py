@@ -8,12 +8,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
-import json
 import logging
 import os
 import socket
 import stat
 import struct
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import msgspec
 
 from toolatlas.errors import ConfigError
 from toolatlas.gateway.ports import Connection
 from toolatlas.backoff import backoff_delay
 from toolatlas.surface.server import CONNECTION, Connections, init_options
+from toolatlas.surface.rpccheck import Refusal
 from toolatlas.surface.wire import ndjson_streams
 
 if TYPE_CHECKING:
@@ -36,6 +38,9 @@ log = logging.getLogger(__name__)
 # A failed accept() (EMFILE, ENFILE, ENOBUFS) is retried after a backoff between these.
 ACCEPT_RETRY_BASE_S = 0.05
 ACCEPT_RETRY_CAP_S = 2.0
+# Seconds between log lines about refused connections (a cap reached).
+REFUSAL_LOG_INTERVAL = 10.0
+_encode = msgspec.json.Encoder().encode
 
 _ids = itertools.count(1)
 
@@ -114,6 +119,8 @@ class UnixServer:
         self.connections = connections if connections is not None else Connections()
         self._listener: anyio.abc.Listener[Any] | None = None
         self._stopping = False
+        self._refused = 0  # connections refused since the last log line about them
+        self._refusal_logged_at = -REFUSAL_LOG_INTERVAL
 
     def __repr__(self) -> str:
         return f"<UnixServer {self.path} connections={len(self.connections)}>"
@@ -206,11 +213,11 @@ class UnixServer:
             conn.pid, conn.uid, conn.gid = creds
         refusal = self._over_cap(conn)
         if refusal is not None:
-            log.warning("refused a client connection (pid %s, uid %s): %s", conn.pid, conn.uid, refusal)
+            self._log_refusal(conn, refusal)
             with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 async with stream:
                     with anyio.move_on_after(1):
-                        await stream.send(_refusal_line(refusal))
+                        await stream.send(_encode(Refusal(-32000, refusal).payload()) + b"\n")
             return
         self.connections.add(conn)
         token = CONNECTION.set(conn)
@@ -230,6 +237,16 @@ class UnixServer:
             self.connections.discard(conn)
             log.debug("client disconnected: %d", conn.id)
 
+    def _log_refusal(self, conn: Connection, reason: str) -> None:
+        """A warning for the first refusal, then one count every REFUSAL_LOG_INTERVAL seconds:
+        a peer hammering a full socket must not flood the log."""
+        self._refused += 1
+        now = time.monotonic()
+        if now < self._refusal_logged_at + REFUSAL_LOG_INTERVAL:
+            return
+        log.warning("refused %d client connection(s) since the last report; the latest (pid %s, uid %s): %s",
+                    self._refused, conn.pid, conn.uid, reason)
+        self._refused, self._refusal_logged_at = 0, now
 
     def _over_cap(self, conn: Connection) -> str | None:
         """Why `conn` may not be served (a connection cap reached), else None."""
@@ -240,10 +257,6 @@ class UnixServer:
             return (f"uid {conn.uid} already has {self.max_clients_per_uid} connections open "
                     "([daemon] max_clients_per_uid); close one and retry")
         return None
-
-
-def _refusal_line(reason: str) -> bytes:
-    return json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": reason}}).encode() + b"\n"
 
 
 @asynccontextmanager
