@@ -71,10 +71,11 @@ class CallService:
         with a message a model can act on."""
         t0 = time.perf_counter()
         rec = self._catalog.view.by_name.get(call.name)
+        allowed = self._visibility.allowed_servers(conn)
         # A refused call is labelled "unknown": metrics must not confirm a server the caller may not use.
-        server = rec.server if rec is not None and rec.server in self._visibility.allowed_servers(conn) else "unknown"
+        server = rec.server if rec is not None and rec.server in allowed else "unknown"
         try:
-            outcome = await self._execute(call, conn)
+            outcome = await self._execute(call, conn, allowed)
         except ToolatlasError as exc:
             # Its message reaches the client: an upstream's reason may quote its stderr or URL.
             self._redact.exception(exc)
@@ -98,11 +99,11 @@ class CallService:
             self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name, upstream=upstream, outcome=outcome,
                               latency_ms=latency_ms)
 
-    async def _resolve(self, name: str, conn: Connection) -> ToolRecord:
-        """The record a caller may call by `name`, or BadInput / UpstreamUnavailable."""
+    async def _resolve(self, name: str, allowed: set[str]) -> ToolRecord:
+        """The record a caller who may use `allowed` may call by `name`, or BadInput /
+        UpstreamUnavailable."""
         view = self._catalog.view
         rec = view.by_name.get(name)
-        allowed = self._visibility.allowed_servers(conn)
         if rec is None or rec.server not in allowed:
             parsed = split(name)
             if parsed and parsed[0] in allowed:
@@ -116,10 +117,10 @@ class CallService:
             )
         return rec
 
-    async def _execute(self, call: CallRequest, conn: Connection) -> CallOutcome:
+    async def _execute(self, call: CallRequest, conn: Connection, allowed: set[str]) -> CallOutcome:
         if self.draining:
             raise UpstreamUnavailable("the gateway is shutting down; retry in a moment")
-        rec = await self._resolve(call.name, conn)
+        rec = await self._resolve(call.name, allowed)
         arguments = _arguments(call.arguments)
         problems = await self._validator.check_async(rec, arguments or {})
         if problems:

@@ -66,11 +66,11 @@ class StatusService:
         allowed = self._visibility.allowed_servers(conn)
         view = self._catalog.view
         # None: the caller sees every configured server, so the global figures are its own.
-        scope: Scope = None if allowed >= set(view.servers) | {st.name for st in self._pool.status()} \
-            else frozenset(allowed)
+        upstreams = self._pool.status()
+        scope: Scope = None if allowed >= set(view.servers) | {st.name for st in upstreams} else frozenset(allowed)
         self._tokens.ensure(tg, scope)
         servers = []
-        for st in self._pool.status():
+        for st in upstreams:
             if st.name not in allowed:
                 continue
             entry = view.server(st.name)

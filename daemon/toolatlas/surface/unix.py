@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
-import msgspec
 
 from toolatlas.errors import ConfigError
 from toolatlas.gateway.ports import Connection
@@ -40,7 +39,6 @@ ACCEPT_RETRY_BASE_S = 0.05
 ACCEPT_RETRY_CAP_S = 2.0
 # Seconds between log lines about refused connections (a cap reached).
 REFUSAL_LOG_INTERVAL = 10.0
-_encode = msgspec.json.Encoder().encode
 
 _ids = itertools.count(1)
 
@@ -217,7 +215,7 @@ class UnixServer:
             with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 async with stream:
                     with anyio.move_on_after(1):
-                        await stream.send(_encode(Refusal(-32000, refusal).payload()) + b"\n")
+                        await stream.send(Refusal(-32000, refusal).line())
             return
         self.connections.add(conn)
         token = CONNECTION.set(conn)
