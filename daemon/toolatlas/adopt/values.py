@@ -71,8 +71,11 @@ class Exports:
         self.needed.setdefault(var, why)
 
     def move(self, candidates: list[str], value: str, why: str) -> str:
-        """A variable to hold the literal `value`: the first candidate name that is free (or
-        holds this very value), else the last one with a numeric suffix."""
+        """A variable to hold the literal `value`: the name it already got, else the first
+        candidate name that is free, else the last one with a numeric suffix."""
+        for name, moved in self._moved.items():
+            if moved == value:  # one value, one name, wherever it appeared
+                return name
         names = [var_name(c) for c in candidates if c]
         for name in names + [f"{names[-1]}_{i}" for i in range(2, 1000)]:
             if self._moved.get(name, value if name not in self.needed else None) == value:
