@@ -131,10 +131,10 @@ def _check_model(cfg: Config | None, state_dir: str) -> Check:
     if export_complete(folder):
         return Check(OK, "model", f"ONNX export present at {folder}")
     return Check(WARN, "model", f"no ONNX export at {folder} yet: the daemon's first start makes it "
-                 "(about 30-50 s on 2 cores; search is lexical until then)")
+                 "(about 30-50 s on 2 cores)")
 
 
-def _check_daemon(socket: str) -> tuple[Check, dict[str, Any] | None]:
+def _check_daemon(socket: str, config: str | None) -> tuple[Check, dict[str, Any] | None]:
     import json
 
     from toolatlas.surface.rawclient import RawClient, RpcError
@@ -143,8 +143,10 @@ def _check_daemon(socket: str) -> tuple[Check, dict[str, Any] | None]:
         with RawClient(socket, timeout=15) as client:
             result = client.call_tool("catalog_status", {})
     except (ConnectionError, OSError, RpcError, ValueError) as exc:
-        return Check(FAIL, "daemon", f"no answer at {socket}: {exc}. Start it with "
-                     "`toolatlas serve --config PATH` (or check --socket / [daemon] socket)"), None
+        cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+        reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)
+        return Check(FAIL, "daemon", f"no answer at {socket} ({reason}); start it with "
+                     f"`toolatlas serve --config {config or 'PATH'}`, or check [daemon] socket"), None
     if result.get("isError"):
         text = " ".join(c.get("text", "") for c in result.get("content", []))
         return Check(FAIL, "daemon", f"catalog_status failed at {socket}: {text}"), None
@@ -196,7 +198,7 @@ def run_checks(config_flag: str | None) -> list[Check]:
         state_dir = default_state_dir()
     checks.append(_check_state_dir(state_dir))
     checks.append(_check_model(cfg, state_dir))
-    daemon, status = _check_daemon(socket)
+    daemon, status = _check_daemon(socket, path)
     checks.append(daemon)
     if status is not None:
         checks += _check_status(status)
