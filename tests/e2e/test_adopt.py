@@ -182,24 +182,45 @@ def test_dry_run_prints_both_files_and_writes_nothing(tmp_path: Path) -> None:
     assert client.read_bytes() == before and sorted(p.name for p in tmp_path.rglob("*")) == listing
 
 
-def test_rewrite_goes_through_a_symlink_and_refuses_to_clobber_a_config(tmp_path: Path) -> None:
+def test_rewrite_goes_through_a_symlink(tmp_path: Path) -> None:
     dotfiles = _write(tmp_path, "dotfiles/mcp.json", {"mcpServers": {"tests": _tests_entry()}})
     link = tmp_path / "home" / ".cursor" / "mcp.json"
     link.parent.mkdir(parents=True)
     link.symlink_to(dotfiles)
     before = dotfiles.read_bytes()
-    out = tmp_path / "c.toml"
-    out.write_text("# mine\n")
-    refused = _run("adopt", str(link), "--rewrite-client", "--out", str(out))
-    assert refused.returncode == 1 and "exists; pass --force" in refused.stderr
-    assert out.read_text() == "# mine\n" and dotfiles.read_bytes() == before
-
-    r = _run("adopt", str(link), "--rewrite-client", "--out", str(out), "--force")
+    r = _run("adopt", str(link), "--rewrite-client", "--out", str(tmp_path / "c.toml"))
     assert r.returncode == 0, r.stderr
     assert link.is_symlink() and "toolatlas" in json.loads(dotfiles.read_text())["mcpServers"]
     backup = next(dotfiles.parent.glob("mcp.json.toolatlas-backup-*"))
     assert _run("adopt", "--undo", str(backup)).returncode == 0
     assert dotfiles.read_bytes() == before and link.is_symlink()
+
+
+def test_a_second_client_is_added_to_the_same_config(tmp_path: Path) -> None:
+    import tomllib
+
+    out = tmp_path / "c.toml"
+    desktop = _write(tmp_path, "claude_desktop_config.json", {"mcpServers": {
+        "tests": _tests_entry(), "a": {"command": sys.executable, "args": ["-V"]}}})
+    assert _run("adopt", str(desktop), "--out", str(out)).returncode == 0
+    first = out.read_bytes()
+    cursor = _write(tmp_path, ".cursor/mcp.json", {"mcpServers": {
+        "tests": _tests_entry(), "b": {"command": sys.executable, "args": ["-VV"]},
+        "a": {"command": sys.executable, "args": ["-c", "pass"]}}})
+    r = _run("adopt", str(cursor), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    merged = out.read_bytes()
+    assert merged.startswith(first)  # what was there is kept byte for byte
+    assert [u["name"] for u in tomllib.loads(merged.decode())["upstream"]] == ["tests", "a", "b", "a-2"]
+    assert f"{out} already has this server as 'tests'" in r.stderr and "added 2 upstream(s)" in r.stderr
+    assert _run("check-config", str(out), env={"API_TOKEN": "x"}).returncode == 0
+
+    out.write_text("this is not TOML = = =\n")
+    refused = _run("adopt", str(cursor), "--out", str(out))
+    assert refused.returncode == 1 and "is not a toolatlas config" in refused.stderr and "--force" in refused.stderr
+    assert out.read_text() == "this is not TOML = = =\n"
+    assert _run("adopt", str(cursor), "--out", str(out), "--force").returncode == 0
+    assert [u["name"] for u in tomllib.loads(out.read_text())["upstream"]] == ["tests", "b", "a"]
 
 
 def test_a_file_with_nothing_to_adopt_writes_nothing(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from toolatlas.adopt.clients import AdoptError, ClientKind, read_client_file, strip_jsonc
 from toolatlas.adopt.convert import Adoption, adopt, upstream_name
-from toolatlas.adopt.render import render, toml_string
+from toolatlas.adopt.render import merge, render, toml_string
 from toolatlas.adopt.rewrite import original_of, rewritten, shim_command
 from toolatlas.config import parse
 
@@ -234,3 +234,18 @@ def test_backup_names_lead_back_to_the_original(tmp_path: Path) -> None:
     assert original_of(tmp_path / "x.json.toolatlas-backup-20261202T101500Z-2") == tmp_path / "x.json"
     with pytest.raises(AdoptError, match="not a backup made by"):
         original_of(tmp_path / "x.json.bak")
+
+
+def test_merge_appends_only_new_servers_to_an_existing_config(tmp_path: Path) -> None:
+    existing = ('[daemon]\nmetrics_addr = ""\n\n[[upstream]]\nname = "gh"\ntransport = "stdio"\ncommand = "docker"\n'
+                'args = ["run"]\nenv = { TOKEN = "${MY_OWN_TOKEN}" }\n')
+    a = _adopt(tmp_path, "claude_desktop_config.json", {"mcpServers": {
+        "github": {"command": "docker", "args": ["run"], "env": {"TOKEN": "${MY_OWN_TOKEN}"}},
+        "gh": {"command": "other"}}})
+    text, added, notes = merge(existing, a, "c.toml")
+    assert text.startswith(existing) and added == ["gh-2"]
+    assert notes == ["mcpServers.github: c.toml already has this server as 'gh'",
+                     "mcpServers.gh: upstream name 'gh-2' (c.toml has 'gh' already)"]
+    assert [u["name"] for u in tomllib.loads(text)["upstream"]] == ["gh", "gh-2"]
+    with pytest.raises(AdoptError, match="is not a toolatlas config"):
+        merge("= nonsense", a, "c.toml")

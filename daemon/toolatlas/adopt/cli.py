@@ -11,7 +11,7 @@ from pathlib import Path
 
 from toolatlas.adopt.clients import AdoptError, ClientKind, read_client_file
 from toolatlas.adopt.convert import Adoption, adopt
-from toolatlas.adopt.render import render
+from toolatlas.adopt.render import merge, render
 from toolatlas.adopt.rewrite import apply, rewritten, undo
 from toolatlas.paths import default_config_path, write_atomic
 
@@ -34,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="replace the adopted servers in the client file with one toolatlas shim entry "
                         "(a timestamped backup is kept beside it)")
     p.add_argument("--dry-run", action="store_true", help="print the config (and the rewritten client file); write nothing")
-    p.add_argument("--force", action="store_true", help="replace an existing --out file")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --out file (without it, the new servers are added to that config)")
     p.add_argument("--undo", metavar="BACKUP", help="restore a client file from the backup --rewrite-client made")
     return p
 
@@ -74,6 +75,20 @@ def _rewrite_notes(a: Adoption) -> None:
         _say("  note: servers of single projects now reach every project through the user-level toolatlas entry")
 
 
+def _merged(adoption: Adoption, out: Path) -> tuple[str, list[str]]:
+    """The existing config at `out` with the new servers added (see render.merge)."""
+    from toolatlas.paths import read_regular
+
+    try:
+        existing = read_regular(out).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AdoptError(f"cannot read the existing {out}: {exc}; pass --force to replace it") from exc
+    text, added, notes = merge(existing, adoption, str(out))
+    for note in notes:
+        _say(f"  note: {note}")
+    return text, added
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -105,7 +120,10 @@ def _adopt(args: argparse.Namespace) -> int:
         _say("toolatlas adopt: no server could be adopted; nothing written")
         return 1
     out = Path(args.out) if args.out else Path(default_config_path()) if args.rewrite_client else None
-    text = render(adoption)
+    if out is not None and out.resolve() == source.path.resolve():
+        raise AdoptError(f"--out {out} is the client file itself; choose another path")
+    merging = out is not None and out.exists() and not args.force
+    text, added = _merged(adoption, out) if merging and out else (render(adoption), [u.name for u in adoption.upstreams])
     client_bytes, entry = rewritten(adoption, out) if args.rewrite_client and out else (b"", "")
     if args.dry_run:
         print(f"==> {out or 'standard output'} (toolatlas config) <==\n{text}")
@@ -116,12 +134,9 @@ def _adopt(args: argparse.Namespace) -> int:
     if out is None:
         sys.stdout.write(text)
         return 0
-    if out.resolve() == source.path.resolve():
-        raise AdoptError(f"--out {out} is the client file itself; choose another path")
-    if out.exists() and not args.force:
-        raise AdoptError(f"{out} exists; pass --force to replace it, or choose another --out")
     write_atomic(out, text.encode())
-    _say(f"wrote {out}")
+    _say(f"added {len(added)} upstream(s) to {out}: {', '.join(added) or 'none (it has them all)'}" if merging
+         else f"wrote {out}")
     if args.rewrite_client:
         backup = apply(adoption, client_bytes)
         _rewrite_notes(adoption)

@@ -3,11 +3,14 @@ sees it."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import re
+import tomllib
+from typing import Any
 
 from toolatlas.adopt.clients import AdoptError
-from toolatlas.adopt.convert import Adopted, Adoption
+from toolatlas.adopt.convert import Adopted, Adoption, upstream_name
 from toolatlas.paths import default_socket_path, default_state_dir
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -79,6 +82,46 @@ def render(adoption: Adoption, *, today: _dt.date | None = None) -> str:
     return text
 
 
+def _same(have: dict[str, Any], up: Adopted) -> bool:
+    """Whether an [[upstream]] table of an existing config runs the same server as `up`."""
+    mine = {"transport": up.transport, "command": up.command, "args": list(up.args), "env": up.env,
+            "cwd": up.cwd, "url": up.url, "headers": up.headers}
+    defaults: dict[str, Any] = {"command": "", "args": [], "env": {}, "cwd": None, "url": "", "headers": {}}
+    return all(have.get(k, defaults.get(k)) == v for k, v in mine.items())
+
+
+def merge(existing: str, adoption: Adoption, where: str) -> tuple[str, list[str], list[str]]:
+    """`existing` (a toolatlas config's text, kept byte for byte) with the adopted upstreams
+    it does not have yet appended; a server it already runs is not added twice. Returns the
+    text, the names added, and notes (what was found there already, what was renamed)."""
+    try:
+        have = tomllib.loads(existing).get("upstream", [])
+    except tomllib.TOMLDecodeError as exc:
+        raise AdoptError(f"{where} exists and is not a toolatlas config ({exc}); pass --force to replace it") from exc
+    have = [h for h in have if isinstance(h, dict)]
+    taken = {str(h.get("name")) for h in have}
+    lines: list[str] = []
+    added: list[str] = []
+    notes: list[str] = []
+    for up in adoption.upstreams:
+        twin = next((h for h in have if _same(h, up)), None)
+        if twin is not None:
+            notes.append(f"{up.label}: {where} already has this server as {twin.get('name')!r}")
+            continue
+        name = upstream_name(up.name, taken)
+        if name != up.name:
+            notes.append(f"{up.label}: upstream name {name!r} ({where} has {up.name!r} already)")
+        taken.add(name)
+        added.append(name)
+        lines += ["", *_upstream(dataclasses.replace(up, name=name))]
+    text = existing if existing.endswith("\n") or not existing else existing + "\n"
+    if lines:
+        text += "\n".join([f"# added by `toolatlas adopt {adoption.source.path}` on {_dt.date.today().isoformat()}",
+                           *lines[1:]]).join(["\n", "\n"])
+    check(text, adoption)
+    return text, added, notes
+
+
 def check(text: str, adoption: Adoption) -> None:
     """Parse `text` as the daemon would (every variable it reads set to a stand-in), so a
     config `adopt` writes always passes `check-config` once its variables are exported."""
@@ -87,8 +130,10 @@ def check(text: str, adoption: Adoption) -> None:
     from toolatlas.config import parse
     from toolatlas.errors import ConfigError
 
-    # A URL may be a variable whole (VS Code `"url": "${input:url}"`): the stand-in is a URL.
-    env = {**os.environ, **{var: "http://stand-in.invalid/" for var in adoption.exports.needed}}
+    # Every variable the text reads (a merged config's own too) gets a stand-in; a URL may be a
+    # variable whole (VS Code `"url": "${input:url}"`), so the stand-in is a URL.
+    referenced = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", text)) | set(adoption.exports.needed)
+    env = {**os.environ, **{var: "http://stand-in.invalid/" for var in referenced if var != "HOME"}}
     try:
         parse(text, source="<adopted config>", env=env)
     except ConfigError as exc:
