@@ -104,7 +104,10 @@ def main(argv: list[str]) -> int:
         return _adopt(args)
     except AdoptError as exc:
         _say(f"toolatlas adopt: {exc}")
-        return EX_DATAERR if "cannot read" in str(exc) or "not valid JSON" in str(exc) else 1
+        return 1
+    except OSError as exc:  # writing --out (a missing or read-only folder)
+        _say(f"toolatlas adopt: cannot write {exc.filename or 'the config'}: {exc.strerror or exc}")
+        return 1
 
 
 def _adopt(args: argparse.Namespace) -> int:

@@ -68,7 +68,8 @@ class Exports:
     _moved: dict[str, str] = field(default_factory=dict, repr=False)
 
     def need(self, var: str, why: str) -> None:
-        self.needed.setdefault(var, why)
+        if var != "HOME":  # every login has it; naming it would only distract
+            self.needed.setdefault(var, why)
 
     def move(self, candidates: list[str], value: str, why: str) -> str:
         """A variable to hold the literal `value`: the name it already got, else the first
