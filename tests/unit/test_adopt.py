@@ -133,6 +133,18 @@ def test_literal_secrets_become_variables_and_never_reach_the_toml(tmp_path: Pat
                                      "REMOTE_API_KEY", "PROXY_SECRET"}
 
 
+def test_connection_strings_and_short_passwords_are_secrets_too(tmp_path: Path) -> None:
+    a = _adopt(tmp_path, ".mcp.json", {"mcpServers": {"db": {
+        "command": "pg-mcp", "args": ["--password=hunt", "--port", "5432"],
+        "env": {"DATABASE_URL": "postgresql://app:s3cr3t-pw@127.0.0.1:5432/app", "AUTH_URL": "https://auth.example/x",
+                "MODE": "ro"}}}})
+    up = a.upstreams[0]
+    assert up.env == {"DATABASE_URL": "postgresql://app:${DB_PASSWORD}@127.0.0.1:5432/app",
+                      "AUTH_URL": "https://auth.example/x", "MODE": "ro"}
+    assert up.args == ("--password=${DB_PASSWORD_2}", "--port", "5432")
+    assert "s3cr3t-pw" not in render(a) and "hunt" not in render(a)
+
+
 def test_two_different_secrets_under_one_key_get_two_names(tmp_path: Path) -> None:
     a = _adopt(tmp_path, "claude_desktop_config.json", {"mcpServers": {
         "one": {"command": "a", "env": {"API_KEY": "first-secret-value"}},

@@ -44,7 +44,7 @@ def secret_name(name: str) -> bool:
 
 def _plain(value: str) -> bool:
     v = value.strip()
-    return (len(v) < 6 or v.lower() in _PLAIN or v.isdigit() or v.startswith(("/", "~/", "./", "../", "$"))
+    return (len(v) < 3 or v.lower() in _PLAIN or v.isdigit() or v.startswith(("/", "~/", "./", "../", "$"))
             or "://" in v)
 
 
@@ -133,6 +133,8 @@ class Context:
 
     def secret_free(self, key: str, value: str, candidates: list[str], what: str) -> str:
         """`value` translated; a literal secret (see `secret_literal`) becomes `${VAR}`."""
+        if "://" in value and not _REF.search(value):  # a URL: its password and secret query values
+            return self.url(value)
         if _REF.search(value) or not secret_literal(key, value):
             return self.text(value)
         var = self.exports.move(candidates, value, f"the literal value of {what} in {self.label}")
