@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from toolatlas.meta_tools import MAX_TOP_K as TOP_K_MAX
 from toolatlas.paths import client_socket
 
 EX_CONFIG = 78
@@ -19,7 +20,20 @@ _DELEGATED = {
     "cards": ("toolatlas.catalog.cards_cli", "main"),
     "keygen": ("toolatlas.catalog.cards_cli", "keygen_main"),
     "rift": ("toolatlas.rift.cli", "main"),
+    "adopt": ("toolatlas.adopt.cli", "main"),
+    "doctor": ("toolatlas.doctor_cli", "main"),
 }
+
+
+def _top_k(text: str) -> int:
+    """--k as an int in 1..20; argparse turns the ValueError/ArgumentTypeError into a usage error."""
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {TOP_K_MAX}, got {text!r}") from None
+    if not 1 <= k <= TOP_K_MAX:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {TOP_K_MAX}, got {k}")
+    return k
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("search", help="one tool_search through the running daemon")
     s.add_argument("query")
-    s.add_argument("--k", type=int, default=5, help="results (1-20)")
+    s.add_argument("--k", type=_top_k, default=5, help=f"results (1-{TOP_K_MAX})")
     s.add_argument("--servers", help="comma-separated servers to search")
     client_opts(s)
 
@@ -191,6 +205,10 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"toolatlas: config error: {exc}", file=sys.stderr)
         return EX_CONFIG
     if args.cmd == "check-config":
+        from toolatlas.doctor import missing_commands
+
+        for problem in missing_commands(cfg):
+            print(f"toolatlas: warning: {problem} (the daemon will not be able to start it)", file=sys.stderr)
         print(f"{path}: OK ({len(cfg.upstream)} upstreams; socket {cfg.daemon.socket})")
         return 0
     from toolatlas.app import main_serve

@@ -11,6 +11,7 @@ import errno
 import os
 import re
 import stat
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
@@ -92,6 +93,48 @@ def default_state_dir() -> str:
         return "/var/lib/toolatlas"
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return os.path.join(base, "toolatlas")
+
+
+def default_config_path() -> str:
+    """Where `toolatlas adopt --rewrite-client` writes a config when no --out is given, and
+    where `toolatlas doctor` looks when neither --config nor $TOOLATLAS_CONFIG names one."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return os.path.join(base, "toolatlas", "config.toml")
+
+
+def write_atomic(path: str | os.PathLike[str], chunks: bytes | list[bytes], mode: int | None = None) -> None:
+    """Replace `path` with `chunks` at once: a temp file in the same folder, fsync, rename,
+    fsync of the folder. Readers see the old bytes or the new ones, never a mix. The file
+    gets `mode`, else the mode the file had, else 0666 less the umask."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        try:
+            mode = stat.S_IMODE(os.stat(p).st_mode)
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dfd = os.open(p.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def socket_path(configured: str, config_dir: str | os.PathLike[str]) -> str:

@@ -17,7 +17,6 @@ import hashlib
 import os
 import re
 import shlex
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import msgspec
 from toolatlas.catalog import signing
 from toolatlas.catalog.model import canonical_json
 from toolatlas.errors import SignatureError
+from toolatlas.paths import write_atomic
 
 CARD_FORMAT = 1
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -153,26 +153,7 @@ def read_card(path: str | os.PathLike[str]) -> Card:
 def write_card(path: str | os.PathLike[str], card: Card) -> Path:
     """Write atomically: temp file in the same folder, fsync, rename, fsync the folder."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(encode_card(card))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dfd = os.open(p.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(p, encode_card(card), 0o644)
     return p
 
 

@@ -20,7 +20,6 @@ onnxruntime. Every call here blocks: run it in a worker thread, never on the eve
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -37,7 +36,9 @@ import numpy as np
 
 from toolatlas import memory
 from toolatlas.errors import ToolatlasError
-from toolatlas.paths import read_regular
+from toolatlas.retrieval.model_files import EXPORT_DIRNAME as _EXPORT_DIRNAME
+from toolatlas.retrieval.model_files import export_complete as _export_complete
+from toolatlas.retrieval.model_files import models_dir
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,6 @@ QUERY_THREADS = 2  # intra-op threads for a query embedded while no other is (se
 LONE_WINDOW = 32  # ... and none of this many previous single queries overlapped another one
 _ONNX_FILES = {"int8": "model.int8.onnx", "fp32": "model.onnx"}
 _BATCH_ATTN_BUDGET = 4 * 128 * 128  # rows * width^2 per batch (token-pair budget)
-_EXPORT_DIRNAME = "minilm-l6-v2-onnx-v2"
 _EXPORT_TIMEOUT = 900.0
 
 
@@ -332,23 +332,6 @@ class TorchEmbedder:
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self.embed(texts)
-
-
-def models_dir(state_dir: Path | None) -> Path:
-    """Where exported models live: ``state_dir/models`` or the user cache dir."""
-    if state_dir is not None:
-        return Path(state_dir) / "models"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "toolatlas" / "models"
-
-
-def _export_complete(folder: Path) -> bool:
-    try:
-        manifest = json.loads(read_regular(folder / "manifest.json"))
-        files: dict[str, int] = manifest["files"]
-        return all((folder / name).stat().st_size == size for name, size in files.items())
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
 
 
 def ensure_onnx_export(state_dir: Path | None) -> Path:

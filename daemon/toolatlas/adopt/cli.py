@@ -1,0 +1,152 @@
+"""`toolatlas adopt PATH [--out FILE] [--rewrite-client] [--dry-run]` and
+`toolatlas adopt --undo BACKUP`. The TOML goes to --out (else standard output); everything
+said about it (what was adopted, renamed, left out and why, which variables to export) goes
+to standard error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from toolatlas.adopt.clients import AdoptError, ClientKind, read_client_file
+from toolatlas.adopt.convert import Adoption, adopt
+from toolatlas.adopt.render import merge, render
+from toolatlas.adopt.rewrite import apply, rewritten, undo
+from toolatlas.paths import default_config_path, write_atomic
+
+_CLIENT = {ClientKind.CLAUDE_DESKTOP: "Claude Desktop", ClientKind.CLAUDE_CODE_PROJECT: "Claude Code",
+           ClientKind.CLAUDE_CODE_USER: "Claude Code", ClientKind.CURSOR: "Cursor", ClientKind.VSCODE: "VS Code",
+           ClientKind.WINDSURF: "Windsurf", ClientKind.GENERIC: "the client"}
+EX_DATAERR = 65  # the client file cannot be read as a client config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="toolatlas adopt",
+        description="Write a toolatlas config from an MCP client's config (Claude Desktop, Claude Code "
+                    ".mcp.json or ~/.claude.json, Cursor, VS Code .vscode/mcp.json, Windsurf).",
+    )
+    p.add_argument("path", nargs="?", help="the client's config file")
+    p.add_argument("--out", help="write the toolatlas config here (default: standard output; with "
+                                 f"--rewrite-client: {default_config_path()})")
+    p.add_argument("--rewrite-client", action="store_true",
+                   help="replace the adopted servers in the client file with one toolatlas shim entry "
+                        "(a timestamped backup is kept beside it)")
+    p.add_argument("--dry-run", action="store_true", help="print the config (and the rewritten client file); write nothing")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --out file (without it, the new servers are added to that config)")
+    p.add_argument("--undo", metavar="BACKUP", help="restore a client file from the backup --rewrite-client made")
+    return p
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def _report(a: Adoption) -> None:
+    src = a.source
+    names = ", ".join(u.name for u in a.upstreams) or "none"
+    _say(f"{src.path} ({src.kind.value}): {len(a.upstreams)} server(s) adopted: {names}")
+    for s in a.skipped:
+        _say(f"  not adopted: {s.name!r} ({s.label}): {s.reason}")
+    for note in a.notes:
+        _say(f"  note: {note}")
+    if a.exports.needed:
+        _say("  the config reads these environment variables; the daemon must have them "
+             "(export them where it starts; their values are not in the config):")
+        for var, why in sorted(a.exports.needed.items()):
+            _say(f"    {var}: {why}")
+
+
+def _missing_commands(a: Adoption) -> None:
+    from toolatlas.doctor import command_problem
+
+    for up in a.upstreams:
+        problem = up.transport == "stdio" and "${" not in up.command and command_problem(up.command, None, up.cwd)
+        if problem:
+            _say(f"  warning: upstream {up.name!r}: {problem} (here; the daemon needs it on its PATH)")
+
+
+def _rewrite_notes(a: Adoption) -> None:
+    if a.source.had_comments:
+        _say(f"  note: the comments in {a.source.path} are not in the rewritten file; the backup keeps them")
+    if a.source.kind is ClientKind.CLAUDE_CODE_USER and any(w[0] == "projects" for w in a.replaced):
+        _say("  note: servers of single projects now reach every project through the user-level toolatlas entry")
+
+
+def _merged(adoption: Adoption, out: Path) -> tuple[str, list[str]]:
+    """The existing config at `out` with the new servers added (see render.merge)."""
+    from toolatlas.paths import read_regular
+
+    try:
+        existing = read_regular(out).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AdoptError(f"cannot read the existing {out}: {exc}; pass --force to replace it") from exc
+    text, added, notes = merge(existing, adoption, str(out))
+    for note in notes:
+        _say(f"  note: {note}")
+    return text, added
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.undo:
+            if args.path or args.rewrite_client or args.out or args.dry_run:
+                parser.error("--undo BACKUP takes no other arguments")
+            target = undo(args.undo)
+            _say(f"restored {target} from {args.undo}")
+            return 0
+        if not args.path:
+            parser.error("give the client's config file (or --undo BACKUP)")
+        return _adopt(args)
+    except AdoptError as exc:
+        _say(f"toolatlas adopt: {exc}")
+        return 1
+    except OSError as exc:  # writing --out (a missing or read-only folder)
+        _say(f"toolatlas adopt: cannot write {exc.filename or 'the config'}: {exc.strerror or exc}")
+        return 1
+
+
+def _adopt(args: argparse.Namespace) -> int:
+    try:
+        source = read_client_file(args.path)
+    except AdoptError as exc:
+        _say(f"toolatlas adopt: {exc}")
+        return EX_DATAERR
+    adoption = adopt(source)
+    _report(adoption)
+    _missing_commands(adoption)
+    if not adoption.upstreams:
+        _say("toolatlas adopt: no server could be adopted; nothing written")
+        return 1
+    out = Path(args.out) if args.out else Path(default_config_path()) if args.rewrite_client else None
+    if out is not None and out.resolve() == source.path.resolve():
+        raise AdoptError(f"--out {out} is the client file itself; choose another path")
+    merging = out is not None and out.exists() and not args.force
+    text, added = _merged(adoption, out) if merging and out else (render(adoption), [u.name for u in adoption.upstreams])
+    client_bytes, entry = rewritten(adoption, out) if args.rewrite_client and out else (b"", "")
+    if args.dry_run:
+        print(f"==> {out or 'standard output'} (toolatlas config) <==\n{text}")
+        if args.rewrite_client:
+            print(f"==> {source.path} (rewritten client config) <==\n{client_bytes.decode()}")
+        _say("dry run: nothing was written")
+        return 0
+    if out is None:
+        sys.stdout.write(text)
+        return 0
+    write_atomic(out, text.encode())
+    _say(f"added {len(added)} upstream(s) to {out}: {', '.join(added) or 'none (it has them all)'}" if merging
+         else f"wrote {out}")
+    if args.rewrite_client:
+        backup = apply(adoption, client_bytes)
+        _rewrite_notes(adoption)
+        _say(f"rewrote {source.path}: {len(adoption.replaced)} entr{'y' if len(adoption.replaced) == 1 else 'ies'} "
+             f"replaced by the {entry!r} entry (toolatlas shim)\n"
+             f"backup: {backup}\nundo:   toolatlas adopt --undo {backup}\n"
+             f"next:   restart {_CLIENT[source.kind]}, then `toolatlas status --config {out}`")
+    else:
+        _say(f"next: toolatlas check-config {out}, then point your client at `toolatlas shim --config {out}`")
+    return 0

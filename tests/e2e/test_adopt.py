@@ -1,0 +1,231 @@
+"""`toolatlas adopt` on real client config files of each format, run as the user would run it:
+the config it writes passes check-config, a daemon serves it, the rewritten client file's shim
+entry (launched as the client launches it, by the SDK client over stdio) lists the meta-tools,
+`--undo` restores the bytes, `--dry-run` writes nothing, and no secret reaches the TOML."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import Daemon
+from tests.support.servers import testserver_args
+
+SECRET = "ghp_adoptTestSecret0123456789"
+META = ["tool_search", "execute_tool", "catalog_status"]
+
+
+def _tests_entry(**extra: Any) -> dict[str, Any]:
+    """The project's test server over stdio, with a literal secret in its env."""
+    return {**extra, "command": sys.executable, "args": testserver_args(), "env": {"API_TOKEN": SECRET}}
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "toolatlas", *args], capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})), timeout=60, check=False)
+
+
+# (id, path under HOME, file content, adopted upstreams, {skipped name: reason}, variables the config reads)
+FORMATS: list[tuple[str, str, Any, list[str], dict[str, str], set[str]]] = [
+    ("claude-desktop", ".config/Claude/claude_desktop_config.json",
+     {"globalShortcut": "Ctrl+Space", "mcpServers": {"tests": _tests_entry(), "off": {"command": "x", "disabled": True}}},
+     ["tests"], {"off": "it is disabled in the client"}, {"API_TOKEN"}),
+    ("claude-code-project", "proj/.mcp.json",
+     {"mcpServers": {"tests": _tests_entry(type="stdio"),
+                     "remote": {"type": "http", "url": "http://127.0.0.1:9/mcp",
+                                "headers": {"Authorization": "Bearer ${REMOTE_TOKEN}"}},
+                     "ws": {"type": "websocket", "url": "ws://127.0.0.1:9"}}},
+     ["tests", "remote"], {"ws": "transport 'websocket' is not supported"}, {"API_TOKEN", "REMOTE_TOKEN"}),
+    ("claude-code-user", ".claude.json",
+     {"numStartups": 7, "mcpServers": {"tests": _tests_entry(type="stdio")},
+      "projects": {"/home/me/app": {"allowedTools": [], "mcpServers": {
+          "Tests": _tests_entry(type="stdio", cwd="/tmp"), "empty": {"type": "stdio"}}}}},
+     ["tests", "tests-app"], {"empty": "a stdio entry without a command"}, {"API_TOKEN"}),
+    ("cursor", ".cursor/mcp.json",
+     {"mcpServers": {"tests": _tests_entry(), "events": {"url": "http://127.0.0.1:9/sse"}, "broken": {"args": ["x"]}}},
+     ["tests", "events"], {"broken": "it has neither a command nor a url"}, {"API_TOKEN"}),
+    ("vscode", "proj/.vscode/mcp.json",
+     "{\n  // VS Code keeps prompted values in inputs\n"
+     '  "inputs": [{"type": "promptString", "id": "api-token", "description": "Token", "password": true}],\n'
+     '  "servers": {\n'
+     f'    "tests": {{"type": "stdio", "command": {json.dumps(sys.executable)}, "args": {json.dumps(testserver_args())},\n'
+     '              "env": {"API_TOKEN": "${input:api-token}", "HOME_COPY": "${env:HOME}"}},\n'
+     '    "pick": {"type": "stdio", "command": "x", "args": ["${command:pickFile}"]},\n'
+     "  },\n}\n",
+     ["tests"], {"pick": "uses ${command:pickFile}, which toolatlas cannot expand"}, {"API_TOKEN"}),
+    ("windsurf", ".codeium/windsurf/mcp_config.json",
+     {"mcpServers": {"tests": _tests_entry(), "remote": {"serverUrl": "http://127.0.0.1:9/mcp"},
+                     "off": {"command": "x", "disabled": True}}},
+     ["tests", "remote"], {"off": "it is disabled in the client"}, {"API_TOKEN"}),
+]
+
+
+def _write(home: Path, rel: str, content: Any) -> Path:
+    path = home / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content if isinstance(content, str) else json.dumps(content, indent=2) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("rel", "content", "adopted", "skipped", "needs"),
+                         [f[1:] for f in FORMATS], ids=[f[0] for f in FORMATS])
+def test_each_client_format_is_adopted_into_a_valid_config(
+    tmp_path: Path, rel: str, content: Any, adopted: list[str], skipped: dict[str, str], needs: set[str],
+) -> None:
+    home = tmp_path / "home"
+    client = _write(home, rel, content)
+    out = tmp_path / "toolatlas.toml"
+    env = {"HOME": str(home), "TOOLATLAS_SOCKET": str(tmp_path / "t.sock")}
+    r = _run("adopt", str(client), "--out", str(out), env=env)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert SECRET not in text + r.stdout + r.stderr
+    import tomllib
+
+    ups = tomllib.loads(text)["upstream"]
+    assert [u["name"] for u in ups] == adopted
+    for name, reason in skipped.items():
+        assert f"not adopted: {name!r}" in r.stderr and reason in r.stderr, r.stderr
+    exported = {v: "http://127.0.0.1:9/x" for v in needs}
+    assert set(re.findall(r"^    ([A-Z_][A-Z0-9_]*): ", r.stderr, re.M)) == needs, r.stderr  # told what to export
+    ok = _run("check-config", str(out), env={**env, **exported})
+    assert ok.returncode == 0 and "OK" in ok.stdout, ok.stderr
+    assert "warning" not in ok.stderr
+    if "API_TOKEN" in exported:  # the secret is read from the environment, not the file
+        bare = {k: v for k, v in os.environ.items() if k != "API_TOKEN"}
+        missing = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(out)], env=bare,
+                                 capture_output=True, text=True, timeout=60, check=False)
+        assert missing.returncode == 78 and "${API_TOKEN} is not set" in missing.stderr
+    assert client.read_text() == (content if isinstance(content, str) else json.dumps(content, indent=2) + "\n")
+
+
+async def _through_the_shim(entry: dict[str, Any]) -> tuple[list[str], str]:
+    """Launch the client file's entry as the client would and use it with the SDK client."""
+    import anyio
+    import mcp_types as types
+    from mcp import Client, StdioServerParameters
+
+    with anyio.fail_after(60):
+        params = StdioServerParameters(command=entry["command"], args=entry["args"], env=dict(os.environ))
+        async with Client(params) as c:
+            tools = [t.name for t in (await c.list_tools()).tools]
+            done = await c.call_tool("execute_tool", {"name": "tests__echo", "arguments": {"message": "via shim"}})
+            text = "".join(b.text for b in done.content if isinstance(b, types.TextContent))
+    return tools, text
+
+
+def test_adopted_config_is_served_and_the_rewritten_client_reaches_it(tmp_path: Path) -> None:
+    import anyio
+
+    home = tmp_path / "home"
+    original = {"globalShortcut": "Ctrl+Space",
+                "mcpServers": {"tests": _tests_entry(), "off": {"command": "x", "disabled": True}}}
+    client = _write(home, ".config/Claude/claude_desktop_config.json", original)
+    client.chmod(0o600)
+    before = client.read_bytes()
+    d = Daemon(tmp_path, "")
+    adopted = tmp_path / "adopted.toml"
+    r = _run("adopt", str(client), "--rewrite-client", "--out", str(adopted),
+             env={"HOME": str(home), "TOOLATLAS_SOCKET": d.socket})
+    assert r.returncode == 0, r.stderr
+    backup = Path(re.search(r"^backup: (.+)$", r.stderr, re.M).group(1))  # type: ignore[union-attr]
+    assert f"undo:   toolatlas adopt --undo {backup}" in r.stderr
+    assert backup.parent == client.parent and backup.read_bytes() == before
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o600 and stat.S_IMODE(client.stat().st_mode) == 0o600
+
+    rewritten = json.loads(client.read_text())
+    assert rewritten["globalShortcut"] == "Ctrl+Space"
+    assert list(rewritten["mcpServers"]) == ["off", "toolatlas"]  # the disabled entry stays, untouched
+    entry = rewritten["mcpServers"]["toolatlas"]
+    assert entry["args"][-3:] == ["shim", "--config", str(adopted)] and os.path.isabs(entry["command"])
+    assert SECRET not in client.read_text() + adopted.read_text()
+
+    # A test daemon on the adopted file: state in tmp_path, BM25 only; everything else as adopted.
+    text = re.sub(r"(?m)^state_dir = .*$", f'state_dir = "{tmp_path / "state"}"', adopted.read_text())
+    adopted.write_text(text + '\n[search]\nembedder = "none"\n')
+    d.config = adopted
+    with d.start(env={"API_TOKEN": SECRET}):
+        d.wait_for(lambda: [s["state"] for s in d.status()["servers"]] == ["ready"], 60, "adopted upstream ready")
+        tools, echoed = anyio.run(_through_the_shim, entry)
+        assert tools == META and echoed == "Echo: via shim"
+        doctor = _run("doctor", "--config", str(adopted), env={"API_TOKEN": SECRET})
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        assert f"ok    daemon: answers at {d.socket}" in doctor.stdout
+        assert "ok    upstream tests: ready" in doctor.stdout and "FAIL" not in doctor.stdout
+
+    undone = _run("adopt", "--undo", str(backup))
+    assert undone.returncode == 0, undone.stderr
+    assert client.read_bytes() == before and stat.S_IMODE(client.stat().st_mode) == 0o600
+
+
+def test_dry_run_prints_both_files_and_writes_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    client = _write(home, ".cursor/mcp.json", {"mcpServers": {"tests": _tests_entry()}})
+    before = client.read_bytes()
+    listing = sorted(p.name for p in tmp_path.rglob("*"))
+    out = tmp_path / "never.toml"
+    r = _run("adopt", str(client), "--rewrite-client", "--dry-run", "--out", str(out), env={"HOME": str(home)})
+    assert r.returncode == 0, r.stderr
+    assert f"==> {out} (toolatlas config) <==" in r.stdout and '[[upstream]]\nname = "tests"' in r.stdout
+    shown = r.stdout.split(f"==> {client} (rewritten client config) <==\n", 1)[1]
+    assert json.loads(shown)["mcpServers"]["toolatlas"]["args"][-3:] == ["shim", "--config", str(out)]
+    assert SECRET not in r.stdout + r.stderr
+    assert client.read_bytes() == before and sorted(p.name for p in tmp_path.rglob("*")) == listing
+
+
+def test_rewrite_goes_through_a_symlink(tmp_path: Path) -> None:
+    dotfiles = _write(tmp_path, "dotfiles/mcp.json", {"mcpServers": {"tests": _tests_entry()}})
+    link = tmp_path / "home" / ".cursor" / "mcp.json"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(dotfiles)
+    before = dotfiles.read_bytes()
+    r = _run("adopt", str(link), "--rewrite-client", "--out", str(tmp_path / "c.toml"))
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink() and "toolatlas" in json.loads(dotfiles.read_text())["mcpServers"]
+    backup = next(dotfiles.parent.glob("mcp.json.toolatlas-backup-*"))
+    assert _run("adopt", "--undo", str(backup)).returncode == 0
+    assert dotfiles.read_bytes() == before and link.is_symlink()
+
+
+def test_a_second_client_is_added_to_the_same_config(tmp_path: Path) -> None:
+    import tomllib
+
+    out = tmp_path / "c.toml"
+    desktop = _write(tmp_path, "claude_desktop_config.json", {"mcpServers": {
+        "tests": _tests_entry(), "a": {"command": sys.executable, "args": ["-V"]}}})
+    assert _run("adopt", str(desktop), "--out", str(out)).returncode == 0
+    first = out.read_bytes()
+    cursor = _write(tmp_path, ".cursor/mcp.json", {"mcpServers": {
+        "tests": _tests_entry(), "b": {"command": sys.executable, "args": ["-VV"]},
+        "a": {"command": sys.executable, "args": ["-c", "pass"]}}})
+    r = _run("adopt", str(cursor), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    merged = out.read_bytes()
+    assert merged.startswith(first)  # what was there is kept byte for byte
+    assert [u["name"] for u in tomllib.loads(merged.decode())["upstream"]] == ["tests", "a", "b", "a-2"]
+    assert f"{out} already has this server as 'tests'" in r.stderr and "added 2 upstream(s)" in r.stderr
+    assert _run("check-config", str(out), env={"API_TOKEN": "x"}).returncode == 0
+
+    out.write_text("this is not TOML = = =\n")
+    refused = _run("adopt", str(cursor), "--out", str(out))
+    assert refused.returncode == 1 and "is not a toolatlas config" in refused.stderr and "--force" in refused.stderr
+    assert out.read_text() == "this is not TOML = = =\n"
+    assert _run("adopt", str(cursor), "--out", str(out), "--force").returncode == 0
+    assert [u["name"] for u in tomllib.loads(out.read_text())["upstream"]] == ["tests", "b", "a"]
+
+
+def test_a_file_with_nothing_to_adopt_writes_nothing(tmp_path: Path) -> None:
+    client = _write(tmp_path, "claude_desktop_config.json", {"mcpServers": {"off": {"command": "x", "disabled": True}}})
+    r = _run("adopt", str(client), "--out", str(tmp_path / "c.toml"))
+    assert r.returncode == 1 and "no server could be adopted" in r.stderr and "'off'" in r.stderr
+    assert not (tmp_path / "c.toml").exists()
+    bad = _run("adopt", str(tmp_path / "missing.json"))
+    assert bad.returncode == 65 and "cannot read" in bad.stderr
