@@ -27,6 +27,7 @@ the halves disagree on is noise.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -186,11 +187,15 @@ def main() -> int:
     try:
         if not a.skip_calls:
             out["calls"] = bench_calls(tmp, trees, a.calls)
+            print(f"calls: {json.dumps(out['calls'])}", file=sys.stderr, flush=True)
         if not a.skip_search:
             from search_latency import bench_queries
 
             queries = bench_queries(a.queries)
-            out["search"] = {size: bench_search(tmp, trees, int(size), queries) for size in a.sizes.split(",")}
+            out["search"] = {}
+            for size in a.sizes.split(","):
+                out["search"][size] = bench_search(tmp, trees, int(size), queries)
+                print(f"search {size}: {json.dumps(out['search'][size])}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
