@@ -155,4 +155,5 @@ def test_stable_event_names() -> None:
         "tools_list_served", "tool_search_completed", "tool_search_fallback",
         "execute_tool_completed", "execute_tool_failed", "upstream_state_changed",
         "catalog_changed", "config_reloaded", "config_reload_rejected",
+        "admin_command_completed", "admin_command_refused", "upstream_relisted",
     }

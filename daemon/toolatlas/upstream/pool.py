@@ -12,8 +12,10 @@ reconnects on its own schedule.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -43,6 +45,8 @@ class UpstreamStatus:
     next_retry_in: float | None  # seconds until the next attempt while DEGRADED
     pid: int | None  # stdio child's pid while it runs
     protocol_version: str | None  # negotiated MCP version while connected
+    last_error: str | None = None  # why it last failed or was lost, kept once it is READY again
+    last_error_at: float | None = None  # time.time() of that failure
 
 
 class Pool:
@@ -63,6 +67,8 @@ class Pool:
         and call latencies (metrics and events); it must be cheap and must not raise."""
         self._on_tools = on_tools
         self._observer = observer
+        # name -> (why it last failed or was lost, when): what an operator asks after recovery.
+        self._last_error: dict[str, tuple[str, float]] = {}
         self._backoff = backoff
         self._mode = mode
         self._sessions: dict[str, UpstreamSession] = {}
@@ -77,11 +83,18 @@ class Pool:
         return f"<Pool {states}>"
 
     def _add(self, up: Upstream) -> UpstreamSession:
-        s = UpstreamSession(up, self._on_tools, backoff=self._backoff, mode=self._mode, observer=self._observer)
+        s = UpstreamSession(up, self._on_tools, backoff=self._backoff, mode=self._mode, observer=self._observe)
         self._sessions[up.name] = s
         if up.name not in self._order:
             self._order.append(up.name)
         return s
+
+    def _observe(self, upstream: str, kind: str, fields: dict[str, Any]) -> None:
+        """Keeps each upstream's last failure, then passes the observation on."""
+        if kind == "state" and fields.get("new") == UpstreamState.DEGRADED.value and fields.get("reason"):
+            self._last_error[upstream] = (str(fields["reason"]), time.time())
+        if self._observer is not None:
+            self._observer(upstream, kind, fields)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Spawn one owner task per upstream, signal started, run until cancelled.
@@ -113,9 +126,20 @@ class Pool:
         s = self._sessions.get(name)
         return None if s is None else self._status(s)
 
-    @staticmethod
-    def _status(s: UpstreamSession) -> UpstreamStatus:
+    def names(self) -> list[str]:
+        """The configured upstreams, in config order."""
+        return [n for n in self._order if n in self._sessions]
+
+    def tools(self, name: str) -> list[ToolRecord] | None:
+        """What `name` last handed to the tools callback (None: withdrawn or never listed)."""
+        return self._session(name).tools
+
+    def _status(self, s: UpstreamSession) -> UpstreamStatus:
         ready = s.state is UpstreamState.READY
+        # A DEGRADED session's reason is the freshest account of its failure (teardown may
+        # have found the child's exit status after the state change was observed).
+        last, at = (s.reason, s.since) if s.state is UpstreamState.DEGRADED and s.reason else \
+            self._last_error.get(s.name, (None, None))
         return UpstreamStatus(
             name=s.name,
             transport=s.upstream.__struct_config__.tag,  # type: ignore[arg-type]
@@ -127,6 +151,8 @@ class Pool:
             next_retry_in=s.next_retry_in(),
             pid=s.pid,
             protocol_version=s.protocol_version if ready else None,
+            last_error=last,
+            last_error_at=at,
         )
 
     def _session(self, name: str) -> UpstreamSession:
@@ -154,6 +180,33 @@ class Pool:
         """Re-list ``name`` now (callback runs before this returns); on a DEGRADED upstream,
         retry the connection now instead."""
         await self._session(name).refresh()
+
+    async def restart(self, name: str, *, timeout: float) -> UpstreamStatus:
+        """Close `name`'s session (its stdio child is reaped) and start a fresh one with the
+        same config, then wait up to `timeout` seconds for its first connection attempt to
+        settle; returns its status then (READY, DEGRADED with the reason, or still CONNECTING).
+
+        The swap itself is shielded: a caller that goes away mid-restart never leaves the
+        upstream stopped. Raises UpstreamUnavailable for an unknown name or before the pool runs.
+        """
+        old = self._session(name)
+        if self._tg is None:
+            raise UpstreamUnavailable(f"upstream {name!r} cannot be restarted yet: the daemon is still starting")
+        with anyio.CancelScope(shield=True):
+            async with self._reconcile_lock:
+                if self._sessions.get(name) is not old:  # a reload replaced or removed it meanwhile
+                    old = self._session(name)
+                logger.info("upstream %s: restarting by operator request", name)
+                old.stop()
+                with anyio.move_on_after(CLOSE_TIMEOUT + 5.0):
+                    await old.wait_done()
+                self._last_error.pop(name, None)  # a fresh start: its failures start afresh
+                new = self._add(old.upstream)
+                if self._tg is not None:
+                    self._tg.start_soon(new.run, name=f"upstream:{name}")
+        with anyio.move_on_after(timeout):
+            await new.wait_settled()
+        return self._status(new)
 
     async def reconcile(self, upstreams: Sequence[Upstream]) -> None:
         """Apply a reloaded config: start added upstreams, close removed ones, restart those
