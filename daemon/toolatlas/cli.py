@@ -19,6 +19,8 @@ _DELEGATED = {
     "cards": ("toolatlas.catalog.cards_cli", "main"),
     "keygen": ("toolatlas.catalog.cards_cli", "keygen_main"),
     "rift": ("toolatlas.rift.cli", "main"),
+    "upstream": ("toolatlas.admin_cli", "upstream_main"),
+    "reload": ("toolatlas.admin_cli", "reload_main"),
 }
 
 
