@@ -134,11 +134,15 @@ class Daemon:
         The reload is shielded: a client that hangs up does not leave it half applied."""
         with anyio.CancelScope(shield=True):
             async with self._reload_lock:
-                await self.notifier.reloading()
+                # Before the first READY=1 (the index still loading) systemd must not hear READY.
+                started = self.gateway.index_ready.is_set()
+                if started:
+                    await self.notifier.reloading()
                 try:
                     return self.gateway.redactor.tree(await self._reload_config())
                 finally:
-                    await self.notifier.ready()
+                    if started:
+                        await self.notifier.ready()
 
     async def _reload_config(self) -> dict[str, Any]:
         gw = self.gateway

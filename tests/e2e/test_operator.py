@@ -160,8 +160,10 @@ def test_reload_applies_an_edited_config_and_refuses_a_broken_one(daemon: Daemon
         assert out.returncode == 0, out.stderr
         assert "upstreams added: two; removed: none; changed: none" in out.stdout
         assert "only after a restart: search.query_threads" in out.stdout
-        daemon.wait_for(lambda: listing(daemon)["two"]["state"] == "ready", 30, "two ready")
-        assert daemon.tool("two__echo", {"message": "x"})["content"][0]["text"] == "Echo: x"
+        # The reload answers once applied; the new upstream connects and lists in the background.
+        daemon.wait_for(lambda: daemon.tool("two__echo", {"message": "x"})["content"][0]["text"] == "Echo: x",
+                        30, "two serving")
+        assert listing(daemon)["two"]["state"] == "ready"
 
         daemon.config.write_text(original.replace("[daemon]\n", "[daemon]\nbogus_key = 1\n"))
         bad = cli(daemon, "reload")
