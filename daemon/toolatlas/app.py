@@ -24,8 +24,7 @@ from toolatlas import memory
 from toolatlas.catalog.attest import Attestor
 from toolatlas.config import Config, load, metrics_address, secrets
 from toolatlas.metrics import MetricsBindError
-from toolatlas.errors import ConfigError
-from toolatlas.errors import ToolatlasError
+from toolatlas.errors import ConfigError, ToolatlasError
 from toolatlas.gateway import Gateway, restart_keys
 from toolatlas.gateway.ports import Connection
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment

@@ -113,6 +113,16 @@ def test_restart_starts_a_new_child_and_its_tools_keep_working(daemon: Daemon) -
     assert "one__echo" in daemon.search("echo the message back")
 
 
+def test_last_error_outlives_the_recovery_until_a_restart(daemon: Daemon) -> None:
+    crashed = daemon.tool("one__crash", {"code": 7})
+    assert crashed.get("isError"), crashed
+    one = daemon.wait_for(lambda: (u := listing(daemon)["one"])["state"] == "ready" and u, 30, "one back")
+    assert "exited with code 7" in one["last_error"] and one["last_error_at"] <= one["since"]
+    assert one["reconnects"] >= 1
+    assert cli(daemon, "upstream", "restart", "one").returncode == 0
+    assert listing(daemon)["one"]["last_error"] is None  # a fresh session starts with a clean slate
+
+
 def test_restart_that_does_not_come_back_says_why_and_exits_1(daemon: Daemon) -> None:
     out = cli(daemon, "upstream", "restart", "broken", "--json")
     assert out.returncode == 1, out.stdout

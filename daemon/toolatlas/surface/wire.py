@@ -63,8 +63,9 @@ async def ndjson_streams(
     slowloris peer holds no connection); with `idle_timeout`, a connection with no traffic either
     way for that long is told so and closed. With `admin`, a request whose method starts with
     `toolatlas/` (an operator command) is answered by it in its own task, never by the SDK;
-    without it such a request goes to the SDK, which does not know it. The read side also ends when the peer closes; the write side closes the byte stream's
-    sending half when the caller closes it. Contextvars set by the caller before entering
+    without it such a request goes to the SDK, which does not know it. The read side also
+    ends when the peer closes; the write side closes the byte stream's sending half when the
+    caller closes it. Contextvars set by the caller before entering
     travel with every inbound message to the handlers (the SDK's context streams).
     """
     read_writer, read_stream = create_context_streams[SessionMessage | Exception](0)

@@ -12,10 +12,8 @@ reconnects on its own schedule.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -67,8 +65,6 @@ class Pool:
         and call latencies (metrics and events); it must be cheap and must not raise."""
         self._on_tools = on_tools
         self._observer = observer
-        # name -> (why it last failed or was lost, when): what an operator asks after recovery.
-        self._last_error: dict[str, tuple[str, float]] = {}
         self._backoff = backoff
         self._mode = mode
         self._sessions: dict[str, UpstreamSession] = {}
@@ -83,18 +79,11 @@ class Pool:
         return f"<Pool {states}>"
 
     def _add(self, up: Upstream) -> UpstreamSession:
-        s = UpstreamSession(up, self._on_tools, backoff=self._backoff, mode=self._mode, observer=self._observe)
+        s = UpstreamSession(up, self._on_tools, backoff=self._backoff, mode=self._mode, observer=self._observer)
         self._sessions[up.name] = s
         if up.name not in self._order:
             self._order.append(up.name)
         return s
-
-    def _observe(self, upstream: str, kind: str, fields: dict[str, Any]) -> None:
-        """Keeps each upstream's last failure, then passes the observation on."""
-        if kind == "state" and fields.get("new") == UpstreamState.DEGRADED.value and fields.get("reason"):
-            self._last_error[upstream] = (str(fields["reason"]), time.time())
-        if self._observer is not None:
-            self._observer(upstream, kind, fields)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Spawn one owner task per upstream, signal started, run until cancelled.
@@ -126,20 +115,14 @@ class Pool:
         s = self._sessions.get(name)
         return None if s is None else self._status(s)
 
-    def names(self) -> list[str]:
-        """The configured upstreams, in config order."""
-        return [n for n in self._order if n in self._sessions]
-
     def tools(self, name: str) -> list[ToolRecord] | None:
         """What `name` last handed to the tools callback (None: withdrawn or never listed)."""
         return self._session(name).tools
 
-    def _status(self, s: UpstreamSession) -> UpstreamStatus:
+    @staticmethod
+    def _status(s: UpstreamSession) -> UpstreamStatus:
         ready = s.state is UpstreamState.READY
-        # A DEGRADED session's reason is the freshest account of its failure (teardown may
-        # have found the child's exit status after the state change was observed).
-        last, at = (s.reason, s.since) if s.state is UpstreamState.DEGRADED and s.reason else \
-            self._last_error.get(s.name, (None, None))
+        last, at = s.last_error or (None, None)
         return UpstreamStatus(
             name=s.name,
             transport=s.upstream.__struct_config__.tag,  # type: ignore[arg-type]
@@ -200,7 +183,6 @@ class Pool:
                 old.stop()
                 with anyio.move_on_after(CLOSE_TIMEOUT + 5.0):
                     await old.wait_done()
-                self._last_error.pop(name, None)  # a fresh start: its failures start afresh
                 new = self._add(old.upstream)
                 if self._tg is not None:
                     self._tg.start_soon(new.run, name=f"upstream:{name}")
