@@ -88,18 +88,20 @@ class UpstreamAdmin:
                            "and run `toolatlas reload` to start it")
         before = self._pool.get(name)
         wait = up.timeouts.connect + up.timeouts.list_tools + RESTART_MARGIN_S
-        deadline = anyio.current_time() + wait
         st = await self._pool.restart(name, timeout=wait)
+        indexing = up.timeouts.list_tools + RESTART_MARGIN_S
         if st.state is UpstreamState.READY:
             # READY comes just before the tools are handed over: a call right after the
             # answer must find them (bounded: a slow index update only delays the answer).
-            with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+            with anyio.move_on_after(indexing):
                 while not self._catalog.view.server(name).available and self._is_ready(name):
                     await anyio.sleep(0.02)
             st = self._pool.get(name) or st
         ok = st.state is UpstreamState.READY and self._catalog.view.server(name).available
         error = None
-        if not ok:
+        if st.state is UpstreamState.READY and not ok:
+            error = f"connected, but its tools did not reach the catalog within {indexing:g} s"
+        elif not ok:
             error = st.reason or st.last_error or f"still {st.state.value} after {wait:g} s"
         log.info("upstream %s: restarted by operator: %s", name, st.state.value + (f" ({error})" if error else ""))
         result: dict[str, Any] = self._redact.tree({
