@@ -62,6 +62,27 @@ def allowed_servers(cfg: Config, uid: int | None, gid: int | None, token: str | 
     return frozenset(servers) & every
 
 
+def _user(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def admin_refusal(uid: int | None, daemon_uid: int | None = None) -> str | None:
+    """Why a socket peer may not use the operator commands (`toolatlas upstream ...`,
+    `toolatlas reload`), or None when it may: only the user the daemon runs as
+    (`daemon_uid`, default this process's) and root. `uid` is the kernel's (SO_PEERCRED)."""
+    owner = os.getuid() if daemon_uid is None else daemon_uid
+    if uid is None:
+        return ("operator commands need a peer whose uid the kernel reports (SO_PEERCRED); "
+                "this connection has none")
+    if uid in (owner, 0):
+        return None
+    return (f"operator commands are for the daemon's owner only: this connection's peer is {_user(uid)}, "
+            f"the daemon runs as {_user(owner)}; run the command as that user or as root")
+
+
 def clear_cache() -> None:
     """Forget resolved identities (after a reload: users and groups may have changed)."""
     _identity.cache_clear()

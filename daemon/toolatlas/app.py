@@ -24,10 +24,12 @@ from toolatlas import memory
 from toolatlas.catalog.attest import Attestor
 from toolatlas.config import Config, load, metrics_address, secrets
 from toolatlas.metrics import MetricsBindError
-from toolatlas.errors import ConfigError
-from toolatlas.gateway import Gateway
+from toolatlas.errors import ConfigError, ToolatlasError
+from toolatlas.gateway import Gateway, restart_keys
+from toolatlas.gateway.ports import Connection
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
 from toolatlas.redact import RedactingFormatter, Redactor
+from toolatlas.surface.admin import AdminLane
 from toolatlas.surface.http import HttpEndpoint
 from toolatlas.surface.server import Surface
 from toolatlas.surface.unix import UnixServer
@@ -38,12 +40,18 @@ log = logging.getLogger(__name__)
 
 
 class Daemon:
-    """The gateway with its surface on the Unix socket (and the HTTP endpoint if set)."""
+    """The gateway with its surface on the Unix socket (and the HTTP endpoint if set).
+
+    It is the operator's `AdminPort` too: the upstream commands come from the gateway, the
+    reload is the one SIGHUP runs (`reload_config`)."""
 
     def __init__(
         self, cfg: Config, *, listen_socket: socket.socket | None = None, redactor: Redactor | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.gateway = Gateway(cfg, redactor=redactor)
+        self.notifier = notifier or Notifier(socket_path="")
+        self._reload_lock = anyio.Lock()
         self.surface = Surface(self.gateway)
         self.gateway.status_service.surface = self.surface
         self.gateway.catalog.on_change.append(self.surface.tools_changed)
@@ -62,6 +70,7 @@ class Daemon:
             on_bad_message=lambda _msg: self.gateway.bad_message(),
             fast_lane=self.surface.lane,
             connections=self.surface.connections,
+            admin=AdminLane(self),
         )
         self.http: HttpEndpoint | None = None
 
@@ -116,6 +125,61 @@ class Daemon:
         summary = await self.gateway.reload(new, attestor)
         return summary
 
+    async def reload_config(self) -> dict[str, Any]:
+        """Re-read the config file and apply it: SIGHUP and `toolatlas reload` alike (one at a
+        time). `{"applied": true, "config", "added", "removed", "changed", "restart_needed"}`,
+        or `{"applied": false, "config", "error"}` when the file is invalid or a key cannot be
+        applied to a running daemon (the error names it): the running config then stays whole.
+        The reload is shielded: a client that hangs up does not leave it half applied."""
+        with anyio.CancelScope(shield=True):
+            async with self._reload_lock:
+                # Before the first READY=1 (the index still loading) systemd must not hear READY.
+                started = self.gateway.index_ready.is_set()
+                if started:
+                    await self.notifier.reloading()
+                try:
+                    return self.gateway.redactor.tree(await self._reload_config())
+                finally:
+                    if started:
+                        await self.notifier.ready()
+
+    async def _reload_config(self) -> dict[str, Any]:
+        gw = self.gateway
+        path = gw.cfg.source
+        try:
+            new = await anyio.to_thread.run_sync(load, path)
+            attestor = Attestor(new)  # a bad [cards] section is rejected before anything changes
+            self.check_reload(new)
+        except ConfigError as exc:
+            log.error("reload rejected, keeping the running config: %s", exc)
+            gw.events.emit(ev.CONFIG_RELOAD_REJECTED, reason=str(exc))
+            return {"applied": False, "config": path, "error": str(exc)}
+        later = restart_keys(gw.cfg, new)
+        summary = await self.reload(new, attestor)
+        gw.events.emit(ev.CONFIG_RELOADED, **summary)
+        return {"applied": True, "config": path, **summary, "restart_needed": later}
+
+    # -- the operator's AdminPort (surface.admin serves it to the daemon's owner) ------------
+
+    def list_upstreams(self) -> list[dict[str, Any]]:
+        return self.gateway.admin.list()
+
+    async def restart_upstream(self, name: str) -> dict[str, Any]:
+        try:
+            return await self.gateway.admin.restart(name)
+        except ToolatlasError as exc:
+            raise self.gateway.redactor.exception(exc)
+
+    async def relist_upstream(self, name: str) -> dict[str, Any]:
+        try:
+            return await self.gateway.admin.relist(name)
+        except ToolatlasError as exc:
+            raise self.gateway.redactor.exception(exc)
+
+    def audit_admin(self, conn: Connection, method: str, *, upstream: str | None, outcome: str,
+                    message: str | None = None) -> None:
+        self.gateway.admin.audit(conn, method, upstream=upstream, outcome=outcome, message=message)
+
 
 def _configure_logging(level: str, redactor: Redactor) -> None:
     """Log lines on stderr, every one (tracebacks too) redacted by the daemon's `redactor`."""
@@ -138,7 +202,7 @@ async def serve(
     """
     notifier = Notifier()
     activated = listen_fds()
-    daemon = Daemon(cfg, listen_socket=activated[0] if activated else None, redactor=redactor)
+    daemon = Daemon(cfg, listen_socket=activated[0] if activated else None, redactor=redactor, notifier=notifier)
     gw = daemon.gateway
     # The signal receiver encloses the whole task tree: a second Ctrl-C or SIGTERM while the
     # tree drains and tears down is queued and logged, never the default action (a
@@ -164,7 +228,7 @@ async def serve(
             tg.start_soon(announce_ready)
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    await _reload(daemon, notifier)
+                    await daemon.reload_config()
                     continue
                 log.info("received %s: draining for up to %.0f s", signal.Signals(signum).name, cfg.daemon.drain_timeout)
                 break
@@ -181,22 +245,6 @@ async def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # the receiver restored the defaults on its exit
     log.info("stopped")
-
-
-async def _reload(daemon: Daemon, notifier: Notifier) -> None:
-    gw = daemon.gateway
-    await notifier.reloading()
-    try:
-        new = await anyio.to_thread.run_sync(load, gw.cfg.source)
-        attestor = Attestor(new)  # a bad [cards] section is rejected before anything changes
-        daemon.check_reload(new)
-    except ConfigError as exc:
-        log.error("reload rejected, keeping the running config: %s", exc)
-        gw.events.emit(ev.CONFIG_RELOAD_REJECTED, reason=str(exc))
-    else:
-        summary = await daemon.reload(new, attestor)
-        gw.events.emit(ev.CONFIG_RELOADED, **summary)
-    await notifier.ready()
 
 
 def main_serve(cfg: Config) -> int:

@@ -22,6 +22,8 @@ _DELEGATED = {
     "rift": ("toolatlas.rift.cli", "main"),
     "adopt": ("toolatlas.adopt.cli", "main"),
     "doctor": ("toolatlas.doctor_cli", "main"),
+    "upstream": ("toolatlas.admin_cli", "upstream_main"),
+    "reload": ("toolatlas.admin_cli", "reload_main"),
 }
 
 

@@ -17,6 +17,14 @@ emits with exactly the fields each carries (a test checks it against a running d
   `card` (the card verdict, null before the first listing)
 - `config_reloaded`: `added`, `removed`, `changed` (upstream names)
 - `config_reload_rejected`: `reason`
+- `admin_command_completed`: an operator command on the socket (`toolatlas upstream ...`,
+  `toolatlas reload`): `command` (upstream_list|upstream_restart|upstream_relist|reload),
+  `upstream` (null for list and reload), `principal` (`uid:N`), `outcome`
+  (ok|failed|bad_input|error), `message` (why it failed, else null)
+- `admin_command_refused`: a peer that is neither the daemon's user nor root asked for one:
+  `command`, `principal`, `pid`, `reason`
+- `upstream_relisted`: an operator's re-list: `upstream`, `tools`, `added`, `removed`, `changed`
+  (namespaced tool names)
 
 Privacy: a field named `query` (at any depth) is dropped unless `log_queries=True`, since
 queries can carry user data. Every configured secret (see `toolatlas.config.secrets`) is
@@ -49,6 +57,9 @@ UPSTREAM_STATE_CHANGED = "upstream_state_changed"
 CATALOG_CHANGED = "catalog_changed"
 CONFIG_RELOADED = "config_reloaded"
 CONFIG_RELOAD_REJECTED = "config_reload_rejected"
+ADMIN_COMMAND_COMPLETED = "admin_command_completed"
+ADMIN_COMMAND_REFUSED = "admin_command_refused"
+UPSTREAM_RELISTED = "upstream_relisted"
 
 # Every event the daemon emits and exactly its fields (besides "ts" and "event").
 EVENT_FIELDS: Mapping[str, frozenset[str]] = {
@@ -62,6 +73,9 @@ EVENT_FIELDS: Mapping[str, frozenset[str]] = {
     CATALOG_CHANGED: frozenset({"server", "available", "tools", "upserted", "removed", "quarantined", "card"}),
     CONFIG_RELOADED: frozenset({"added", "removed", "changed"}),
     CONFIG_RELOAD_REJECTED: frozenset({"reason"}),
+    ADMIN_COMMAND_COMPLETED: frozenset({"command", "upstream", "principal", "outcome", "message"}),
+    ADMIN_COMMAND_REFUSED: frozenset({"command", "principal", "pid", "reason"}),
+    UPSTREAM_RELISTED: frozenset({"upstream", "tools", "added", "removed", "changed"}),
 }
 EVENT_NAMES = frozenset(EVENT_FIELDS)
 MESSAGE_CHARS = 300  # execute_tool_failed's message is cut to this

@@ -42,6 +42,9 @@ RESULT_BUCKETS = (0, 1, 2, 3, 5, 10, 20)
 
 EXECUTE_OUTCOMES = frozenset({"ok", "error", "timeout", "unavailable", "denied", "bad_input"})
 FALLBACK_KINDS = frozenset({"bm25-only", "passthrough"})
+# Operator commands on the socket (surface.admin) and how each ended.
+ADMIN_COMMANDS = frozenset({"upstream_list", "upstream_restart", "upstream_relist", "reload", "unknown"})
+ADMIN_OUTCOMES = frozenset({"ok", "failed", "bad_input", "refused", "error"})
 # States exported with value 0 even before an upstream has been in them, so a
 # `toolatlas_upstream_state{state="ready"} == 0` alert works from the first scrape.
 # States seen at run time are added to this set. Mirrors toolatlas.upstream.state.UpstreamState
@@ -199,6 +202,10 @@ class Metrics:
             "upstream_list_changed", "tools/list_changed notifications received.",
             ["upstream"], namespace=ns, registry=r,
         )
+        self.admin_commands = Counter(
+            "admin_commands", "Operator commands on the socket (upstream list/restart/relist, reload) by outcome.",
+            ["command", "outcome"], namespace=ns, registry=r,
+        )
         self.reindexes = Counter(
             "reindexes", "Search index rebuilds swapped in.", namespace=ns, registry=r
         )
@@ -255,6 +262,12 @@ class Metrics:
 
     def count_list_changed(self, upstream: str) -> None:
         self.list_changed.labels(_label("upstream", upstream)).inc()
+
+    def count_admin_command(self, command: str, outcome: str) -> None:
+        """One operator command: `command` from ADMIN_COMMANDS, `outcome` from ADMIN_OUTCOMES."""
+        if command not in ADMIN_COMMANDS or outcome not in ADMIN_OUTCOMES:
+            raise ValueError(f"admin command {command!r} / outcome {outcome!r} is not a known pair")
+        self.admin_commands.labels(command, outcome).inc()
 
     def count_reindex(self) -> None:
         self.reindexes.inc()

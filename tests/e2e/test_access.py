@@ -3,7 +3,6 @@ one daemon, and a denied user cannot call a tool by name."""
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import subprocess
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.peers import run_as
 from tests.support.ports import free_port
 from tests.support.results import text as _text
 
@@ -43,33 +43,14 @@ def _as_user(user: pwd.struct_passwd, tool: str, args: dict, sock: str) -> dict:
 
 
 def _in_child(user: pwd.struct_passwd, sock: str, fn: Callable[[Any], Any]) -> Any:
-    """`fn(RawClient)` in a forked child running as `user`, its JSON result back.
-
-    A fork, not a new interpreter: the project's venv may live where other users cannot read.
-    """
+    """`fn(RawClient)` in a forked child running as `user`, its JSON result back."""
     from toolatlas.surface.rawclient import RawClient
 
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            with RawClient(sock, timeout=30) as c:
-                out = {"result": fn(c)}
-        except BaseException as exc:  # report, never return into pytest
-            out = {"error": repr(exc)}
-        os.write(w, json.dumps(out).encode())
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as fh:
-        data = fh.read()
-    os.waitpid(pid, 0)
-    out = json.loads(data)
-    assert "result" in out, out
-    return out["result"]
+    def call() -> Any:
+        with RawClient(sock, timeout=30) as c:
+            return fn(c)
+
+    return run_as(user, call)
 
 
 def _search(user: pwd.struct_passwd, sock: str) -> list[str]:

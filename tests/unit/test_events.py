@@ -8,10 +8,12 @@ import json
 import re
 import threading
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
 from toolatlas.events import (
+    EVENT_FIELDS,
     EVENT_NAMES,
     EXECUTE_TOOL_FAILED,
     TOOL_SEARCH_COMPLETED,
@@ -155,4 +157,14 @@ def test_stable_event_names() -> None:
         "tools_list_served", "tool_search_completed", "tool_search_fallback",
         "execute_tool_completed", "execute_tool_failed", "upstream_state_changed",
         "catalog_changed", "config_reloaded", "config_reload_rejected",
+        "admin_command_completed", "admin_command_refused", "upstream_relisted",
     }
+
+
+def test_the_readme_documents_every_event_with_its_fields() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("| event | fields |"):].split("\n\n", 1)[0].splitlines()[2:]
+    rows = {m.group(1): m.group(2) for line in table if (m := re.match(r"^\| `([a-z_]+)` \| (.+) \|$", line))}
+    assert set(rows) == set(EVENT_NAMES) and len(rows) == len(table)
+    for name, fields in EVENT_FIELDS.items():
+        assert all(f"`{f}`" in rows[name] for f in fields), (name, rows[name])

@@ -25,6 +25,7 @@ from toolatlas.calls import CallOutcome, CallRequest
 from toolatlas.catalog.attest import Attestor
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Config, secrets
+from toolatlas.gateway.admin import UpstreamAdmin
 from toolatlas.gateway.calls import CallService
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection
@@ -53,6 +54,12 @@ RESTART_KEYS: tuple[tuple[str, str, str], ...] = (
     ("search.embedder", "search", "embedder"),
     ("search.query_threads", "search", "query_threads"),
 )
+
+
+def restart_keys(old: Config, new: Config) -> list[str]:
+    """The RESTART_KEYS whose value differs between `old` and `new`."""
+    return [key for key, section, attr in RESTART_KEYS
+            if getattr(getattr(old, section), attr) != getattr(getattr(new, section), attr)]
 
 
 def make_engine(cfg: Config) -> Engine:
@@ -100,6 +107,8 @@ class Gateway:
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
             metrics=self.metrics, events=self.events, redactor=self.redactor,
         )
+        self.admin = UpstreamAdmin(self.pool, self.catalog, lambda: self.cfg.upstream, redactor=self.redactor,
+                                   events=self.events, metrics=self.metrics)
         self._tg: anyio.abc.TaskGroup | None = None
         self.metrics.set_state_source(self.status_service.snapshot)
 
@@ -163,8 +172,7 @@ class Gateway:
         added, removed or changed are reconciled; the unchanged keep their warm session,
         index entries and card verdicts. Keys that need a restart are logged."""
         old = self.cfg
-        needs_restart = [key for key, section, attr in RESTART_KEYS
-                         if getattr(getattr(old, section), attr) != getattr(getattr(new, section), attr)]
+        needs_restart = restart_keys(old, new)
         if needs_restart:
             log.warning("reload: %s changed; this takes effect only after a restart", ", ".join(needs_restart))
         old_ups = {u.name: u for u in old.upstream}
@@ -226,4 +234,4 @@ class Gateway:
         return self.status_service.status(conn, self._tg if self.index_ready.is_set() else None)
 
 
-__all__ = ["FIRST_INDEX_WAIT_S", "Gateway", "make_engine"]
+__all__ = ["FIRST_INDEX_WAIT_S", "Gateway", "make_engine", "restart_keys"]

@@ -1,7 +1,8 @@
 """What the MCP surface may use of the gateway, and nothing more.
 
 `surface/` imports this module only: the caller's identity (`Connection`), the gateway's port
-(`GatewayPort`, a Protocol the facade satisfies), the call values of `toolatlas.calls` and
+(`GatewayPort`, a Protocol the facade satisfies), the operator's (`AdminPort`, satisfied by
+the composition root), the call values of `toolatlas.calls` and
 the records a passthrough listing shows. The surface never writes into the gateway: what the
 gateway needs from the surface (live client counts) it reads through `SurfaceStats`, wired by
 the composition root (`app.py`).
@@ -74,6 +75,38 @@ class GatewayPort(Protocol):
     def status(self, conn: Connection) -> Mapping[str, Any]: ...
 
 
+class AdminPort(Protocol):
+    """The operator commands: `toolatlas upstream list|restart|relist` and `toolatlas reload`.
+
+    The surface serves them only on the Unix socket, only to the daemon's owner (surface.admin),
+    and records each one with `audit_admin`. Errors are `toolatlas.errors` types: BadInput (an
+    unknown or disabled upstream; the message lists the configured ones), UpstreamUnavailable,
+    UpstreamTimeout; their messages are redacted. A failed restart or a refused reload is a
+    result (`ok` / `applied` false, with the reason), not an error."""
+
+    def list_upstreams(self) -> list[dict[str, Any]]:
+        """Each upstream: name, transport, state, tools, pid (stdio), reason, last_error, ..."""
+        ...
+
+    async def restart_upstream(self, name: str) -> dict[str, Any]:
+        """A fresh session for `name`, waited for (bounded): `{"upstream", "ok", "previous_pid", "error"}`."""
+        ...
+
+    async def relist_upstream(self, name: str) -> dict[str, Any]:
+        """A forced tools/list: `{"upstream", "tools", "added", "removed", "changed"}`."""
+        ...
+
+    async def reload_config(self) -> dict[str, Any]:
+        """What SIGHUP does: `{"applied": true, "added", "removed", "changed", "restart_needed"}`
+        or `{"applied": false, "error"}` naming the key; the daemon keeps serving either way."""
+        ...
+
+    def audit_admin(self, conn: Connection, method: str, *, upstream: str | None, outcome: str,
+                    message: str | None = None) -> None:
+        """Record one operator command (event and metric); `outcome` ok|failed|bad_input|refused|error."""
+        ...
+
+
 __all__ = [
-    "CallOutcome", "CallRequest", "Connection", "GatewayPort", "InputRequired", "ProgressFn", "SurfaceStats", "ToolRecord",
+    "AdminPort", "CallOutcome", "CallRequest", "Connection", "GatewayPort", "InputRequired", "ProgressFn", "SurfaceStats", "ToolRecord",
 ]

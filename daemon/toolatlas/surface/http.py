@@ -44,6 +44,7 @@ from toolatlas.config import HttpSection, HttpToken, listen_address
 from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
 from toolatlas.gateway.ports import Connection
+from toolatlas.surface.admin import ADMIN_PREFIX
 from toolatlas.surface.rpccheck import Refusal, screen
 from toolatlas.surface.server import CONNECTION, Connections
 
@@ -275,7 +276,14 @@ class HttpEndpoint:
             size += len(body[-1])
             more = message.get("more_body", False)
         data = b"".join(body)
-        refusal = screen(data)[1] if not more and size <= self.max_message_bytes else None
+        refusal = None
+        if not more and size <= self.max_message_bytes:
+            message, refusal = screen(data)
+            method = getattr(message, "method", None)
+            if isinstance(method, str) and method.startswith(ADMIN_PREFIX):
+                refusal = Refusal(-32601, f"{method[:80]} is an operator command: the daemon serves those only on "
+                                  "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
+                                  getattr(message, "id", None))
         return refusal, _replay([{"type": "http.request", "body": data, "more_body": more}], receive)
 
     def _admit(self, scope: Scope) -> tuple[Response | None, str | None]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import logging
 import os
@@ -25,6 +26,7 @@ import anyio.abc
 from toolatlas.errors import ConfigError
 from toolatlas.gateway.ports import Connection
 from toolatlas.backoff import backoff_delay
+from toolatlas.surface.admin import AdminLane
 from toolatlas.surface.server import CONNECTION, Connections, init_options
 from toolatlas.surface.rpccheck import Refusal
 from toolatlas.surface.wire import ndjson_streams
@@ -98,6 +100,7 @@ class UnixServer:
         fast_lane: Any = None,
         listen_socket: socket.socket | None = None,
         connections: Connections | None = None,
+        admin: AdminLane | None = None,
     ) -> None:
         self.server = server
         self.path = path
@@ -111,6 +114,7 @@ class UnixServer:
         self.idle_timeout = idle_timeout
         self.on_bad_message = on_bad_message
         self.fast_lane = fast_lane  # see surface.server.fast_lane
+        self.admin = admin  # the operator commands (surface.admin); on this socket only
         # A listening socket handed over by systemd socket activation (it owns the file).
         self.listen_socket = listen_socket
         # Shared with the HTTP endpoint: catalog_status counts every client.
@@ -225,6 +229,7 @@ class UnixServer:
                 stream, max_bytes=self.max_message_bytes, on_bad_message=self.on_bad_message,
                 fast_lane=self.fast_lane, message_timeout=self.message_timeout,
                 idle_timeout=self.idle_timeout,
+                admin=functools.partial(self.admin, conn) if self.admin is not None else None,
             ) as (read, write):
                 # Options per connection: a reload may have changed the instructions.
                 await self.server.run(read, write, init_options(self.server))

@@ -18,12 +18,14 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import mcp_types as types
 import msgspec
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
 from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.meta_tools import TOOL_SEARCH
+from toolatlas.surface.admin import ADMIN_PREFIX
 from toolatlas.surface.rpccheck import INTERNAL_ERROR, INVALID_REQUEST, Refusal, screen
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,9 @@ _CHUNK = 65536
 _FAST_TOOL = f'"{TOOL_SEARCH}"'.encode()  # the only tool the fast lane serves
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
+
+# admin(id, method, params): the JSON-RPC response to an operator request (surface.admin).
+Admin = Callable[[str | int, str, dict[str, Any] | None], Awaitable[dict[str, Any]]]
 
 
 @asynccontextmanager
@@ -44,6 +49,7 @@ async def ndjson_streams(
     fast_lane: Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]] | None] | None = None,
     message_timeout: float | None = None,
     idle_timeout: float = 0.0,
+    admin: Admin | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Yield `(read_stream, write_stream)` carrying MCP messages over `stream`.
 
@@ -55,8 +61,11 @@ async def ndjson_streams(
     With `message_timeout`, the first message and every message once started must arrive
     within that many seconds, or the peer is told so and the read side ends (a stalled or
     slowloris peer holds no connection); with `idle_timeout`, a connection with no traffic either
-    way for that long is told so and closed. The read side also ends when the peer closes; the write side closes the byte stream's
-    sending half when the caller closes it. Contextvars set by the caller before entering
+    way for that long is told so and closed. With `admin`, a request whose method starts with
+    `toolatlas/` (an operator command) is answered by it in its own task, never by the SDK;
+    without it such a request goes to the SDK, which does not know it. The read side also
+    ends when the peer closes; the write side closes the byte stream's sending half when the
+    caller closes it. Contextvars set by the caller before entering
     travel with every inbound message to the handlers (the SDK's context streams).
     """
     read_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
@@ -84,12 +93,12 @@ async def ndjson_streams(
         log.debug("bad client message: %s", refusal.message)
         await send_if_open(refusal.line())
 
-    async def finish(id_: Any, pending: Awaitable[dict[str, Any]]) -> None:
+    async def finish(id_: Any, pending: Awaitable[dict[str, Any]], what: str = "the search") -> None:
         try:
             reply = await pending
         except Exception:  # as the SDK answers a handler that raised
-            log.exception("fast lane request %r failed", id_)
-            await send_if_open(Refusal(INTERNAL_ERROR, "internal error: the search failed; the daemon's log has "
+            log.exception("request %r failed", id_)
+            await send_if_open(Refusal(INTERNAL_ERROR, f"internal error: {what} failed; the daemon's log has "
                                        "the details", id_).line())
             return
         await send_if_open(_encode(reply) + b"\n")
@@ -123,6 +132,9 @@ async def ndjson_streams(
         message, refusal = screen(line)
         if refusal is not None:
             await bad(refusal)
+            return
+        if admin is not None and isinstance(message, types.JSONRPCRequest) and message.method.startswith(ADMIN_PREFIX):
+            tg.start_soon(finish, message.id, admin(message.id, message.method, message.params), "the command")
             return
         await read_writer.send(SessionMessage(message))
 

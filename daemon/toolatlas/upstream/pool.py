@@ -43,6 +43,8 @@ class UpstreamStatus:
     next_retry_in: float | None  # seconds until the next attempt while DEGRADED
     pid: int | None  # stdio child's pid while it runs
     protocol_version: str | None  # negotiated MCP version while connected
+    last_error: str | None = None  # why it last failed or was lost, kept once it is READY again
+    last_error_at: float | None = None  # time.time() of that failure
 
 
 class Pool:
@@ -113,9 +115,14 @@ class Pool:
         s = self._sessions.get(name)
         return None if s is None else self._status(s)
 
+    def tools(self, name: str) -> list[ToolRecord] | None:
+        """What `name` last handed to the tools callback (None: withdrawn or never listed)."""
+        return self._session(name).tools
+
     @staticmethod
     def _status(s: UpstreamSession) -> UpstreamStatus:
         ready = s.state is UpstreamState.READY
+        last, at = s.last_error or (None, None)
         return UpstreamStatus(
             name=s.name,
             transport=s.upstream.__struct_config__.tag,  # type: ignore[arg-type]
@@ -127,6 +134,8 @@ class Pool:
             next_retry_in=s.next_retry_in(),
             pid=s.pid,
             protocol_version=s.protocol_version if ready else None,
+            last_error=last,
+            last_error_at=at,
         )
 
     def _session(self, name: str) -> UpstreamSession:
@@ -154,6 +163,32 @@ class Pool:
         """Re-list ``name`` now (callback runs before this returns); on a DEGRADED upstream,
         retry the connection now instead."""
         await self._session(name).refresh()
+
+    async def restart(self, name: str, *, timeout: float) -> UpstreamStatus:
+        """Close `name`'s session (its stdio child is reaped) and start a fresh one with the
+        same config, then wait up to `timeout` seconds for its first connection attempt to
+        settle; returns its status then (READY, DEGRADED with the reason, or still CONNECTING).
+
+        The swap itself is shielded: a caller that goes away mid-restart never leaves the
+        upstream stopped. Raises UpstreamUnavailable for an unknown name or before the pool runs.
+        """
+        old = self._session(name)
+        if self._tg is None:
+            raise UpstreamUnavailable(f"upstream {name!r} cannot be restarted yet: the daemon is still starting")
+        with anyio.CancelScope(shield=True):
+            async with self._reconcile_lock:
+                if self._sessions.get(name) is not old:  # a reload replaced or removed it meanwhile
+                    old = self._session(name)
+                logger.info("upstream %s: restarting by operator request", name)
+                old.stop()
+                with anyio.move_on_after(CLOSE_TIMEOUT + 5.0):
+                    await old.wait_done()
+                new = self._add(old.upstream)
+                if self._tg is not None:
+                    self._tg.start_soon(new.run, name=f"upstream:{name}")
+        with anyio.move_on_after(timeout):
+            await new.wait_settled()
+        return self._status(new)
 
     async def reconcile(self, upstreams: Sequence[Upstream]) -> None:
         """Apply a reloaded config: start added upstreams, close removed ones, restart those

@@ -210,7 +210,7 @@ class UpstreamSession:
     """The supervisor of one upstream; `run()` is its owner task.
 
     Readable state for status: `state`, `reason`, `since`, `tools`, `reconnects`, `pid`,
-    `protocol_version`, `next_retry_in()`.
+    `protocol_version`, `next_retry_in()`, `last_error` (text, time: kept after a recovery).
     """
 
     def __init__(
@@ -231,8 +231,8 @@ class UpstreamSession:
         self.state = UpstreamState.CONNECTING if upstream.enabled else UpstreamState.DISABLED
         self.reason: str | None = None if upstream.enabled else "disabled in config"
         self.since = time.time()
-        self.attempt = 0
-        self.reconnects = 0
+        self.attempt = self.reconnects = 0
+        self.last_error: tuple[str, float] | None = None
         self.tools: list[ToolRecord] | None = None  # what the callback last got
         self.protocol_version: str | None = None
         self._ready_at: float | None = None
@@ -313,6 +313,7 @@ class UpstreamSession:
 
     def leave(self, was_ready: bool, loss: Loss) -> bool:
         """Feed LOST or CONNECT_FAILED once per connection; True if tools must be withdrawn."""
+        self.last_error = (loss.text, time.time())
         if self.state is UpstreamState.DEGRADED:
             # Already applied (before teardown); keep the better reason if teardown found one.
             self.reason = loss.text

@@ -6,7 +6,7 @@
 Tools: ``echo``, ``sleep(seconds)``, ``hang`` (never returns), ``crash`` (the process exits
 at once), ``add_tool(name, description)`` / ``remove_tool(name)`` (change the catalog and
 announce it on both protocol generations: the legacy notification on the calling session
-and a ``subscriptions/listen`` event), ``progress(steps)`` (progress notifications),
+and a ``subscriptions/listen`` event; ``announce=false`` changes it silently), ``progress(steps)`` (progress notifications),
 ``pid`` (the server's process id), plus ``--tools N`` generated ``gen_NNN`` tools, and with
 ``--blob`` ``blob(size, stream)`` (a result of ``size`` bytes of text; with ``stream``, after a
 notification).
@@ -102,19 +102,22 @@ def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_des
             await ctx.report_progress(i, steps, f"step {i}")
         return "done"
 
-    @server.tool(description="Add a tool with this name and description at run time and announce the change.")
-    async def add_tool(name: str, description: str, ctx: Context) -> str:
+    @server.tool(description="Add a tool with this name and description at run time and announce the change "
+                 "(unless `announce` is false: a server that changes silently).")
+    async def add_tool(name: str, description: str, ctx: Context, announce: bool = True) -> str:
         def dynamic(text: str = "") -> str:
             return f"{name}: {text}"
 
         server.add_tool(dynamic, name=name, description=description)
-        await _announce(ctx)
+        if announce:
+            await _announce(ctx)
         return f"added {name}"
 
-    @server.tool(description="Remove a tool by name at run time and announce the change.")
-    async def remove_tool(name: str, ctx: Context) -> str:
+    @server.tool(description="Remove a tool by name at run time and announce the change (unless `announce` is false).")
+    async def remove_tool(name: str, ctx: Context, announce: bool = True) -> str:
         server.remove_tool(name)
-        await _announce(ctx)
+        if announce:
+            await _announce(ctx)
         return f"removed {name}"
 
     def make_gen(i: int) -> Any:
