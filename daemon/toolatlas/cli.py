@@ -35,8 +35,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--json", action="store_true", help="print the raw JSON result")
 
     s = sub.add_parser("shim", help="relay stdio to the daemon socket (what an MCP client launches)")
-    s.add_argument("--socket")
-    s.add_argument("--config")
+    s.add_argument("--socket", help="daemon socket (default: $TOOLATLAS_SOCKET, config, runtime dir)")
+    s.add_argument("--config", help="the daemon's config: its socket, and the daemon is started when that "
+                   "socket does not answer")
 
     s = sub.add_parser("search", help="one tool_search through the running daemon")
     s.add_argument("query")
@@ -58,6 +59,29 @@ def _parser() -> argparse.ArgumentParser:
     for word in _DELEGATED:
         sub.add_parser(word, help=f"see `toolatlas {word} --help`", add_help=False)
     return p
+
+
+def _shim(args: argparse.Namespace, socket: str) -> int:
+    """`toolatlas shim`; with `--config`, one that starts the daemon when nothing answers."""
+    from toolatlas.surface.shim import run
+
+    if not args.config:
+        return run(socket)
+    from toolatlas.errors import ConfigError
+    from toolatlas.paths import daemon_path, default_socket_path, default_state_dir
+    from toolatlas.surface.autostart import Starter
+
+    try:
+        served = daemon_path(args.config, "socket") or default_socket_path()
+        state_dir = daemon_path(args.config, "state_dir") or default_state_dir()
+    except ConfigError as exc:
+        print(f"toolatlas: config error: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    if args.socket and os.path.abspath(args.socket) != served:
+        print(f"toolatlas: --socket {args.socket} is not the socket the daemon of {args.config} listens on "
+              f"({served}); drop --socket to use that one", file=sys.stderr)
+        return EX_CONFIG
+    return run(served, Starter(args.config, served, state_dir))
 
 
 def _content_json(result: dict[str, Any]) -> Any:
@@ -177,9 +201,7 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"toolatlas: config error: {exc}", file=sys.stderr)
             return EX_CONFIG
         if args.cmd == "shim":
-            from toolatlas.surface.shim import run
-
-            return run(socket)
+            return _shim(args, socket)
         return _client_command(args, socket)
 
     from toolatlas.config import load

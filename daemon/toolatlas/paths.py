@@ -115,13 +115,24 @@ def client_socket(flag: str | None, config: str | None = None) -> str:
     config = config or os.environ.get("TOOLATLAS_CONFIG")
     if not config or not os.path.exists(config):
         return default_socket_path()
+    return daemon_path(config, "socket") or default_socket_path()
+
+
+def daemon_path(config: str, key: str) -> str:
+    """The `[daemon] KEY` path (socket, state_dir) of `config`, resolved as the daemon
+    resolves it, or "" when unset.
+
+    Reads only that key (see `client_socket`); raises ConfigError when the file cannot be
+    read, is not valid TOML, or the value is not a string or names an unset variable.
+    """
     import tomllib
 
     try:
         with open_regular(config) as fh:
-            raw = tomllib.load(fh).get("daemon", {}).get("socket", "")
+            table = tomllib.load(fh).get("daemon", {})
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read the socket from {config!r}: {exc}") from exc
+        raise ConfigError(f"cannot read the {key} from {config!r}: {exc}") from exc
+    raw = table.get(key, "") if isinstance(table, dict) else ""
     if not isinstance(raw, str):
-        raise ConfigError(f"{config}: [daemon] socket must be a string, got {raw!r}")
-    return socket_path(expand_vars(raw, os.environ, "daemon.socket"), Path(config).parent)
+        raise ConfigError(f"{config}: [daemon] {key} must be a string, got {raw!r}")
+    return resolve_path(expand_vars(raw, os.environ, f"daemon.{key}"), Path(config).parent)
