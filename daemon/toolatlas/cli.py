@@ -3,11 +3,14 @@ must start fast, so nothing heavy is imported before the command is known."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 from toolatlas.paths import client_socket
 
@@ -23,6 +26,8 @@ _DELEGATED = {
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(prog="toolatlas", description="MCP tool gateway daemon and tools.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
@@ -61,7 +66,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _shim(args: argparse.Namespace, socket: str) -> int:
+def _shim_args(argv: list[str]) -> SimpleNamespace | None:
+    """`shim [--socket P] [--config P]` read without building the parser (~10 ms of the shim's
+    start); anything else (--help, a typo) is left to argparse."""
+    if not argv or argv[0] != "shim":
+        return None
+    opts: dict[str, str | None] = {"socket": None, "config": None}
+    rest = argv[1:]
+    while rest:
+        flag, eq, value = rest.pop(0).partition("=")
+        name = flag[2:] if flag.startswith("--") else ""
+        if name not in opts or opts[name] is not None:
+            return None
+        if not eq:
+            if not rest:
+                return None
+            value = rest.pop(0)
+        opts[name] = value
+    return SimpleNamespace(cmd="shim", **opts)
+
+
+def _shim(args: Any, socket: str) -> int:
     """`toolatlas shim`; with `--config`, one that starts the daemon when nothing answers."""
     from toolatlas.surface.shim import run
 
@@ -191,7 +216,7 @@ def _main(argv: list[str] | None = None) -> int:
         module, func = _DELEGATED[argv[0]]
         return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
 
-    args = _parser().parse_args(argv)
+    args = _shim_args(argv) or _parser().parse_args(argv)
     from toolatlas.errors import ConfigError
 
     if args.cmd in ("shim", "search", "call", "status"):

@@ -17,7 +17,8 @@ INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 
-_ID_RE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
+# Compiled on first use (re's cache keeps it): compiling costs the shim's start a few ms.
+_ID_PATTERN = rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)'
 
 
 class Refusal(NamedTuple):
@@ -43,7 +44,7 @@ class Oversized(NamedTuple):
 
 def request_id_of(head: bytes) -> str | int | None:
     """The first `"id": ...` (a string or an integer) in the start of a message, or None."""
-    m = _ID_RE.search(head)
+    m = re.search(_ID_PATTERN, head)
     if m is None:
         return None
     raw = m.group(1)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import enum
 import itertools
 import json
-import re
 from typing import Any, NamedTuple
 
 from toolatlas.jsonlines import Refusal
@@ -37,14 +36,13 @@ ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 TOOLS_CHANGED = "notifications/tools/list_changed"
 REPLAY_ID_PREFIX = "toolatlas-shim-replay-"
-_HEAD = 256
 
-# What the daemon writes (the SDK's model_dump_json, the fast lane's msgspec, rpccheck's
-# json.dumps) puts "jsonrpc" first and then "id" or "method": read kind and id off the head
-# of a line without decoding a result that may be megabytes long. Anything else is decoded.
-_RESPONSE_RE = re.compile(
-    rb'\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*"|null)\s*,\s*"(result|error|method)"')
-_NOTIFICATION_RE = re.compile(rb'\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*"method"\s*:\s*"([^"\\]*)"')
+# What the daemon writes (the SDK's model_dump_json, the fast lane's msgspec) is compact JSON
+# with "jsonrpc" first and then "id" or "method": read kind and id off the start of a line
+# without decoding a result that may be megabytes long. Anything else is decoded.
+_ID_FIRST = b'{"jsonrpc":"2.0","id":'
+_METHOD_FIRST = b'{"jsonrpc":"2.0","method":"'
+_KINDS = {b"result": "response", b"error\"": "response", b"method": "request"}
 
 Id = str | int
 
@@ -70,14 +68,22 @@ class DaemonLine(NamedTuple):
 
 
 def read_daemon_line(line: bytes) -> DaemonLine:
-    """The kind, id and method of a line from the daemon; the head only when it can."""
-    m = _RESPONSE_RE.match(line, 0, _HEAD)
-    if m is not None:
-        kind = "request" if m.group(2) == b"method" else "response"
-        return DaemonLine(kind, json.loads(m.group(1)), ok=m.group(2) == b"result")
-    m = _NOTIFICATION_RE.match(line, 0, _HEAD)
-    if m is not None and b'"id"' not in line[:_HEAD]:
-        return DaemonLine("notification", None, m.group(1).decode())
+    """The kind, id and method of a line from the daemon; off its start when it can."""
+    if line.startswith(_ID_FIRST):
+        # The id ends at the comma that opens the next key: a quote inside a JSON string is
+        # escaped, so `,"` cannot occur within an id.
+        end = line.find(b',"', len(_ID_FIRST))
+        kind = _KINDS.get(line[end + 2:end + 8]) if end > 0 else None
+        if kind is not None:
+            try:
+                id_ = json.loads(line[len(_ID_FIRST):end])
+            except ValueError:
+                pass
+            else:
+                return DaemonLine(kind, id_, ok=line[end + 2:end + 8] == b"result")
+    elif line.startswith(_METHOD_FIRST):
+        end = line.find(b'"', len(_METHOD_FIRST))
+        return DaemonLine("notification", None, line[len(_METHOD_FIRST):end].decode(errors="replace"))
     try:
         msg = json.loads(line)
     except ValueError:
