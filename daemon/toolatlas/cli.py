@@ -22,6 +22,7 @@ _DELEGATED = {
     "cards": ("toolatlas.catalog.cards_cli", "main"),
     "keygen": ("toolatlas.catalog.cards_cli", "keygen_main"),
     "rift": ("toolatlas.rift.cli", "main"),
+    "install": ("toolatlas.install", "main"),
 }
 
 
