@@ -175,6 +175,34 @@ async def test_pagination_is_followed_to_the_end() -> None:
     assert len(tools) == 34
 
 
+async def test_a_large_page_is_parsed_in_slices_with_the_same_tools_and_session_state(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One 3,000-tool page (~400 kB) takes the sliced parse (upstream/pages.py): the same
+    tools as the SDK's own parse, every tool known to the SDK session (else its output
+    validation would re-list the whole catalog on each call), and calls work after it."""
+    from toolatlas.upstream import pages
+    from toolatlas.upstream.client import make_client
+    from toolatlas.upstream.listing import list_all_tools
+    from toolatlas.upstream.transports import StdioProcess
+
+    up = stdio_testserver("big", "--tools", "3000")
+
+    async def listing() -> tuple[list[mcp_types.Tool], set[str]]:
+        async with make_client(StdioProcess(up), mode="auto") as client:
+            tools = await list_all_tools(client, up.name)
+            known = set(client.session._tool_output_schemas)  # what validate_tool_result reads (mcp==2.3.0)
+            assert text(await client.call_tool("echo", {"message": "after"})) == "Echo: after"
+            return tools, known
+
+    with anyio.fail_after(90):
+        sliced, known = await listing()
+        assert len(pages.PAGES) == 0  # taken, not left behind
+        monkeypatch.setattr(pages, "BIG_PAGE_BYTES", 1 << 40)  # the SDK's own parse, for comparison
+        whole, _ = await listing()
+    assert len(sliced) == 3009 and [t.model_dump() for t in sliced] == [t.model_dump() for t in whole]
+    assert known == {t.name for t in sliced}
+
+
 async def test_killed_stdio_upstream_recovers_with_a_new_process(testserver_http_url: str) -> None:
     rec = Recorder()
     ups = [stdio_testserver("fragile"), make_upstream("steady", "http", url=testserver_http_url)]

@@ -22,6 +22,7 @@ from mcp import Client
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import MAX_DESCRIPTION_CHARS, MAX_SCHEMA_BYTES, Upstream
 from toolatlas.errors import UpstreamProtocolError
+from toolatlas.upstream.pages import PAGES, SLICE
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ async def list_all_tools(client: Client, name: str, *, refresh: bool = True) -> 
     cursor: str | None = None
     for _ in range(MAX_PAGES):
         page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
-        for tool in page.tools:
+        for tool in page.tools if (big := PAGES.take(page.meta)) is None else await _absorb(client, big):
             if tool.name in seen_names:
                 logger.warning("upstream %s lists tool %r twice; keeping the first", name, tool.name)
                 continue
@@ -108,6 +109,19 @@ async def list_all_tools(client: Client, name: str, *, refresh: bool = True) -> 
         seen_cursors.add(cursor)
     raise UpstreamProtocolError(f"upstream {name!r} tools/list did not end within {MAX_PAGES} pages")
 
+
+
+async def _absorb(client: Client, tools: list[mcp_types.Tool]) -> list[mcp_types.Tool]:
+    """A page the transport parsed in slices (pages.py), absorbed by the SDK session slice by
+    slice as its response cache does a hit (its per-tool output-schema state; on 2026-07-28 it
+    drops tools with invalid x-mcp-header annotations), with a checkpoint between slices. The
+    session already absorbed the empty stand-in, which cleared the state of a one-page listing."""
+    kept: list[mcp_types.Tool] = []
+    for start in range(0, len(tools), SLICE):
+        part = mcp_types.ListToolsResult(tools=tools[start:start + SLICE])
+        kept.extend(client.session._absorb_tool_listing(part, complete=False).tools)  # noqa: SLF001 (mcp==2.3.0)
+        await anyio.sleep(0)
+    return kept
 
 
 async def list_records(client: Client, up: Upstream, *, refresh: bool = True) -> list[ToolRecord]:

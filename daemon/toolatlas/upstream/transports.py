@@ -35,6 +35,7 @@ from mcp.shared.message import SessionMessage
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.upstream.bounded import blocks_refusal, limit_hook, refusal, sse_event_limit, too_many_blocks
+from toolatlas.upstream.pages import parse_big_page
 from toolatlas.upstream.sse import sse_client
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ STDERR_TAIL = 20
 # said in one line per GARBAGE_SUMMARY_INTERVAL seconds (and when stdout ends).
 GARBAGE_LOGGED = 5
 GARBAGE_SUMMARY_INTERVAL = 60.0
+# tools/list requests remembered for the sliced parse of their answers (pages.py).
+MAX_PENDING_LISTINGS = 64
 
 Streams = TransportStreams
 Incoming = SessionMessage | Exception
@@ -150,6 +153,9 @@ class StdioProcess:
         self._on_eof = on_eof or (lambda _what: None)
         self._stack: contextlib.AsyncExitStack | None = None
         self._garbage = GarbageLog(upstream.name)
+        # ids of the tools/list requests sent and not answered yet: a large answer to one is
+        # parsed in slices (pages.py), not in one GIL-holding call.
+        self._listing_ids: set[int | str] = set()
 
     def _parse_line(self, line: bytes | Oversized) -> SessionMessage | Exception | None:
         """One stdout line as a message; an oversized one becomes an error for its request."""
@@ -215,7 +221,13 @@ class StdioProcess:
                 async with read_writer:
                     async for chunk in process.stdout:
                         for line in lines.feed(chunk):
-                            item = self._parse_line(line)
+                            big = None
+                            if isinstance(line, bytes) and self._listing_ids:
+                                big = await parse_big_page(line, self._listing_ids)
+                            item = SessionMessage(big) if big is not None else self._parse_line(line)
+                            if self._listing_ids and isinstance(item, SessionMessage) and isinstance(
+                                    item.message, (mcp_types.JSONRPCResponse, mcp_types.JSONRPCError)):
+                                self._listing_ids.discard(item.message.id)
                             if item is None:
                                 continue
                             try:
@@ -232,6 +244,10 @@ class StdioProcess:
             try:
                 async with write_reader:
                     async for msg in write_reader:
+                        if isinstance(msg.message, mcp_types.JSONRPCRequest) and msg.message.method == "tools/list":
+                            if len(self._listing_ids) >= MAX_PENDING_LISTINGS:
+                                self._listing_ids.clear()  # never answered: those take the ordinary path
+                            self._listing_ids.add(msg.message.id)
                         data = msg.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
                         await process.stdin.send(data.encode())
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):

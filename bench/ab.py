@@ -1,0 +1,202 @@
+"""A/B of two trees of toolatlas in one run, interleaved call by call, so the machine's noise
+(other jobs, frequency changes, a CPU hog) falls on both sides alike and the ratio means
+something on a loaded 2-core host.
+
+    .venv/bin/python bench/ab.py --before REV [--calls 400] [--queries 300] [--sizes 500,2000]
+        [--rounds 1] [--skip-calls] [--skip-search]
+
+`--before REV` is checked out once into a detached git worktree under /tmp; "after" is this
+tree. Each side runs its own `toolatlas serve` (the side's code through PYTHONPATH) on the
+same generated config, and its own shim; the upstreams (the project's test server, the
+synthetic catalog upstream) and the clients are this tree's, the same for both.
+
+* calls (what `bench/call_overhead.py` measures): one warm direct SDK session to the test
+  server, and an SDK session through each side's socket and each side's shim; each round
+  makes one `echo` call on every path, in a shuffled order.
+* search (what `bench/search_latency.py --skip-engine --skip-cold` measures): per size, both
+  daemons index the same synthetic catalog (real ONNX embeddings); each query is sent to A
+  and B back to back, in alternating order: cache misses (distinct queries), then the same
+  queries again (result-cache hits).
+
+Prints JSON (also bench/out/ab.json): every side's median and p95, and after/before ratios
+of those figures. A ratio's noise is estimated by splitting the samples into two halves
+(odd and even rounds) and reporting both halves' ratios too (`halves`): a difference that
+the halves disagree on is noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client, StdioServerParameters
+
+from _common import REPO, Daemon, emit, pct_ms, stdio_testserver, wait_settled
+from tests.support.servers import testserver_args
+from toolatlas.surface.rawclient import RawClient
+from toolatlas.surface.unix import unix_client
+
+SETTLE_S = 180.0
+
+
+def checkout(rev: str) -> Path:
+    """A detached worktree of `rev` (made once, reused)."""
+    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", rev], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    tree = Path(tempfile.gettempdir()) / f"toolatlas-ab-{sha[:12]}"
+    if not (tree / "daemon" / "toolatlas").is_dir():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--force", str(tree), sha],
+                       check=True, capture_output=True)
+    return tree
+
+
+def mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
+def side_env(tree: Path) -> dict[str, str]:
+    return {"PYTHONPATH": f"{tree / 'daemon'}{os.pathsep}{REPO}"}
+
+
+def figures(samples: list[float]) -> dict[str, float]:
+    return {"n": len(samples), "median_ms": pct_ms(samples, 50), "p95_ms": pct_ms(samples, 95)}
+
+
+def ratios(before: list[float], after: list[float]) -> dict[str, Any]:
+    """after/before of the median and p95, over all samples and over each half."""
+    def r(b: list[float], a: list[float]) -> dict[str, float]:
+        return {"median": round(pct_ms(a, 50) / pct_ms(b, 50), 3), "p95": round(pct_ms(a, 95) / pct_ms(b, 95), 3)}
+
+    return {**r(before, after), "halves": [r(before[0::2], after[0::2]), r(before[1::2], after[1::2])]}
+
+
+async def _calls(n: int, sockets: dict[str, str], envs: dict[str, dict[str, str]]) -> dict[str, Any]:
+    upstream = StdioServerParameters(command=sys.executable, args=testserver_args())
+    via = {"name": "bench__echo", "arguments": {"message": "hi"}}
+    times: dict[str, list[float]] = {}
+    async with Client(upstream) as direct, Client(unix_client(sockets["before"])) as sock_b, \
+            Client(unix_client(sockets["after"])) as sock_a, \
+            Client(StdioServerParameters(command=sys.executable, args=["-m", "toolatlas", "shim", "--socket", sockets["before"]],
+                                         env=dict(os.environ, **envs["before"]))) as shim_b, \
+            Client(StdioServerParameters(command=sys.executable, args=["-m", "toolatlas", "shim", "--socket", sockets["after"]],
+                                         env=dict(os.environ, **envs["after"]))) as shim_a:
+        paths: dict[str, tuple[Client, str, dict[str, Any]]] = {
+            "direct": (direct, "echo", {"message": "hi"}),
+            "socket_before": (sock_b, "execute_tool", via), "socket_after": (sock_a, "execute_tool", via),
+            "shim_before": (shim_b, "execute_tool", via), "shim_after": (shim_a, "execute_tool", via),
+        }
+        order = list(paths)
+        rng = random.Random(1)
+        for _ in range(20):  # warm-up
+            for client, name, args in paths.values():
+                await client.call_tool(name, args)
+        times = {k: [] for k in paths}
+        for _ in range(n):
+            rng.shuffle(order)
+            for k in order:
+                client, name, args = paths[k]
+                t0 = time.perf_counter()
+                res = await client.call_tool(name, args)
+                times[k].append(time.perf_counter() - t0)
+                assert not res.is_error, (k, res)
+    d = times["direct"]
+    out: dict[str, Any] = {k: figures(v) for k, v in times.items()}
+    for path in ("socket", "shim"):
+        b, a = times[f"{path}_before"], times[f"{path}_after"]
+        over_b = [x - y for x, y in zip(b, d)]
+        over_a = [x - y for x, y in zip(a, d)]
+        out[f"{path}_ratio"] = ratios(b, a)
+        out[f"{path}_overhead_ms"] = {"before": pct_ms(over_b, 50), "after": pct_ms(over_a, 50)}
+        out[f"{path}_overhead_ratio"] = ratios(over_b, over_a)
+    return out
+
+
+def bench_calls(tmp: Path, trees: dict[str, Path], n: int) -> dict[str, Any]:
+    daemons = {side: Daemon(mkdir(tmp / f"calls-{side}"), stdio_testserver("bench")) for side in trees}
+    envs = {side: side_env(tree) for side, tree in trees.items()}
+    try:
+        for side, d in daemons.items():
+            d.start(env=envs[side], wait_ready=120)
+        return anyio.run(_calls, n, {s: d.socket for s, d in daemons.items()}, envs)
+    finally:
+        for d in daemons.values():
+            d.__exit__(None, None, None)
+
+
+def bench_search(tmp: Path, trees: dict[str, Path], size: int, queries: list[str]) -> dict[str, Any]:
+    from catalog_upstream import upstream_block
+
+    block = upstream_block("cat00", size, 0, 1, "relist_interval = 0\n")
+    daemons = {side: Daemon(mkdir(tmp / f"search-{size}-{side}"), block, search_extra='embedder = "onnx"\n')
+               for side in trees}
+    try:
+        for side, d in daemons.items():
+            d.start(env=side_env(trees[side]), wait_ready=3600)
+        for d in daemons.values():
+            d.wait_for(lambda d=d: d.status()["index"]["tools"] >= size, timeout=3600, what=f"{size} tools indexed")
+            wait_settled(d.status, SETTLE_S)
+        times: dict[str, list[float]] = {f"{kind}_{side}": [] for kind in ("miss", "hit") for side in trees}
+        clients = {side: RawClient(d.socket, timeout=60) for side, d in daemons.items()}
+        try:
+            for kind in ("miss", "hit"):
+                for i, q in enumerate(queries):
+                    for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
+                        t0 = time.perf_counter()
+                        r = clients[side].call_tool("tool_search", {"query": q, "top_k": 5})
+                        times[f"{kind}_{side}"].append(time.perf_counter() - t0)
+                        assert len((r.get("structuredContent") or {}).get("matches") or []) == 5, r
+        finally:
+            for c in clients.values():
+                c.close()
+        out: dict[str, Any] = {k: figures(v) for k, v in times.items()}
+        for kind in ("miss", "hit"):
+            out[f"{kind}_ratio"] = ratios(times[f"{kind}_before"], times[f"{kind}_after"])
+        return out
+    finally:
+        for d in daemons.values():
+            d.__exit__(None, None, None)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--before", required=True, help="git revision of the 'before' side")
+    p.add_argument("--calls", type=int, default=400)
+    p.add_argument("--queries", type=int, default=300)
+    p.add_argument("--sizes", default="500,2000")
+    p.add_argument("--skip-calls", action="store_true")
+    p.add_argument("--skip-search", action="store_true")
+    a = p.parse_args()
+    trees = {"before": checkout(a.before), "after": REPO}
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "daemon"], capture_output=True, text=True).stdout.strip())
+    out: dict[str, Any] = {"bench": "ab", "before": a.before, "after": head + ("+dirty" if dirty else ""),
+                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
+    tmp = Path(tempfile.mkdtemp(prefix="toolatlas-ab-"))
+    try:
+        if not a.skip_calls:
+            out["calls"] = bench_calls(tmp, trees, a.calls)
+        if not a.skip_search:
+            from search_latency import bench_queries
+
+            queries = bench_queries(a.queries)
+            out["search"] = {size: bench_search(tmp, trees, int(size), queries) for size in a.sizes.split(",")}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+    emit(out, "ab")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""The sliced parse of a large tools/list answer (upstream/pages.py, issue #15 item 8): the same
+tools as the SDK's own parse, a stand-in the SDK cannot cache, errors named per tool."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import mcp_types
+import pytest
+
+from tests.support.servers.hostile import many_tools
+from toolatlas.upstream import pages
+from toolatlas.upstream.pages import BIG_PAGE_BYTES, META_KEY, PageStash, parse_big_page
+
+
+def listing_line(n: int, request_id: int | str = 7, **result: Any) -> bytes:
+    tools = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in many_tools(n)]
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools, **result}}).encode()
+
+
+async def test_a_large_answer_yields_the_tools_the_sdk_would_parse() -> None:
+    line = listing_line(3000, nextCursor="c2", ttlMs=60000, _meta={"x.example/k": 1})
+    assert len(line) > BIG_PAGE_BYTES
+    pending: set[int | str] = {7, 8}
+    with anyio.fail_after(30):
+        stand_in = await parse_big_page(line, pending)
+    assert isinstance(stand_in, mcp_types.JSONRPCResponse) and stand_in.id == 7
+    assert pending == {8}
+    result = stand_in.result
+    assert result["tools"] == [] and result["nextCursor"] == "c2"
+    assert result["ttlMs"] == 0  # the SDK's response cache must never keep the empty stand-in
+    assert result["_meta"]["x.example/k"] == 1
+    tools = pages.PAGES.take(result["_meta"])
+    expected = mcp_types.ListToolsResult.model_validate_json(json.dumps(json.loads(line)["result"])).tools
+    assert tools is not None and [t.model_dump() for t in tools] == [t.model_dump() for t in expected]
+    with pytest.raises(LookupError, match="no longer held"):
+        pages.PAGES.take(result["_meta"])
+
+
+async def test_small_answers_and_answers_to_other_requests_take_the_ordinary_path() -> None:
+    assert await parse_big_page(listing_line(10), {7}) is None
+    pending: set[int | str] = {8}
+    assert await parse_big_page(listing_line(3000, request_id=7), pending) is None
+    assert pending == {8}
+    assert await parse_big_page(b"{" + b" " * BIG_PAGE_BYTES, {7}) is None  # not JSON: the ordinary parse reports it
+
+
+async def test_an_invalid_tool_fails_the_request_naming_the_tool() -> None:
+    doc = json.loads(listing_line(3000, request_id="L1"))
+    del doc["result"]["tools"][1234]["inputSchema"]
+    pending: set[int | str] = {"L1"}
+    answer = await parse_big_page(json.dumps(doc).encode(), pending)
+    assert isinstance(answer, mcp_types.JSONRPCError) and answer.id == "L1"
+    assert answer.error.message.startswith("invalid tools/list result: tool 1234: inputSchema"), answer.error.message
+    assert pending == set()
+
+
+def test_the_stash_is_bounded_and_ordinary_pages_pass() -> None:
+    stash = PageStash(limit=2)
+    tokens = [stash.put([]) for _ in range(3)]
+    assert len(stash) == 2
+    with pytest.raises(LookupError):
+        stash.take({META_KEY: tokens[0]})
+    assert stash.take({META_KEY: tokens[2]}) == []
+    assert stash.take(None) is None and stash.take({"other": 1}) is None
