@@ -120,7 +120,7 @@ def _content_json(result: dict[str, Any]) -> Any:
         return "".join(texts)
 
 
-def _client_command(args: argparse.Namespace, path: str) -> int:
+def _client_command(args: Any, path: str) -> int:
     from toolatlas.surface.rawclient import RawClient, RpcError
 
     try:

@@ -174,7 +174,7 @@ class Session:
             self.initialized = line + b"\n"
         elif method == "notifications/cancelled" and isinstance(params, dict):
             rid = params.get("requestId")
-            if _hashable_id(rid):
+            if isinstance(rid, (str, int)):
                 self.pending.pop(rid, None)
                 self.listens.pop(rid, None)  # how a client closes its listen stream
         if self.link is Link.UP:
