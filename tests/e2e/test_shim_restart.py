@@ -217,6 +217,34 @@ async def test_five_shims_at_once_start_one_daemon(no_daemon: Daemon) -> None:
     assert pid_alive(pid)
 
 
+async def test_shim_config_starts_a_crashed_daemon_again(no_daemon: Daemon) -> None:
+    """Nobody supervises the daemon a shim started: when it dies, the shim starts it again
+    (after RESPAWN_AFTER_S of silence), and the same client session goes on."""
+    config = no_daemon.config
+    with anyio.fail_after(180):
+        async with Client(shim("--config", str(config)), mode="legacy") as c:
+            while not (await c.list_tools(cache_mode="refresh")).tools:
+                await anyio.sleep(0.1)
+            (first,) = _daemons_of(config)
+            kids = descendants(first)
+            os.kill(first, signal.SIGKILL)
+            assert wait_gone([first]) == []
+            kill_all(kids)
+            refusals = 0
+            while True:  # bounded by the deadline above
+                try:
+                    status = await c.call_tool("catalog_status", {})
+                    break
+                except MCPError as exc:
+                    assert "restarting" in exc.error.message, exc.error.message
+                    refusals += 1
+                    await anyio.sleep(0.2)
+            assert not status.is_error and refusals > 0
+            (second,) = _daemons_of(config)
+            assert second != first
+    assert (no_daemon.tmp / "state" / "daemon.log").read_text().count("starts the daemon") == 2
+
+
 def test_shim_config_reports_a_daemon_that_will_not_start(no_daemon: Daemon) -> None:
     """The daemon the shim starts exits (a config error): the held handshake is answered with
     an error naming the exit status and the log, not held for a minute."""
