@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 CONNECT_WAIT_S = 5.0  # without --config: how long the first connection is waited for
 CONNECT_TIMEOUT_S = 1.0  # one connect(2) (a full listen backlog blocks it)
 RETRY_BASE_S, RETRY_CAP_S = 0.05, 0.5  # reconnect backoff (a Unix connect costs microseconds)
+HEALTHY_S = 5.0  # a connection that lasted this long resets the backoff (one dropped at once does not)
 HANDSHAKE_WAIT_S = 60.0  # with --config: how long the client's first handshake is held
 RESPAWN_AFTER_S = 5.0  # with --config: a lost daemon silent this long is started again
 CLIENT_LINE_LIMIT = 64 * 1024 * 1024
@@ -100,7 +101,7 @@ class Shim:
         self.attempt = 0
         self.next_try = 0.0
         self.down_since = time.monotonic()
-        self.began = self.down_since
+        self.began = self.up_since = self.down_since
 
     def __repr__(self) -> str:
         return f"<Shim {self.path} {self.session!r} outbox={len(self.outbox)}>"
@@ -201,7 +202,7 @@ class Shim:
         if resumed:
             _say(f"reconnected to the daemon at {self.path} after {time.monotonic() - self.down_since:.1f} s; "
                  f"session resumed ({len(self.session.listens)} listen streams)")
-        self.attempt = 0
+        self.up_since = time.monotonic()
 
     def _on_daemon(self) -> None:
         assert self.sock is not None
@@ -262,8 +263,11 @@ class Shim:
         self._read_client(True)
         self._to_client(self.session.lost(cause).client)
         now = time.monotonic()
-        self.down_since, self.attempt = now, 1
-        self.next_try = now + backoff_delay(1, base=RETRY_BASE_S, cap=RETRY_CAP_S)
+        # A daemon that takes connections and drops them at once (a connection cap) must not
+        # be reconnected to, and the client told to refetch, in a tight loop.
+        self.attempt = 1 if now - self.up_since >= HEALTHY_S else self.attempt + 1
+        self.down_since = now
+        self.next_try = now + backoff_delay(self.attempt, base=RETRY_BASE_S, cap=RETRY_CAP_S)
         if not self.client_eof:
             _say(f"lost the daemon at {self.path} ({cause}); reconnecting")
 
