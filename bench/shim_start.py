@@ -6,7 +6,8 @@ Each run spawns the console script `toolatlas shim` with an initialize request a
 waiting on its stdin and measures spawn -> first byte on its stdout (the daemon's answer
 relayed); the same for `toolatlas shim --config PATH` (it reads the config's socket), and,
 as the floor no shim can beat on this machine, the same interpreter writing one byte
-(`python -c`, site imports included). Also: the shim's imports (`python -X importtime`, the
+(`python -c`, site imports included), and the daemon's own answer time (an initialize
+sent straight to its socket). Also: the shim's imports (`python -X importtime`, the
 fastest of --runs, so the figure is the machine's and not its load's), the wall time of
 `toolatlas shim --help`, and whether the shim imported numpy/torch/mcp (it must not).
 The package is byte-compiled first, as `pip install` leaves it (with PYTHONDONTWRITEBYTECODE
@@ -49,6 +50,21 @@ def first_byte(argv: list[str]) -> float:
     return took
 
 
+def daemon_answer(path: str) -> float:
+    """Seconds from connecting to the daemon's socket, an initialize sent, to its first byte
+    back: the daemon's share of a shim's first byte."""
+    import socket
+
+    t0 = time.perf_counter()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(path)
+        sock.sendall(INIT.encode())
+        first = sock.recv(1)
+    took = time.perf_counter() - t0
+    assert first == b"{", first
+    return took
+
+
 def import_ms(runs: int) -> dict[str, float]:
     """The shim's own imports: the sum of self times (ms) over the modules it loads beyond
     a bare interpreter, the fastest of `runs` runs."""
@@ -81,11 +97,12 @@ def main() -> None:
     compiled = compileall.compile_dir(str(Path(toolatlas.__file__).parent), quiet=1)
     load = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory() as tmp, Daemon(Path(tmp), stdio_testserver("s")) as d:
-        shim, shim_config, floor = [], [], []
-        for _ in range(a.runs):  # interleaved, so load swings hit all three alike
+        shim, shim_config, floor, answer = [], [], [], []
+        for _ in range(a.runs):  # interleaved, so load swings hit all of them alike
             shim.append(first_byte([exe, "shim", "--socket", d.socket]))
             shim_config.append(first_byte([exe, "shim", "--config", str(d.config)]))
             floor.append(first_byte([sys.executable, "-c", "import os; os.write(1, b'{'); os.read(0, 1)"]))
+            answer.append(daemon_answer(d.socket))
         helps = []
         for _ in range(min(a.runs, 10)):
             t0 = time.perf_counter()
@@ -106,6 +123,7 @@ def main() -> None:
         "spawn_to_first_byte": summary(shim),
         "spawn_to_first_byte_config": summary(shim_config),
         "interpreter_floor": summary(floor),
+        "daemon_answer": summary(answer),
         "shim_help_wall": summary(helps),
         "shim_imports": imports,
         "heavy_modules_imported": heavy,
