@@ -113,7 +113,7 @@ def _hashable_id(value: Any) -> bool:
 class Session:
     """The client's session as the shim has seen it (see the module docstring)."""
 
-    def __init__(self, socket_path: str, *, starting: bool = False) -> None:
+    def __init__(self, socket_path: str) -> None:
         self.socket_path = socket_path
         self.link = Link.STARTING
         self.down_reason = ""  # appended to the "starting/restarting" error (e.g. the daemon exited)

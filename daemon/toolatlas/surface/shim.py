@@ -90,7 +90,7 @@ class Shim:
         self.path = path
         self.starter = starter
         self.stdin, self.stdout = stdin, stdout
-        self.session = Session(path, starting=starter is not None)
+        self.session = Session(path)
         self.sock: socket.socket | None = None
         self.sel = selectors.PollSelector()  # poll(2) also takes a regular file or /dev/null as stdin
         self.outbox = bytearray()
