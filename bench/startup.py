@@ -1,6 +1,7 @@
 """Daemon cold start, warm restart and resident memory with a ~2,000-tool catalog indexed.
 
     .venv/bin/python bench/startup.py [--tools 2000] [--embedder onnx] [--restarts 3] [--queries 200]
+    .venv/bin/python bench/startup.py --restart 10 [--embedder none]
 
 A real `toolatlas serve` (the test harness's config: one stdio upstream, the default hybrid
 ranker with the ONNX embedder) federates one stdio upstream, `bench/catalog_upstream.py`:
@@ -21,6 +22,13 @@ and must really be embedded.
 * memory: VmRSS and VmHWM of the daemon process (from /proc, upstream children excluded,
   reported apart) with the catalog indexed, after 50 searches.
 
+`--restart N` (issue 16) instead measures what a client sees across N daemon restarts: a
+client calls tool_search and execute_tool through `toolatlas shim` in a loop while the
+daemon is SIGKILLed and started again; per restart the time from the kill to its first good
+answer of each, the span of errors it saw, and how much of that the shim adds (from the
+socket accepting again to the first good search); median and p95. Writes
+bench/out/startup_restart.json.
+
 Goals (issue 3): cold indexing of 2,000 tools <= 60 s; a restart serves its first search
 within 5 s with zero new embeddings; daemon RSS <= 400 MB; tool_search p95 <= 15 ms at 2,000. Prints JSON and writes
 bench/out/startup.json. Polls every 50 ms, so each time is within ~50 ms (plus one status
@@ -37,6 +45,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -221,6 +230,177 @@ def run(n: int, embedder: str, restarts: int, timeout: float, n_queries: int = 2
     }
 
 
+# -- a client across a daemon restart (issue 16) -------------------------------------------
+
+RESTART_PACE_S = 0.02  # the client's pause between calls (so a refusing shim is not a busy loop)
+
+
+class _PacedClient:
+    """A client calling through `toolatlas shim` in a loop, in a thread: tool_search, then
+    execute_tool `alpha__echo`, each answer stamped (time, tool, ok, in-flight error)."""
+
+    def __init__(self, shim_argv: list[str]) -> None:
+        self.proc = subprocess.Popen(shim_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL)  # its "lost"/"reconnected" lines
+        self.answers: list[tuple[float, str, bool, bool]] = []
+        self.stop = threading.Event()
+        self._id = 0
+        self.call("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                 "clientInfo": {"name": "bench-restart", "version": "0"}})
+        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        self._id += 1
+        self._send({"jsonrpc": "2.0", "id": self._id, "method": method, "params": params})
+        while True:  # the shim answers every request (a result or an error): bounded by it
+            reply = json.loads(self.proc.stdout.readline() or b"null")
+            if reply is None:
+                raise ConnectionError("the shim exited")
+            if reply.get("id") == self._id:
+                return reply
+
+    def _loop(self, deadline_s: float = 3600.0) -> None:
+        end = time.monotonic() + deadline_s
+        calls = [("tool_search", {"query": "echo a message", "top_k": 3}),
+                 ("execute_tool", {"name": "alpha__echo", "arguments": {"message": "hi"}})]
+        while not self.stop.is_set() and time.monotonic() < end:
+            for tool, args in calls:
+                reply = self.call("tools/call", {"name": tool, "arguments": args})
+                ok = "result" in reply and not reply["result"].get("isError")
+                in_flight = "in flight" in (reply.get("error") or {}).get("message", "")
+                self.answers.append((time.monotonic(), tool, ok, in_flight))
+                time.sleep(RESTART_PACE_S)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def restart_errors(restarts: int, embedder: str, timeout: float) -> dict[str, Any]:
+    """The time a client sees errors across a daemon restart (SIGKILL, then `toolatlas serve`
+    started again), through `toolatlas shim`: per restart, from the kill to the first good
+    answer after it (per tool), the span from the first error to the first good answer
+    after it, and the errors seen; median and p95 over `restarts`."""
+    sys.path.insert(0, str(REPO))
+    from tests.support.daemon import Daemon, stdio_testserver
+    from tests.support.processes import descendants, kill_all
+
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    shim = [str(Path(sys.executable).parent / "toolatlas"), "shim"]
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="toolatlas-restart-") as tmp_s:
+        d = Daemon(Path(tmp_s), stdio_testserver("alpha"), search_extra=f'embedder = "{embedder}"\n')
+        with d:
+            client = _PacedClient([*shim, "--socket", d.socket])
+            client.thread.start()
+            try:
+                for _ in range(restarts):
+                    runs.append(_one_restart(d, client, timeout, descendants, kill_all))
+            finally:
+                client.close()
+
+    def stat(key: str) -> dict[str, float]:
+        xs = [r[key] for r in runs]
+        return {"median_s": round(median(xs), 3), "p95_s": round(pct_ms(xs, 95) / 1000, 3), "max_s": round(max(xs), 3)}
+
+    return {
+        "bench": "startup_restart",
+        "what": "a client through `toolatlas shim` calling tool_search and execute_tool (alpha__echo) in a loop "
+                f"({RESTART_PACE_S * 1000:.0f} ms apart) while the daemon is SIGKILLed and started again",
+        "restarts": restarts,
+        "embedder": embedder,
+        "machine_cores": os.cpu_count(),
+        "loadavg_start": load_start,
+        "kill_to_first_search_ok": stat("kill_to_search_ok_s"),
+        "kill_to_first_execute_ok": stat("kill_to_execute_ok_s"),
+        "error_window": stat("error_window_s"),
+        "daemon_start": stat("daemon_start_s"),
+        "kill_to_socket_accepts": stat("kill_to_socket_accepts_s"),
+        "socket_accepts_to_first_search_ok": stat("socket_accepts_to_search_ok_s"),
+        "errors_per_restart_median": median([r["errors"] for r in runs]),
+        "in_flight_errors_total": sum(r["in_flight_errors"] for r in runs),
+        "runs": runs,
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _socket_back(path: str, out: list[float], deadline: float) -> None:
+    """Append the time `path` first accepts a connection (polled every 10 ms)."""
+    import socket
+
+    while time.monotonic() < deadline:
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(path)
+            out.append(time.monotonic())
+            return
+        except OSError:
+            time.sleep(0.01)
+        finally:
+            probe.close()
+
+
+def _one_restart(d: Any, client: _PacedClient, timeout: float, descendants: Any, kill_all: Any) -> dict[str, Any]:
+    """Kill the daemon once the client is served, start it again (from this thread: a daemon
+    started from another one dies with it), and wait until the client is served again."""
+    def served_since(t: float, tool: str) -> float | None:
+        return next((at for at, name, ok, _ in list(client.answers) if at > t and ok and name == tool), None)
+
+    deadline = time.monotonic() + timeout
+    mark = time.monotonic()
+    while served_since(mark, "execute_tool") is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the client was not served before the kill")
+        time.sleep(POLL_S)
+    kids = descendants(d.proc.pid)
+    t_kill = time.monotonic()
+    d.proc.kill()
+    d.proc.wait()
+    kill_all(kids)
+    d.stop()  # closes the log file of the killed daemon
+    back: list[float] = []
+    probe = threading.Thread(target=_socket_back, args=(d.socket, back, deadline), daemon=True)
+    probe.start()
+    t0 = time.monotonic()
+    d.start(wait_ready=timeout)
+    started = time.monotonic() - t0
+    probe.join(timeout)
+    while served_since(t_kill, "execute_tool") is None or served_since(t_kill, "tool_search") is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the client was not served again within {timeout} s of the kill")
+        time.sleep(POLL_S)
+    after = [a for a in list(client.answers) if a[0] > t_kill]
+    first_error = next((at for at, _, ok, _ in after if not ok), t_kill)
+    first_ok = next(at for at, _, ok, _ in after if ok and at > first_error)
+    return {
+        "kill_to_search_ok_s": round(served_since(t_kill, "tool_search") - t_kill, 3),  # type: ignore[operator]
+        "kill_to_execute_ok_s": round(served_since(t_kill, "execute_tool") - t_kill, 3),  # type: ignore[operator]
+        "error_window_s": round(first_ok - first_error, 3),
+        "daemon_start_s": round(started, 3),
+        "kill_to_socket_accepts_s": round(back[0] - t_kill, 3) if back else None,
+        # what the shim adds: its reconnect backoff, the replay, one search
+        "socket_accepts_to_search_ok_s": round(served_since(t_kill, "tool_search") - back[0], 3) if back else None,  # type: ignore[operator]
+        "errors": sum(1 for a in after if not a[2] and a[0] < first_ok),
+        "in_flight_errors": sum(1 for a in after if a[3]),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tools", type=int, default=2000)
@@ -229,7 +409,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed per start")
     p.add_argument("--queries", type=int, default=200,
                    help="distinct queries timed end to end over the socket after the last restart (0: skip)")
+    p.add_argument("--restart", type=int, default=0, metavar="N",
+                   help="instead: the time a client sees errors across N daemon restarts (SIGKILL + start) "
+                        "through the shim; writes bench/out/startup_restart.json")
     a = p.parse_args(argv)
+    if a.restart:
+        emit(restart_errors(a.restart, a.embedder, min(a.timeout, 120)), "startup_restart")
+        return 0
     emit(run(a.tools, a.embedder, max(1, a.restarts), a.timeout, a.queries), "startup")
     return 0
 

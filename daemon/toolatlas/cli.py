@@ -3,11 +3,14 @@ must start fast, so nothing heavy is imported before the command is known."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 from toolatlas.meta_tools import MAX_TOP_K as TOP_K_MAX
 from toolatlas.paths import client_socket
@@ -24,11 +27,14 @@ _DELEGATED = {
     "doctor": ("toolatlas.doctor_cli", "main"),
     "upstream": ("toolatlas.admin_cli", "upstream_main"),
     "reload": ("toolatlas.admin_cli", "reload_main"),
+    "install": ("toolatlas.install", "main"),
 }
 
 
 def _top_k(text: str) -> int:
     """--k as an int in 1..20; argparse turns the ValueError/ArgumentTypeError into a usage error."""
+    import argparse
+
     try:
         k = int(text)
     except ValueError:
@@ -39,6 +45,8 @@ def _top_k(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(prog="toolatlas", description="MCP tool gateway daemon and tools.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
@@ -51,8 +59,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--json", action="store_true", help="print the raw JSON result")
 
     s = sub.add_parser("shim", help="relay stdio to the daemon socket (what an MCP client launches)")
-    s.add_argument("--socket")
-    s.add_argument("--config")
+    s.add_argument("--socket", help="daemon socket (default: $TOOLATLAS_SOCKET, config, runtime dir)")
+    s.add_argument("--config", help="the daemon's config: its socket, and the daemon is started when that "
+                   "socket does not answer")
 
     s = sub.add_parser("search", help="one tool_search through the running daemon")
     s.add_argument("query")
@@ -76,6 +85,49 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _shim_args(argv: list[str]) -> SimpleNamespace | None:
+    """`shim [--socket P] [--config P]` read without building the parser (~10 ms of the shim's
+    start); anything else (--help, a typo) is left to argparse."""
+    if not argv or argv[0] != "shim":
+        return None
+    opts: dict[str, str | None] = {"socket": None, "config": None}
+    rest = argv[1:]
+    while rest:
+        flag, eq, value = rest.pop(0).partition("=")
+        name = flag[2:] if flag.startswith("--") else ""
+        if name not in opts or opts[name] is not None:
+            return None
+        if not eq:
+            if not rest:
+                return None
+            value = rest.pop(0)
+        opts[name] = value
+    return SimpleNamespace(cmd="shim", **opts)
+
+
+def _shim(args: Any, socket: str) -> int:
+    """`toolatlas shim`; with `--config`, one that starts the daemon when nothing answers."""
+    from toolatlas.surface.shim import run
+
+    if not args.config:
+        return run(socket)
+    from toolatlas.errors import ConfigError
+    from toolatlas.paths import daemon_path, default_socket_path, default_state_dir
+    from toolatlas.surface.autostart import Starter
+
+    try:
+        served = daemon_path(args.config, "socket") or default_socket_path()
+        state_dir = daemon_path(args.config, "state_dir") or default_state_dir()
+    except ConfigError as exc:
+        print(f"toolatlas: config error: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    if args.socket and os.path.abspath(args.socket) != served:
+        print(f"toolatlas: --socket {args.socket} is not the socket the daemon of {args.config} listens on "
+              f"({served}); drop --socket to use that one", file=sys.stderr)
+        return EX_CONFIG
+    return run(served, Starter(args.config, served, state_dir))
+
+
 def _content_json(result: dict[str, Any]) -> Any:
     if result.get("structuredContent") is not None:
         return result["structuredContent"]
@@ -86,7 +138,7 @@ def _content_json(result: dict[str, Any]) -> Any:
         return "".join(texts)
 
 
-def _client_command(args: argparse.Namespace, path: str) -> int:
+def _client_command(args: Any, path: str) -> int:
     from toolatlas.surface.rawclient import RawClient, RpcError
 
     try:
@@ -183,7 +235,7 @@ def _main(argv: list[str] | None = None) -> int:
         module, func = _DELEGATED[argv[0]]
         return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
 
-    args = _parser().parse_args(argv)
+    args = _shim_args(argv) or _parser().parse_args(argv)
     from toolatlas.errors import ConfigError
 
     if args.cmd in ("shim", "search", "call", "status"):
@@ -193,9 +245,7 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"toolatlas: config error: {exc}", file=sys.stderr)
             return EX_CONFIG
         if args.cmd == "shim":
-            from toolatlas.surface.shim import run
-
-            return run(socket)
+            return _shim(args, socket)
         return _client_command(args, socket)
 
     from toolatlas.config import load

@@ -2,16 +2,37 @@
 
 Used on the daemon socket (surface.wire), on a stdio upstream's stdout (upstream.transports)
 and by the CLI's raw client (surface.rawclient). Stdlib only and cheap to import: the shim
-and the CLI load it, and they must start in a few tens of milliseconds.
+and the CLI load it, and they must start in a few tens of milliseconds. Also the one
+encoder of a JSON-RPC error line (`Refusal`), for the daemon's screens and the shim alike.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-_ID_RE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+# Compiled on first use (re's cache keeps it): compiling costs the shim's start a few ms.
+_ID_PATTERN = rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)'
+
+
+class Refusal(NamedTuple):
+    """The JSON-RPC error a refused message is answered with."""
+
+    code: int
+    message: str
+    id: str | int | None = None
+
+    def payload(self) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": self.id, "error": {"code": self.code, "message": self.message}}
+
+    def line(self) -> bytes:
+        return json.dumps(self.payload()).encode() + b"\n"
 
 
 class Oversized(NamedTuple):
@@ -23,7 +44,7 @@ class Oversized(NamedTuple):
 
 def request_id_of(head: bytes) -> str | int | None:
     """The first `"id": ...` (a string or an integer) in the start of a message, or None."""
-    m = _ID_RE.search(head)
+    m = re.search(_ID_PATTERN, head)
     if m is None:
         return None
     raw = m.group(1)

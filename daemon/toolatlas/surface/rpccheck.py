@@ -22,36 +22,21 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 import mcp_types as types
 import msgspec
 
-from toolatlas.jsonlines import request_id_of
+from toolatlas.jsonlines import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, Refusal, request_id_of
 
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
+__all__ = ["INTERNAL_ERROR", "INVALID_PARAMS", "INVALID_REQUEST", "PARSE_ERROR", "Refusal", "screen"]
+
 # pydantic-core's JSON parser, the SDK's, refuses a message that nests deeper than this.
 MAX_DEPTH = 200
 
 _decode = msgspec.json.Decoder().decode
 _BYTE_RE = re.compile(r"\(byte (\d+)\)")
 
-
-class Refusal(NamedTuple):
-    """The JSON-RPC error a refused message is answered with."""
-
-    code: int
-    message: str
-    id: str | int | None = None
-
-    def payload(self) -> dict[str, Any]:
-        return {"jsonrpc": "2.0", "id": self.id, "error": {"code": self.code, "message": self.message}}
-
-    def line(self) -> bytes:
-        return json.dumps(self.payload()).encode() + b"\n"
 
 
 def screen(data: bytes) -> tuple[types.JSONRPCMessage | None, Refusal | None]:
