@@ -11,7 +11,6 @@ import errno
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Mapping
 from typing import BinaryIO
 
@@ -106,8 +105,11 @@ def write_atomic(path: str | os.PathLike[str], chunks: bytes | list[bytes], mode
     """Replace `path` with `chunks` at once: a temp file in the same folder, fsync, rename,
     fsync of the folder. Readers see the old bytes or the new ones, never a mix. The file
     gets `mode`, else the mode the file had, else 0666 less the umask."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    import tempfile  # not at module level: the shim imports this module and must start fast
+
+    p = os.fspath(path)
+    folder = os.path.dirname(p) or "."
+    os.makedirs(folder, exist_ok=True)
     if mode is None:
         try:
             mode = stat.S_IMODE(os.stat(p).st_mode)
@@ -115,7 +117,7 @@ def write_atomic(path: str | os.PathLike[str], chunks: bytes | list[bytes], mode
             umask = os.umask(0)
             os.umask(umask)
             mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(p)}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fh:
             for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
@@ -130,7 +132,7 @@ def write_atomic(path: str | os.PathLike[str], chunks: bytes | list[bytes], mode
         except FileNotFoundError:
             pass
         raise
-    dfd = os.open(p.parent, os.O_RDONLY)
+    dfd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dfd)
     finally:
