@@ -63,6 +63,7 @@ def make_engine(cfg: Config) -> Engine:
         cache_size=cfg.search.cache_size,
         cache_ttl=cfg.search.cache_ttl,
         query_threads=cfg.search.query_threads,
+        background=True,
     )
 
 
@@ -91,6 +92,7 @@ class Gateway:
         self.searches = SearchService(
             self.catalog, self.visibility, mode=lambda: self.cfg.search.mode, rift=lambda: self.rift.report,
             metrics=self.metrics, events=self.events,
+            starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
@@ -99,6 +101,7 @@ class Gateway:
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
             metrics=self.metrics, events=self.events, redactor=self.redactor,
+            not_listed=self.status_service.not_listed,
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self.metrics.set_state_source(self.status_service.snapshot)
@@ -110,14 +113,16 @@ class Gateway:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Load the index, connect upstreams, and set `index_ready` once the upstreams that
-        connected have their first listing indexed. started() at once: search answers
-        degraded until the index is loaded."""
+        """Connect upstreams, load the persisted index, bring the embedding model in behind
+        them, and set `index_ready` once the upstreams that connected have their first listing
+        indexed (BM25 at least: the model never holds it up). started() at once: search
+        answers degraded until the index is loaded."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
+            await tg.start(self.pool.run)  # first: upstreams start while the index loads
             await self.catalog.load(frozenset(u.name for u in self.cfg.upstream))
-            await tg.start(self.pool.run)
+            tg.start_soon(self.catalog.run_model)
             tg.start_soon(self.catalog.run_card_rechecks, lambda: self.cfg.cards.recheck_interval)
             tg.start_soon(self.rift.run)
             await self.pool.wait_settled(max((u.timeouts.connect for u in self.cfg.upstream), default=1.0) + 5)
@@ -128,7 +133,8 @@ class Gateway:
                     await anyio.sleep(0.02)
             self.index_ready.set()
             view = self.catalog.view
-            log.info("index ready: %d tools from %d upstreams", len(view.by_name), len(view.available))
+            log.info("index ready: %d tools from %d upstreams (search: %s)", len(view.by_name), len(view.available),
+                     self.engine.degraded or "hybrid" if self.cfg.search.embedder != "none" else "bm25")
             await self.catalog.announce()
 
     def _ready_upstreams(self) -> set[str]:
@@ -192,6 +198,10 @@ class Gateway:
     @property
     def default_top_k(self) -> int:
         return self.cfg.search.default_top_k
+
+    @property
+    def starting(self) -> bool:
+        return not self.index_ready.is_set()
 
     def instructions(self, conn: Connection | None) -> str:
         allowed = self.visibility.allowed_servers(conn) if conn is not None else set()
