@@ -21,6 +21,11 @@ and must really be embedded.
 * memory: VmRSS and VmHWM of the daemon process (from /proc, upstream children excluded,
   reported apart) with the catalog indexed, after 50 searches.
 
+`--fresh [--runs 5] [--cases example,2000]` measures the real first start instead (issue 16
+item 4; bench/fresh_start.py): an empty state_dir without the ONNX export, median of `--runs`
+time to the first correct tool_search answer and to hybrid search, for the example config
+and a 2,000-tool upstream; prints JSON and writes bench/out/startup_fresh.json.
+
 Goals (issue 3): cold indexing of 2,000 tools <= 60 s; a restart serves its first search
 within 5 s with zero new embeddings; daemon RSS <= 400 MB; tool_search p95 <= 15 ms at 2,000. Prints JSON and writes
 bench/out/startup.json. Polls every 50 ms, so each time is within ~50 ms (plus one status
@@ -229,7 +234,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed per start")
     p.add_argument("--queries", type=int, default=200,
                    help="distinct queries timed end to end over the socket after the last restart (0: skip)")
+    p.add_argument("--fresh", action="store_true",
+                   help="only the fresh-state start (no ONNX export pre-seeded): first correct answer, hybrid")
+    p.add_argument("--runs", type=int, default=5, help="--fresh: fresh starts per case (median reported)")
+    p.add_argument("--cases", default="example,2000", help="--fresh: example, 2000 or both")
     a = p.parse_args(argv)
+    if a.fresh:
+        import fresh_start
+
+        emit(fresh_start.run([c for c in a.cases.split(",") if c], max(1, a.runs), a.timeout), "startup_fresh")
+        return 0
     emit(run(a.tools, a.embedder, max(1, a.restarts), a.timeout, a.queries), "startup")
     return 0
 

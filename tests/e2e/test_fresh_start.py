@@ -10,9 +10,11 @@ file exists."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from mcp import Client
 from tests.support.daemon import Daemon, stdio_testserver
 from tests.support.results import text
 from tests.support.servers import testserver_args
+from toolatlas.examples.run_example import report_startup
 from toolatlas.retrieval.embed import HOLD_EXPORT_ENV
 from toolatlas.surface.unix import unix_client
 
@@ -72,6 +75,12 @@ async def test_before_the_first_index_calls_are_told_to_retry_and_lists_are_not_
         assert "no matching tools" not in out.stdout
         out = cli(d, "status")
         assert out.returncode == 0 and "waiting for:\n  upstream slow: connecting (" in out.stdout, out.stdout
+        # What `make run` prints meanwhile (examples/run_example.py), until nothing is awaited.
+        report = io.StringIO()
+        assert d.proc is not None
+        reporter = threading.Thread(target=report_startup, args=(d.socket, d.proc, report), daemon=True)
+        reporter.start()
+        d.wait_for(lambda: "upstream slow: connecting" in report.getvalue(), 30, "the start-up report")
 
         changed = anyio.Event()
 
@@ -102,6 +111,11 @@ async def test_before_the_first_index_calls_are_told_to_retry_and_lists_are_not_
                 assert _names(late_modern) == META and late_modern.ttl_ms == 30_000
         st = d.status()
         assert st["index"]["ready"] and st["waiting_for"] == []
+        reporter.join(60)
+        assert not reporter.is_alive()
+        printed = report.getvalue()
+        assert "toolatlas: waiting for: upstream slow: connecting (" in printed, printed
+        assert "toolatlas: serving" in printed and printed.endswith("toolatlas: ready, nothing left to wait for\n")
         r = d.tool("execute_tool", {"name": "slow__echo", "arguments": {"message": "late"}})
         assert not r.get("isError") and text(r) == "Echo: late"
 
@@ -113,6 +127,8 @@ def test_fresh_state_dir_serves_bm25_while_the_model_exports_then_goes_hybrid(tm
     d = Daemon(tmp_path, stdio_testserver("fast"), search_extra='embedder = "onnx"\n', seed_models=False)
     assert not (tmp_path / "state").exists()
     with d.start(wait_ready=120, env={HOLD_EXPORT_ENV: str(gate)}):
+        # Search serves first; the model's worker starts then, and the gate holds its export.
+        d.wait_for(lambda: d.status()["index"]["model"]["phase"] == "exporting", 60, "the export held")
         answer = d.meta("tool_search", {"query": "echo the message back", "top_k": 3})
         st = d.status()
         assert answer["matches"][0]["name"] == "fast__echo"

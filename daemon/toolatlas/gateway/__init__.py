@@ -122,7 +122,7 @@ class Gateway:
             task_status.started()
             await tg.start(self.pool.run)  # first: upstreams start while the index loads
             await self.catalog.load(frozenset(u.name for u in self.cfg.upstream))
-            tg.start_soon(self.catalog.run_model)
+            tg.start_soon(self._run_model)
             tg.start_soon(self.catalog.run_card_rechecks, lambda: self.cfg.cards.recheck_interval)
             tg.start_soon(self.rift.run)
             await self.pool.wait_settled(max((u.timeouts.connect for u in self.cfg.upstream), default=1.0) + 5)
@@ -136,6 +136,14 @@ class Gateway:
             log.info("index ready: %d tools from %d upstreams (search: %s)", len(view.by_name), len(view.available),
                      self.engine.degraded or "hybrid" if self.cfg.search.embedder != "none" else "bm25")
             await self.catalog.announce()
+
+    async def _run_model(self) -> None:
+        """The embedding model's worker, started once search serves: on a fresh state_dir the
+        export (a torch subprocess, tens of CPU seconds) would otherwise take the cores from the
+        upstreams' and the daemon's own start, which the first answer waits for. Dense search
+        comes no later than before, when the export ran first and everything else after it."""
+        await self.index_ready.wait()
+        await self.catalog.run_model()
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}

@@ -79,6 +79,8 @@ class ModelProgress:
             return f"embedding model: embedding documents, {self.embedded} of {self.total} done ({secs})"
         if self.phase is ModelPhase.FAILED:
             return f"embedding model: failed ({self.error}); searching BM25 only"
+        if self.phase is ModelPhase.WAITING:
+            return f"embedding model: waiting to start ({secs})"
         return f"embedding model: {self.phase.value} ({secs})"
 
     def as_dict(self) -> dict[str, Any]:

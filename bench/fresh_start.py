@@ -1,0 +1,180 @@
+"""Fresh-state start (issue 16 item 4), run by `bench/startup.py --fresh`: a real `toolatlas
+serve` on an empty temp state_dir, the ONNX export NOT pre-seeded (the real first start: the
+daemon exports the model itself), each run on a new state_dir.
+
+Two catalogs:
+* `example`: conf/example.toml's three upstreams (notes over stdio, weather over SSE, units
+  over streamable HTTP; the two network servers are started once, on free loopback ports),
+  query "convert miles to kilometres", correct = `units__convert_units` ranked first;
+* `2000`: one stdio test server with `--tools 2000` (2,007 tools), query "echo the message
+  back", correct = `big__echo` ranked first.
+
+Clocks start at the spawn of `toolatlas serve` and stop at the first tool_search whose first
+match is the correct tool (`first_correct_s`; the answer's `degraded` at that moment is kept),
+and at the first catalog_status whose index is dense and degraded-free over every tool
+(`hybrid_s`; on builds before this issue there is no `index.model`, so it is read from
+`degraded` and `dense_index`, which both builds report). Polls every 50 ms with a new socket
+connection each time, so each time is within ~50 ms plus a round trip of the event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import OUT, median
+
+POLL_S = 0.05
+CASES = {
+    "example": ("convert miles to kilometres", "units__convert_units"),
+    "2000": ("echo the message back", "big__echo"),
+}
+
+
+def _status(sock: str) -> dict[str, Any] | None:
+    from toolatlas.surface.rawclient import RawClient, RpcError
+
+    try:
+        with RawClient(sock, timeout=30) as c:
+            r = c.call_tool("catalog_status", {})
+    except (OSError, ConnectionError, ValueError, RpcError):
+        return None
+    return None if r.get("isError") else r.get("structuredContent")
+
+
+def _search(sock: str, query: str) -> dict[str, Any] | None:
+    from toolatlas.surface.rawclient import RawClient, RpcError
+
+    try:
+        with RawClient(sock, timeout=30) as c:
+            r = c.call_tool("tool_search", {"query": query, "top_k": 5})
+    except (OSError, ConnectionError, ValueError, RpcError):
+        return None
+    return None if r.get("isError") else r.get("structuredContent")
+
+
+def _hybrid(st: dict[str, Any], tools: int) -> bool:
+    idx = st.get("index") or {}
+    dense = idx.get("dense_index") or {}
+    return (idx.get("degraded") is None and idx.get("tools", 0) >= tools
+            and dense.get("live", 0) >= idx.get("tools", 0) > 0)
+
+
+def _config(tmp: Path, case: str, urls: dict[str, str]) -> tuple[Path, str, int]:
+    """(config file, socket, tools expected) for a fresh state_dir under `tmp`."""
+    from tests.support.daemon import stdio_testserver
+
+    sock = str(tmp / "run" / "toolatlas.sock")
+    head = (f'[daemon]\nsocket = "{sock}"\nstate_dir = "{tmp / "state"}"\nmetrics_addr = ""\n'
+            '[search]\nmode = "hybrid"\nembedder = "onnx"\n')
+    if case == "example":
+        ups = (f'[[upstream]]\nname = "notes"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+               'args = ["-m", "toolatlas.examples.notes", "--transport", "stdio"]\n'
+               f'[[upstream]]\nname = "weather"\ntransport = "sse"\nurl = "{urls["weather"]}"\n'
+               f'[[upstream]]\nname = "units"\ntransport = "http"\nurl = "{urls["units"]}"\n')
+        tools = 0  # whatever the three list; checked against the first ready status
+    else:
+        ups = stdio_testserver("big", "--tools", "2000")
+        tools = 2000
+    cfg = tmp / "toolatlas.toml"
+    cfg.write_text(head + ups)
+    return cfg, sock, tools
+
+
+def one_run(case: str, urls: dict[str, str], timeout: float) -> dict[str, Any]:
+    """One fresh start: spawn, time the first correct answer and hybrid readiness, stop."""
+    from tests.support.processes import descendants, die_with_parent, kill_all
+
+    query, want = CASES[case]
+    tmp = Path(tempfile.mkdtemp(prefix="toolatlas-fresh-"))
+    try:
+        cfg, sock, tools = _config(tmp, case, urls)
+        with open(tmp / "daemon.log", "wb") as logfh:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-m", "toolatlas", "serve", "--config", str(cfg)],
+                                    stdout=logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=die_with_parent)
+            res: dict[str, Any] = {}
+            try:
+                deadline = t0 + timeout
+                while time.perf_counter() < deadline and "hybrid_s" not in res:
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"daemon exited with {proc.returncode}: "
+                                           f"{(tmp / 'daemon.log').read_text()[-2000:]}")
+                    if "first_correct_s" not in res:
+                        ans = _search(sock, query)
+                        if ans is not None and ans.get("matches") and ans["matches"][0]["name"] == want:
+                            res["first_correct_s"] = round(time.perf_counter() - t0, 3)
+                            res["degraded_then"] = ans.get("degraded")
+                    st = _status(sock)
+                    if st is not None:
+                        if "ready_s" not in res and (st.get("index") or {}).get("ready"):
+                            res["ready_s"] = round(time.perf_counter() - t0, 3)
+                        if "first_correct_s" in res and _hybrid(st, tools or 1):
+                            res["hybrid_s"] = round(time.perf_counter() - t0, 3)
+                            res["tools"] = st["index"]["tools"]
+                    time.sleep(POLL_S)
+                if "hybrid_s" not in res:
+                    raise TimeoutError(f"{case}: not hybrid within {timeout} s: {res}")
+            finally:
+                kids = descendants(proc.pid)
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+                kill_all(kids)
+        return res
+    finally:
+        OUT.mkdir(parents=True, exist_ok=True)
+        if (tmp / "daemon.log").exists():  # the last run's log, for a look at where the time went
+            shutil.copy(tmp / "daemon.log", OUT / f"startup_fresh_{case}.log")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(cases: list[str], runs: int, timeout: float) -> dict[str, Any]:
+    from tests.support.servers import start_server
+
+    out: dict[str, Any] = {"bench": "startup --fresh", "runs": runs, "machine_cores": os.cpu_count(),
+                           "code": os.environ.get("PYTHONPATH", "")}
+    servers = []
+    urls: dict[str, str] = {}
+    try:
+        if "example" in cases:
+            for name, transport in (("weather", "sse"), ("units", "http")):
+                srv = start_server(f"toolatlas.examples.{name}", transport)
+                servers.append(srv)
+                urls[name] = srv.url
+        for case in cases:
+            load0 = [round(x, 2) for x in os.getloadavg()]
+            rs = [one_run(case, urls, timeout) for _ in range(runs)]
+            out[case] = {
+                "query": CASES[case][0], "correct": CASES[case][1], "runs": rs,
+                "median_first_correct_s": round(median([r["first_correct_s"] for r in rs]), 3),
+                "median_hybrid_s": round(median([r["hybrid_s"] for r in rs]), 3),
+                "loadavg_start": load0, "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            }
+    finally:
+        for srv in servers:
+            srv.stop()
+    goals = {}
+    if "example" in out:
+        goals["example first correct <= 5 s (median)"] = out["example"]["median_first_correct_s"] <= 5
+    if "2000" in out:
+        goals["2000-tool first correct <= 10 s (median)"] = out["2000"]["median_first_correct_s"] <= 10
+    out["goals"] = goals
+    return out
+
+
+if __name__ == "__main__":  # `bench/startup.py --fresh` is the documented entry point
+    print(json.dumps(run(sys.argv[1:] or list(CASES), 5, 900), indent=2))
