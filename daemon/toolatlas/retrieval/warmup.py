@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Documents per background step: a shutdown waits for the step in flight (about a second on
+# two cores), and progress moves at least this often.
+STEP_BATCH = 64
+
 
 class ModelPhase(enum.Enum):
     OFF = "off"  # embedder = "none": BM25 only, by configuration
@@ -128,6 +132,9 @@ class ModelLoader:
                 self.progress = self.progress.to(ModelPhase.LOADING)
                 model = get_embedder(self.kind, self.state_dir, self.query_threads, cancel=self._cancel)
             except Exception as exc:  # noqa: BLE001 - any failure degrades, never crashes
+                if self.cancelled:  # shutting down: not a failure of the model
+                    log.info("retrieval.model_load_stopped: the daemon is shutting down")
+                    return None
                 self.fail(exc, "loading")
                 return None
             self.seconds = time.perf_counter() - t0
@@ -150,16 +157,14 @@ class ModelLoader:
         self, lock: AbstractContextManager[Any], builder: IndexBuilder, publish: Callable[[Embedder], None],
         fail: Callable[[BaseException, str], None],
     ) -> bool:
-        """Embed up to EMBED_BATCH of `builder`'s documents that have no vector, outside
+        """Embed up to STEP_BATCH of `builder`'s documents that have no vector, outside
         `lock` (the engine's update lock: updates and searches go on meanwhile), or, when none
         is left, `publish(model)` under it. True while there is more to do."""
-        from toolatlas.retrieval.index import EMBED_BATCH
-
         model = self.model
         if model is None or self.cancelled:
             return False
         with lock:
-            todo = builder.pending(EMBED_BATCH)
+            todo = builder.pending(STEP_BATCH)
             if not todo:
                 publish(model)
                 return False
