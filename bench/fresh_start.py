@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import OUT, median
+from startup import stop, try_status
 
 POLL_S = 0.05
 CASES = {
@@ -39,18 +39,8 @@ CASES = {
 }
 
 
-def _status(sock: str) -> dict[str, Any] | None:
-    from toolatlas.surface.rawclient import RawClient, RpcError
-
-    try:
-        with RawClient(sock, timeout=30) as c:
-            r = c.call_tool("catalog_status", {})
-    except (OSError, ConnectionError, ValueError, RpcError):
-        return None
-    return None if r.get("isError") else r.get("structuredContent")
-
-
 def _search(sock: str, query: str) -> dict[str, Any] | None:
+    """The whole tool_search answer (startup.try_search keeps only the names)."""
     from toolatlas.surface.rawclient import RawClient, RpcError
 
     try:
@@ -114,7 +104,7 @@ def one_run(case: str, urls: dict[str, str], timeout: float) -> dict[str, Any]:
                         if ans is not None and ans.get("matches") and ans["matches"][0]["name"] == want:
                             res["first_correct_s"] = round(time.perf_counter() - t0, 3)
                             res["degraded_then"] = ans.get("degraded")
-                    st = _status(sock)
+                    st = try_status(sock)
                     if st is not None:
                         if "ready_s" not in res and (st.get("index") or {}).get("ready"):
                             res["ready_s"] = round(time.perf_counter() - t0, 3)
@@ -126,13 +116,7 @@ def one_run(case: str, urls: dict[str, str], timeout: float) -> dict[str, Any]:
                     raise TimeoutError(f"{case}: not hybrid within {timeout} s: {res}")
             finally:
                 kids = descendants(proc.pid)
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                stop(proc)
                 kill_all(kids)
         return res
     finally:

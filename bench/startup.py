@@ -167,14 +167,19 @@ def one_start(config: Path, sock: str, log: Path, n: int, timeout: float,
             res["index"] = {k: idx.get(k) for k in (
                 "tools", "mode", "embedder", "degraded", "embeddings_computed", "snapshot_restored", "timings")}
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(proc)
     return res
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the daemon and wait for its orderly shutdown (30 s), else SIGKILL it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def run(n: int, embedder: str, restarts: int, timeout: float, n_queries: int = 200) -> dict[str, Any]:
