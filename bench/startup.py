@@ -139,7 +139,9 @@ def one_start(config: Path, sock: str, log: Path, n: int, timeout: float,
                     marks.setdefault("socket_answers_s", now)
                     if st["index"].get("ready") and "ready_s" not in marks:
                         marks["ready_s"] = now
-                    if st["index"].get("tools", 0) >= n and st.get("tools", 0) >= n and "indexed_s" not in marks:
+                    # indexed: all N tools embedded too (BM25 serves them earlier, while the model loads)
+                    if (st["index"].get("tools", 0) >= n and st.get("tools", 0) >= n and "indexed_s" not in marks
+                            and st["index"].get("degraded") is None):
                         marks["indexed_s"] = now
                 time.sleep(POLL_S)
             missing = {"ready_s", "indexed_s", "first_search_s"} - set(marks)
