@@ -9,6 +9,12 @@ Two catalogs:
 * `2000`: one stdio test server with `--tools 2000` (2,007 tools), query "echo the message
   back", correct = `big__echo` ranked first.
 
+The 2,000-tool server builds its tools for seconds before it answers: its connect timeout is
+120 s here (on a machine loaded by other work it missed the default 20 s, over and over).
+Only the first `hybrid_runs` runs of each case wait for hybrid search; the others stop at the
+first correct answer (a run to hybrid includes the export: minutes on a loaded machine). A
+run that fails is reported with its error and left out of the medians.
+
 Clocks start at the spawn of `toolatlas serve` and stop at the first tool_search whose first
 match is the correct tool (`first_correct_s`; the answer's `degraded` at that moment is kept),
 and at the first catalog_status whose index is dense and degraded-free over every tool
@@ -72,15 +78,16 @@ def _config(tmp: Path, case: str, urls: dict[str, str]) -> tuple[Path, str, int]
                f'[[upstream]]\nname = "units"\ntransport = "http"\nurl = "{urls["units"]}"\n')
         tools = 0  # whatever the three list; checked against the first ready status
     else:
-        ups = stdio_testserver("big", "--tools", "2000")
+        ups = stdio_testserver("big", "--tools", "2000") + "timeouts = { connect = 120 }\n"
         tools = 2000
     cfg = tmp / "toolatlas.toml"
     cfg.write_text(head + ups)
     return cfg, sock, tools
 
 
-def one_run(case: str, urls: dict[str, str], timeout: float) -> dict[str, Any]:
-    """One fresh start: spawn, time the first correct answer and hybrid readiness, stop."""
+def one_run(case: str, urls: dict[str, str], timeout: float, hybrid: bool = True) -> dict[str, Any]:
+    """One fresh start: spawn, time the first correct answer (and with `hybrid`, hybrid
+    readiness), stop."""
     from tests.support.processes import descendants, die_with_parent, kill_all
 
     query, want = CASES[case]
@@ -95,7 +102,8 @@ def one_run(case: str, urls: dict[str, str], timeout: float) -> dict[str, Any]:
             res: dict[str, Any] = {}
             try:
                 deadline = t0 + timeout
-                while time.perf_counter() < deadline and "hybrid_s" not in res:
+                done = "hybrid_s" if hybrid else "first_correct_s"
+                while time.perf_counter() < deadline and done not in res:
                     if proc.poll() is not None:
                         raise RuntimeError(f"daemon exited with {proc.returncode}: "
                                            f"{(tmp / 'daemon.log').read_text()[-2000:]}")
@@ -112,8 +120,8 @@ def one_run(case: str, urls: dict[str, str], timeout: float) -> dict[str, Any]:
                             res["hybrid_s"] = round(time.perf_counter() - t0, 3)
                             res["tools"] = st["index"]["tools"]
                     time.sleep(POLL_S)
-                if "hybrid_s" not in res:
-                    raise TimeoutError(f"{case}: not hybrid within {timeout} s: {res}")
+                if done not in res:
+                    raise TimeoutError(f"{case}: no {done} within {timeout} s: {res}")
             finally:
                 kids = descendants(proc.pid)
                 stop(proc)
@@ -126,7 +134,14 @@ def one_run(case: str, urls: dict[str, str], timeout: float) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run(cases: list[str], runs: int, timeout: float) -> dict[str, Any]:
+def _attempt(case: str, urls: dict[str, str], timeout: float, hybrid: bool) -> dict[str, Any]:
+    try:
+        return one_run(case, urls, timeout, hybrid)
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        return {"error": str(exc)[:500]}
+
+
+def run(cases: list[str], runs: int, timeout: float, hybrid_runs: int | None = None) -> dict[str, Any]:
     from tests.support.servers import start_server
 
     out: dict[str, Any] = {"bench": "startup --fresh", "runs": runs, "machine_cores": os.cpu_count(),
@@ -141,21 +156,23 @@ def run(cases: list[str], runs: int, timeout: float) -> dict[str, Any]:
                 urls[name] = srv.url
         for case in cases:
             load0 = [round(x, 2) for x in os.getloadavg()]
-            rs = [one_run(case, urls, timeout) for _ in range(runs)]
+            n_hybrid = runs if hybrid_runs is None else hybrid_runs
+            rs = [_attempt(case, urls, timeout, i < n_hybrid) for i in range(runs)]
+            first = [r["first_correct_s"] for r in rs if "first_correct_s" in r]
+            hyb = [r["hybrid_s"] for r in rs if "hybrid_s" in r]
             out[case] = {
                 "query": CASES[case][0], "correct": CASES[case][1], "runs": rs,
-                "median_first_correct_s": round(median([r["first_correct_s"] for r in rs]), 3),
-                "median_hybrid_s": round(median([r["hybrid_s"] for r in rs]), 3),
+                "median_first_correct_s": round(median(first), 3) if first else None, "first_correct_n": len(first),
+                "median_hybrid_s": round(median(hyb), 3) if hyb else None, "hybrid_n": len(hyb),
                 "loadavg_start": load0, "loadavg_end": [round(x, 2) for x in os.getloadavg()],
             }
     finally:
         for srv in servers:
             srv.stop()
     goals = {}
-    if "example" in out:
-        goals["example first correct <= 5 s (median)"] = out["example"]["median_first_correct_s"] <= 5
-    if "2000" in out:
-        goals["2000-tool first correct <= 10 s (median)"] = out["2000"]["median_first_correct_s"] <= 10
+    for case, bound in (("example", 5), ("2000", 10)):
+        if case in out and out[case]["median_first_correct_s"] is not None:
+            goals[f"{case}: first correct <= {bound} s (median)"] = out[case]["median_first_correct_s"] <= bound
     out["goals"] = goals
     return out
 

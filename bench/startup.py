@@ -21,7 +21,7 @@ and must really be embedded.
 * memory: VmRSS and VmHWM of the daemon process (from /proc, upstream children excluded,
   reported apart) with the catalog indexed, after 50 searches.
 
-`--fresh [--runs 5] [--cases example,2000]` measures the real first start instead (issue 16
+`--fresh [--runs 5] [--hybrid-runs K] [--cases example,2000]` measures the real first start instead (issue 16
 item 4; bench/fresh_start.py): an empty state_dir without the ONNX export, median of `--runs`
 time to the first correct tool_search answer and to hybrid search, for the example config
 and a 2,000-tool upstream; prints JSON and writes bench/out/startup_fresh.json.
@@ -245,11 +245,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the fresh-state start (no ONNX export pre-seeded): first correct answer, hybrid")
     p.add_argument("--runs", type=int, default=5, help="--fresh: fresh starts per case (median reported)")
     p.add_argument("--cases", default="example,2000", help="--fresh: example, 2000 or both")
+    p.add_argument("--hybrid-runs", type=int, default=None,
+                   help="--fresh: how many of the runs also wait for hybrid search (default: all)")
     a = p.parse_args(argv)
     if a.fresh:
         import fresh_start
 
-        emit(fresh_start.run([c for c in a.cases.split(",") if c], max(1, a.runs), a.timeout), "startup_fresh")
+        emit(fresh_start.run([c for c in a.cases.split(",") if c], max(1, a.runs), a.timeout, a.hybrid_runs),
+             "startup_fresh")
         return 0
     emit(run(a.tools, a.embedder, max(1, a.restarts), a.timeout, a.queries), "startup")
     return 0

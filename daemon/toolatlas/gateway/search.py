@@ -106,7 +106,8 @@ class SearchService:
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
         if degraded:
-            self._metrics.count_fallback("bm25-only" if degraded == "bm25-only" else "passthrough")
+            # No index yet: passthrough lists; any other degradation is a search without its dense branch.
+            self._metrics.count_fallback("passthrough" if degraded == "index-not-ready" else "bm25-only")
             self._events.emit(ev.TOOL_SEARCH_FALLBACK, reason=degraded, mode=mode)
         self._events.emit(
             ev.TOOL_SEARCH_COMPLETED, query=query, results=len(matches),
