@@ -144,6 +144,8 @@ class ModelLoader:
             return model
 
     def fail(self, exc: BaseException, during: str) -> None:
+        """The model failed: BM25 from now on (no retry: the phase stays "failed")."""
+        self.model = None
         self._counts["embedder_failures"] += 1
         self.progress = self.progress.to(ModelPhase.FAILED, error=str(exc))
         log.error("retrieval.embedder_failed kind=%s during %s: %s; searching bm25-only", self.kind, during, exc)
