@@ -5,6 +5,7 @@ export shared by the suite); the published catalogs of ../shared/benchdata."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import msgspec
@@ -12,6 +13,7 @@ import pytest
 
 from tests.support.daemon import shared_onnx_models
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog
+from toolatlas.retrieval.model_files import EXPORT_DIRNAME
 from toolatlas.retrieval.engine import INLINE_EMBED_MAX, Engine, ModelPhase, ToolDoc
 from toolatlas.retrieval.warmup import EMBEDDING_NEW, LOADING, ModelProgress
 
@@ -97,3 +99,27 @@ def test_background_engine_serves_bm25_first_then_hybrid(
     assert not again.embed_pending()
     assert again.progress.phase is ModelPhase.READY and again.stats()["embeddings_computed"] == 0
     assert again.search("order a pizza").degraded is None
+
+
+def test_a_model_that_fails_leaves_bm25_and_stays_failed(
+    tmp_path: Path, catalogs: tuple[list[ToolDoc], list[ToolDoc]],
+) -> None:
+    small, large = catalogs
+    # A complete-looking export whose files are not models: loading fails, search goes on.
+    export = tmp_path / "index" / "models" / EXPORT_DIRNAME
+    export.mkdir(parents=True)
+    files = {"model.onnx": b"not a model", "model.int8.onnx": b"not a model either", "tokenizer.json": b"{}"}
+    for name, data in files.items():
+        (export / name).write_bytes(data)
+    (export / "manifest.json").write_text(json.dumps({"format": 1, "files": {n: len(d) for n, d in files.items()}}))
+    eng = Engine(state_dir=tmp_path / "index", background=True)
+    eng.restore()
+    eng.update(small, [])
+    assert eng.load_model() is None
+    assert eng.progress.phase is ModelPhase.FAILED and eng.progress.error
+    assert not eng.embed_pending()
+    eng.update(large, [])  # a large change does not wake a failed model
+    assert eng.progress.phase is ModelPhase.FAILED and not eng.progress.pending
+    out = eng.search("take a screenshot of the page")
+    assert out.hits and out.degraded == "bm25-only"
+    assert eng.stats()["embedder_failures"] == 1
