@@ -59,8 +59,10 @@ def proc_mem_mb(pid: int) -> dict[str, float]:
 
 def wait_settled(status: Callable[[], dict[str, Any] | None], timeout: float) -> tuple[bool, dict[str, Any]]:
     """Wait until the daemon's background work after a catalog change has finished, so
-    what follows times the steady state: the Rift analysis (or its refusal), the token
-    accounting and the index snapshot write, all for the current index version.
+    what follows times the steady state: the embedding model in and every tool embedded
+    (`index.degraded` None, or "bm25-only" when the model failed), the Rift analysis (or its
+    refusal), the token accounting and the index snapshot write, all for the current index
+    version.
     Returns (settled, the last catalog_status seen)."""
     deadline = time.monotonic() + timeout
     st: dict[str, Any] = {}
@@ -70,6 +72,7 @@ def wait_settled(status: Callable[[], dict[str, Any] | None], timeout: float) ->
         rift = st.get("rift") or {}
         done = (
             bool(idx)
+            and idx.get("degraded") in (None, "bm25-only")
             and (rift.get("available") or rift.get("reason") not in (None, "not run yet"))
             and (st.get("tokens") or {}).get("index_version") == idx.get("version")
             and idx.get("persisted_version") == idx.get("version")

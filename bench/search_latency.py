@@ -231,7 +231,9 @@ def _socket_size(size: int, queries: list[str], top_k: int, real_max: int) -> di
         t0 = time.perf_counter()
         d.start(wait_ready=3600)
         try:
-            d.wait_for(lambda: d.status()["index"]["tools"] >= size, timeout=3600, what=f"{size} tools indexed")
+            # Indexed = every tool embedded too: BM25 serves them earlier, while the model loads.
+            d.wait_for(lambda: (idx := d.status()["index"])["tools"] >= size and idx["degraded"] is None,
+                       timeout=3600, what=f"{size} tools indexed")
             index_s = time.perf_counter() - t0
             # Steady state: the daemon's background work after a catalog change (the Rift
             # analysis, the token accounting, the snapshot write) has finished before timing.

@@ -36,6 +36,8 @@ from toolatlas.surface.unix import UnixServer
 
 # Seconds a thread may hold the GIL while another waits for it (Python's default: 0.005).
 SWITCH_INTERVAL_S = 0.001
+# How often readiness looks whether the embedding model has joined (for systemd's STATUS=).
+HYBRID_POLL_S = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -197,8 +199,11 @@ async def serve(
     """Run the daemon until SIGTERM/SIGINT; SIGHUP reloads the config (and adds its secrets
     to `redactor`, the one the log formatter uses).
 
-    systemd: READY=1 once the socket listens and the index is loaded, WATCHDOG=1 pings
-    from the event loop, RELOADING=1 around a reload, STOPPING=1 on shutdown.
+    systemd: READY=1 once the socket listens and the upstreams that connected have their
+    first listing indexed, i.e. once tool_search serves (BM25 at least: on a fresh state_dir
+    the embedding model is still exporting then, and STATUS= says so until hybrid search is
+    ready); WATCHDOG=1 pings from the event loop, RELOADING=1 around a reload, STOPPING=1 on
+    shutdown.
     """
     notifier = Notifier()
     activated = listen_fds()
@@ -221,9 +226,17 @@ async def serve(
             async def announce_ready() -> None:
                 await gw.index_ready.wait()
                 view = gw.catalog.view
-                await notifier.ready(f"serving {len(view.by_name)} tools from {len(view.available)} upstreams")
+                serving = f"serving {len(view.by_name)} tools from {len(view.available)} upstreams"
+                loading = gw.engine.progress.pending
+                await notifier.ready(serving + ("; BM25 search while the embedding model loads" if loading else ""))
                 if ready is not None:
                     ready(daemon)
+                if loading:
+                    while gw.engine.progress.pending:
+                        await anyio.sleep(HYBRID_POLL_S)
+                    view = gw.catalog.view
+                    notifier.status(f"serving {len(view.by_name)} tools from {len(view.available)} upstreams; "
+                                    f"search: {gw.engine.degraded or 'hybrid'}")
 
             tg.start_soon(announce_ready)
             async for signum in signals:

@@ -16,6 +16,7 @@ from toolatlas.meta_tools import MAX_TOP_K as TOP_K_MAX
 from toolatlas.paths import client_socket
 
 EX_CONFIG = 78
+EX_TEMPFAIL = 75  # `search` while the daemon is still starting and found nothing: try again
 
 # Subcommands implemented in their own modules: `toolatlas WORD ...` -> module.main(argv).
 _DELEGATED = {
@@ -169,7 +170,15 @@ def _client_command(args: Any, path: str) -> int:
         print(json.dumps(result if args.cmd == "call" else _content_json(result), indent=2))
     else:
         _print_human(args.cmd, result)
-    return 1 if result.get("isError") else 0
+    if result.get("isError"):
+        return 1
+    return EX_TEMPFAIL if args.cmd == "search" and _still_starting(_content_json(result)) else 0
+
+
+def _still_starting(answer: Any) -> bool:
+    """A tool_search answer with no match from a daemon whose index is not ready yet."""
+    return isinstance(answer, dict) and not answer.get("matches") and (
+        bool(answer.get("waiting_for")) or answer.get("degraded") == "index-not-ready")
 
 
 def _print_human(cmd: str, result: dict[str, Any]) -> None:
@@ -179,8 +188,15 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
         return
     data = _content_json(result)
     if cmd == "search":
+        waiting = "; ".join(data.get("waiting_for") or ())
+        if _still_starting(data):
+            print(f"toolatlas is still starting, waiting for: {waiting or 'its index'}. Try again in a few seconds "
+                  "(`toolatlas status` shows progress).", file=sys.stderr)
+            return
         if data.get("degraded"):
             print(f"(degraded: {data['degraded']})")
+        if waiting:
+            print(f"(still starting, results may be incomplete; waiting for: {waiting})")
         for i, m in enumerate(data["matches"], 1):
             desc = " ".join((m.get("description") or "").split())
             print(f"{i:2d}. {m['name']}  [{m['score']:.3f}]\n    {desc[:160]}")
@@ -193,6 +209,10 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
         idx = data["index"]
         print(f"index: {data['tools']} searchable tools, version {data.get('index_version')}, "
               f"ready={idx.get('ready')}, mode={idx.get('mode')}, degraded={idx.get('degraded')}")
+        waiting = data.get("waiting_for") or []
+        print("waiting for: nothing" if not waiting else "waiting for:")
+        for line in waiting:
+            print(f"  {line}")
         tok = data.get("tokens") or {}
         if tok.get("full_catalog_tokens") is not None:
             est = f" (estimated from {tok['estimated_from_sample']} tools)" if tok.get("estimated_from_sample") else ""

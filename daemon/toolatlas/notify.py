@@ -121,7 +121,8 @@ class Notifier:
             logger.info("sd_notify %r delivered after %d retries", _first_line(message), attempt)
 
     async def ready(self, status: str = "") -> None:
-        """READY=1: the socket accepts and the index is loaded (also after a reload)."""
+        """READY=1: the socket accepts and search serves (the first index is built, BM25 at
+        least: the embedding model may still be loading); also after a reload."""
         await self._deliver("READY=1" + (f"\nSTATUS={_one_line(status)}" if status else ""))
 
     async def stopping(self) -> None:

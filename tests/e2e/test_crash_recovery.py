@@ -97,7 +97,7 @@ def serves_live_catalog(d: Daemon, round_name: str = "") -> None:
         big = st["servers"][0]
         idx = st["index"]
         return (big["state"] == "ready" and big["tools"] == len(LIVE) and st["tools"] == len(LIVE)
-                and idx["dense_index"]["live"] >= len(LIVE) and idx["degraded"] is None)
+                and (idx["dense_index"] or {}).get("live", 0) >= len(LIVE) and idx["degraded"] is None)
 
     d.wait_for(settled, 120, f"the {len(LIVE)} live tools served")
     missing: list[str] = []

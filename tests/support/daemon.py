@@ -56,7 +56,12 @@ def shared_onnx_models() -> Path:
 class Daemon:
     """A daemon subprocess; `rpc(method, params)` talks to it over the socket."""
 
-    def __init__(self, tmp: Path, upstreams: str, *, daemon_extra: str = "", search_extra: str = 'embedder = "none"\n') -> None:
+    def __init__(
+        self, tmp: Path, upstreams: str, *, daemon_extra: str = "", search_extra: str = 'embedder = "none"\n',
+        seed_models: bool = True,
+    ) -> None:
+        """`seed_models=False` leaves the ONNX export out of state_dir, so an `embedder = "onnx"`
+        daemon exports the model itself, as on a user's first start (tests of that path)."""
         self.tmp = tmp
         self.socket = str(tmp / "run" / "toolatlas.sock")
         self.config = tmp / "toolatlas.toml"
@@ -74,13 +79,15 @@ class Daemon:
         )
         self.log = tmp / "daemon.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        if 'embedder = "onnx"' in search_extra:
+        if 'embedder = "onnx"' in search_extra and seed_models:
             (tmp / "state" / "index").mkdir(parents=True, exist_ok=True)
             models = tmp / "state" / "index" / "models"
             if not models.exists():
                 models.symlink_to(shared_onnx_models(), target_is_directory=True)
 
-    def start(self, *, wait_ready: float = 60.0, env: dict[str, str] | None = None) -> "Daemon":
+    def start(self, *, wait_ready: float = 60.0, env: dict[str, str] | None = None, ready: bool = True) -> "Daemon":
+        """Spawn the daemon and wait (up to `wait_ready` s) until its index is ready, or with
+        `ready=False` only until its socket answers catalog_status."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self._logfh = open(self.log, "wb")
         self.proc = subprocess.Popen(
@@ -93,7 +100,7 @@ class Daemon:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()}")
             try:
-                if self.status()["index"]["ready"]:
+                if self.status()["index"]["ready"] or not ready:
                     return self
             except (OSError, ConnectionError, KeyError, ValueError):
                 pass

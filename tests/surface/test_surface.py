@@ -38,6 +38,7 @@ class FakeGateway:
         self.calls: list[tuple[CallRequest, Connection]] = []
         self.listed: list[tuple[bool, int]] = []
         self.passthrough = False
+        self.starting = False
         self.bad_messages = 0
 
     @property

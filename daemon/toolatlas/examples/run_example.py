@@ -1,7 +1,9 @@
 """`make run`: start the bundled SSE and HTTP example servers, then the daemon on a config.
 
 The stdio example is started by the daemon itself. Ctrl-C stops everything; no process is
-left behind.
+left behind. While the daemon starts, what it is waiting for (upstreams connecting, the
+embedding model exporting on a fresh state_dir) is printed as it changes, from its
+catalog_status.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from toolatlas.config import SseUpstream, HttpUpstream, load
@@ -30,6 +34,48 @@ def _wait_port(host: str, port: int, timeout: float) -> bool:
         except OSError:
             time.sleep(0.1)
     return False
+
+
+# How often the start-up report asks the daemon, and how long it keeps asking at most.
+REPORT_POLL_S = 1.0
+REPORT_FOR_S = 900.0
+
+
+def _status(sock: str) -> dict[str, Any] | None:
+    from toolatlas.surface.rawclient import RawClient, RpcError
+
+    try:
+        with RawClient(sock, timeout=10) as client:
+            result = client.call_tool("catalog_status", {})
+    except (OSError, ConnectionError, ValueError, RpcError):
+        return None
+    content = result.get("structuredContent")
+    return content if isinstance(content, dict) and not result.get("isError") else None
+
+
+def report_startup(sock: str, daemon: subprocess.Popen[bytes], out: Any = sys.stderr) -> None:
+    """Print what the starting daemon waits for whenever that changes (seconds aside), then
+    when BM25 search serves and when hybrid search is ready; stops there, or when the daemon
+    exits, or after REPORT_FOR_S."""
+    last: list[str] | None = None
+    serving = False
+    deadline = time.monotonic() + REPORT_FOR_S
+    while daemon.poll() is None and time.monotonic() < deadline:
+        st = _status(sock)
+        if st is not None:
+            waiting = [str(w) for w in st.get("waiting_for") or []]
+            shape = [w.split(" (")[0] for w in waiting]
+            if shape != last:
+                print("toolatlas: waiting for: " + ("; ".join(waiting) or "nothing"), file=out, flush=True)
+                last = shape
+            if st.get("index", {}).get("ready") and not serving:
+                serving = True
+                how = st["index"].get("degraded") or "hybrid"
+                print(f"toolatlas: serving {st.get('tools', 0)} tools (search: {how})", file=out, flush=True)
+            if serving and not waiting:
+                print("toolatlas: ready, nothing left to wait for", file=out, flush=True)
+                return
+        time.sleep(REPORT_POLL_S)
 
 
 def main(argv: list[str]) -> int:
@@ -63,6 +109,7 @@ def main(argv: list[str]) -> int:
         )
         daemon = subprocess.Popen([sys.executable, "-m", "toolatlas", "serve", "--config", config], env=env)
         children.append(daemon)
+        threading.Thread(target=report_startup, args=(cfg.daemon.socket, daemon), daemon=True).start()
         # Forward Ctrl-C and SIGTERM to the daemon (explicit handlers: a background job may
         # have inherited SIGINT ignored), then wait for its orderly shutdown.
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -70,6 +70,7 @@ def make_engine(cfg: Config) -> Engine:
         cache_size=cfg.search.cache_size,
         cache_ttl=cfg.search.cache_ttl,
         query_threads=cfg.search.query_threads,
+        background=True,
     )
 
 
@@ -98,6 +99,7 @@ class Gateway:
         self.searches = SearchService(
             self.catalog, self.visibility, mode=lambda: self.cfg.search.mode, rift=lambda: self.rift.report,
             metrics=self.metrics, events=self.events,
+            starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
@@ -106,6 +108,7 @@ class Gateway:
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
             metrics=self.metrics, events=self.events, redactor=self.redactor,
+            not_listed=self.status_service.not_listed,
         )
         self.admin = UpstreamAdmin(self.pool, self.catalog, lambda: self.cfg.upstream, redactor=self.redactor,
                                    events=self.events, metrics=self.metrics)
@@ -119,14 +122,16 @@ class Gateway:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Load the index, connect upstreams, and set `index_ready` once the upstreams that
-        connected have their first listing indexed. started() at once: search answers
-        degraded until the index is loaded."""
+        """Connect upstreams, load the persisted index, bring the embedding model in behind
+        them, and set `index_ready` once the upstreams that connected have their first listing
+        indexed (BM25 at least: the model never holds it up). started() at once: search
+        answers degraded until the index is loaded."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
+            await tg.start(self.pool.run)  # first: upstreams start while the index loads
             await self.catalog.load(frozenset(u.name for u in self.cfg.upstream))
-            await tg.start(self.pool.run)
+            tg.start_soon(self._run_model)
             tg.start_soon(self.catalog.run_card_rechecks, lambda: self.cfg.cards.recheck_interval)
             tg.start_soon(self.rift.run)
             await self.pool.wait_settled(max((u.timeouts.connect for u in self.cfg.upstream), default=1.0) + 5)
@@ -137,8 +142,17 @@ class Gateway:
                     await anyio.sleep(0.02)
             self.index_ready.set()
             view = self.catalog.view
-            log.info("index ready: %d tools from %d upstreams", len(view.by_name), len(view.available))
+            log.info("index ready: %d tools from %d upstreams (search: %s)", len(view.by_name), len(view.available),
+                     self.engine.degraded or "hybrid" if self.cfg.search.embedder != "none" else "bm25")
             await self.catalog.announce()
+
+    async def _run_model(self) -> None:
+        """The embedding model's worker, started once search serves: on a fresh state_dir the
+        export (a torch subprocess, tens of CPU seconds) would otherwise take the cores from the
+        upstreams' and the daemon's own start, which the first answer waits for. Dense search
+        comes no later than before, when the export ran first and everything else after it."""
+        await self.index_ready.wait()
+        await self.catalog.run_model()
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
@@ -200,6 +214,10 @@ class Gateway:
     @property
     def default_top_k(self) -> int:
         return self.cfg.search.default_top_k
+
+    @property
+    def starting(self) -> bool:
+        return not self.index_ready.is_set()
 
     def instructions(self, conn: Connection | None) -> str:
         allowed = self.visibility.allowed_servers(conn) if conn is not None else set()

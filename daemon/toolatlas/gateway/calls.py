@@ -34,6 +34,7 @@ _CALL_OUTCOMES: tuple[tuple[type[ToolatlasError], str], ...] = (
 
 Route = Callable[[UpstreamCall], Awaitable[UpstreamReply]]
 Availability = Callable[[str], str]  # server -> "state: reason" for an unavailable upstream
+NotListed = Callable[[str], "str | None"]  # server -> why its tools are not known yet, or None
 
 
 class CallService:
@@ -41,9 +42,12 @@ class CallService:
 
     def __init__(
         self, catalog: LiveCatalog, visibility: Visibility, route: Route, availability: Availability, *,
-        metrics: Metrics, events: ev.Events, redactor: Redactor | None = None,
+        metrics: Metrics, events: ev.Events, redactor: Redactor | None = None, not_listed: NotListed | None = None,
     ) -> None:
+        """`not_listed(server)`: why a configured upstream's tools are not known yet (it is
+        still connecting), so a call to one of them is told to retry, not that it is unknown."""
         self._redact = redactor or events.redactor
+        self._not_listed = not_listed or (lambda _server: None)
         self._catalog = catalog
         self._visibility = visibility
         self._route = route
@@ -110,6 +114,9 @@ class CallService:
                 reason = view.quarantine_reason(parsed[0], parsed[1])
                 if reason:
                     raise BadInput(f"tool {name!r} is quarantined: {reason}")
+                starting = self._not_listed(parsed[0])
+                if starting:
+                    raise UpstreamUnavailable(f"tool {name!r} cannot be called yet: {starting}")
             raise BadInput(await self._unknown_tool_message(name, allowed))
         if not view.server(rec.server).available:
             raise UpstreamUnavailable(

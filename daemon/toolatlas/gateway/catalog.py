@@ -5,6 +5,10 @@ listing's plan is computed in a worker thread), the index I/O in a worker thread
 atomically), and the new `CatalogView` published by one assignment. Changes are serialised
 by one lock, so a card re-check can never apply an older listing over a newer one. Readers
 take `catalog.view` once and use that value; nothing else holds a copy of the catalog.
+
+The index serves BM25 from the first listing on; `run_model` brings the dense branch in
+behind it (the model exported and loaded, documents embedded in a worker thread, the hybrid
+snapshot published by the engine), so nothing waits on the model (retrieval/warmup.py).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class LiveCatalog:
         self._events = events
         self._lock = anyio.Lock()
         self._embeddings_seen = 0
+        self._dense_wanted = anyio.Event()  # set when an update leaves documents to embed
         # Called after every visible change (clients re-list); and after every index update.
         self.on_change: list[ChangeListener] = []
         self.on_index_update: list[Callable[[], None]] = []
@@ -49,9 +54,9 @@ class LiveCatalog:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def load(self, configured: frozenset[str]) -> None:
-        """Load the index snapshot from disk and adopt what it holds (see `plan_restored`);
-        servers no longer configured are removed from the index now."""
-        await anyio.to_thread.run_sync(self.engine.load)
+        """Load the index snapshot from disk (no model needed) and adopt what it holds (see
+        `plan_restored`); servers no longer configured are removed from the index now."""
+        await anyio.to_thread.run_sync(self.engine.restore)
         _version, docs, _vecs = self.engine.catalog_vectors()
         async with self._lock:
             view, gone = plan_restored(self.view, docs, configured)
@@ -62,6 +67,32 @@ class LiveCatalog:
         if docs and not gone:
             self._index_updated()  # analyse the restored catalog (no update may follow)
         self.engine_loaded.set()
+
+    async def run_model(self) -> None:
+        """Bring the index from BM25 to hybrid in the background, and keep it there: load the
+        model (exporting it first on a fresh state_dir), then embed what the index lacks, a
+        batch per worker-thread call, until the engine publishes the hybrid snapshot; wait for
+        the next update that leaves documents to embed. Runs until cancelled; a shutdown kills
+        a running export (no child outlives the daemon) and abandons a batch in flight."""
+        engine = self.engine
+        try:
+            if await anyio.to_thread.run_sync(engine.load_model, abandon_on_cancel=True) is None:
+                return  # embedder "none", or it failed: BM25 only (logged, in catalog_status)
+            while True:
+                wanted = self._dense_wanted = anyio.Event()
+                while await anyio.to_thread.run_sync(engine.embed_pending, abandon_on_cancel=True):
+                    self._count_embeddings()
+                self._count_embeddings()
+                self._index_updated()  # Rift and tokens read the hybrid snapshot
+                await wanted.wait()
+        finally:
+            engine.cancel()
+
+    def _count_embeddings(self) -> None:
+        computed = int(self.engine.stats().get("embeddings_computed", 0))
+        if computed > self._embeddings_seen:
+            self._metrics.count_embeddings(computed - self._embeddings_seen)
+        self._embeddings_seen = computed
 
     def reconfigure(self, attestor: Attestor) -> None:
         """A reload's new card settings. Verdicts stay in the view, so re-checks go on for
@@ -141,11 +172,10 @@ class LiveCatalog:
         """Runs in a worker thread: update the index and count what it cost."""
         version = self.engine.update(list(upserts), list(removes))
         anyio.from_thread.run_sync(self._index_updated)
+        if self.engine.progress.pending:
+            anyio.from_thread.run_sync(self._dense_wanted.set)  # the model's worker embeds them
         self._metrics.count_reindex()
-        computed = int(self.engine.stats().get("embeddings_computed", 0))
-        if computed > self._embeddings_seen:
-            self._metrics.count_embeddings(computed - self._embeddings_seen)
-        self._embeddings_seen = computed
+        self._count_embeddings()
         memory.settle_heap()
         return version
 

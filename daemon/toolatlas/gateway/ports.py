@@ -54,6 +54,12 @@ class GatewayPort(Protocol):
     @property
     def default_top_k(self) -> int: ...
 
+    @property
+    def starting(self) -> bool:
+        """No index is ready yet: upstreams are still listing, so a tools/list may grow and
+        carries no cache hint (list_changed follows when the meta-tools take over)."""
+        ...
+
     def instructions(self, conn: Connection | None) -> str:
         """The MCP `instructions` for `conn` (None: no caller known): names only what it may use."""
         ...

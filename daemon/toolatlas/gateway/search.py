@@ -29,8 +29,12 @@ class SearchService:
     def __init__(
         self, catalog: LiveCatalog, visibility: Visibility, *, mode: Callable[[], str],
         rift: Callable[[], RiftReport | None], metrics: Metrics, events: ev.Events,
+        starting: Callable[[set[str]], list[str]] = lambda _allowed: [],
     ) -> None:
+        """`starting(allowed)`: what the daemon still waits for before its first index is
+        ready (empty once it is); an answer given meanwhile carries it as `waiting_for`."""
         self._catalog = catalog
+        self._starting = starting
         self._visibility = visibility
         self._mode = mode
         self._rift = rift
@@ -102,14 +106,19 @@ class SearchService:
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
         if degraded:
-            self._metrics.count_fallback("bm25-only" if degraded == "bm25-only" else "passthrough")
+            # No index yet: passthrough lists; any other degradation is a search without its dense branch.
+            self._metrics.count_fallback("passthrough" if degraded == "index-not-ready" else "bm25-only")
             self._events.emit(ev.TOOL_SEARCH_FALLBACK, reason=degraded, mode=mode)
         self._events.emit(
             ev.TOOL_SEARCH_COMPLETED, query=query, results=len(matches),
             matched_servers=sorted({m["server"] for m in matches}), latency_ms=round(seconds * 1000, 3),
             top_k=top_k, scope=sorted(servers) if servers else "all", mode=mode, cache="hit" if cached else "miss",
         )
-        return {"query": query, "matches": matches, "degraded": degraded}
+        answer: dict[str, Any] = {"query": query, "matches": matches, "degraded": degraded}
+        waiting = self._starting(allowed)
+        if waiting:
+            answer["waiting_for"] = waiting  # still starting: these matches may be incomplete
+        return answer
 
 
 def add_rift_notes(report: RiftReport | None, matches: list[dict[str, Any]], allowed: set[str]) -> None:

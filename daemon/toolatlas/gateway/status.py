@@ -23,6 +23,8 @@ from toolatlas.upstream.state import UpstreamState
 
 # Tools listed per server under `problems` (what ingest cut or repaired); the rest are only counted.
 PROBLEMS_SHOWN = 50
+# What a call to a tool of an upstream that is still connecting is told to wait, in seconds.
+STARTING_RETRY_S = 2
 
 
 class NoSurface:
@@ -58,6 +60,47 @@ class StatusService:
         if st is None:
             return "unknown"
         return f"{st.state.value}: {st.reason}" if st.reason else st.state.value
+
+    def not_listed(self, server: str) -> str | None:
+        """Why the tools of configured upstream `server` are not known yet, saying when to
+        retry, while it has never listed them (connecting, or failing to connect); None once
+        it has, or for an upstream that is not configured, disabled or closed."""
+        if self._catalog.view.server(server).listing is not None:
+            return None
+        st = self._pool.get(server)
+        if st is None:
+            return None
+        if st.state is UpstreamState.CONNECTING:
+            return (f"upstream {server!r} is starting (connecting for {time.time() - st.since:.0f} s) and has not "
+                    f"listed its tools yet; retry in {STARTING_RETRY_S} s")
+        if st.state is UpstreamState.READY:
+            return f"upstream {server!r} is starting (its tools are being indexed); retry in 1 s"
+        if st.state is UpstreamState.DEGRADED:
+            retry = f"; next attempt in {st.next_retry_in:.0f} s" if st.next_retry_in is not None else ""
+            return f"upstream {server!r} has not connected yet ({st.reason or 'no reason given'}){retry}"
+        return None
+
+    def waiting_for(self, allowed: set[str] | None = None) -> list[str]:
+        """What the daemon is still waiting for, one line each, for people: the embedding
+        model ("embedding model: exporting (12 s)") and upstreams of `allowed` (None: all)
+        that have not listed their tools yet ("upstream notes: connecting (3 s)")."""
+        out: list[str] = []
+        progress = self._catalog.engine.progress
+        if progress.pending:
+            out.append(progress.describe())
+        view = self._catalog.view
+        now = time.time()
+        for st in self._pool.status():
+            if (allowed is not None and st.name not in allowed) or view.server(st.name).listing is not None:
+                continue
+            if st.state is UpstreamState.CONNECTING:
+                out.append(f"upstream {st.name}: connecting ({now - st.since:.0f} s)")
+            elif st.state is UpstreamState.READY:
+                out.append(f"upstream {st.name}: indexing its tools")
+            elif st.state is UpstreamState.DEGRADED:
+                retry = f", next attempt in {st.next_retry_in:.0f} s" if st.next_retry_in is not None else ""
+                out.append(f"upstream {st.name}: not connected ({st.reason or 'no reason given'}{retry})")
+        return out
 
     def status(self, conn: Connection, tg: anyio.abc.TaskGroup | None = None) -> dict[str, Any]:
         """catalog_status as `conn` may see it: every figure (servers, tool counts, index and
@@ -112,6 +155,8 @@ class StatusService:
             "servers": servers,
             "tools": sum(1 for r in view.by_name.values() if r.server in allowed and r.server in available),
             "index": {"ready": self._index_ready(), **stats},
+            # what the daemon still waits for (the embedding model, upstreams not listed yet)
+            "waiting_for": self.waiting_for(allowed),
             "index_version": stats.get("version"),
             "cache": {**(stats.get("cache") or {}), "fast_lane": self.surface.fast_answers()},
             "cards": cards,

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from toolatlas.retrieval.embed import Embedder
+
+log = logging.getLogger(__name__)
 
 V = TypeVar("V")
 
@@ -55,3 +63,28 @@ class TtlLru(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+
+class QueryVectors:
+    """Query vectors by (query embedder, stripped query), LRU-bounded; a failure to embed
+    is counted and logged, and that search runs bm25-only."""
+
+    def __init__(self, counts: dict[str, int], size: int = 512) -> None:
+        self._lru: TtlLru[np.ndarray] = TtlLru(size, 0)
+        self._counts = counts
+
+    def get(self, emb: Embedder | None, query: str) -> np.ndarray | None:
+        if emb is None:
+            return None
+        q = query.strip()
+        key = (emb.query_name, q)
+        vec = self._lru.get(key)
+        if vec is None:
+            try:
+                vec = emb.embed_queries([q])[0]
+            except Exception as exc:  # noqa: BLE001 - degrade this search, keep serving
+                self._counts["embedder_failures"] += 1
+                log.warning("retrieval.query_embed_failed error=%s; this search is bm25-only", exc)
+                return None
+            self._lru.put(key, vec)
+        return vec

@@ -19,13 +19,8 @@ onnxruntime. Every call here blocks: run it in a worker thread, never on the eve
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -35,14 +30,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from toolatlas import memory
-from toolatlas.errors import ToolatlasError
-from toolatlas.retrieval.model_files import EXPORT_DIRNAME as _EXPORT_DIRNAME
-from toolatlas.retrieval.model_files import export_complete as _export_complete
-from toolatlas.retrieval.model_files import models_dir
+# Re-exported: callers load models through this module.
+from toolatlas.retrieval.model_files import EXPORT_DIRNAME, MODEL_NAME
+from toolatlas.retrieval.model_files import HOLD_EXPORT_ENV as HOLD_EXPORT_ENV
+from toolatlas.retrieval.model_files import EmbedderUnavailable as EmbedderUnavailable
+from toolatlas.retrieval.model_files import ensure_onnx_export as ensure_onnx_export
+from toolatlas.retrieval.model_files import export_needed as export_needed
+from toolatlas.retrieval.model_files import models_dir as models_dir
 
 log = logging.getLogger(__name__)
 
-MODEL_NAME = "all-MiniLM-L6-v2"
 DIM = 384
 MAX_SEQ_LEN = 256  # what sentence-transformers uses for this model
 # (document precision, query precision) per kind. fp32 reproduces the torch vectors (within
@@ -57,11 +54,7 @@ QUERY_THREADS = 2  # intra-op threads for a query embedded while no other is (se
 LONE_WINDOW = 32  # ... and none of this many previous single queries overlapped another one
 _ONNX_FILES = {"int8": "model.int8.onnx", "fp32": "model.onnx"}
 _BATCH_ATTN_BUDGET = 4 * 128 * 128  # rows * width^2 per batch (token-pair budget)
-_EXPORT_TIMEOUT = 900.0
-
-
-class EmbedderUnavailable(ToolatlasError):
-    """The embedding model could not be loaded or run; retrieval falls back to BM25."""
+_EXPORT_DIRNAME = EXPORT_DIRNAME  # bench/query_embed.py reads it here
 
 
 class Embedder(Protocol):
@@ -169,7 +162,7 @@ class OnnxEmbedder:
         for v in (doc_variant, query_variant):
             if v not in _ONNX_FILES:
                 raise ValueError(f"unknown ONNX precision {v!r}; expected one of {', '.join(_ONNX_FILES)}")
-        self.name = f"{MODEL_NAME}/onnx-{doc_variant}"
+        self.name = f"{MODEL_NAME}/onnx-{doc_variant}"  # = document_space(kind)
         self.query_name = f"{MODEL_NAME}/onnx-{query_variant}"
         self._model_dir = model_dir
         self._doc_variant = doc_variant
@@ -334,72 +327,27 @@ class TorchEmbedder:
         return self.embed(texts)
 
 
-def ensure_onnx_export(state_dir: Path | None) -> Path:
-    """Return a folder holding a complete ONNX export, exporting it first if needed.
-
-    The export runs in a subprocess (torch never enters this process), into a temporary
-    folder that is renamed into place; a file lock serialises concurrent exporters.
-    Raises EmbedderUnavailable if the export fails.
-    """
-    root = models_dir(state_dir)
-    final = root / _EXPORT_DIRNAME
-    if _export_complete(final):
-        return final
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        with open(root / ".export.lock", "w") as lockf:
-            fcntl.flock(lockf, fcntl.LOCK_EX)
-            if _export_complete(final):
-                return final
-            if final.exists():
-                log.warning("embed.export_incomplete path=%s: exporting again", final)
-                shutil.rmtree(final, ignore_errors=True)
-            tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
-            log.info("embed.export_start out=%s", final)
-            try:
-                proc = subprocess.run(
-                    [sys.executable, "-m", "toolatlas.retrieval.export_onnx", "--out", str(tmp)],
-                    capture_output=True,
-                    text=True,
-                    timeout=_EXPORT_TIMEOUT,
-                    env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-                )
-                if proc.returncode != 0:
-                    tail = (proc.stderr or "").strip().splitlines()[-3:]
-                    raise EmbedderUnavailable(
-                        f"exporting {MODEL_NAME} to ONNX failed (exit {proc.returncode}): "
-                        + " | ".join(tail)
-                    )
-                os.replace(tmp, final)
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
-            log.info("embed.export_done out=%s", final)
-            for old in root.glob(_EXPORT_DIRNAME.rsplit("-v", 1)[0] + "-v*"):
-                if old != final and old.is_dir():  # an earlier export format: ~110 MB unused
-                    shutil.rmtree(old, ignore_errors=True)
-                    log.info("embed.export_removed_old path=%s", old)
-    except subprocess.TimeoutExpired as exc:
-        raise EmbedderUnavailable(
-            f"exporting {MODEL_NAME} to ONNX did not finish within {_EXPORT_TIMEOUT:g} s"
-        ) from exc
-    except OSError as exc:
-        raise EmbedderUnavailable(f"cannot write the ONNX model under {str(root)!r}: {exc}") from exc
-    if not _export_complete(final):
-        raise EmbedderUnavailable(f"the ONNX export in {str(final)!r} is incomplete")
-    return final
+def document_space(kind: str) -> str:
+    """The name of the document vector space `get_embedder(kind)` embeds into (what the
+    embedding cache and index snapshots are keyed by), known without loading the model."""
+    if kind == "torch":
+        return f"{MODEL_NAME}/torch"
+    return f"{MODEL_NAME}/onnx-{ONNX_PRECISIONS[kind][0]}"
 
 
 _cache: dict[tuple[str, str | None, int], Embedder] = {}
 _cache_lock = threading.Lock()
 
 
-def get_embedder(kind: str = "onnx", state_dir: Path | None = None, query_threads: int = QUERY_THREADS) -> Embedder:
+def get_embedder(
+    kind: str = "onnx", state_dir: Path | None = None, query_threads: int = QUERY_THREADS,
+    cancel: threading.Event | None = None,
+) -> Embedder:
     """Load (once per process and (kind, state_dir, query_threads)) and return an embedder.
     Blocking.
 
     kind: "onnx" (default precision), "onnx-int8", "onnx-fp32" or "torch"; query_threads:
-    see OnnxEmbedder (ignored by "torch").
+    see OnnxEmbedder (ignored by "torch"); cancel: see ensure_onnx_export.
     Raises EmbedderUnavailable (a ToolatlasError) with a clear message if the model cannot be
     loaded, and ValueError for an unknown kind.
     """
@@ -415,7 +363,7 @@ def get_embedder(kind: str = "onnx", state_dir: Path | None = None, query_thread
                 emb = TorchEmbedder()
             else:
                 doc_variant, query_variant = ONNX_PRECISIONS[kind]
-                emb = OnnxEmbedder(ensure_onnx_export(state_dir), doc_variant, query_variant, query_threads=query_threads)
+                emb = OnnxEmbedder(ensure_onnx_export(state_dir, cancel), doc_variant, query_variant, query_threads=query_threads)
             probe = emb.embed_queries(["probe"])
             if probe.shape != (1, DIM) or not np.isfinite(probe).all():
                 raise EmbedderUnavailable(f"{emb.name} returned an unusable vector of shape {probe.shape}")

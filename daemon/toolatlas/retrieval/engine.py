@@ -11,6 +11,13 @@ missing from the embedding cache, inserts new vectors before deleting old ones, 
 a new immutable `Snapshot` with one attribute assignment. `search()` reads whichever snapshot
 is current when it starts; it never sees a half-built one. Both block: call them from worker
 threads, never on the event loop.
+
+Starting (warmup.py): `load()` does everything at once (eval, benches). The daemon's engine
+(`background=True`) instead `restore()`s the persisted index (no model needed), serves BM25
+at once, and brings the dense branch in from a worker thread: `load_model()` (exporting the
+ONNX model first on a fresh state_dir), then `embed_pending()` batch by batch outside the
+update lock, then one publish of the hybrid snapshot. Its `update()` embeds a small change
+inline once the model is ready and leaves a large one (or any, before) to that worker.
 """
 
 from __future__ import annotations
@@ -27,19 +34,24 @@ from typing import Any
 import numpy as np
 
 from toolatlas.retrieval import rank, store
-from toolatlas.retrieval.cache import TtlLru
+from toolatlas.retrieval.cache import QueryVectors, TtlLru
 from toolatlas.retrieval.documents import FIELD_WEIGHTS, Entry, ToolDoc, make_entry
-from toolatlas.retrieval.embed import QUERY_THREADS, Embedder, limit_blas_threads
-from toolatlas.retrieval.index import IndexBuilder, Snapshot, plan_update
+from toolatlas.retrieval.embed import DIM, QUERY_THREADS, Embedder, document_space, limit_blas_threads
+from toolatlas.retrieval.index import EMBED_BATCH, IndexBuilder, Snapshot, plan_update
+from toolatlas.retrieval.warmup import ModelLoader, ModelPhase, ModelProgress
 from toolatlas.retrieval.rank import DENSE_MODES, FUSION, FUSIONS, MODES
 from toolatlas.retrieval.text import normalise_query
 
 __all__ = [
-    "DENSE_MODES", "FIELD_WEIGHTS", "FUSION", "FUSIONS", "MODES", "Engine", "Hit", "SearchOutcome", "ToolDoc",
-    "make_entry",
+    "DENSE_MODES", "FIELD_WEIGHTS", "FUSION", "FUSIONS", "INLINE_EMBED_MAX", "MODES", "Engine", "Hit", "ModelPhase",
+    "SearchOutcome", "ToolDoc", "make_entry",
 ]
 
 log = logging.getLogger(__name__)
+
+# A background engine embeds at most this many new documents inside update() (about a second
+# on two cores); a larger change is indexed BM25-first and embedded by the background worker.
+INLINE_EMBED_MAX = 64
 
 CacheKey = tuple[str, int, tuple[str, ...] | None, int, str]
 # what stats() counts, in the order it reports them
@@ -69,20 +81,14 @@ class Engine:
     """Hybrid tool retrieval over a changing catalog. See the module docstring."""
 
     def __init__(
-        self,
-        *,
-        state_dir: Path | None,
-        mode: str = "hybrid",
-        embedder: str = "onnx",
-        cache_size: int = 1024,
-        cache_ttl: float = 300.0,
-        persist: bool = True,
-        fusion: str = FUSION,
-        query_threads: int = QUERY_THREADS,
+        self, *, state_dir: Path | None, mode: str = "hybrid", embedder: str = "onnx", cache_size: int = 1024,
+        cache_ttl: float = 300.0, persist: bool = True, fusion: str = FUSION, query_threads: int = QUERY_THREADS,
+        background: bool = False,
     ) -> None:
         """`persist=False` keeps state_dir for the model export only (no index files);
         `fusion` picks the hybrid ranker ("z" default, "minmax", "rrf" baseline);
-        `query_threads`: threads for a query embedded while no other is (embed.OnnxEmbedder).
+        `query_threads`: threads for a query embedded while no other is (embed.OnnxEmbedder);
+        `background`: the dense branch is brought in by a worker (see the module docstring).
         Limits numpy's BLAS to one thread in this process (embed.limit_blas_threads)."""
         if fusion not in FUSIONS:
             raise ValueError(f"unknown fusion {fusion!r}; expected one of {', '.join(FUSIONS)}")
@@ -95,20 +101,22 @@ class Engine:
         self.embedder_kind = embedder
         self.query_threads = query_threads
         self.persist = persist
-        self._embedder: Embedder | None = None
-        self._embedder_error: str | None = None
-        self._loaded = False
+        self.background = background
+        # The document vector space (what caches and snapshots are keyed by); None: no embedder.
+        self._space = None if embedder == "none" else document_space(embedder)
+        self._dim = 0 if embedder == "none" else DIM
+        self._embedder: Embedder | None = None  # searches and inline updates use it: set once hybrid
+        self._restored = False
         self._load_lock = threading.Lock()
         self._update_lock = threading.Lock()
         self._snap: Snapshot | None = None
         self._cache: TtlLru[SearchOutcome] = TtlLru(cache_size, cache_ttl)
         self._counts = dict.fromkeys(COUNTERS, 0)
+        self._loader = ModelLoader(embedder, self.state_dir, query_threads, self._counts)
         self._qvecs = QueryVectors(self._counts)
         self._index = IndexBuilder(self._counts)
         self._timings: dict[str, float] = {}
         self._persisted_version = 0  # the catalog version whose snapshot is on disk
-
-    # -- properties -----------------------------------------------------------------------
 
     @property
     def version(self) -> int:
@@ -125,10 +133,13 @@ class Engine:
 
     @property
     def degraded(self) -> str | None:
-        """"bm25-only" when the embedder was wanted but failed; None otherwise."""
-        if self.embedder_kind == "none":
-            return None
-        return "bm25-only" if self._embedder is None and self._loaded else None
+        """Why dense search is missing (warmup.ModelProgress.degraded), or None."""
+        return self._loader.progress.degraded
+
+    @property
+    def progress(self) -> ModelProgress:
+        """The dense branch's phase and embedding progress (warmup.py)."""
+        return self._loader.progress
 
     @property
     def embedder(self) -> Embedder | None:
@@ -146,80 +157,114 @@ class Engine:
     # -- loading and updates --------------------------------------------------------------
 
     def load(self) -> None:
-        """Load the embedder (failure: logged, counted, bm25-only) and any persisted state."""
+        """Everything, blocking: the persisted index, the embedder (exported first if needed;
+        a failure is logged, counted, and leaves BM25 only) and the vectors the index lacks."""
+        self.restore()
+        if self.load_model() is not None:
+            while self.embed_pending():
+                pass
+
+    def restore(self) -> None:
+        """Load the persisted index and embedding cache; no model needed (they are keyed by the
+        vector space, known from the kind). Idempotent."""
         with self._load_lock:
-            if self._loaded:
+            if self._restored:
                 return
             t0 = time.perf_counter()
-            if self.embedder_kind != "none":
-                self._embedder, self._embedder_error = _load_embedder(self.embedder_kind, self.state_dir, self.query_threads)
-                if self._embedder is None:
-                    self._counts["embedder_failures"] += 1
-            self._timings["embedder_load_s"] = time.perf_counter() - t0
             if self.state_dir is not None and self.persist:
                 self._restore(self.state_dir)
             self._timings["load_s"] = time.perf_counter() - t0
             # last: update() waits on _load_lock until the restored snapshot is in place
-            self._loaded = True
+            self._restored = True
+
+    def load_model(self) -> Embedder | None:
+        """Load the embedder, exporting the ONNX model first on a fresh state_dir (warmup.py);
+        None for "none" or after a failure (BM25 only). Idempotent. Blocking."""
+        model = self._loader.load()
+        self._timings["embedder_load_s"] = self._loader.seconds
+        return model
+
+    def cancel(self) -> None:
+        self._loader.cancel()  # a running export is killed, no further batch starts
+
+    def _fail(self, exc: BaseException, during: str) -> None:
+        self._embedder = None
+        self._loader.fail(exc, during)
+
+    def embed_pending(self) -> bool:
+        """One step towards hybrid search (warmup.ModelLoader.embed_step): a batch of
+        documents embedded outside the update lock, or the hybrid snapshot published. True
+        while there is more to do. Blocking; a worker thread calls it in a loop."""
+        return self._loader.embed_step(self._update_lock, self._index, self._publish_hybrid, self._fail)
+
+    def _publish_hybrid(self, model: Embedder) -> None:
+        """Every document has a vector: insert the missing ones, publish (holds _update_lock)."""
+        entries = self._index.entries
+        snap = self._snap
+        self._embedder = model
+        if entries and (snap is None or snap.vecs is None or any(e.label < 0 for e in entries.values())):
+            self._commit(dict(entries), [], self.version + 1)
+        else:
+            self._cache.clear()  # answers cached while the model loaded were BM25's
+        if self._embedder is not None:  # _commit may have failed it
+            n = len(entries)
+            self._loader.ready(n)
+            log.info("retrieval.hybrid_ready tools=%d version=%d", n, self.version)
 
     def _restore(self, state_dir: Path) -> None:
-        emb = self._embedder
-        disk = store.read(state_dir, emb)
-        self._counts["cache_corrupt"] += disk.corrupt
-        if disk.vec_of is not None:
-            self._index.vec_of = disk.vec_of
-        if disk.vectors_corrupt:
-            self._index.vec_dirty = True
-        restored = disk.snapshot
-        if restored is None:
-            return
         with self._update_lock:
             if self._snap is not None:  # a live catalog got here first: it wins
                 return
-            revived = store.revive(restored, self._index.vec_of, emb)
-            self._counts["cache_corrupt"] += revived.corrupt
-            self._index.hnsw = revived.hnsw
-            hnsw_ok = revived.hnsw is not None
-            self._commit(revived.entries, [], restored.version, persist_now=not hnsw_ok)
-            if hnsw_ok:
-                self._persisted_version = restored.version
+            got = store.restore(state_dir, self._space, self._dim, self._index)
+            self._counts["cache_corrupt"] += got.corrupt
+            if got.entries is None:
+                return
+            self._commit(got.entries, [], got.version, persist_now=not got.hnsw_ok)
+            if got.hnsw_ok:
+                self._persisted_version = got.version
             self._counts["snapshot_restored"] += 1
-            log.info("retrieval.snapshot_restored tools=%d version=%d", len(revived.entries), restored.version)
+            log.info("retrieval.snapshot_restored tools=%d version=%d", len(got.entries), got.version)
 
     def update(self, upserts: Sequence[ToolDoc], removes: Sequence[str]) -> int:
-        """Apply a catalog change; returns the new catalog version. Blocking, serialised."""
-        if not self._loaded:
-            self.load()
+        """Apply a catalog change; returns the new catalog version. Blocking, serialised.
+        A background engine embeds the change here only when the model is ready and the
+        change small (INLINE_EMBED_MAX); otherwise its documents are searchable by BM25 at
+        once and the background worker embeds them (`progress.pending`)."""
+        if not self._restored:
+            self.restore() if self.background else self.load()
         with self._update_lock:
             t0 = time.perf_counter()
             entries, stale = plan_update(self._index.entries, upserts, removes)
             version = self.version + 1
-            self._commit(entries, stale, version)
+            inline = True
+            if self.background and self.embedder_kind != "none":
+                missing = {e.key for e in entries.values() if e.label < 0 and e.key not in self._index.vec_of}
+                inline = self._loader.progress.phase is ModelPhase.READY and len(missing) <= INLINE_EMBED_MAX
+            self._commit(entries, stale, version, embed=inline)
+            if not inline and self._loader.model is not None:
+                self._loader.note(self._index)  # back to "embedding": the worker takes it
             self._counts["updates"] += 1
             self._timings["last_update_s"] = time.perf_counter() - t0
             return version
 
     def seed_embeddings(self, docs: Sequence[ToolDoc], vectors: np.ndarray) -> None:
-        """Put precomputed document vectors into the embedding cache (benchmarks, imports).
-
-        `vectors` must be (len(docs), dim), L2-normalised, from the same model; a later
-        `update()` with these docs then embeds none of them.
-        """
+        """Put precomputed document vectors into the embedding cache (benchmarks, imports):
+        (len(docs), dim), L2-normalised, same model; `update()` then embeds none of them."""
         with self._update_lock:
             self._index.seed(docs, vectors)
 
-    def _commit(self, entries: dict[str, Entry], stale: list[int], version: int, persist_now: bool = True) -> None:
-        """Embed what is missing, insert, then delete, then publish. Holds _update_lock."""
-        snap, failure = self._index.commit(entries, stale, version, self._embedder)
+    def _commit(
+        self, entries: dict[str, Entry], stale: list[int], version: int, persist_now: bool = True, embed: bool = True,
+    ) -> None:
+        """Embed what is missing (unless `embed` is False), insert, then delete, then
+        publish. Holds _update_lock."""
+        snap, failure = self._index.commit(entries, stale, version, self._embedder if embed else None, self._dim)
         if failure is not None:
-            self._counts["embedder_failures"] += 1
-            self._embedder = None
-            self._embedder_error = str(failure)
-            log.error("retrieval.embedder_failed during update: %s; searching bm25-only", failure)
+            self._fail(failure, "update")
         self._snap = snap  # the atomic publish
         self._cache.clear()
         if persist_now and self.persist and self.state_dir is not None:
-            if store.write(self.state_dir, self._embedder, self._index, snap):
+            if store.write(self.state_dir, self._space, self._index, snap):
                 self._persisted_version = snap.version
             else:
                 self._counts["persist_failures"] += 1
@@ -227,12 +272,7 @@ class Engine:
     # -- search ---------------------------------------------------------------------------
 
     def search(
-        self,
-        query: str,
-        top_k: int = 5,
-        *,
-        servers: Collection[str] | None = None,
-        mode: str | None = None,
+        self, query: str, top_k: int = 5, *, servers: Collection[str] | None = None, mode: str | None = None,
     ) -> SearchOutcome:
         """Rank tools for `query` within `servers` (None: all). Blocking, thread-safe."""
         mode = mode or self.mode
@@ -257,12 +297,13 @@ class Engine:
             if mode in DENSE_MODES:
                 qvec = self._qvecs.get(self._embedder, query) if snap.vecs is not None else None
                 if qvec is None and self.embedder_kind != "none":
-                    degraded = "bm25-only"
+                    degraded = self._loader.progress.degraded or "bm25-only"
                     self._counts["degraded_searches"] += 1
             positions, scores = rank.rank(snap, query, qvec, top_k, scope, allowed, mode, self.fusion)
         hits = [Hit(name=snap.docs[p].name, server=snap.docs[p].server, score=float(s)) for p, s in zip(positions, scores)]
         out = SearchOutcome(hits=hits, degraded=degraded, cached=False, mode=mode, version=snap.version)
-        if degraded is None or self._embedder is None:
+        # A BM25 answer for want of a model that is still coming is not kept.
+        if degraded is None or self._loader.progress.phase is ModelPhase.FAILED:
             self._cache.put(key, out)
         return out
 
@@ -279,68 +320,35 @@ class Engine:
         hit = self._cache.get(_cache_key(query, max(1, int(top_k)), servers, snap, mode), count_miss=False)
         return dataclasses.replace(hit, cached=True) if hit is not None else None
 
-    # -- status ---------------------------------------------------------------------------
-
     def stats(self) -> dict[str, Any]:
-        snap = self._snap
-        emb = self._embedder
-        hnsw = self._index.hnsw
-        return {
-            "tools": snap.n if snap is not None else 0,
-            "servers": len(snap.servers) if snap is not None else 0,
-            "version": snap.version if snap is not None else 0,
-            # equal to version once that catalog's snapshot is written (0: none written)
-            "persisted_version": self._persisted_version,
-            "mode": self.mode,
-            "fusion": self.fusion,
-            "embedder": emb.name if emb is not None else self.embedder_kind,
-            "query_embedder": emb.query_name if emb is not None else None,
-            # threads a lone query runs on, and how many queries did (embed.OnnxEmbedder)
-            "query_threads": getattr(emb, "query_threads", 1) if emb is not None else None,
-            "lone_queries": getattr(emb, "lone_queries", 0) if emb is not None else None,
-            "embedder_error": self._embedder_error,
-            "degraded": self.degraded,
-            "dense_index": {"live": hnsw.live, "deleted_slots": hnsw.deleted} if hnsw is not None else None,
-            "cache": {"hits": self._cache.hits, "misses": self._cache.misses, "size": len(self._cache)},
-            **self._counts,
-            "timings": {k: round(v, 4) for k, v in self._timings.items()},
-        }
+        """Figures for catalog_status (index.*): sizes, embedder, the model's progress, counters."""
+        return _stats(self, self._snap, self._embedder)
 
 
-def _load_embedder(kind: str, state_dir: Path | None, query_threads: int) -> tuple[Embedder | None, str | None]:
-    """(the embedder, None), or (None, why) after logging it: a failure means bm25-only."""
-    from toolatlas.retrieval.embed import get_embedder
-
-    try:
-        return get_embedder(kind, state_dir, query_threads), None
-    except Exception as exc:  # noqa: BLE001 - any failure degrades, never crashes
-        log.error("retrieval.embedder_failed kind=%s error=%s; searching bm25-only", kind, exc)
-        return None, str(exc)
-
-
-class QueryVectors:
-    """Query vectors by (query embedder, stripped query), LRU-bounded; a failure to embed
-    is counted and logged, and that search runs bm25-only."""
-
-    def __init__(self, counts: dict[str, int], size: int = 512) -> None:
-        self._lru: TtlLru[np.ndarray] = TtlLru(size, 0)
-        self._counts = counts
-
-    def get(self, emb: Embedder | None, query: str) -> np.ndarray | None:
-        if emb is None:
-            return None
-        q = query.strip()
-        key = (emb.query_name, q)
-        vec = self._lru.get(key)
-        if vec is None:
-            try:
-                vec = emb.embed_queries([q])[0]
-            except Exception as exc:  # noqa: BLE001 - degrade this search, keep serving
-                self._counts["embedder_failures"] += 1
-                log.warning("retrieval.query_embed_failed error=%s; this search is bm25-only", exc)
-                return None
-            self._lru.put(key, vec)
-        return vec
+def _stats(eng: Engine, snap: Snapshot | None, emb: Embedder | None) -> dict[str, Any]:
+    hnsw = eng._index.hnsw
+    return {
+        "tools": snap.n if snap is not None else 0,
+        "servers": len(snap.servers) if snap is not None else 0,
+        "version": snap.version if snap is not None else 0,
+        # equal to version once that catalog's snapshot is written (0: none written)
+        "persisted_version": eng._persisted_version,
+        "mode": eng.mode,
+        "fusion": eng.fusion,
+        "embedder": emb.name if emb is not None else eng.embedder_kind,
+        "query_embedder": emb.query_name if emb is not None else None,
+        # threads a lone query runs on, and how many queries did (embed.OnnxEmbedder)
+        "query_threads": getattr(emb, "query_threads", 1) if emb is not None else None,
+        "lone_queries": getattr(emb, "lone_queries", 0) if emb is not None else None,
+        "embedder_error": eng._loader.progress.error,
+        "degraded": eng.degraded,
+        # the dense branch: phase (warmup.ModelPhase), seconds in it, documents embedded of total
+        "model": eng._loader.progress.as_dict(),
+        "dense_index": {"live": hnsw.live, "deleted_slots": hnsw.deleted} if hnsw is not None else None,
+        "cache": {"hits": eng._cache.hits, "misses": eng._cache.misses, "size": len(eng._cache)},
+        **eng._counts,
+        "timings": {k: round(v, 4) for k, v in eng._timings.items()},
+    }
 
 
 def _cache_key(

@@ -172,13 +172,37 @@ class IndexBuilder:
             self.vec_of[make_entry(doc).key] = vec
         self.vec_dirty = True
 
+    def pending(self, limit: int) -> dict[bytes, str]:
+        """Up to `limit` texts (by key) of entries with neither a label nor a cached vector."""
+        todo: dict[bytes, str] = {}
+        for e in self.entries.values():
+            if e.label < 0 and e.key not in self.vec_of and e.key not in todo:
+                todo[e.key] = e.text
+                if len(todo) >= limit:
+                    break
+        return todo
+
+    def add_vectors(self, keys: Sequence[bytes], vecs: np.ndarray) -> None:
+        """Vectors embedded elsewhere (the background worker) into the embedding cache."""
+        for k, v in zip(keys, vecs):
+            self.vec_of[k] = v
+        self.vec_dirty = True
+        self._counts["embeddings_computed"] += len(keys)
+
+    def embedded(self) -> tuple[int, int]:
+        """(entries that have a vector, entries)."""
+        ents = self.entries.values()
+        return sum(1 for e in ents if e.label >= 0 or e.key in self.vec_of), len(ents)
+
     def commit(
-        self, entries: dict[str, Entry], stale: list[int], version: int, emb: Embedder | None
+        self, entries: dict[str, Entry], stale: list[int], version: int, emb: Embedder | None, dim: int = 0,
     ) -> tuple[Snapshot, Exception | None]:
-        """Embed what is missing, insert, then delete, then build the snapshot of `entries`.
+        """Embed what is missing (with `emb`; None embeds nothing), insert, then delete, then
+        build the snapshot of `entries`: dense when every entry has a label (`dim` > 0).
 
         Returns it with the embedder's failure, if it failed: the snapshot is then bm25-only
-        and the caller stops using that embedder. `entries` becomes the builder's entries."""
+        unless every entry already had a label, and the caller stops using that embedder.
+        `entries` becomes the builder's entries."""
         failure: Exception | None = None
         if emb is not None:
             need = [name for name, e in entries.items() if e.label < 0]
@@ -199,9 +223,8 @@ class IndexBuilder:
                     entries[name] = dataclasses.replace(entries[name], label=int(label))
         if self.hnsw is not None and stale:
             self.hnsw.delete(stale)  # ... then delete
-        snap = build_snapshot(
-            version, entries, self.vec_of if emb is not None else None, emb.dim if emb else 0, self.hnsw
-        )
+        dim = emb.dim if emb is not None else dim
+        snap = build_snapshot(version, entries, self.vec_of if dim else None, dim, self.hnsw)
         self.entries = entries
         return snap, failure
 

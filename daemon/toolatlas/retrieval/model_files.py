@@ -1,19 +1,38 @@
-"""Where the exported embedding model lives, and whether an export is complete.
+"""The ONNX export of the embedding model: where it lives and how it is made, once.
 
-Stdlib only, apart from embed.py which does the exporting: `toolatlas doctor` checks the
-model cache without importing numpy or onnxruntime.
+The export runs `python -m toolatlas.retrieval.export_onnx` in a subprocess (torch never
+enters the daemon) into a temporary folder renamed into place; a file lock serialises
+concurrent exporters; a shutdown kills a running export. Split from embed.py, which loads
+what this module makes. Stdlib only: `toolatlas doctor` checks the export without numpy or
+onnxruntime.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
+from toolatlas.errors import ToolatlasError
 from toolatlas.paths import read_regular
 
-# The folder of the current export format under models_dir(); bump the suffix when it changes.
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "all-MiniLM-L6-v2"
 EXPORT_DIRNAME = "minilm-l6-v2-onnx-v2"
+_EXPORT_TIMEOUT = 900.0
+
+
+class EmbedderUnavailable(ToolatlasError):
+    """The embedding model could not be loaded or run; retrieval falls back to BM25."""
 
 
 def models_dir(state_dir: Path | None) -> Path:
@@ -32,3 +51,116 @@ def export_complete(folder: Path) -> bool:
         return all((folder / name).stat().st_size == size for name, size in files.items())
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+# Test knob: while the path this names does not exist, a needed export waits before it starts
+# (phase "exporting", said so in the log), so a test can observe a fresh daemon serving BM25
+# before the export without timing luck. The export itself is the real one once the path appears.
+HOLD_EXPORT_ENV = "TOOLATLAS_TEST_HOLD_EXPORT"
+_POLL_S = 0.2
+
+
+def export_needed(state_dir: Path | None) -> bool:
+    """Whether `ensure_onnx_export` would have to export (no complete export on disk)."""
+    return not export_complete(models_dir(state_dir) / EXPORT_DIRNAME)
+
+
+def _hold(cancel: threading.Event | None) -> None:
+    gate = os.environ.get(HOLD_EXPORT_ENV)
+    if not gate:
+        return
+    log.warning("embed.export_held until %s exists (%s, a test knob)", gate, HOLD_EXPORT_ENV)
+    while not os.path.exists(gate):
+        if cancel is not None and cancel.is_set():
+            raise EmbedderUnavailable("the ONNX export was cancelled (shutting down)")
+        time.sleep(_POLL_S)
+
+
+def _run_export(tmp: Path, cancel: threading.Event | None) -> None:
+    """Run the exporter subprocess into `tmp`; on `cancel` (shutdown) it is killed, so no
+    child outlives the daemon. Raises EmbedderUnavailable on failure or cancel."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "toolatlas.retrieval.export_onnx", "--out", str(tmp)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        )
+        try:
+            if cancel is None:
+                proc.wait(timeout=_EXPORT_TIMEOUT)
+            else:
+                _wait_or_cancel(proc, cancel)
+        except subprocess.TimeoutExpired as exc:
+            raise EmbedderUnavailable(
+                f"exporting {MODEL_NAME} to ONNX did not finish within {_EXPORT_TIMEOUT:g} s") from exc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if cancel is not None and cancel.is_set():
+            raise EmbedderUnavailable("the ONNX export was cancelled (shutting down)")
+        if proc.returncode != 0:
+            err.seek(0)
+            tail = err.read().decode(errors="replace").strip().splitlines()[-3:]
+            raise EmbedderUnavailable(
+                f"exporting {MODEL_NAME} to ONNX failed (exit {proc.returncode}): " + " | ".join(tail))
+
+
+def _wait_or_cancel(proc: subprocess.Popen[bytes], cancel: threading.Event) -> None:
+    deadline = time.monotonic() + _EXPORT_TIMEOUT
+    while proc.poll() is None:
+        if cancel.wait(_POLL_S):
+            return  # the caller kills it
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, _EXPORT_TIMEOUT)
+
+
+def ensure_onnx_export(state_dir: Path | None, cancel: threading.Event | None = None) -> Path:
+    """Return a folder holding a complete ONNX export, exporting it first if needed.
+
+    The export runs in a subprocess (torch never enters this process), into a temporary
+    folder that is renamed into place; a file lock serialises concurrent exporters. Setting
+    `cancel` (the daemon shutting down) kills a running export. Raises EmbedderUnavailable
+    if the export fails or is cancelled.
+    """
+    root = models_dir(state_dir)
+    final = root / EXPORT_DIRNAME
+    if export_complete(final):
+        return final
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / ".export.lock", "w") as lockf:
+            fcntl.flock(lockf, fcntl.LOCK_EX)
+            if export_complete(final):
+                return final
+            if final.exists():
+                log.warning("embed.export_incomplete path=%s: exporting again", final)
+                shutil.rmtree(final, ignore_errors=True)
+            _hold(cancel)
+            tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
+            log.info("embed.export_start out=%s", final)
+            t0 = time.monotonic()
+            try:
+                _run_export(tmp, cancel)
+                os.replace(tmp, final)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+            log.info("embed.export_done out=%s seconds=%.1f", final, time.monotonic() - t0)
+            for old in root.glob(EXPORT_DIRNAME.rsplit("-v", 1)[0] + "-v*"):
+                if old != final and old.is_dir():  # an earlier export format: ~110 MB unused
+                    shutil.rmtree(old, ignore_errors=True)
+                    log.info("embed.export_removed_old path=%s", old)
+    except OSError as exc:
+        raise EmbedderUnavailable(f"cannot write the ONNX model under {str(root)!r}: {exc}") from exc
+    if not export_complete(final):
+        raise EmbedderUnavailable(f"the ONNX export in {str(final)!r} is incomplete")
+    return final
+
+
+__all__ = ["EXPORT_DIRNAME", "HOLD_EXPORT_ENV", "EmbedderUnavailable", "ensure_onnx_export", "export_complete",
+           "export_needed", "models_dir"]

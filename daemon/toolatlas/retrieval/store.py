@@ -25,7 +25,6 @@ from toolatlas.retrieval.documents import Entry, make_entry
 from toolatlas.retrieval.index import IndexBuilder, Snapshot
 
 if TYPE_CHECKING:
-    from toolatlas.retrieval.embed import Embedder
     from toolatlas.retrieval.hnsw import HnswStore
 
 log = logging.getLogger(__name__)
@@ -56,44 +55,72 @@ class Revived:
     corrupt: int
 
 
-def read(state_dir: Path, emb: Embedder | None) -> OnDisk:
-    """Clear dead writers' temp files, then load the embedding cache (when there is an
-    embedder) and the snapshot of the embedder's vector space. Never raises CorruptFile."""
+@dataclass(frozen=True)
+class RestoreResult:
+    """What `restore` put back: the entries and catalog version of the snapshot on disk
+    (None: there was none), whether its hnswlib index was usable, and files found corrupt."""
+
+    entries: dict[str, Entry] | None
+    version: int
+    hnsw_ok: bool
+    corrupt: int
+
+
+def restore(state_dir: Path, space: str | None, dim: int, builder: IndexBuilder) -> RestoreResult:
+    """Read the embedding cache and last snapshot of the vector space `space` (None: no
+    embedder) into `builder` (its vectors, dirtiness and hnswlib index); the entries are the
+    caller's to commit. Never raises CorruptFile."""
+    disk = read(state_dir, space, dim)
+    if disk.vec_of is not None:
+        builder.vec_of = disk.vec_of
+    if disk.vectors_corrupt:
+        builder.vec_dirty = True
+    if disk.snapshot is None:
+        return RestoreResult(None, 0, False, disk.corrupt)
+    revived = revive(disk.snapshot, builder.vec_of, dim)
+    builder.hnsw = revived.hnsw
+    return RestoreResult(revived.entries, disk.snapshot.version, revived.hnsw is not None, disk.corrupt + revived.corrupt)
+
+
+def read(state_dir: Path, space: str | None, dim: int) -> OnDisk:
+    """Clear dead writers' temp files, then load the embedding cache (when there is a
+    vector space: `space` names it, `dim` its width) and the snapshot of that space. Never
+    raises CorruptFile."""
     stale = persist.remove_stale_temps(state_dir)
     if stale:
         log.info("retrieval.stale_temps_removed %s (left by a writer that died mid-write)", ", ".join(sorted(stale)))
     vec_of: dict[bytes, np.ndarray] | None = None
     vectors_corrupt = False
     corrupt = 0
-    if emb is not None:
+    if space is not None:
         try:
-            vec_of = persist.load_embeddings(state_dir, emb.name, emb.dim)
+            vec_of = persist.load_embeddings(state_dir, space, dim)
         except persist.CorruptFile as exc:
             corrupt += 1
             vectors_corrupt = True
             log.warning("retrieval.embedding_cache_corrupt %s; rebuilding it", exc)
     snapshot = None
     try:
-        snapshot = persist.load_snapshot(state_dir, emb.name if emb else "none")
+        snapshot = persist.load_snapshot(state_dir, space or "none")
     except persist.CorruptFile as exc:
         corrupt += 1
         log.warning("retrieval.snapshot_corrupt %s; waiting for the catalog", exc)
     return OnDisk(vec_of=vec_of, vectors_corrupt=vectors_corrupt, snapshot=snapshot, corrupt=corrupt)
 
 
-def revive(restored: persist.Restored, vec_of: dict[bytes, np.ndarray], emb: Embedder | None) -> Revived:
+def revive(restored: persist.Restored, vec_of: dict[bytes, np.ndarray], dim: int) -> Revived:
     """Entries for the restored documents; with the hnswlib file when it is on disk and
     every document's vector is in the embedding cache. A file hnswlib cannot load is
     counted corrupt and the dense index is rebuilt from the cache."""
     entries: dict[str, Entry] = {}
     for doc in restored.docs:
         entries[doc.name] = make_entry(doc)
-    if emb is None or restored.hnsw_path is None or not all(e.key in vec_of for e in entries.values()):
+    if not dim or restored.hnsw_path is None or not all(e.key in vec_of for e in entries.values()):
         return Revived(entries=entries, hnsw=None, corrupt=0)
     from toolatlas.retrieval.hnsw import HnswStore
 
     try:
-        hnsw = HnswStore.load(restored.hnsw_path, emb.dim, restored.next_label, live=len(entries))
+        hnsw = HnswStore.load(restored.hnsw_path, dim, restored.next_label, live=len(entries))
     except (RuntimeError, OSError, ValueError) as exc:
         log.warning("retrieval.hnsw_load_failed %s; rebuilding the dense index", exc)
         return Revived(entries=entries, hnsw=None, corrupt=1)
@@ -112,17 +139,18 @@ def vectors_to_keep(vec_of: dict[bytes, np.ndarray], live: set[bytes]) -> dict[b
     return keep
 
 
-def write(state_dir: Path, emb: Embedder | None, builder: IndexBuilder, snap: Snapshot) -> bool:
-    """Write the embedding cache (if it changed) and `snap` with the hnswlib index. Returns
-    False, logged, when the disk refused (the engine counts it and serves on)."""
+def write(state_dir: Path, space: str | None, builder: IndexBuilder, snap: Snapshot) -> bool:
+    """Write the embedding cache of vector space `space` (if it changed) and `snap` with the
+    hnswlib index. Returns False, logged, when the disk refused (the engine counts it and
+    serves on)."""
     try:
-        if emb is not None and builder.vec_dirty:
+        if space is not None and builder.vec_dirty:
             live = {e.key for e in builder.entries.values()}
-            persist.save_embeddings(state_dir, emb.name, vectors_to_keep(builder.vec_of, live))
+            persist.save_embeddings(state_dir, space, vectors_to_keep(builder.vec_of, live))
             builder.vec_dirty = False
         persist.save_snapshot(
             state_dir,
-            emb.name if emb is not None else "none",
+            space or "none",
             version=snap.version,
             docs=list(snap.docs),
             labels=[int(x) for x in snap.labels] if snap.labels is not None else [-1] * snap.n,

@@ -257,6 +257,11 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
                 for r in gw.visible_records(conn)
             ]
         gw.tools_listed(conn, passthrough=passthrough, tools=len(tools))
+        if gw.starting:
+            # Upstreams are still listing: this list grows, so no client may cache it (ttl 0,
+            # not the 30 s below); tools/list_changed follows each change and the switch to
+            # the meta-tools.
+            return types.ListToolsResult(tools=tools, ttl_ms=0)
         return types.ListToolsResult(tools=tools)
 
     async def on_call_tool(
@@ -288,7 +293,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
         gw,
         "toolatlas",
         # Lists are per principal (access rules, passthrough): private, and briefly fresh;
-        # a change is announced with tools/list_changed.
+        # a change is announced with tools/list_changed. While the daemon starts: ttl 0.
         cache_hints={"tools/list": CacheHint(ttl_ms=30_000, scope="private")},
         on_subscriptions_listen=ListenHandler(bus),
         version=__version__,

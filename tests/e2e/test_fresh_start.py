@@ -1,0 +1,157 @@
+"""A daemon's first minutes (#16 item 4): upstreams start at once, BM25 search serves while the
+embedding model is exported into a fresh state_dir, dense search joins without a restart; a
+tool of an upstream still connecting is "starting, retry", never "unknown"; tools/list before
+the first index carries no cache hint and list_changed hands clients over to the meta-tools.
+
+Two gates keep this deterministic without timing: a stdio upstream wrapped in a shell loop
+that waits for a file before it execs the test server (it stays "connecting" until then), and
+the documented test knob TOOLATLAS_TEST_HOLD_EXPORT, which holds the real ONNX export until a
+file exists."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.results import text
+from tests.support.servers import testserver_args
+from toolatlas.examples.run_example import report_startup
+from toolatlas.retrieval.embed import HOLD_EXPORT_ENV
+from toolatlas.surface.unix import unix_client
+
+META = ["tool_search", "execute_tool", "catalog_status"]
+EXPORT = Path("index") / "models" / "minilm-l6-v2-onnx-v2" / "manifest.json"
+
+
+def gated_upstream(name: str, gate: Path) -> str:
+    """A stdio test server that only starts once `gate` exists: "connecting" until then."""
+    script = f'while [ ! -e "{gate}" ]; do sleep 0.05; done; exec "$0" "$@"'
+    args = json.dumps(["-c", script, sys.executable, *testserver_args("--name", name)])
+    return (f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "sh"\nargs = {args}\n'
+            "timeouts = { connect = 300 }\n")
+
+
+def cli(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "toolatlas", *args, "--socket", d.socket],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _names(listed: types.ListToolsResult) -> list[str]:
+    return [t.name for t in listed.tools]
+
+
+async def test_before_the_first_index_calls_are_told_to_retry_and_lists_are_not_cached(tmp_path: Path) -> None:
+    gate = tmp_path / "slow-may-start"
+    d = Daemon(tmp_path, stdio_testserver("fast") + gated_upstream("slow", gate))
+    with d.start(ready=False):
+        d.wait_for(lambda: {s["name"]: s["tools"] for s in d.status()["servers"]}["fast"] > 0, 60, "fast listed")
+        st = d.status()
+        assert st["index"]["ready"] is False
+        assert any(w.startswith("upstream slow: connecting (") for w in st["waiting_for"]), st["waiting_for"]
+
+        # A tool of the upstream still connecting: told to retry, never called unknown.
+        r = d.tool("execute_tool", {"name": "slow__echo", "arguments": {"message": "x"}})
+        assert r["isError"]
+        assert "is starting" in text(r) and "retry in 2 s" in text(r) and "unknown" not in text(r), text(r)
+        # A tool of an upstream that listed is called normally before the index is ready.
+        r = d.tool("fast__echo", {"message": "early"})
+        assert not r.get("isError") and text(r) == "Echo: early"
+
+        # The CLI says the daemon is starting (exit 75), not "no matching tools" with exit 0.
+        out = cli(d, "search", "qwertyuiop zxcvbnm")
+        assert out.returncode == 75, out
+        assert "still starting" in out.stderr and "upstream slow: connecting" in out.stderr
+        assert "no matching tools" not in out.stdout
+        out = cli(d, "status")
+        assert out.returncode == 0 and "waiting for:\n  upstream slow: connecting (" in out.stdout, out.stdout
+        # What `make run` prints meanwhile (examples/run_example.py), until nothing is awaited.
+        report = io.StringIO()
+        assert d.proc is not None
+        reporter = threading.Thread(target=report_startup, args=(d.socket, d.proc, report), daemon=True)
+        reporter.start()
+        d.wait_for(lambda: "upstream slow: connecting" in report.getvalue(), 30, "the start-up report")
+
+        changed = anyio.Event()
+
+        async def on_message(message: object) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                changed.set()
+
+        with anyio.fail_after(120):
+            async with (
+                Client(unix_client(d.socket), mode="legacy", message_handler=on_message) as legacy,
+                Client(unix_client(d.socket)) as modern,
+            ):
+                early = await legacy.list_tools()
+                assert "fast__echo" in _names(early) and "tool_search" not in _names(early)
+                assert modern.protocol_version == "2026-07-28"
+                early_modern = await modern.list_tools()
+                assert "fast__echo" in _names(early_modern)
+                assert early_modern.ttl_ms == 0  # not the 30 s hint: this list is still growing
+
+                gate.touch()
+                # The legacy client re-lists only when told to; it must end on the meta-tools.
+                names = _names(early)
+                while names != META:
+                    await changed.wait()
+                    changed = anyio.Event()
+                    names = _names(await legacy.list_tools(cache_mode="refresh"))
+                late_modern = await modern.list_tools(cache_mode="refresh")
+                assert _names(late_modern) == META and late_modern.ttl_ms == 30_000
+        st = d.status()
+        assert st["index"]["ready"] and st["waiting_for"] == []
+        reporter.join(60)
+        assert not reporter.is_alive()
+        printed = report.getvalue()
+        assert "toolatlas: waiting for: upstream slow: connecting (" in printed, printed
+        assert "toolatlas: serving" in printed and printed.endswith("toolatlas: ready, nothing left to wait for\n")
+        r = d.tool("execute_tool", {"name": "slow__echo", "arguments": {"message": "late"}})
+        assert not r.get("isError") and text(r) == "Echo: late"
+
+
+@pytest.mark.timeout(900)
+def test_fresh_state_dir_serves_bm25_while_the_model_exports_then_goes_hybrid(tmp_path: Path) -> None:
+    gate = tmp_path / "export-may-start"
+    # Not seeded: this daemon exports the model into its own state_dir, as on a first start.
+    d = Daemon(tmp_path, stdio_testserver("fast"), search_extra='embedder = "onnx"\n', seed_models=False)
+    assert not (tmp_path / "state").exists()
+    with d.start(wait_ready=120, env={HOLD_EXPORT_ENV: str(gate)}):
+        # Search serves first; the model's worker starts then, and the gate holds its export.
+        d.wait_for(lambda: d.status()["index"]["model"]["phase"] == "exporting", 60, "the export held")
+        answer = d.meta("tool_search", {"query": "echo the message back", "top_k": 3})
+        st = d.status()
+        assert answer["matches"][0]["name"] == "fast__echo"
+        assert answer["degraded"] == "embedding model loading"
+        idx = st["index"]
+        assert idx["ready"] and idx["degraded"] == "embedding model loading"
+        assert idx["model"]["phase"] == "exporting" and idx["dense_index"] is None
+        assert any(w.startswith("embedding model: exporting (") for w in st["waiting_for"]), st["waiting_for"]
+        assert not (tmp_path / "state" / EXPORT).exists()
+        r = d.tool("execute_tool", {"name": "fast__echo", "arguments": {"message": "before"}})
+        assert not r.get("isError") and text(r) == "Echo: before"
+
+        gate.touch()  # the real export runs now, then the model loads and the catalog is embedded
+
+        def hybrid() -> dict[str, Any] | None:
+            s = d.status()
+            return s if s["index"]["model"]["phase"] == "ready" else None
+
+        st = d.wait_for(hybrid, 600, "hybrid search after the export")
+        idx = st["index"]
+        assert idx["degraded"] is None and st["waiting_for"] == []
+        assert idx["tools"] > 0 and idx["dense_index"]["live"] == idx["tools"]
+        assert idx["embeddings_computed"] == idx["tools"]
+        assert (tmp_path / "state" / EXPORT).is_file()
+        answer = d.meta("tool_search", {"query": "echo the message back", "top_k": 3})
+        assert answer["matches"][0]["name"] == "fast__echo" and answer["degraded"] is None
