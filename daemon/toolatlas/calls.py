@@ -15,6 +15,9 @@ from typing import Any
 
 # (progress, total, message) -> None, awaited for each upstream progress notification.
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+# Asks the caller's user what an upstream's `elicitation/create` asks (its params, wire form)
+# and returns the answer (an ElicitResult, wire form); raises RelayRefused when it cannot.
+ElicitFn = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,7 @@ class CallRequest:
     allow_input_required: bool = False
     input_responses: Mapping[str, Any] | None = None
     request_state: str | None = None
+    elicit: ElicitFn | None = None  # how an upstream's question during the call reaches the user
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,7 @@ class UpstreamCall:
     input_responses: Mapping[str, Any] | None = None
     request_state: str | None = None
     timeout: float | None = None  # None: the upstream's timeouts.call
+    elicit: ElicitFn | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +72,12 @@ class UpstreamReply:
     payload: object = None
     is_error: bool = False
     input_required: InputRequired | None = None
+    # URIs of the resource links and embedded resources in the result: a client may read
+    # them through the gateway, which routes the read to this upstream.
+    resource_uris: tuple[str, ...] = ()
 
 
 # The gateway hands an UpstreamReply back to the surface with the request state sealed.
 CallOutcome = UpstreamReply
 
-__all__ = ["CallOutcome", "CallRequest", "InputRequired", "ProgressFn", "UpstreamCall", "UpstreamReply"]
+__all__ = ["CallOutcome", "CallRequest", "ElicitFn", "InputRequired", "ProgressFn", "UpstreamCall", "UpstreamReply"]

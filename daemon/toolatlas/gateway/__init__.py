@@ -13,7 +13,7 @@ the surface and the upstream pool are wired by the composition root (`toolatlas.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,14 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Config, secrets
 from toolatlas.gateway.calls import CallService
 from toolatlas.gateway.catalog import LiveCatalog
-from toolatlas.gateway.ports import Connection
+from toolatlas.gateway.federation import Federation
+from toolatlas.gateway.ports import LOG_LEVELS, Connection, Page
 from toolatlas.gateway.search import SearchService
 from toolatlas.gateway.status import StatusService
 from toolatlas.gateway.tokens import TokenReporter
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.metrics import Metrics
+from toolatlas.names import split
 from toolatlas.redact import Redactor
 from toolatlas.retrieval.engine import Engine
 from toolatlas.rift.runner import RiftRunner
@@ -84,7 +86,11 @@ class Gateway:
         self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
         self.index_ready = anyio.Event()
         self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set)
-        self.pool = Pool(cfg.upstream, self.catalog.on_tools, observer=self._observe_upstream, mode=pool_mode)
+        self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream, mode=pool_mode,
+                         on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=self._on_log)
+        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
+        # Hear upstream log messages: (server, notifications/message params). Wired by the app.
+        self.log_listeners: list[Callable[[str, dict[str, Any]], Awaitable[None]]] = []
         self.rift = RiftRunner(self.engine)
         self.catalog.on_index_update.append(self.rift.wanted)
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
@@ -130,6 +136,17 @@ class Gateway:
             view = self.catalog.view
             log.info("index ready: %d tools from %d upstreams", len(view.by_name), len(view.available))
             await self.catalog.announce()
+
+    async def _on_tools(self, server: str, tools: list[ToolRecord] | None) -> None:
+        await self.catalog.on_tools(server, tools)
+        await self.federation.session_changed(server, tools is not None)
+
+    async def _on_log(self, server: str, params: dict[str, Any]) -> None:
+        for listener in self.log_listeners:
+            try:
+                await listener(server, params)
+            except Exception:  # one bad listener must not starve the others
+                log.exception("a log listener failed")
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
@@ -181,7 +198,7 @@ class Gateway:
         self.events.log_queries = new.daemon.log_queries
         await self.pool.reconcile(new.upstream)
         for name in summary["removed"]:
-            await self.catalog.on_tools(name, None)
+            await self._on_tools(name, None)
             await self.catalog.drop(name)
         log.info("reload: +%s -%s ~%s", summary["added"], summary["removed"], summary["changed"])
         await self.catalog.announce()
@@ -220,10 +237,32 @@ class Gateway:
         return self.searches.cached(query, top_k, servers, conn)
 
     async def execute(self, call: CallRequest, conn: Connection) -> CallOutcome:
-        return await self.calls.execute(call, conn)
+        outcome = await self.calls.execute(call, conn)
+        if outcome.resource_uris and (parsed := split(call.name)):
+            self.federation.remember(parsed[0], outcome.resource_uris)
+        return outcome
 
     def status(self, conn: Connection) -> Mapping[str, Any]:
         return self.status_service.status(conn, self._tg if self.index_ready.is_set() else None)
+
+    def may_use(self, conn: Connection, server: str) -> bool:
+        return server in self.visibility.allowed_servers(conn)
+
+    async def listing(self, kind: str, conn: Connection, cursor: str | None) -> Page:
+        return await self.federation.page(kind, conn, cursor)
+
+    async def read_resource(self, uri: str, conn: Connection) -> dict[str, Any]:
+        return await self.federation.read(uri, conn)
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None, conn: Connection) -> dict[str, Any]:
+        return await self.federation.get_prompt(name, arguments, conn)
+
+    async def set_log_level(self, level: str) -> None:
+        """Upstreams are asked for the most verbose level any client asked for (never less:
+        each client's own level is applied when relaying)."""
+        floor = self.pool.log_level
+        if level in LOG_LEVELS and (floor is None or LOG_LEVELS.index(level) < LOG_LEVELS.index(floor)):
+            await self.pool.set_log_level(level)
 
 
 __all__ = ["FIRST_INDEX_WAIT_S", "Gateway", "make_engine"]

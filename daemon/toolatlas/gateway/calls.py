@@ -139,7 +139,7 @@ class CallService:
             server=rec.server, tool=rec.tool, arguments=arguments, progress=call.progress,
             allow_input_required=call.allow_input_required,
             input_responses=call.input_responses if call.allow_input_required else None,
-            request_state=upstream_state,
+            request_state=upstream_state, elicit=call.elicit,
         )
         if self.inflight == 0:
             self._idle = anyio.Event()

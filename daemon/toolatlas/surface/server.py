@@ -29,6 +29,7 @@ from mcp.shared.exceptions import MCPError
 from toolatlas import __version__
 from toolatlas.errors import BadInput, ToolatlasError
 from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, GatewayPort
+from toolatlas.surface import federation
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
 from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
 
@@ -155,9 +156,12 @@ class ConnectionBus:
         self._wants = wants  # does this connection's list change now?
         self._listeners: dict[object, tuple[Connection | None, Callable[[Any], None]]] = {}
 
-    async def publish(self, event: Any) -> None:
+    async def publish(self, event: Any, wants: Callable[[Connection], bool] | None = None) -> None:
+        """`event` to every listener whose connection `wants` it (default: a tools list change
+        it would see)."""
+        wants = wants or self._wants
         for conn, listener in list(self._listeners.values()):
-            if conn is not None and not self._wants(conn):
+            if conn is not None and not wants(conn):
                 continue
             try:
                 listener(event)
@@ -183,6 +187,7 @@ class Surface:
         self.fast_lane_answers = 0
         self.bus = ConnectionBus(self._list_changes_for)
         self.server = build_server(gw, self.bus)
+        self.relays = federation.Relays(gw, lambda: self.connections, self.bus.publish)
         self.lane = fast_lane(gw, self)
 
     def _list_changes_for(self, conn: Connection) -> bool:
@@ -295,6 +300,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
     )
+    federation.register(server, gw, _connection)
     # No OpenTelemetry exporter is configured, so its per-request span middleware only costs
     # time on the hot path: drop it.
     server.middleware = []
@@ -308,7 +314,7 @@ def _call(ctx: Any, params: types.CallToolRequestParams, name: str, arguments: o
     return CallRequest(
         name=name, arguments=arguments, progress=ctx.session.report_progress, allow_input_required=modern,
         input_responses=params.input_responses if modern else None,
-        request_state=params.request_state if modern else None,
+        request_state=params.request_state if modern else None, elicit=federation.elicit_relay(ctx),
     )
 
 
@@ -369,7 +375,8 @@ def _response(id_: str | int, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def init_options(server: Server[Any]) -> Any:
-    return server.create_initialization_options(NotificationOptions(tools_changed=True))
+    return server.create_initialization_options(
+        NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True))
 
 
 __all__ = ["CONNECTION", "Connection", "Connections", "MCPError", "Surface", "build_server", "error_result", "fast_lane",

@@ -10,7 +10,12 @@ and a ``subscriptions/listen`` event), ``progress(steps)`` (progress notificatio
 ``pid`` (the server's process id), plus ``--tools N`` generated ``gen_NNN`` tools, and with
 ``--blob`` ``blob(size, stream)`` (a result of ``size`` bytes of text; with ``stream``, after a
 notification).
-``--page-size N`` makes tools/list return N tools a page with a ``nextCursor``.
+``--page-size N`` makes tools/list (and resources/list) return N items a page with a ``nextCursor``.
+``--resources N`` adds N text resources ``test://res/NNN`` (text ``resource NNN``), a template
+``test://item/{id}``, a prompt ``greet(name)`` and the tools ``add_resource(name)`` (adds
+``test://res/<name>`` and announces the change on both protocol generations), ``link(name)``
+(a result holding a resource_link to ``test://item/<name>``) and ``shared_uri`` (a resource
+``shared://same`` every such server lists, for URI collisions).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from typing import Annotated, Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import ListToolsResult, PaginatedRequestParams
+from mcp.server.mcpserver.resources.types import TextResource
+from mcp_types import ListResourcesResult, ListToolsResult, PaginatedRequestParams, ResourceLink, TextContent
 from mcp.server.mcpserver.resolve import Elicit, Resolve
 from pydantic import BaseModel
 
@@ -44,6 +50,15 @@ class PagedServer(MCPServer):
         end = start + self.page_size
         return ListToolsResult(tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None)
 
+    async def _handle_list_resources(self, ctx: Any, params: PaginatedRequestParams | None) -> ListResourcesResult:
+        items = await self.list_resources()
+        if self.page_size <= 0:
+            return ListResourcesResult(resources=items)
+        cursor = params.cursor if params is not None else None
+        start = int(cursor) if cursor and cursor.isdigit() else 0
+        end = start + self.page_size
+        return ListResourcesResult(resources=items[start:end], next_cursor=str(end) if end < len(items) else None)
+
 
 async def _announce(ctx: Context) -> None:
     # Legacy (<= 2025-11-25): a notification on the calling session.
@@ -63,8 +78,36 @@ def ask_name() -> Elicit[_Name]:
     return Elicit("What is your name?", _Name)
 
 
+def _add_resources(server: PagedServer, count: int) -> None:
+    for i in range(count):
+        server.add_resource(TextResource(uri=f"test://res/{i:03d}", name=f"res-{i:03d}", text=f"resource {i:03d}"))
+    server.add_resource(TextResource(uri="shared://same", name="shared", text=f"shared resource of {server.name}"))
+
+    @server.resource("test://item/{id}", name="item", description="An item by id.")
+    def item(id: str) -> str:
+        return f"item {id} of {server.name}"
+
+    @server.prompt(description="Greet someone by name.")
+    def greet(name: str) -> str:
+        return f"Please greet {name} warmly."
+
+    @server.tool(description="Add the resource test://res/<name> and announce the change.")
+    async def add_resource(name: str, ctx: Context) -> str:
+        server.add_resource(TextResource(uri=f"test://res/{name}", name=name, text=f"added {name}"))
+        with contextlib.suppress(Exception):
+            await ctx.request_context.session.send_resource_list_changed()
+        with contextlib.suppress(Exception):
+            await ctx.notify_resources_changed()
+        return f"added test://res/{name}"
+
+    @server.tool(description="Return a resource_link to test://item/<name>.")
+    def link(name: str) -> list[Any]:
+        return [TextContent(type="text", text="here is the item"),
+                ResourceLink(type="resource_link", uri=f"test://item/{name}", name=name)]
+
+
 def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_description: str | None = None,
-          with_blob: bool = False) -> PagedServer:
+          with_blob: bool = False, resources: int = 0) -> PagedServer:
     server = PagedServer(name, instructions="A configurable server for toolatlas tests.")
     server.page_size = page_size
 
@@ -133,6 +176,8 @@ def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_des
 
     for i in range(tools):
         server.add_tool(make_gen(i), name=f"gen_{i:03d}", description=f"Generated test tool number {i}; returns its input.")
+    if resources:
+        _add_resources(server, resources)
     return server
 
 
@@ -142,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--tools", type=int, default=0, help="extra generated tools")
     p.add_argument("--page-size", type=int, default=0, help="tools per tools/list page (0 = all)")
     p.add_argument("--blob", action="store_true", help="add the blob tool (big results)")
+    p.add_argument("--resources", type=int, default=0, help="N resources, a template, a prompt (see the docstring)")
     p.add_argument("--echo-description-file", help="if this file exists at start, echo's description is its text "
                    "(a new release of the server that redefines a tool)")
     args = p.parse_args(argv)
@@ -149,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.echo_description_file and os.path.exists(args.echo_description_file):
         with open(args.echo_description_file, encoding="utf-8") as fh:
             echo_description = fh.read().strip()
-    _serve.run(build(args.name, args.tools, args.page_size, echo_description, args.blob), args)
+    _serve.run(build(args.name, args.tools, args.page_size, echo_description, args.blob, args.resources), args)
 
 
 if __name__ == "__main__":
