@@ -36,7 +36,9 @@ class CallRequest:
     allow_input_required: bool = False
     input_responses: Mapping[str, Any] | None = None
     request_state: str | None = None
-    elicit: ElicitFn | None = None  # how an upstream's question during the call reaches the user
+    # How an upstream's question during the call reaches the user. None from a 2026-07-28
+    # caller that can answer questions: the gateway turns them into input_required rounds.
+    elicit: ElicitFn | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -288,3 +288,38 @@ async def test_elicitation_errors_name_the_side_that_cannot_relay(gw: Daemon) ->
             assert refused.is_error
             assert "did not declare the elicitation capability" in _text(refused), _text(refused)
             assert "everything" in _text(refused)
+        async with Client(unix_client(gw.socket)) as modern_mute:
+            assert modern_mute.protocol_version == "2026-07-28"
+            refused = await modern_mute.call_tool("everything__trigger-elicitation-request", {})
+            assert "did not declare the elicitation capability" in _text(refused), _text(refused)
+
+
+async def test_a_legacy_upstreams_question_reaches_a_2026_client_as_input_required(gw: Daemon) -> None:
+    asked: list[str] = []
+
+    async def answer(ctx: object, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return await answer_form(ctx, params)
+
+    with anyio.fail_after(60):
+        async with Client(unix_client(gw.socket), elicitation_callback=answer) as c:
+            assert c.protocol_version == "2026-07-28"
+            # by hand: the round the SDK's driver does for Client.call_tool
+            first = await c.session.call_tool("everything__trigger-elicitation-request", {}, allow_input_required=True)
+            assert isinstance(first, types.InputRequiredResult) and first.request_state, first
+            (key,) = first.input_requests
+            done = await c.session.call_tool(
+                "everything__trigger-elicitation-request", {}, allow_input_required=True,
+                input_responses={key: types.ElicitResult(action="accept", content={"name": "Grace Hopper", "check": True,
+                                                                                  "email": "g@example.org"})},
+                request_state=first.request_state)
+            assert isinstance(done, types.CallToolResult) and "Grace Hopper" in _text(done), done
+            # a replayed state finds nothing parked any more
+            again = await c.session.call_tool(
+                "everything__trigger-elicitation-request", {}, allow_input_required=True,
+                input_responses={key: types.ElicitResult(action="decline")}, request_state=first.request_state)
+            assert isinstance(again, types.CallToolResult) and again.is_error and "already used" in _text(again)
+            # and through the SDK's own driver, via execute_tool
+            via_meta = await c.call_tool("execute_tool", {"name": "everything__trigger-elicitation-request"})
+            assert "Ada Lovelace" in _text(via_meta), via_meta
+            assert asked and "Please provide inputs" in asked[0]

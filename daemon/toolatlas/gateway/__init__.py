@@ -25,7 +25,7 @@ from toolatlas.calls import CallOutcome, CallRequest
 from toolatlas.catalog.attest import Attestor
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Config, secrets
-from toolatlas.gateway.calls import CallService
+from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.federation import Federation
 from toolatlas.gateway.ports import LOG_LEVELS, Connection, Page
@@ -105,6 +105,7 @@ class Gateway:
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
             metrics=self.metrics, events=self.events, redactor=self.redactor,
+            asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self.metrics.set_state_source(self.status_service.snapshot)
@@ -136,6 +137,10 @@ class Gateway:
             view = self.catalog.view
             log.info("index ready: %d tools from %d upstreams", len(view.by_name), len(view.available))
             await self.catalog.announce()
+
+    def _spawner(self) -> Spawn | None:
+        tg = self._tg
+        return None if tg is None else tg.start_soon
 
     async def _on_tools(self, server: str, tools: list[ToolRecord] | None) -> None:
         await self.catalog.on_tools(server, tools)

@@ -164,21 +164,24 @@ class Relays:
 _ELICIT = types.ClientCapabilities(elicitation=types.ElicitationCapability())
 
 
-def elicit_relay(ctx: Any) -> ElicitFn:
+async def _cannot_ask(_params: dict[str, Any]) -> dict[str, Any]:
+    raise RelayRefused("the calling MCP client did not declare the elicitation capability, so it cannot be asked; "
+                       "use a client that supports elicitation")
+
+
+def elicit_relay(ctx: Any) -> ElicitFn | None:
     """How an upstream's `elicitation/create` during this tools/call reaches the caller: as
-    the same request on a 2025-era session that declared elicitation; otherwise RelayRefused
-    says which side cannot carry it."""
+    the same request on a 2025-era session that declared elicitation; for a 2026-07-28 caller
+    that declared it, None (the gateway turns the question into input_required); otherwise a
+    relay that refuses, saying that the client cannot be asked."""
     session = ctx.session
     request_id = ctx.request_id
+    if not session.check_client_capability(_ELICIT):
+        return _cannot_ask
+    if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return None
 
     async def relay(params: dict[str, Any]) -> dict[str, Any]:
-        if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            raise RelayRefused(
-                "the upstream speaks MCP 2025-11-25 and asked mid-call, while the calling client speaks 2026-07-28, "
-                "where a server cannot send requests to a client; toolatlas could not turn it into input_required")
-        if not session.check_client_capability(_ELICIT):
-            raise RelayRefused("the calling MCP client did not declare the elicitation capability, so it cannot be "
-                               "asked; use a client that supports elicitation")
         request = types.ElicitRequest.model_validate({"method": "elicitation/create", "params": params})
         try:
             result = await session.send_request(request, types.ElicitResult,

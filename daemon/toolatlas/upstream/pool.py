@@ -47,6 +47,7 @@ class UpstreamStatus:
     pid: int | None  # stdio child's pid while it runs
     protocol_version: str | None  # negotiated MCP version while connected
     offers: frozenset[str] = frozenset()  # "resources", "prompts", "logging" while READY
+    handshake: bool = False  # READY on a 2025-era protocol (its questions come as requests mid-call)
 
 
 class Pool:
@@ -140,6 +141,7 @@ class Pool:
             pid=s.pid,
             protocol_version=s.protocol_version if ready else None,
             offers=s.capabilities if ready else frozenset(),
+            handshake=ready and s.protocol_version is not None and s.protocol_version not in federation.MODERN,
         )
 
     def _session(self, name: str) -> UpstreamSession:
