@@ -104,14 +104,15 @@ class Federation:
         self._cache: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
         self._links: OrderedDict[str, set[str]] = OrderedDict()
         self._up: set[str] = set()
+        self._fetching: dict[tuple[str, str], anyio.Lock] = {}  # one fetch per list at a time
+        self._dropped = 0  # counts invalidations: a fetch that overlapped one is not cached
         self.on_change: list[ChangeListener] = []
 
     # -- changes ---------------------------------------------------------------------------
 
     async def changed(self, server: str, kind: str) -> None:
         """Upstream `server` announced that its `kind` ("resources" or "prompts") changed."""
-        for k in ("resources", "templates") if kind == "resources" else ("prompts",):
-            self._cache.pop((server, k), None)
+        self._drop(server, ("resources", "templates") if kind == "resources" else ("prompts",))
         for listener in self.on_change:
             try:
                 await listener(server, kind)
@@ -125,13 +126,17 @@ class Federation:
             return
         offered = {k for (s, k) in self._cache if s == server}
         (self._up.add if up else self._up.discard)(server)
-        for key in [k for k in self._cache if k[0] == server]:
-            del self._cache[key]
+        self._drop(server, tuple(_KEY))
         st = self._pool.get(server)
         offers = set(st.offers) if st is not None and up else {KIND_OF[k] for k in offered}
         for kind in ("resources", "prompts"):
             if kind in offers:
                 await self.changed(server, kind)
+
+    def _drop(self, server: str, kinds: Sequence[str]) -> None:
+        self._dropped += 1
+        for kind in kinds:
+            self._cache.pop((server, kind), None)
 
     def remember(self, server: str, uris: Sequence[str]) -> None:
         """URIs `server` returned in a tool result: a plain read of one goes there."""
@@ -152,17 +157,28 @@ class Federation:
                 out.append(name)
         return out
 
-    async def _items(self, server: str, kind: str) -> list[dict[str, Any]]:
+    def _fresh(self, server: str, kind: str) -> list[dict[str, Any]] | None:
         hit = self._cache.get((server, kind))
-        if hit is not None and time.monotonic() - hit[0] < CACHE_TTL_S:
-            return hit[1]
-        t0 = time.monotonic()
+        return hit[1] if hit is not None and time.monotonic() - hit[0] < CACHE_TTL_S else None
+
+    async def _items(self, server: str, kind: str) -> list[dict[str, Any]]:
+        if (fresh := self._fresh(server, kind)) is not None:
+            return fresh
+        # Many clients listing at once (all re-list on a list_changed) cost one fetch.
+        async with self._fetching.setdefault((server, kind), anyio.Lock()):
+            if (fresh := self._fresh(server, kind)) is not None:
+                return fresh
+            return await self._fetch(server, kind)
+
+    async def _fetch(self, server: str, kind: str) -> list[dict[str, Any]]:
+        t0, dropped = time.monotonic(), self._dropped
         try:
             items = await self._pool.list_items(server, kind)
         except ToolatlasError as exc:  # one broken upstream must not fail everyone's list
             log.warning("upstream %s: listing its %s failed; leaving them out: %s", server, kind, exc)
             return []
-        self._cache[(server, kind)] = (t0, items)
+        if dropped == self._dropped:  # else a change was announced meanwhile: this may predate it
+            self._cache[(server, kind)] = (t0, items)
         return items
 
     async def _gather(self, servers: list[str], kind: str) -> dict[str, list[dict[str, Any]]]:

@@ -15,6 +15,7 @@ withdrawn (callback with None), a reconnect after a capped, jittered backoff.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -188,7 +189,8 @@ class Connection:
             deadline.deadline = anyio.current_time() + up.timeouts.list_tools
             tools = await list_records(client, self.upstream)
             if s.log_level is not None and "logging" in s.capabilities and not modern:
-                await set_log_level(client, s.log_level)
+                with contextlib.suppress(Exception):  # best effort: never a reason to fail the connection
+                    await set_log_level(client, s.log_level)
             deadline.deadline = math.inf
             self.client = client
             s.went_ready()
