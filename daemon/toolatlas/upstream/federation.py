@@ -17,8 +17,7 @@ import mcp_types
 from mcp import Client
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from toolatlas.errors import UpstreamProtocolError
-from toolatlas.upstream.listing import MAX_PAGES
+from toolatlas.upstream.listing import follow_pages
 
 logger = logging.getLogger(__name__)
 
@@ -61,36 +60,21 @@ def _pager(client: Client, kind: str) -> Callable[[str | None], Awaitable[Any]]:
 
 
 async def list_all(client: Client, server: str, kind: str) -> list[dict[str, Any]]:
-    """Every item of `kind` ("resources", "templates", "prompts") `server` offers, every page.
-
-    An item listed twice (by its uri, uriTemplate or name) is kept once. Raises
-    UpstreamProtocolError on a repeated cursor, more than MAX_PAGES pages or MAX_ITEMS items;
-    SDK errors propagate. The caller bounds the time."""
+    """Every item of `kind` ("resources", "templates", "prompts") `server` offers, every page;
+    an item listed twice (by its uri, uriTemplate or name) is kept once. Bounded by MAX_PAGES
+    and MAX_ITEMS (UpstreamProtocolError); the caller bounds the time."""
     method, field, key = KINDS[kind]
-    fetch = _pager(client, kind)
-    items: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    seen_cursors: set[str] = set()
-    cursor: str | None = None
-    for _ in range(MAX_PAGES):
-        page = _wire(await fetch(cursor))
-        for item in page.get(field, []):
-            ident = item.get(key)
-            if not isinstance(ident, str) or ident in seen:
-                logger.debug("upstream %s: %s lists %r twice or without %s; keeping the first", server, method,
-                             ident, key)
-                continue
-            seen.add(ident)
-            items.append(item)
-        if len(items) > MAX_ITEMS:
-            raise UpstreamProtocolError(f"upstream {server!r} lists more than {MAX_ITEMS} items in {method}")
-        cursor = page.get("nextCursor")
-        if not cursor:
-            return items
-        if cursor in seen_cursors:
-            raise UpstreamProtocolError(f"upstream {server!r} repeated its {method} cursor {str(cursor)[:80]!r}")
-        seen_cursors.add(cursor)
-    raise UpstreamProtocolError(f"upstream {server!r} {method} did not end within {MAX_PAGES} pages")
+    pager = _pager(client, kind)
+
+    async def fetch(cursor: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        page = _wire(await pager(cursor))
+        return list(page.get(field, [])), page.get("nextCursor")
+
+    def ident(item: dict[str, Any]) -> str | None:
+        value = item.get(key)
+        return value if isinstance(value, str) else None
+
+    return await follow_pages(fetch, ident, server, method, MAX_ITEMS)
 
 
 async def read_resource(client: Client, uri: str) -> dict[str, Any]:

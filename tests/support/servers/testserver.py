@@ -37,27 +37,26 @@ from toolatlas.examples import _serve
 
 
 class PagedServer(MCPServer):
-    """MCPServer whose tools/list pages by ``page_size`` (0 = one page) with offset cursors."""
+    """MCPServer whose tools/list and resources/list page by ``page_size`` (0 = one page) with
+    offset cursors."""
 
     page_size = 0
 
-    async def _handle_list_tools(self, ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
-        tools = await self.list_tools()
+    def _page(self, items: list[Any], params: PaginatedRequestParams | None) -> tuple[list[Any], str | None]:
         if self.page_size <= 0:
-            return ListToolsResult(tools=tools)
+            return items, None
         cursor = params.cursor if params is not None else None
         start = int(cursor) if cursor and cursor.isdigit() else 0
         end = start + self.page_size
-        return ListToolsResult(tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None)
+        return items[start:end], str(end) if end < len(items) else None
+
+    async def _handle_list_tools(self, ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
+        tools, nxt = self._page(await self.list_tools(), params)
+        return ListToolsResult(tools=tools, next_cursor=nxt)
 
     async def _handle_list_resources(self, ctx: Any, params: PaginatedRequestParams | None) -> ListResourcesResult:
-        items = await self.list_resources()
-        if self.page_size <= 0:
-            return ListResourcesResult(resources=items)
-        cursor = params.cursor if params is not None else None
-        start = int(cursor) if cursor and cursor.isdigit() else 0
-        end = start + self.page_size
-        return ListResourcesResult(resources=items[start:end], next_cursor=str(end) if end < len(items) else None)
+        resources, nxt = self._page(await self.list_resources(), params)
+        return ListResourcesResult(resources=resources, next_cursor=nxt)
 
 
 async def _announce(ctx: Context) -> None:
