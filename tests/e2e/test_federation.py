@@ -323,3 +323,23 @@ async def test_a_legacy_upstreams_question_reaches_a_2026_client_as_input_requir
             via_meta = await c.call_tool("execute_tool", {"name": "everything__trigger-elicitation-request"})
             assert "Ada Lovelace" in _text(via_meta), via_meta
             assert asked and "Please provide inputs" in asked[0]
+
+
+async def test_over_http_questions_and_changes_reach_both_eras(gw: Daemon) -> None:
+    url = gw.http_url  # type: ignore[attr-defined]
+    with anyio.fail_after(60):
+        async with Client(_http(url, ALL_TOKEN), mode="legacy", elicitation_callback=answer_form) as old:
+            # elicitation/create rides the POST's event stream of the call it belongs to
+            result = await old.call_tool("execute_tool", {"name": "everything__trigger-elicitation-request"})
+            assert "Ada Lovelace" in _text(result), result
+        async with Client(_http(url, ALPHA_TOKEN), elicitation_callback=answer_form) as new:
+            assert new.protocol_version == "2026-07-28"
+            greeted = await new.call_tool("alpha__greet_user", {})
+            assert _text(greeted).startswith("Hello, Ada Lovelace!"), greeted
+            async with new.listen(resources_list_changed=True) as sub:
+                await new.call_tool("alpha__add_resource", {"name": "over-http"})
+                async for event in sub:
+                    if type(event).__name__ == "ResourcesListChanged":
+                        break
+            uris = {str(r.uri) for r in (await _all(new.list_resources, "resources"))[0]}
+            assert "test://res/over-http" in uris

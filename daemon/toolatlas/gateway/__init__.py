@@ -207,6 +207,7 @@ class Gateway:
             await self.catalog.drop(name)
         log.info("reload: +%s -%s ~%s", summary["added"], summary["removed"], summary["changed"])
         await self.catalog.announce()
+        await self.federation.reloaded()
         return summary
 
     # -- the port the surface uses -------------------------------------------------------------

@@ -133,6 +133,14 @@ class Federation:
             if kind in offers:
                 await self.changed(server, kind)
 
+    async def reloaded(self) -> None:
+        """Access rules may have changed: every client re-lists what it may now see."""
+        for name in self._order():
+            st = self._pool.get(name)
+            for kind in ("resources", "prompts"):
+                if st is not None and kind in st.offers:
+                    await self.changed(name, kind)
+
     def _drop(self, server: str, kinds: Sequence[str]) -> None:
         self._dropped += 1
         for kind in kinds:
