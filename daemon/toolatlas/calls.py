@@ -18,6 +18,9 @@ ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 # Asks the caller's user what an upstream's `elicitation/create` asks (its params, wire form)
 # and returns the answer (an ElicitResult, wire form); raises RelayRefused when it cannot.
 ElicitFn = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+# (server, params) -> None: an upstream log message (`notifications/message` params, wire
+# form) for the caller of a call in flight.
+LogFn = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,9 @@ class CallRequest:
     # How an upstream's question during the call reaches the user. None from a 2026-07-28
     # caller that can answer questions: the gateway turns them into input_required rounds.
     elicit: ElicitFn | None = None
+    # A 2026-07-28 caller's per-request log opt-in: messages at `log_level` and above go to `log`.
+    log: LogFn | None = None
+    log_level: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,8 @@ class UpstreamCall:
     request_state: str | None = None
     timeout: float | None = None  # None: the upstream's timeouts.call
     elicit: ElicitFn | None = None
+    log: LogFn | None = None
+    log_level: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,4 +90,4 @@ class UpstreamReply:
 # The gateway hands an UpstreamReply back to the surface with the request state sealed.
 CallOutcome = UpstreamReply
 
-__all__ = ["CallOutcome", "CallRequest", "ElicitFn", "InputRequired", "ProgressFn", "UpstreamCall", "UpstreamReply"]
+__all__ = ["CallOutcome", "CallRequest", "ElicitFn", "InputRequired", "LogFn", "ProgressFn", "UpstreamCall", "UpstreamReply"]

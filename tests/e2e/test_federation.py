@@ -343,3 +343,27 @@ async def test_over_http_questions_and_changes_reach_both_eras(gw: Daemon) -> No
                         break
             uris = {str(r.uri) for r in (await _all(new.list_resources, "resources"))[0]}
             assert "test://res/over-http" in uris
+
+
+async def test_a_2026_client_gets_the_log_messages_of_its_own_call(gw: Daemon) -> None:
+    got: list[types.LoggingMessageNotificationParams] = []
+    other: list[types.LoggingMessageNotificationParams] = []
+
+    async def collect(params: types.LoggingMessageNotificationParams) -> None:
+        got.append(params)
+
+    async def collect_other(params: types.LoggingMessageNotificationParams) -> None:
+        other.append(params)
+
+    with anyio.fail_after(60):
+        async with Client(unix_client(gw.socket), log_level="warning", logging_callback=collect) as new, \
+                Client(unix_client(gw.socket), mode="legacy", logging_callback=collect_other) as old:
+            await old.session.send_request(
+                types.SetLevelRequest(params=types.SetLevelRequestParams(level="debug")), types.EmptyResult)
+            done = await new.call_tool("alpha__log_at", {"levels": ["debug", "info", "warning", "error"]})
+            assert _text(done) == "logged 4", done
+            assert [(p.level, p.logger, p.data) for p in got] == [
+                ("warning", "alpha/test", "warning message"), ("error", "alpha/test", "error message")]
+            await old.list_prompts(cache_mode="bypass")  # anything sent to it before now has arrived
+            # a 2026-07-28 upstream's log messages belong to the request that asked for them
+            assert not [p for p in other if str(p.logger).startswith("alpha")], other

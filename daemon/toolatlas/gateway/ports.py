@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from toolatlas.calls import CallOutcome, CallRequest, ElicitFn, InputRequired, ProgressFn
+from toolatlas.calls import CallOutcome, CallRequest, ElicitFn, InputRequired, LogFn, ProgressFn
 from toolatlas.catalog.model import ToolRecord
 
 
@@ -110,6 +110,6 @@ class GatewayPort(Protocol):
 
 
 __all__ = [
-    "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired", "LOG_LEVELS", "Page",
+    "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired", "LOG_LEVELS", "LogFn", "Page",
     "ProgressFn", "SurfaceStats", "ToolRecord",
 ]

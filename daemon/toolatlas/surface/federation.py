@@ -25,7 +25,7 @@ from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from toolatlas.errors import BadInput, NotFound, RelayRefused, ToolatlasError, UpstreamProtocolError
-from toolatlas.gateway.ports import LOG_LEVELS, Connection, ElicitFn, GatewayPort
+from toolatlas.gateway.ports import LOG_LEVELS, Connection, ElicitFn, GatewayPort, LogFn
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +145,7 @@ class Relays:
         level = params.get("level")
         if level not in LOG_LEVELS:
             return
-        logger = params.get("logger")
-        note = types.LoggingMessageNotification(params=types.LoggingMessageNotificationParams(
-            level=level, data=params.get("data"), logger=f"{server}/{logger}" if logger else server))
+        note = _log_note(server, params)
         for conn in self._connections():
             if conn.session is None or conn.log_level not in LOG_LEVELS or _modern(conn):
                 continue
@@ -159,6 +157,33 @@ class Relays:
                     await session.send_notification(note)
             except Exception as exc:  # a client that went away must not stop the others
                 log.debug("log message to connection %d failed: %s", conn.id, exc)
+
+
+def _log_note(server: str, params: dict[str, Any]) -> types.LoggingMessageNotification:
+    """An upstream's log message as the client gets it: its logger prefixed with the server."""
+    logger = params.get("logger")
+    return types.LoggingMessageNotification(params=types.LoggingMessageNotificationParams(
+        level=params["level"], data=params.get("data"), logger=f"{server}/{logger}" if logger else server))
+
+
+def log_relay(ctx: Any) -> tuple[LogFn | None, str | None]:
+    """A 2026-07-28 request's log opt-in (`_meta` io.modelcontextprotocol/logLevel): the
+    relay that puts upstream log messages at or above that level on this request's stream,
+    and the level; (None, None) without one (2025-era clients use logging/setLevel)."""
+    if ctx.session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return None, None
+    meta = ctx.meta if isinstance(ctx.meta, dict) else {}
+    wanted = meta.get(types.LOG_LEVEL_META_KEY)
+    if wanted not in LOG_LEVELS:
+        return None, None
+    session, request_id = ctx.session, ctx.request_id
+
+    async def relay(server: str, params: dict[str, Any]) -> None:
+        level = params.get("level")
+        if level in LOG_LEVELS and LOG_LEVELS.index(level) >= LOG_LEVELS.index(wanted):
+            await session.send_notification(_log_note(server, params), related_request_id=request_id)
+
+    return relay, wanted
 
 
 _ELICIT = types.ClientCapabilities(elicitation=types.ElicitationCapability())
@@ -195,4 +220,4 @@ def elicit_relay(ctx: Any) -> ElicitFn | None:
     return relay
 
 
-__all__ = ["RESOURCE_NOT_FOUND", "Relays", "elicit_relay", "register", "rpc_error"]
+__all__ = ["RESOURCE_NOT_FOUND", "Relays", "elicit_relay", "log_relay", "register", "rpc_error"]

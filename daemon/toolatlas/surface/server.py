@@ -311,10 +311,12 @@ def _call(ctx: Any, params: types.CallToolRequestParams, name: str, arguments: o
     """A tools/call as the gateway takes it. The input_required fields count only on
     2026-07-28 connections: older clients cannot answer an input_required result."""
     modern = ctx.session.protocol_version in MODERN_PROTOCOL_VERSIONS
+    log, log_level = federation.log_relay(ctx)
     return CallRequest(
         name=name, arguments=arguments, progress=ctx.session.report_progress, allow_input_required=modern,
         input_responses=params.input_responses if modern else None,
         request_state=params.request_state if modern else None, elicit=federation.elicit_relay(ctx),
+        log=log, log_level=log_level,
     )
 
 

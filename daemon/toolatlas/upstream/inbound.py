@@ -25,7 +25,7 @@ from typing import Any
 import mcp_types
 from mcp.client.session import ClientRequestContext
 
-from toolatlas.calls import ElicitFn
+from toolatlas.calls import ElicitFn, LogFn
 from toolatlas.errors import RelayRefused
 
 logger = logging.getLogger(__name__)
@@ -59,19 +59,41 @@ class Inbound:
         self.on_lists = on_lists or _ignore_lists
         self.on_log = on_log or _ignore_log
         self._calls: dict[int, tuple[str, ElicitFn | None]] = {}  # in flight: (tool, relay)
+        self._logs: dict[int, LogFn] = {}  # in flight, of callers who opted in to log messages
         self._ids = itertools.count()
+        # 2026-07-28: log messages belong to the request that opted in, not to the connection.
+        self.request_scoped_logs = False
 
     @contextlib.contextmanager
-    def call(self, tool: str, elicit: ElicitFn | None) -> Iterator[None]:
-        """The span of one tools/call, whose questions go to `elicit`."""
+    def call(self, tool: str, elicit: ElicitFn | None, log: LogFn | None = None) -> Iterator[None]:
+        """The span of one tools/call, whose questions go to `elicit` and log messages to `log`."""
         key = next(self._ids)
         self._calls[key] = (tool, elicit)
+        if log is not None:
+            self._logs[key] = log
         token = ASKING.set((tool, elicit))
         try:
             yield
         finally:
             ASKING.reset(token)
             del self._calls[key]
+            self._logs.pop(key, None)
+
+    async def _log(self, params: dict[str, Any]) -> None:
+        """A log message: a 2025-era upstream's goes to every client that asked for its logs
+        (its own level applied) and to the calls in flight that opted in; a 2026-07-28
+        upstream's belongs to the one request that opted in, and is dropped when several
+        did (it does not say whose it is)."""
+        if not self.request_scoped_logs:
+            await self.on_log(self.name, params)
+        relays = list(self._logs.values())
+        if self.request_scoped_logs and len(self._calls) > 1:
+            relays = []
+        for relay in relays:
+            try:
+                await relay(self.name, params)
+            except Exception as exc:  # the caller went away
+                logger.debug("upstream %s: a log message to a caller failed: %s", self.name, exc)
 
     async def message(self, message: object) -> bool:
         """Handle a notification other than tools/list_changed; True if it was one of ours."""
@@ -81,7 +103,7 @@ class Inbound:
             await self.changed(kind)
             return True
         if isinstance(message, mcp_types.LoggingMessageNotification):
-            await self.on_log(self.name, message.params.model_dump(by_alias=True, mode="json", exclude_none=True))
+            await self._log(message.params.model_dump(by_alias=True, mode="json", exclude_none=True))
             return True
         return False
 

@@ -74,16 +74,21 @@ async def call_tool(client: Client, call: UpstreamCall, inbound: Inbound) -> Ups
     """`call` on `client`; the upstream's questions during it go to `call.elicit`. With
     `allow_input_required` a 2026-07-28 upstream's input_required is returned as is."""
     tool, arguments, progress = call.tool, call.arguments, progress_fn(call.progress)
+    # A 2026-07-28 upstream sends log messages only for a request that opts in.
+    meta: mcp_types.RequestParamsMeta | None = None
+    if call.log is not None and call.log_level:
+        meta = mcp_types.RequestParamsMeta()
+        meta[mcp_types.LOG_LEVEL_META_KEY] = call.log_level  # type: ignore[literal-required]
     result: mcp_types.CallToolResult | mcp_types.InputRequiredResult
-    with inbound.call(tool, call.elicit):
+    with inbound.call(tool, call.elicit, call.log):
         if call.allow_input_required:
             result = await client.session.call_tool(
                 tool, arguments, progress_callback=progress,
                 input_responses=dict(call.input_responses) if call.input_responses else None,
-                request_state=call.request_state, allow_input_required=True,
+                request_state=call.request_state, allow_input_required=True, meta=meta,
             )
         else:
-            result = await client.call_tool(tool, arguments, progress_callback=progress)
+            result = await client.call_tool(tool, arguments, progress_callback=progress, meta=meta)
     if isinstance(result, mcp_types.InputRequiredResult):
         return UpstreamReply(input_required=InputRequired(result.input_requests, result.request_state))
     return UpstreamReply(payload=result, is_error=bool(result.is_error), resource_uris=resource_uris(result))

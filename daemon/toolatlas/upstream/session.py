@@ -178,7 +178,7 @@ class Connection:
         """
         up, s = self.upstream, self._s
         s.protocol_version, s.capabilities = client.protocol_version, capabilities(client)
-        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        modern = s.inbound.request_scoped_logs = client.protocol_version in MODERN_PROTOCOL_VERSIONS
         async with anyio.create_task_group() as tg:
             if modern:
                 # Subscribe before the first list, so a change in between is not missed.

@@ -13,8 +13,8 @@ notification).
 ``--page-size N`` makes tools/list (and resources/list) return N items a page with a ``nextCursor``.
 ``--resources N`` adds N text resources ``test://res/NNN`` (text ``resource NNN``), a template
 ``test://item/{id}``, a prompt ``greet(name)`` and the tools ``add_resource(name)`` (adds
-``test://res/<name>`` and announces the change on both protocol generations), ``link(name)``
-(a result holding a resource_link to ``test://item/<name>``) and ``shared_uri`` (a resource
+``test://res/<name>`` and announces the change on both protocol generations), ``log_at(levels)``
+(a log message at each level), ``link(name)`` (a result holding a resource_link to ``test://item/<name>``) and ``shared_uri`` (a resource
 ``shared://same`` every such server lists, for URI collisions).
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -98,6 +99,14 @@ def _add_resources(server: PagedServer, count: int) -> None:
         with contextlib.suppress(Exception):
             await ctx.notify_resources_changed()
         return f"added test://res/{name}"
+
+    @server.tool(description="Send one log message at each of `levels` (logger 'test'), then return.")
+    async def log_at(levels: list[str], ctx: Context) -> str:
+        with warnings.catch_warnings():  # logging is deprecated in 2026-07-28; it is what is tested
+            warnings.simplefilter("ignore")
+            for level in levels:
+                await ctx.log(level, f"{level} message", logger_name="test")  # type: ignore[arg-type]
+        return f"logged {len(levels)}"
 
     @server.tool(description="Return a resource_link to test://item/<name>.")
     def link(name: str) -> list[Any]:
