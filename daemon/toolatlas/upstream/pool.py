@@ -198,8 +198,8 @@ class Pool:
                 if s.protocol_version in federation.MODERN:
                     continue  # 2026-07-28 has no connection-wide level: callers opt in per request
                 try:
-                    await s.request("logging/setLevel", lambda c: federation.set_log_level(c, level), s.upstream.timeouts.ping,
-                                    operation="set_log_level")
+                    await s.request("logging/setLevel", lambda c: federation.set_log_level(c, level),
+                                    s.upstream.timeouts.ping, operation="set_log_level")
                 except Exception as exc:  # noqa: BLE001
                     logger.info("upstream %s: logging/setLevel %s failed: %s", s.name, level, exc)
 

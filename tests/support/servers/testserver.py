@@ -1,7 +1,7 @@
 """A configurable MCP server for the test suite (all transports).
 
     python tests/support/servers/testserver.py [--transport stdio|sse|http] [--port 0]
-        [--tools N] [--page-size N] [--name NAME]
+        [--tools N] [--page-size N] [--resources N] [--name NAME]
 
 Tools: ``echo``, ``sleep(seconds)``, ``hang`` (never returns), ``crash`` (the process exits
 at once), ``add_tool(name, description)`` / ``remove_tool(name)`` (change the catalog and
@@ -11,11 +11,12 @@ and a ``subscriptions/listen`` event), ``progress(steps)`` (progress notificatio
 ``--blob`` ``blob(size, stream)`` (a result of ``size`` bytes of text; with ``stream``, after a
 notification).
 ``--page-size N`` makes tools/list (and resources/list) return N items a page with a ``nextCursor``.
-``--resources N`` adds N text resources ``test://res/NNN`` (text ``resource NNN``), a template
-``test://item/{id}``, a prompt ``greet(name)`` and the tools ``add_resource(name)`` (adds
-``test://res/<name>`` and announces the change on both protocol generations), ``log_at(levels)``
-(a log message at each level), ``link(name)`` (a result holding a resource_link to ``test://item/<name>``) and ``shared_uri`` (a resource
-``shared://same`` every such server lists, for URI collisions).
+``--resources N`` adds N text resources ``test://res/NNN`` (text ``resource NNN``), a
+template ``test://item/{id}``, a prompt ``greet(name)``, a resource ``shared://same`` every
+such server lists (for URI collisions), and the tools ``add_resource(name)`` (adds
+``test://res/<name>`` and announces the change on both protocol generations),
+``log_at(levels)`` (a log message at each level) and ``link(name)`` (a result holding a
+resource_link to ``test://item/<name>``).
 """
 
 from __future__ import annotations
