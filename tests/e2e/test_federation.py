@@ -367,3 +367,37 @@ async def test_a_2026_client_gets_the_log_messages_of_its_own_call(gw: Daemon) -
             await old.list_prompts(cache_mode="bypass")  # anything sent to it before now has arrived
             # a 2026-07-28 upstream's log messages belong to the request that asked for them
             assert not [p for p in other if str(p.logger).startswith("alpha")], other
+
+
+async def test_a_legacy_http_session_gets_changes_and_log_messages_between_requests(gw: Daemon) -> None:
+    """A 2025-11-25 HTTP session's requests share one connection: its log level holds, and
+    notifications reach its standalone event stream while no request is in flight."""
+    changes: list[str] = []
+    logs: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceListChangedNotification):
+            changes.append("resources")
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logs.append(params)
+
+    url = gw.http_url  # type: ignore[attr-defined]
+    with anyio.fail_after(60):
+        async with Client(_http(url, ALL_TOKEN), mode="legacy", message_handler=on_message,
+                          logging_callback=on_log) as c, Client(unix_client(gw.socket)) as other:
+            await c.session.send_request(
+                types.SetLevelRequest(params=types.SetLevelRequestParams(level="debug")), types.EmptyResult)
+            await c.list_resources()
+            # another client changes alpha's resources: the session hears it on its own stream
+            await other.call_tool("alpha__add_resource", {"name": "heard-over-http"})
+            while not changes:
+                await anyio.sleep(0.05)
+            started = await other.call_tool("execute_tool", {"name": "everything__toggle-simulated-logging"})
+            try:
+                while not logs:
+                    await anyio.sleep(0.05)
+            finally:
+                await other.call_tool("execute_tool", {"name": "everything__toggle-simulated-logging"})
+            assert "Started" in _text(started)
+            assert str(logs[0].logger).startswith("everything")

@@ -12,6 +12,7 @@ the gateway only through `gateway.ports.GatewayPort` and never writes into it.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -129,16 +130,41 @@ _META = [_tool(t) for t in META_TOOLS]
 
 
 class Connections:
-    """Every live client connection, socket and HTTP alike (what `clients` counts)."""
+    """Every live client connection, socket and HTTP alike (what `clients` counts), and the
+    2025-era HTTP sessions by `Mcp-Session-Id`: their requests share one `Connection` (its
+    log level, its SDK session), so notifications reach the session's event stream between
+    requests too."""
 
-    def __init__(self) -> None:
-        self._live: set[Connection] = set()
+    def __init__(self, max_sessions: int = 1024) -> None:
+        self._live: dict[Connection, int] = {}  # -> requests in flight on it (an HTTP session has several)
+        self._sessions: OrderedDict[str, Connection] = OrderedDict()
+        self.max_sessions = max_sessions
 
     def add(self, conn: Connection) -> None:
-        self._live.add(conn)
+        self._live[conn] = self._live.get(conn, 0) + 1
 
     def discard(self, conn: Connection) -> None:
-        self._live.discard(conn)
+        left = self._live.get(conn, 0) - 1
+        if left > 0:
+            self._live[conn] = left
+        else:
+            self._live.pop(conn, None)
+
+    def session(self, session_id: str) -> Connection | None:
+        return self._sessions.get(session_id)
+
+    def remember(self, session_id: str, conn: Connection) -> None:
+        self._sessions[session_id] = conn
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def everyone(self) -> list[Connection]:
+        """The live connections and the remembered HTTP sessions (each once)."""
+        return list(dict.fromkeys([*self._live, *self._sessions.values()]))
 
     def __iter__(self) -> Iterator[Connection]:
         return iter(list(self._live))
@@ -187,7 +213,7 @@ class Surface:
         self.fast_lane_answers = 0
         self.bus = ConnectionBus(self._list_changes_for)
         self.server = build_server(gw, self.bus)
-        self.relays = federation.Relays(gw, lambda: self.connections, self.bus.publish)
+        self.relays = federation.Relays(gw, self.connections.everyone, self.bus.publish)
         self.lane = fast_lane(gw, self)
 
     def _list_changes_for(self, conn: Connection) -> bool:
@@ -203,7 +229,7 @@ class Surface:
         """Tell clients whose tools/list would now differ (passthrough views) to re-list:
         legacy sessions by notification, 2026-07-28 clients on their listen streams."""
         await self.bus.tools_changed()
-        for conn in self.connections:
+        for conn in self.connections.everyone():
             if conn.session is None or conn.saw_passthrough is None:
                 continue
             if not self._list_changes_for(conn):
