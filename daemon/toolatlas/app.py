@@ -57,6 +57,8 @@ class Daemon:
         self.surface = Surface(self.gateway)
         self.gateway.status_service.surface = self.surface
         self.gateway.catalog.on_change.append(self.surface.tools_changed)
+        self.gateway.federation.on_change.append(self.surface.relays.lists_changed)
+        self.gateway.log_listeners.append(self.surface.relays.log)
         self.unix = UnixServer(
             self.surface.server,
             cfg.daemon.socket,

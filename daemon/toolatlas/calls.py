@@ -15,6 +15,12 @@ from typing import Any
 
 # (progress, total, message) -> None, awaited for each upstream progress notification.
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+# Asks the caller's user what an upstream's `elicitation/create` asks (its params, wire form)
+# and returns the answer (an ElicitResult, wire form); raises RelayRefused when it cannot.
+ElicitFn = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+# (server, params) -> None: an upstream log message (`notifications/message` params, wire
+# form) for the caller of a call in flight.
+LogFn = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +39,12 @@ class CallRequest:
     allow_input_required: bool = False
     input_responses: Mapping[str, Any] | None = None
     request_state: str | None = None
+    # How an upstream's question during the call reaches the user. None from a 2026-07-28
+    # caller that can answer questions: the gateway turns them into input_required rounds.
+    elicit: ElicitFn | None = None
+    # A 2026-07-28 caller's per-request log opt-in: messages at `log_level` and above go to `log`.
+    log: LogFn | None = None
+    log_level: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +60,9 @@ class UpstreamCall:
     input_responses: Mapping[str, Any] | None = None
     request_state: str | None = None
     timeout: float | None = None  # None: the upstream's timeouts.call
+    elicit: ElicitFn | None = None
+    log: LogFn | None = None
+    log_level: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +82,12 @@ class UpstreamReply:
     payload: object = None
     is_error: bool = False
     input_required: InputRequired | None = None
+    # URIs of the resource links and embedded resources in the result: a client may read
+    # them through the gateway, which routes the read to this upstream.
+    resource_uris: tuple[str, ...] = ()
 
 
 # The gateway hands an UpstreamReply back to the surface with the request state sealed.
 CallOutcome = UpstreamReply
 
-__all__ = ["CallOutcome", "CallRequest", "InputRequired", "ProgressFn", "UpstreamCall", "UpstreamReply"]
+__all__ = ["CallOutcome", "CallRequest", "ElicitFn", "InputRequired", "LogFn", "ProgressFn", "UpstreamCall", "UpstreamReply"]

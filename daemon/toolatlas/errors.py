@@ -36,7 +36,21 @@ class UpstreamTimeout(ToolatlasError):
 
 
 class UpstreamProtocolError(ToolatlasError):
-    """An upstream answered with something that is not valid MCP, or an error."""
+    """An upstream answered with something that is not valid MCP, or an error; `code` is
+    the JSON-RPC error code when the upstream answered with one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NotFound(BadInput):
+    """A resource or prompt the caller named does not exist (or the caller may not use it)."""
+
+
+class RelayRefused(ToolatlasError):
+    """A request from an upstream to the user (elicitation) cannot be relayed; the message
+    says which side cannot carry it and why."""
 
 
 class SignatureError(ToolatlasError):

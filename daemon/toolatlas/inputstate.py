@@ -35,10 +35,13 @@ class InputStateSealer:
         self._used: dict[str, float] = {}  # nonce -> expiry
         self._lock = threading.Lock()
 
-    def seal(self, *, upstream: str, tool: str, principal: str, upstream_state: str | None) -> str:
+    def seal(self, *, upstream: str, tool: str, principal: str, upstream_state: str | None,
+             park: str | None = None) -> str:
+        """A token for one retry; `park` names a call the gateway keeps waiting for the answer
+        (a 2025-era upstream's question, see gateway.exchange)."""
         payload = {
             "u": upstream, "t": tool, "p": principal, "e": time.time() + self.ttl,
-            "n": os.urandom(12).hex(), "s": upstream_state,
+            "n": os.urandom(12).hex(), "s": upstream_state, "k": park,
         }
         nonce = os.urandom(12)
         sealed = self._aead.encrypt(nonce, json.dumps(payload, separators=(",", ":")).encode(), None)
@@ -52,6 +55,11 @@ class InputStateSealer:
 
     def open(self, token: str, *, tool: str, principal: str) -> tuple[str, str | None]:
         """(upstream, upstream state) for a retry of `tool` by `principal`; BadInput if refused."""
+        upstream, state, _park = self.open_parked(token, tool=tool, principal=principal)
+        return upstream, state
+
+    def open_parked(self, token: str, *, tool: str, principal: str) -> tuple[str, str | None, str | None]:
+        """`open`, and the key of the parked call the token answers (None if none)."""
         try:
             payload: dict[str, Any] = json.loads(self._unseal(token))
         except (InvalidTag, binascii.Error, ValueError, TypeError) as exc:
@@ -73,4 +81,4 @@ class InputStateSealer:
             if nonce in self._used:
                 raise BadInput("requestState was already used; each one is good for a single retry")
             self._used[nonce] = float(payload["e"])
-        return str(payload["u"]), payload.get("s")
+        return str(payload["u"]), payload.get("s"), payload.get("k")

@@ -13,7 +13,7 @@ the surface and the upstream pool are wired by the composition root (`toolatlas.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +26,16 @@ from toolatlas.catalog.attest import Attestor
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Config, secrets
 from toolatlas.gateway.admin import UpstreamAdmin
-from toolatlas.gateway.calls import CallService
+from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
-from toolatlas.gateway.ports import Connection
+from toolatlas.gateway.federation import Federation
+from toolatlas.gateway.ports import LOG_LEVELS, Connection, Page
 from toolatlas.gateway.search import SearchService
 from toolatlas.gateway.status import StatusService
 from toolatlas.gateway.tokens import TokenReporter
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.metrics import Metrics
+from toolatlas.names import split
 from toolatlas.redact import Redactor
 from toolatlas.retrieval.engine import Engine
 from toolatlas.rift.runner import RiftRunner
@@ -92,7 +94,11 @@ class Gateway:
         self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
         self.index_ready = anyio.Event()
         self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set)
-        self.pool = Pool(cfg.upstream, self.catalog.on_tools, observer=self._observe_upstream, mode=pool_mode)
+        self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream, mode=pool_mode,
+                         on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=self._on_log)
+        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
+        # Hear upstream log messages: (server, notifications/message params). Wired by the app.
+        self.log_listeners: list[Callable[[str, dict[str, Any]], Awaitable[None]]] = []
         self.rift = RiftRunner(self.engine)
         self.catalog.on_index_update.append(self.rift.wanted)
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
@@ -109,6 +115,7 @@ class Gateway:
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
             metrics=self.metrics, events=self.events, redactor=self.redactor,
             not_listed=self.status_service.not_listed,
+            asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
         )
         self.admin = UpstreamAdmin(self.pool, self.catalog, lambda: self.cfg.upstream, redactor=self.redactor,
                                    events=self.events, metrics=self.metrics)
@@ -153,6 +160,21 @@ class Gateway:
         comes no later than before, when the export ran first and everything else after it."""
         await self.index_ready.wait()
         await self.catalog.run_model()
+
+    def _spawner(self) -> Spawn | None:
+        tg = self._tg
+        return None if tg is None else tg.start_soon
+
+    async def _on_tools(self, server: str, tools: list[ToolRecord] | None) -> None:
+        await self.catalog.on_tools(server, tools)
+        await self.federation.session_changed(server, tools is not None)
+
+    async def _on_log(self, server: str, params: dict[str, Any]) -> None:
+        for listener in self.log_listeners:
+            try:
+                await listener(server, params)
+            except Exception:  # one bad listener must not starve the others
+                log.exception("a log listener failed")
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
@@ -203,10 +225,11 @@ class Gateway:
         self.events.log_queries = new.daemon.log_queries
         await self.pool.reconcile(new.upstream)
         for name in summary["removed"]:
-            await self.catalog.on_tools(name, None)
+            await self._on_tools(name, None)
             await self.catalog.drop(name)
         log.info("reload: +%s -%s ~%s", summary["added"], summary["removed"], summary["changed"])
         await self.catalog.announce()
+        await self.federation.reloaded()
         return summary
 
     # -- the port the surface uses -------------------------------------------------------------
@@ -246,10 +269,32 @@ class Gateway:
         return self.searches.cached(query, top_k, servers, conn)
 
     async def execute(self, call: CallRequest, conn: Connection) -> CallOutcome:
-        return await self.calls.execute(call, conn)
+        outcome = await self.calls.execute(call, conn)
+        if outcome.resource_uris and (parsed := split(call.name)):
+            self.federation.remember(parsed[0], outcome.resource_uris)
+        return outcome
 
     def status(self, conn: Connection) -> Mapping[str, Any]:
         return self.status_service.status(conn, self._tg if self.index_ready.is_set() else None)
+
+    def may_use(self, conn: Connection, server: str) -> bool:
+        return server in self.visibility.allowed_servers(conn)
+
+    async def listing(self, kind: str, conn: Connection, cursor: str | None) -> Page:
+        return await self.federation.page(kind, conn, cursor)
+
+    async def read_resource(self, uri: str, conn: Connection) -> dict[str, Any]:
+        return await self.federation.read(uri, conn)
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None, conn: Connection) -> dict[str, Any]:
+        return await self.federation.get_prompt(name, arguments, conn)
+
+    async def set_log_level(self, level: str) -> None:
+        """Upstreams are asked for the most verbose level any client asked for (never less:
+        each client's own level is applied when relaying)."""
+        floor = self.pool.log_level
+        if level in LOG_LEVELS and (floor is None or LOG_LEVELS.index(level) < LOG_LEVELS.index(floor)):
+            await self.pool.set_log_level(level)
 
 
 __all__ = ["FIRST_INDEX_WAIT_S", "Gateway", "make_engine", "restart_keys"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 from dataclasses import replace
 
 import anyio
@@ -16,6 +17,7 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.validate import ArgumentValidator
 from toolatlas.errors import BadInput, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.gateway.catalog import LiveCatalog
+from toolatlas.gateway.exchange import REQUEST_KEY, Exchange, Parked
 from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.suggest import NameIndex, suggest
 from toolatlas.gateway.visibility import Visibility
@@ -33,6 +35,8 @@ _CALL_OUTCOMES: tuple[tuple[type[ToolatlasError], str], ...] = (
 )
 
 Route = Callable[[UpstreamCall], Awaitable[UpstreamReply]]
+# Starts a background task (the gateway's task group); None when the gateway is not running.
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
 Availability = Callable[[str], str]  # server -> "state: reason" for an unavailable upstream
 NotListed = Callable[[str], "str | None"]  # server -> why its tools are not known yet, or None
 
@@ -43,9 +47,14 @@ class CallService:
     def __init__(
         self, catalog: LiveCatalog, visibility: Visibility, route: Route, availability: Availability, *,
         metrics: Metrics, events: ev.Events, redactor: Redactor | None = None, not_listed: NotListed | None = None,
+        asks_mid_call: Callable[[str], bool] = lambda _server: False, spawn: Callable[[], Spawn | None] = lambda: None,
     ) -> None:
         """`not_listed(server)`: why a configured upstream's tools are not known yet (it is
-        still connecting), so a call to one of them is told to retry, not that it is unknown."""
+        still connecting), so a call to one of them is told to retry, not that it is unknown.
+        `asks_mid_call(server)`: the upstream is on a 2025-era protocol, whose questions
+        come as requests during the call (translated for 2026-07-28 callers, see exchange)."""
+        self._asks_mid_call, self._spawn = asks_mid_call, spawn
+        self._parked = Parked()
         self._redact = redactor or events.redactor
         self._not_listed = not_listed or (lambda _server: None)
         self._catalog = catalog
@@ -136,22 +145,34 @@ class CallService:
                 "Fix these and call again."
             )
         upstream_state: str | None = None
+        park: str | None = None
         if call.allow_input_required and call.request_state is not None:
-            owner, upstream_state = self._sealer.open(call.request_state, tool=rec.name, principal=conn.principal)
+            owner, upstream_state, park = self._sealer.open_parked(call.request_state, tool=rec.name,
+                                                                   principal=conn.principal)
             if owner != rec.server:  # sealed with the tool's name, so this means a reload moved it
                 raise BadInput("requestState belongs to another upstream; call the tool again without it")
         elif call.allow_input_required and call.input_responses:
             raise BadInput("inputResponses need the requestState of the input_required result they answer")
+        if park is not None:
+            return await self._converse(self._parked.resume(park, call.input_responses), rec, conn)
+        spawn = self._spawn()
+        exchange = None
+        if call.allow_input_required and call.elicit is None and spawn is not None and self._asks_mid_call(rec.server):
+            exchange = Exchange(self._parked.ttl)
         routed = UpstreamCall(
             server=rec.server, tool=rec.tool, arguments=arguments, progress=call.progress,
             allow_input_required=call.allow_input_required,
             input_responses=call.input_responses if call.allow_input_required else None,
-            request_state=upstream_state,
+            request_state=upstream_state, elicit=exchange.ask if exchange is not None else call.elicit,
+            log=call.log, log_level=call.log_level,
         )
         if self.inflight == 0:
             self._idle = anyio.Event()
         self.inflight += 1
         try:
+            if exchange is not None and spawn is not None:
+                spawn(lambda: exchange.run(lambda: self._route(routed)))
+                return await self._converse(exchange, rec, conn)
             reply = await self._route(routed)
         finally:
             self.inflight -= 1
@@ -161,6 +182,26 @@ class CallService:
             sealed = self._sealer.seal(upstream=rec.server, tool=rec.name, principal=conn.principal,
                                        upstream_state=reply.input_required.request_state)
             return replace(reply, input_required=InputRequired(reply.input_required.input_requests, sealed))
+        return reply
+
+    async def _converse(self, ex: Exchange, rec: ToolRecord, conn: Connection) -> CallOutcome:
+        """The next turn of a translated call: its result, or its next question as an
+        input_required whose sealed state names the parked call."""
+        try:
+            kind, value = await ex.next()
+        except BaseException:  # the caller went away (or was cancelled): so does the upstream call
+            ex.close()
+            raise
+        if kind == "ask":
+            self._parked.park(ex)
+            sealed = self._sealer.seal(upstream=rec.server, tool=rec.name, principal=conn.principal,
+                                       upstream_state=None, park=ex.key)
+            question = {REQUEST_KEY: {"method": "elicitation/create", "params": value}}
+            return CallOutcome(input_required=InputRequired(question, sealed))
+        ex.close()
+        if kind == "failed":
+            raise value
+        reply: CallOutcome = value
         return reply
 
     async def _unknown_tool_message(self, name: str, allowed: set[str]) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from toolatlas.calls import CallOutcome, CallRequest, InputRequired, ProgressFn
+from toolatlas.calls import CallOutcome, CallRequest, ElicitFn, InputRequired, LogFn, ProgressFn
 from toolatlas.catalog.model import ToolRecord
 
 
@@ -32,12 +32,26 @@ class Connection:
     session: object = None  # the SDK ServerSession last seen on this connection (surface only)
     protocol_version: str | None = None  # negotiated; set once a request passed the SDK's init gate
     saw_passthrough: bool | None = None  # what its last tools/list returned
+    log_level: str | None = None  # set by logging/setLevel (2025-era clients): relay log messages at/above it
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def principal(self) -> str:
         """A stable name for who is calling: `token:NAME` or `uid:N`."""
         return f"token:{self.token}" if self.token is not None else f"uid:{self.uid}"
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a federated list (resources, resource templates, prompts): wire-form
+    items and the cursor of the next page, if any."""
+
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+# Log levels from the least to the most severe (RFC 5424, as MCP names them).
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
 class SurfaceStats(Protocol):
@@ -80,6 +94,27 @@ class GatewayPort(Protocol):
 
     def status(self, conn: Connection) -> Mapping[str, Any]: ...
 
+    def may_use(self, conn: Connection, server: str) -> bool:
+        """Whether `conn` may use upstream `server` (its access rules)."""
+        ...
+
+    async def listing(self, kind: str, conn: Connection, cursor: str | None) -> Page:
+        """A page of "resources", "templates" or "prompts" as `conn` may see them; BadInput
+        for a stale or foreign cursor."""
+        ...
+
+    async def read_resource(self, uri: str, conn: Connection) -> dict[str, Any]:
+        """resources/read (wire-form result); NotFound, BadInput, or an upstream's error."""
+        ...
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None, conn: Connection) -> dict[str, Any]:
+        """prompts/get of a namespaced prompt (wire-form result); NotFound or an upstream's error."""
+        ...
+
+    async def set_log_level(self, level: str) -> None:
+        """A client asked for log messages at `level` and above: upstreams are asked for them."""
+        ...
+
 
 class AdminPort(Protocol):
     """The operator commands: `toolatlas upstream list|restart|relist` and `toolatlas reload`.
@@ -114,5 +149,6 @@ class AdminPort(Protocol):
 
 
 __all__ = [
-    "AdminPort", "CallOutcome", "CallRequest", "Connection", "GatewayPort", "InputRequired", "ProgressFn", "SurfaceStats", "ToolRecord",
+    "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired", "LOG_LEVELS",
+    "LogFn", "Page", "ProgressFn", "SurfaceStats", "ToolRecord",
 ]

@@ -115,6 +115,13 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
     return replay
 
 
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
 def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
     return JSONResponse(body, status_code=status, headers=headers)
@@ -250,7 +257,12 @@ class HttpEndpoint:
             if refusal is not None:
                 await JSONResponse(refusal.payload(), status_code=400)(scope, receive, send)
                 return
-        conn = Connection(id=next(_ids), token=name)
+        session_id = _header(scope, b"mcp-session-id")
+        conn = self.connections.session(session_id) if session_id else None
+        if conn is None or conn.token != name:
+            conn = Connection(id=next(_ids), token=name)
+            if not session_id:
+                send = self._learn_session(send, conn)
         ctx_token = CONNECTION.set(conn)
         self.connections.add(conn)
         try:
@@ -258,6 +270,21 @@ class HttpEndpoint:
         finally:
             self.connections.discard(conn)
             CONNECTION.reset(ctx_token)
+            if session_id and scope.get("method") == "DELETE":
+                self.connections.forget(session_id)
+
+    def _learn_session(self, send: Send, conn: Connection) -> Send:
+        """`send`, noting the `Mcp-Session-Id` a response opens a 2025-era session with, so
+        the session's later requests share `conn`."""
+
+        async def watching(message: Message) -> None:
+            if message.get("type") == "http.response.start":
+                for key, value in message.get("headers", []):
+                    if key.lower() == b"mcp-session-id":
+                        self.connections.remember(value.decode("latin-1"), conn)
+            await send(message)
+
+        return watching
 
     async def _screen(self, scope: Scope, receive: Receive) -> tuple[Refusal | None, Receive]:
         """Read a JSON POST body (up to the limit) and screen it as the socket screens a line

@@ -12,6 +12,7 @@ the gateway only through `gateway.ports.GatewayPort` and never writes into it.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -29,6 +30,7 @@ from mcp.shared.exceptions import MCPError
 from toolatlas import __version__
 from toolatlas.errors import BadInput, ToolatlasError
 from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, GatewayPort
+from toolatlas.surface import federation
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
 from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
 
@@ -128,16 +130,41 @@ _META = [_tool(t) for t in META_TOOLS]
 
 
 class Connections:
-    """Every live client connection, socket and HTTP alike (what `clients` counts)."""
+    """Every live client connection, socket and HTTP alike (what `clients` counts), and the
+    2025-era HTTP sessions by `Mcp-Session-Id`: their requests share one `Connection` (its
+    log level, its SDK session), so notifications reach the session's event stream between
+    requests too."""
 
-    def __init__(self) -> None:
-        self._live: set[Connection] = set()
+    def __init__(self, max_sessions: int = 1024) -> None:
+        self._live: dict[Connection, int] = {}  # -> requests in flight on it (an HTTP session has several)
+        self._sessions: OrderedDict[str, Connection] = OrderedDict()
+        self.max_sessions = max_sessions
 
     def add(self, conn: Connection) -> None:
-        self._live.add(conn)
+        self._live[conn] = self._live.get(conn, 0) + 1
 
     def discard(self, conn: Connection) -> None:
-        self._live.discard(conn)
+        left = self._live.get(conn, 0) - 1
+        if left > 0:
+            self._live[conn] = left
+        else:
+            self._live.pop(conn, None)
+
+    def session(self, session_id: str) -> Connection | None:
+        return self._sessions.get(session_id)
+
+    def remember(self, session_id: str, conn: Connection) -> None:
+        self._sessions[session_id] = conn
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def everyone(self) -> list[Connection]:
+        """The live connections and the remembered HTTP sessions (each once)."""
+        return list(dict.fromkeys([*self._live, *self._sessions.values()]))
 
     def __iter__(self) -> Iterator[Connection]:
         return iter(list(self._live))
@@ -155,9 +182,12 @@ class ConnectionBus:
         self._wants = wants  # does this connection's list change now?
         self._listeners: dict[object, tuple[Connection | None, Callable[[Any], None]]] = {}
 
-    async def publish(self, event: Any) -> None:
+    async def publish(self, event: Any, wants: Callable[[Connection], bool] | None = None) -> None:
+        """`event` to every listener whose connection `wants` it (default: a tools list change
+        it would see)."""
+        wants = wants or self._wants
         for conn, listener in list(self._listeners.values()):
-            if conn is not None and not self._wants(conn):
+            if conn is not None and not wants(conn):
                 continue
             try:
                 listener(event)
@@ -183,6 +213,7 @@ class Surface:
         self.fast_lane_answers = 0
         self.bus = ConnectionBus(self._list_changes_for)
         self.server = build_server(gw, self.bus)
+        self.relays = federation.Relays(gw, self.connections.everyone, self.bus.publish)
         self.lane = fast_lane(gw, self)
 
     def _list_changes_for(self, conn: Connection) -> bool:
@@ -198,7 +229,7 @@ class Surface:
         """Tell clients whose tools/list would now differ (passthrough views) to re-list:
         legacy sessions by notification, 2026-07-28 clients on their listen streams."""
         await self.bus.tools_changed()
-        for conn in self.connections:
+        for conn in self.connections.everyone():
             if conn.session is None or conn.saw_passthrough is None:
                 continue
             if not self._list_changes_for(conn):
@@ -300,6 +331,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
     )
+    federation.register(server, gw, _connection)
     # No OpenTelemetry exporter is configured, so its per-request span middleware only costs
     # time on the hot path: drop it.
     server.middleware = []
@@ -310,10 +342,12 @@ def _call(ctx: Any, params: types.CallToolRequestParams, name: str, arguments: o
     """A tools/call as the gateway takes it. The input_required fields count only on
     2026-07-28 connections: older clients cannot answer an input_required result."""
     modern = ctx.session.protocol_version in MODERN_PROTOCOL_VERSIONS
+    log, log_level = federation.log_relay(ctx)
     return CallRequest(
         name=name, arguments=arguments, progress=ctx.session.report_progress, allow_input_required=modern,
         input_responses=params.input_responses if modern else None,
-        request_state=params.request_state if modern else None,
+        request_state=params.request_state if modern else None, elicit=federation.elicit_relay(ctx),
+        log=log, log_level=log_level,
     )
 
 
@@ -374,7 +408,8 @@ def _response(id_: str | int, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def init_options(server: Server[Any]) -> Any:
-    return server.create_initialization_options(NotificationOptions(tools_changed=True))
+    return server.create_initialization_options(
+        NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True))
 
 
 __all__ = ["CONNECTION", "Connection", "Connections", "MCPError", "Surface", "build_server", "error_result", "fast_lane",

@@ -19,7 +19,7 @@ import httpx2
 import mcp_types
 from mcp import Client
 from mcp.client import Transport
-from mcp.client.session import ClientRequestContext, MessageHandlerFnT
+from mcp.client.session import ClientRequestContext, ElicitationFnT, MessageHandlerFnT
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
@@ -159,7 +159,8 @@ def call_error(upstream: str, op: str, exc: Exception, reason: LossReason) -> To
     inner = _innermost(exc)
     if isinstance(inner, MCPError):
         return UpstreamProtocolError(
-            f"upstream {upstream!r} answered {op} with JSON-RPC error {inner.error.code}: {inner.error.message}"
+            f"upstream {upstream!r} answered {op} with JSON-RPC error {inner.error.code}: {inner.error.message}",
+            code=inner.error.code,
         )
     if isinstance(inner, ValidationError):
         return UpstreamProtocolError(f"upstream {upstream!r} sent an invalid result for {op}: {describe(exc)}")
@@ -170,31 +171,29 @@ def timeout_loss(upstream: str, op: str, seconds: float) -> Loss:
     return Loss(LossReason.TIMEOUT, str(UpstreamTimeout(upstream, op, seconds)))
 
 
-async def _no_direct_elicitation(
+async def _no_caller(
     context: ClientRequestContext, params: mcp_types.ElicitRequestParams
 ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
-    """Elicitation is passed through to 2026-07-28 callers as input_required; a caller on an
-    older protocol cannot answer one, and the gateway will not answer on anyone's behalf."""
-    return mcp_types.ErrorData(
-        code=mcp_types.INVALID_REQUEST,
-        message="this tool asks the user for input; call it through toolatlas with MCP 2026-07-28 "
-                "(input_required) to answer",
-    )
+    """A one-shot listing has no caller to ask."""
+    return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message="toolatlas is only listing tools; no user to ask")
 
 
 ConnectMode = Literal["legacy", "auto"] | str
 
 
-def make_client(transport: Transport, *, mode: ConnectMode, message_handler: MessageHandlerFnT | None = None) -> Client:
+def make_client(
+    transport: Transport, *, mode: ConnectMode, message_handler: MessageHandlerFnT | None = None,
+    elicitation_callback: ElicitationFnT | None = None,
+) -> Client:
     """The SDK client over an unentered `transport`; enter and exit it in one task."""
     # The elicitation callback declares the capability (upstreams check it before asking);
-    # the questions themselves travel to the gateway's caller as input_required.
+    # the session's `Inbound.elicit` relays each question to the caller that asked it.
     return Client(
         transport,
         mode=mode,
         message_handler=message_handler,
         client_info=_CLIENT_INFO,
-        elicitation_callback=_no_direct_elicitation,
+        elicitation_callback=elicitation_callback or _no_caller,
     )
 
 

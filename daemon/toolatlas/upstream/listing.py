@@ -12,7 +12,8 @@ worker thread: hashing 20,000 tools held the event loop for a tenth of a second 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types
@@ -81,34 +82,52 @@ def records(up: Upstream, tools: list[mcp_types.Tool]) -> list[ToolRecord]:
                              max_schema_bytes=up.max_schema_bytes) for t in tools]
 
 
-async def list_all_tools(client: Client, name: str, *, refresh: bool = True) -> list[mcp_types.Tool]:
-    """Every tool the upstream offers, following `nextCursor` to the end (bounded).
+T = TypeVar("T")
 
-    Raises UpstreamProtocolError on a repeated cursor, more than MAX_PAGES pages or
-    MAX_TOOLS tools; SDK errors propagate. The caller bounds the time.
-    """
-    tools: list[mcp_types.Tool] = []
-    seen_names: set[str] = set()
+
+async def follow_pages(
+    fetch: Callable[[str | None], Awaitable[tuple[list[T], str | None]]], ident: Callable[[T], object],
+    server: str, method: str, limit: int,
+) -> list[T]:
+    """Every item of every page `fetch(cursor)` returns (items, next cursor), following the
+    cursor to the end; an item whose `ident` was seen (or is None) is kept once.
+
+    Raises UpstreamProtocolError on a repeated cursor, more than MAX_PAGES pages or `limit`
+    items; SDK errors propagate. The caller bounds the time."""
+    items: list[T] = []
+    seen: set[object] = set()
     seen_cursors: set[str] = set()
     cursor: str | None = None
     for _ in range(MAX_PAGES):
-        page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
-        for tool in page.tools if (big := PAGES.take(page.meta)) is None else await _absorb(client, big):
-            if tool.name in seen_names:
-                logger.warning("upstream %s lists tool %r twice; keeping the first", name, tool.name)
+        page, cursor = await fetch(cursor)
+        for item in page:
+            key = ident(item)
+            if key is None or key in seen:
+                logger.warning("upstream %s lists %r twice in %s (or without a name); keeping the first",
+                               server, key, method)
                 continue
-            seen_names.add(tool.name)
-            tools.append(tool)
-        if len(tools) > MAX_TOOLS:
-            raise UpstreamProtocolError(f"upstream {name!r} lists more than {MAX_TOOLS} tools")
-        cursor = page.next_cursor
+            seen.add(key)
+            items.append(item)
+        if len(items) > limit:
+            raise UpstreamProtocolError(f"upstream {server!r} lists more than {limit} items in {method}")
         if not cursor:
-            return tools
+            return items
         if cursor in seen_cursors:
-            raise UpstreamProtocolError(f"upstream {name!r} repeated tools/list cursor {cursor[:80]!r}")
+            raise UpstreamProtocolError(f"upstream {server!r} repeated its {method} cursor {cursor[:80]!r}")
         seen_cursors.add(cursor)
-    raise UpstreamProtocolError(f"upstream {name!r} tools/list did not end within {MAX_PAGES} pages")
+    raise UpstreamProtocolError(f"upstream {server!r} {method} did not end within {MAX_PAGES} pages")
 
+
+async def list_all_tools(client: Client, name: str, *, refresh: bool = True) -> list[mcp_types.Tool]:
+    """Every tool the upstream offers, following `nextCursor` to the end (bounded by
+    MAX_PAGES and MAX_TOOLS; see `follow_pages`)."""
+
+    async def fetch(cursor: str | None) -> tuple[list[mcp_types.Tool], str | None]:
+        page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
+        big = PAGES.take(page.meta)  # a large page the stdio transport parsed in slices
+        return (page.tools if big is None else await _absorb(client, big)), page.next_cursor
+
+    return await follow_pages(fetch, lambda tool: tool.name, name, "tools/list", MAX_TOOLS)
 
 
 async def _absorb(client: Client, tools: list[mcp_types.Tool]) -> list[mcp_types.Tool]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -21,9 +22,11 @@ import anyio.abc
 from toolatlas.calls import UpstreamCall, UpstreamReply
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
-from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from toolatlas.errors import RelayRefused, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from toolatlas.upstream import federation
 from toolatlas.upstream.client import CLOSE_TIMEOUT, AuthWatch, begin_teardown, describe, make_client
 from toolatlas.upstream.listing import list_records
+from toolatlas.upstream.inbound import Inbound, ListsCallback, LogCallback
 from toolatlas.upstream.session import Observer, ToolsCallback, UpstreamSession
 from toolatlas.upstream.state import UpstreamState
 from toolatlas.upstream.transports import open_transport
@@ -45,6 +48,8 @@ class UpstreamStatus:
     protocol_version: str | None  # negotiated MCP version while connected
     last_error: str | None = None  # why it last failed or was lost, kept once it is READY again
     last_error_at: float | None = None  # time.time() of that failure
+    offers: frozenset[str] = frozenset()  # "resources", "prompts", "logging" while READY
+    handshake: bool = False  # READY on a 2025-era protocol (its questions come as requests mid-call)
 
 
 class Pool:
@@ -58,11 +63,17 @@ class Pool:
         backoff: Callable[[int], float] | None = None,
         mode: str = "auto",
         observer: Observer | None = None,
+        on_lists: ListsCallback | None = None,
+        on_log: LogCallback | None = None,
     ) -> None:
         """``mode`` is the SDK connect mode for every upstream ("auto", "legacy" or a
         2026-era version string); tests use it to force a protocol generation.
         ``observer(upstream, kind, fields)`` hears state changes, reconnects, list_changed
-        and call latencies (metrics and events); it must be cheap and must not raise."""
+        and call latencies (metrics and events); it must be cheap and must not raise.
+        ``on_lists(upstream, kind)`` hears that its "resources" or "prompts" changed,
+        ``on_log(upstream, params)`` its log messages (`notifications/message` params)."""
+        self._on_lists, self._on_log = on_lists, on_log
+        self.log_level: str | None = None
         self._on_tools = on_tools
         self._observer = observer
         self._backoff = backoff
@@ -79,7 +90,9 @@ class Pool:
         return f"<Pool {states}>"
 
     def _add(self, up: Upstream) -> UpstreamSession:
-        s = UpstreamSession(up, self._on_tools, backoff=self._backoff, mode=self._mode, observer=self._observer)
+        s = UpstreamSession(up, self._on_tools, backoff=self._backoff, mode=self._mode, observer=self._observer,
+                           inbound=Inbound(up.name, self._on_lists, self._on_log))
+        s.log_level = self.log_level
         self._sessions[up.name] = s
         if up.name not in self._order:
             self._order.append(up.name)
@@ -136,6 +149,8 @@ class Pool:
             protocol_version=s.protocol_version if ready else None,
             last_error=last,
             last_error_at=at,
+            offers=s.capabilities if ready else frozenset(),
+            handshake=ready and s.protocol_version is not None and s.protocol_version not in federation.MODERN,
         )
 
     def _session(self, name: str) -> UpstreamSession:
@@ -158,6 +173,44 @@ class Pool:
         call leaves the session usable.
         """
         return await self._session(call.server).call_tool(call)
+
+    async def list_items(self, name: str, kind: str) -> list[dict[str, Any]]:
+        """Every resource, resource template or prompt (`kind`: "resources", "templates",
+        "prompts") upstream `name` offers, in wire form; bounded by its timeouts.list_tools.
+        Errors as `call_tool`."""
+        s = self._session(name)
+        method = federation.KINDS[kind][0]
+        return await s.request(method, lambda c: federation.list_all(c, name, kind), s.upstream.timeouts.list_tools,
+                               operation=f"list_{kind}")
+
+    async def read_resource(self, name: str, uri: str) -> dict[str, Any]:
+        """resources/read of `uri` (upstream `name`'s own URI) as a wire-form result."""
+        s = self._session(name)
+        with s.inbound.call("resources/read", _not_during("resources/read")):
+            return await s.request("resources/read", lambda c: federation.read_resource(c, uri),
+                                   operation="read_resource")
+
+    async def get_prompt(self, name: str, prompt: str, arguments: dict[str, str] | None) -> dict[str, Any]:
+        """prompts/get of upstream `name`'s own prompt `prompt` as a wire-form result."""
+        s = self._session(name)
+        with s.inbound.call("prompts/get", _not_during("prompts/get")):
+            return await s.request(f"prompts/get {prompt}", lambda c: federation.get_prompt(c, prompt, arguments),
+                                   operation="get_prompt")
+
+    async def set_log_level(self, level: str) -> None:
+        """Ask every READY 2025-era upstream that logs for messages at `level` and above (and
+        those that connect later). Failures are logged: a log level is best effort."""
+        self.log_level = level
+        for s in list(self._sessions.values()):
+            s.log_level = level
+            if s.state is UpstreamState.READY and "logging" in s.capabilities:
+                if s.protocol_version in federation.MODERN:
+                    continue  # 2026-07-28 has no connection-wide level: callers opt in per request
+                try:
+                    await s.request("logging/setLevel", lambda c: federation.set_log_level(c, level),
+                                    s.upstream.timeouts.ping, operation="set_log_level")
+                except Exception as exc:  # noqa: BLE001
+                    logger.info("upstream %s: logging/setLevel %s failed: %s", s.name, level, exc)
 
     async def refresh(self, name: str) -> None:
         """Re-list ``name`` now (callback runs before this returns); on a DEGRADED upstream,
@@ -222,6 +275,12 @@ class Pool:
                     self._tg.start_soon(s.run, name=f"upstream:{s.name}")
             # Keep config order for status output.
             self._order = [u.name for u in upstreams]
+
+
+def _not_during(op: str) -> Callable[[dict[str, Any]], Any]:
+    async def refuse(_params: dict[str, Any]) -> dict[str, Any]:
+        raise RelayRefused(f"it asked during {op}; toolatlas relays questions to the user only during a tools/call")
+    return refuse
 
 
 async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, mode: str = "auto") -> list[ToolRecord]:

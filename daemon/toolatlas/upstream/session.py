@@ -15,12 +15,13 @@ withdrawn (callback with None), a reconnect after a capped, jittered backoff.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types
@@ -28,14 +29,17 @@ from mcp import Client
 from mcp.client.session import IncomingMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from toolatlas.calls import InputRequired, UpstreamCall, UpstreamReply
+from toolatlas.calls import UpstreamCall, UpstreamReply
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
-from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from toolatlas.errors import UpstreamProtocolError, UpstreamUnavailable
 from toolatlas.backoff import backoff_delay
-from toolatlas.upstream.client import AuthWatch, Loss, LossReason, call_error, classify, make_client, progress_fn
+from toolatlas.upstream.client import AuthWatch, Loss, LossReason, classify, make_client
 from toolatlas.upstream.client import begin_teardown, timeout_loss
+from toolatlas.upstream.federation import capabilities, set_log_level
+from toolatlas.upstream.inbound import Inbound
 from toolatlas.upstream.listing import list_records
+from toolatlas.upstream.requests import bounded, call_tool
 from toolatlas.upstream.state import Action, Event, UpstreamState, decide
 from toolatlas.upstream.supervision import Supervision
 from toolatlas.upstream.transports import StdioProcess, open_transport
@@ -49,6 +53,7 @@ Observer = Callable[[str, str, dict[str, Any]], None]
 
 # A session READY this long resets the backoff attempt count when it is lost.
 HEALTHY_RESET = 60.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -94,6 +99,9 @@ class Connection:
     def observe_list_changed(self) -> None:
         self._s.observe("list_changed")
 
+    async def lists_changed(self, kind: str) -> None:
+        await self._s.inbound.changed(kind)
+
     def mark_lost(self, loss: Loss) -> None:
         """The session is gone (first loss wins); the owner task tears it down."""
         if not self.lost.is_set():
@@ -124,11 +132,14 @@ class Connection:
             logger.info("upstream %s: tools/list_changed", self.name)
             self.observe_list_changed()
             self.supervision.want_relist()
+        else:
+            await self._s.inbound.message(message)
 
     async def run(self) -> Loss:
         """Connect, serve until lost, tear down (shielded, bounded). Returns why it ended."""
         up = self.upstream
-        client = make_client(self.transport, mode=self._s.mode, message_handler=self._on_message)
+        client = make_client(self.transport, mode=self._s.mode, message_handler=self._on_message,
+                             elicitation_callback=self._s.inbound.elicit)
         phase = _Phase("connect", up.timeouts.connect)
         loss = _ENDED
         timed_out = False
@@ -166,8 +177,8 @@ class Connection:
         when the session was lost.
         """
         up, s = self.upstream, self._s
-        s.protocol_version = client.protocol_version
-        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        s.protocol_version, s.capabilities = client.protocol_version, capabilities(client)
+        modern = s.inbound.request_scoped_logs = client.protocol_version in MODERN_PROTOCOL_VERSIONS
         async with anyio.create_task_group() as tg:
             if modern:
                 # Subscribe before the first list, so a change in between is not missed.
@@ -177,6 +188,9 @@ class Connection:
             phase.name, phase.seconds = "tools/list", up.timeouts.list_tools
             deadline.deadline = anyio.current_time() + up.timeouts.list_tools
             tools = await list_records(client, self.upstream)
+            if s.log_level is not None and "logging" in s.capabilities and not modern:
+                with contextlib.suppress(Exception):  # best effort: never a reason to fail the connection
+                    await set_log_level(client, s.log_level)
             deadline.deadline = math.inf
             self.client = client
             s.went_ready()
@@ -221,8 +235,12 @@ class UpstreamSession:
         backoff: Callable[[int], float] | None = None,
         mode: str = "auto",
         observer: Observer | None = None,
+        inbound: Inbound | None = None,
     ) -> None:
         self.upstream = upstream
+        self.inbound = inbound or Inbound(upstream.name)
+        self.capabilities: frozenset[str] = frozenset()  # of the last connection: see federation.capabilities
+        self.log_level: str | None = None  # sent to a 2025-era upstream with logging at connect
         self._observer = observer
         self.name = upstream.name
         self.mode = mode
@@ -238,7 +256,7 @@ class UpstreamSession:
         self._ready_at: float | None = None
         self._retry_at: float | None = None
         self._conn: Connection | None = None
-        self._sem = anyio.Semaphore(upstream.max_concurrency)
+        self.sem = anyio.Semaphore(upstream.max_concurrency)
         self._settled = anyio.Event()
         self._done = anyio.Event()
         self._scope: anyio.CancelScope | None = None
@@ -409,42 +427,20 @@ class UpstreamSession:
             return f"upstream {self.name!r} lost its session: {conn.loss.text}"
         return f"upstream {self.name!r} is {self.state.value}{why}"
 
-    async def call_tool(self, call: UpstreamCall) -> UpstreamReply:
-        """Make `call` on the warm session; see `Pool.call_tool` for the error contract."""
+    async def request(self, op: str, fn: Callable[[Client], Awaitable[T]], seconds: float | None = None, *,
+                      operation: str = "request") -> T:
+        """`fn(client)` on the warm session; see `requests.bounded` for the contract."""
         conn = self._conn
         client = conn.client if conn is not None else None
         if self.state is not UpstreamState.READY or conn is None or client is None or conn.lost.is_set():
             raise UpstreamUnavailable(self._unavailable_message())
-        seconds = call.timeout if call.timeout is not None else self.upstream.timeouts.call
-        tool, arguments, progress = call.tool, call.arguments, progress_fn(call.progress)
-        op = f"tools/call {tool}"
-        t0 = time.perf_counter()
-        try:
-            with anyio.fail_after(seconds):
-                async with self._sem:
-                    result: mcp_types.CallToolResult | mcp_types.InputRequiredResult
-                    if call.allow_input_required:
-                        result = await client.session.call_tool(
-                            tool, arguments, progress_callback=progress,
-                            input_responses=dict(call.input_responses) if call.input_responses else None,
-                            request_state=call.request_state, allow_input_required=True,
-                        )
-                    else:
-                        result = await client.call_tool(tool, arguments, progress_callback=progress)
-            self.observe("call", operation="call_tool", seconds=time.perf_counter() - t0, outcome="ok")
-            if isinstance(result, mcp_types.InputRequiredResult):
-                return UpstreamReply(input_required=InputRequired(result.input_requests, result.request_state))
-            return UpstreamReply(payload=result, is_error=bool(result.is_error))
-        except TimeoutError:
-            self.observe("call", operation="call_tool", seconds=time.perf_counter() - t0, outcome="timeout")
-            raise UpstreamTimeout(self.name, op, seconds) from None
-        except Exception as exc:
-            reason = conn.classify(exc)
-            if reason.session_gone:
-                conn.mark_lost(Loss(reason, f"{op} failed: {conn.describe(exc)}"))
-            if refused := conn.auth.failure(exc):
-                raise UpstreamUnavailable(f"upstream {self.name!r} refused {op}: {refused}") from exc
-            raise call_error(self.name, op, exc, reason) from exc
+        seconds = seconds if seconds is not None else self.upstream.timeouts.call
+        return await bounded(self, conn, client, op, fn, seconds, operation)
+
+    async def call_tool(self, call: UpstreamCall) -> UpstreamReply:
+        """Make `call` on the warm session; see `Pool.call_tool` for the error contract."""
+        return await self.request(f"tools/call {call.tool}", lambda client: call_tool(client, call, self.inbound),
+                                  call.timeout, operation="call_tool")
 
 
 _ENDED = Loss(LossReason.EOF, "session ended")  # the client context exited without a recorded loss

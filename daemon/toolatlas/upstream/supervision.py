@@ -24,6 +24,7 @@ import anyio.abc
 import mcp_types
 from mcp import Client
 from mcp.client.subscriptions import ListenNotSupportedError
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged
 from mcp.shared.exceptions import MCPError
 
 from toolatlas.catalog.model import ToolRecord
@@ -61,6 +62,10 @@ class Supervised(Protocol):
     def describe(self, exc: BaseException) -> str: ...
 
     def observe_list_changed(self) -> None: ...
+
+    async def lists_changed(self, kind: str) -> None:
+        """The upstream's "resources" or "prompts" changed (a listen event)."""
+        ...
 
     async def publish(self, tools: list[ToolRecord] | None) -> None: ...
 
@@ -134,7 +139,8 @@ class Supervision:
         while True:
             try:
                 with anyio.CancelScope(deadline=anyio.current_time() + up.timeouts.ping) as ack:
-                    async with client.listen(tools_list_changed=True) as sub:
+                    async with client.listen(tools_list_changed=True, prompts_list_changed=True,
+                                             resources_list_changed=True) as sub:
                         ack.deadline = math.inf
                         failures = 0
                         if not started:
@@ -143,8 +149,14 @@ class Supervision:
                         if not first:
                             # No replay after a drop: whatever changed meanwhile needs a refetch.
                             self.want_relist()
+                            for kind in ("resources", "prompts"):
+                                await self._s.lists_changed(kind)
                         first = False
-                        async for _event in sub:
+                        async for event in sub:
+                            if isinstance(event, (PromptsListChanged, ResourcesListChanged)):
+                                await self._s.lists_changed("prompts" if isinstance(event, PromptsListChanged)
+                                                            else "resources")
+                                continue
                             logger.info("upstream %s: tools list changed (listen)", name)
                             self._s.observe_list_changed()
                             self.want_relist()

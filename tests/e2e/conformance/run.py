@@ -63,7 +63,8 @@ def run(keep: Path | None = None, timeout: float = 600) -> dict[str, Any]:
     port = free_port()
     http = f'[http]\nlisten = "127.0.0.1:{port}"\nanonymous = "conformance"\n'
     (tmp / "daemon").mkdir(exist_ok=True)
-    d = Daemon(tmp / "daemon", http + stdio_testserver("alpha"))
+    # alpha offers resources, a template and a prompt: the lists the suite checks are not empty
+    d = Daemon(tmp / "daemon", http + stdio_testserver("alpha", "--resources", "3"))
     out = tmp / "results"
     with d:
         proc = subprocess.run(

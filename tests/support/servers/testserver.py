@@ -1,7 +1,7 @@
 """A configurable MCP server for the test suite (all transports).
 
     python tests/support/servers/testserver.py [--transport stdio|sse|http] [--port 0]
-        [--tools N] [--page-size N] [--name NAME]
+        [--tools N] [--page-size N] [--resources N] [--name NAME]
 
 Tools: ``echo``, ``sleep(seconds)``, ``hang`` (never returns), ``crash`` (the process exits
 at once), ``add_tool(name, description)`` / ``remove_tool(name)`` (change the catalog and
@@ -10,7 +10,13 @@ and a ``subscriptions/listen`` event; ``announce=false`` changes it silently), `
 ``pid`` (the server's process id), plus ``--tools N`` generated ``gen_NNN`` tools, and with
 ``--blob`` ``blob(size, stream)`` (a result of ``size`` bytes of text; with ``stream``, after a
 notification).
-``--page-size N`` makes tools/list return N tools a page with a ``nextCursor``.
+``--page-size N`` makes tools/list (and resources/list) return N items a page with a ``nextCursor``.
+``--resources N`` adds N text resources ``test://res/NNN`` (text ``resource NNN``), a
+template ``test://item/{id}``, a prompt ``greet(name)``, a resource ``shared://same`` every
+such server lists (for URI collisions), and the tools ``add_resource(name)`` (adds
+``test://res/<name>`` and announces the change on both protocol generations),
+``log_at(levels)`` (a log message at each level) and ``link(name)`` (a result holding a
+resource_link to ``test://item/<name>``).
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Annotated, Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import ListToolsResult, PaginatedRequestParams
+from mcp.server.mcpserver.resources.types import TextResource
+from mcp_types import ListResourcesResult, ListToolsResult, PaginatedRequestParams, ResourceLink, TextContent
 from mcp.server.mcpserver.resolve import Elicit, Resolve
 from pydantic import BaseModel
 
@@ -31,18 +39,26 @@ from toolatlas.examples import _serve
 
 
 class PagedServer(MCPServer):
-    """MCPServer whose tools/list pages by ``page_size`` (0 = one page) with offset cursors."""
+    """MCPServer whose tools/list and resources/list page by ``page_size`` (0 = one page) with
+    offset cursors."""
 
     page_size = 0
 
-    async def _handle_list_tools(self, ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
-        tools = await self.list_tools()
+    def _page(self, items: list[Any], params: PaginatedRequestParams | None) -> tuple[list[Any], str | None]:
         if self.page_size <= 0:
-            return ListToolsResult(tools=tools)
+            return items, None
         cursor = params.cursor if params is not None else None
         start = int(cursor) if cursor and cursor.isdigit() else 0
         end = start + self.page_size
-        return ListToolsResult(tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None)
+        return items[start:end], str(end) if end < len(items) else None
+
+    async def _handle_list_tools(self, ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
+        tools, nxt = self._page(await self.list_tools(), params)
+        return ListToolsResult(tools=tools, next_cursor=nxt)
+
+    async def _handle_list_resources(self, ctx: Any, params: PaginatedRequestParams | None) -> ListResourcesResult:
+        resources, nxt = self._page(await self.list_resources(), params)
+        return ListResourcesResult(resources=resources, next_cursor=nxt)
 
 
 async def _announce(ctx: Context) -> None:
@@ -63,8 +79,44 @@ def ask_name() -> Elicit[_Name]:
     return Elicit("What is your name?", _Name)
 
 
+def _add_resources(server: PagedServer, count: int) -> None:
+    for i in range(count):
+        server.add_resource(TextResource(uri=f"test://res/{i:03d}", name=f"res-{i:03d}", text=f"resource {i:03d}"))
+    server.add_resource(TextResource(uri="shared://same", name="shared", text=f"shared resource of {server.name}"))
+
+    @server.resource("test://item/{id}", name="item", description="An item by id.")
+    def item(id: str) -> str:
+        return f"item {id} of {server.name}"
+
+    @server.prompt(description="Greet someone by name.")
+    def greet(name: str) -> str:
+        return f"Please greet {name} warmly."
+
+    @server.tool(description="Add the resource test://res/<name> and announce the change.")
+    async def add_resource(name: str, ctx: Context) -> str:
+        server.add_resource(TextResource(uri=f"test://res/{name}", name=name, text=f"added {name}"))
+        with contextlib.suppress(Exception):
+            await ctx.request_context.session.send_resource_list_changed()
+        with contextlib.suppress(Exception):
+            await ctx.notify_resources_changed()
+        return f"added test://res/{name}"
+
+    @server.tool(description="Send one log message at each of `levels` (logger 'test'), then return.")
+    async def log_at(levels: list[str], ctx: Context) -> str:
+        with warnings.catch_warnings():  # logging is deprecated in 2026-07-28; it is what is tested
+            warnings.simplefilter("ignore")
+            for level in levels:
+                await ctx.log(level, f"{level} message", logger_name="test")  # type: ignore[arg-type]
+        return f"logged {len(levels)}"
+
+    @server.tool(description="Return a resource_link to test://item/<name>.")
+    def link(name: str) -> list[Any]:
+        return [TextContent(type="text", text="here is the item"),
+                ResourceLink(type="resource_link", uri=f"test://item/{name}", name=name)]
+
+
 def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_description: str | None = None,
-          with_blob: bool = False) -> PagedServer:
+          with_blob: bool = False, resources: int = 0) -> PagedServer:
     server = PagedServer(name, instructions="A configurable server for toolatlas tests.")
     server.page_size = page_size
 
@@ -136,6 +188,8 @@ def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_des
 
     for i in range(tools):
         server.add_tool(make_gen(i), name=f"gen_{i:03d}", description=f"Generated test tool number {i}; returns its input.")
+    if resources:
+        _add_resources(server, resources)
     return server
 
 
@@ -145,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--tools", type=int, default=0, help="extra generated tools")
     p.add_argument("--page-size", type=int, default=0, help="tools per tools/list page (0 = all)")
     p.add_argument("--blob", action="store_true", help="add the blob tool (big results)")
+    p.add_argument("--resources", type=int, default=0, help="N resources, a template, a prompt (see the docstring)")
     p.add_argument("--echo-description-file", help="if this file exists at start, echo's description is its text "
                    "(a new release of the server that redefines a tool)")
     args = p.parse_args(argv)
@@ -152,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.echo_description_file and os.path.exists(args.echo_description_file):
         with open(args.echo_description_file, encoding="utf-8") as fh:
             echo_description = fh.read().strip()
-    _serve.run(build(args.name, args.tools, args.page_size, echo_description, args.blob), args)
+    _serve.run(build(args.name, args.tools, args.page_size, echo_description, args.blob, args.resources), args)
 
 
 if __name__ == "__main__":

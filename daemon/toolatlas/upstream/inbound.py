@@ -1,0 +1,153 @@
+"""What an upstream sends of its own accord, besides tool list changes: resource and prompt
+list changes, log messages, and questions for the user (`elicitation/create`).
+
+One `Inbound` per upstream lives as long as its `UpstreamSession`, across reconnects. List
+changes and log messages go to the gateway's callbacks (the pool wires them). A question is
+relayed to the caller whose call asked it:
+
+- a 2026-07-28 upstream answers a call with `input_required`; for a caller that cannot take
+  that (`allow_input_required` off) the SDK's driver asks the client's elicitation callback
+  from the calling task, where `ASKING` names the call's relay;
+- a 2025-era upstream sends `elicitation/create` on its connection, which does not say which
+  call it belongs to: with one call in flight it is that call's; with several it is refused
+  (the message says so and how to avoid it: `max_concurrency = 1`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
+from typing import Any
+
+import mcp_types
+from mcp.client.session import ClientRequestContext
+
+from toolatlas.calls import ElicitFn, LogFn
+from toolatlas.errors import RelayRefused
+
+logger = logging.getLogger(__name__)
+
+# (server, kind) -> None: "resources" or "prompts" changed upstream.
+ListsCallback = Callable[[str, str], Awaitable[None]]
+# (server, params) -> None: a `notifications/message` (wire form params).
+LogCallback = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+ASKING: ContextVar[tuple[str, ElicitFn | None] | None] = ContextVar("toolatlas_asking", default=None)
+
+_LIST_CHANGES: dict[type, str] = {
+    mcp_types.ResourceListChangedNotification: "resources",
+    mcp_types.PromptListChangedNotification: "prompts",
+}
+
+
+async def _ignore_lists(server: str, kind: str) -> None:
+    return None
+
+
+async def _ignore_log(server: str, params: dict[str, Any]) -> None:
+    return None
+
+
+class Inbound:
+    """See the module docstring."""
+
+    def __init__(self, name: str, on_lists: ListsCallback | None = None, on_log: LogCallback | None = None) -> None:
+        self.name = name
+        self.on_lists = on_lists or _ignore_lists
+        self.on_log = on_log or _ignore_log
+        self._calls: dict[int, tuple[str, ElicitFn | None]] = {}  # in flight: (tool, relay)
+        self._logs: dict[int, LogFn] = {}  # in flight, of callers who opted in to log messages
+        self._ids = itertools.count()
+        # 2026-07-28: log messages belong to the request that opted in, not to the connection.
+        self.request_scoped_logs = False
+
+    @contextlib.contextmanager
+    def call(self, tool: str, elicit: ElicitFn | None, log: LogFn | None = None) -> Iterator[None]:
+        """The span of one tools/call, whose questions go to `elicit` and log messages to `log`."""
+        key = next(self._ids)
+        self._calls[key] = (tool, elicit)
+        if log is not None:
+            self._logs[key] = log
+        token = ASKING.set((tool, elicit))
+        try:
+            yield
+        finally:
+            ASKING.reset(token)
+            del self._calls[key]
+            self._logs.pop(key, None)
+
+    async def _log(self, params: dict[str, Any]) -> None:
+        """A log message: a 2025-era upstream's goes to every client that asked for its logs
+        (its own level applied) and to the calls in flight that opted in; a 2026-07-28
+        upstream's belongs to the one request that opted in, and is dropped when several
+        did (it does not say whose it is)."""
+        if not self.request_scoped_logs:
+            await self.on_log(self.name, params)
+        relays = list(self._logs.values())
+        if self.request_scoped_logs and len(self._calls) > 1:
+            relays = []
+        for relay in relays:
+            try:
+                await relay(self.name, params)
+            except Exception as exc:  # the caller went away
+                logger.debug("upstream %s: a log message to a caller failed: %s", self.name, exc)
+
+    async def message(self, message: object) -> bool:
+        """Handle a notification other than tools/list_changed; True if it was one of ours."""
+        kind = _LIST_CHANGES.get(type(message))
+        if kind is not None:
+            logger.info("upstream %s: %s/list_changed", self.name, kind)
+            await self.changed(kind)
+            return True
+        if isinstance(message, mcp_types.LoggingMessageNotification):
+            await self._log(message.params.model_dump(by_alias=True, mode="json", exclude_none=True))
+            return True
+        return False
+
+    async def changed(self, kind: str) -> None:
+        try:
+            await self.on_lists(self.name, kind)
+        except Exception:  # a consumer bug must not take the session down
+            logger.exception("upstream %s: the %s change callback raised", self.name, kind)
+
+    def _asker(self) -> tuple[str, ElicitFn | None]:
+        """The call a 2025-era upstream's question belongs to, or RelayRefused saying why
+        none can be told."""
+        asking = ASKING.get()
+        if asking is not None:
+            return asking
+        calls = list(self._calls.values())
+        if not calls:
+            raise RelayRefused("it arrived while no tools/call of the upstream was in flight through toolatlas; "
+                               "toolatlas relays questions only during a tool call")
+        if len(calls) > 1:
+            raise RelayRefused(
+                f"{len(calls)} calls were in flight on the upstream and MCP 2025-11-25 does not say which one asked; "
+                f"set max_concurrency = 1 in [[upstream]] {self.name!r} so that toolatlas can tell")
+        return calls[0]
+
+    async def elicit(
+        self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
+    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        """The SDK client's elicitation callback: relay the question to the asking caller."""
+        tool = "?"
+        try:
+            tool, relay = self._asker()
+            if relay is None:
+                raise RelayRefused("the caller (a plain socket client or the toolatlas CLI) cannot be asked")
+            answer = await relay(params.model_dump(by_alias=True, mode="json", exclude_none=True))
+            return mcp_types.ElicitResult.model_validate(answer)
+        except RelayRefused as exc:
+            message = f"toolatlas cannot relay upstream {self.name!r}'s elicitation/create (tool {tool!r}): {exc}"
+            logger.info("%s", message)
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=message)
+        except Exception as exc:  # the caller went away, or answered with something invalid
+            logger.info("upstream %s: relaying an elicitation failed: %s", self.name, exc)
+            return mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR,
+                                       message=f"toolatlas could not get the caller's answer: {exc}")
+
+
+__all__ = ["ASKING", "Inbound", "ListsCallback", "LogCallback"]

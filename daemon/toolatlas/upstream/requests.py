@@ -1,0 +1,97 @@
+"""Requests made on an upstream's warm session from other tasks than its owner: the bounds
+and the error mapping every one of them gets, and the tools/call itself."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import anyio
+import mcp_types
+from mcp import Client
+
+from toolatlas.calls import InputRequired, UpstreamCall, UpstreamReply
+from toolatlas.errors import ToolatlasError, UpstreamTimeout, UpstreamUnavailable
+from toolatlas.upstream.client import Loss, call_error, progress_fn
+from toolatlas.upstream.federation import resource_uris
+from toolatlas.upstream.inbound import Inbound
+
+if TYPE_CHECKING:
+    from toolatlas.upstream.client import AuthWatch, LossReason
+
+T = TypeVar("T")
+
+
+class _Session(Protocol):
+    name: str
+    sem: anyio.Semaphore
+
+    def observe(self, kind: str, **fields: Any) -> None: ...
+
+
+class _Connection(Protocol):
+    auth: AuthWatch
+
+    def classify(self, exc: BaseException) -> LossReason: ...
+
+    def describe(self, exc: BaseException) -> str: ...
+
+    def mark_lost(self, loss: Loss) -> None: ...
+
+
+async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
+                  fn: Callable[[Client], Awaitable[T]], seconds: float, operation: str) -> T:
+    """`fn(client)` under the session's max_concurrency, within `seconds` (the wait for a
+    slot included). `op` names the request in errors, `operation` in metrics.
+
+    Raises UpstreamTimeout(upstream, op, seconds); UpstreamUnavailable when the session is
+    gone or the upstream refused who we are; UpstreamProtocolError for a JSON-RPC error or
+    an invalid result. A toolatlas error raised by `fn` passes unchanged. A timed-out or
+    cancelled request leaves the session usable."""
+    t0 = time.perf_counter()
+    try:
+        with anyio.fail_after(seconds):
+            async with session.sem:
+                result = await fn(client)
+        session.observe("call", operation=operation, seconds=time.perf_counter() - t0, outcome="ok")
+        return result
+    except TimeoutError:
+        session.observe("call", operation=operation, seconds=time.perf_counter() - t0, outcome="timeout")
+        raise UpstreamTimeout(session.name, op, seconds) from None
+    except ToolatlasError:
+        raise
+    except Exception as exc:
+        reason = conn.classify(exc)
+        if reason.session_gone:
+            conn.mark_lost(Loss(reason, f"{op} failed: {conn.describe(exc)}"))
+        if refused := conn.auth.failure(exc):
+            raise UpstreamUnavailable(f"upstream {session.name!r} refused {op}: {refused}") from exc
+        raise call_error(session.name, op, exc, reason) from exc
+
+
+async def call_tool(client: Client, call: UpstreamCall, inbound: Inbound) -> UpstreamReply:
+    """`call` on `client`; the upstream's questions during it go to `call.elicit`. With
+    `allow_input_required` a 2026-07-28 upstream's input_required is returned as is."""
+    tool, arguments, progress = call.tool, call.arguments, progress_fn(call.progress)
+    # A 2026-07-28 upstream sends log messages only for a request that opts in.
+    meta: mcp_types.RequestParamsMeta | None = None
+    if call.log is not None and call.log_level:
+        meta = mcp_types.RequestParamsMeta()
+        meta[mcp_types.LOG_LEVEL_META_KEY] = call.log_level  # type: ignore[literal-required]
+    result: mcp_types.CallToolResult | mcp_types.InputRequiredResult
+    with inbound.call(tool, call.elicit, call.log):
+        if call.allow_input_required:
+            result = await client.session.call_tool(
+                tool, arguments, progress_callback=progress,
+                input_responses=dict(call.input_responses) if call.input_responses else None,
+                request_state=call.request_state, allow_input_required=True, meta=meta,
+            )
+        else:
+            result = await client.call_tool(tool, arguments, progress_callback=progress, meta=meta)
+    if isinstance(result, mcp_types.InputRequiredResult):
+        return UpstreamReply(input_required=InputRequired(result.input_requests, result.request_state))
+    return UpstreamReply(payload=result, is_error=bool(result.is_error), resource_uris=resource_uris(result))
+
+
+__all__ = ["bounded", "call_tool"]
