@@ -114,7 +114,9 @@ class Shim:
             self._read_client(True)
             while True:
                 timeout = None if self.session.link is Link.UP else max(0.0, self._next_deadline() - time.monotonic())
-                for key, mask in self.sel.select(timeout):
+                # The daemon's side first: a drop seen in the same poll as a request makes
+                # that request a "restarting" refusal rather than a write to a dead socket.
+                for key, mask in sorted(self.sel.select(timeout), key=lambda km: km[0].data == "client"):
                     if key.data == "client":
                         self._on_client()
                     elif key.fileobj is self.sock:
