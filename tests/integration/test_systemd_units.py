@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -144,8 +145,12 @@ def _staged(tmp_path: Path, names: list[str], replace: tuple[str, str]) -> list[
 
 def _verify(analyze: str, units: list[Path], *, user: bool = False) -> subprocess.CompletedProcess[str]:
     cmd = [analyze] + (["--user"] if user else []) + ["verify", "--man=no"] + [str(u) for u in units]
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(units[0].parent), SYSTEMD_LOG_COLOR="0")
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    # A short runtime dir: the distribution's user units put sockets under it (gpg-agent's
+    # %t/gnupg/S.gpg-agent.extra), and a deep pytest tmp path (an xdist worker's) passes the
+    # 108-byte socket path limit, which verify reports as an error.
+    with tempfile.TemporaryDirectory(prefix="ta-run-", dir="/tmp") as runtime:
+        env = dict(os.environ, XDG_RUNTIME_DIR=runtime, SYSTEMD_LOG_COLOR="0")
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_systemd_analyze_verify_system_units(systemd_analyze: str, tmp_path: Path) -> None:
