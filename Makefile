@@ -30,8 +30,10 @@ run: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --cache-dir .venv/mypy-cache
 
+# Two workers, a test file each at a time (module-scoped daemons stay shared within a file):
+# most of a test's time is a subprocess starting or a wait, which the other worker fills.
 test: $(STAMP) $(NPM_STAMP) typecheck
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n 2 --dist loadfile
 
 bench: $(STAMP) $(NPM_STAMP)
 	$(BIN)/python bench/report.py
