@@ -14,6 +14,9 @@ from tests.support.servers.hostile import many_tools
 from toolatlas.upstream import pages
 from toolatlas.upstream.pages import BIG_PAGE_BYTES, META_KEY, PageStash, parse_big_page
 
+# Part of the hostile suite (#15 item 8): `pytest -m hostile` runs it alone.
+pytestmark = pytest.mark.hostile
+
 
 def listing_line(n: int, request_id: int | str = 7, **result: Any) -> bytes:
     tools = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in many_tools(n)]
