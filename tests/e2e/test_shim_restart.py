@@ -190,11 +190,14 @@ async def test_five_shims_at_once_start_one_daemon(no_daemon: Daemon) -> None:
     config = no_daemon.config
     assert not _daemons_of(config)
     listed: list[list[str]] = []
+    interim: list[list[str]] = []
 
     async def one() -> None:
         async with Client(shim("--config", str(config)), mode="legacy") as c:
-            # Until its index is ready a fresh daemon lists no tools (issue 16 item 4 changes that).
-            while not (tools := [t.name for t in (await c.list_tools(cache_mode="refresh")).tools]):
+            # Until its index is ready a fresh daemon lists the upstream tools themselves
+            # (passthrough, issue 16 item 4), or none before the first upstream has listed.
+            while (tools := [t.name for t in (await c.list_tools(cache_mode="refresh")).tools]) != META:
+                interim.append(tools)
                 await anyio.sleep(0.1)
             listed.append(tools)
 
@@ -203,6 +206,7 @@ async def test_five_shims_at_once_start_one_daemon(no_daemon: Daemon) -> None:
             for _ in range(5):
                 tg.start_soon(one)
     assert listed == [META] * 5
+    assert all(not tools or all(t.startswith("alpha__") for t in tools) for tools in interim), interim
     pids = _daemons_of(config)
     assert len(pids) == 1, pids
     (pid,) = pids
