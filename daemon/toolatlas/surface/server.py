@@ -258,6 +258,16 @@ class _Server(Server[Any]):
     def instructions(self, _value: str | None) -> None:
         pass  # computed per caller; the SDK's constructor assigns None
 
+    def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
+        """The SDK's capabilities, except that resource subscriptions are not offered: the
+        SDK derives `resources.subscribe` from serving subscriptions/listen (2026-07-28), but
+        toolatlas does not relay an upstream's notifications/resources/updated (README,
+        "Resources and prompts"), so a client must not be told it would hear them."""
+        caps = super().get_capabilities(*args, **kwargs)
+        if caps.resources is not None and caps.resources.subscribe:
+            caps.resources = caps.resources.model_copy(update={"subscribe": False})
+        return caps
+
 
 def internal_error(method: str) -> MCPError:
     """The JSON-RPC error for a handler that failed unexpectedly (logged here, with the
