@@ -45,6 +45,9 @@ class CallRequest:
     # A 2026-07-28 caller's per-request log opt-in: messages at `log_level` and above go to `log`.
     log: LogFn | None = None
     log_level: str | None = None
+    # The surface's raw relay asks for the upstream's wire-form result (a dict) as the
+    # payload, where the upstream's transport allows it; it may still get a CallToolResult.
+    raw: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,7 @@ class UpstreamCall:
     elicit: ElicitFn | None = None
     log: LogFn | None = None
     log_level: str | None = None
+    raw: bool = False  # see CallRequest.raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +81,8 @@ class InputRequired:
 @dataclass(frozen=True, slots=True)
 class UpstreamReply:
     """What the upstream answered: either a complete result (`payload`, the SDK's
-    CallToolResult, passed through untouched) or an `input_required`."""
+    CallToolResult, or for a raw call its wire-form dict, passed through untouched) or an
+    `input_required`."""
 
     payload: object = None
     is_error: bool = False

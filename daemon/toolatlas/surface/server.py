@@ -30,7 +30,7 @@ from mcp.shared.exceptions import MCPError
 from toolatlas import __version__
 from toolatlas.errors import BadInput, ToolatlasError
 from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, GatewayPort
-from toolatlas.surface import federation
+from toolatlas.surface import federation, relay
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
 from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
 
@@ -214,7 +214,8 @@ class Surface:
         self.bus = ConnectionBus(self._list_changes_for)
         self.server = build_server(gw, self.bus)
         self.relays = federation.Relays(gw, self.connections.everyone, self.bus.publish)
-        self.lane = fast_lane(gw, self)
+        calls = relay.call_lane(gw, self.server, CONNECTION.get) if relay.enabled() else None
+        self.lane = relay.combined(fast_lane(gw, self), calls)
 
     def _list_changes_for(self, conn: Connection) -> bool:
         return bool(conn.saw_passthrough) or self.gw.passthrough_for(conn)
