@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, everything_upstream, stdio_testserver
 from toolatlas.jsonlines import BoundedLines
 
 MODERN = "2026-07-28"
@@ -31,7 +31,9 @@ ENVELOPE = {
     "io.modelcontextprotocol/clientCapabilities": {},
     "io.modelcontextprotocol/clientInfo": {"name": "relay-test", "version": "1"},
 }
-CONFIG = stdio_testserver("ts", "--blob", "--resources", "2") + "timeouts = { call = 1.5 }\nmax_result_bytes = 200000\n"
+# The project's test server (Python SDK, 2026-07-28) and npm's server-everything (TypeScript, 2025-11-25).
+CONFIG = (stdio_testserver("ts", "--blob", "--resources", "2") + "timeouts = { call = 1.5 }\nmax_result_bytes = 200000\n"
+          + everything_upstream("ev"))
 
 
 class Wire:
@@ -112,6 +114,15 @@ CALLS: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
     ("execute_tool", {"name": "ts__echo", "arguments": {"message": 5}}, None),  # fails its inputSchema
     ("execute_tool", {"name": "ts__ech", "arguments": {}}, None),  # unknown: a suggestion
     ("execute_tool", {"name": "ts__hang", "arguments": {}}, None),  # the upstream's call timeout
+    ("execute_tool", {"name": "ev__echo", "arguments": {"message": WEIRD}}, None),
+    ("ev__get-sum", {"a": 2, "b": 3.5}, None),
+    ("execute_tool", {"name": "ev__get-tiny-image", "arguments": {}}, None),
+    ("execute_tool", {"name": "ev__get-annotated-message", "arguments": {"messageType": "error", "includeImage": True}}, None),
+    ("execute_tool", {"name": "ev__get-resource-links", "arguments": {"count": 2}}, None),
+    ("execute_tool", {"name": "ev__get-resource-reference", "arguments": {"resourceType": "Text", "resourceId": 2}}, None),
+    ("execute_tool", {"name": "ev__get-structured-content", "arguments": {"location": "New York"}}, None),
+    ("execute_tool", {"name": "ev__trigger-long-running-operation", "arguments": {"duration": 0.3, "steps": 3}},
+     {"progressToken": "long"}),
     ("execute_tool", {"name": "ts__crash", "arguments": {"code": 3}}, None),  # the session lost mid-call
 ]
 
@@ -130,7 +141,7 @@ def test_same_bytes_out_as_the_sdk_path(daemons: tuple[Daemon, Daemon], era: str
             reply = json.loads(got[-1])
             assert "result" in reply, reply
         # The relay answered those on the relay daemon (its DEBUG log names each relayed id).
-        assert relay.log.read_text().count("tools/call relayed as ta-relay-") >= 9
+        assert relay.log.read_text().count("tools/call relayed as ta-relay-") >= 17
         # A few checks that the compared answers are the right ones, not just equal.
         first = json.loads(a.request(200, "tools/call", {"name": "execute_tool", "arguments": CALLS[0][1]})[-1])
         assert first["result"]["content"][0]["text"] == "Echo: hi"

@@ -226,6 +226,10 @@ async def relay_call(client: Client, pending: Pending, send: Any, call: Upstream
         if not call.allow_input_required:
             return await call_tool(client, call, inbound)  # the SDK's driver asks the caller
         return UpstreamReply(input_required=InputRequired(result.get("inputRequests"), result.get("requestState")))
+    # The SDK path hands on `CallToolResult.model_validate(result).model_dump(exclude_none=True)`:
+    # its two non-None defaults are the only keys that adds.
+    result.setdefault("isError", False)
+    result.setdefault("resultType", "complete")
     is_error = bool(result.get("isError"))
     schemas = session._tool_output_schemas  # noqa: SLF001 (mcp==2.3.0)
     if not is_error and (call.tool not in schemas or schemas[call.tool] is not None):
