@@ -45,6 +45,7 @@ from toolatlas.errors import ToolatlasError
 from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, ElicitFn, GatewayPort
 from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH
 from toolatlas.surface.federation import ELICIT, cannot_ask
+from toolatlas.surface.results import call_result, error_result
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
 
 log = logging.getLogger(__name__)
@@ -90,8 +91,6 @@ def serialize(server: Server[Any], version: str, result: dict[str, Any]) -> dict
 
 def dumped(outcome: CallOutcome) -> dict[str, Any]:
     """A routed call's result in wire form, as the SDK server dumps a handler's result."""
-    from toolatlas.surface.server import call_result
-
     payload: Any = outcome.payload if outcome.input_required is None else call_result(outcome)
     if isinstance(payload, dict):
         return dict(payload)
@@ -194,8 +193,6 @@ async def _answer(gw: GatewayPort, server: Server[Any], conn: Connection, id_: s
         try:
             result = dumped(await gw.execute(call, conn))
         except ToolatlasError as exc:  # bad input, an upstream down or slow: a result a model reads
-            from toolatlas.surface.server import error_result
-
             result = error_result(str(exc))
         return {"jsonrpc": "2.0", "id": id_, "result": serialize(server, version, result)}
     except MCPError as exc:

@@ -439,8 +439,7 @@ class UpstreamSession:
         return await bounded(self, conn, client, op, fn, seconds, operation)
 
     async def call_tool(self, call: UpstreamCall) -> UpstreamReply:
-        """Make `call` on the warm session; see `Pool.call_tool` for the error contract. A raw
-        call on a stdio upstream, without a log opt-in, goes through `relay.relay_call`."""
+        """`call` on the warm session (`Pool.call_tool` has the contract); raw on stdio: `relay_call`."""
         proc = self._conn.proc if self._conn is not None else None
         raw = call.raw and call.log is None and proc is not None
         return await self.request(f"tools/call {call.tool}", lambda client: relay_call(
