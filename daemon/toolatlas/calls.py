@@ -90,6 +90,9 @@ class UpstreamReply:
     # URIs of the resource links and embedded resources in the result: a client may read
     # them through the gateway, which routes the read to this upstream.
     resource_uris: tuple[str, ...] = ()
+    # A raw call's payload already in the SDK server's wire form for this protocol version
+    # (its per-version result surface): a caller on that version needs no second pass.
+    wire_version: str | None = None
 
 
 # The gateway hands an UpstreamReply back to the surface with the request state sealed.

@@ -65,13 +65,16 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def serialize(server: Server[Any], version: str, result: dict[str, Any]) -> dict[str, Any]:
+def serialize(server: Server[Any], version: str, result: dict[str, Any], *, sieved: bool = False) -> dict[str, Any]:
     """A tools/call handler's wire-form result as the SDK server sends it on `version`
     (`ServerRunner._serialize` of mcp 2.3.0 for tools/call, which has no cache hint): the
-    version's result surface, `resultType` on 2026-07-28 and the `serverInfo` stamp."""
+    version's result surface (skipped when `sieved`: `result` came through it already),
+    `resultType` on 2026-07-28 and the `serverInfo` stamp."""
     modern = version in MODERN_PROTOCOL_VERSIONS
     result_type = result.get("resultType")
-    if not modern or not isinstance(result_type, str) or result_type in types.CORE_RESULT_TYPES:
+    if sieved:
+        pass
+    elif not modern or not isinstance(result_type, str) or result_type in types.CORE_RESULT_TYPES:
         try:
             result = _methods.serialize_server_result("tools/call", version, result)
         except ValidationError:
@@ -190,11 +193,13 @@ async def _answer(gw: GatewayPort, server: Server[Any], conn: Connection, id_: s
                   call: CallRequest) -> dict[str, Any]:
     """The JSON-RPC response to one relayed call (what `on_call_tool` and the SDK answer)."""
     try:
+        sieved = False
         try:
-            result = dumped(await gw.execute(call, conn))
+            outcome = await gw.execute(call, conn)
+            result, sieved = dumped(outcome), outcome.wire_version == version and outcome.input_required is None
         except ToolatlasError as exc:  # bad input, an upstream down or slow: a result a model reads
             result = error_result(str(exc))
-        return {"jsonrpc": "2.0", "id": id_, "result": serialize(server, version, result)}
+        return {"jsonrpc": "2.0", "id": id_, "result": serialize(server, version, result, sieved=sieved)}
     except MCPError as exc:
         error: dict[str, Any] = {"code": exc.error.code, "message": exc.error.message}
         if exc.error.data is not None:

@@ -213,10 +213,10 @@ async def relay_call(client: Client, pending: Pending, send: Any, call: Upstream
         raise MCPError(code=err.code, message=err.message, data=err.data)
     result = reply.get("result")
     version = client.protocol_version or "2025-11-25"
-    try:
-        _methods.validate_server_result("tools/call", version, result)  # type: ignore[arg-type]
+    try:  # the SDK's `validate_server_result` is this call with its output dropped: keep it
+        wire: dict[str, Any] | None = _methods.serialize_server_result("tools/call", version, result)  # type: ignore[arg-type]
     except KeyError:
-        pass
+        wire = None
     if not isinstance(result, dict):
         raise MCPError(code=mcp_types.INTERNAL_ERROR, message="tools/call result is not an object")
     foreign = _later_revision_fields("tools/call", version)
@@ -228,13 +228,32 @@ async def relay_call(client: Client, pending: Pending, send: Any, call: Upstream
         return UpstreamReply(input_required=InputRequired(result.get("inputRequests"), result.get("requestState")))
     # The SDK path hands on `CallToolResult.model_validate(result).model_dump(exclude_none=True)`:
     # its two non-None defaults are the only keys that adds.
-    result.setdefault("isError", False)
-    result.setdefault("resultType", "complete")
+    if "isError" not in result or "resultType" not in result:
+        wire = None  # the sieve of `result` without them differs: the surface sieves it
+        result.setdefault("isError", False)
+        result.setdefault("resultType", "complete")
     is_error = bool(result.get("isError"))
-    schemas = session._tool_output_schemas  # noqa: SLF001 (mcp==2.3.0)
-    if not is_error and (call.tool not in schemas or schemas[call.tool] is not None):
-        await session.validate_tool_result(call.tool, mcp_types.CallToolResult.model_validate(result, by_name=False))
+    if not is_error:
+        await _check_output(session, call.tool, result)
+    if wire is not None:  # what the surface's serializer makes of `result` for this version
+        return UpstreamReply(payload=wire, is_error=is_error, resource_uris=resource_uris(result), wire_version=version)
     return UpstreamReply(payload=result, is_error=is_error, resource_uris=resource_uris(result))
+
+
+async def _check_output(session: Any, tool: str, result: dict[str, Any]) -> None:
+    """The SDK client's `validate_tool_result` (structured content against the tool's output
+    schema), with its compiled validator's `is_valid` first: the model and the best-match
+    error report are built only when that fails, so the error is the SDK's own."""
+    schemas = session._tool_output_schemas  # noqa: SLF001 (mcp==2.3.0)
+    if tool in schemas and schemas[tool] is None:
+        return
+    if tool in schemas and result.get("structuredContent") is not None:
+        try:
+            if session._output_schema_validator(tool, schemas[tool]).is_valid(result["structuredContent"]):  # noqa: SLF001
+                return
+        except Exception:  # noqa: BLE001 - a bad schema or ref: the SDK's call below says which
+            pass
+    await session.validate_tool_result(tool, mcp_types.CallToolResult.model_validate(result, by_name=False))
 
 
 __all__ = ["ID_PREFIX", "Pending", "relay_call", "resource_uris"]
