@@ -18,7 +18,6 @@ from contextvars import ContextVar
 from typing import Any
 
 import anyio
-import msgspec
 
 import mcp_types as types
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -29,15 +28,15 @@ from mcp.shared.exceptions import MCPError
 
 from toolatlas import __version__
 from toolatlas.errors import BadInput, ToolatlasError
-from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, GatewayPort
-from toolatlas.surface import federation
+from toolatlas.gateway.ports import CallRequest, Connection, GatewayPort
+from toolatlas.surface import federation, relay
+from toolatlas.surface.results import call_result, error_result, json_result
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
 from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
 
 log = logging.getLogger(__name__)
 
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
-_encode = msgspec.json.Encoder().encode  # several times faster than json.dumps on a result
 
 
 CONNECTION: ContextVar[Connection | None] = ContextVar("toolatlas_connection", default=None)
@@ -66,40 +65,6 @@ def _connection(ctx: Any) -> Connection:
     if name:
         conn.client_name = name
     return conn
-
-
-def call_result(outcome: CallOutcome) -> types.CallToolResult | types.InputRequiredResult:
-    """The SDK result for a routed call: the upstream's own result, passed through, or its
-    input_required with the gateway's sealed state."""
-    if outcome.input_required is not None:
-        return types.InputRequiredResult(
-            input_requests=outcome.input_required.input_requests,  # type: ignore[arg-type]
-            request_state=outcome.input_required.request_state,
-        )
-    if not isinstance(outcome.payload, types.CallToolResult):
-        raise ToolatlasError(f"upstream returned {type(outcome.payload).__name__}, not a tool result")
-    return outcome.payload
-
-
-def json_result(obj: Any, *, is_error: bool = False) -> dict[str, Any]:
-    """A meta-tool result: the JSON as text content and as structuredContent.
-
-    A plain mapping in wire form, not a `CallToolResult`: the SDK validates and shapes a
-    handler's result for the connection's protocol version either way, so building the model
-    first only walks the result twice more (tool_search answers carry full input schemas)."""
-    result: dict[str, Any] = {
-        "content": [{"type": "text", "text": _encode(obj).decode()}],
-        "isError": is_error,
-        "resultType": "complete",  # required on 2026-07-28; the SDK drops it for older versions
-    }
-    if isinstance(obj, dict):
-        result["structuredContent"] = obj
-    return result
-
-
-def error_result(message: str) -> dict[str, Any]:
-    """An isError result a model can read and act on (wire form, as `json_result`)."""
-    return {"content": [{"type": "text", "text": message}], "isError": True, "resultType": "complete"}
 
 
 def _search_args(gw: GatewayPort, args: dict[str, Any]) -> tuple[str, int, list[str] | None]:
@@ -214,7 +179,8 @@ class Surface:
         self.bus = ConnectionBus(self._list_changes_for)
         self.server = build_server(gw, self.bus)
         self.relays = federation.Relays(gw, self.connections.everyone, self.bus.publish)
-        self.lane = fast_lane(gw, self)
+        calls = relay.call_lane(gw, self.server, CONNECTION.get) if relay.enabled() else None
+        self.lane = relay.combined(fast_lane(gw, self), calls)
 
     def _list_changes_for(self, conn: Connection) -> bool:
         return bool(conn.saw_passthrough) or self.gw.passthrough_for(conn)
