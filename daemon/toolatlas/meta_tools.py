@@ -12,6 +12,10 @@ MAX_TOP_K = 20
 TOOL_SEARCH = "tool_search"
 EXECUTE_TOOL = "execute_tool"
 CATALOG_STATUS = "catalog_status"
+FORMATS = ("json", "compact")  # tool_search's answer forms
+
+# The meta-tools' structure. Their descriptions (and parameter descriptions) are replaced by
+# the rendered templates (toolatlas.guidance); the texts here are what a skeleton shows.
 
 META_TOOLS: list[dict[str, Any]] = [
     {
@@ -29,13 +33,17 @@ META_TOOLS: list[dict[str, Any]] = [
                     "type": "integer",
                     "minimum": 1,
                     "maximum": MAX_TOP_K,
-                    "default": 5,
                     "description": "How many tools to return (1-20, default 5).",
                 },
                 "servers": {
                     "type": "array",
                     "items": {"type": "string"},
                     "description": "Only search these servers (optional).",
+                },
+                "format": {
+                    "type": "string",
+                    "enum": list(FORMATS),
+                    "description": "json (default, full schemas) or compact (short text).",
                 },
             },
             "required": ["query"],

@@ -21,6 +21,7 @@ from toolatlas.calls import CallOutcome, CallRequest, InputRequired, UpstreamRep
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.errors import BadInput, UpstreamUnavailable
 from toolatlas.gateway.ports import Connection
+from toolatlas.guidance import MetaTools, default_meta_tools
 from toolatlas.surface.server import CONNECTION, Surface, init_options
 
 DENIED_UID = 4242
@@ -53,6 +54,9 @@ class FakeGateway:
 
     def passthrough_for(self, conn: Connection) -> bool:
         return self.passthrough
+
+    def meta_tools(self, conn: Connection) -> MetaTools:
+        return default_meta_tools("test", sorted(self._allowed(conn)))
 
     def visible_records(self, conn: Connection) -> list[ToolRecord]:
         return [r for r in RECORDS if r.server in self._allowed(conn)]

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from toolatlas.calls import CallOutcome, CallRequest, ElicitFn, InputRequired, LogFn, ProgressFn
 from toolatlas.catalog.model import ToolRecord
+from toolatlas.guidance import MetaTools
 
 
 @dataclass(eq=False)
@@ -76,6 +77,11 @@ class GatewayPort(Protocol):
 
     def instructions(self, conn: Connection | None) -> str:
         """The MCP `instructions` for `conn` (None: no caller known): names only what it may use."""
+        ...
+
+    def meta_tools(self, conn: Connection) -> MetaTools:
+        """The three meta-tools as `conn` reads them (rendered templates), with a fingerprint
+        that changes whenever their text does."""
         ...
 
     def passthrough_for(self, conn: Connection) -> bool: ...
@@ -150,5 +156,5 @@ class AdminPort(Protocol):
 
 __all__ = [
     "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired", "LOG_LEVELS",
-    "LogFn", "Page", "ProgressFn", "SurfaceStats", "ToolRecord",
+    "LogFn", "MetaTools", "Page", "ProgressFn", "SurfaceStats", "ToolRecord",
 ]

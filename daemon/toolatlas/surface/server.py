@@ -32,7 +32,7 @@ from toolatlas.errors import BadInput, ToolatlasError
 from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, GatewayPort
 from toolatlas.surface import federation
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
-from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
+from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +122,24 @@ async def tool_search(gw: GatewayPort, conn: Connection, args: dict[str, Any]) -
         return error_result(str(exc))
 
 
-def _tool(defn: dict[str, Any]) -> types.Tool:
-    return types.Tool(name=defn["name"], description=defn["description"], input_schema=defn["inputSchema"])
+_META_CACHE: dict[str, list[types.Tool]] = {}  # fingerprint -> the SDK's tools (a few renderings live)
 
 
-_META = [_tool(t) for t in META_TOOLS]
+def _meta_tools(gw: GatewayPort, conn: Connection) -> list[types.Tool]:
+    """The meta-tools as `conn` reads them; remembers their fingerprint on the connection
+    (a later change of their text is announced to it with tools/list_changed)."""
+    meta = gw.meta_tools(conn)
+    conn.extra[META_SEEN] = meta.fingerprint
+    tools = _META_CACHE.get(meta.fingerprint)
+    if tools is None:
+        if len(_META_CACHE) >= 256:
+            _META_CACHE.clear()
+        tools = _META_CACHE[meta.fingerprint] = [
+            types.Tool(name=t["name"], description=t["description"], input_schema=t["inputSchema"]) for t in meta.tools]
+    return tools
+
+
+META_SEEN = "meta_fingerprint"  # Connection.extra key: the meta-tools it last listed
 
 
 class Connections:
@@ -176,7 +189,7 @@ class Connections:
 class ConnectionBus:
     """The `subscriptions/listen` fan-out (2026-07-28) with the gateway's own rule: a
     listener hears `tools/list_changed` only when the list *its* connection sees changed
-    (passthrough views), never for the three meta-tools, which do not change."""
+    (passthrough views, or the meta-tools' rendered text)."""
 
     def __init__(self, wants: Callable[[Connection], bool]) -> None:
         self._wants = wants  # does this connection's list change now?
@@ -217,7 +230,13 @@ class Surface:
         self.lane = fast_lane(gw, self)
 
     def _list_changes_for(self, conn: Connection) -> bool:
-        return bool(conn.saw_passthrough) or self.gw.passthrough_for(conn)
+        """Whether `conn`'s tools/list now differs from what it last listed: a passthrough
+        view (any catalog change), or meta-tools whose text changed (templates reloaded,
+        new domains)."""
+        if conn.saw_passthrough or self.gw.passthrough_for(conn):
+            return True
+        seen = conn.extra.get(META_SEEN)
+        return seen is not None and seen != self.gw.meta_tools(conn).fingerprint
 
     def client_count(self) -> int:
         return len(self.connections)
@@ -233,7 +252,7 @@ class Surface:
             if conn.session is None or conn.saw_passthrough is None:
                 continue
             if not self._list_changes_for(conn):
-                continue  # it sees the three meta-tools, which never change
+                continue  # it sees the three meta-tools, and their text is as it listed them
             try:
                 with anyio.move_on_after(2):
                     await conn.session.send_tool_list_changed()  # type: ignore[attr-defined]
@@ -275,7 +294,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
         passthrough = gw.passthrough_for(conn)
         conn.saw_passthrough = passthrough
         if not passthrough:
-            tools = _META
+            tools = _meta_tools(gw, conn)
         else:
             tools = [
                 types.Tool(
