@@ -87,3 +87,28 @@ async def test_template_override_reloads_on_sighup_and_clients_hear_list_changed
             assert "{environmnet}" in reason and str(tpl / "tool_search.md") in reason, reason
             assert _search_text(await legacy.list_tools(cache_mode="refresh")) == "SECOND: staging only."
             tg.cancel_scope.cancel()
+
+
+async def test_two_daemons_side_by_side_are_told_apart_by_their_environment(tmp_path: Path) -> None:
+    for env in ("production", "development"):
+        (tmp_path / env).mkdir()
+    daemons = {env: Daemon(tmp_path / env, stdio_testserver("alpha"), daemon_extra=f'environment = "{env}"\n')
+               for env in ("production", "development")}
+    with daemons["production"], daemons["development"], anyio.fail_after(120):
+        seen: dict[str, str] = {}
+        for env, d in daemons.items():
+            async with Client(unix_client(d.socket), mode="legacy") as c:
+                listed = await c.list_tools()
+                assert {t.name for t in listed.tools} == {"tool_search", "execute_tool", "catalog_status"}
+                for tool in listed.tools:
+                    assert f"{env} gateway" in (tool.description or ""), (env, tool.description)
+                assert env in (c.instructions or "") and "alpha" in (c.instructions or ""), c.instructions
+                status = await c.call_tool("catalog_status", {})
+                assert status.structured_content is not None and status.structured_content["environment"] == env
+                await c.call_tool("tool_search", {"query": "echo"})
+                seen[env] = _search_text(listed)
+            searched = _events(d, "tool_search_completed")
+            assert searched and all(e["environment"] == env for e in searched), searched
+        # the same gateway, told apart from the text alone
+        assert seen["production"] != seen["development"]
+        assert seen["production"].replace("production", "development") == seen["development"]

@@ -99,6 +99,7 @@ class Gateway:
         # What the model reads of the gateway: templates and environment (a value, so an
         # endpoint can be given its own: see `guidance_for`).
         self.guidance = Guidance.load(cfg.surface.templates, cfg.daemon.environment)
+        self.events.environment = cfg.daemon.environment
         self.text = SurfaceText(self.guidance_for, self.visibility, lambda: self.catalog.view,
                                 lambda: [u.name for u in self.cfg.upstream])
         self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream, mode=pool_mode,
@@ -116,7 +117,7 @@ class Gateway:
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
-            redactor=self.redactor,
+            redactor=self.redactor, environment=lambda conn: self.guidance_for(conn).environment,
         )
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
@@ -233,6 +234,7 @@ class Gateway:
         self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
         self.events.log_queries = new.daemon.log_queries
+        self.events.environment = new.daemon.environment
         await self.pool.reconcile(new.upstream)
         for name in summary["removed"]:
             await self._on_tools(name, None)

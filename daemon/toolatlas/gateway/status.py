@@ -43,8 +43,11 @@ class StatusService:
     def __init__(
         self, catalog: LiveCatalog, visibility: Visibility, pool: Pool, tokens: TokenReporter, rift: RiftRunner,
         *, index_ready: Callable[[], bool], redactor: Redactor | None = None,
+        environment: Callable[[Connection], str] = lambda _conn: "default",
     ) -> None:
+        """`environment(conn)`: the environment label that connection is served with."""
         self._redact = redactor or Redactor()
+        self._environment = environment
         self._catalog = catalog
         self._visibility = visibility
         self._pool = pool
@@ -152,6 +155,7 @@ class StatusService:
         available = view.available
         # Reasons carry upstream stderr, URLs and error texts: no configured secret leaves here.
         report: dict[str, Any] = self._redact.tree({
+            "environment": self._environment(conn),
             "servers": servers,
             "tools": sum(1 for r in view.by_name.values() if r.server in allowed and r.server in available),
             "index": {"ready": self._index_ready(), **stats},
