@@ -154,7 +154,7 @@ class Daemon:
         try:
             new = await anyio.to_thread.run_sync(load, path)
             attestor = Attestor(new)  # a bad [cards] section is rejected before anything changes
-            guidance = Guidance.load(new.surface.templates, new.daemon.environment)  # so are bad templates
+            guidance = Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)  # so are bad templates
             self.check_reload(new)
         except ConfigError as exc:
             log.error("reload rejected, keeping the running config: %s", exc)

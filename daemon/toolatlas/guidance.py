@@ -204,14 +204,16 @@ def domains_text(domains: Sequence[Domain], max_chars: int = DOMAINS_MAX_CHARS) 
 
 @dataclass(frozen=True)
 class Guidance:
-    """A template set and the environment label it is rendered with (see the module doc)."""
+    """A template set, the environment label it is rendered with, and whether carded matches
+    also show publisher text (see the module doc)."""
 
     templates: TemplateSet
     environment: str = DEFAULT_ENVIRONMENT
+    publisher_text: str = "omit"  # "append": a carded match shows the sanitized publisher text too
 
     @classmethod
-    def load(cls, folder: str | None, environment: str = DEFAULT_ENVIRONMENT) -> Guidance:
-        return cls(TemplateSet.load(folder), environment or DEFAULT_ENVIRONMENT)
+    def load(cls, folder: str | None, environment: str = DEFAULT_ENVIRONMENT, publisher_text: str = "omit") -> Guidance:
+        return cls(TemplateSet.load(folder), environment or DEFAULT_ENVIRONMENT, publisher_text)
 
     def values(self, *, servers: Sequence[str], domains: Sequence[Domain], tool_count: int) -> dict[str, str]:
         return {"servers": ", ".join(servers) or "none yet", "domains": domains_text(domains),

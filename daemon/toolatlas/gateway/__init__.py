@@ -98,7 +98,7 @@ class Gateway:
         self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set)
         # What the model reads of the gateway: templates and environment (a value, so an
         # endpoint can be given its own: see `guidance_for`).
-        self.guidance = Guidance.load(cfg.surface.templates, cfg.daemon.environment)
+        self.guidance = Guidance.load(cfg.surface.templates, cfg.daemon.environment, cfg.surface.publisher_text)
         self.events.environment = cfg.daemon.environment
         self.text = SurfaceText(self.guidance_for, self.visibility, lambda: self.catalog.view,
                                 lambda: [u.name for u in self.cfg.upstream])
@@ -112,7 +112,7 @@ class Gateway:
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
         self.searches = SearchService(
             self.catalog, self.visibility, mode=lambda: self.cfg.search.mode, rift=lambda: self.rift.report,
-            metrics=self.metrics, events=self.events,
+            metrics=self.metrics, events=self.events, guidance=self.guidance_for,
             starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
         )
         self.status_service = StatusService(
@@ -217,7 +217,7 @@ class Gateway:
         upstreams added, removed or changed are reconciled; the unchanged keep their warm
         session, index entries and card verdicts. Keys that need a restart are logged. New
         templates or environment reach clients with the announce (tools/list_changed)."""
-        self.guidance = guidance or Guidance.load(new.surface.templates, new.daemon.environment)
+        self.guidance = guidance or Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)
         old = self.cfg
         needs_restart = restart_keys(old, new)
         if needs_restart:
