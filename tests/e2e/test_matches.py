@@ -14,6 +14,7 @@ import msgspec
 
 from tests.support.daemon import Daemon, stdio_testserver
 from tests.support.servers import INJECTED, INJECTIONS
+from tests.support.servers.injected import FULL
 from toolatlas.catalog import signing
 from toolatlas.catalog.cards import card_path, read_card, sign_card, write_card
 from toolatlas.catalog.cards_cli import keygen_main, main as cards_main
@@ -52,6 +53,11 @@ def test_injection_laden_upstream_yields_sanitized_matches(tmp_path: Path) -> No
             assert m["inputSchema"]["required"] == ["value"] and m["inputSchema"]["properties"]["value"]["type"] == "string"
         # what is left of a description is still the tool's own words
         assert seen["inj__inj_00"]["description"].startswith("Reads a file.")
+        # a match is the full definition tools/list gives: title, outputSchema, annotations
+        first = seen["inj__inj_00"]
+        assert (first["title"], first["outputSchema"], first["annotations"]) == (
+            FULL["title"], FULL["outputSchema"], FULL["annotations"])
+        assert "title" not in seen["inj__inj_01"] and "outputSchema" not in seen["inj__inj_01"]
 
 
 def test_carded_match_shows_card_text_and_examples_not_publisher_text(tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ from contextvars import ContextVar
 from typing import Any
 
 import anyio
-import msgspec
 
 import mcp_types as types
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -32,12 +31,12 @@ from toolatlas.errors import BadInput, ToolatlasError
 from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, GatewayPort
 from toolatlas.surface import federation
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
-from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k
+from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, tool_format
+from toolatlas.surface.meta import META_SEEN, json_result, meta_tools, search_result
 
 log = logging.getLogger(__name__)
 
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
-_encode = msgspec.json.Encoder().encode  # several times faster than json.dumps on a result
 
 
 CONNECTION: ContextVar[Connection | None] = ContextVar("toolatlas_connection", default=None)
@@ -81,29 +80,14 @@ def call_result(outcome: CallOutcome) -> types.CallToolResult | types.InputRequi
     return outcome.payload
 
 
-def json_result(obj: Any, *, is_error: bool = False) -> dict[str, Any]:
-    """A meta-tool result: the JSON as text content and as structuredContent.
-
-    A plain mapping in wire form, not a `CallToolResult`: the SDK validates and shapes a
-    handler's result for the connection's protocol version either way, so building the model
-    first only walks the result twice more (tool_search answers carry full input schemas)."""
-    result: dict[str, Any] = {
-        "content": [{"type": "text", "text": _encode(obj).decode()}],
-        "isError": is_error,
-        "resultType": "complete",  # required on 2026-07-28; the SDK drops it for older versions
-    }
-    if isinstance(obj, dict):
-        result["structuredContent"] = obj
-    return result
-
-
 def error_result(message: str) -> dict[str, Any]:
     """An isError result a model can read and act on (wire form, as `json_result`)."""
     return {"content": [{"type": "text", "text": message}], "isError": True, "resultType": "complete"}
 
 
 def _search_args(gw: GatewayPort, args: dict[str, Any]) -> tuple[str, int, list[str] | None]:
-    """tool_search's (query, top_k, servers), or BadInput saying what is wrong."""
+    """tool_search's (query, top_k, servers), or BadInput saying what is wrong (`format` too)."""
+    tool_format(args.get("format"))
     query = args.get("query")
     if not isinstance(query, str) or not query.strip():
         raise BadInput("tool_search needs a non-empty string `query`")
@@ -117,29 +101,11 @@ async def tool_search(gw: GatewayPort, conn: Connection, args: dict[str, Any]) -
     """The tool_search result for `args`; bad input is an isError result, not an exception."""
     try:
         query, top_k, servers = _search_args(gw, args)
-        return json_result(await gw.search(query, top_k, servers, conn))
+        return search_result(await gw.search(query, top_k, servers, conn), args)
     except ToolatlasError as exc:
         return error_result(str(exc))
 
 
-_META_CACHE: dict[str, list[types.Tool]] = {}  # fingerprint -> the SDK's tools (a few renderings live)
-
-
-def _meta_tools(gw: GatewayPort, conn: Connection) -> list[types.Tool]:
-    """The meta-tools as `conn` reads them; remembers their fingerprint on the connection
-    (a later change of their text is announced to it with tools/list_changed)."""
-    meta = gw.meta_tools(conn)
-    conn.extra[META_SEEN] = meta.fingerprint
-    tools = _META_CACHE.get(meta.fingerprint)
-    if tools is None:
-        if len(_META_CACHE) >= 256:
-            _META_CACHE.clear()
-        tools = _META_CACHE[meta.fingerprint] = [
-            types.Tool(name=t["name"], description=t["description"], input_schema=t["inputSchema"]) for t in meta.tools]
-    return tools
-
-
-META_SEEN = "meta_fingerprint"  # Connection.extra key: the meta-tools it last listed
 
 
 class Connections:
@@ -294,7 +260,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
         passthrough = gw.passthrough_for(conn)
         conn.saw_passthrough = passthrough
         if not passthrough:
-            tools = _meta_tools(gw, conn)
+            tools = meta_tools(gw, conn)
         else:
             tools = [
                 types.Tool(
@@ -371,7 +337,7 @@ def _call(ctx: Any, params: types.CallToolRequestParams, name: str, arguments: o
 
 
 _FAST_PARAMS = frozenset({"name", "arguments", "_meta"})
-_FAST_ARGS = frozenset({"query", "top_k", "servers"})
+_FAST_ARGS = frozenset({"query", "top_k", "servers", "format"})
 
 Lane = Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]] | None]
 
@@ -382,7 +348,7 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
     here, three quarters of a cache hit's time in the daemon and a tenth of a miss's.
 
     Returns `lane(message)` for the socket's reader. It takes a plain `tools/call` of
-    `tool_search` (arguments no more than query, top_k, servers; no `_meta`) on a
+    `tool_search` (arguments no more than query, top_k, servers, format; no `_meta`) on a
     handshake-era connection the SDK has already let through its initialization gate, and
     returns the JSON-RPC response: at once when the result cache holds the answer, else an
     awaitable the reader runs in a task. Anything else (a progress token, a 2026-07-28
@@ -409,7 +375,7 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
         except BadInput:
             answer = None  # tool_search reports it
         if answer is not None:
-            return _response(id_, json_result(answer))
+            return _response(id_, search_result(answer, args))
 
         async def search() -> dict[str, Any]:
             return _response(id_, await tool_search(gw, conn, args))
