@@ -36,9 +36,9 @@ FILES: Mapping[str, str] = {
     INSTRUCTIONS: "instructions.md",
 }
 MAX_TEMPLATE_CHARS = 8192  # every character of a template is paid for in each client's context
-# {domains} is held to about 100 tokens (a 20-server list included) so the three meta-tools
+# {domains} is held to about 90 tokens (a 20-server list included) so the three meta-tools
 # stay under 400 tokens: servers past the budget are counted, not named.
-DOMAINS_MAX_CHARS = 280
+DOMAINS_MAX_CHARS = 250
 DOMAIN_ENTRY_CHARS = 60
 DEFAULT_ENVIRONMENT = "default"
 
@@ -165,8 +165,9 @@ class Domain:
 
 def _about(d: Domain) -> list[str]:
     """What a server is about, most telling first: its card's tags, else its card summary."""
-    if d.tags:
-        return list(d.tags[:3])
+    tags = [t for t in d.tags if t.lower() != d.server.lower()]  # a tag that repeats the name says nothing
+    if tags:
+        return tags[:3]
     summary = d.summary.strip()
     if summary.startswith(f"{d.server}:"):
         summary = summary.split(":", 1)[1].strip()

@@ -131,7 +131,8 @@ def signature(schema: Any) -> str:
     if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
         return ""
     props: dict[str, Any] = schema["properties"]
-    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    raw = schema.get("required")
+    required: list[Any] = raw if isinstance(raw, list) else []
     order = sorted(props, key=lambda k: (k not in required, list(props).index(k)))
     return ", ".join(f"{k}{'' if k in required else '?'}: {_type_of(props[k])}" for k in order)
 

@@ -15,7 +15,9 @@ import mcp_types as types
 from mcp import Client
 
 from tests.support.daemon import Daemon, stdio_testserver
+from toolatlas.guidance import Domain, Guidance
 from toolatlas.surface.unix import unix_client
+from toolatlas.tokens import count_tokens, tools_list_json
 
 
 def _search_text(listed: types.ListToolsResult) -> str:
@@ -109,6 +111,17 @@ async def test_two_daemons_side_by_side_are_told_apart_by_their_environment(tmp_
                 seen[env] = _search_text(listed)
             searched = _events(d, "tool_search_completed")
             assert searched and all(e["environment"] == env for e in searched), searched
+        # catalog_status.tokens counts the meta-tools as this caller reads them (templates in
+        # force), and top-5 answers in json and compact form
+        d = daemons["production"]
+        tokens = d.wait_for(lambda: (t := d.status()["tokens"]) and "meta_tools_tokens" in t and t, 60, "token figures")
+        with d.client() as raw:
+            listed = raw.request("tools/list")["tools"]
+        guidance = Guidance.load(None, "production")
+        rendered = guidance.meta_tools(guidance.values(servers=["alpha"], domains=[Domain("alpha")], tool_count=0))
+        assert [t["description"] for t in listed] == [t["description"] for t in rendered.tools]
+        assert tokens["meta_tools_tokens"] == count_tokens(tools_list_json([dict(t) for t in rendered.tools])), tokens
+        assert 0 < tokens["mean_top5_compact_tokens"] < tokens["mean_top5_search_result_tokens"], tokens
         # the same gateway, told apart from the text alone
         assert seen["production"] != seen["development"]
         assert seen["production"].replace("production", "development") == seen["development"]

@@ -103,10 +103,10 @@ def test_values_are_inserted_once_never_expanded_again() -> None:
 def test_domains_name_every_server_first_then_what_cards_say_within_the_budget() -> None:
     many = [Domain(f"server-{i:02d}", tags=("forecast", "alerts", "cities")) for i in range(20)]
     text = domains_text(many)
-    assert len(text) <= 280 and all(f"server-{i:02d}" in text for i in range(20))
+    assert len(text) <= 250 and all(f"server-{i:02d}" in text for i in range(20))
     assert "server-00 (forecast, alerts, cities)" in text
     huge = [Domain(f"a-very-long-upstream-server-name-{i}") for i in range(40)]
     text = domains_text(huge)
-    assert len(text) <= 280 and text.endswith("more") and "a-very-long-upstream-server-name-0" in text
+    assert len(text) <= 250 and text.endswith("more") and "a-very-long-upstream-server-name-0" in text
     assert domains_text([Domain("files", summary="files: 12 tools about read, write.")]) == "files (12 tools about read, write)"
     assert domains_text([]) == "no servers yet"

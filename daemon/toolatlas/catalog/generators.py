@@ -35,7 +35,7 @@ from toolatlas.catalog.model import ToolRecord, schema_hash
 __all__ = [
     "BOOTSTRAP_VERSION", "GENERATORS", "LLM_VERSION", "PUBLISHER_VERSION", "BootstrapGenerator", "CardDraft",
     "Generator", "GeneratorError", "LlmGenerator", "PublisherGenerator", "ToolDraft", "bootstrap_summary",
-    "build_card", "hint", "is_directive", "make_generator", "name_words",
+    "build_card", "hint", "is_directive", "make_generator", "name_words", "shown_summary",
 ]
 
 
@@ -168,6 +168,18 @@ def bootstrap_summary(rec: ToolRecord) -> str:
     else:
         parts.append("Takes no inputs.")
     return " ".join(parts)
+
+
+_INPUTS_PART = re.compile(r" (Inputs: .*?\.|Takes no inputs\.)(?= \(upstream name '[^']*'\)$|$)", re.DOTALL)
+
+
+def shown_summary(summary: str, generator: str) -> str:
+    """A card summary as a tool_search match shows it: a bootstrap summary without its
+    "Inputs: ..." part, which only restates the inputSchema shown beside it (it is there for
+    retrieval: parameter words in the indexed text)."""
+    if generator != "bootstrap":
+        return summary
+    return _INPUTS_PART.sub("", summary, count=1) or summary
 
 
 class BootstrapGenerator:

@@ -118,6 +118,7 @@ class Gateway:
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
             redactor=self.redactor, environment=lambda conn: self.guidance_for(conn).environment,
+            meta_tools=self.meta_tools,
         )
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,

@@ -2,8 +2,9 @@
 where a verified card vouches for it and the publisher's text sanitized where none does.
 
 - Carded (the server's card verified, the tool's schema hash as signed): `description` is
-  the card's summary, `examples` the card's, `attested: true` and `provenance` (generator,
-  key_id, created_at). The publisher's description is left out, or appended after the
+  the card's summary (a bootstrap card's without its "Inputs:" part, which restates the
+  schema), `examples` the card's (the first EXAMPLES_SHOWN), `attested: true` and
+  `provenance` (generator, key_id, created_at). The publisher's description is left out, or appended after the
   card's, sanitized and labelled, with `[surface] publisher_text = "append"`.
 - Otherwise: `attested: false`, the publisher's description sanitized
   (`catalog.sanitize`): hidden characters, markup addressed to the model, unsafe links and
@@ -20,10 +21,15 @@ from typing import Any
 
 from toolatlas.catalog.attest import AttestResult
 from toolatlas.catalog.model import ToolRecord
-from toolatlas.catalog.sanitize import sanitize_schema, sanitize_text
+from toolatlas.catalog.generators import shown_summary
+from toolatlas.catalog.sanitize import cap, sanitize_schema, sanitize_text
 
 SANITIZED_CACHE = 8192  # tools whose sanitized texts are kept (keyed by content hash)
 PUBLISHER_LABEL = "Publisher's description (not attested):"
+# A top-5 answer must stay within ~600 tokens with examples: at most this many per match,
+# each cut at a word past this many characters (the card keeps them all).
+EXAMPLES_SHOWN = 2
+EXAMPLE_CHARS = 120
 
 
 class MatchBuilder:
@@ -51,7 +57,7 @@ class MatchBuilder:
         card = verdict.card if verdict is not None and verdict.card_status == "verified" else None
         entry = card.tool(rec.tool) if card is not None else None
         if card is not None and entry is not None:
-            text = entry.summary
+            text = shown_summary(entry.summary, card.provenance.generator)
             if publisher_text == "append" and description:
                 text = f"{text}\n\n{PUBLISHER_LABEL} {description}"
             out["description"] = text
@@ -65,7 +71,7 @@ class MatchBuilder:
         out["score"] = round(float(score), 6)
         if card is not None and entry is not None:
             out["attested"] = True
-            out["examples"] = list(entry.examples)
+            out["examples"] = [cap(e, EXAMPLE_CHARS) for e in entry.examples[:EXAMPLES_SHOWN]]
             prov = card.provenance
             out["provenance"] = {"generator": prov.generator, "key_id": prov.key_id, "created_at": prov.created_at}
         else:
