@@ -186,6 +186,9 @@ class Daemon:
                     message: str | None = None) -> None:
         self.gateway.admin.audit(conn, method, upstream=upstream, outcome=outcome, message=message)
 
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        return self.gateway.tool_definitions(conn, servers)
+
 
 def _configure_logging(level: str, redactor: Redactor) -> None:
     """Log lines on stderr, every one (tracebacks too) redacted by the daemon's `redactor`."""

@@ -30,6 +30,7 @@ from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.federation import Federation
 from toolatlas.gateway.guide import SurfaceText
+from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.gateway.ports import LOG_LEVELS, Connection, Page
 from toolatlas.gateway.search import SearchService
 from toolatlas.gateway.status import StatusService
@@ -100,6 +101,7 @@ class Gateway:
         # endpoint can be given its own: see `guidance_for`).
         self.guidance = Guidance.load(cfg.surface.templates, cfg.daemon.environment, cfg.surface.publisher_text)
         self.events.environment = cfg.daemon.environment
+        self.definitions = MatchBuilder()  # tool definitions for `toolatlas stubs`
         self.text = SurfaceText(self.guidance_for, self.visibility, lambda: self.catalog.view,
                                 lambda: [u.name for u in self.cfg.upstream])
         self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream, mode=pool_mode,
@@ -293,6 +295,12 @@ class Gateway:
 
     def status(self, conn: Connection) -> Mapping[str, Any]:
         return self.status_service.status(conn, self._tg if self.index_ready.is_set() else None)
+
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        allowed = self.visibility.allowed_servers(conn)
+        if servers is not None:
+            self.visibility.search_scope(servers, allowed)  # BadInput naming a server it may not use
+        return self.definitions.definitions(self.catalog.view, set(servers) & allowed if servers is not None else allowed)
 
     def may_use(self, conn: Connection, server: str) -> bool:
         return server in self.visibility.allowed_servers(conn)

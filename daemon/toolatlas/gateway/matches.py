@@ -23,6 +23,7 @@ from toolatlas.catalog.attest import AttestResult
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.generators import shown_summary
 from toolatlas.catalog.sanitize import cap, sanitize_schema, sanitize_text
+from toolatlas.gateway.view import CatalogView
 
 SANITIZED_CACHE = 8192  # tools whose sanitized texts are kept (keyed by content hash)
 PUBLISHER_LABEL = "Publisher's description (not attested):"
@@ -78,5 +79,16 @@ class MatchBuilder:
             out["attested"] = False
         return out
 
+    def definitions(self, view: CatalogView, servers: set[str]) -> list[dict[str, Any]]:
+        """Every callable tool of `servers` in `view`, as a match shows it without a score,
+        sorted by name (what `toolatlas stubs` writes modules from). Tools of an upstream that
+        is down are included (calls fail until it is back); quarantined ones are not."""
+        out = []
+        for rec in sorted((r for r in view.by_name.values() if r.server in servers), key=lambda r: r.name):
+            match = self.match(rec, view.server(rec.server).verdict, 0.0)
+            del match["score"]
+            out.append(match)
+        return out
 
-__all__ = ["MatchBuilder", "PUBLISHER_LABEL"]
+
+__all__ = ["EXAMPLES_SHOWN", "EXAMPLE_CHARS", "MatchBuilder", "PUBLISHER_LABEL"]

@@ -153,6 +153,11 @@ class AdminPort(Protocol):
         """Record one operator command (event and metric); `outcome` ok|failed|bad_input|refused|error."""
         ...
 
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        """Every tool `conn` may use (of `servers`, when given; naming one it may not use is
+        BadInput), each as a tool_search match shows it, without score: for `toolatlas stubs`."""
+        ...
+
 
 __all__ = [
     "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired", "LOG_LEVELS",
