@@ -43,7 +43,7 @@ DOMAIN_ENTRY_CHARS = 60
 DEFAULT_ENVIRONMENT = "default"
 
 _COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
-_PARAM = re.compile(r"^## parameter:[ \t]*(\S*)[ \t]*$", re.MULTILINE)
+_PARAM = re.compile(r"^## parameter:[ \t]*(\S*)[ \t]*\r?$", re.MULTILINE)
 _LITERAL = re.compile(r"\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}")
 _FIELD = re.compile(r"\{\{[A-Za-z_][A-Za-z0-9_]*\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

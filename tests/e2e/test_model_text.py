@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,9 @@ async def test_two_daemons_side_by_side_are_told_apart_by_their_environment(tmp_
                 assert status.structured_content is not None and status.structured_content["environment"] == env
                 await c.call_tool("tool_search", {"query": "echo"})
                 seen[env] = _search_text(listed)
+            shown = subprocess.run([sys.executable, "-m", "toolatlas", "status", "--socket", d.socket],
+                                   capture_output=True, text=True, timeout=60)
+            assert shown.stdout.splitlines()[0] == f"environment: {env}", shown.stdout
             searched = _events(d, "tool_search_completed")
             assert searched and all(e["environment"] == env for e in searched), searched
         # catalog_status.tokens counts the meta-tools as this caller reads them (templates in
