@@ -27,6 +27,7 @@ from toolatlas.metrics import MetricsBindError
 from toolatlas.errors import ConfigError, ToolatlasError
 from toolatlas.gateway import Gateway, restart_keys
 from toolatlas.gateway.ports import Connection
+from toolatlas.guidance import Guidance
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
 from toolatlas.redact import RedactingFormatter, Redactor
 from toolatlas.surface.admin import AdminLane
@@ -114,7 +115,7 @@ class Daemon:
             raise ConfigError(f"[http] listen changed from {old.http.listen!r} to {new.http.listen!r}: "
                               "the endpoint can only be moved, opened or closed by a restart")
 
-    async def reload(self, new: Config, attestor: Attestor) -> dict[str, list[str]]:
+    async def reload(self, new: Config, attestor: Attestor, guidance: Guidance | None = None) -> dict[str, list[str]]:
         """Apply a checked reload: access rules and upstreams (gateway), tokens and
         admission rules (HTTP), socket mode, ownership and limits (Unix socket)."""
         self.check_reload(new)
@@ -126,7 +127,7 @@ class Daemon:
         if self.http is not None:
             self.http.reconfigure(new.http, max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
                                   message_timeout=d.message_timeout)
-        summary = await self.gateway.reload(new, attestor)
+        summary = await self.gateway.reload(new, attestor, guidance)
         return summary
 
     async def reload_config(self) -> dict[str, Any]:
@@ -153,13 +154,14 @@ class Daemon:
         try:
             new = await anyio.to_thread.run_sync(load, path)
             attestor = Attestor(new)  # a bad [cards] section is rejected before anything changes
+            guidance = Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)  # so are bad templates
             self.check_reload(new)
         except ConfigError as exc:
             log.error("reload rejected, keeping the running config: %s", exc)
             gw.events.emit(ev.CONFIG_RELOAD_REJECTED, reason=str(exc))
             return {"applied": False, "config": path, "error": str(exc)}
         later = restart_keys(gw.cfg, new)
-        summary = await self.reload(new, attestor)
+        summary = await self.reload(new, attestor, guidance)
         gw.events.emit(ev.CONFIG_RELOADED, **summary)
         return {"applied": True, "config": path, **summary, "restart_needed": later}
 
@@ -183,6 +185,9 @@ class Daemon:
     def audit_admin(self, conn: Connection, method: str, *, upstream: str | None, outcome: str,
                     message: str | None = None) -> None:
         self.gateway.admin.audit(conn, method, upstream=upstream, outcome=outcome, message=message)
+
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        return self.gateway.tool_definitions(conn, servers)
 
 
 def _configure_logging(level: str, redactor: Redactor) -> None:

@@ -109,6 +109,10 @@ class DaemonSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     log_queries: bool = False
     # "uvloop" when installed (the default), else asyncio's own loop.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    # Free text naming what this daemon serves ("production", "staging", "dev"): it appears in
+    # the meta-tool descriptions, instructions, catalog_status and events, so a model told of
+    # two gateways side by side can tell them apart.
+    environment: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")] = "default"
 
 
 class SearchSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -191,8 +195,19 @@ class HttpSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     anonymous: str = ""
 
 
+class SurfaceSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What the model reads (toolatlas.guidance): `templates` is a folder overriding the
+    shipped tool_search.md, execute_tool.md, catalog_status.md, instructions.md ("" = the
+    defaults); `publisher_text = "append"` adds a carded tool's (sanitized) publisher
+    description after the card's text in tool_search matches, "omit" leaves it out."""
+
+    templates: str = ""
+    publisher_text: Literal["omit", "append"] = "omit"
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
+    surface: SurfaceSection = msgspec.field(default_factory=SurfaceSection)
     search: SearchSection = msgspec.field(default_factory=SearchSection)
     cards: CardsSection = msgspec.field(default_factory=CardsSection)
     upstream: list[Upstream] = []
@@ -293,7 +308,11 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
     if cfg.daemon.metrics_addr:
         host_port(cfg.daemon.metrics_addr, key="[daemon] metrics_addr", source=source)
     _check_http(cfg.http, source)
-    return _resolve_paths(cfg, Path(source).parent if source != "<string>" else Path.cwd(), source)
+    cfg = _resolve_paths(cfg, Path(source).parent if source != "<string>" else Path.cwd(), source)
+    from toolatlas.guidance import TemplateSet
+
+    TemplateSet.load(cfg.surface.templates)  # a bad template fails here, naming file and placeholder
+    return cfg
 
 
 def host_port(addr: str, *, key: str, source: str = "<config>", default_host: str | None = "127.0.0.1") -> tuple[str, int]:
@@ -343,7 +362,8 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
         msgspec.structs.replace(u, cwd=resolve_path(u.cwd, base)) if isinstance(u, StdioUpstream) and u.cwd else u
         for u in cfg.upstream
     ]
-    return msgspec.structs.replace(cfg, daemon=daemon, upstream=ups, source=source)
+    surface = msgspec.structs.replace(cfg.surface, templates=resolve_path(cfg.surface.templates, base) or "")
+    return msgspec.structs.replace(cfg, daemon=daemon, upstream=ups, surface=surface, source=source)
 
 
 def load(path: str | os.PathLike[str]) -> Config:

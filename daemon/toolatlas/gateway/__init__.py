@@ -29,11 +29,14 @@ from toolatlas.gateway.admin import UpstreamAdmin
 from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.federation import Federation
+from toolatlas.gateway.guide import SurfaceText
+from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.gateway.ports import LOG_LEVELS, Connection, Page
 from toolatlas.gateway.search import SearchService
 from toolatlas.gateway.status import StatusService
 from toolatlas.gateway.tokens import TokenReporter
 from toolatlas.gateway.visibility import Visibility
+from toolatlas.guidance import Guidance, MetaTools
 from toolatlas.metrics import Metrics
 from toolatlas.names import split
 from toolatlas.redact import Redactor
@@ -94,6 +97,13 @@ class Gateway:
         self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
         self.index_ready = anyio.Event()
         self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set)
+        # What the model reads of the gateway: templates and environment (a value, so an
+        # endpoint can be given its own: see `guidance_for`).
+        self.guidance = Guidance.load(cfg.surface.templates, cfg.daemon.environment, cfg.surface.publisher_text)
+        self.events.environment = cfg.daemon.environment
+        self.definitions = MatchBuilder()  # tool definitions for `toolatlas stubs`
+        self.text = SurfaceText(self.guidance_for, self.visibility, lambda: self.catalog.view,
+                                lambda: [u.name for u in self.cfg.upstream])
         self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream, mode=pool_mode,
                          on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=self._on_log)
         self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
@@ -104,12 +114,13 @@ class Gateway:
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
         self.searches = SearchService(
             self.catalog, self.visibility, mode=lambda: self.cfg.search.mode, rift=lambda: self.rift.report,
-            metrics=self.metrics, events=self.events,
+            metrics=self.metrics, events=self.events, guidance=self.guidance_for,
             starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
-            redactor=self.redactor,
+            redactor=self.redactor, environment=lambda conn: self.guidance_for(conn).environment,
+            meta_tools=self.meta_tools,
         )
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
@@ -203,10 +214,13 @@ class Gateway:
         with anyio.move_on_after(timeout, shield=True):
             await self.pool.reconcile([])
 
-    async def reload(self, new: Config, attestor: Attestor) -> dict[str, list[str]]:
-        """Apply a re-read config (its [cards] already checked into `attestor`): upstreams
-        added, removed or changed are reconciled; the unchanged keep their warm session,
-        index entries and card verdicts. Keys that need a restart are logged."""
+    async def reload(self, new: Config, attestor: Attestor, guidance: Guidance | None = None) -> dict[str, list[str]]:
+        """Apply a re-read config (its [cards] already checked into `attestor`, its templates
+        into `guidance`, else loaded here first, ConfigError before anything changes):
+        upstreams added, removed or changed are reconciled; the unchanged keep their warm
+        session, index entries and card verdicts. Keys that need a restart are logged. New
+        templates or environment reach clients with the announce (tools/list_changed)."""
+        self.guidance = guidance or Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)
         old = self.cfg
         needs_restart = restart_keys(old, new)
         if needs_restart:
@@ -223,6 +237,7 @@ class Gateway:
         self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
         self.events.log_queries = new.daemon.log_queries
+        self.events.environment = new.daemon.environment
         await self.pool.reconcile(new.upstream)
         for name in summary["removed"]:
             await self._on_tools(name, None)
@@ -242,11 +257,15 @@ class Gateway:
     def starting(self) -> bool:
         return not self.index_ready.is_set()
 
+    def guidance_for(self, conn: Connection | None) -> Guidance:
+        """The templates and environment `conn` is served with (the daemon's, today)."""
+        return self.guidance
+
     def instructions(self, conn: Connection | None) -> str:
-        allowed = self.visibility.allowed_servers(conn) if conn is not None else set()
-        names = ", ".join(u.name for u in self.cfg.upstream if u.name in allowed) or "none yet"
-        return (f"toolatlas federates these MCP servers: {names}. "
-                "Use tool_search to find a tool for your task, then execute_tool to call it.")
+        return self.text.instructions(conn)
+
+    def meta_tools(self, conn: Connection) -> MetaTools:
+        return self.text.meta_tools(conn)
 
     def passthrough_for(self, conn: Connection) -> bool:
         return self.visibility.passthrough_for(conn)
@@ -276,6 +295,12 @@ class Gateway:
 
     def status(self, conn: Connection) -> Mapping[str, Any]:
         return self.status_service.status(conn, self._tg if self.index_ready.is_set() else None)
+
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        allowed = self.visibility.allowed_servers(conn)
+        if servers is not None:
+            self.visibility.search_scope(servers, allowed)  # BadInput naming a server it may not use
+        return self.definitions.definitions(self.catalog.view, set(servers) & allowed if servers is not None else allowed)
 
     def may_use(self, conn: Connection, server: str) -> bool:
         return server in self.visibility.allowed_servers(conn)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from toolatlas.calls import CallOutcome, CallRequest, ElicitFn, InputRequired, LogFn, ProgressFn
 from toolatlas.catalog.model import ToolRecord
+from toolatlas.guidance import MetaTools
 
 
 @dataclass(eq=False)
@@ -76,6 +77,11 @@ class GatewayPort(Protocol):
 
     def instructions(self, conn: Connection | None) -> str:
         """The MCP `instructions` for `conn` (None: no caller known): names only what it may use."""
+        ...
+
+    def meta_tools(self, conn: Connection) -> MetaTools:
+        """The three meta-tools as `conn` reads them (rendered templates), with a fingerprint
+        that changes whenever their text does."""
         ...
 
     def passthrough_for(self, conn: Connection) -> bool: ...
@@ -147,8 +153,13 @@ class AdminPort(Protocol):
         """Record one operator command (event and metric); `outcome` ok|failed|bad_input|refused|error."""
         ...
 
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        """Every tool `conn` may use (of `servers`, when given; naming one it may not use is
+        BadInput), each as a tool_search match shows it, without score: for `toolatlas stubs`."""
+        ...
+
 
 __all__ = [
     "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired", "LOG_LEVELS",
-    "LogFn", "Page", "ProgressFn", "SurfaceStats", "ToolRecord",
+    "LogFn", "MetaTools", "Page", "ProgressFn", "SurfaceStats", "ToolRecord",
 ]

@@ -32,7 +32,8 @@ from toolatlas.gateway.ports import CallRequest, Connection, GatewayPort
 from toolatlas.surface import federation, relay
 from toolatlas.surface.results import call_result, error_result, json_result
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
-from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
+from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, tool_format
+from toolatlas.surface.meta import META_SEEN, meta_tools, search_result
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ def _connection(ctx: Any) -> Connection:
 
 
 def _search_args(gw: GatewayPort, args: dict[str, Any]) -> tuple[str, int, list[str] | None]:
-    """tool_search's (query, top_k, servers), or BadInput saying what is wrong."""
+    """tool_search's (query, top_k, servers), or BadInput saying what is wrong (`format` too)."""
+    tool_format(args.get("format"))
     query = args.get("query")
     if not isinstance(query, str) or not query.strip():
         raise BadInput("tool_search needs a non-empty string `query`")
@@ -82,16 +84,11 @@ async def tool_search(gw: GatewayPort, conn: Connection, args: dict[str, Any]) -
     """The tool_search result for `args`; bad input is an isError result, not an exception."""
     try:
         query, top_k, servers = _search_args(gw, args)
-        return json_result(await gw.search(query, top_k, servers, conn))
+        return search_result(await gw.search(query, top_k, servers, conn), args)
     except ToolatlasError as exc:
         return error_result(str(exc))
 
 
-def _tool(defn: dict[str, Any]) -> types.Tool:
-    return types.Tool(name=defn["name"], description=defn["description"], input_schema=defn["inputSchema"])
-
-
-_META = [_tool(t) for t in META_TOOLS]
 
 
 class Connections:
@@ -141,7 +138,7 @@ class Connections:
 class ConnectionBus:
     """The `subscriptions/listen` fan-out (2026-07-28) with the gateway's own rule: a
     listener hears `tools/list_changed` only when the list *its* connection sees changed
-    (passthrough views), never for the three meta-tools, which do not change."""
+    (passthrough views, or the meta-tools' rendered text)."""
 
     def __init__(self, wants: Callable[[Connection], bool]) -> None:
         self._wants = wants  # does this connection's list change now?
@@ -183,7 +180,13 @@ class Surface:
         self.lane = relay.combined(fast_lane(gw, self), calls)
 
     def _list_changes_for(self, conn: Connection) -> bool:
-        return bool(conn.saw_passthrough) or self.gw.passthrough_for(conn)
+        """Whether `conn`'s tools/list now differs from what it last listed: a passthrough
+        view (any catalog change), or meta-tools whose text changed (templates reloaded,
+        new domains)."""
+        if conn.saw_passthrough or self.gw.passthrough_for(conn):
+            return True
+        seen = conn.extra.get(META_SEEN)
+        return seen is not None and seen != self.gw.meta_tools(conn).fingerprint
 
     def client_count(self) -> int:
         return len(self.connections)
@@ -199,7 +202,7 @@ class Surface:
             if conn.session is None or conn.saw_passthrough is None:
                 continue
             if not self._list_changes_for(conn):
-                continue  # it sees the three meta-tools, which never change
+                continue  # it sees the three meta-tools, and their text is as it listed them
             try:
                 with anyio.move_on_after(2):
                     await conn.session.send_tool_list_changed()  # type: ignore[attr-defined]
@@ -251,7 +254,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
         passthrough = gw.passthrough_for(conn)
         conn.saw_passthrough = passthrough
         if not passthrough:
-            tools = _META
+            tools = meta_tools(gw, conn)
         else:
             tools = [
                 types.Tool(
@@ -328,7 +331,7 @@ def _call(ctx: Any, params: types.CallToolRequestParams, name: str, arguments: o
 
 
 _FAST_PARAMS = frozenset({"name", "arguments", "_meta"})
-_FAST_ARGS = frozenset({"query", "top_k", "servers"})
+_FAST_ARGS = frozenset({"query", "top_k", "servers", "format"})
 
 Lane = Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]] | None]
 
@@ -339,7 +342,7 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
     here, three quarters of a cache hit's time in the daemon and a tenth of a miss's.
 
     Returns `lane(message)` for the socket's reader. It takes a plain `tools/call` of
-    `tool_search` (arguments no more than query, top_k, servers; no `_meta`) on a
+    `tool_search` (arguments no more than query, top_k, servers, format; no `_meta`) on a
     handshake-era connection the SDK has already let through its initialization gate, and
     returns the JSON-RPC response: at once when the result cache holds the answer, else an
     awaitable the reader runs in a task. Anything else (a progress token, a 2026-07-28
@@ -366,7 +369,7 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
         except BadInput:
             answer = None  # tool_search reports it
         if answer is not None:
-            return _response(id_, json_result(answer))
+            return _response(id_, search_result(answer, args))
 
         async def search() -> dict[str, Any]:
             return _response(id_, await tool_search(gw, conn, args))
