@@ -62,6 +62,20 @@ def allowed_servers(cfg: Config, uid: int | None, gid: int | None, token: str | 
     return frozenset(servers) & every
 
 
+@lru_cache(maxsize=1024)
+def _user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+def user_name(uid: int | None) -> str | None:
+    """The user name of `uid` (None: no such user, or no uid). `uid=None` is this process's
+    user, as `allowed_servers` treats an in-process connection."""
+    return _user_name(os.getuid() if uid is None else uid)
+
+
 def _user(uid: int) -> str:
     try:
         return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
@@ -86,3 +100,4 @@ def admin_refusal(uid: int | None, daemon_uid: int | None = None) -> str | None:
 def clear_cache() -> None:
     """Forget resolved identities (after a reload: users and groups may have changed)."""
     _identity.cache_clear()
+    _user_name.cache_clear()

@@ -93,7 +93,7 @@ class Daemon:
             if cfg.http.listen:
                 self.http = HttpEndpoint(self.surface.server, cfg.http, max_message_bytes=cfg.daemon.max_message_bytes,
                                          connections=self.surface.connections, max_clients=cfg.daemon.max_clients,
-                                         message_timeout=cfg.daemon.message_timeout)
+                                         message_timeout=cfg.daemon.message_timeout, on_denied=self.gateway.denied)
                 await tg.start(self.http.run)
             task_status.started()
             await tg.start(self.gateway.run)
@@ -256,6 +256,7 @@ async def serve(
             await notifier.stopping()
             await daemon.drain(gw.cfg.daemon.drain_timeout)
             await gw.close_upstreams()
+            gw.close_audit()
             tg.cancel_scope.cancel()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # the receiver restored the defaults on its exit

@@ -191,8 +191,19 @@ class HttpSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     anonymous: str = ""
 
 
+class EventsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The audit trail: audit events (toolatlas.events.AUDIT_EVENTS) also go, as JSON lines, to
+    `audit_file` (mode 0600; "" = stderr only). It is rotated when the next line would take it
+    over `audit_max_bytes`; `audit_keep` rotated files (PATH.1 the newest) are kept."""
+
+    audit_file: str = ""
+    audit_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 64 * 1024 * 1024
+    audit_keep: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 5
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
+    events: EventsSection = msgspec.field(default_factory=EventsSection)
     search: SearchSection = msgspec.field(default_factory=SearchSection)
     cards: CardsSection = msgspec.field(default_factory=CardsSection)
     upstream: list[Upstream] = []
@@ -343,7 +354,8 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
         msgspec.structs.replace(u, cwd=resolve_path(u.cwd, base)) if isinstance(u, StdioUpstream) and u.cwd else u
         for u in cfg.upstream
     ]
-    return msgspec.structs.replace(cfg, daemon=daemon, upstream=ups, source=source)
+    events = msgspec.structs.replace(cfg.events, audit_file=resolve_path(cfg.events.audit_file, base) or "")
+    return msgspec.structs.replace(cfg, daemon=daemon, events=events, upstream=ups, source=source)
 
 
 def load(path: str | os.PathLike[str]) -> Config:

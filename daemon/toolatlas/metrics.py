@@ -43,7 +43,8 @@ RESULT_BUCKETS = (0, 1, 2, 3, 5, 10, 20)
 EXECUTE_OUTCOMES = frozenset({"ok", "error", "timeout", "unavailable", "denied", "bad_input"})
 FALLBACK_KINDS = frozenset({"bm25-only", "passthrough"})
 # Operator commands on the socket (surface.admin) and how each ended.
-ADMIN_COMMANDS = frozenset({"upstream_list", "upstream_restart", "upstream_relist", "reload", "unknown"})
+ADMIN_COMMANDS = frozenset({"upstream_list", "upstream_restart", "upstream_relist", "upstream_approve", "upstream_reject",
+                            "reload", "unknown"})
 ADMIN_OUTCOMES = frozenset({"ok", "failed", "bad_input", "refused", "error"})
 # States exported with value 0 even before an upstream has been in them, so a
 # `toolatlas_upstream_state{state="ready"} == 0` alert works from the first scrape.
@@ -206,6 +207,10 @@ class Metrics:
             "admin_commands", "Operator commands on the socket (upstream list/restart/relist, reload) by outcome.",
             ["command", "outcome"], namespace=ns, registry=r,
         )
+        self.denials = Counter(
+            "access_denials", "Requests refused by access rules or authentication, by surface.",
+            ["surface"], namespace=ns, registry=r,
+        )
         self.reindexes = Counter(
             "reindexes", "Search index rebuilds swapped in.", namespace=ns, registry=r
         )
@@ -268,6 +273,10 @@ class Metrics:
         if command not in ADMIN_COMMANDS or outcome not in ADMIN_OUTCOMES:
             raise ValueError(f"admin command {command!r} / outcome {outcome!r} is not a known pair")
         self.admin_commands.labels(command, outcome).inc()
+
+    def count_denial(self, surface: str) -> None:
+        """An access denial (`surface`: tool_search, execute_tool, direct, http)."""
+        self.denials.labels(_label("surface", surface)).inc()
 
     def count_reindex(self) -> None:
         self.reindexes.inc()

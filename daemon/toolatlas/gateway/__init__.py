@@ -21,11 +21,14 @@ import anyio
 import anyio.abc
 
 from toolatlas import events as ev
+from toolatlas.auditlog import AuditFile
 from toolatlas.calls import CallOutcome, CallRequest
 from toolatlas.catalog.attest import Attestor
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Config, secrets
+from toolatlas.errors import ConfigError
 from toolatlas.gateway.admin import UpstreamAdmin
+from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.federation import Federation
@@ -55,7 +58,20 @@ RESTART_KEYS: tuple[tuple[str, str, str], ...] = (
     ("search.mode", "search", "mode"),
     ("search.embedder", "search", "embedder"),
     ("search.query_threads", "search", "query_threads"),
+    ("events.audit_file", "events", "audit_file"),
 )
+
+
+def open_audit(cfg: Config) -> AuditFile | None:
+    """The audit file of `[events] audit_file` (None when unset); ConfigError naming the key
+    when it cannot be opened."""
+    if not cfg.events.audit_file:
+        return None
+    try:
+        return AuditFile(cfg.events.audit_file, max_bytes=cfg.events.audit_max_bytes, keep=cfg.events.audit_keep)
+    except OSError as exc:
+        raise ConfigError(f"[events] audit_file {cfg.events.audit_file!r}: cannot open it: "
+                          f"{exc.strerror or exc}") from exc
 
 
 def restart_keys(old: Config, new: Config) -> list[str]:
@@ -89,7 +105,8 @@ class Gateway:
         # the composition root hands the same one to its log formatter).
         self.redactor = redactor or (events.redactor if events is not None else Redactor())
         self.redactor.add(secrets(cfg))
-        self.events = events or ev.Events(redactor=self.redactor, log_queries=cfg.daemon.log_queries)
+        self.events = events or ev.Events(redactor=self.redactor, log_queries=cfg.daemon.log_queries,
+                                          audit=open_audit(cfg))
         self.engine = engine or make_engine(cfg)
         self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
         self.index_ready = anyio.Event()
@@ -197,6 +214,11 @@ class Gateway:
         if self.calls.inflight:
             log.warning("shutting down with %d calls still in flight after %.1f s", self.calls.inflight, timeout)
 
+    def close_audit(self) -> None:
+        """Sync and close the audit sink (the daemon is stopping)."""
+        if self.events.audit is not None:
+            self.events.audit.close()
+
     async def close_upstreams(self, timeout: float = 20.0) -> None:
         """Stop every upstream session in its owner task (children reaped) before the
         task tree is cancelled."""
@@ -223,6 +245,8 @@ class Gateway:
         self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
         self.events.log_queries = new.daemon.log_queries
+        if isinstance(self.events.audit, AuditFile):
+            self.events.audit.max_bytes, self.events.audit.keep = new.events.audit_max_bytes, new.events.audit_keep
         await self.pool.reconcile(new.upstream)
         for name in summary["removed"]:
             await self._on_tools(name, None)
@@ -257,10 +281,13 @@ class Gateway:
     def tools_listed(self, conn: Connection, *, passthrough: bool, tools: int) -> None:
         if passthrough and not self.index_ready.is_set():
             self.metrics.count_fallback("passthrough")
-        self.events.emit(ev.TOOLS_LIST_SERVED, passthrough=passthrough, tools=tools, client=conn.client_name)
+        self.events.emit(ev.TOOLS_LIST_SERVED, passthrough=passthrough, tools=tools, **who(conn))
 
     def bad_message(self) -> None:
         self.metrics.count_error("bad_client_message")
+
+    def denied(self, conn: Connection, surface: str, target: str | None, reason: str) -> None:
+        deny(self.events, self.metrics, conn, surface, target, reason)
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
         return await self.searches.search(query, top_k, servers, conn)

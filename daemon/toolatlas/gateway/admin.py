@@ -18,6 +18,7 @@ import anyio
 from toolatlas import events as ev
 from toolatlas.config import Upstream
 from toolatlas.errors import BadInput, UpstreamUnavailable
+from toolatlas.gateway.audit import who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection
 from toolatlas.metrics import ADMIN_COMMANDS, Metrics
@@ -147,12 +148,11 @@ class UpstreamAdmin:
         label = command if command in ADMIN_COMMANDS else "unknown"
         self._metrics.count_admin_command(label, outcome)
         if outcome == "refused":
-            self._events.emit(ev.ADMIN_COMMAND_REFUSED, command=command[:64], principal=conn.principal,
-                              pid=conn.pid, reason=message)
+            self._events.emit(ev.ADMIN_COMMAND_REFUSED, command=command[:64], pid=conn.pid, reason=message,
+                              **who(conn))
             return
-        self._events.emit(ev.ADMIN_COMMAND_COMPLETED, command=command[:64], upstream=upstream,
-                          principal=conn.principal, outcome=outcome,
-                          message=None if message is None else message[:ev.MESSAGE_CHARS])
+        self._events.emit(ev.ADMIN_COMMAND_COMPLETED, command=command[:64], upstream=upstream, outcome=outcome,
+                          message=None if message is None else message[:ev.MESSAGE_CHARS], **who(conn))
 
 
 __all__ = ["RESTART_MARGIN_S", "UpstreamAdmin", "upstream_entry"]

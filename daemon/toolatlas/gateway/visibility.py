@@ -31,6 +31,10 @@ class Visibility:
         names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token))
         return names & self._scope if self._scope else names
 
+    def configured(self, server: str) -> bool:
+        """Whether `server` is an upstream of the running config."""
+        return self._cfg.upstream_by_name(server) is not None
+
     def passthrough_for(self, conn: Connection) -> bool:
         """Whether the connection lists every tool instead of the meta-tools: configured
         passthrough clients, and everyone while no index is ready yet."""

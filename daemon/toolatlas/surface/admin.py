@@ -25,7 +25,7 @@ from typing import Any
 
 from toolatlas.access import admin_refusal
 from toolatlas.errors import BadInput, ToolatlasError
-from toolatlas.gateway.ports import AdminPort, Connection
+from toolatlas.gateway.ports import REQUEST, AdminPort, Connection, Request
 from toolatlas.surface.rpccheck import INTERNAL_ERROR, INVALID_PARAMS
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ class AdminLane:
         self, conn: Connection, id_: str | int, method: str, params: dict[str, Any] | None,
     ) -> dict[str, Any]:
         params = params or {}
+        REQUEST.set(Request(id_, method[:80]))
         refusal = admin_refusal(conn.uid, self.daemon_uid)
         if refusal is not None:
             log.warning("refused %r from pid %s uid %s: not the daemon's owner", method[:80], conn.pid, conn.uid)

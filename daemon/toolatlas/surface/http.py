@@ -133,7 +133,11 @@ class HttpEndpoint:
     def __init__(
         self, server: "Server[Any]", section: HttpSection, *, max_message_bytes: int = 4 * 1024 * 1024,
         connections: Connections | None = None, max_clients: int = 1024, message_timeout: float = 30.0,
+        on_denied: Callable[[Connection, str, str | None, str], None] | None = None,
     ) -> None:
+        """`on_denied(conn, surface, target, reason)` hears every request refused for its
+        credentials or its Host/Origin (the audit trail's access_denied)."""
+        self.on_denied = on_denied
         self.host, self.port = listen_address(section)
         self.section = section
         self.server = server
@@ -247,6 +251,10 @@ class HttpEndpoint:
         rejection, name = self._admit(scope)
         if rejection is not None:
             self.rejected[rejection.status_code] = self.rejected.get(rejection.status_code, 0) + 1
+            if self.on_denied is not None and rejection.status_code in (401, 403, 421):
+                reason = {401: "no valid bearer token", 403: "Origin not allowed", 421: "Host not allowed"}
+                self.on_denied(Connection(id=next(_ids), token=""), "http", str(scope.get("path", ""))[:200],
+                               reason[rejection.status_code])
             await rejection(scope, receive, send)
             return
         assert name is not None and self._manager is not None

@@ -29,7 +29,7 @@ from mcp.shared.exceptions import MCPError
 
 from toolatlas import __version__
 from toolatlas.errors import BadInput, ToolatlasError
-from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, GatewayPort
+from toolatlas.gateway.ports import REQUEST, CallOutcome, CallRequest, Connection, GatewayPort, Request
 from toolatlas.surface import federation
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
 from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
@@ -43,28 +43,36 @@ _encode = msgspec.json.Encoder().encode  # several times faster than json.dumps 
 CONNECTION: ContextVar[Connection | None] = ContextVar("toolatlas_connection", default=None)
 
 
-def _client_name(ctx: Any) -> str | None:
+def _client_info(ctx: Any) -> tuple[str | None, str | None]:
+    """(name, version) of the client's clientInfo: the session's (2025-era handshake) or the
+    request's `_meta` (2026-07-28)."""
     params = getattr(ctx.session, "client_params", None)
     if params is not None and getattr(params, "client_info", None) is not None:
-        return params.client_info.name
+        return params.client_info.name, getattr(params.client_info, "version", None)
     meta = ctx.meta
     info = None
     if meta is not None:
         info = meta.get(CLIENT_INFO_META_KEY) if isinstance(meta, dict) else getattr(meta, "model_extra", {}).get(CLIENT_INFO_META_KEY)
     if isinstance(info, dict):
-        return info.get("name")
-    return None
+        name, version = info.get("name"), info.get("version")
+        return (name if isinstance(name, str) else None), (version if isinstance(version, str) else None)
+    return None, None
 
 
-def _connection(ctx: Any) -> Connection:
+def _connection(ctx: Any, via: str | None = None) -> Connection:
+    """The caller of this request; with `via`, the request is also noted in `REQUEST` for
+    the gateway's audit events."""
     conn = CONNECTION.get()
     if conn is None:  # in-process use (tests, tools): an anonymous local connection
         conn = Connection(id=0)
     conn.session = ctx.session
     conn.protocol_version = ctx.session.protocol_version
-    name = _client_name(ctx)
+    name, version = _client_info(ctx)
     if name:
         conn.client_name = name
+        conn.client_version = version
+    if via is not None:
+        REQUEST.set(Request(ctx.request_id, via))
     return conn
 
 
@@ -271,7 +279,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
     """The MCP server every connection (socket, shim, HTTP) is served by."""
 
     async def on_list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        conn = _connection(ctx)
+        conn = _connection(ctx, "tools/list")
         passthrough = gw.passthrough_for(conn)
         conn.saw_passthrough = passthrough
         if not passthrough:
@@ -298,7 +306,8 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
     async def on_call_tool(
         ctx: Any, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
-        conn = _connection(ctx)
+        via = params.name if params.name in (TOOL_SEARCH, CATALOG_STATUS, EXECUTE_TOOL) else "direct"
+        conn = _connection(ctx, via)
         args = params.arguments or {}
         try:
             if params.name == TOOL_SEARCH:
@@ -385,6 +394,7 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
         if not isinstance(args, dict) or not args.keys() <= _FAST_ARGS:
             return None
         surface.fast_lane_answers += 1
+        REQUEST.set(Request(id_, TOOL_SEARCH))
         try:
             answer = gw.search_cached(*_search_args(gw, args), conn)
         except BadInput:
@@ -393,6 +403,7 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
             return _response(id_, json_result(answer))
 
         async def search() -> dict[str, Any]:
+            REQUEST.set(Request(id_, TOOL_SEARCH))
             return _response(id_, await tool_search(gw, conn, args))
 
         return search()
