@@ -26,6 +26,7 @@ from toolatlas.config import Config, load, metrics_address, secrets
 from toolatlas.metrics import MetricsBindError
 from toolatlas.errors import ConfigError, ToolatlasError
 from toolatlas.gateway import Gateway, restart_keys
+from toolatlas.gateway.approval import Decision
 from toolatlas.gateway.ports import Connection
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
 from toolatlas.redact import RedactingFormatter, Redactor
@@ -179,6 +180,9 @@ class Daemon:
             return await self.gateway.admin.relist(name)
         except ToolatlasError as exc:
             raise self.gateway.redactor.exception(exc)
+
+    async def decide_upstream(self, name: str, decision: str, principal: str) -> dict[str, Any]:
+        return await self.gateway.decide_approval(name, Decision(decision), principal)
 
     def audit_admin(self, conn: Connection, method: str, *, upstream: str | None, outcome: str,
                     message: str | None = None) -> None:

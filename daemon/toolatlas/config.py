@@ -107,6 +107,8 @@ class DaemonSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     access_default: Literal["allow", "deny"] = "allow"
     # Structured events never carry query text unless this is set.
     log_queries: bool = False
+    # An upstream new to the config serves nothing until `toolatlas upstream approve NAME`.
+    require_approval: bool = False
     # "uvloop" when installed (the default), else asyncio's own loop.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 

@@ -34,6 +34,8 @@ clientInfo), `endpoint` (the [[endpoint]] name; "default" for [daemon] socket an
   one: `command`, `pid`, `reason`
 - `upstream_relisted`: an operator's re-list: `upstream`, `tools`, `added`, `removed`, `changed`
   (namespaced tool names)
+- `upstream_approval_changed` (to the audit file too): `upstream`, `old` (null: no decision
+  before), `new` (pending|approved|rejected), `by` (`daemon` or the operator's principal), `reason`
 
 Audit events go to stderr like every event and, with `[events] audit_file`, to that file too
 (`toolatlas.auditlog`).
@@ -74,6 +76,7 @@ ADMIN_COMMAND_COMPLETED = "admin_command_completed"
 ADMIN_COMMAND_REFUSED = "admin_command_refused"
 UPSTREAM_RELISTED = "upstream_relisted"
 ACCESS_DENIED = "access_denied"
+UPSTREAM_APPROVAL_CHANGED = "upstream_approval_changed"
 
 # Who asked, over what, which request: carried by every audit event.
 AUDIT_FIELDS = frozenset({"principal", "user", "client", "client_version", "endpoint", "connection", "request"})
@@ -95,9 +98,11 @@ EVENT_FIELDS: Mapping[str, frozenset[str]] = {
     ADMIN_COMMAND_COMPLETED: AUDIT_FIELDS | {"command", "upstream", "outcome", "message"},
     ADMIN_COMMAND_REFUSED: AUDIT_FIELDS | {"command", "pid", "reason"},
     UPSTREAM_RELISTED: frozenset({"upstream", "tools", "added", "removed", "changed"}),
+    UPSTREAM_APPROVAL_CHANGED: frozenset({"upstream", "old", "new", "by", "reason"}),
 }
-# The events written to the audit file: those carrying the audit fields.
-AUDIT_EVENTS = frozenset(name for name, fields in EVENT_FIELDS.items() if AUDIT_FIELDS <= fields)
+# The events written to the audit file: those carrying the audit fields, and approval changes.
+AUDIT_EVENTS = frozenset(name for name, fields in EVENT_FIELDS.items() if AUDIT_FIELDS <= fields) | {
+    UPSTREAM_APPROVAL_CHANGED}
 EVENT_NAMES = frozenset(EVENT_FIELDS)
 MESSAGE_CHARS = 300  # execute_tool_failed's message is cut to this
 

@@ -28,6 +28,7 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Config, secrets
 from toolatlas.errors import ConfigError
 from toolatlas.gateway.admin import UpstreamAdmin
+from toolatlas.gateway.approval import Approvals, Decision, FileApprovalStore, Transition, lifecycle
 from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
@@ -110,7 +111,9 @@ class Gateway:
         self.engine = engine or make_engine(cfg)
         self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
         self.index_ready = anyio.Event()
-        self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set)
+        self.approvals = Approvals(FileApprovalStore(cfg.daemon.state_dir), on_transition=self._approval_changed)
+        self.approvals.reconcile(cfg)
+        self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set, self.approvals.blocked)
         self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream, mode=pool_mode,
                          on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=self._on_log)
         self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
@@ -126,7 +129,7 @@ class Gateway:
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
-            redactor=self.redactor,
+            redactor=self.redactor, approval=lambda name, state: lifecycle(self.approvals.decision(name), state),
         )
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
@@ -135,7 +138,8 @@ class Gateway:
             asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
         )
         self.admin = UpstreamAdmin(self.pool, self.catalog, lambda: self.cfg.upstream, redactor=self.redactor,
-                                   events=self.events, metrics=self.metrics)
+                                   events=self.events, metrics=self.metrics,
+                                   approval=lambda name, state: lifecycle(self.approvals.decision(name), state))
         self._tg: anyio.abc.TaskGroup | None = None
         self.metrics.set_state_source(self.status_service.snapshot)
 
@@ -196,6 +200,20 @@ class Gateway:
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
 
+    def _approval_changed(self, t: Transition) -> None:
+        log.info("upstream %s: approval %s -> %s (%s, by %s)", t.upstream, t.old, t.new, t.reason, t.by)
+        self.metrics.count_approval(t.new)
+        self.events.emit(ev.UPSTREAM_APPROVAL_CHANGED, upstream=t.upstream, old=t.old, new=t.new, by=t.by,
+                         reason=t.reason)
+
+    async def decide_approval(self, name: str, decision: Decision, by: str) -> dict[str, Any]:
+        """An operator's approve/reject (see gateway.approval); clients whose lists change are told."""
+        result = self.approvals.decide(name, decision, by)
+        if result["approval"] != result["previous"]:
+            await self.catalog.announce()
+            await self.federation.reloaded()
+        return result
+
     def _observe_upstream(self, upstream: str, kind: str, fields: dict[str, Any]) -> None:
         """Upstream lifecycle into metrics and structured events."""
         if kind == "state":
@@ -241,6 +259,7 @@ class Gateway:
             "changed": sorted(n for n in set(old_ups) & set(new_ups) if old_ups[n] != new_ups[n]),
         }
         self.cfg = new
+        self.approvals.reconcile(new)
         self.visibility.configure(new)
         self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them

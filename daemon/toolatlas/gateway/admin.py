@@ -57,7 +57,10 @@ class UpstreamAdmin:
     def __init__(
         self, pool: Pool, catalog: LiveCatalog, upstreams: Callable[[], Sequence[Upstream]], *,
         redactor: Redactor, events: ev.Events, metrics: Metrics,
+        approval: Callable[[str, str], str] = lambda _name, _state: "active",
     ) -> None:
+        """`approval(name, state)`: the upstream's approval lifecycle state (gateway.approval)."""
+        self._approval = approval
         self._pool = pool
         self._catalog = catalog
         self._upstreams = upstreams
@@ -75,7 +78,8 @@ class UpstreamAdmin:
 
     def list(self) -> list[dict[str, Any]]:
         """Every upstream: state, tools, pid (stdio), last error; reasons redacted."""
-        return [self._redact.tree(upstream_entry(st)) for st in self._pool.status()]
+        return [self._redact.tree({**upstream_entry(st), "approval": self._approval(st.name, st.state.value)})
+                for st in self._pool.status()]
 
     async def restart(self, name: str) -> dict[str, Any]:
         """Close `name`'s session (a stdio child is stopped) and start a fresh one; wait until

@@ -177,6 +177,12 @@ class AdminPort(Protocol):
         """A forced tools/list: `{"upstream", "tools", "added", "removed", "changed"}`."""
         ...
 
+    async def decide_upstream(self, name: str, decision: str, principal: str) -> dict[str, Any]:
+        """`toolatlas upstream approve|reject NAME` (`decision` "approved" or "rejected"):
+        `{"upstream", "approval", "previous"}`; BadInput for an unknown upstream or when
+        `[daemon] require_approval` is off."""
+        ...
+
     async def reload_config(self) -> dict[str, Any]:
         """What SIGHUP does: `{"applied": true, "added", "removed", "changed", "restart_needed"}`
         or `{"applied": false, "error"}` naming the key; the daemon keeps serving either way."""

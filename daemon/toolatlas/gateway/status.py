@@ -43,7 +43,10 @@ class StatusService:
     def __init__(
         self, catalog: LiveCatalog, visibility: Visibility, pool: Pool, tokens: TokenReporter, rift: RiftRunner,
         *, index_ready: Callable[[], bool], redactor: Redactor | None = None,
+        approval: Callable[[str, str], str] = lambda _name, _state: "active",
     ) -> None:
+        """`approval(name, state)`: an upstream's approval lifecycle state (gateway.approval)."""
+        self._approval = approval
         self._redact = redactor or Redactor()
         self._catalog = catalog
         self._visibility = visibility
@@ -107,6 +110,7 @@ class StatusService:
         token figures, cards, Rift) covers only the servers it may use. `tg` starts a token
         recount for its scope when the index moved."""
         allowed = self._visibility.allowed_servers(conn)
+        permitted = self._visibility.permitted(conn)  # awaiting approval or rejected: shown, not served
         view = self._catalog.view
         # None: the caller sees every configured server, so the global figures are its own.
         upstreams = self._pool.status()
@@ -114,21 +118,27 @@ class StatusService:
         self._tokens.ensure(tg, scope)
         servers = []
         for st in upstreams:
-            if st.name not in allowed:
+            if st.name not in permitted:
                 continue
             entry = view.server(st.name)
+            approval = self._approval(st.name, st.state.value)
             out: dict[str, Any] = {
                 "name": st.name,
                 "transport": st.transport,
                 "state": st.state.value,
+                "approval": approval,
                 "tools": len(entry.records),
-                "searchable": entry.available,
+                "searchable": entry.available and st.name in allowed,
                 "reason": st.reason,
                 "since": st.since,
                 "reconnects": st.reconnects,
                 "protocol_version": st.protocol_version,
             }
-            if not entry.available and st.state is not UpstreamState.READY:
+            if approval in ("pending", "rejected"):
+                out["not_searchable_because"] = (
+                    f"awaiting approval: `toolatlas upstream approve {st.name}`" if approval == "pending"
+                    else "rejected by the operator")
+            elif not entry.available and st.state is not UpstreamState.READY:
                 out["not_searchable_because"] = f"upstream is {st.state.value}" + (f": {st.reason}" if st.reason else "")
             if entry.quarantined:
                 out["quarantined"] = dict(sorted(entry.quarantined.items()))
@@ -187,6 +197,7 @@ class StatusService:
         engine = self._catalog.engine
         return StateSnapshot(
             upstreams=[(st.name, st.state.value, len(view.server(st.name).records)) for st in self._pool.status()],
+            approvals=[(st.name, self._approval(st.name, st.state.value)) for st in self._pool.status()],
             index_size=len(engine),
             index_version=engine.version,
             clients=self.surface.client_count(),

@@ -15,7 +15,10 @@ from toolatlas.gateway.view import CatalogView
 class Visibility:
     """Answers, for one connection, which upstreams and tools it may use and see."""
 
-    def __init__(self, cfg: Config, view: Callable[[], CatalogView], index_ready: Callable[[], bool]) -> None:
+    def __init__(self, cfg: Config, view: Callable[[], CatalogView], index_ready: Callable[[], bool],
+                 blocked: Callable[[], frozenset[str]] = frozenset) -> None:
+        """`blocked()`: upstreams that serve nothing now (awaiting approval, or rejected)."""
+        self._blocked = blocked
         self._view = view
         self._index_ready = index_ready
         self.configure(cfg)
@@ -26,10 +29,15 @@ class Visibility:
         self._scope = frozenset(cfg.search.scope) or None
         access.clear_cache()
 
-    def allowed_servers(self, conn: Connection) -> set[str]:
-        """Servers this connection may use: its [[access]] rules, narrowed by the static scope."""
+    def permitted(self, conn: Connection) -> set[str]:
+        """Servers this connection's [[access]] rules give it, narrowed by the static scope,
+        whether or not they serve now (catalog_status shows these)."""
         names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token))
         return names & self._scope if self._scope else names
+
+    def allowed_servers(self, conn: Connection) -> set[str]:
+        """Servers this connection may use: `permitted`, less those not approved."""
+        return self.permitted(conn) - self._blocked()
 
     def configured(self, server: str) -> bool:
         """Whether `server` is an upstream of the running config."""
