@@ -166,6 +166,11 @@ class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     groups: list[str | int] = []
     # Names of HTTP bearer tokens (see [http]) this rule applies to.
     tokens: list[str] = []
+    # OAuth access tokens ([http.oauth]) this rule applies to: by `sub`, by a value of the
+    # `groups` or `roles` claim, or by a `scope` value.
+    oauth_subjects: list[str] = []
+    oauth_groups: list[str] = []
+    oauth_scopes: list[str] = []
     servers: list[str] = []
 
 
@@ -175,6 +180,34 @@ class HttpToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
 
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
     sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-fA-F]{64}$")]
+
+
+# Signature algorithms an OAuth access token may use: asymmetric only (never "none", never an
+# HS* secret, which a public JWKS key must not be taken for).
+ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+
+
+class OAuthIssuer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """An authorization server whose access tokens the HTTP endpoint accepts."""
+
+    issuer: Annotated[str, msgspec.Meta(min_length=1)]  # the token's `iss`, exactly
+    jwks_url: str  # where its signing keys are published (JWKS)
+    audience: str = ""  # the `aud` required; "" = the endpoint's resource URL
+
+
+class OAuthSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The HTTP endpoint as an OAuth 2.1 resource server (the MCP authorization spec)."""
+
+    issuers: list[OAuthIssuer] = []
+    # The endpoint's origin as clients reach it (behind a proxy: "https://mcp.example.com");
+    # "" = http://LISTEN. Each endpoint's resource URL is this plus its path.
+    resource: str = ""
+    algorithms: list[str] = msgspec.field(default_factory=lambda: ["RS256", "ES256"])
+    leeway: Annotated[float, msgspec.Meta(ge=0, le=300)] = 30.0  # seconds of clock skew on exp/nbf/iat
+    jwks_ttl: Annotated[float, msgspec.Meta(ge=1)] = 300.0  # seconds a fetched JWKS is used
+    # An unknown `kid` refetches the JWKS (a rotated key), at most once per this many seconds.
+    jwks_min_refresh: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    scopes_supported: list[str] = []  # advertised in the protected resource metadata
 
 
 class HttpSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -191,6 +224,7 @@ class HttpSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # The principal name given to requests WITHOUT an Authorization header ("" = refuse them
     # with 401). For loopback development and conformance runs; [[access]] `tokens` can name it.
     anonymous: str = ""
+    oauth: OAuthSection = msgspec.field(default_factory=OAuthSection)
 
 
 class EventsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -297,8 +331,9 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         unknown_servers = [x for x in rule.servers if x != "*" and x not in names]
         if unknown_servers:
             raise ConfigError(f"{source}: [[access]] rule {i + 1} names unknown upstream {unknown_servers[0]!r}")
-        if not (rule.users or rule.groups or rule.tokens):
-            raise ConfigError(f"{source}: [[access]] rule {i + 1} names no users, groups or tokens")
+        if not (rule.users or rule.groups or rule.tokens or rule.oauth_subjects or rule.oauth_groups
+                or rule.oauth_scopes):
+            raise ConfigError(f"{source}: [[access]] rule {i + 1} names no users, groups, tokens or oauth_* claims")
     for up in cfg.upstream:
         if isinstance(up, (SseUpstream, HttpUpstream)) and not up.url.startswith(("http://", "https://")):
             url = Redactor(secrets(cfg))(up.url)
@@ -329,9 +364,23 @@ def _check_http(http: HttpSection, source: str) -> None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"{source}: [[http.tokens]] name {dupes[0]!r} is used more than once")
-    if not http.tokens and not http.anonymous:
+    oauth = http.oauth
+    if not http.tokens and not http.anonymous and not oauth.issuers:
         raise ConfigError(f"{source}: [http] listen is set but no [[http.tokens]] are configured "
-                          "(and no [http] anonymous); every request would be refused")
+                          "(and no [http] anonymous or [http.oauth] issuers); every request would be refused")
+    bad = [a for a in oauth.algorithms if a not in ASYMMETRIC_ALGORITHMS]
+    if bad or not oauth.algorithms:
+        raise ConfigError(f"{source}: [http.oauth] algorithms: {bad[0] if bad else 'an empty list'!r} is not accepted; "
+                          f"use asymmetric ones only: {', '.join(ASYMMETRIC_ALGORITHMS)}")
+    issuers = [i.issuer for i in oauth.issuers]
+    if len(set(issuers)) != len(issuers):
+        raise ConfigError(f"{source}: [http.oauth] issuers: an issuer is listed more than once")
+    for i in oauth.issuers:
+        if not i.jwks_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{source}: [http.oauth] issuer {i.issuer!r}: jwks_url must start with https:// "
+                              f"(or http:// on loopback), got {i.jwks_url!r}")
+    if oauth.resource and not oauth.resource.startswith(("http://", "https://")):
+        raise ConfigError(f"{source}: [http.oauth] resource must be an http(s) URL, got {oauth.resource!r}")
 
 
 def listen_address(http: HttpSection) -> tuple[str, int]:

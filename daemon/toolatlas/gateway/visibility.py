@@ -32,7 +32,8 @@ class Visibility:
     def permitted(self, conn: Connection) -> set[str]:
         """Servers this connection's [[access]] rules give it, narrowed by the static scope,
         whether or not they serve now (catalog_status shows these)."""
-        names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token))
+        oauth = (conn.oauth.subject, conn.oauth.groups, conn.oauth.scopes) if conn.oauth is not None else None
+        names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token, oauth))
         return names & self._scope if self._scope else names
 
     def allowed_servers(self, conn: Connection) -> set[str]:

@@ -1,0 +1,105 @@
+"""A local OAuth issuer for tests: real RS256 and ES256 keys (cryptography), a JWKS served on
+127.0.0.1 by a thread, and tokens signed with PyJWT. `rotate()` publishes a new key beside
+(or instead of) the old ones, as an authorization server does when it rotates."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import http.server
+import json
+import threading
+import time
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class LocalIssuer:
+    """`issuer` is its URL; `jwks_url` serves the published keys; `fetches` counts JWKS GETs."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, tuple[str, Any]] = {}  # kid -> (alg, private key)
+        self.published: list[str] = []
+        self.fetches = 0
+        issuer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                issuer.fetches += 1
+                body = json.dumps(issuer.jwks()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        port = self._server.server_address[1]
+        self.issuer = f"http://127.0.0.1:{port}"
+        self.jwks_url = f"{self.issuer}/jwks.json"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "LocalIssuer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def add_key(self, kid: str, alg: str = "RS256", *, publish: bool = True) -> None:
+        key: Any = rsa.generate_private_key(public_exponent=65537, key_size=2048) if alg.startswith("RS") \
+            else ec.generate_private_key(ec.SECP256R1())
+        self.keys[kid] = (alg, key)
+        if publish:
+            self.published.append(kid)
+
+    def rotate(self, new_kid: str, alg: str = "RS256", *, drop: list[str] | None = None) -> None:
+        self.add_key(new_kid, alg)
+        for kid in drop or []:
+            self.published.remove(kid)
+
+    def jwks(self) -> dict[str, Any]:
+        out = []
+        for kid in self.published:
+            alg, key = self.keys[kid]
+            jwk = json.loads(jwt.algorithms.get_default_algorithms()[alg].to_jwk(key.public_key()))
+            out.append({**jwk, "kid": kid, "use": "sig", "alg": alg})
+        return {"keys": out}
+
+    def public_pem(self, kid: str) -> bytes:
+        return self.keys[kid][1].public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    def claims(self, audience: str, **extra: Any) -> dict[str, Any]:
+        now = int(time.time())
+        return {"iss": self.issuer, "sub": "alice", "aud": audience, "iat": now, "nbf": now, "exp": now + 600,
+                **extra}
+
+    def token(self, kid: str, claims: dict[str, Any], *, headers: dict[str, Any] | None = None) -> str:
+        alg, key = self.keys[kid]
+        return jwt.encode(claims, key, algorithm=alg, headers={"kid": kid, **(headers or {})})
+
+    @staticmethod
+    def unsigned(claims: dict[str, Any], kid: str) -> str:
+        """An `alg: none` token (no signature)."""
+        head = _b64(json.dumps({"alg": "none", "typ": "JWT", "kid": kid}).encode())
+        return f"{head}.{_b64(json.dumps(claims).encode())}."
+
+    def hs256_with_public_key(self, claims: dict[str, Any], kid: str) -> str:
+        """The algorithm-confusion attack: HS256 keyed with the issuer's public key."""
+        head = _b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": kid}).encode())
+        body = _b64(json.dumps(claims).encode())
+        sig = hmac.new(self.public_pem(kid), f"{head}.{body}".encode(), hashlib.sha256).digest()
+        return f"{head}.{body}.{_b64(sig)}"
