@@ -16,12 +16,24 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+# The tables of config_sections are the config's public names too (explicit re-exports).
+from toolatlas.config_sections import (
+    ASYMMETRIC_ALGORITHMS as ASYMMETRIC_ALGORITHMS,
+    NAME_RE as NAME_RE,
+    Endpoint as Endpoint,
+    EventsSection as EventsSection,
+    HttpSection as HttpSection,
+    HttpToken as HttpToken,
+    OAuthIssuer as OAuthIssuer,
+    OAuthSection as OAuthSection,
+    UpstreamName as UpstreamName,
+    host_port as host_port,
+    check_http,
+)
 from toolatlas.errors import ConfigError
 from toolatlas.paths import default_state_dir, expand_vars, read_regular, resolve_path, socket_path
 from toolatlas.redact import Redactor
 
-NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
-UpstreamName = Annotated[str, msgspec.Meta(pattern=NAME_RE, max_length=48)]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 # Defaults of the per-upstream ingest bounds (also what a record made without a config gets).
 MAX_DESCRIPTION_CHARS = 8192
@@ -174,69 +186,6 @@ class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     servers: list[str] = []
 
 
-class HttpToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One bearer token of the HTTP endpoint: its name (what [[access]] `tokens` match) and the
-    SHA-256 of the token text in hex (the token itself is never stored)."""
-
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-fA-F]{64}$")]
-
-
-# Signature algorithms an OAuth access token may use: asymmetric only (never "none", never an
-# HS* secret, which a public JWKS key must not be taken for).
-ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
-
-
-class OAuthIssuer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """An authorization server whose access tokens the HTTP endpoint accepts."""
-
-    issuer: Annotated[str, msgspec.Meta(min_length=1)]  # the token's `iss`, exactly
-    jwks_url: str  # where its signing keys are published (JWKS)
-    audience: str = ""  # the `aud` required; "" = the endpoint's resource URL
-
-
-class OAuthSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """The HTTP endpoint as an OAuth 2.1 resource server (the MCP authorization spec)."""
-
-    issuers: list[OAuthIssuer] = []
-    # The endpoint's origin as clients reach it (behind a proxy: "https://mcp.example.com");
-    # "" = http://LISTEN. Each endpoint's resource URL is this plus its path.
-    resource: str = ""
-    algorithms: list[str] = msgspec.field(default_factory=lambda: ["RS256", "ES256"])
-    leeway: Annotated[float, msgspec.Meta(ge=0, le=300)] = 30.0  # seconds of clock skew on exp/nbf/iat
-    jwks_ttl: Annotated[float, msgspec.Meta(ge=1)] = 300.0  # seconds a fetched JWKS is used
-    # An unknown `kid` refetches the JWKS (a rotated key), at most once per this many seconds.
-    jwks_min_refresh: Annotated[float, msgspec.Meta(ge=0)] = 10.0
-    scopes_supported: list[str] = []  # advertised in the protected resource metadata
-
-
-class HttpSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """The optional streamable-HTTP endpoint (`http://LISTEN/mcp`); off while `listen` is ""."""
-
-    listen: str = ""  # HOST:PORT, e.g. "127.0.0.1:8765"
-    # Host header values accepted (DNS-rebinding protection); [] = the listen address plus
-    # localhost/127.0.0.1/[::1] at its port. "name:*" admits any port.
-    allowed_hosts: list[str] = []
-    # Origin header values accepted from browsers; a request without Origin is accepted.
-    # [] = the endpoint's own origins (http://HOST for each allowed Host).
-    allowed_origins: list[str] = []
-    tokens: list[HttpToken] = []
-    # The principal name given to requests WITHOUT an Authorization header ("" = refuse them
-    # with 401). For loopback development and conformance runs; [[access]] `tokens` can name it.
-    anonymous: str = ""
-    oauth: OAuthSection = msgspec.field(default_factory=OAuthSection)
-
-
-class EventsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """The audit trail: audit events (toolatlas.events.AUDIT_EVENTS) also go, as JSON lines, to
-    `audit_file` (mode 0600; "" = stderr only). It is rotated when the next line would take it
-    over `audit_max_bytes`; `audit_keep` rotated files (PATH.1 the newest) are kept."""
-
-    audit_file: str = ""
-    audit_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 64 * 1024 * 1024
-    audit_keep: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 5
-
-
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     events: EventsSection = msgspec.field(default_factory=EventsSection)
@@ -245,10 +194,18 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     upstream: list[Upstream] = []
     access: list[AccessRule] = []
     http: HttpSection = msgspec.field(default_factory=HttpSection)
+    endpoint: list[Endpoint] = []
     # Where the file was read from (not a TOML key; set by load()).
     source: str = ""
     # The values `${VAR}` put into upstream tables, for `secrets` (not a TOML key; set by parse()).
     expanded_secrets: tuple[str, ...] = ()
+
+    def endpoint_by_name(self, name: str) -> Endpoint | None:
+        """The [[endpoint]] `name` ("default" is the [daemon] socket and /mcp: None)."""
+        for ep in self.endpoint:
+            if ep.name == name:
+                return ep
+        return None
 
     def upstream_by_name(self, name: str) -> Upstream | None:
         for up in self.upstream:
@@ -340,47 +297,34 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
             raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {url!r}")
     if cfg.daemon.metrics_addr:
         host_port(cfg.daemon.metrics_addr, key="[daemon] metrics_addr", source=source)
-    _check_http(cfg.http, source)
+    check_http(cfg.http, source)
+    _check_endpoints(cfg, names, source)
     return _resolve_paths(cfg, Path(source).parent if source != "<string>" else Path.cwd(), source)
 
 
-def host_port(addr: str, *, key: str, source: str = "<config>", default_host: str | None = "127.0.0.1") -> tuple[str, int]:
-    """`HOST:PORT` (IPv6 as `[::1]:PORT`) as (host, port); the one parser of listen addresses.
-
-    An empty host means `default_host`; with `default_host=None` a host is required. Raises
-    ConfigError naming `key` when the text is not HOST:PORT with a port in 0..65535.
-    """
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535 or not (host or default_host):
-        raise ConfigError(f"{source}: {key} must be HOST:PORT, got {addr!r}")
-    return host.strip("[]") or str(default_host), int(port)
-
-
-def _check_http(http: HttpSection, source: str) -> None:
-    if not http.listen:
-        return
-    host_port(http.listen, key="[http] listen", source=source, default_host=None)
-    names = [t.name for t in http.tokens]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigError(f"{source}: [[http.tokens]] name {dupes[0]!r} is used more than once")
-    oauth = http.oauth
-    if not http.tokens and not http.anonymous and not oauth.issuers:
-        raise ConfigError(f"{source}: [http] listen is set but no [[http.tokens]] are configured "
-                          "(and no [http] anonymous or [http.oauth] issuers); every request would be refused")
-    bad = [a for a in oauth.algorithms if a not in ASYMMETRIC_ALGORITHMS]
-    if bad or not oauth.algorithms:
-        raise ConfigError(f"{source}: [http.oauth] algorithms: {bad[0] if bad else 'an empty list'!r} is not accepted; "
-                          f"use asymmetric ones only: {', '.join(ASYMMETRIC_ALGORITHMS)}")
-    issuers = [i.issuer for i in oauth.issuers]
-    if len(set(issuers)) != len(issuers):
-        raise ConfigError(f"{source}: [http.oauth] issuers: an issuer is listed more than once")
-    for i in oauth.issuers:
-        if not i.jwks_url.startswith(("http://", "https://")):
-            raise ConfigError(f"{source}: [http.oauth] issuer {i.issuer!r}: jwks_url must start with https:// "
-                              f"(or http:// on loopback), got {i.jwks_url!r}")
-    if oauth.resource and not oauth.resource.startswith(("http://", "https://")):
-        raise ConfigError(f"{source}: [http.oauth] resource must be an http(s) URL, got {oauth.resource!r}")
+def _check_endpoints(cfg: Config, upstreams: list[str], source: str) -> None:
+    seen: set[str] = set()
+    paths: set[str] = set()
+    for ep in cfg.endpoint:
+        where = f"[[endpoint]] {ep.name!r}"
+        if ep.name == "default" or ep.name in seen:
+            raise ConfigError(f"{source}: {where}: the name is used more than once (\"default\" is the "
+                              "[daemon] socket's)")
+        seen.add(ep.name)
+        if not ep.socket and not ep.http_path:
+            raise ConfigError(f"{source}: {where} has neither a socket nor an http_path; give it one or both")
+        if ep.http_path:
+            if not cfg.http.listen:
+                raise ConfigError(f"{source}: {where} has http_path {ep.http_path!r} but [http] listen is not set")
+            if ep.http_path.rstrip("/") == "/mcp" or ep.http_path.startswith("/.well-known") or ep.http_path in paths:
+                raise ConfigError(f"{source}: {where}: http_path {ep.http_path!r} is taken (by /mcp, the well-known "
+                                  "metadata or another endpoint)")
+            paths.add(ep.http_path)
+        unknown = [u for u in ep.upstreams if u != "*" and u not in upstreams]
+        if unknown:
+            raise ConfigError(f"{source}: {where} names unknown upstream {unknown[0]!r}")
+        if not ep.upstreams:
+            raise ConfigError(f"{source}: {where} lists no upstreams; name them (or \"*\" for all)")
 
 
 def listen_address(http: HttpSection) -> tuple[str, int]:
@@ -406,7 +350,15 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
         for u in cfg.upstream
     ]
     events = msgspec.structs.replace(cfg.events, audit_file=resolve_path(cfg.events.audit_file, base) or "")
-    return msgspec.structs.replace(cfg, daemon=daemon, events=events, upstream=ups, source=source)
+    endpoints = [msgspec.structs.replace(ep, socket=resolve_path(ep.socket, base), templates=resolve_path(ep.templates, base))
+                 for ep in cfg.endpoint]
+    sockets = [daemon.socket, *(ep.socket for ep in endpoints if ep.socket)]
+    if len(set(sockets)) != len(sockets):
+        raise ConfigError(f"{source}: [[endpoint]] socket: two endpoints (or one and [daemon] socket) share a path")
+    for ep in endpoints:
+        if ep.templates and not os.path.isdir(ep.templates):
+            raise ConfigError(f"{source}: [[endpoint]] {ep.name!r}: templates {ep.templates!r} is not a folder")
+    return msgspec.structs.replace(cfg, daemon=daemon, events=events, upstream=ups, endpoint=endpoints, source=source)
 
 
 def load(path: str | os.PathLike[str]) -> Config:

@@ -74,6 +74,7 @@ class StateSnapshot:
     clients: int = 0
     quarantined: int = 0
     approvals: list[tuple[str, str]] = field(default_factory=list)  # (upstream, approval lifecycle state)
+    endpoints: list[tuple[str, int, int]] = field(default_factory=list)  # (endpoint, clients, tools served)
 
 
 def _label(kind: str, value: str) -> str:
@@ -131,6 +132,10 @@ class _StateCollector:
             "1 for the approval lifecycle state of each upstream (pending, active, degraded, inactive, rejected).",
             labels=["upstream", "state"],
         )
+        ep_clients = GaugeMetricFamily(f"{NAMESPACE}_endpoint_clients", "Clients connected now, per endpoint.",
+                                       labels=["endpoint"])
+        ep_tools = GaugeMetricFamily(f"{NAMESPACE}_endpoint_tools", "Tools each endpoint serves now.",
+                                     labels=["endpoint"])
         if snap is not None:
             # Accept an enum member as well as its value.
             ups = [(name, str(getattr(st, "value", st)), count) for name, st, count in snap.upstreams]
@@ -148,7 +153,10 @@ class _StateCollector:
             for name, current in snap.approvals:
                 for s in APPROVAL_STATES:
                     approval.add_metric([name, s], 1.0 if s == current else 0.0)
-        return [info, state, tools, size, version, clients, quarantined, approval]
+            for name, n_clients, n_tools in snap.endpoints:
+                ep_clients.add_metric([name], n_clients)
+                ep_tools.add_metric([name], n_tools)
+        return [info, state, tools, size, version, clients, quarantined, approval, ep_clients, ep_tools]
 
 
 class Metrics:
@@ -216,6 +224,10 @@ class Metrics:
         self.admin_commands = Counter(
             "admin_commands", "Operator commands on the socket (upstream list/restart/relist, reload) by outcome.",
             ["command", "outcome"], namespace=ns, registry=r,
+        )
+        self.endpoint_requests = Counter(
+            "endpoint_requests", "tools/list, tool_search and calls served, per endpoint.",
+            ["endpoint", "kind"], namespace=ns, registry=r,
         )
         self.approval_transitions = Counter(
             "upstream_approval_transitions", "Upstream approval decisions changed, by the new decision.",
@@ -287,6 +299,10 @@ class Metrics:
         if command not in ADMIN_COMMANDS or outcome not in ADMIN_OUTCOMES:
             raise ValueError(f"admin command {command!r} / outcome {outcome!r} is not a known pair")
         self.admin_commands.labels(command, outcome).inc()
+
+    def count_endpoint_request(self, endpoint: str, kind: str) -> None:
+        """A request served on `endpoint` (`kind`: tools_list, tool_search, call)."""
+        self.endpoint_requests.labels(_label("endpoint", endpoint), _label("kind", kind)).inc()
 
     def count_approval(self, state: str) -> None:
         """An approval transition into `state` (pending, approved, rejected)."""

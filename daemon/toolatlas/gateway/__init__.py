@@ -300,6 +300,7 @@ class Gateway:
     def tools_listed(self, conn: Connection, *, passthrough: bool, tools: int) -> None:
         if passthrough and not self.index_ready.is_set():
             self.metrics.count_fallback("passthrough")
+        self.metrics.count_endpoint_request(conn.endpoint, "tools_list")
         self.events.emit(ev.TOOLS_LIST_SERVED, passthrough=passthrough, tools=tools, **who(conn))
 
     def bad_message(self) -> None:

@@ -108,6 +108,7 @@ class CallService:
         seconds = time.perf_counter() - t0
         upstream = server if server in self._catalog.view.servers else "unknown"
         self._metrics.observe_execute(seconds, upstream=upstream, outcome=outcome)
+        self._metrics.count_endpoint_request(conn.endpoint, "call")
         latency_ms = round(seconds * 1000, 3)
         if exc is not None:
             self._metrics.count_error(type(exc).__name__)

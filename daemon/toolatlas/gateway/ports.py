@@ -19,6 +19,10 @@ from toolatlas.calls import CallOutcome, CallRequest, ElicitFn, InputRequired, L
 from toolatlas.catalog.model import ToolRecord
 
 
+# The endpoint of [daemon] socket and the HTTP endpoint's /mcp.
+DEFAULT_ENDPOINT = "default"
+
+
 @dataclass(eq=False)
 class Connection:
     """One client connection: who it is (from the kernel or the HTTP token, never from what
@@ -93,6 +97,10 @@ class SurfaceStats(Protocol):
     """What the gateway reads back from the surface for catalog_status and metrics."""
 
     def client_count(self) -> int: ...
+
+    def client_counts(self) -> dict[str, int]:
+        """Live client connections by endpoint name."""
+        ...
 
     def fast_answers(self) -> int: ...
 
@@ -195,6 +203,6 @@ class AdminPort(Protocol):
 
 
 __all__ = [
-    "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired", "LOG_LEVELS",
+    "DEFAULT_ENDPOINT", "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired", "LOG_LEVELS",
     "LogFn", "OAuthIdentity", "Page", "ProgressFn", "REQUEST", "Request", "SurfaceStats", "ToolRecord",
 ]

@@ -119,6 +119,7 @@ class SearchService:
         add_rift_notes(self._rift(), matches, allowed)
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
+        self._metrics.count_endpoint_request(conn.endpoint, "tool_search")
         if degraded:
             # No index yet: passthrough lists; any other degradation is a search without its dense branch.
             self._metrics.count_fallback("passthrough" if degraded == "index-not-ready" else "bm25-only")

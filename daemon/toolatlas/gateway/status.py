@@ -10,6 +10,7 @@ from typing import Any
 import anyio.abc
 
 from toolatlas.catalog.attest import AttestResult
+from toolatlas.config import Endpoint
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection, SurfaceStats
 from toolatlas.gateway.tokens import Scope, TokenReporter
@@ -32,6 +33,9 @@ class NoSurface:
 
     def client_count(self) -> int:
         return 0
+
+    def client_counts(self) -> dict[str, int]:
+        return {}
 
     def fast_answers(self) -> int:
         return 0
@@ -174,8 +178,36 @@ class StatusService:
             "rift": self._rift_status(allowed, scope),
             "clients": self.surface.client_count(),
             "uptime_s": round(time.time() - self.started_at, 1),
+            **self._endpoints(conn),
         })
         return report
+
+    def _endpoints(self, conn: Connection) -> dict[str, Any]:
+        """`endpoint`: the caller's endpoint; `endpoints`: one section per endpoint, each with
+        the upstreams it serves that the caller's access rules give it, their searchable tools
+        and its live clients."""
+        view = self._catalog.view
+        clients = self.surface.client_counts()
+        sections = []
+        for name in self._visibility.endpoint_names():
+            ep = self._catalog_endpoint(name)
+            ups = sorted(self._visibility.permitted(conn, name))
+            serving = [u for u in ups if u in view.available and self._approval(u, "ready") == "active"]
+            sections.append({
+                "name": name,
+                "environment": ep.environment if ep is not None else None,
+                "templates": ep.templates or None if ep is not None else None,
+                "socket": ep.socket or None if ep is not None else None,
+                "http_path": ep.http_path or None if ep is not None else "/mcp",
+                "upstreams": ups,
+                "tools": sum(len(view.server(u).records) for u in serving),
+                "clients": clients.get(name, 0),
+            })
+        mine = next((s for s in sections if s["name"] == conn.endpoint), {"name": conn.endpoint, "upstreams": []})
+        return {"endpoint": mine, "endpoints": sections}
+
+    def _catalog_endpoint(self, name: str) -> Endpoint | None:
+        return self._visibility.endpoint(Connection(id=0, endpoint=name))
 
     def _rift_status(self, allowed: set[str], scope: Scope) -> dict[str, Any]:
         report = self._rift.report
@@ -194,10 +226,15 @@ class StatusService:
 
     def snapshot(self) -> StateSnapshot:
         view = self._catalog.view
+        counts = self.surface.client_counts()
         engine = self._catalog.engine
         return StateSnapshot(
             upstreams=[(st.name, st.state.value, len(view.server(st.name).records)) for st in self._pool.status()],
             approvals=[(st.name, self._approval(st.name, st.state.value)) for st in self._pool.status()],
+            endpoints=[(name, counts.get(name, 0),
+                        sum(len(view.server(u).records) for u in self._visibility.endpoint_upstreams(name)
+                            if u in view.available and self._approval(u, "ready") == "active"))
+                       for name in self._visibility.endpoint_names()],
             index_size=len(engine),
             index_version=engine.version,
             clients=self.surface.client_count(),

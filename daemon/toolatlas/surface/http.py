@@ -45,7 +45,7 @@ from starlette.types import Message, Receive, Scope, Send
 from toolatlas.config import HttpSection, HttpToken, listen_address
 from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
-from toolatlas.gateway.ports import Connection, OAuthIdentity
+from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity
 from toolatlas.surface.admin import ADMIN_PREFIX
 from toolatlas.surface.oauth import WELL_KNOWN, OAuthRejected, Validator, challenge, metadata_url
 from toolatlas.surface.rpccheck import Refusal, screen
@@ -137,10 +137,13 @@ class HttpEndpoint:
         self, server: "Server[Any]", section: HttpSection, *, max_message_bytes: int = 4 * 1024 * 1024,
         connections: Connections | None = None, max_clients: int = 1024, message_timeout: float = 30.0,
         on_denied: Callable[[Connection, str, str | None, str], None] | None = None,
+        paths: dict[str, str] | None = None,
     ) -> None:
         """`on_denied(conn, surface, target, reason)` hears every request refused for its
-        credentials or its Host/Origin (the audit trail's access_denied)."""
+        credentials or its Host/Origin (the audit trail's access_denied). `paths`: the
+        [[endpoint]] HTTP paths besides /mcp, each to its endpoint's name."""
         self.on_denied = on_denied
+        self.paths = {PATH: DEFAULT_ENDPOINT, **(paths or {})}
         self.host, self.port = listen_address(section)
         self.section = section
         self.server = server
@@ -253,6 +256,7 @@ class HttpEndpoint:
         if scope["type"] != "http":
             return
         self.requests += 1
+        endpoint = self.paths.get(str(scope.get("path", "")).rstrip("/"), DEFAULT_ENDPOINT)
         rejection, who, why = await self._admit(scope)
         if rejection is not None:
             self.rejected[rejection.status_code] = self.rejected.get(rejection.status_code, 0) + 1
@@ -261,7 +265,8 @@ class HttpEndpoint:
             await rejection(scope, receive, send)
             return
         assert who is not None and self._manager is not None
-        fresh = (Connection(id=0, oauth=who) if isinstance(who, OAuthIdentity) else Connection(id=0, token=who))
+        fresh = (Connection(id=0, oauth=who, endpoint=endpoint) if isinstance(who, OAuthIdentity)
+                 else Connection(id=0, token=who, endpoint=endpoint))
         # Binds a legacy session to the principal that opened it (the SDK compares them).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-{fresh.principal}", scopes=[]))
         if scope.get("method") == "POST":
@@ -271,7 +276,7 @@ class HttpEndpoint:
                 return
         session_id = _header(scope, b"mcp-session-id")
         conn = self.connections.session(session_id) if session_id else None
-        if conn is None or conn.principal != fresh.principal:
+        if conn is None or conn.principal != fresh.principal or conn.endpoint != endpoint:
             conn = fresh
             conn.id = next(_ids)
             if not session_id:
@@ -335,7 +340,8 @@ class HttpEndpoint:
         """(refusal, None, why) or (None, the token name or OAuth identity, "")."""
         path = scope.get("path", "")
         well_known = path.startswith(WELL_KNOWN)
-        if path.rstrip("/") != PATH and not well_known:
+        mcp_path = path.rstrip("/")
+        if mcp_path not in self.paths and not well_known:
             return _json_error(404, f"not found: the MCP endpoint is {PATH}"), None, "not found"
         headers: dict[str, str] = {}
         for k, v in scope.get("headers", []):
@@ -350,9 +356,9 @@ class HttpEndpoint:
             return _json_error(403, "Origin not allowed"), None, "Origin not allowed"
         if well_known:
             rest = path[len(WELL_KNOWN):].rstrip("/")
-            if not self.oauth.enabled or rest not in ("", PATH):
+            if not self.oauth.enabled or (rest and rest not in self.paths):
                 return _json_error(404, "not found: no protected resource metadata here"), None, "not found"
-            return JSONResponse(self.oauth.metadata(self.origin + PATH)), None, "metadata"
+            return JSONResponse(self.oauth.metadata(self.origin + (rest or PATH))), None, "metadata"
         auth = headers.get("authorization", "")
         if not auth and self.section.anonymous:
             return None, self.section.anonymous, ""
@@ -361,11 +367,11 @@ class HttpEndpoint:
         name = self.tokens.name_for(presented) if presented else None
         if name is not None:
             return None, name, ""
-        meta = metadata_url(self.origin, PATH) if self.oauth.enabled else None
+        meta = metadata_url(self.origin, mcp_path) if self.oauth.enabled else None
         why = "no bearer token" if not auth else "the bearer token is not valid"
         if presented and self.oauth.enabled and self.oauth.looks_like_jwt(presented):
             try:
-                return None, await self.oauth.validate(presented, self.origin + PATH), ""
+                return None, await self.oauth.validate(presented, self.origin + mcp_path), ""
             except OAuthRejected as exc:
                 why = str(exc)
         header = challenge(meta, "invalid_token" if auth else None, why if auth and meta else None)

@@ -230,6 +230,12 @@ class Surface:
     def client_count(self) -> int:
         return len(self.connections)
 
+    def client_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for conn in self.connections:
+            counts[conn.endpoint] = counts.get(conn.endpoint, 0) + 1
+        return counts
+
     def fast_answers(self) -> int:
         return self.fast_lane_answers
 
