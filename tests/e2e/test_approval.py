@@ -94,3 +94,41 @@ def test_approve_reject_across_restart_and_reload(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in audit.read_text().splitlines()]
     assert {(e["upstream"], e["new"]) for e in lines if e["event"] == "upstream_approval_changed"} >= {
         ("one", "pending"), ("one", "approved"), ("two", "rejected")}
+
+
+def test_only_an_admin_principal_approves(tmp_path: Path) -> None:
+    import os
+    import pwd
+    import shutil
+    import tempfile
+
+    import pytest
+
+    from tests.support.peers import run_as
+    from toolatlas.surface.rawclient import RawClient, RpcError
+
+    if os.geteuid() != 0:
+        pytest.skip("a peer of another uid needs root to drop to it")
+    base = Path(tempfile.mkdtemp(prefix="toolatlas-approve-"))
+    os.chmod(base, 0o755)
+    d = Daemon(base, stdio_testserver("one"), daemon_extra='require_approval = true\nsocket_mode = "0666"\n')
+    (base / "run").mkdir(parents=True, exist_ok=True)
+    os.chmod(base / "run", 0o755)
+    try:
+        with d:
+            def attempt() -> Any:
+                with RawClient(d.socket, timeout=30) as c:
+                    try:
+                        return c.request("toolatlas/upstream/approve", {"name": "one"})
+                    except RpcError as exc:
+                        return [exc.code, str(exc)]
+
+            code, message = run_as(pwd.getpwnam("nobody"), attempt)
+            assert code == -32003 and "owner only" in message
+            assert _approvals(d) == {"one": "pending"}
+            refused = _events(d, "admin_command_refused")
+            assert [(e["command"], e["principal"]) for e in refused] == [("upstream_approve", "uid:65534")]
+            assert _cli(d, "approve", "one").returncode == 0  # the owner (root here) may
+            assert _approvals(d)["one"] in ("active", "degraded")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

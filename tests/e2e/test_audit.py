@@ -19,6 +19,7 @@ import pytest
 from tests.e2e.test_http_endpoint import _client
 from tests.support.daemon import Daemon, stdio_testserver
 from tests.support.ports import free_port
+from tests.support.processes import descendants, kill_all
 from toolatlas import __version__
 from toolatlas.events import AUDIT_EVENTS, AUDIT_FIELDS, EVENT_FIELDS
 from toolatlas.surface.http import hash_token
@@ -136,3 +137,23 @@ def test_every_surface_and_denial_is_audited_with_rotation(audited: tuple[Daemon
     assert all(e["client"] == "mcp" and e["user"] is None and e["request"] is not None for e in via_http), via_http
     # the connection ids tell the two socket connections apart
     assert len({e["connection"] for e in sock if e["event"] == "tool_search_completed"}) == 2
+
+
+def test_a_killed_daemon_loses_no_written_line_and_queries_need_log_queries(tmp_path: Path) -> None:
+    import signal
+
+    audit = tmp_path / "audit.jsonl"
+    d = Daemon(tmp_path, f'[events]\naudit_file = "{audit}"\n' + stdio_testserver("one"),
+               daemon_extra="log_queries = true\n")
+    with d:
+        with d.client() as c:
+            for i in range(20):
+                c.call_tool("tool_search", {"query": f"find tool {i}"})
+            last = c._id
+        kids = descendants(d.proc.pid)  # type: ignore[union-attr]
+        d.stop(signal.SIGKILL)
+        kill_all(kids)
+    searches = [e for e in audit_lines(audit) if e["event"] == "tool_search_completed"]
+    # each line was one write(2) before the answer went out: a killed daemon loses none
+    assert [e["query"] for e in searches] == [f"find tool {i}" for i in range(20)]
+    assert searches[-1]["request"] == last

@@ -133,3 +133,26 @@ def test_bad_endpoint_configs_are_refused(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=None) as info:
             parse(up + text, source=str(tmp_path / "c.toml"))
         assert expect in str(info.value), (expect, str(info.value))
+
+
+def test_reload_applies_upstreams_and_refuses_moving_an_endpoint(env: Env) -> None:
+    original = env.d.config.read_text()
+    try:
+        env.d.config.write_text(original.replace('upstreams = ["alpha"]\nenvironment = "production"',
+                                                 'upstreams = ["alpha", "gamma"]\nenvironment = "prod-eu"'))
+        with env.d.client() as c:
+            applied = c.request("toolatlas/reload", {})
+        assert applied["applied"], applied
+        prod = _socket_view(env.sock("prod"))
+        assert prod["servers"] == prod["matched"] == ["alpha", "gamma"]
+        assert prod["endpoint"]["environment"] == "prod-eu"
+        env.d.config.write_text(original.replace("prod.sock", "prod2.sock"))
+        with env.d.client() as c:
+            refused = c.request("toolatlas/reload", {})
+        assert refused["applied"] is False and "[[endpoint]]" in refused["error"], refused
+        assert _socket_view(env.sock("prod"))["servers"] == ["alpha", "gamma"]  # the running config stayed
+    finally:
+        env.d.config.write_text(original)
+        with env.d.client() as c:
+            assert c.request("toolatlas/reload", {})["applied"]
+    assert _socket_view(env.sock("prod"))["servers"] == ["alpha"]

@@ -10,7 +10,6 @@ from typing import Any
 import anyio.abc
 
 from toolatlas.catalog.attest import AttestResult
-from toolatlas.config import Endpoint
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection, SurfaceStats
 from toolatlas.gateway.tokens import Scope, TokenReporter
@@ -190,7 +189,7 @@ class StatusService:
         clients = self.surface.client_counts()
         sections = []
         for name in self._visibility.endpoint_names():
-            ep = self._catalog_endpoint(name)
+            ep = self._visibility.endpoint_named(name)
             ups = sorted(self._visibility.permitted(conn, name))
             serving = [u for u in ups if u in view.available and self._approval(u, "ready") == "active"]
             sections.append({
@@ -205,9 +204,6 @@ class StatusService:
             })
         mine = next((s for s in sections if s["name"] == conn.endpoint), {"name": conn.endpoint, "upstreams": []})
         return {"endpoint": mine, "endpoints": sections}
-
-    def _catalog_endpoint(self, name: str) -> Endpoint | None:
-        return self._visibility.endpoint(Connection(id=0, endpoint=name))
 
     def _rift_status(self, allowed: set[str], scope: Scope) -> dict[str, Any]:
         report = self._rift.report

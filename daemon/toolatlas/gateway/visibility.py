@@ -50,6 +50,9 @@ class Visibility:
         default endpoint ([daemon] socket, /mcp)."""
         return self._cfg.endpoint_by_name(conn.endpoint)
 
+    def endpoint_named(self, name: str) -> Endpoint | None:
+        return self._cfg.endpoint_by_name(name)
+
     def endpoint_upstreams(self, name: str) -> set[str]:
         """The upstreams endpoint `name` serves (every configured one for "default"; none for
         an endpoint a reload removed)."""
