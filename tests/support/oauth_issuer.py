@@ -7,9 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import http.server
 import json
-import threading
 import time
 from typing import Any
 
@@ -17,46 +15,37 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from tests.support.listener import RecordingListener
+
 
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
 class LocalIssuer:
-    """`issuer` is its URL; `jwks_url` serves the published keys; `fetches` counts JWKS GETs."""
+    """`issuer` is its URL and `jwks_url` serves the published keys (both set on entering: a
+    RecordingListener on 127.0.0.1 answers); `fetches` counts JWKS GETs."""
 
     def __init__(self) -> None:
         self.keys: dict[str, tuple[str, Any]] = {}  # kid -> (alg, private key)
         self.published: list[str] = []
-        self.fetches = 0
-        issuer = self
+        self.issuer = self.jwks_url = ""
+        self._listener: RecordingListener | None = None
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                issuer.fetches += 1
-                body = json.dumps(issuer.jwks()).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        port = self._server.server_address[1]
-        self.issuer = f"http://127.0.0.1:{port}"
-        self.jwks_url = f"{self.issuer}/jwks.json"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+    @property
+    def fetches(self) -> int:
+        """JWKS requests served so far."""
+        return len(self._listener.hits) if self._listener is not None else 0
 
     def __enter__(self) -> "LocalIssuer":
-        self._thread.start()
+        self._listener = RecordingListener(lambda: json.dumps(self.jwks()).encode())
+        self.issuer = self._listener.url
+        self.jwks_url = f"{self.issuer}/jwks.json"
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        if self._listener is not None:
+            self._listener.close()
 
     def add_key(self, kid: str, alg: str = "RS256", *, publish: bool = True) -> None:
         key: Any = rsa.generate_private_key(public_exponent=65537, key_size=2048) if alg.startswith("RS") \
