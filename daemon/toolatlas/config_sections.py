@@ -3,6 +3,7 @@ toolatlas.config, which parses the whole file), and the one parser of listen add
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Annotated, Literal
 
 import msgspec
@@ -121,9 +122,11 @@ def check_http(http: HttpSection, source: str) -> None:
     if len(set(issuers)) != len(issuers):
         raise ConfigError(f"{source}: [http.oauth] issuers: an issuer is listed more than once")
     for i in oauth.issuers:
-        if not i.jwks_url.startswith(("http://", "https://")):
+        host = urllib.parse.urlsplit(i.jwks_url).hostname or ""
+        plain_ok = i.jwks_url.startswith("http://") and host in ("127.0.0.1", "localhost", "::1")
+        if not (i.jwks_url.startswith("https://") or plain_ok):
             raise ConfigError(f"{source}: [http.oauth] issuer {i.issuer!r}: jwks_url must start with https:// "
-                              f"(or http:// on loopback), got {i.jwks_url!r}")
+                              f"(http:// only on loopback), got {i.jwks_url!r}")
     if oauth.resource and not oauth.resource.startswith(("http://", "https://")):
         raise ConfigError(f"{source}: [http.oauth] resource must be an http(s) URL, got {oauth.resource!r}")
 

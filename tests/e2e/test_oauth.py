@@ -171,3 +171,29 @@ def test_rotated_keys_are_honoured(env: Env) -> None:
         assert time.monotonic() < deadline, "the dropped key is still accepted"
         time.sleep(0.2)
     assert _post(env, new).status_code == 200
+
+
+@pytest.mark.parametrize("extra, expect", [
+    ('algorithms = ["none"]\n', "'none' is not accepted"),
+    ('algorithms = ["HS256"]\n', "'HS256' is not accepted"),
+    ('algorithms = []\n', "an empty list"),
+])
+def test_check_config_refuses_unsafe_algorithms(extra: str, expect: str) -> None:
+    from toolatlas.config import parse
+    from toolatlas.errors import ConfigError
+
+    text = ('[http]\nlisten = "127.0.0.1:1"\n[http.oauth]\n'
+            'issuers = [{issuer = "https://i", jwks_url = "https://i/jwks"}]\n' + extra)
+    with pytest.raises(ConfigError) as info:
+        parse(text)
+    assert expect in str(info.value)
+
+
+def test_check_config_wants_https_for_a_remote_jwks() -> None:
+    from toolatlas.config import parse
+    from toolatlas.errors import ConfigError
+
+    text = '[http]\nlisten = "127.0.0.1:1"\n[http.oauth]\nissuers = [{issuer = "i", jwks_url = "%s"}]\n'
+    with pytest.raises(ConfigError, match="https://"):
+        parse(text % "http://login.example.com/jwks")
+    assert parse(text % "http://127.0.0.1:9/jwks").http.oauth.issuers[0].jwks_url == "http://127.0.0.1:9/jwks"
