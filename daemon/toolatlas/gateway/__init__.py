@@ -28,7 +28,9 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Config, secrets
 from toolatlas.errors import ConfigError
 from toolatlas.gateway.admin import UpstreamAdmin
-from toolatlas.gateway.approval import Approvals, Decision, FileApprovalStore, Transition, lifecycle
+from toolatlas.gateway.approval import (
+    ApprovalStore, Approvals, Decision, FileApprovalStore, lifecycle, transition_reporter,
+)
 from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
@@ -99,7 +101,10 @@ class Gateway:
     def __init__(
         self, cfg: Config, *, engine: Engine | None = None, metrics: Metrics | None = None,
         events: ev.Events | None = None, pool_mode: str = "auto", redactor: Redactor | None = None,
+        approval_store: ApprovalStore | None = None,
     ) -> None:
+        """`approval_store`: where approval decisions persist (default: state_dir/approvals.json);
+        audit records go to `events.audit` (default: [events] audit_file)."""
         self.cfg = cfg
         self.metrics = metrics or Metrics()
         # The one source of redaction: events, status, call errors (and the log lines, when
@@ -111,7 +116,8 @@ class Gateway:
         self.engine = engine or make_engine(cfg)
         self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
         self.index_ready = anyio.Event()
-        self.approvals = Approvals(FileApprovalStore(cfg.daemon.state_dir), on_transition=self._approval_changed)
+        self.approvals = Approvals(approval_store or FileApprovalStore(cfg.daemon.state_dir),
+                                   on_transition=transition_reporter(self.events, self.metrics))
         self.approvals.reconcile(cfg)
         self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set, self.approvals.blocked)
         self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream, mode=pool_mode,
@@ -199,12 +205,6 @@ class Gateway:
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
-
-    def _approval_changed(self, t: Transition) -> None:
-        log.info("upstream %s: approval %s -> %s (%s, by %s)", t.upstream, t.old, t.new, t.reason, t.by)
-        self.metrics.count_approval(t.new)
-        self.events.emit(ev.UPSTREAM_APPROVAL_CHANGED, upstream=t.upstream, old=t.old, new=t.new, by=t.by,
-                         reason=t.reason)
 
     async def decide_approval(self, name: str, decision: Decision, by: str) -> dict[str, Any]:
         """An operator's approve/reject (see gateway.approval); clients whose lists change are told."""

@@ -30,8 +30,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from toolatlas import events as ev
 from toolatlas.config import Config, Upstream
 from toolatlas.errors import BadInput
+from toolatlas.metrics import Metrics
 from toolatlas.paths import write_atomic
 
 log = logging.getLogger(__name__)
@@ -213,6 +215,17 @@ class Approvals:
             log.error("cannot persist approvals (%s): decisions hold until the daemon stops", exc)
 
 
+def transition_reporter(events: ev.Events, metrics: Metrics) -> Callable[[Transition], None]:
+    """The `on_transition` that logs, counts and emits `upstream_approval_changed`."""
+
+    def report(t: Transition) -> None:
+        log.info("upstream %s: approval %s -> %s (%s, by %s)", t.upstream, t.old, t.new, t.reason, t.by)
+        metrics.count_approval(t.new)
+        events.emit(ev.UPSTREAM_APPROVAL_CHANGED, upstream=t.upstream, old=t.old, new=t.new, by=t.by, reason=t.reason)
+
+    return report
+
+
 def lifecycle(decision: Decision, state: str) -> str:
     """The lifecycle state shown for an upstream with `decision` in connection `state`."""
     if decision is not Decision.APPROVED:
@@ -225,4 +238,4 @@ def lifecycle(decision: Decision, state: str) -> str:
 
 
 __all__ = ["ApprovalStore", "Approvals", "Decision", "FileApprovalStore", "LIFECYCLE_STATES", "Record", "Transition",
-           "fingerprint", "lifecycle", "plan_reconcile"]
+           "fingerprint", "lifecycle", "plan_reconcile", "transition_reporter"]
