@@ -43,7 +43,9 @@ RESULT_BUCKETS = (0, 1, 2, 3, 5, 10, 20)
 EXECUTE_OUTCOMES = frozenset({"ok", "error", "timeout", "unavailable", "denied", "bad_input"})
 FALLBACK_KINDS = frozenset({"bm25-only", "passthrough"})
 # Operator commands on the socket (surface.admin) and how each ended.
-ADMIN_COMMANDS = frozenset({"upstream_list", "upstream_restart", "upstream_relist", "reload", "unknown"})
+ADMIN_COMMANDS = frozenset({"upstream_list", "upstream_restart", "upstream_relist", "upstream_approve", "upstream_reject",
+                            "reload", "unknown"})
+APPROVAL_STATES = ("pending", "active", "degraded", "inactive", "rejected")
 ADMIN_OUTCOMES = frozenset({"ok", "failed", "bad_input", "refused", "error"})
 # States exported with value 0 even before an upstream has been in them, so a
 # `toolatlas_upstream_state{state="ready"} == 0` alert works from the first scrape.
@@ -71,6 +73,8 @@ class StateSnapshot:
     index_version: int = 0
     clients: int = 0
     quarantined: int = 0
+    approvals: list[tuple[str, str]] = field(default_factory=list)  # (upstream, approval lifecycle state)
+    endpoints: list[tuple[str, int, int]] = field(default_factory=list)  # (endpoint, clients, tools served)
 
 
 def _label(kind: str, value: str) -> str:
@@ -123,6 +127,15 @@ class _StateCollector:
         quarantined = GaugeMetricFamily(
             f"{NAMESPACE}_quarantined_tools", "Tools withheld from search and execution."
         )
+        approval = GaugeMetricFamily(
+            f"{NAMESPACE}_upstream_approval",
+            "1 for the approval lifecycle state of each upstream (pending, active, degraded, inactive, rejected).",
+            labels=["upstream", "state"],
+        )
+        ep_clients = GaugeMetricFamily(f"{NAMESPACE}_endpoint_clients", "Clients connected now, per endpoint.",
+                                       labels=["endpoint"])
+        ep_tools = GaugeMetricFamily(f"{NAMESPACE}_endpoint_tools", "Tools each endpoint serves now.",
+                                     labels=["endpoint"])
         if snap is not None:
             # Accept an enum member as well as its value.
             ups = [(name, str(getattr(st, "value", st)), count) for name, st, count in snap.upstreams]
@@ -137,7 +150,13 @@ class _StateCollector:
             version.add_metric([], snap.index_version)
             clients.add_metric([], snap.clients)
             quarantined.add_metric([], snap.quarantined)
-        return [info, state, tools, size, version, clients, quarantined]
+            for name, current in snap.approvals:
+                for s in APPROVAL_STATES:
+                    approval.add_metric([name, s], 1.0 if s == current else 0.0)
+            for name, n_clients, n_tools in snap.endpoints:
+                ep_clients.add_metric([name], n_clients)
+                ep_tools.add_metric([name], n_tools)
+        return [info, state, tools, size, version, clients, quarantined, approval, ep_clients, ep_tools]
 
 
 class Metrics:
@@ -206,6 +225,18 @@ class Metrics:
             "admin_commands", "Operator commands on the socket (upstream list/restart/relist, reload) by outcome.",
             ["command", "outcome"], namespace=ns, registry=r,
         )
+        self.endpoint_requests = Counter(
+            "endpoint_requests", "tools/list, tool_search and calls served, per endpoint.",
+            ["endpoint", "kind"], namespace=ns, registry=r,
+        )
+        self.approval_transitions = Counter(
+            "upstream_approval_transitions", "Upstream approval decisions changed, by the new decision.",
+            ["state"], namespace=ns, registry=r,
+        )
+        self.denials = Counter(
+            "access_denials", "Requests refused by access rules or authentication, by surface.",
+            ["surface"], namespace=ns, registry=r,
+        )
         self.reindexes = Counter(
             "reindexes", "Search index rebuilds swapped in.", namespace=ns, registry=r
         )
@@ -268,6 +299,18 @@ class Metrics:
         if command not in ADMIN_COMMANDS or outcome not in ADMIN_OUTCOMES:
             raise ValueError(f"admin command {command!r} / outcome {outcome!r} is not a known pair")
         self.admin_commands.labels(command, outcome).inc()
+
+    def count_endpoint_request(self, endpoint: str, kind: str) -> None:
+        """A request served on `endpoint` (`kind`: tools_list, tool_search, call)."""
+        self.endpoint_requests.labels(_label("endpoint", endpoint), _label("kind", kind)).inc()
+
+    def count_approval(self, state: str) -> None:
+        """An approval transition into `state` (pending, approved, rejected)."""
+        self.approval_transitions.labels(_label("state", state)).inc()
+
+    def count_denial(self, surface: str) -> None:
+        """An access denial (`surface`: tool_search, execute_tool, direct, http)."""
+        self.denials.labels(_label("surface", surface)).inc()
 
     def count_reindex(self) -> None:
         self.reindexes.inc()

@@ -21,11 +21,17 @@ import anyio
 import anyio.abc
 
 from toolatlas import events as ev
+from toolatlas.auditlog import AuditFile
 from toolatlas.calls import CallOutcome, CallRequest
 from toolatlas.catalog.attest import Attestor
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Config, secrets
+from toolatlas.errors import ConfigError
 from toolatlas.gateway.admin import UpstreamAdmin
+from toolatlas.gateway.approval import (
+    ApprovalStore, Approvals, Decision, FileApprovalStore, lifecycle, transition_reporter,
+)
+from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.federation import Federation
@@ -58,7 +64,20 @@ RESTART_KEYS: tuple[tuple[str, str, str], ...] = (
     ("search.mode", "search", "mode"),
     ("search.embedder", "search", "embedder"),
     ("search.query_threads", "search", "query_threads"),
+    ("events.audit_file", "events", "audit_file"),
 )
+
+
+def open_audit(cfg: Config) -> AuditFile | None:
+    """The audit file of `[events] audit_file` (None when unset); ConfigError naming the key
+    when it cannot be opened."""
+    if not cfg.events.audit_file:
+        return None
+    try:
+        return AuditFile(cfg.events.audit_file, max_bytes=cfg.events.audit_max_bytes, keep=cfg.events.audit_keep)
+    except OSError as exc:
+        raise ConfigError(f"[events] audit_file {cfg.events.audit_file!r}: cannot open it: "
+                          f"{exc.strerror or exc}") from exc
 
 
 def restart_keys(old: Config, new: Config) -> list[str]:
@@ -85,21 +104,29 @@ class Gateway:
     def __init__(
         self, cfg: Config, *, engine: Engine | None = None, metrics: Metrics | None = None,
         events: ev.Events | None = None, pool_mode: str = "auto", redactor: Redactor | None = None,
+        approval_store: ApprovalStore | None = None,
     ) -> None:
+        """`approval_store`: where approval decisions persist (default: state_dir/approvals.json);
+        audit records go to `events.audit` (default: [events] audit_file)."""
         self.cfg = cfg
         self.metrics = metrics or Metrics()
         # The one source of redaction: events, status, call errors (and the log lines, when
         # the composition root hands the same one to its log formatter).
         self.redactor = redactor or (events.redactor if events is not None else Redactor())
         self.redactor.add(secrets(cfg))
-        self.events = events or ev.Events(redactor=self.redactor, log_queries=cfg.daemon.log_queries)
+        self.events = events or ev.Events(redactor=self.redactor, log_queries=cfg.daemon.log_queries,
+                                          audit=open_audit(cfg))
         self.engine = engine or make_engine(cfg)
         self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
         self.index_ready = anyio.Event()
-        self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set)
+        self.approvals = Approvals(approval_store or FileApprovalStore(cfg.daemon.state_dir),
+                                   on_transition=transition_reporter(self.events, self.metrics))
+        self.approvals.reconcile(cfg)
+        self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set, self.approvals.blocked)
         # What the model reads of the gateway: templates and environment (a value, so an
         # endpoint can be given its own: see `guidance_for`).
         self.guidance = Guidance.load(cfg.surface.templates, cfg.daemon.environment, cfg.surface.publisher_text)
+        self._endpoint_guidance: dict[str, Guidance] = {}  # [[endpoint]] name -> its own (built when first asked)
         self.events.environment = cfg.daemon.environment
         self.definitions = MatchBuilder()  # tool definitions for `toolatlas stubs`
         self.text = SurfaceText(self.guidance_for, self.visibility, lambda: self.catalog.view,
@@ -120,7 +147,7 @@ class Gateway:
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
             redactor=self.redactor, environment=lambda conn: self.guidance_for(conn).environment,
-            meta_tools=self.meta_tools,
+            meta_tools=self.meta_tools, approval=lambda name, state: lifecycle(self.approvals.decision(name), state),
         )
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
@@ -129,7 +156,8 @@ class Gateway:
             asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
         )
         self.admin = UpstreamAdmin(self.pool, self.catalog, lambda: self.cfg.upstream, redactor=self.redactor,
-                                   events=self.events, metrics=self.metrics)
+                                   events=self.events, metrics=self.metrics,
+                                   approval=lambda name, state: lifecycle(self.approvals.decision(name), state))
         self._tg: anyio.abc.TaskGroup | None = None
         self.metrics.set_state_source(self.status_service.snapshot)
 
@@ -190,6 +218,14 @@ class Gateway:
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
 
+    async def decide_approval(self, name: str, decision: Decision, by: str) -> dict[str, Any]:
+        """An operator's approve/reject (see gateway.approval); clients whose lists change are told."""
+        result = self.approvals.decide(name, decision, by)
+        if result["approval"] != result["previous"]:
+            await self.catalog.announce()
+            await self.federation.reloaded()
+        return result
+
     def _observe_upstream(self, upstream: str, kind: str, fields: dict[str, Any]) -> None:
         """Upstream lifecycle into metrics and structured events."""
         if kind == "state":
@@ -208,6 +244,11 @@ class Gateway:
         if self.calls.inflight:
             log.warning("shutting down with %d calls still in flight after %.1f s", self.calls.inflight, timeout)
 
+    def close_audit(self) -> None:
+        """Sync and close the audit sink (the daemon is stopping)."""
+        if self.events.audit is not None:
+            self.events.audit.close()
+
     async def close_upstreams(self, timeout: float = 20.0) -> None:
         """Stop every upstream session in its owner task (children reaped) before the
         task tree is cancelled."""
@@ -221,6 +262,7 @@ class Gateway:
         session, index entries and card verdicts. Keys that need a restart are logged. New
         templates or environment reach clients with the announce (tools/list_changed)."""
         self.guidance = guidance or Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)
+        self._endpoint_guidance = {}
         old = self.cfg
         needs_restart = restart_keys(old, new)
         if needs_restart:
@@ -233,11 +275,14 @@ class Gateway:
             "changed": sorted(n for n in set(old_ups) & set(new_ups) if old_ups[n] != new_ups[n]),
         }
         self.cfg = new
+        self.approvals.reconcile(new)
         self.visibility.configure(new)
         self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
         self.events.log_queries = new.daemon.log_queries
         self.events.environment = new.daemon.environment
+        if isinstance(self.events.audit, AuditFile):
+            self.events.audit.max_bytes, self.events.audit.keep = new.events.audit_max_bytes, new.events.audit_keep
         await self.pool.reconcile(new.upstream)
         for name in summary["removed"]:
             await self._on_tools(name, None)
@@ -258,8 +303,21 @@ class Gateway:
         return not self.index_ready.is_set()
 
     def guidance_for(self, conn: Connection | None) -> Guidance:
-        """The templates and environment `conn` is served with (the daemon's, today)."""
-        return self.guidance
+        """The templates and environment `conn` is served with: its [[endpoint]]'s where that
+        sets them (each falling back to the daemon's), else the daemon's."""
+        ep = self.visibility.endpoint(conn) if conn is not None else None
+        if ep is None or not (ep.templates or ep.environment):
+            return self.guidance
+        found = self._endpoint_guidance.get(ep.name)
+        if found is None:
+            try:
+                found = Guidance.load(ep.templates or self.cfg.surface.templates, ep.environment or self.cfg.daemon.environment,
+                                      self.cfg.surface.publisher_text)
+            except ConfigError as exc:  # checked at load; a file edited since then
+                log.error("endpoint %s: its templates no longer load (%s); serving the daemon's", ep.name, exc)
+                found = self.guidance
+            self._endpoint_guidance[ep.name] = found
+        return found
 
     def instructions(self, conn: Connection | None) -> str:
         return self.text.instructions(conn)
@@ -276,10 +334,14 @@ class Gateway:
     def tools_listed(self, conn: Connection, *, passthrough: bool, tools: int) -> None:
         if passthrough and not self.index_ready.is_set():
             self.metrics.count_fallback("passthrough")
-        self.events.emit(ev.TOOLS_LIST_SERVED, passthrough=passthrough, tools=tools, client=conn.client_name)
+        self.metrics.count_endpoint_request(conn.endpoint, "tools_list")
+        self.events.emit(ev.TOOLS_LIST_SERVED, passthrough=passthrough, tools=tools, **who(conn))
 
     def bad_message(self) -> None:
         self.metrics.count_error("bad_client_message")
+
+    def denied(self, conn: Connection, surface: str, target: str | None, reason: str) -> None:
+        deny(self.events, self.metrics, conn, surface, target, reason)
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
         return await self.searches.search(query, top_k, servers, conn)

@@ -10,6 +10,8 @@ from typing import Any
 import anyio
 
 from toolatlas import events as ev
+from toolatlas.errors import BadInput
+from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.gateway.ports import Connection
@@ -60,16 +62,28 @@ class SearchService:
         if not self._catalog.engine_loaded.is_set():
             return None
         allowed = self._visibility.allowed_servers(conn)
-        scope = self._visibility.search_scope(servers, allowed)
+        scope = self._visibility.search_scope(servers, allowed)  # a denial is recorded by `search`
         outcome = self._catalog.engine.cached(query, top_k, servers=scope) if scope else None
         if outcome is None:
             return None
         return self._answer(query, top_k, servers, scope, outcome, outcome.mode, t0, allowed, conn)
 
+    def _scope(self, servers: list[str] | None, allowed: set[str], conn: Connection) -> set[str]:
+        """`Visibility.search_scope`; naming a configured server `conn` may not use is also
+        recorded as an access denial."""
+        try:
+            return self._visibility.search_scope(servers, allowed)
+        except BadInput:
+            refused = sorted(s for s in servers or () if s not in allowed and self._visibility.configured(s))
+            if refused:
+                deny(self._events, self._metrics, conn, "tool_search", ",".join(refused)[:200],
+                     f"{conn.principal} may not use upstream(s) {', '.join(refused)}")
+            raise
+
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
         t0 = time.perf_counter()
         allowed = self._visibility.allowed_servers(conn)
-        scope = self._visibility.search_scope(servers, allowed)
+        scope = self._scope(servers, allowed, conn)
         outcome: SearchOutcome | None = None
         mode = self._mode()
         loaded = self._catalog.engine_loaded
@@ -112,6 +126,7 @@ class SearchService:
         add_rift_notes(self._rift(), matches, allowed)
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
+        self._metrics.count_endpoint_request(conn.endpoint, "tool_search")
         if degraded:
             # No index yet: passthrough lists; any other degradation is a search without its dense branch.
             self._metrics.count_fallback("passthrough" if degraded == "index-not-ready" else "bm25-only")
@@ -120,6 +135,7 @@ class SearchService:
             ev.TOOL_SEARCH_COMPLETED, query=query, results=len(matches),
             matched_servers=sorted({m["server"] for m in matches}), latency_ms=round(seconds * 1000, 3),
             top_k=top_k, scope=sorted(servers) if servers else "all", mode=mode, cache="hit" if cached else "miss",
+            **who(conn),
         )
         answer: dict[str, Any] = {"query": query, "matches": matches, "degraded": degraded}
         waiting = self._starting(allowed)

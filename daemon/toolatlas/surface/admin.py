@@ -5,6 +5,8 @@
 | `toolatlas/upstream/list` | `{}` | `{"upstreams": [{name, transport, state, tools, pid, reason, last_error, ...}]}` |
 | `toolatlas/upstream/restart` | `{"name"}` | `{"upstream": {...}, "ok", "previous_pid", "error"}` |
 | `toolatlas/upstream/relist` | `{"name"}` | `{"upstream", "tools", "added", "removed", "changed"}` |
+| `toolatlas/upstream/approve` | `{"name"}` | `{"upstream", "approval": "approved", "previous"}` |
+| `toolatlas/upstream/reject` | `{"name"}` | `{"upstream", "approval": "rejected", "previous"}` |
 | `toolatlas/reload` | `{}` | `{"applied": true, "added", "removed", "changed", "restart_needed"}` or `{"applied": false, "error"}` |
 | `toolatlas/tools` | `{"servers"?: [..]}` | `{"tools": [definitions as tool_search matches show them, without score]}`: for any peer, of the servers it may use (what `toolatlas stubs` generates from) |
 
@@ -28,7 +30,7 @@ from typing import Any
 
 from toolatlas.access import admin_refusal
 from toolatlas.errors import BadInput, ToolatlasError
-from toolatlas.gateway.ports import AdminPort, Connection
+from toolatlas.gateway.ports import REQUEST, AdminPort, Connection, Request
 from toolatlas.surface.rpccheck import INTERNAL_ERROR, INVALID_PARAMS
 
 log = logging.getLogger(__name__)
@@ -38,22 +40,30 @@ FORBIDDEN = -32003  # the peer is not the daemon's owner
 METHOD_NOT_FOUND = -32601
 UNAVAILABLE = -32000  # the upstream cannot do it now (not connected, timed out)
 
-Handler = Callable[[AdminPort, dict[str, Any]], Awaitable[dict[str, Any]]]
+Handler = Callable[[AdminPort, dict[str, Any], Connection], Awaitable[dict[str, Any]]]
 
 
-async def _list(port: AdminPort, _params: dict[str, Any]) -> dict[str, Any]:
+async def _list(port: AdminPort, _params: dict[str, Any], _conn: Connection) -> dict[str, Any]:
     return {"upstreams": port.list_upstreams()}
 
 
-async def _restart(port: AdminPort, params: dict[str, Any]) -> dict[str, Any]:
+async def _restart(port: AdminPort, params: dict[str, Any], _conn: Connection) -> dict[str, Any]:
     return await port.restart_upstream(_name(params))
 
 
-async def _relist(port: AdminPort, params: dict[str, Any]) -> dict[str, Any]:
+async def _relist(port: AdminPort, params: dict[str, Any], _conn: Connection) -> dict[str, Any]:
     return await port.relist_upstream(_name(params))
 
 
-async def _reload(port: AdminPort, _params: dict[str, Any]) -> dict[str, Any]:
+async def _approve(port: AdminPort, params: dict[str, Any], conn: Connection) -> dict[str, Any]:
+    return await port.decide_upstream(_name(params), "approved", conn.principal)
+
+
+async def _reject(port: AdminPort, params: dict[str, Any], conn: Connection) -> dict[str, Any]:
+    return await port.decide_upstream(_name(params), "rejected", conn.principal)
+
+
+async def _reload(port: AdminPort, _params: dict[str, Any], _conn: Connection) -> dict[str, Any]:
     return await port.reload_config()
 
 
@@ -61,6 +71,8 @@ METHODS: dict[str, Handler] = {
     "toolatlas/upstream/list": _list,
     "toolatlas/upstream/restart": _restart,
     "toolatlas/upstream/relist": _relist,
+    "toolatlas/upstream/approve": _approve,
+    "toolatlas/upstream/reject": _reject,
     "toolatlas/reload": _reload,
 }
 
@@ -113,6 +125,7 @@ class AdminLane:
         self, conn: Connection, id_: str | int, method: str, params: dict[str, Any] | None,
     ) -> dict[str, Any]:
         params = params or {}
+        REQUEST.set(Request(id_, method[:80]))
         public = PUBLIC.get(method)
         if public is not None:
             try:
@@ -134,7 +147,7 @@ class AdminLane:
             return _error(id_, METHOD_NOT_FOUND, f"unknown operator method {method[:80]!r}; the daemon offers "
                           f"{', '.join([*METHODS, *PUBLIC])}")
         try:
-            result = await handler(self.port, params)
+            result = await handler(self.port, params, conn)
         except BadInput as exc:
             self.port.audit_admin(conn, method, upstream=upstream, outcome="bad_input", message=str(exc))
             return _error(id_, INVALID_PARAMS, str(exc))

@@ -28,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 
 from toolatlas import __version__
 from toolatlas.errors import BadInput, ToolatlasError
-from toolatlas.gateway.ports import CallRequest, Connection, GatewayPort
+from toolatlas.gateway.ports import REQUEST, CallRequest, Connection, GatewayPort, Request
 from toolatlas.surface import federation, relay
 from toolatlas.surface.results import call_result, error_result, json_result
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
@@ -43,28 +43,36 @@ CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 CONNECTION: ContextVar[Connection | None] = ContextVar("toolatlas_connection", default=None)
 
 
-def _client_name(ctx: Any) -> str | None:
+def _client_info(ctx: Any) -> tuple[str | None, str | None]:
+    """(name, version) of the client's clientInfo: the session's (2025-era handshake) or the
+    request's `_meta` (2026-07-28)."""
     params = getattr(ctx.session, "client_params", None)
     if params is not None and getattr(params, "client_info", None) is not None:
-        return params.client_info.name
+        return params.client_info.name, getattr(params.client_info, "version", None)
     meta = ctx.meta
     info = None
     if meta is not None:
         info = meta.get(CLIENT_INFO_META_KEY) if isinstance(meta, dict) else getattr(meta, "model_extra", {}).get(CLIENT_INFO_META_KEY)
     if isinstance(info, dict):
-        return info.get("name")
-    return None
+        name, version = info.get("name"), info.get("version")
+        return (name if isinstance(name, str) else None), (version if isinstance(version, str) else None)
+    return None, None
 
 
-def _connection(ctx: Any) -> Connection:
+def _connection(ctx: Any, via: str | None = None) -> Connection:
+    """The caller of this request; with `via`, the request is also noted in `REQUEST` for
+    the gateway's audit events."""
     conn = CONNECTION.get()
     if conn is None:  # in-process use (tests, tools): an anonymous local connection
         conn = Connection(id=0)
     conn.session = ctx.session
     conn.protocol_version = ctx.session.protocol_version
-    name = _client_name(ctx)
+    name, version = _client_info(ctx)
     if name:
         conn.client_name = name
+        conn.client_version = version
+    if via is not None:
+        REQUEST.set(Request(ctx.request_id, via))
     return conn
 
 
@@ -191,6 +199,12 @@ class Surface:
     def client_count(self) -> int:
         return len(self.connections)
 
+    def client_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for conn in self.connections:
+            counts[conn.endpoint] = counts.get(conn.endpoint, 0) + 1
+        return counts
+
     def fast_answers(self) -> int:
         return self.fast_lane_answers
 
@@ -250,7 +264,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
     """The MCP server every connection (socket, shim, HTTP) is served by."""
 
     async def on_list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        conn = _connection(ctx)
+        conn = _connection(ctx, "tools/list")
         passthrough = gw.passthrough_for(conn)
         conn.saw_passthrough = passthrough
         if not passthrough:
@@ -277,7 +291,8 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
     async def on_call_tool(
         ctx: Any, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
-        conn = _connection(ctx)
+        via = params.name if params.name in (TOOL_SEARCH, CATALOG_STATUS, EXECUTE_TOOL) else "direct"
+        conn = _connection(ctx, via)
         args = params.arguments or {}
         try:
             if params.name == TOOL_SEARCH:
@@ -364,6 +379,7 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
         if not isinstance(args, dict) or not args.keys() <= _FAST_ARGS:
             return None
         surface.fast_lane_answers += 1
+        REQUEST.set(Request(id_, TOOL_SEARCH))
         try:
             answer = gw.search_cached(*_search_args(gw, args), conn)
         except BadInput:
@@ -372,6 +388,7 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
             return _response(id_, search_result(answer, args))
 
         async def search() -> dict[str, Any]:
+            REQUEST.set(Request(id_, TOOL_SEARCH))
             return _response(id_, await tool_search(gw, conn, args))
 
         return search()
