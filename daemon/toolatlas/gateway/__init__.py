@@ -35,7 +35,7 @@ from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.federation import Federation
-from toolatlas.gateway.guide import SurfaceText
+from toolatlas.gateway.guide import Guidances, SurfaceText
 from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.gateway.ports import LOG_LEVELS, Connection, Page
 from toolatlas.gateway.search import SearchService
@@ -98,6 +98,38 @@ def make_engine(cfg: Config) -> Engine:
     )
 
 
+LogListener = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+def fan_out(listeners: list[LogListener]) -> LogListener:
+    """One upstream log message to every listener; one that fails does not starve the others."""
+
+    async def each(server: str, params: dict[str, Any]) -> None:
+        for listener in listeners:
+            try:
+                await listener(server, params)
+            except Exception:
+                log.exception("a log listener failed")
+
+    return each
+
+
+def upstream_observer(events: ev.Events, metrics: Metrics) -> Callable[[str, str, dict[str, Any]], None]:
+    """The pool's observer: upstream lifecycle into metrics and structured events."""
+
+    def observe(upstream: str, kind: str, fields: dict[str, Any]) -> None:
+        if kind == "state":
+            events.emit(ev.UPSTREAM_STATE_CHANGED, upstream=upstream, **fields)
+        elif kind == "reconnect":
+            metrics.count_reconnect(upstream)
+        elif kind == "list_changed":
+            metrics.count_list_changed(upstream)
+        elif kind == "call":
+            metrics.observe_upstream_call(fields["seconds"], upstream=upstream, operation=fields["operation"])
+
+    return observe
+
+
 class Gateway:
     """Everything a client connection can ask of the daemon; see the module docstring."""
 
@@ -123,19 +155,16 @@ class Gateway:
                                    on_transition=transition_reporter(self.events, self.metrics))
         self.approvals.reconcile(cfg)
         self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set, self.approvals.blocked)
-        # What the model reads of the gateway: templates and environment (a value, so an
-        # endpoint can be given its own: see `guidance_for`).
-        self.guidance = Guidance.load(cfg.surface.templates, cfg.daemon.environment, cfg.surface.publisher_text)
-        self._endpoint_guidance: dict[str, Guidance] = {}  # [[endpoint]] name -> its own (built when first asked)
+        self.guidance_for = Guidances(cfg, self.visibility)  # what the model reads, per endpoint
         self.events.environment = cfg.daemon.environment
         self.definitions = MatchBuilder()  # tool definitions for `toolatlas stubs`
         self.text = SurfaceText(self.guidance_for, self.visibility, lambda: self.catalog.view,
                                 lambda: [u.name for u in self.cfg.upstream])
-        self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream, mode=pool_mode,
-                         on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=self._on_log)
-        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
         # Hear upstream log messages: (server, notifications/message params). Wired by the app.
-        self.log_listeners: list[Callable[[str, dict[str, Any]], Awaitable[None]]] = []
+        self.log_listeners: list[LogListener] = []
+        self.pool = Pool(cfg.upstream, self._on_tools, observer=upstream_observer(self.events, self.metrics), mode=pool_mode,
+                         on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=fan_out(self.log_listeners))
+        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
         self.rift = RiftRunner(self.engine)
         self.catalog.on_index_update.append(self.rift.wanted)
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
@@ -147,7 +176,7 @@ class Gateway:
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
             redactor=self.redactor, environment=lambda conn: self.guidance_for(conn).environment,
-            meta_tools=self.meta_tools, approval=lambda name, state: lifecycle(self.approvals.decision(name), state),
+            meta_tools=self.meta_tools, approval=self._lifecycle,
         )
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
@@ -157,7 +186,7 @@ class Gateway:
         )
         self.admin = UpstreamAdmin(self.pool, self.catalog, lambda: self.cfg.upstream, redactor=self.redactor,
                                    events=self.events, metrics=self.metrics,
-                                   approval=lambda name, state: lifecycle(self.approvals.decision(name), state))
+                                   approval=self._lifecycle)
         self._tg: anyio.abc.TaskGroup | None = None
         self.metrics.set_state_source(self.status_service.snapshot)
 
@@ -208,12 +237,8 @@ class Gateway:
         await self.catalog.on_tools(server, tools)
         await self.federation.session_changed(server, tools is not None)
 
-    async def _on_log(self, server: str, params: dict[str, Any]) -> None:
-        for listener in self.log_listeners:
-            try:
-                await listener(server, params)
-            except Exception:  # one bad listener must not starve the others
-                log.exception("a log listener failed")
+    def _lifecycle(self, name: str, state: str) -> str:
+        return lifecycle(self.approvals.decision(name), state)
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
@@ -225,17 +250,6 @@ class Gateway:
             await self.catalog.announce()
             await self.federation.reloaded()
         return result
-
-    def _observe_upstream(self, upstream: str, kind: str, fields: dict[str, Any]) -> None:
-        """Upstream lifecycle into metrics and structured events."""
-        if kind == "state":
-            self.events.emit(ev.UPSTREAM_STATE_CHANGED, upstream=upstream, **fields)
-        elif kind == "reconnect":
-            self.metrics.count_reconnect(upstream)
-        elif kind == "list_changed":
-            self.metrics.count_list_changed(upstream)
-        elif kind == "call":
-            self.metrics.observe_upstream_call(fields["seconds"], upstream=upstream, operation=fields["operation"])
 
     async def drain(self, timeout: float) -> None:
         """Refuse new calls and let those in flight finish (bounded)."""
@@ -261,8 +275,7 @@ class Gateway:
         upstreams added, removed or changed are reconciled; the unchanged keep their warm
         session, index entries and card verdicts. Keys that need a restart are logged. New
         templates or environment reach clients with the announce (tools/list_changed)."""
-        self.guidance = guidance or Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)
-        self._endpoint_guidance = {}
+        self.guidance_for.configure(new, guidance)
         old = self.cfg
         needs_restart = restart_keys(old, new)
         if needs_restart:
@@ -301,23 +314,6 @@ class Gateway:
     @property
     def starting(self) -> bool:
         return not self.index_ready.is_set()
-
-    def guidance_for(self, conn: Connection | None) -> Guidance:
-        """The templates and environment `conn` is served with: its [[endpoint]]'s where that
-        sets them (each falling back to the daemon's), else the daemon's."""
-        ep = self.visibility.endpoint(conn) if conn is not None else None
-        if ep is None or not (ep.templates or ep.environment):
-            return self.guidance
-        found = self._endpoint_guidance.get(ep.name)
-        if found is None:
-            try:
-                found = Guidance.load(ep.templates or self.cfg.surface.templates, ep.environment or self.cfg.daemon.environment,
-                                      self.cfg.surface.publisher_text)
-            except ConfigError as exc:  # checked at load; a file edited since then
-                log.error("endpoint %s: its templates no longer load (%s); serving the daemon's", ep.name, exc)
-                found = self.guidance
-            self._endpoint_guidance[ep.name] = found
-        return found
 
     def instructions(self, conn: Connection | None) -> str:
         return self.text.instructions(conn)
