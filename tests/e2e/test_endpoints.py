@@ -37,6 +37,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     port, metrics = free_port(), free_port()
     for t in ("tpl-prod", "tpl-dev"):
         (tmp / t).mkdir()
+    (tmp / "tpl-dev" / "tool_search.md").write_text(
+        "Search the {environment} tools ({tool_count} of them) before anything else.\n")
     cfg = (f'[http]\nlisten = "127.0.0.1:{port}"\n[[http.tokens]]\nname = "ci"\nsha256 = "{hash_token(TOKEN)}"\n'
            f'[[endpoint]]\nname = "prod"\nsocket = "{tmp / "run" / "prod.sock"}"\nupstreams = ["alpha"]\n'
            'environment = "production"\ntemplates = "tpl-prod"\n'
@@ -87,6 +89,20 @@ def test_each_endpoint_serves_only_its_upstreams(env: Env) -> None:
     with env.d.client() as c:
         assert sorted(u["name"] for u in c.request("toolatlas/upstream/list", {})["upstreams"]) == [
             "alpha", "beta", "gamma"]
+
+
+def _tool_search_text(path: str) -> str:
+    with RawClient(path, timeout=60) as c:
+        tools = c.request("tools/list", {})["tools"]
+    return next(t["description"] for t in tools if t["name"] == "tool_search")
+
+
+def test_each_endpoint_reads_its_own_environment_and_templates(env: Env) -> None:
+    prod, dev, default = (_tool_search_text(p) for p in (env.sock("prod"), env.sock("dev"), env.d.socket))
+    # prod: the shipped template with its environment; dev: its own template; default: the daemon's
+    assert "REQUIRED FIRST STEP" in prod and "production gateway" in prod
+    assert dev.startswith("Search the development tools (") and "REQUIRED FIRST STEP" not in dev
+    assert "REQUIRED FIRST STEP" in default and "production" not in default and "development" not in default
 
 
 def test_http_path_is_its_endpoint(env: Env) -> None:
