@@ -55,6 +55,7 @@ RESTART_KEYS: tuple[tuple[str, str, str], ...] = (
     ("search.mode", "search", "mode"),
     ("search.embedder", "search", "embedder"),
     ("search.query_threads", "search", "query_threads"),
+    ("store.url", "store", "url"),
 )
 
 
