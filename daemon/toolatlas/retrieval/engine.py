@@ -248,17 +248,9 @@ class Engine:
             self._timings["last_update_s"] = time.perf_counter() - t0
             return version
 
-    @property
-    def vector_space(self) -> str | None:
-        """The document vector space (model and runtime) the embedding cache is keyed by;
-        None without an embedder."""
-        return self._space
-
     def share_vectors(self, shared: SharedVectors | None) -> None:
-        """Look vectors up in (and publish them to) a cache shared with other replicas
-        before embedding (retrieval/shared.py); None: this process's cache only."""
-        with self._update_lock:
-            self._index.shared = shared
+        """Use an embedding cache shared with other replicas (retrieval/shared.py); None: this process's only."""
+        self._index.shared = shared
 
     def seed_embeddings(self, docs: Sequence[ToolDoc], vectors: np.ndarray) -> None:
         """Put precomputed document vectors into the embedding cache (benchmarks, imports):

@@ -76,12 +76,11 @@ class Sharing:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             await tg.start(self.replica.run)
-            engine = self._gw.engine
-            space = engine.vector_space
-            if space is not None:
-                from toolatlas.retrieval.embed import DIM
+            embedder = self._gw.cfg.search.embedder
+            if embedder != "none":
+                from toolatlas.retrieval.embed import DIM, document_space
 
-                engine.share_vectors(VectorBridge(self.replica, space, DIM))
+                self._gw.engine.share_vectors(VectorBridge(self.replica, document_space(embedder), DIM))
             task_status.started()
             await self.replica.up.wait()
             for change in await self.replica.latest(CATALOG_CHANGED):
