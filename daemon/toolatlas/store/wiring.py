@@ -82,11 +82,15 @@ class Sharing:
 
                 self._gw.engine.share_vectors(VectorBridge(self.replica, document_space(embedder), DIM))
             task_status.started()
-            await self.replica.up.wait()
-            for change in await self.replica.latest(CATALOG_CHANGED):
-                if change.origin != self.replica.origin:
-                    self._remote.setdefault(change.key, str(change.body.get("hash")))
+            seeded = False
             while True:
+                if not seeded and self.replica.connected:
+                    # What the others last announced: a replica starting on the same catalog
+                    # announces nothing (a store down at start: it announces, harmlessly).
+                    seeded = True
+                    for change in await self.replica.latest(CATALOG_CHANGED):
+                        if change.origin != self.replica.origin:
+                            self._remote.setdefault(change.key, str(change.body.get("hash")))
                 await self._sync()
                 with anyio.move_on_after(SYNC_INTERVAL_S):
                     await self._wake.wait()
@@ -104,9 +108,8 @@ class Sharing:
         return h
 
     async def _sync(self) -> None:
-        """Announce the listings and verified cards that changed here since the last sync."""
-        if not self.replica.up.is_set():
-            return
+        """Announce the listings and verified cards that changed here since the last sync
+        (into the on-disk buffer: also while the store is down)."""
         view = self._gw.catalog.view
         for name, entry in sorted(view.servers.items()):
             if not entry.available or entry.listing is None:
