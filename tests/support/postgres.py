@@ -15,7 +15,6 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -107,17 +106,4 @@ def _user_exists(name: str) -> bool:
         return False
 
 
-def wait_until(predicate: object, timeout: float, what: str) -> object:
-    """Poll `predicate()` until it is truthy (returns it) or `timeout` s pass (TimeoutError)."""
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise TimeoutError(f"{what} not reached within {timeout} s (last: {last!r})")
-
-
-__all__ = ["PgServer", "bindir", "wait_until"]
+__all__ = ["PgServer", "bindir"]

@@ -185,6 +185,9 @@ class Replica:
                 tg.start_soon(self._catch_up_loop, store)
         except* StoreDown as group:
             self._mark_down(str(group.exceptions[0]))
+        except* Exception as group:  # a bug or a full disk: log it, keep serving, retry
+            log.error("store.link_failed; reconnecting", exc_info=group.exceptions[0])
+            self._mark_down(f"shared store: {type(group.exceptions[0]).__name__}: {group.exceptions[0]}")
         finally:
             self._store = None
             await store.close()
