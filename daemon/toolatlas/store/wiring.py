@@ -114,7 +114,9 @@ class Sharing:
         for name, entry in sorted(view.servers.items()):
             if not entry.available or entry.listing is None:
                 continue
-            h = await anyio.to_thread.run_sync(self._hash, name, entry.listing)
+            cached = self._hashes.get(name)
+            h = (cached[1] if cached is not None and cached[0] is entry.listing
+                 else await anyio.to_thread.run_sync(self._hash, name, entry.listing))
             if h != self._published.get(name) and h != self._remote.get(name):
                 self._published[name] = h
                 await self._write(self.replica.append, CATALOG_CHANGED, name, {"hash": h, "tools": len(entry.listing)})
