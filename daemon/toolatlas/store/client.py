@@ -148,19 +148,25 @@ class Store:
 
     # -- reads --------------------------------------------------------------------------------
 
+    # What `_changes` reads per table: (table name, its sequence column).
+    _TABLES = {"events": ("toolatlas_events", "id"), "state": ("toolatlas_state", "seq")}
+
     async def events_after(self, last_id: int, limit: int = 1000) -> list[Change]:
-        async def q(conn: psycopg.AsyncConnection[Any]) -> list[Change]:
-            cur = await conn.execute("SELECT id, kind, key, body, origin FROM toolatlas_events WHERE id > %s "
-                                     "ORDER BY id LIMIT %s", (last_id, limit))
-            return [Change("events", r[1], r[2], r[3], r[4], int(r[0])) for r in await cur.fetchall()]
-        return list(await self._run("read events", q))
+        """Events with an id above `last_id`, in id order."""
+        return await self._changes("events", last_id, limit)
 
     async def state_after(self, last_seq: int, limit: int = 1000) -> list[Change]:
+        """State values written (applied) after sequence number `last_seq`, in that order."""
+        return await self._changes("state", last_seq, limit)
+
+    async def _changes(self, table: str, after: int, limit: int) -> list[Change]:
+        name, col = self._TABLES[table]
+
         async def q(conn: psycopg.AsyncConnection[Any]) -> list[Change]:
-            cur = await conn.execute("SELECT seq, kind, key, body, origin FROM toolatlas_state WHERE seq > %s "
-                                     "ORDER BY seq LIMIT %s", (last_seq, limit))
-            return [Change("state", r[1], r[2], r[3], r[4], int(r[0])) for r in await cur.fetchall()]
-        return list(await self._run("read state", q))
+            cur = await conn.execute(f"SELECT {col}, kind, key, body, origin FROM {name} WHERE {col} > %s "
+                                     f"ORDER BY {col} LIMIT %s", (after, limit))
+            return [Change(table, r[1], r[2], r[3], r[4], int(r[0])) for r in await cur.fetchall()]
+        return list(await self._run(f"read {table}", q))
 
     async def last_event_id(self) -> int:
         async def q(conn: psycopg.AsyncConnection[Any]) -> int:
