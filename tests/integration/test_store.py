@@ -161,3 +161,17 @@ async def test_an_unreachable_store_at_start_does_not_block(tmp_path: Path) -> N
             assert r.status()["buffered"] == 1
     with pytest.raises(StoreDown, match="not connected"):
         await Store(url, origin="x", connect_timeout=1, redactor=Redactor()).events_after(0)
+
+
+async def test_a_write_the_database_refuses_does_not_hold_back_the_others(pg_url: str, tmp_path: Path) -> None:
+    a = Replica(section(pg_url), str(tmp_path / "a"))
+    b = Replica(section(pg_url), str(tmp_path / "b"))
+    at_b = heard(b, FEEDBACK)
+    with anyio.fail_after(60):
+        async with running(a), running(b):
+            await a.append(FEEDBACK, "k", {"i": 1})
+            await a.append(FEEDBACK, "k", {"text": "nul \u0000 inside"})  # jsonb refuses U+0000
+            await a.append(FEEDBACK, "k", {"i": 3})
+            await until(lambda: len(at_b) == 2, "B hears the two good events")
+            assert [c.body for c in at_b] == [{"i": 1}, {"i": 3}]
+            assert a.status()["rejected"] == 1 and a.status()["buffered"] == 0

@@ -35,6 +35,12 @@ class StoreDown(ToolatlasError):
     """The shared store cannot be reached or failed a statement (the message says which)."""
 
 
+class StoreRejected(ToolatlasError):
+    """The database refused a write's content (e.g. a NUL character in JSON text); the
+    connection is fine. The replica drops that record (logged, counted) instead of retrying
+    it forever."""
+
+
 class Store:
     """Connections to the shared database; see the module docstring."""
 
@@ -85,6 +91,8 @@ class Store:
             async with self._lock:
                 with anyio.fail_after(OP_TIMEOUT_S):
                     return await fn(self._conn, *args)
+        except psycopg.DataError as exc:  # this write's content, not the link: retrying cannot help
+            raise StoreRejected(self._redact(f"shared store: {operation} refused the data: {exc}")) from None
         except (psycopg.Error, OSError, TimeoutError) as exc:
             raise self._down(operation, exc) from None
 
@@ -214,4 +222,4 @@ class Store:
         raise StoreDown("shared store: listen failed: the connection closed")
 
 
-__all__ = ["Store", "StoreDown"]
+__all__ = ["Store", "StoreDown", "StoreRejected"]

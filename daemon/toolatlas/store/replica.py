@@ -57,7 +57,8 @@ class Replica:
         self.error: str | None = None
         self.since = time.time()
         self.schema_version = 0
-        self.counts = dict.fromkeys(("sent", "received", "reconnects", "vectors_fetched", "vectors_stored"), 0)
+        self.counts = dict.fromkeys(
+            ("sent", "rejected", "received", "reconnects", "vectors_fetched", "vectors_stored"), 0)
         self._wake_flush = anyio.Event()
         self._wake_catchup = anyio.Event()
         self._event_cursor: int | None = None  # None until the first connect: start at the newest
@@ -196,7 +197,7 @@ class Replica:
         while True:
             records, offset = await anyio.to_thread.run_sync(self.outbox.peek, FLUSH_BATCH)
             if records:
-                await store.write(records)
+                await self._write(store, records)
                 await anyio.to_thread.run_sync(self.outbox.mark_done, offset, len(records))
                 self.counts["sent"] += len(records)
                 continue
@@ -206,6 +207,23 @@ class Replica:
             with anyio.move_on_after(1.0):
                 await self._wake_flush.wait()
             self._wake_flush = anyio.Event()
+
+    async def _write(self, store: Store, records: list[dict[str, Any]]) -> None:
+        """Commit `records`; one whose content the database refuses is dropped (logged,
+        counted in `rejected`) so it cannot hold back every write behind it."""
+        from toolatlas.store.client import StoreRejected
+
+        try:
+            await store.write(records)
+            return
+        except StoreRejected:
+            pass
+        for rec in records:
+            try:
+                await store.write([rec])
+            except StoreRejected as exc:
+                self.counts["rejected"] += 1
+                log.error("store.write_rejected kind=%s key=%s: %s; dropped", rec.get("kind"), rec.get("key"), exc)
 
     async def _send_vectors(self, store: Store) -> None:
         batch = list(self._vectors.items())[:VECTOR_BATCH]
