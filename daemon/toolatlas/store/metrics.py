@@ -19,6 +19,7 @@ _GAUGES = (
 _COUNTERS = (
     ("store_writes_sent", "sent", "Buffered shared writes the store committed."),
     ("store_writes_refused", "refused", "Shared writes refused because the on-disk buffer was full."),
+    ("store_writes_rejected", "rejected", "Buffered writes the database refused (their content) and were dropped."),
     ("store_changes_received", "received", "Changes other replicas made, applied here."),
     ("store_reconnects", "reconnects", "Reconnections to the shared store after it was lost."),
     ("store_vectors_fetched", "vectors_fetched", "Embeddings taken from the shared cache instead of computed."),
