@@ -236,3 +236,23 @@ def test_a_verified_card_reaches_the_other_replica_and_a_forged_one_does_not(
         assert card_path(tmp_path / "b" / "state", "shared").read_bytes() == shared_card
         assert card_of(b) == "verified"
 
+
+
+def test_a_store_down_at_start_costs_nothing_but_sharing(tmp_path: Path, shared_server: RunningServer) -> None:
+    """The database is unreachable from the first moment: the daemon starts, serves search
+    and calls, buffers its catalog notice, says why in catalog_status and `toolatlas status`,
+    and its password appears nowhere."""
+    password = "pg-secret-password-123"
+    url = f"postgresql://toolatlas:${{TA_PGPW}}@127.0.0.1:{free_port()}/toolatlas"
+    d = replica(tmp_path, "d", url, shared_server)
+    with d.start(env={"TA_PGPW": password}):
+        assert "shared__echo" in d.search("echo the message back", 3)
+        out = d.tool("execute_tool", {"name": "shared__echo", "arguments": {"message": "hi"}})
+        assert not out.get("isError"), out
+        st = d.wait_for(lambda: (s := store_status(d))["buffered"] >= 1 and s, 20, "the notice buffered")
+        assert st["connected"] is False and "connect failed" in st["error"]
+        human = subprocess.run([sys.executable, "-m", "toolatlas", "status", "--socket", d.socket],
+                               capture_output=True, text=True, timeout=60)
+        assert "store: UNREACHABLE" in human.stdout, human.stdout
+        assert password not in json.dumps(d.status()) and password not in human.stdout
+    assert password not in d.log.read_text()
