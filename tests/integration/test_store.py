@@ -175,3 +175,33 @@ async def test_a_write_the_database_refuses_does_not_hold_back_the_others(pg_url
             await until(lambda: len(at_b) == 2, "B hears the two good events")
             assert [c.body for c in at_b] == [{"i": 1}, {"i": 3}]
             assert a.status()["rejected"] == 1 and a.status()["buffered"] == 0
+
+
+async def test_a_reader_following_the_cursor_misses_nothing_under_concurrent_writers(pg_url: str) -> None:
+    """Ids are handed out in commit order (the write lock), so reading `id > last seen` while
+    four replicas write at once still sees every event."""
+    writers = [Store(pg_url, origin=f"w{i}", connect_timeout=5, redactor=Redactor()) for i in range(4)]
+    reader = Store(pg_url, origin="r", connect_timeout=5, redactor=Redactor())
+    seen: list[str] = []
+    with anyio.fail_after(120):
+        for s in [*writers, reader]:
+            await s.connect()
+        await reader.migrate()
+
+        async def write(s: Store) -> None:
+            for i in range(40):
+                await s.write([{"t": "event", "kind": FEEDBACK, "key": f"{s.origin}-{i}", "body": {},
+                                "origin": s.origin, "idem": f"{s.origin}-{i}", "at": 1.0}])
+
+        cursor = 0
+        async with anyio.create_task_group() as tg:
+            for s in writers:
+                tg.start_soon(write, s)
+            while len(seen) < 160:
+                for change in await reader.events_after(cursor):
+                    cursor = change.seq
+                    seen.append(change.key)
+                await anyio.sleep(0)
+        for s in [*writers, reader]:
+            await s.close()
+    assert sorted(seen) == sorted(f"w{w}-{i}" for w in range(4) for i in range(40))

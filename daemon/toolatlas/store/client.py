@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 from toolatlas.errors import ToolatlasError
 from toolatlas.redact import Redactor
 from toolatlas.store.ports import Change
-from toolatlas.store.schema import CHANNEL, MIGRATION_LOCK, SCHEMA_TABLE, pending
+from toolatlas.store.schema import CHANNEL, MIGRATION_LOCK, SCHEMA_TABLE, WRITE_LOCK, pending
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,7 @@ class Store:
     async def _write(self, conn: psycopg.AsyncConnection[Any], records: Sequence[dict[str, Any]]) -> None:
         keys: dict[tuple[str, str, str], None] = {}
         async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))  # commit order = id order
             for r in records:
                 if r["t"] == "event":
                     await conn.execute(

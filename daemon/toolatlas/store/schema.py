@@ -21,6 +21,10 @@ from __future__ import annotations
 
 # The advisory-lock key migrations run under (any constant shared by every replica).
 MIGRATION_LOCK = 0x7A71A5  # "toolatlas"
+# The transaction-level advisory lock every write holds: ids and sequence numbers are then
+# handed out in commit order, so a reader that has seen id N never later meets a smaller id
+# committed after it (a sequence alone allots ids at insert, not at commit).
+WRITE_LOCK = 0x7A71A6
 # The NOTIFY channel: the payload is a small JSON `{"origin", "table", "kind", "key"}`.
 CHANNEL = "toolatlas"
 
@@ -79,4 +83,4 @@ def pending(applied: set[int]) -> list[tuple[int, str, tuple[str, ...]]]:
     return [m for m in MIGRATIONS if m[0] not in applied]
 
 
-__all__ = ["CHANNEL", "LATEST", "MIGRATIONS", "MIGRATION_LOCK", "SCHEMA_TABLE", "pending"]
+__all__ = ["CHANNEL", "LATEST", "MIGRATIONS", "MIGRATION_LOCK", "WRITE_LOCK", "SCHEMA_TABLE", "pending"]
