@@ -90,6 +90,9 @@ class Daemon:
             for ep in cfg.endpoint if ep.socket
         ]
         self.http: HttpEndpoint | None = None
+        self.sharing: Any = None  # store.wiring.Sharing when [store] url is set
+        if cfg.store.url:
+            self.sharing = _sharing(self.gateway)
 
     def __repr__(self) -> str:
         return f"<Daemon {self.gateway!r} {self.unix!r}>"
@@ -112,6 +115,8 @@ class Daemon:
                                          paths={ep.http_path.rstrip("/"): ep.name for ep in cfg.endpoint if ep.http_path})
                 await tg.start(self.http.run)
             task_status.started()
+            if self.sharing is not None:  # before the gateway: its first catalog is shared
+                await tg.start(self.sharing.run)
             await tg.start(self.gateway.run)
 
     async def drain(self, timeout: float) -> None:
@@ -213,6 +218,18 @@ class Daemon:
 
     def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
         return self.gateway.tool_definitions(conn, servers)
+
+
+def _sharing(gw: Gateway) -> Any:
+    """The shared store for `gw` (imported only when `[store] url` is set: a daemon without
+    one never loads the database driver)."""
+    from toolatlas.store import metrics as store_metrics
+    from toolatlas.store.replica import Replica
+    from toolatlas.store.wiring import Sharing
+
+    sharing = Sharing(gw, Replica(gw.cfg.store, gw.cfg.daemon.state_dir, redactor=gw.redactor))
+    store_metrics.register(gw.metrics.registry, sharing.status)
+    return sharing
 
 
 def _configure_logging(level: str, redactor: Redactor) -> None:

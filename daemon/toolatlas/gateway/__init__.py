@@ -65,6 +65,7 @@ RESTART_KEYS: tuple[tuple[str, str, str], ...] = (
     ("search.embedder", "search", "embedder"),
     ("search.query_threads", "search", "query_threads"),
     ("events.audit_file", "events", "audit_file"),
+    ("store.url", "store", "url"),
 )
 
 
