@@ -29,6 +29,7 @@ _DELEGATED = {
     "upstream": ("toolatlas.admin_cli", "upstream_main"),
     "reload": ("toolatlas.admin_cli", "reload_main"),
     "install": ("toolatlas.install", "main"),
+    "learning": ("toolatlas.learning_cli", "main"),
 }
 
 

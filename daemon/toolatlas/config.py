@@ -126,6 +126,15 @@ class SearchSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     scope: list[str] = []
 
 
+class LearningSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Retrieval that learns from use: a search followed, within `window` seconds on the same
+    connection, by a successful call of one of its results is a usage event (query, tool,
+    principal) kept `retention_days` in state_dir/learning.sqlite3 (0600)."""
+    enabled: bool = True
+    window: Seconds = 600.0
+    retention_days: Annotated[float, msgspec.Meta(gt=0)] = 180.0
+
+
 class CardsLlmSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """OpenAI-compatible chat-completions endpoint for the `llm` card generator."""
 
@@ -194,6 +203,7 @@ class HttpSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     search: SearchSection = msgspec.field(default_factory=SearchSection)
+    learning: LearningSection = msgspec.field(default_factory=LearningSection)
     cards: CardsSection = msgspec.field(default_factory=CardsSection)
     upstream: list[Upstream] = []
     access: list[AccessRule] = []

@@ -42,6 +42,9 @@ RESULT_BUCKETS = (0, 1, 2, 3, 5, 10, 20)
 
 EXECUTE_OUTCOMES = frozenset({"ok", "error", "timeout", "unavailable", "denied", "bad_input"})
 FALLBACK_KINDS = frozenset({"bm25-only", "passthrough"})
+# A call of a tool that a search on the same connection returned: recorded as a usage event,
+# or not (the call failed, or came after the learning window).
+FEEDBACK_OUTCOMES = frozenset({"recorded", "call_failed", "outside_window"})
 # Operator commands on the socket (surface.admin) and how each ended.
 ADMIN_COMMANDS = frozenset({"upstream_list", "upstream_restart", "upstream_relist", "reload", "unknown"})
 ADMIN_OUTCOMES = frozenset({"ok", "failed", "bad_input", "refused", "error"})
@@ -213,6 +216,11 @@ class Metrics:
             "embeddings_computed", "Tool documents embedded (cache misses of the embedder).",
             namespace=ns, registry=r,
         )
+        self.feedback = Counter(
+            "feedback_events", "Calls of a tool a search returned on the same connection, by outcome"
+            " (recorded as a usage event, call_failed, outside_window).",
+            ["outcome"], namespace=ns, registry=r,
+        )
         self._state = _StateCollector(upstream_states)
         r.register(self._state)
         self.bound_address: tuple[str, int] | None = None
@@ -268,6 +276,12 @@ class Metrics:
         if command not in ADMIN_COMMANDS or outcome not in ADMIN_OUTCOMES:
             raise ValueError(f"admin command {command!r} / outcome {outcome!r} is not a known pair")
         self.admin_commands.labels(command, outcome).inc()
+
+    def count_feedback(self, outcome: str) -> None:
+        """One call after a search: `outcome` from FEEDBACK_OUTCOMES."""
+        if outcome not in FEEDBACK_OUTCOMES:
+            raise ValueError(f"feedback outcome {outcome!r} is not one of {sorted(FEEDBACK_OUTCOMES)}")
+        self.feedback.labels(outcome).inc()
 
     def count_reindex(self) -> None:
         self.reindexes.inc()

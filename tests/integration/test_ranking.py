@@ -83,3 +83,19 @@ async def test_obvious_queries_find_the_obvious_example_tool() -> None:
     assert [h.name for h in eng.search("add a note", 1).hits] == ["notes__add_note"]
     # 13 of 20 first today (the rest second or third); a floor, so a regression shows
     assert firsts >= 13, firsts
+
+
+def test_the_learned_ranker_with_no_events_is_the_zero_shot_ranker(mcp_docs: list[ToolDoc]) -> None:
+    from toolatlas.evaluation.datasets import load_queries
+    from toolatlas.retrieval.learned import empty_state
+
+    docs, key_of = load_catalog(benchdata_dir() / "mcptoolbenchpp" / "catalog.jsonl")
+    queries = load_queries(benchdata_dir() / "mcptoolbenchpp" / "queries.jsonl", key_of)[:60]
+    eng = Engine(state_dir=None, cache_size=0)
+    eng.load()
+    eng.update(docs, [])
+    for state in (None, empty_state()):
+        eng.set_learned(state)
+        for q in queries:
+            zero = [(h.name, h.score) for h in eng.search(q.text, 10, mode="hybrid").hits]
+            assert [(h.name, h.score) for h in eng.search(q.text, 10, mode="learned", principal="u").hits] == zero

@@ -29,6 +29,7 @@ from toolatlas.gateway.admin import UpstreamAdmin
 from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.federation import Federation
+from toolatlas.gateway.learning import LearningService
 from toolatlas.gateway.ports import LOG_LEVELS, Connection, Page
 from toolatlas.gateway.search import SearchService
 from toolatlas.gateway.status import StatusService
@@ -117,6 +118,8 @@ class Gateway:
             not_listed=self.status_service.not_listed,
             asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
         )
+        self.learning = LearningService(lambda: self.cfg.learning, self.engine, Path(cfg.daemon.state_dir),
+                                        metrics=self.metrics)
         self.admin = UpstreamAdmin(self.pool, self.catalog, lambda: self.cfg.upstream, redactor=self.redactor,
                                    events=self.events, metrics=self.metrics)
         self._tg: anyio.abc.TaskGroup | None = None
@@ -138,6 +141,7 @@ class Gateway:
             task_status.started()
             await tg.start(self.pool.run)  # first: upstreams start while the index loads
             await self.catalog.load(frozenset(u.name for u in self.cfg.upstream))
+            await tg.start(self.learning.run)
             tg.start_soon(self._run_model)
             tg.start_soon(self.catalog.run_card_rechecks, lambda: self.cfg.cards.recheck_interval)
             tg.start_soon(self.rift.run)
@@ -263,19 +267,34 @@ class Gateway:
         self.metrics.count_error("bad_client_message")
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
-        return await self.searches.search(query, top_k, servers, conn)
+        answer = await self.searches.search(query, top_k, servers, conn)
+        self._searched(conn, query, answer)
+        return answer
 
     def search_cached(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any] | None:
-        return self.searches.cached(query, top_k, servers, conn)
+        answer = self.searches.cached(query, top_k, servers, conn)
+        if answer is not None:
+            self._searched(conn, query, answer)
+        return answer
+
+    def _searched(self, conn: Connection, query: str, answer: dict[str, Any]) -> None:
+        self.learning.searched(conn, query, [m["name"] for m in answer["matches"]], self.engine.version)
 
     async def execute(self, call: CallRequest, conn: Connection) -> CallOutcome:
-        outcome = await self.calls.execute(call, conn)
+        try:
+            outcome = await self.calls.execute(call, conn)
+        except Exception:
+            self.learning.executed(conn, call.name, ok=False)
+            raise
+        self.learning.executed(conn, call.name, ok=not outcome.is_error and outcome.input_required is None)
         if outcome.resource_uris and (parsed := split(call.name)):
             self.federation.remember(parsed[0], outcome.resource_uris)
         return outcome
 
     def status(self, conn: Connection) -> Mapping[str, Any]:
-        return self.status_service.status(conn, self._tg if self.index_ready.is_set() else None)
+        status = dict(self.status_service.status(conn, self._tg if self.index_ready.is_set() else None))
+        status["learning"] = self.learning.status()
+        return status
 
     def may_use(self, conn: Connection, server: str) -> bool:
         return server in self.visibility.allowed_servers(conn)

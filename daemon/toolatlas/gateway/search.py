@@ -55,7 +55,7 @@ class SearchService:
             return None
         allowed = self._visibility.allowed_servers(conn)
         scope = self._visibility.search_scope(servers, allowed)
-        outcome = self._catalog.engine.cached(query, top_k, servers=scope) if scope else None
+        outcome = self._catalog.engine.cached(query, top_k, servers=scope, principal=conn.principal) if scope else None
         if outcome is None:
             return None
         return self._answer(query, top_k, servers, scope, outcome, outcome.mode, t0, allowed)
@@ -74,10 +74,11 @@ class SearchService:
             engine = self._catalog.engine
             frozen = frozenset(scope)
             # A repeated query is answered from the result cache here, without a thread hop.
-            found = engine.cached(query, top_k, servers=scope)
+            found = engine.cached(query, top_k, servers=scope, principal=conn.principal)
             if found is None:
                 found = await anyio.to_thread.run_sync(
-                    lambda: engine.search(query, top_k, servers=frozen), limiter=self._limiter,
+                    lambda: engine.search(query, top_k, servers=frozen, principal=conn.principal),
+                    limiter=self._limiter,
                 )
             outcome, mode = found, found.mode
         return self._answer(query, top_k, servers, scope, outcome, mode, t0, allowed)

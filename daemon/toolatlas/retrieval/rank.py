@@ -10,11 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from toolatlas.retrieval import fusion
+from toolatlas.retrieval import learned as learned_stage
+from toolatlas.retrieval.learned import LearnedState
 from toolatlas.retrieval.index import Snapshot
 from toolatlas.retrieval.text import tokenize
 
-MODES = ("hybrid", "bm25", "dense", "two-stage", "keyword")
-DENSE_MODES = frozenset({"hybrid", "dense", "two-stage"})
+MODES = ("hybrid", "bm25", "dense", "two-stage", "keyword", "learned")
+DENSE_MODES = frozenset({"hybrid", "dense", "two-stage", "learned"})
 
 # Default fusion ("z"): z-scores of both branches over every document the caller may search,
 # mixed with weight ALPHA on the dense side. The normalisation never depends on top_k, so a
@@ -42,11 +44,17 @@ def rank(
     allowed: np.ndarray | None,
     mode: str,
     fusion_kind: str = FUSION,
+    state: LearnedState | None = None,
+    principal: str | None = None,
 ) -> Ranked:
     """Top `k` for `query` in `mode`; without a query vector every dense mode is bm25.
 
-    `scope` is the sorted server names `allowed` was computed from (None: every server)."""
+    `scope` is the sorted server names `allowed` was computed from (None: every server).
+    "learned" is the hybrid ranker followed by the learned stage over `state` (usage
+    events), as `principal` sees it; with no state, or an empty one, it is the hybrid."""
     tokens = tokenize(query)
+    if mode == "learned":
+        return learned(snap, tokens, qvec, k, scope, allowed, fusion_kind, state, principal)
     if mode == "keyword":
         return keyword(snap, tokens, k, allowed)
     if mode == "bm25" or qvec is None:
@@ -119,6 +127,23 @@ def hybrid(
     cand, score = fused_scores(snap, tokens, qvec, scope, allowed, fusion_kind)
     top = fusion.top_indices(score, k)
     return cand[top], score[top]
+
+
+def learned(
+    snap: Snapshot, tokens: list[str], qvec: np.ndarray | None, k: int, scope: tuple[str, ...] | None,
+    allowed: np.ndarray | None, fusion_kind: str, state: LearnedState | None, principal: str | None,
+) -> Ranked:
+    """The zero-shot ranker's scores over every allowed document (bm25 z-scores without a
+    query vector), re-ranked by the learned stage (learned.rerank)."""
+    if state is None or state.empty:
+        return bm25(snap, tokens, k, allowed) if qvec is None else hybrid(snap, tokens, qvec, k, scope, allowed, fusion_kind)
+    if qvec is None:
+        cand = np.arange(snap.n, dtype=np.int64) if allowed is None else allowed
+        base = fusion.zscore(snap.bm25.scores(tokens)[cand])
+    else:
+        cand, base = fused_scores(snap, tokens, qvec, scope, allowed, FUSION if fusion_kind == "rrf" else fusion_kind)
+    tool_pos = state.positions(snap.version, snap.pos_of)
+    return learned_stage.rerank(state, tool_pos, base, cand, tokens, qvec, principal, k)
 
 
 def fused_scores(
