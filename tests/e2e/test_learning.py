@@ -167,3 +167,20 @@ def test_a_removed_tool_leaves_no_trace(home: tuple[Path, int]) -> None:
         forgotten = _cli(d, "forget", "t__frob_widget")
         assert forgotten == {"tool": "t__frob_widget", "forgotten": 3}
         d.wait_for(lambda: _events(d) == 0, 30, "the daemon to notice the forget")
+
+
+def test_without_top_k_the_answer_is_adaptive_and_says_when_nothing_fits(tmp_path: Path) -> None:
+    examples = "".join(
+        f'[[upstream]]\nname = "{n}"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+        f'args = ["-m", "toolatlas.examples.{n}", "--transport", "stdio"]\n' for n in ("notes", "weather", "units"))
+    with Daemon(tmp_path, examples, search_extra='embedder = "onnx"\n') as d:
+        d.wait_for(lambda: d.status()["index"]["degraded"] is None and d.status()["index"]["tools"] == 13, 120,
+                   "hybrid search over the examples")
+        found = d.meta("tool_search", {"query": "add a note"})
+        assert 1 <= len(found["matches"]) <= 5 and found["matches"][0]["name"] == "notes__add_note"
+        assert "note" not in found
+        assert len(d.meta("tool_search", {"query": "add a note", "top_k": 5})["matches"]) == 5
+        none = d.meta("tool_search", {"query": "book a flight to Rome"})
+        assert none["matches"] == [] and "notes, units, weather" in none["note"], none
+        # asked for a number, the caller gets the closest tools anyway
+        assert len(d.meta("tool_search", {"query": "book a flight to Rome", "top_k": 3})["matches"]) == 3

@@ -99,3 +99,19 @@ def test_the_learned_ranker_with_no_events_is_the_zero_shot_ranker(mcp_docs: lis
         for q in queries:
             zero = [(h.name, h.score) for h in eng.search(q.text, 10, mode="hybrid").hits]
             assert [(h.name, h.score) for h in eng.search(q.text, 10, mode="learned", principal="u").hits] == zero
+
+
+async def test_far_queries_find_nothing_and_the_labelled_ones_always_something() -> None:
+    from toolatlas.retrieval import adaptive
+
+    with anyio.fail_after(60):
+        docs = await _example_docs()
+    eng = Engine(state_dir=None, cache_size=0)
+    eng.load()
+    eng.update(docs, [])
+    for _, obj in read_json_lines(EXAMPLE_QUERIES):
+        out = eng.search(obj["query"], 5)
+        assert out.evidence is not None and not adaptive.nothing_fits(*out.evidence), (obj["query"], out.evidence)
+    for far in ("book a flight to Rome", "translate this paragraph into Japanese", "send an email to my boss"):
+        out = eng.search(far, 5)
+        assert out.evidence is not None and adaptive.nothing_fits(*out.evidence), (far, out.evidence)

@@ -107,6 +107,7 @@ class Gateway:
             self.catalog, self.visibility, mode=lambda: self.cfg.search.mode, rift=lambda: self.rift.report,
             metrics=self.metrics, events=self.events,
             starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
+            max_top_k=lambda: self.cfg.search.default_top_k,
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,

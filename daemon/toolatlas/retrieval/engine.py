@@ -77,6 +77,9 @@ class SearchOutcome:
     cached: bool
     mode: str
     version: int
+    # (best cosine, best BM25 coverage) over the searched tools: adaptive.nothing_fits reads
+    # it; None without a query vector
+    evidence: tuple[float, float] | None = None
 
 
 class Engine:
@@ -304,9 +307,10 @@ class Engine:
         if hit is not None:
             return dataclasses.replace(hit, cached=True)
         self._counts["searches"] += 1
-        positions, scores, degraded = _rank_once(self, snap, query, top_k, scope, mode, ranker, state, principal)
+        positions, scores, degraded, evidence = _rank_once(self, snap, query, top_k, scope, mode, ranker, state, principal)
         hits = [Hit(name=snap.docs[p].name, server=snap.docs[p].server, score=float(s)) for p, s in zip(positions, scores)]
-        out = SearchOutcome(hits=hits, degraded=degraded, cached=False, mode=mode, version=snap.version)
+        out = SearchOutcome(hits=hits, degraded=degraded, cached=False, mode=mode, version=snap.version,
+                            evidence=evidence)
         # A BM25 answer for want of a model that is still coming is not kept.
         if degraded is None or self._loader.progress.phase is ModelPhase.FAILED:
             self._cache.put(key, out)
@@ -338,11 +342,11 @@ def _ranker(eng: Engine, mode: str) -> str:
 def _rank_once(
     eng: Engine, snap: Snapshot, query: str, top_k: int, scope: tuple[str, ...] | None, mode: str, ranker: str,
     state: LearnedState | None, principal: str | None,
-) -> tuple[np.ndarray, np.ndarray, str | None]:
-    """(positions, scores, why degraded or None) of one uncached search."""
+) -> tuple[np.ndarray, np.ndarray, str | None, tuple[float, float] | None]:
+    """(positions, scores, why degraded or None, evidence) of one uncached search."""
     allowed = snap.allowed(scope)
     if allowed is not None and allowed.shape[0] == 0:
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32), None
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32), None, None
     degraded: str | None = None
     qvec = None
     if mode in DENSE_MODES:
@@ -353,7 +357,8 @@ def _rank_once(
     positions, scores = rank.rank(
         snap, query, qvec, top_k, scope, allowed, ranker, eng.fusion, state=state, principal=principal,
     )
-    return positions, scores, degraded
+    evidence = rank.evidence(snap, query, qvec, scope, allowed) if qvec is not None and ranker in ("hybrid", "learned") else None
+    return positions, scores, degraded, evidence
 
 
 def query_vectors(eng: Engine, queries: Sequence[str]) -> np.ndarray | None:

@@ -146,6 +146,20 @@ def learned(
     return learned_stage.rerank(state, tool_pos, base, cand, tokens, qvec, principal, k)
 
 
+def evidence(
+    snap: Snapshot, query: str, qvec: np.ndarray, scope: tuple[str, ...] | None, allowed: np.ndarray | None,
+) -> tuple[float, float]:
+    """(best cosine, best share of the query's BM25 ceiling) over the allowed documents:
+    how close anything is, for abstention (adaptive.nothing_fits)."""
+    tokens = tokenize(query)
+    lex = snap.bm25.scores(tokens)
+    lex = lex if allowed is None else lex[allowed]
+    ceiling = snap.bm25.ceiling(tokens)
+    best_cover = float(lex.max()) / ceiling if ceiling > 0 and lex.shape[0] else 0.0
+    _, sims = dense(snap, qvec, 1, scope, allowed)
+    return (float(sims[0]) if sims.shape[0] else -1.0), best_cover
+
+
 def fused_scores(
     snap: Snapshot, tokens: list[str], qvec: np.ndarray, scope: tuple[str, ...] | None, allowed: np.ndarray | None,
     fusion_kind: str,

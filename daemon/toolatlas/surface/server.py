@@ -32,7 +32,7 @@ from toolatlas.errors import BadInput, ToolatlasError
 from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, GatewayPort
 from toolatlas.surface import federation
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
-from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
+from toolatlas.meta_tools import AUTO_TOP_K, CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def _search_args(gw: GatewayPort, args: dict[str, Any]) -> tuple[str, int, list[
     servers = args.get("servers")
     if servers is not None and (not isinstance(servers, list) or not all(isinstance(s, str) for s in servers)):
         raise BadInput("`servers` must be a list of server names")
-    return query, clamp_top_k(args.get("top_k"), gw.default_top_k), servers
+    return query, clamp_top_k(args.get("top_k"), AUTO_TOP_K), servers
 
 
 async def tool_search(gw: GatewayPort, conn: Connection, args: dict[str, Any]) -> dict[str, Any]:
