@@ -64,8 +64,8 @@ def test_one_other_principal_never_moves_a_ranking_two_agreeing_do() -> None:
 def test_old_events_weigh_less() -> None:
     q = np.ones(4, dtype=np.float32) / 2.0
     day = 86400.0
-    state = L.build_state([_ev("x y", "a", "p", q, at=0.0), _ev("x y", "b", "p", q, at=60 * day)], now=60 * day)
-    rows = {state.tools[int(t)]: float(w) for t, w in zip(state.ev_tool, state.weight)}
+    state = L.build_state([_ev("x y", "a", "p", q, at=0.0), _ev("x z", "b", "p", q, at=60 * day)], now=60 * day)
+    rows = {state.tools[next(iter(t))]: float(w) for t, w in zip(state.row_tools, state.weight)}
     assert rows["b"] == 1.0 and abs(rows["a"] - 0.25) < 1e-6  # two half-lives
 
 

@@ -38,6 +38,7 @@ from toolatlas.retrieval.usage import UsageEvent
 
 KNN = 20  # past queries that vote
 HNSW_MIN_EVENTS = 2048  # below this an exact scan is as fast and exact
+HNSW_EF_CONSTRUCTION = 64
 KNN_WEIGHT = 40.0  # weight of the vote share (0..1) against z-scored zero-shot scores
 LEX_WEIGHT = 20.0  # weight of the past-query lexical coverage (0..1)
 SIM_FLOOR = 0.3  # a past query less similar than this does not vote
@@ -54,7 +55,7 @@ class LearnedState:
     version: int
     tools: tuple[str, ...]  # tools with feedback (names); the arrays index into this
     vecs: np.ndarray  # (m, dim) past query vectors
-    ev_tool: np.ndarray  # (m,) index into tools
+    row_tools: tuple[dict[int, int], ...]  # per row (a principal's distinct query): tool -> events
     ev_principal: np.ndarray  # (m,) index into principals
     weight: np.ndarray  # (m,) decay weight
     principals: dict[str, int]
@@ -107,7 +108,7 @@ class LearnedState:
 
 def empty_state(version: int = 0) -> LearnedState:
     return LearnedState(
-        version=version, tools=(), vecs=np.zeros((0, 0), dtype=np.float32), ev_tool=np.zeros(0, dtype=np.int64),
+        version=version, tools=(), vecs=np.zeros((0, 0), dtype=np.float32), row_tools=(),
         ev_principal=np.zeros(0, dtype=np.int64), weight=np.zeros(0, dtype=np.float32), principals={},
         words=(), asked=(), events=0, updated_at=None,
     )
@@ -129,7 +130,9 @@ class LearningIndex:
         self._principals: dict[str, int] = {}
         self._words: list[dict[int, dict[str, int]]] = []  # per tool: principal -> word -> events
         self._asked: list[dict[frozenset[str], set[int]]] = []  # per tool: query words -> principals
-        self._rows_tool: list[int] = []  # per vector row
+        # one vector row per (principal, query text): its tools and their event counts
+        self._row_of: dict[tuple[int, str], int] = {}
+        self._rows_tool: list[dict[int, int]] = []
         self._rows_principal: list[int] = []
         self._rows_at: list[float] = []
         self._vecs = np.zeros((0, 0), dtype=np.float32)
@@ -153,10 +156,16 @@ class LearningIndex:
             for w in words:
                 counts[w] = counts.get(w, 0) + 1
             if e.vector is not None:
-                new_vecs.append(np.asarray(e.vector, dtype=np.float32))
-                self._rows_tool.append(t)
-                self._rows_principal.append(p)
-                self._rows_at.append(e.at)
+                r = self._row_of.get((p, e.query))
+                if r is None:
+                    self._row_of[(p, e.query)] = len(self._rows_tool)
+                    new_vecs.append(np.asarray(e.vector, dtype=np.float32))
+                    self._rows_tool.append({t: 1})
+                    self._rows_principal.append(p)
+                    self._rows_at.append(e.at)
+                else:
+                    self._rows_tool[r][t] = self._rows_tool[r].get(t, 0) + 1
+                    self._rows_at[r] = max(self._rows_at[r], e.at)
         if new_vecs:
             self._append_vectors(np.stack(new_vecs))
         self.version += 1
@@ -176,7 +185,8 @@ class LearningIndex:
         elif self._n_rows >= HNSW_MIN_EVENTS:
             from toolatlas.retrieval.hnsw import HnswStore
 
-            self._hnsw = HnswStore(vecs.shape[1], capacity=2 * self._n_rows)
+            # past queries cluster tightly (repeats, paraphrases): a cheaper build loses no recall
+            self._hnsw = HnswStore(vecs.shape[1], capacity=2 * self._n_rows, ef_construction=HNSW_EF_CONSTRUCTION)
             self._hnsw.add(self._vecs[: self._n_rows])
 
     def drop(self, keep: Callable[[UsageEvent], bool]) -> int:
@@ -196,7 +206,7 @@ class LearningIndex:
         age_days = np.maximum(0.0, now - np.asarray(self._rows_at, dtype=np.float64)) / 86400.0
         return LearnedState(
             version=self.version, tools=tuple(self._tools), vecs=self._vecs[:n],
-            ev_tool=np.asarray(self._rows_tool, dtype=np.int64),
+            row_tools=tuple(dict(r) for r in self._rows_tool),
             ev_principal=np.asarray(self._rows_principal, dtype=np.int64),
             weight=np.power(0.5, age_days / self.half_life_days).astype(np.float32),
             principals=dict(self._principals), words=tuple({p: dict(ws) for p, ws in per.items()} for per in self._words),
@@ -220,7 +230,8 @@ def neighbours(state: LearnedState, qvec: np.ndarray, k: int = KNN) -> tuple[np.
     k = min(k, m)
     if state.hnsw is not None:
         # rows added after this state was published are filtered out (the store is shared)
-        rows = state.hnsw.query(qvec, k, ef=max(64, 2 * k), filter=lambda label: label < m)
+        newer = state.hnsw.next_label > m
+        rows = state.hnsw.query(qvec, k, ef=max(64, 2 * k), filter=(lambda label: label < m) if newer else None)
         if rows.shape[0]:
             sims = state.vecs[rows] @ qvec
             order = np.lexsort((rows, -sims))
@@ -252,12 +263,13 @@ def signals(
             if s < SIM_FLOOR:
                 continue
             w = float(state.weight[r]) * (s - SIM_FLOOR) / (1.0 - SIM_FLOOR)
-            t, p = int(state.ev_tool[r]), int(state.ev_principal[r])
-            if p == own:
-                vote[t] += w
-                repeat[t] |= s >= STRONG_SIM
-            else:  # another principal: its best neighbour per tool, once
-                best[(p, t)] = max(best.get((p, t), 0.0), w)
+            p = int(state.ev_principal[r])
+            for t, count in state.row_tools[r].items():
+                if p == own:
+                    vote[t] += w * count
+                    repeat[t] |= s >= STRONG_SIM
+                else:  # another principal: its best neighbour per tool, once
+                    best[(p, t)] = max(best.get((p, t), 0.0), w)
         agree: dict[int, int] = {}
         for _, t in best:
             agree[t] = agree.get(t, 0) + 1
