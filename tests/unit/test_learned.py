@@ -124,3 +124,19 @@ def test_a_sigkilled_writer_loses_nothing_committed_and_never_corrupts(tmp_path:
         # every event the writer saw committed (it printed after COMMIT) is there
         assert len(store.events()) >= total
         store.close()
+
+
+def test_feedback_events_are_counted_by_outcome() -> None:
+    import pytest
+
+    from toolatlas.metrics import Metrics
+
+    m = Metrics()
+    m.count_feedback("recorded")
+    m.count_feedback("recorded")
+    m.count_feedback("call_failed")
+    text = m.expose()[0].decode()
+    assert 'toolatlas_feedback_events_total{outcome="recorded"} 2.0' in text
+    assert 'toolatlas_feedback_events_total{outcome="call_failed"} 1.0' in text
+    with pytest.raises(ValueError, match="feedback outcome"):
+        m.count_feedback("made_up")

@@ -38,6 +38,7 @@ PUBLISH_EVERY_S = 0.5  # at most this often a new learned state
 POLL_S = 1.0  # how often the store is checked for changes by another writer (the CLI)
 PRUNE_EVERY_S = 3600.0  # events past retention are deleted this often (and at start)
 EMBED_BATCH = 256
+PREBUILT_PRINCIPALS = 8
 
 
 class LearningService:
@@ -166,7 +167,12 @@ class LearningService:
         log.info("learning: %d usage events loaded", len(events))
 
     def _publish(self) -> None:
-        self._engine.set_learned(self._index.state(self._clock()))
+        state = self._index.state(self._clock())
+        # the lexical documents as the usual principals see them, built here rather than in
+        # the first search after the publish (the others are built on first use, memoised)
+        for own in [-1, *list(state.principals.values())[:PREBUILT_PRINCIPALS]]:
+            state.lexical(own)
+        self._engine.set_learned(state)
 
     def _publish_locked(self) -> None:
         with self._lock:
