@@ -140,3 +140,18 @@ def test_feedback_events_are_counted_by_outcome() -> None:
     assert 'toolatlas_feedback_events_total{outcome="call_failed"} 1.0' in text
     with pytest.raises(ValueError, match="feedback outcome"):
         m.count_feedback("made_up")
+
+
+def test_feedback_never_brings_in_a_tool_outside_the_callers_scope() -> None:
+    names = ["a", "b", "c", "d"]
+    q = np.ones(4, dtype=np.float32) / 2.0
+    state = L.build_state([_ev("open the vault", "d", "me", q) for _ in range(50)], now=0.0)
+    pos_of = {n: i for i, n in enumerate(names)}
+    allowed = np.array([0, 1, 2])  # the caller may not use d
+    pos, _ = L.rerank(state, state.positions(1, pos_of), np.array([1.0, 0.5, 0.2], dtype=np.float32), allowed,
+                      L.tokenize("open the vault"), q, "me", 4)
+    assert [names[i] for i in pos] == ["a", "b", "c"]
+    # in scope, the same feedback puts it first
+    pos, _ = L.rerank(state, state.positions(1, pos_of), np.array([1.0, 0.5, 0.2, 0.1], dtype=np.float32),
+                      np.arange(4), L.tokenize("open the vault"), q, "me", 4)
+    assert names[pos[0]] == "d"
