@@ -30,6 +30,7 @@ _DELEGATED = {
     "reload": ("toolatlas.admin_cli", "reload_main"),
     "install": ("toolatlas.install", "main"),
     "stubs": ("toolatlas.stubs.cli", "main"),
+    "learning": ("toolatlas.learning_cli", "main"),
 }
 
 

@@ -26,6 +26,8 @@ from toolatlas.config_sections import (
     HttpToken as HttpToken,
     OAuthIssuer as OAuthIssuer,
     OAuthSection as OAuthSection,
+    StoreSection as StoreSection,
+    SurfaceSection as SurfaceSection,
     UpstreamName as UpstreamName,
     host_port as host_port,
     check_http,
@@ -144,6 +146,15 @@ class SearchSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     scope: list[str] = []
 
 
+class LearningSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Retrieval that learns from use: a search followed, within `window` seconds on the same
+    connection, by a successful call of one of its results is a usage event (query, tool,
+    principal) kept `retention_days` in state_dir/learning.sqlite3 (0600)."""
+    enabled: bool = True
+    window: Seconds = 600.0
+    retention_days: Annotated[float, msgspec.Meta(gt=0)] = 180.0
+
+
 class CardsLlmSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """OpenAI-compatible chat-completions endpoint for the `llm` card generator."""
 
@@ -190,37 +201,12 @@ class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     servers: list[str] = []
 
 
-class SurfaceSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """What the model reads (toolatlas.guidance): `templates` is a folder overriding the
-    shipped tool_search.md, execute_tool.md, catalog_status.md, instructions.md ("" = the
-    defaults); `publisher_text = "append"` adds a carded tool's (sanitized) publisher
-    description after the card's text in tool_search matches, "omit" leaves it out."""
-
-    templates: str = ""
-    publisher_text: Literal["omit", "append"] = "omit"
-
-
-class StoreSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """State shared by replicas in PostgreSQL (see toolatlas/store); off while `url` is "".
-
-    `url` is a libpq URL (`postgresql://user:${PGPASSWORD}@host:5432/db`); its password and
-    every `${VAR}` put into it are secrets (redacted everywhere). Writes wait in an on-disk
-    buffer under state_dir (at most `buffer_max_bytes`) while the database is unreachable."""
-
-    url: str = ""
-    connect_timeout: Seconds = 5.0
-    # Seconds between catch-up reads (a missed notification is picked up by the next one).
-    catchup_interval: Seconds = 1.0
-    # Seconds between reconnect attempts while the database is down.
-    retry_interval: Seconds = 1.0
-    buffer_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 64 * 1024 * 1024
-
-
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     surface: SurfaceSection = msgspec.field(default_factory=SurfaceSection)
     events: EventsSection = msgspec.field(default_factory=EventsSection)
     search: SearchSection = msgspec.field(default_factory=SearchSection)
+    learning: LearningSection = msgspec.field(default_factory=LearningSection)
     cards: CardsSection = msgspec.field(default_factory=CardsSection)
     upstream: list[Upstream] = []
     access: list[AccessRule] = []

@@ -11,7 +11,34 @@ import msgspec
 from toolatlas.errors import ConfigError
 
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
+_Seconds = Annotated[float, msgspec.Meta(gt=0)]
 UpstreamName = Annotated[str, msgspec.Meta(pattern=NAME_RE, max_length=48)]
+
+
+class SurfaceSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What the model reads (toolatlas.guidance): `templates` is a folder overriding the
+    shipped tool_search.md, execute_tool.md, catalog_status.md, instructions.md ("" = the
+    defaults); `publisher_text = "append"` adds a carded tool's (sanitized) publisher
+    description after the card's text in tool_search matches, "omit" leaves it out."""
+
+    templates: str = ""
+    publisher_text: Literal["omit", "append"] = "omit"
+
+
+class StoreSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """State shared by replicas in PostgreSQL (see toolatlas/store); off while `url` is "".
+
+    `url` is a libpq URL (`postgresql://user:${PGPASSWORD}@host:5432/db`); its password and
+    every `${VAR}` put into it are secrets (redacted everywhere). Writes wait in an on-disk
+    buffer under state_dir (at most `buffer_max_bytes`) while the database is unreachable."""
+
+    url: str = ""
+    connect_timeout: _Seconds = 5.0
+    # Seconds between catch-up reads (a missed notification is picked up by the next one).
+    catchup_interval: _Seconds = 1.0
+    # Seconds between reconnect attempts while the database is down.
+    retry_interval: _Seconds = 1.0
+    buffer_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 64 * 1024 * 1024
 
 
 class HttpToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

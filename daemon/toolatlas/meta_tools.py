@@ -74,6 +74,11 @@ META_TOOLS: list[dict[str, Any]] = [
 META_NAMES = frozenset(t["name"] for t in META_TOOLS)
 
 
+# What the surface passes as top_k when the caller left it out: the gateway then returns
+# between 1 and [search] default_top_k results (adaptive.cut), or none when nothing fits.
+AUTO_TOP_K = 0
+
+
 def clamp_top_k(value: Any, default: int = 5) -> int:
     """top_k clamped to [1, 20]; a missing value gives the default, a non-integer is BadInput."""
     from toolatlas.errors import BadInput

@@ -42,6 +42,9 @@ RESULT_BUCKETS = (0, 1, 2, 3, 5, 10, 20)
 
 EXECUTE_OUTCOMES = frozenset({"ok", "error", "timeout", "unavailable", "denied", "bad_input"})
 FALLBACK_KINDS = frozenset({"bm25-only", "passthrough"})
+# A call of a tool that a search on the same connection returned: recorded as a usage event,
+# or not (the call failed, or came after the learning window).
+FEEDBACK_OUTCOMES = frozenset({"recorded", "call_failed", "outside_window"})
 # Operator commands on the socket (surface.admin) and how each ended.
 ADMIN_COMMANDS = frozenset({"upstream_list", "upstream_restart", "upstream_relist", "upstream_approve", "upstream_reject",
                             "reload", "unknown"})
@@ -192,58 +195,35 @@ class Metrics:
             "Latency of requests to upstreams (call_tool, list_tools, ping, connect).",
             ["upstream", "operation"], namespace=ns, registry=r, buckets=CALL_BUCKETS,
         )
-        self.searches = Counter(
-            "searches", "tool_search requests served.", ["mode"], namespace=ns, registry=r
-        )
-        self.calls = Counter(
-            "calls", "execute_tool requests by upstream and outcome.",
-            ["upstream", "outcome"], namespace=ns, registry=r,
-        )
-        self.errors = Counter(
-            "errors", "Errors by type (exception class).", ["type"], namespace=ns, registry=r
-        )
-        self.fallbacks = Counter(
-            "fallbacks", "Degraded operation: bm25-only search or passthrough listing.",
-            ["kind"], namespace=ns, registry=r,
-        )
-        self.cache_hits = Counter(
-            "search_cache_hits", "tool_search answers served from the result cache.",
-            namespace=ns, registry=r,
-        )
-        self.cache_misses = Counter(
-            "search_cache_misses", "tool_search answers computed afresh.", namespace=ns, registry=r
-        )
-        self.reconnects = Counter(
-            "upstream_reconnects", "Upstream sessions re-established after a loss.",
-            ["upstream"], namespace=ns, registry=r,
-        )
-        self.list_changed = Counter(
-            "upstream_list_changed", "tools/list_changed notifications received.",
-            ["upstream"], namespace=ns, registry=r,
-        )
-        self.admin_commands = Counter(
-            "admin_commands", "Operator commands on the socket (upstream list/restart/relist, reload) by outcome.",
-            ["command", "outcome"], namespace=ns, registry=r,
-        )
-        self.endpoint_requests = Counter(
-            "endpoint_requests", "tools/list, tool_search and calls served, per endpoint.",
-            ["endpoint", "kind"], namespace=ns, registry=r,
-        )
-        self.approval_transitions = Counter(
-            "upstream_approval_transitions", "Upstream approval decisions changed, by the new decision.",
-            ["state"], namespace=ns, registry=r,
-        )
-        self.denials = Counter(
-            "access_denials", "Requests refused by access rules or authentication, by surface.",
-            ["surface"], namespace=ns, registry=r,
-        )
-        self.reindexes = Counter(
-            "reindexes", "Search index rebuilds swapped in.", namespace=ns, registry=r
-        )
-        self.embeddings = Counter(
-            "embeddings_computed", "Tool documents embedded (cache misses of the embedder).",
-            namespace=ns, registry=r,
-        )
+
+        def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+            return Counter(name, doc, list(labels), namespace=ns, registry=r)
+
+        self.searches = counter("searches", "tool_search requests served.", ["mode"])
+        self.calls = counter("calls", "execute_tool requests by upstream and outcome.", ["upstream", "outcome"])
+        self.errors = counter("errors", "Errors by type (exception class).", ["type"])
+        self.fallbacks = counter("fallbacks",
+            "Degraded operation: bm25-only search or passthrough listing.", ["kind"])
+        self.cache_hits = counter("search_cache_hits", "tool_search answers served from the result cache.")
+        self.cache_misses = counter("search_cache_misses", "tool_search answers computed afresh.")
+        self.reconnects = counter("upstream_reconnects",
+            "Upstream sessions re-established after a loss.", ["upstream"])
+        self.list_changed = counter("upstream_list_changed",
+            "tools/list_changed notifications received.", ["upstream"])
+        self.admin_commands = counter("admin_commands",
+            "Operator commands on the socket (upstream list/restart/relist, reload) by "
+            "outcome.", ["command", "outcome"])
+        self.endpoint_requests = counter("endpoint_requests",
+            "tools/list, tool_search and calls served, per endpoint.", ["endpoint", "kind"])
+        self.approval_transitions = counter("upstream_approval_transitions",
+            "Upstream approval decisions changed, by the new decision.", ["state"])
+        self.denials = counter("access_denials",
+            "Requests refused by access rules or authentication, by surface.", ["surface"])
+        self.reindexes = counter("reindexes", "Search index rebuilds swapped in.")
+        self.embeddings = counter("embeddings_computed", "Tool documents embedded (cache misses of the embedder).")
+        self.feedback = counter("feedback_events",
+            "Calls of a tool a search returned on the same connection, by outcome "
+            "(recorded as a usage event, call_failed, outside_window).", ["outcome"])
         self._state = _StateCollector(upstream_states)
         r.register(self._state)
         self.bound_address: tuple[str, int] | None = None
@@ -311,6 +291,12 @@ class Metrics:
     def count_denial(self, surface: str) -> None:
         """An access denial (`surface`: tool_search, execute_tool, direct, http)."""
         self.denials.labels(_label("surface", surface)).inc()
+
+    def count_feedback(self, outcome: str) -> None:
+        """One call after a search: `outcome` from FEEDBACK_OUTCOMES."""
+        if outcome not in FEEDBACK_OUTCOMES:
+            raise ValueError(f"feedback outcome {outcome!r} is not one of {sorted(FEEDBACK_OUTCOMES)}")
+        self.feedback.labels(outcome).inc()
 
     def count_reindex(self) -> None:
         self.reindexes.inc()

@@ -72,7 +72,7 @@ class FakeGateway:
             raise BadInput(f"unknown server(s) {', '.join(sorted(set(servers) - self._allowed(conn)))}")
         matches = [{"name": r.name, "server": r.server, "tool": r.tool, "description": r.description,
                     "inputSchema": r.input_schema, "score": 1.0} for r in self.visible_records(conn)]
-        return {"query": query, "matches": matches[:top_k], "degraded": None}
+        return {"query": query, "matches": matches[: top_k or self.default_top_k], "degraded": None}
 
     def search_cached(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any] | None:
         return None

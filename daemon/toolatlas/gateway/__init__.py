@@ -37,6 +37,7 @@ from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.federation import Federation
 from toolatlas.gateway.guide import Guidances, SurfaceText
 from toolatlas.gateway.matches import MatchBuilder
+from toolatlas.gateway.learning import LearningService
 from toolatlas.gateway.ports import LOG_LEVELS, Connection, Page
 from toolatlas.gateway.search import SearchService
 from toolatlas.gateway.status import StatusService
@@ -173,6 +174,7 @@ class Gateway:
             self.catalog, self.visibility, mode=lambda: self.cfg.search.mode, rift=lambda: self.rift.report,
             metrics=self.metrics, events=self.events, guidance=self.guidance_for,
             starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
+            max_top_k=lambda: self.cfg.search.default_top_k,
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
@@ -185,6 +187,11 @@ class Gateway:
             not_listed=self.status_service.not_listed,
             asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
         )
+        self.learning = LearningService(lambda: self.cfg.learning, self.engine, Path(cfg.daemon.state_dir),
+                                        metrics=self.metrics)
+        self.searches.on_answer = lambda conn, query, names: self.learning.searched(conn, query, names, self.engine.version)
+        self.calls.on_done = self.learning.executed
+        self.status_service.sections["learning"] = self.learning.status
         self.admin = UpstreamAdmin(self.pool, self.catalog, lambda: self.cfg.upstream, redactor=self.redactor,
                                    events=self.events, metrics=self.metrics,
                                    approval=self._lifecycle)
@@ -207,6 +214,7 @@ class Gateway:
             task_status.started()
             await tg.start(self.pool.run)  # first: upstreams start while the index loads
             await self.catalog.load(frozenset(u.name for u in self.cfg.upstream))
+            await tg.start(self.learning.run)
             tg.start_soon(self._run_model)
             tg.start_soon(self.catalog.run_card_rechecks, lambda: self.cfg.cards.recheck_interval)
             tg.start_soon(self.rift.run)
@@ -306,8 +314,6 @@ class Gateway:
         await self.federation.reloaded()
         return summary
 
-    # -- the port the surface uses -------------------------------------------------------------
-
     @property
     def default_top_k(self) -> int:
         return self.cfg.search.default_top_k
@@ -374,11 +380,7 @@ class Gateway:
         return await self.federation.get_prompt(name, arguments, conn)
 
     async def set_log_level(self, level: str) -> None:
-        """Upstreams are asked for the most verbose level any client asked for (never less:
-        each client's own level is applied when relaying)."""
-        floor = self.pool.log_level
-        if level in LOG_LEVELS and (floor is None or LOG_LEVELS.index(level) < LOG_LEVELS.index(floor)):
-            await self.pool.set_log_level(level)
+        await self.pool.raise_log_level(level, LOG_LEVELS)
 
 
 __all__ = ["FIRST_INDEX_WAIT_S", "Gateway", "make_engine", "restart_keys"]

@@ -70,6 +70,8 @@ class CallService:
         self._name_indexes: dict[str, tuple[Mapping[str, ToolRecord], NameIndex]] = {}
         self.inflight = 0
         self.draining = False
+        # Hears how each call ended: (connection, tool name, ok: no error, no isError). Set by the gateway (learning).
+        self.on_done: Callable[[Connection, str, bool], None] | None = None
         self._idle = anyio.Event()
         self._idle.set()
 
@@ -95,12 +97,16 @@ class CallService:
             self._redact.exception(exc)
             label = next(o for cls, o in _CALL_OUTCOMES if isinstance(exc, cls))
             self._done(t0, server, label, exc, call.name, conn)
+            if self.on_done is not None:
+                self.on_done(conn, call.name, False)
             parsed = split(call.name)
             if isinstance(exc, BadInput) and parsed and parsed[0] not in allowed and self._visibility.configured(parsed[0]):
                 deny(self._events, self._metrics, conn, via(), call.name,
                      f"{conn.principal} may not use upstream {parsed[0]!r}")
             raise
         self._done(t0, server, "error" if outcome.is_error else "ok", None, call.name, conn)
+        if self.on_done is not None:
+            self.on_done(conn, call.name, not outcome.is_error and outcome.input_required is None)
         return outcome
 
     def _done(self, t0: float, server: str, outcome: str, exc: BaseException | None, name: str,

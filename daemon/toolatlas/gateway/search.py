@@ -19,6 +19,7 @@ from toolatlas.gateway.visibility import Visibility
 from toolatlas.guidance import Guidance
 from toolatlas.metrics import Metrics
 from toolatlas.names import split
+from toolatlas.retrieval import adaptive
 from toolatlas.retrieval.embed import usable_cores
 from toolatlas.retrieval.engine import SearchOutcome
 from toolatlas.rift.report import RiftReport
@@ -35,6 +36,7 @@ class SearchService:
         rift: Callable[[], RiftReport | None], metrics: Metrics, events: ev.Events,
         starting: Callable[[set[str]], list[str]] = lambda _allowed: [],
         guidance: Callable[[Connection], Guidance] | None = None,
+        max_top_k: Callable[[], int] = lambda: 5,
     ) -> None:
         """`starting(allowed)`: what the daemon still waits for before its first index is
         ready (empty once it is); an answer given meanwhile carries it as `waiting_for`.
@@ -43,6 +45,9 @@ class SearchService:
         self._guidance = guidance
         self._matches = MatchBuilder()
         self._starting = starting
+        self._max_top_k = max_top_k
+        # Hears every answer: (connection, query, the names of its matches). Set by the gateway (learning).
+        self.on_answer: Callable[[Connection, str, list[str]], None] | None = None
         self._visibility = visibility
         self._mode = mode
         self._rift = rift
@@ -63,7 +68,8 @@ class SearchService:
             return None
         allowed = self._visibility.allowed_servers(conn)
         scope = self._visibility.search_scope(servers, allowed)  # a denial is recorded by `search`
-        outcome = self._catalog.engine.cached(query, top_k, servers=scope) if scope else None
+        k = top_k or self._max_top_k()
+        outcome = self._catalog.engine.cached(query, k, servers=scope, principal=conn.principal) if scope else None
         if outcome is None:
             return None
         return self._answer(query, top_k, servers, scope, outcome, outcome.mode, t0, allowed, conn)
@@ -84,6 +90,7 @@ class SearchService:
         t0 = time.perf_counter()
         allowed = self._visibility.allowed_servers(conn)
         scope = self._scope(servers, allowed, conn)
+        k = top_k or self._max_top_k()
         outcome: SearchOutcome | None = None
         mode = self._mode()
         loaded = self._catalog.engine_loaded
@@ -94,10 +101,11 @@ class SearchService:
             engine = self._catalog.engine
             frozen = frozenset(scope)
             # A repeated query is answered from the result cache here, without a thread hop.
-            found = engine.cached(query, top_k, servers=scope)
+            found = engine.cached(query, k, servers=scope, principal=conn.principal)
             if found is None:
                 found = await anyio.to_thread.run_sync(
-                    lambda: engine.search(query, top_k, servers=frozen), limiter=self._limiter,
+                    lambda: engine.search(query, k, servers=frozen, principal=conn.principal),
+                    limiter=self._limiter,
                 )
             outcome, mode = found, found.mode
         return self._answer(query, top_k, servers, scope, outcome, mode, t0, allowed, conn)
@@ -107,7 +115,8 @@ class SearchService:
         outcome: SearchOutcome | None, mode: str, t0: float, allowed: set[str], conn: Connection,
     ) -> dict[str, Any]:
         """The tool_search result for `outcome` (None: no index yet, or an empty scope),
-        counted in the metrics and the event log."""
+        counted in the metrics and the event log. `top_k` 0: the caller left it out (see
+        adaptive.py; only where the dense branch answered, BM25 alone is not calibrated)."""
         loaded = self._catalog.engine_loaded.is_set()
         degraded = outcome.degraded if outcome is not None else (None if loaded else "index-not-ready")
         cached = outcome is not None and outcome.cached
@@ -121,8 +130,17 @@ class SearchService:
                 continue
             matches.append(self._matches.match(rec, view.server(rec.server).verdict, hit.score,
                                                publisher_text=publisher_text))
-            if len(matches) >= top_k:
+            if len(matches) >= (top_k or self._max_top_k()):
                 break
+        note: str | None = None
+        if not top_k and outcome is not None and outcome.evidence is not None:
+            if adaptive.nothing_fits(*outcome.evidence):
+                matches = []
+                names = sorted(scope)
+                note = (f"No tool fits this query well. Searchable servers: {', '.join(names)}. "
+                        "Rephrase the query with what the tool should do, or pass top_k to see the closest tools anyway.")
+            else:
+                matches = matches[: adaptive.cut([m["score"] for m in matches], self._max_top_k())]
         add_rift_notes(self._rift(), matches, allowed)
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
@@ -134,10 +152,14 @@ class SearchService:
         self._events.emit(
             ev.TOOL_SEARCH_COMPLETED, query=query, results=len(matches),
             matched_servers=sorted({m["server"] for m in matches}), latency_ms=round(seconds * 1000, 3),
-            top_k=top_k, scope=sorted(servers) if servers else "all", mode=mode, cache="hit" if cached else "miss",
-            **who(conn),
+            top_k=top_k or self._max_top_k(), scope=sorted(servers) if servers else "all", mode=mode,
+            cache="hit" if cached else "miss", **who(conn),
         )
         answer: dict[str, Any] = {"query": query, "matches": matches, "degraded": degraded}
+        if self.on_answer is not None:
+            self.on_answer(conn, query, [m["name"] for m in matches])
+        if note is not None:
+            answer["note"] = note
         waiting = self._starting(allowed)
         if waiting:
             answer["waiting_for"] = waiting  # still starting: these matches may be incomplete

@@ -13,6 +13,7 @@ the stale ones, build the snapshot. It holds no lock: its caller serialises upda
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,11 @@ class Snapshot:
     @property
     def n(self) -> int:
         return len(self.docs)
+
+    @functools.cached_property
+    def pos_of(self) -> dict[str, int]:
+        """Document name -> position (built on first use; the learned stage maps tools here)."""
+        return {d.name: i for i, d in enumerate(self.docs)}
 
     def allowed(self, scope: tuple[str, ...] | None) -> np.ndarray | None:
         """Sorted positions of the documents of `scope`'s servers; None for every server."""

@@ -32,7 +32,7 @@ from toolatlas.gateway.ports import REQUEST, CallRequest, Connection, GatewayPor
 from toolatlas.surface import federation, relay
 from toolatlas.surface.results import call_result, error_result, json_result
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
-from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, tool_format
+from toolatlas.meta_tools import AUTO_TOP_K, CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, tool_format
 from toolatlas.surface.meta import META_SEEN, meta_tools, search_result
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def _search_args(gw: GatewayPort, args: dict[str, Any]) -> tuple[str, int, list[
     servers = args.get("servers")
     if servers is not None and (not isinstance(servers, list) or not all(isinstance(s, str) for s in servers)):
         raise BadInput("`servers` must be a list of server names")
-    return query, clamp_top_k(args.get("top_k"), gw.default_top_k), servers
+    return query, clamp_top_k(args.get("top_k"), AUTO_TOP_K), servers
 
 
 async def tool_search(gw: GatewayPort, conn: Connection, args: dict[str, Any]) -> dict[str, Any]:
