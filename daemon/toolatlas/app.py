@@ -27,7 +27,9 @@ from toolatlas.metrics import MetricsBindError
 from toolatlas.errors import ConfigError, ToolatlasError
 from toolatlas.gateway import Gateway, restart_keys
 from toolatlas.gateway.approval import Decision
+from toolatlas.gateway.audit import deny
 from toolatlas.gateway.ports import Connection
+from toolatlas.guidance import Guidance
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
 from toolatlas.redact import RedactingFormatter, Redactor
 from toolatlas.surface.admin import AdminLane
@@ -107,7 +109,7 @@ class Daemon:
             if cfg.http.listen:
                 self.http = HttpEndpoint(self.surface.server, cfg.http, max_message_bytes=cfg.daemon.max_message_bytes,
                                          connections=self.surface.connections, max_clients=cfg.daemon.max_clients,
-                                         message_timeout=cfg.daemon.message_timeout, on_denied=self.gateway.denied,
+                                         message_timeout=cfg.daemon.message_timeout, on_denied=functools.partial(deny, self.gateway.events, self.gateway.metrics),
                                          paths={ep.http_path.rstrip("/"): ep.name for ep in cfg.endpoint if ep.http_path})
                 await tg.start(self.http.run)
             task_status.started()
@@ -135,7 +137,7 @@ class Daemon:
             raise ConfigError("[[endpoint]] names, sockets or http_paths changed: endpoints can only be added, removed "
                               "or moved by a restart (their upstreams, environment and templates reload)")
 
-    async def reload(self, new: Config, attestor: Attestor) -> dict[str, list[str]]:
+    async def reload(self, new: Config, attestor: Attestor, guidance: Guidance | None = None) -> dict[str, list[str]]:
         """Apply a checked reload: access rules and upstreams (gateway), tokens and
         admission rules (HTTP), socket mode, ownership and limits (Unix socket)."""
         self.check_reload(new)
@@ -148,7 +150,7 @@ class Daemon:
         if self.http is not None:
             self.http.reconfigure(new.http, max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
                                   message_timeout=d.message_timeout)
-        summary = await self.gateway.reload(new, attestor)
+        summary = await self.gateway.reload(new, attestor, guidance)
         return summary
 
     async def reload_config(self) -> dict[str, Any]:
@@ -175,13 +177,14 @@ class Daemon:
         try:
             new = await anyio.to_thread.run_sync(load, path)
             attestor = Attestor(new)  # a bad [cards] section is rejected before anything changes
+            guidance = Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)  # so are bad templates
             self.check_reload(new)
         except ConfigError as exc:
             log.error("reload rejected, keeping the running config: %s", exc)
             gw.events.emit(ev.CONFIG_RELOAD_REJECTED, reason=str(exc))
             return {"applied": False, "config": path, "error": str(exc)}
         later = restart_keys(gw.cfg, new)
-        summary = await self.reload(new, attestor)
+        summary = await self.reload(new, attestor, guidance)
         gw.events.emit(ev.CONFIG_RELOADED, **summary)
         return {"applied": True, "config": path, **summary, "restart_needed": later}
 
@@ -203,11 +206,20 @@ class Daemon:
             raise self.gateway.redactor.exception(exc)
 
     async def decide_upstream(self, name: str, decision: str, principal: str) -> dict[str, Any]:
-        return await self.gateway.decide_approval(name, Decision(decision), principal)
+        """An operator's approve/reject (gateway.approval); clients whose lists change are told."""
+        gw = self.gateway
+        result = gw.approvals.decide(name, Decision(decision), principal)
+        if result["approval"] != result["previous"]:
+            await gw.catalog.announce()
+            await gw.federation.reloaded()
+        return result
 
     def audit_admin(self, conn: Connection, method: str, *, upstream: str | None, outcome: str,
                     message: str | None = None) -> None:
         self.gateway.admin.audit(conn, method, upstream=upstream, outcome=outcome, message=message)
+
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        return self.gateway.tool_definitions(conn, servers)
 
 
 def _configure_logging(level: str, redactor: Redactor) -> None:
@@ -281,7 +293,8 @@ async def serve(
             await notifier.stopping()
             await daemon.drain(gw.cfg.daemon.drain_timeout)
             await gw.close_upstreams()
-            gw.close_audit()
+            if gw.events.audit is not None:
+                gw.events.audit.close()  # synced: nothing written is lost
             tg.cancel_scope.cancel()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # the receiver restored the defaults on its exit

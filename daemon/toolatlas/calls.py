@@ -45,6 +45,9 @@ class CallRequest:
     # A 2026-07-28 caller's per-request log opt-in: messages at `log_level` and above go to `log`.
     log: LogFn | None = None
     log_level: str | None = None
+    # The surface's raw relay asks for the upstream's wire-form result (a dict) as the
+    # payload, where the upstream's transport allows it; it may still get a CallToolResult.
+    raw: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,7 @@ class UpstreamCall:
     elicit: ElicitFn | None = None
     log: LogFn | None = None
     log_level: str | None = None
+    raw: bool = False  # see CallRequest.raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +81,8 @@ class InputRequired:
 @dataclass(frozen=True, slots=True)
 class UpstreamReply:
     """What the upstream answered: either a complete result (`payload`, the SDK's
-    CallToolResult, passed through untouched) or an `input_required`."""
+    CallToolResult, or for a raw call its wire-form dict, passed through untouched) or an
+    `input_required`."""
 
     payload: object = None
     is_error: bool = False
@@ -85,6 +90,9 @@ class UpstreamReply:
     # URIs of the resource links and embedded resources in the result: a client may read
     # them through the gateway, which routes the read to this upstream.
     resource_uris: tuple[str, ...] = ()
+    # A raw call's payload already in the SDK server's wire form for this protocol version
+    # (its per-version result surface): a caller on that version needs no second pass.
+    wire_version: str | None = None
 
 
 # The gateway hands an UpstreamReply back to the surface with the request state sealed.

@@ -29,6 +29,7 @@ _DELEGATED = {
     "upstream": ("toolatlas.admin_cli", "upstream_main"),
     "reload": ("toolatlas.admin_cli", "reload_main"),
     "install": ("toolatlas.install", "main"),
+    "stubs": ("toolatlas.stubs.cli", "main"),
 }
 
 
@@ -203,6 +204,8 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
         if not data["matches"]:
             print("no matching tools")
     else:
+        if data.get("environment"):
+            print(f"environment: {data['environment']}")
         for s in data["servers"]:
             reason = f"  ({s['reason']})" if s.get("reason") else ""
             print(f"{s['name']:<24} {s['transport']:<6} {s['state']:<10} {s['tools']:>5} tools{reason}")

@@ -123,6 +123,10 @@ class DaemonSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     require_approval: bool = False
     # "uvloop" when installed (the default), else asyncio's own loop.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    # Free text naming what this daemon serves ("production", "staging", "dev"): it appears in
+    # the meta-tool descriptions, instructions, catalog_status and events, so a model told of
+    # two gateways side by side can tell them apart.
+    environment: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")] = "default"
 
 
 class SearchSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -186,8 +190,19 @@ class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     servers: list[str] = []
 
 
+class SurfaceSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What the model reads (toolatlas.guidance): `templates` is a folder overriding the
+    shipped tool_search.md, execute_tool.md, catalog_status.md, instructions.md ("" = the
+    defaults); `publisher_text = "append"` adds a carded tool's (sanitized) publisher
+    description after the card's text in tool_search matches, "omit" leaves it out."""
+
+    templates: str = ""
+    publisher_text: Literal["omit", "append"] = "omit"
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
+    surface: SurfaceSection = msgspec.field(default_factory=SurfaceSection)
     events: EventsSection = msgspec.field(default_factory=EventsSection)
     search: SearchSection = msgspec.field(default_factory=SearchSection)
     cards: CardsSection = msgspec.field(default_factory=CardsSection)
@@ -299,7 +314,14 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         host_port(cfg.daemon.metrics_addr, key="[daemon] metrics_addr", source=source)
     check_http(cfg.http, source)
     _check_endpoints(cfg, names, source)
-    return _resolve_paths(cfg, Path(source).parent if source != "<string>" else Path.cwd(), source)
+    cfg = _resolve_paths(cfg, Path(source).parent if source != "<string>" else Path.cwd(), source)
+    from toolatlas.guidance import TemplateSet
+
+    TemplateSet.load(cfg.surface.templates)  # a bad template fails here, naming file and placeholder
+    for ep in cfg.endpoint:
+        if ep.templates:
+            TemplateSet.load(ep.templates)
+    return cfg
 
 
 def _check_endpoints(cfg: Config, upstreams: list[str], source: str) -> None:
@@ -358,7 +380,9 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
     for ep in endpoints:
         if ep.templates and not os.path.isdir(ep.templates):
             raise ConfigError(f"{source}: [[endpoint]] {ep.name!r}: templates {ep.templates!r} is not a folder")
-    return msgspec.structs.replace(cfg, daemon=daemon, events=events, upstream=ups, endpoint=endpoints, source=source)
+    surface = msgspec.structs.replace(cfg.surface, templates=resolve_path(cfg.surface.templates, base) or "")
+    return msgspec.structs.replace(cfg, daemon=daemon, events=events, surface=surface, upstream=ups, endpoint=endpoints,
+                                   source=source)
 
 
 def load(path: str | os.PathLike[str]) -> Config:

@@ -1,6 +1,8 @@
 """Structured events: one JSON object a line, on stderr by default (journald under systemd).
 
-Each line is `{"ts": RFC 3339 UTC, "event": NAME, ...fields}`. Names and fields are stable
+Each line is `{"ts": RFC 3339 UTC, "event": NAME, "environment": LABEL, ...fields}` (the
+daemon's `[daemon] environment`, so lines of a production and a staging daemon sharing a
+log pipeline are told apart; left out when no label is set). Names and fields are stable
 (a log pipeline keys on them); `EVENT_FIELDS` below is the list of every event the daemon
 emits with exactly the fields each carries (a test checks it against a running daemon):
 
@@ -108,7 +110,7 @@ MESSAGE_CHARS = 300  # execute_tool_failed's message is cut to this
 
 QUERY_FIELD = "query"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-_RESERVED = ("ts", "event")
+_RESERVED = ("ts", "event", "environment")
 _encode = msgspec.json.Encoder().encode
 
 
@@ -138,6 +140,7 @@ class Events:
         self._stream = stream
         self.audit = audit
         self.log_queries = log_queries
+        self.environment: str | None = None  # the envelope's "environment" (set by the gateway)
         self.redactor = redactor if redactor is not None else Redactor()
         self.redactor.add(secrets)
         self._lock = threading.Lock()
@@ -153,12 +156,14 @@ class Events:
     def emit(self, event: str, **fields: Any) -> None:
         """Write one event line. `event` must be a snake_case name (ValueError otherwise).
 
-        Fields named `ts` or `event` cannot override the envelope; they are written as
-        `field_ts` / `field_event`. Values that are not JSON types are written as `str(value)`.
+        Fields named `ts`, `event` or `environment` cannot override the envelope; they are
+        written as `field_ts` / `field_event` / `field_environment`. Values that are not JSON types are written as `str(value)`.
         """
         if not _NAME_RE.match(event):
             raise ValueError(f"event name {event!r} is not snake_case")
         record: dict[str, Any] = {"ts": rfc3339_now(), "event": event}
+        if self.environment:
+            record["environment"] = self.environment
         for key, value in fields.items():
             if key == QUERY_FIELD and not self.log_queries:
                 continue

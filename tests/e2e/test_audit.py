@@ -100,7 +100,7 @@ def test_every_surface_and_denial_is_audited_with_rotation(audited: tuple[Daemon
     lines = audit_lines(audit)
     for e in lines:  # only audit events, each with exactly its documented fields (no query)
         assert e["event"] in AUDIT_EVENTS, e
-        assert set(e) - {"ts", "event"} == EVENT_FIELDS[e["event"]] - {"query"}, e
+        assert set(e) - {"ts", "event", "environment"} == EVENT_FIELDS[e["event"]] - {"query"}, e
         assert AUDIT_FIELDS <= set(e)
         assert "echo message number" not in json.dumps(e)  # query text only with log_queries
     me = f"uid:{os.getuid()}"

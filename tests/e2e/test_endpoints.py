@@ -35,8 +35,9 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("endpoints")
     port, metrics = free_port(), free_port()
-    for t in ("tpl-prod", "tpl-dev"):
-        (tmp / t).mkdir()
+    for t in ("prod", "dev"):
+        (tmp / f"tpl-{t}").mkdir()
+        (tmp / f"tpl-{t}" / "tool_search.md").write_text(f"Search the {t.upper()} tools ({{environment}}, {{servers}}).\n")
     cfg = (f'[http]\nlisten = "127.0.0.1:{port}"\n[[http.tokens]]\nname = "ci"\nsha256 = "{hash_token(TOKEN)}"\n'
            f'[[endpoint]]\nname = "prod"\nsocket = "{tmp / "run" / "prod.sock"}"\nupstreams = ["alpha"]\n'
            'environment = "production"\ntemplates = "tpl-prod"\n'
@@ -57,6 +58,12 @@ def _socket_view(path: str) -> dict[str, Any]:
     return {"servers": sorted(s["name"] for s in status["servers"]), "endpoint": status["endpoint"],
             "endpoints": status["endpoints"], "matched": sorted({m["server"] for m in found["matches"]}),
             "beta_ok": not beta.get("isError")}
+
+
+def _search_description(path: str) -> str:
+    with RawClient(path, timeout=60) as c:
+        tools = c.request("tools/list", {})["tools"]
+    return next(t["description"] for t in tools if t["name"] == "tool_search")
 
 
 def _passthrough_list(path: str) -> list[str]:
@@ -81,6 +88,10 @@ def test_each_endpoint_serves_only_its_upstreams(env: Env) -> None:
     sections = {s["name"]: s for s in default["endpoints"]}
     assert sections["prod"]["upstreams"] == ["alpha"] and sections["dev"]["upstreams"] == ["beta", "gamma"]
     assert sections["prod"]["tools"] > 0 and sections["default"]["upstreams"] == ["alpha", "beta", "gamma"]
+    # each endpoint's clients read its own templates, rendered with its environment and servers
+    assert _search_description(env.sock("prod")) == "Search the PROD tools (production, alpha)."
+    assert _search_description(env.sock("dev")) == "Search the DEV tools (development, beta, gamma)."
+    assert "REQUIRED FIRST STEP" in _search_description(env.d.socket)
     assert _passthrough_list(env.sock("prod")) == ["alpha"]
     assert _passthrough_list(env.sock("dev")) == ["beta", "gamma"]
     # one pool: each upstream runs once, whatever the number of endpoints

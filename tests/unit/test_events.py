@@ -122,6 +122,19 @@ def test_values_become_json_and_envelope_cannot_be_overridden() -> None:
     assert line["obj"].startswith("<object object")
 
 
+def test_the_envelope_names_the_environment() -> None:
+    """issue 18: every line says which daemon wrote it; a field cannot forge it."""
+    buf = io.StringIO()
+    events = Events(buf)
+    events.emit("config_reload_rejected", reason="x")
+    events.environment = "staging"
+    events.emit("config_reload_rejected", reason="y", environment="forged")
+    first, second = _lines(buf)
+    assert "environment" not in first
+    assert list(second)[:3] == ["ts", "event", "environment"] and second["environment"] == "staging"
+    assert second["field_environment"] == "forged"
+
+
 def test_default_stream_is_stderr_at_emit_time(capsys: pytest.CaptureFixture[str]) -> None:
     Events().emit("tools_list_served", client="claude-code", tools=3, passthrough=False)
     err = capsys.readouterr().err

@@ -29,17 +29,20 @@ from toolatlas.config import Config, secrets
 from toolatlas.errors import ConfigError
 from toolatlas.gateway.admin import UpstreamAdmin
 from toolatlas.gateway.approval import (
-    ApprovalStore, Approvals, Decision, FileApprovalStore, lifecycle, transition_reporter,
+    ApprovalStore, open_approvals,
 )
-from toolatlas.gateway.audit import deny, who
+from toolatlas.gateway.audit import who
 from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.federation import Federation
+from toolatlas.gateway.guide import SurfaceText
+from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.gateway.ports import LOG_LEVELS, Connection, Page
 from toolatlas.gateway.search import SearchService
 from toolatlas.gateway.status import StatusService
 from toolatlas.gateway.tokens import TokenReporter
 from toolatlas.gateway.visibility import Visibility
+from toolatlas.guidance import Guidance, MetaTools
 from toolatlas.metrics import Metrics
 from toolatlas.names import split
 from toolatlas.redact import Redactor
@@ -63,6 +66,21 @@ RESTART_KEYS: tuple[tuple[str, str, str], ...] = (
     ("search.query_threads", "search", "query_threads"),
     ("events.audit_file", "events", "audit_file"),
 )
+
+
+def endpoint_guidance(cfg: Config) -> dict[str, Guidance]:
+    """The guidance of each [[endpoint]] with its own templates or environment (the others,
+    and the default endpoint, are served the daemon's)."""
+    return {ep.name: Guidance.load(ep.templates or cfg.surface.templates, ep.environment or cfg.daemon.environment,
+                                   cfg.surface.publisher_text)
+            for ep in cfg.endpoint if ep.templates or ep.environment}
+
+
+def reconfigure_audit(audit: object, cfg: Config) -> None:
+    """A reload's [events] audit_max_bytes and audit_keep, for the audit file (audit_file
+    itself takes effect at a restart)."""
+    if isinstance(audit, AuditFile):
+        audit.max_bytes, audit.keep = cfg.events.audit_max_bytes, cfg.events.audit_keep
 
 
 def open_audit(cfg: Config) -> AuditFile | None:
@@ -101,10 +119,8 @@ class Gateway:
     def __init__(
         self, cfg: Config, *, engine: Engine | None = None, metrics: Metrics | None = None,
         events: ev.Events | None = None, pool_mode: str = "auto", redactor: Redactor | None = None,
-        approval_store: ApprovalStore | None = None,
+        approval_store: ApprovalStore | None = None,  # default: state_dir/approvals.json
     ) -> None:
-        """`approval_store`: where approval decisions persist (default: state_dir/approvals.json);
-        audit records go to `events.audit` (default: [events] audit_file)."""
         self.cfg = cfg
         self.metrics = metrics or Metrics()
         # The one source of redaction: events, status, call errors (and the log lines, when
@@ -116,10 +132,16 @@ class Gateway:
         self.engine = engine or make_engine(cfg)
         self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
         self.index_ready = anyio.Event()
-        self.approvals = Approvals(approval_store or FileApprovalStore(cfg.daemon.state_dir),
-                                   on_transition=transition_reporter(self.events, self.metrics))
-        self.approvals.reconcile(cfg)
+        self.approvals = open_approvals(cfg, approval_store, self.events, self.metrics)
         self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set, self.approvals.blocked)
+        # What the model reads of the gateway: templates and environment (a value, so an
+        # endpoint can be given its own: see `guidance_for`).
+        self.guidance = Guidance.load(cfg.surface.templates, cfg.daemon.environment, cfg.surface.publisher_text)
+        self.endpoint_guidance = endpoint_guidance(cfg)
+        self.events.environment = cfg.daemon.environment
+        self.definitions = MatchBuilder()  # tool definitions for `toolatlas stubs`
+        self.text = SurfaceText(self.guidance_for, self.visibility, lambda: self.catalog.view,
+                                lambda: [u.name for u in self.cfg.upstream])
         self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream, mode=pool_mode,
                          on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=self._on_log)
         self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
@@ -130,12 +152,14 @@ class Gateway:
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
         self.searches = SearchService(
             self.catalog, self.visibility, mode=lambda: self.cfg.search.mode, rift=lambda: self.rift.report,
-            metrics=self.metrics, events=self.events,
+            metrics=self.metrics, events=self.events, guidance=self.guidance_for,
             starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
-            redactor=self.redactor, approval=lambda name, state: lifecycle(self.approvals.decision(name), state),
+            redactor=self.redactor, approval=self.approvals.lifecycle,
+            environment=lambda conn: self.guidance_for(conn).environment,
+            meta_tools=self.meta_tools,
         )
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
@@ -144,8 +168,7 @@ class Gateway:
             asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
         )
         self.admin = UpstreamAdmin(self.pool, self.catalog, lambda: self.cfg.upstream, redactor=self.redactor,
-                                   events=self.events, metrics=self.metrics,
-                                   approval=lambda name, state: lifecycle(self.approvals.decision(name), state))
+                                   events=self.events, metrics=self.metrics, approval=self.approvals.lifecycle)
         self._tg: anyio.abc.TaskGroup | None = None
         self.metrics.set_state_source(self.status_service.snapshot)
 
@@ -206,14 +229,6 @@ class Gateway:
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
 
-    async def decide_approval(self, name: str, decision: Decision, by: str) -> dict[str, Any]:
-        """An operator's approve/reject (see gateway.approval); clients whose lists change are told."""
-        result = self.approvals.decide(name, decision, by)
-        if result["approval"] != result["previous"]:
-            await self.catalog.announce()
-            await self.federation.reloaded()
-        return result
-
     def _observe_upstream(self, upstream: str, kind: str, fields: dict[str, Any]) -> None:
         """Upstream lifecycle into metrics and structured events."""
         if kind == "state":
@@ -232,21 +247,20 @@ class Gateway:
         if self.calls.inflight:
             log.warning("shutting down with %d calls still in flight after %.1f s", self.calls.inflight, timeout)
 
-    def close_audit(self) -> None:
-        """Sync and close the audit sink (the daemon is stopping)."""
-        if self.events.audit is not None:
-            self.events.audit.close()
-
     async def close_upstreams(self, timeout: float = 20.0) -> None:
         """Stop every upstream session in its owner task (children reaped) before the
         task tree is cancelled."""
         with anyio.move_on_after(timeout, shield=True):
             await self.pool.reconcile([])
 
-    async def reload(self, new: Config, attestor: Attestor) -> dict[str, list[str]]:
-        """Apply a re-read config (its [cards] already checked into `attestor`): upstreams
-        added, removed or changed are reconciled; the unchanged keep their warm session,
-        index entries and card verdicts. Keys that need a restart are logged."""
+    async def reload(self, new: Config, attestor: Attestor, guidance: Guidance | None = None) -> dict[str, list[str]]:
+        """Apply a re-read config (its [cards] already checked into `attestor`, its templates
+        into `guidance`, else loaded here first, ConfigError before anything changes):
+        upstreams added, removed or changed are reconciled; the unchanged keep their warm
+        session, index entries and card verdicts. Keys that need a restart are logged. New
+        templates or environment reach clients with the announce (tools/list_changed)."""
+        self.guidance = guidance or Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)
+        self.endpoint_guidance = endpoint_guidance(new)
         old = self.cfg
         needs_restart = restart_keys(old, new)
         if needs_restart:
@@ -264,8 +278,8 @@ class Gateway:
         self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
         self.events.log_queries = new.daemon.log_queries
-        if isinstance(self.events.audit, AuditFile):
-            self.events.audit.max_bytes, self.events.audit.keep = new.events.audit_max_bytes, new.events.audit_keep
+        reconfigure_audit(self.events.audit, new)
+        self.events.environment = new.daemon.environment
         await self.pool.reconcile(new.upstream)
         for name in summary["removed"]:
             await self._on_tools(name, None)
@@ -285,11 +299,15 @@ class Gateway:
     def starting(self) -> bool:
         return not self.index_ready.is_set()
 
+    def guidance_for(self, conn: Connection | None) -> Guidance:
+        """The templates and environment `conn` is served with: its [[endpoint]]'s, else the daemon's."""
+        return self.guidance if conn is None else self.endpoint_guidance.get(conn.endpoint, self.guidance)
+
     def instructions(self, conn: Connection | None) -> str:
-        allowed = self.visibility.allowed_servers(conn) if conn is not None else set()
-        names = ", ".join(u.name for u in self.cfg.upstream if u.name in allowed) or "none yet"
-        return (f"toolatlas federates these MCP servers: {names}. "
-                "Use tool_search to find a tool for your task, then execute_tool to call it.")
+        return self.text.instructions(conn)
+
+    def meta_tools(self, conn: Connection) -> MetaTools:
+        return self.text.meta_tools(conn)
 
     def passthrough_for(self, conn: Connection) -> bool:
         return self.visibility.passthrough_for(conn)
@@ -306,9 +324,6 @@ class Gateway:
     def bad_message(self) -> None:
         self.metrics.count_error("bad_client_message")
 
-    def denied(self, conn: Connection, surface: str, target: str | None, reason: str) -> None:
-        deny(self.events, self.metrics, conn, surface, target, reason)
-
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
         return await self.searches.search(query, top_k, servers, conn)
 
@@ -323,6 +338,12 @@ class Gateway:
 
     def status(self, conn: Connection) -> Mapping[str, Any]:
         return self.status_service.status(conn, self._tg if self.index_ready.is_set() else None)
+
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        allowed = self.visibility.allowed_servers(conn)
+        if servers is not None:
+            self.visibility.search_scope(servers, allowed)  # BadInput naming a server it may not use
+        return self.definitions.definitions(self.catalog.view, set(servers) & allowed if servers is not None else allowed)
 
     def may_use(self, conn: Connection, server: str) -> bool:
         return server in self.visibility.allowed_servers(conn)

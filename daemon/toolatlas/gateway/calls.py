@@ -171,7 +171,7 @@ class CallService:
             allow_input_required=call.allow_input_required,
             input_responses=call.input_responses if call.allow_input_required else None,
             request_state=upstream_state, elicit=exchange.ask if exchange is not None else call.elicit,
-            log=call.log, log_level=call.log_level,
+            log=call.log, log_level=call.log_level, raw=call.raw,
         )
         if self.inflight == 0:
             self._idle = anyio.Event()

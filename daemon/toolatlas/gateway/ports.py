@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from toolatlas.calls import CallOutcome, CallRequest, ElicitFn, InputRequired, LogFn, ProgressFn
 from toolatlas.catalog.model import ToolRecord
+from toolatlas.guidance import MetaTools
 
 
 # The endpoint of [daemon] socket and the HTTP endpoint's /mcp.
@@ -121,6 +122,11 @@ class GatewayPort(Protocol):
         """The MCP `instructions` for `conn` (None: no caller known): names only what it may use."""
         ...
 
+    def meta_tools(self, conn: Connection) -> MetaTools:
+        """The three meta-tools as `conn` reads them (rendered templates), with a fingerprint
+        that changes whenever their text does."""
+        ...
+
     def passthrough_for(self, conn: Connection) -> bool: ...
 
     def visible_records(self, conn: Connection) -> list[ToolRecord]: ...
@@ -128,11 +134,6 @@ class GatewayPort(Protocol):
     def tools_listed(self, conn: Connection, *, passthrough: bool, tools: int) -> None: ...
 
     def bad_message(self) -> None: ...
-
-    def denied(self, conn: Connection, surface: str, target: str | None, reason: str) -> None:
-        """Record an access denial the surface decided (an HTTP request without a valid
-        token): the `access_denied` audit event and its counter."""
-        ...
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]: ...
 
@@ -201,8 +202,14 @@ class AdminPort(Protocol):
         """Record one operator command (event and metric); `outcome` ok|failed|bad_input|refused|error."""
         ...
 
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        """Every tool `conn` may use (of `servers`, when given; naming one it may not use is
+        BadInput), each as a tool_search match shows it, without score: for `toolatlas stubs`."""
+        ...
+
 
 __all__ = [
-    "DEFAULT_ENDPOINT", "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired", "LOG_LEVELS",
-    "LogFn", "OAuthIdentity", "Page", "ProgressFn", "REQUEST", "Request", "SurfaceStats", "ToolRecord",
+    "DEFAULT_ENDPOINT", "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort",
+    "InputRequired", "LOG_LEVELS", "LogFn", "MetaTools", "OAuthIdentity", "Page", "ProgressFn", "REQUEST", "Request",
+    "SurfaceStats", "ToolRecord",
 ]

@@ -13,8 +13,10 @@ from toolatlas import events as ev
 from toolatlas.errors import BadInput
 from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.catalog import LiveCatalog
+from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.visibility import Visibility
+from toolatlas.guidance import Guidance
 from toolatlas.metrics import Metrics
 from toolatlas.names import split
 from toolatlas.retrieval.embed import usable_cores
@@ -32,10 +34,14 @@ class SearchService:
         self, catalog: LiveCatalog, visibility: Visibility, *, mode: Callable[[], str],
         rift: Callable[[], RiftReport | None], metrics: Metrics, events: ev.Events,
         starting: Callable[[set[str]], list[str]] = lambda _allowed: [],
+        guidance: Callable[[Connection], Guidance] | None = None,
     ) -> None:
         """`starting(allowed)`: what the daemon still waits for before its first index is
-        ready (empty once it is); an answer given meanwhile carries it as `waiting_for`."""
+        ready (empty once it is); an answer given meanwhile carries it as `waiting_for`.
+        `guidance(conn)`: what that connection is shown of publisher text."""
         self._catalog = catalog
+        self._guidance = guidance
+        self._matches = MatchBuilder()
         self._starting = starting
         self._visibility = visibility
         self._mode = mode
@@ -105,17 +111,18 @@ class SearchService:
         loaded = self._catalog.engine_loaded.is_set()
         degraded = outcome.degraded if outcome is not None else (None if loaded else "index-not-ready")
         cached = outcome is not None and outcome.cached
-        by_name = self._catalog.view.by_name
+        view = self._catalog.view
+        by_name = view.by_name
+        publisher_text = self._guidance(conn).publisher_text if self._guidance is not None else "omit"
         matches: list[dict[str, Any]] = []
         for hit in outcome.hits if outcome is not None else ():
             rec = by_name.get(hit.name)
             if rec is None or rec.server not in scope:
                 continue
-            matches.append({
-                "name": rec.name, "server": rec.server, "tool": rec.tool, "description": rec.description,
-                "inputSchema": rec.input_schema, "score": round(float(hit.score), 6),
-            })
-        matches = matches[:top_k]
+            matches.append(self._matches.match(rec, view.server(rec.server).verdict, hit.score,
+                                               publisher_text=publisher_text))
+            if len(matches) >= top_k:
+                break
         add_rift_notes(self._rift(), matches, allowed)
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
@@ -137,22 +144,43 @@ class SearchService:
         return answer
 
 
+NOTE_SIBLINGS = 3  # other tools a Rift note names at most
+
+
 def add_rift_notes(report: RiftReport | None, matches: list[dict[str, Any]], allowed: set[str]) -> None:
-    """Matches that share a HIGH/MEDIUM Rift cluster get a note on what sets them apart,
-    naming only siblings on servers in `allowed` (those the caller may use)."""
+    """Matches that share a HIGH/MEDIUM Rift cluster get one note per answer, on the best
+    ranked of them: which tools it is easily confused with (at most NOTE_SIBLINGS, those in
+    the answer first) and the words that set each apart. Only siblings on servers in
+    `allowed` (those the caller may use) are ever named."""
     if report is None or len(matches) < 2:
         return
-    clusters: dict[int, int] = {}
+
+    def visible(name: str) -> bool:
+        parsed = split(name)
+        return parsed is not None and parsed[0] in allowed
+
+    done: set[int] = set()
     for m in matches:
         diag = report.tools.get(m["name"])
-        if diag is not None:
-            clusters[diag.cluster] = clusters.get(diag.cluster, 0) + 1
-    for m in matches:
-        diag = report.tools.get(m["name"])
-        if diag is not None and clusters[diag.cluster] >= 2:
-            note = report.note_for(m["name"], visible=lambda n: (p := split(n)) is not None and p[0] in allowed)
-            if note:
-                m["note"] = note
+        if diag is None or diag.cluster in done or report.clusters[diag.cluster].risk not in ("high", "medium"):
+            continue
+        in_answer = [x["name"] for x in matches if x["name"] != m["name"]
+                     and (d := report.tools.get(x["name"])) is not None and d.cluster == diag.cluster]
+        if not in_answer:
+            continue
+        done.add(diag.cluster)
+        members = report.clusters[diag.cluster].members
+        others = list(dict.fromkeys([*in_answer, *(n for n in members if n != m["name"])]))
+        others = [n for n in others if visible(n)]
+        if not others:
+            continue
+        shown = others[:NOTE_SIBLINGS]
+        more = f" (+{len(others) - len(shown)} more)" if len(others) > len(shown) else ""
+        apart = [f"{n}: {', '.join(t.distinguishing[:3])}" for n in (m["name"], *shown)
+                 if (t := report.tools.get(n)) is not None and t.distinguishing]
+        m["note"] = (f"Easily confused with {', '.join(shown)}{more}"
+                     + (f"; what sets each apart: {'; '.join(apart)}." if apart else
+                        "; their descriptions do not tell them apart."))
 
 
-__all__ = ["INDEX_WAIT_S", "SearchService", "add_rift_notes"]
+__all__ = ["INDEX_WAIT_S", "NOTE_SIBLINGS", "SearchService", "add_rift_notes"]

@@ -14,6 +14,7 @@ from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection, SurfaceStats
 from toolatlas.gateway.tokens import Scope, TokenReporter
 from toolatlas.gateway.visibility import Visibility
+from toolatlas.guidance import MetaTools
 from toolatlas.metrics import StateSnapshot
 from toolatlas.names import split
 from toolatlas.redact import Redactor
@@ -47,10 +48,16 @@ class StatusService:
         self, catalog: LiveCatalog, visibility: Visibility, pool: Pool, tokens: TokenReporter, rift: RiftRunner,
         *, index_ready: Callable[[], bool], redactor: Redactor | None = None,
         approval: Callable[[str, str], str] = lambda _name, _state: "active",
+        environment: Callable[[Connection], str] = lambda _conn: "default",
+        meta_tools: Callable[[Connection], MetaTools] | None = None,
     ) -> None:
-        """`approval(name, state)`: an upstream's approval lifecycle state (gateway.approval)."""
+        """`approval(name, state)`: an upstream's approval lifecycle state (gateway.approval);
+        `environment(conn)`: the environment label that connection is served with;
+        `meta_tools(conn)`: the meta-tools as it reads them (what its token figures count)."""
         self._approval = approval
         self._redact = redactor or Redactor()
+        self._environment = environment
+        self._meta_tools = meta_tools
         self._catalog = catalog
         self._visibility = visibility
         self._pool = pool
@@ -118,7 +125,7 @@ class StatusService:
         # None: the caller sees every configured server, so the global figures are its own.
         upstreams = self._pool.status()
         scope: Scope = None if allowed >= set(view.servers) | {st.name for st in upstreams} else frozenset(allowed)
-        self._tokens.ensure(tg, scope)
+        self._tokens.ensure(tg, scope, self._meta_tools(conn) if self._meta_tools is not None else None)
         servers = []
         for st in upstreams:
             if st.name not in permitted:
@@ -165,6 +172,7 @@ class StatusService:
         available = view.available
         # Reasons carry upstream stderr, URLs and error texts: no configured secret leaves here.
         report: dict[str, Any] = self._redact.tree({
+            "environment": self._environment(conn),
             "servers": servers,
             "tools": sum(1 for r in view.by_name.values() if r.server in allowed and r.server in available),
             "index": {"ready": self._index_ready(), **stats},

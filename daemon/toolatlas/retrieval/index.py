@@ -226,7 +226,25 @@ class IndexBuilder:
         dim = emb.dim if emb is not None else dim
         snap = build_snapshot(version, entries, self.vec_of if dim else None, dim, self.hnsw)
         self.entries = entries
+        if snap.vecs is not None:
+            self._share(snap)
         return snap, failure
+
+    def _share(self, snap: Snapshot) -> None:
+        """Keep one copy of each live vector: the cache's entry for a live document becomes a
+        row of the snapshot's matrix (a view), so the cache no longer holds its own array
+        beside it. A cached vector no longer live that still views an older matrix, or the
+        buffer of the file it was loaded from, is copied out, so that matrix or buffer can go."""
+        assert snap.vecs is not None
+        live: dict[bytes, int] = {}
+        for i, e in enumerate(self.entries.values()):
+            live.setdefault(e.key, i)
+        vec_of, mat = self.vec_of, snap.vecs
+        for key, vec in vec_of.items():
+            if key not in live and vec.base is not None:
+                vec_of[key] = vec.copy()
+        for key, i in live.items():
+            vec_of[key] = mat[i]
 
     def _embed_missing(self, emb: Embedder, ents: Sequence[Entry]) -> None:
         missing: dict[bytes, str] = {}

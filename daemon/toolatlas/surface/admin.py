@@ -8,11 +8,14 @@
 | `toolatlas/upstream/approve` | `{"name"}` | `{"upstream", "approval": "approved", "previous"}` |
 | `toolatlas/upstream/reject` | `{"name"}` | `{"upstream", "approval": "rejected", "previous"}` |
 | `toolatlas/reload` | `{}` | `{"applied": true, "added", "removed", "changed", "restart_needed"}` or `{"applied": false, "error"}` |
+| `toolatlas/tools` | `{"servers"?: [..]}` | `{"tools": [definitions as tool_search matches show them, without score]}`: for any peer, of the servers it may use (what `toolatlas stubs` generates from) |
 
 The socket's reader (surface.wire) hands these requests here before the MCP server sees the
 line: they are no MCP tools, and the HTTP endpoint refuses them (surface.http). Only a peer
 whose kernel-reported uid (SO_PEERCRED) is the daemon's own or root's may use them
-(`access.admin_refusal`); anyone else gets error FORBIDDEN naming why. Other errors:
+(`access.admin_refusal`); anyone else gets error FORBIDDEN naming why. `toolatlas/tools` is
+the exception: any peer may ask, and gets only what its access rules let it use (like
+tools/list, it is not audited). Other errors:
 -32601 an unknown `toolatlas/` method (the message lists them), -32602 bad params or an
 unknown upstream (the message lists the configured ones), -32000 an upstream that cannot do
 it now (not connected, too slow), -32603 a bug (logged). Every command is audited.
@@ -74,6 +77,19 @@ METHODS: dict[str, Handler] = {
 }
 
 
+async def _tools(port: AdminPort, conn: Connection, params: dict[str, Any]) -> dict[str, Any]:
+    servers = params.get("servers")
+    if servers is not None and (not isinstance(servers, list) or not all(isinstance(x, str) for x in servers)):
+        raise BadInput("`servers` must be a list of server names")
+    return {"tools": port.tool_definitions(conn, servers)}
+
+
+# Methods any peer may use: they answer within its own access rules.
+PUBLIC: dict[str, Callable[[AdminPort, Connection, dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+    "toolatlas/tools": _tools,
+}
+
+
 def _name(params: dict[str, Any]) -> str:
     name = params.get("name")
     if not isinstance(name, str) or not name:
@@ -110,6 +126,15 @@ class AdminLane:
     ) -> dict[str, Any]:
         params = params or {}
         REQUEST.set(Request(id_, method[:80]))
+        public = PUBLIC.get(method)
+        if public is not None:
+            try:
+                return {"jsonrpc": "2.0", "id": id_, "result": await public(self.port, conn, params)}
+            except BadInput as exc:
+                return _error(id_, INVALID_PARAMS, str(exc))
+            except Exception:
+                log.exception("%r failed", method)
+                return _error(id_, INTERNAL_ERROR, f"internal error: {method} failed; the daemon's log has the details")
         refusal = admin_refusal(conn.uid, self.daemon_uid)
         if refusal is not None:
             log.warning("refused %r from pid %s uid %s: not the daemon's owner", method[:80], conn.pid, conn.uid)
@@ -120,7 +145,7 @@ class AdminLane:
         if handler is None:
             self.port.audit_admin(conn, method, upstream=None, outcome="bad_input", message="unknown method")
             return _error(id_, METHOD_NOT_FOUND, f"unknown operator method {method[:80]!r}; the daemon offers "
-                          f"{', '.join(METHODS)}")
+                          f"{', '.join([*METHODS, *PUBLIC])}")
         try:
             result = await handler(self.port, params, conn)
         except BadInput as exc:
@@ -138,4 +163,4 @@ class AdminLane:
         return {"jsonrpc": "2.0", "id": id_, "result": result}
 
 
-__all__ = ["ADMIN_PREFIX", "FORBIDDEN", "METHODS", "AdminLane"]
+__all__ = ["ADMIN_PREFIX", "FORBIDDEN", "METHODS", "PUBLIC", "AdminLane"]

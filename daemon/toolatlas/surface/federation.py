@@ -186,10 +186,10 @@ def log_relay(ctx: Any) -> tuple[LogFn | None, str | None]:
     return relay, wanted
 
 
-_ELICIT = types.ClientCapabilities(elicitation=types.ElicitationCapability())
+ELICIT = types.ClientCapabilities(elicitation=types.ElicitationCapability())
 
 
-async def _cannot_ask(_params: dict[str, Any]) -> dict[str, Any]:
+async def cannot_ask(_params: dict[str, Any]) -> dict[str, Any]:
     raise RelayRefused("the calling MCP client did not declare the elicitation capability, so it cannot be asked; "
                        "use a client that supports elicitation")
 
@@ -201,8 +201,8 @@ def elicit_relay(ctx: Any) -> ElicitFn | None:
     relay that refuses, saying that the client cannot be asked."""
     session = ctx.session
     request_id = ctx.request_id
-    if not session.check_client_capability(_ELICIT):
-        return _cannot_ask
+    if not session.check_client_capability(ELICIT):
+        return cannot_ask
     if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
         return None
 
@@ -220,4 +220,4 @@ def elicit_relay(ctx: Any) -> ElicitFn | None:
     return relay
 
 
-__all__ = ["RESOURCE_NOT_FOUND", "Relays", "elicit_relay", "log_relay", "register", "rpc_error"]
+__all__ = ["ELICIT", "RESOURCE_NOT_FOUND", "cannot_ask", "Relays", "elicit_relay", "log_relay", "register", "rpc_error"]

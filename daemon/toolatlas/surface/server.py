@@ -18,7 +18,6 @@ from contextvars import ContextVar
 from typing import Any
 
 import anyio
-import msgspec
 
 import mcp_types as types
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -29,15 +28,16 @@ from mcp.shared.exceptions import MCPError
 
 from toolatlas import __version__
 from toolatlas.errors import BadInput, ToolatlasError
-from toolatlas.gateway.ports import REQUEST, CallOutcome, CallRequest, Connection, GatewayPort, Request
-from toolatlas.surface import federation
+from toolatlas.gateway.ports import REQUEST, CallRequest, Connection, GatewayPort, Request
+from toolatlas.surface import federation, relay
+from toolatlas.surface.results import call_result, error_result, json_result
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
-from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
+from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, tool_format
+from toolatlas.surface.meta import META_SEEN, meta_tools, search_result
 
 log = logging.getLogger(__name__)
 
 CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
-_encode = msgspec.json.Encoder().encode  # several times faster than json.dumps on a result
 
 
 CONNECTION: ContextVar[Connection | None] = ContextVar("toolatlas_connection", default=None)
@@ -76,42 +76,9 @@ def _connection(ctx: Any, via: str | None = None) -> Connection:
     return conn
 
 
-def call_result(outcome: CallOutcome) -> types.CallToolResult | types.InputRequiredResult:
-    """The SDK result for a routed call: the upstream's own result, passed through, or its
-    input_required with the gateway's sealed state."""
-    if outcome.input_required is not None:
-        return types.InputRequiredResult(
-            input_requests=outcome.input_required.input_requests,  # type: ignore[arg-type]
-            request_state=outcome.input_required.request_state,
-        )
-    if not isinstance(outcome.payload, types.CallToolResult):
-        raise ToolatlasError(f"upstream returned {type(outcome.payload).__name__}, not a tool result")
-    return outcome.payload
-
-
-def json_result(obj: Any, *, is_error: bool = False) -> dict[str, Any]:
-    """A meta-tool result: the JSON as text content and as structuredContent.
-
-    A plain mapping in wire form, not a `CallToolResult`: the SDK validates and shapes a
-    handler's result for the connection's protocol version either way, so building the model
-    first only walks the result twice more (tool_search answers carry full input schemas)."""
-    result: dict[str, Any] = {
-        "content": [{"type": "text", "text": _encode(obj).decode()}],
-        "isError": is_error,
-        "resultType": "complete",  # required on 2026-07-28; the SDK drops it for older versions
-    }
-    if isinstance(obj, dict):
-        result["structuredContent"] = obj
-    return result
-
-
-def error_result(message: str) -> dict[str, Any]:
-    """An isError result a model can read and act on (wire form, as `json_result`)."""
-    return {"content": [{"type": "text", "text": message}], "isError": True, "resultType": "complete"}
-
-
 def _search_args(gw: GatewayPort, args: dict[str, Any]) -> tuple[str, int, list[str] | None]:
-    """tool_search's (query, top_k, servers), or BadInput saying what is wrong."""
+    """tool_search's (query, top_k, servers), or BadInput saying what is wrong (`format` too)."""
+    tool_format(args.get("format"))
     query = args.get("query")
     if not isinstance(query, str) or not query.strip():
         raise BadInput("tool_search needs a non-empty string `query`")
@@ -125,16 +92,11 @@ async def tool_search(gw: GatewayPort, conn: Connection, args: dict[str, Any]) -
     """The tool_search result for `args`; bad input is an isError result, not an exception."""
     try:
         query, top_k, servers = _search_args(gw, args)
-        return json_result(await gw.search(query, top_k, servers, conn))
+        return search_result(await gw.search(query, top_k, servers, conn), args)
     except ToolatlasError as exc:
         return error_result(str(exc))
 
 
-def _tool(defn: dict[str, Any]) -> types.Tool:
-    return types.Tool(name=defn["name"], description=defn["description"], input_schema=defn["inputSchema"])
-
-
-_META = [_tool(t) for t in META_TOOLS]
 
 
 class Connections:
@@ -184,7 +146,7 @@ class Connections:
 class ConnectionBus:
     """The `subscriptions/listen` fan-out (2026-07-28) with the gateway's own rule: a
     listener hears `tools/list_changed` only when the list *its* connection sees changed
-    (passthrough views), never for the three meta-tools, which do not change."""
+    (passthrough views, or the meta-tools' rendered text)."""
 
     def __init__(self, wants: Callable[[Connection], bool]) -> None:
         self._wants = wants  # does this connection's list change now?
@@ -222,10 +184,17 @@ class Surface:
         self.bus = ConnectionBus(self._list_changes_for)
         self.server = build_server(gw, self.bus)
         self.relays = federation.Relays(gw, self.connections.everyone, self.bus.publish)
-        self.lane = fast_lane(gw, self)
+        calls = relay.call_lane(gw, self.server, CONNECTION.get) if relay.enabled() else None
+        self.lane = relay.combined(fast_lane(gw, self), calls)
 
     def _list_changes_for(self, conn: Connection) -> bool:
-        return bool(conn.saw_passthrough) or self.gw.passthrough_for(conn)
+        """Whether `conn`'s tools/list now differs from what it last listed: a passthrough
+        view (any catalog change), or meta-tools whose text changed (templates reloaded,
+        new domains)."""
+        if conn.saw_passthrough or self.gw.passthrough_for(conn):
+            return True
+        seen = conn.extra.get(META_SEEN)
+        return seen is not None and seen != self.gw.meta_tools(conn).fingerprint
 
     def client_count(self) -> int:
         return len(self.connections)
@@ -247,7 +216,7 @@ class Surface:
             if conn.session is None or conn.saw_passthrough is None:
                 continue
             if not self._list_changes_for(conn):
-                continue  # it sees the three meta-tools, which never change
+                continue  # it sees the three meta-tools, and their text is as it listed them
             try:
                 with anyio.move_on_after(2):
                     await conn.session.send_tool_list_changed()  # type: ignore[attr-defined]
@@ -272,6 +241,16 @@ class _Server(Server[Any]):
     def instructions(self, _value: str | None) -> None:
         pass  # computed per caller; the SDK's constructor assigns None
 
+    def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
+        """The SDK's capabilities, except that resource subscriptions are not offered: the
+        SDK derives `resources.subscribe` from serving subscriptions/listen (2026-07-28), but
+        toolatlas does not relay an upstream's notifications/resources/updated (README,
+        "Resources and prompts"), so a client must not be told it would hear them."""
+        caps = super().get_capabilities(*args, **kwargs)
+        if caps.resources is not None and caps.resources.subscribe:
+            caps.resources = caps.resources.model_copy(update={"subscribe": False})
+        return caps
+
 
 def internal_error(method: str) -> MCPError:
     """The JSON-RPC error for a handler that failed unexpectedly (logged here, with the
@@ -289,7 +268,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
         passthrough = gw.passthrough_for(conn)
         conn.saw_passthrough = passthrough
         if not passthrough:
-            tools = _META
+            tools = meta_tools(gw, conn)
         else:
             tools = [
                 types.Tool(
@@ -367,7 +346,7 @@ def _call(ctx: Any, params: types.CallToolRequestParams, name: str, arguments: o
 
 
 _FAST_PARAMS = frozenset({"name", "arguments", "_meta"})
-_FAST_ARGS = frozenset({"query", "top_k", "servers"})
+_FAST_ARGS = frozenset({"query", "top_k", "servers", "format"})
 
 Lane = Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]] | None]
 
@@ -378,7 +357,7 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
     here, three quarters of a cache hit's time in the daemon and a tenth of a miss's.
 
     Returns `lane(message)` for the socket's reader. It takes a plain `tools/call` of
-    `tool_search` (arguments no more than query, top_k, servers; no `_meta`) on a
+    `tool_search` (arguments no more than query, top_k, servers, format; no `_meta`) on a
     handshake-era connection the SDK has already let through its initialization gate, and
     returns the JSON-RPC response: at once when the result cache holds the answer, else an
     awaitable the reader runs in a task. Anything else (a progress token, a 2026-07-28
@@ -406,7 +385,7 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
         except BadInput:
             answer = None  # tool_search reports it
         if answer is not None:
-            return _response(id_, json_result(answer))
+            return _response(id_, search_result(answer, args))
 
         async def search() -> dict[str, Any]:
             REQUEST.set(Request(id_, TOOL_SEARCH))

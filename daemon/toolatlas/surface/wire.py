@@ -24,7 +24,6 @@ from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
 from toolatlas.jsonlines import BoundedLines, Oversized
-from toolatlas.meta_tools import TOOL_SEARCH
 from toolatlas.surface.admin import ADMIN_PREFIX
 from toolatlas.surface.rpccheck import INTERNAL_ERROR, INVALID_REQUEST, Refusal, screen
 
@@ -32,10 +31,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 _CHUNK = 65536
-_FAST_TOOL = f'"{TOOL_SEARCH}"'.encode()  # the only tool the fast lane serves
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
+# lane(request, send): the JSON-RPC response, an awaitable of it, or None (see ndjson_streams).
+Lane = Callable[[dict[str, Any], Callable[[bytes], Awaitable[None]]],
+                "dict[str, Any] | Awaitable[dict[str, Any]] | None"]
 # admin(id, method, params): the JSON-RPC response to an operator request (surface.admin).
 Admin = Callable[[str | int, str, dict[str, Any] | None], Awaitable[dict[str, Any]]]
 
@@ -46,17 +47,19 @@ async def ndjson_streams(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     on_bad_message: Callable[[str], None] | None = None,
-    fast_lane: Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]] | None] | None = None,
+    fast_lane: Lane | None = None,
     message_timeout: float | None = None,
     idle_timeout: float = 0.0,
     admin: Admin | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Yield `(read_stream, write_stream)` carrying MCP messages over `stream`.
 
-    `fast_lane(request)`, when given, sees each `tools/call` request that names
-    `tool_search` first (as decoded JSON; other lines, an execute_tool's arguments of up to
-    `max_bytes` among them, are not decoded twice) and may take it: it returns the whole JSON-RPC response, or an awaitable of it
-    (run in its own task), or None to pass the request on to the SDK.
+    `fast_lane(request, send)`, when given, sees each `tools/call` request first (as decoded
+    JSON) and may take it: it returns the whole JSON-RPC response, or an awaitable of it (run
+    in its own task, which a `notifications/cancelled` naming the request, or the end of the
+    connection, cancels; no response is sent then), or None to pass the request on to the
+    SDK. `send(line)` writes a line to the peer (a progress notification), dropping it when
+    the peer has gone.
 
     With `message_timeout`, the first message and every message once started must arrive
     within that many seconds, or the peer is told so and the read side ends (a stalled or
@@ -93,22 +96,46 @@ async def ndjson_streams(
         log.debug("bad client message: %s", refusal.message)
         await send_if_open(refusal.line())
 
+    lane_calls: dict[Any, anyio.CancelScope] = {}  # lane requests in flight, by id
+
     async def finish(id_: Any, pending: Awaitable[dict[str, Any]], what: str = "the search") -> None:
+        scope = anyio.CancelScope()
+        lane_calls.setdefault(id_, scope)  # a reused id in flight: the first one is cancellable
+        line: bytes | None = None
         try:
-            reply = await pending
-        except Exception:  # as the SDK answers a handler that raised
-            log.exception("request %r failed", id_)
-            await send_if_open(Refusal(INTERNAL_ERROR, f"internal error: {what} failed; the daemon's log has "
-                                       "the details", id_).line())
+            with scope:
+                try:
+                    line = _encode(await pending) + b"\n"
+                except Exception:  # as the SDK answers a handler that raised
+                    log.exception("request %r failed", id_)
+                    line = Refusal(INTERNAL_ERROR, f"internal error: {what} failed; the daemon's log has the details",
+                                   id_).line()
+        finally:
+            if lane_calls.get(id_) is scope:
+                del lane_calls[id_]
+        if scope.cancelled_caught:
+            log.debug("request %r cancelled by the client; no response", id_)
+        elif line is not None:
+            await send_if_open(line)  # whole, never cut by a late cancel
+
+    def cancelled(line: bytes) -> None:
+        """A client's notifications/cancelled for a lane request cancels its task."""
+        try:
+            msg = _decode(line)
+        except Exception:  # noqa: BLE001 - the SDK path reports bad JSON
             return
-        await send_if_open(_encode(reply) + b"\n")
+        params = msg.get("params") if isinstance(msg, dict) else None
+        if isinstance(params, dict) and msg.get("method") == "notifications/cancelled":
+            scope = lane_calls.get(params.get("requestId"))
+            if scope is not None:
+                scope.cancel()
 
     async def fast(line: bytes) -> bool:
         """Whether `fast_lane` took this line (a failure to parse it leaves it to the SDK)."""
         assert fast_lane is not None
         try:
             msg = _decode(line)
-            reply = fast_lane(msg) if isinstance(msg, dict) and msg.get("method") == "tools/call" else None
+            reply = fast_lane(msg, send_if_open) if isinstance(msg, dict) and msg.get("method") == "tools/call" else None
         except Exception:  # noqa: BLE001 - bad JSON and the like: the SDK path reports it
             log.debug("fast lane passed on a message", exc_info=True)
             return False
@@ -127,8 +154,10 @@ async def ndjson_streams(
             return
         if line in (b"", b"\r"):
             return
-        if fast_lane is not None and b'"tools/call"' in line and _FAST_TOOL in line and await fast(line):
+        if fast_lane is not None and b'"tools/call"' in line and await fast(line):
             return
+        if lane_calls and b'"notifications/cancelled"' in line:
+            cancelled(line)  # and on to the SDK, which may have requests of its own to cancel
         message, refusal = screen(line)
         if refusal is not None:
             await bad(refusal)

@@ -118,12 +118,14 @@ async def follow_pages(
     raise UpstreamProtocolError(f"upstream {server!r} {method} did not end within {MAX_PAGES} pages")
 
 
-async def list_all_tools(client: Client, name: str, *, refresh: bool = True) -> list[mcp_types.Tool]:
+async def list_all_tools(client: Client, name: str) -> list[mcp_types.Tool]:
     """Every tool the upstream offers, following `nextCursor` to the end (bounded by
-    MAX_PAGES and MAX_TOOLS; see `follow_pages`)."""
+    MAX_PAGES and MAX_TOOLS; see `follow_pages`). Always fetched, never kept in the SDK
+    client's response cache: the gateway's records are the one copy of a listing (a cached
+    first page of 20,000 tools held its models beside them)."""
 
     async def fetch(cursor: str | None) -> tuple[list[mcp_types.Tool], str | None]:
-        page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
+        page = await client.list_tools(cursor=cursor, cache_mode="bypass")
         big = PAGES.take(page.meta)  # a large page the stdio transport parsed in slices
         return (page.tools if big is None else await _absorb(client, big)), page.next_cursor
 
@@ -143,7 +145,7 @@ async def _absorb(client: Client, tools: list[mcp_types.Tool]) -> list[mcp_types
     return kept
 
 
-async def list_records(client: Client, up: Upstream, *, refresh: bool = True) -> list[ToolRecord]:
+async def list_records(client: Client, up: Upstream) -> list[ToolRecord]:
     """`list_all_tools` as the gateway's records (converted in a worker thread)."""
-    tools = await list_all_tools(client, up.name, refresh=refresh)
+    tools = await list_all_tools(client, up.name)
     return await anyio.to_thread.run_sync(records, up, tools)

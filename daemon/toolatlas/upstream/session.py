@@ -39,6 +39,7 @@ from toolatlas.upstream.client import begin_teardown, timeout_loss
 from toolatlas.upstream.federation import capabilities, set_log_level
 from toolatlas.upstream.inbound import Inbound
 from toolatlas.upstream.listing import list_records
+from toolatlas.upstream.relay import relay_call
 from toolatlas.upstream.requests import bounded, call_tool
 from toolatlas.upstream.state import Action, Event, UpstreamState, decide
 from toolatlas.upstream.supervision import Supervision
@@ -438,9 +439,12 @@ class UpstreamSession:
         return await bounded(self, conn, client, op, fn, seconds, operation)
 
     async def call_tool(self, call: UpstreamCall) -> UpstreamReply:
-        """Make `call` on the warm session; see `Pool.call_tool` for the error contract."""
-        return await self.request(f"tools/call {call.tool}", lambda client: call_tool(client, call, self.inbound),
-                                  call.timeout, operation="call_tool")
+        """`call` on the warm session (`Pool.call_tool` has the contract); raw on stdio: `relay_call`."""
+        proc = self._conn.proc if self._conn is not None else None
+        raw = call.raw and call.log is None and proc is not None
+        return await self.request(f"tools/call {call.tool}", lambda client: relay_call(
+            client, proc.relay, proc.send_line, call, self.inbound) if raw and proc is not None else call_tool(
+            client, call, self.inbound), call.timeout, operation="call_tool")
 
 
 _ENDED = Loss(LossReason.EOF, "session ended")  # the client context exited without a recorded loss

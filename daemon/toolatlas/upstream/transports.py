@@ -36,6 +36,7 @@ from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.upstream.bounded import blocks_refusal, limit_hook, refusal, sse_event_limit, too_many_blocks
 from toolatlas.upstream.pages import parse_big_page
+from toolatlas.upstream.relay import Pending
 from toolatlas.upstream.sse import sse_client
 
 logger = logging.getLogger(__name__)
@@ -156,6 +157,16 @@ class StdioProcess:
         # ids of the tools/list requests sent and not answered yet: a large answer to one is
         # parsed in slices (pages.py), not in one GIL-holding call.
         self._listing_ids: set[int | str] = set()
+        # tools/call requests the raw relay wrote (relay.py): their replies skip the SDK's parse.
+        self.relay = Pending(upstream)
+
+    async def send_line(self, data: bytes) -> None:
+        """Write one whole JSON-RPC line to the child's stdin (the raw relay; the SDK's
+        writer task writes whole lines too, so they never interleave)."""
+        stdin = self.process.stdin if self.process is not None else None
+        if stdin is None:
+            raise anyio.ClosedResourceError
+        await stdin.send(data)
 
     def _parse_line(self, line: bytes | Oversized) -> SessionMessage | Exception | None:
         """One stdout line as a message; an oversized one becomes an error for its request."""
@@ -221,6 +232,8 @@ class StdioProcess:
                 async with read_writer:
                     async for chunk in process.stdout:
                         for line in lines.feed(chunk):
+                            if self.relay and self.relay.take(line):
+                                continue
                             big = None
                             if isinstance(line, bytes) and self._listing_ids:
                                 big = await parse_big_page(line, self._listing_ids)
@@ -237,6 +250,7 @@ class StdioProcess:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass
             finally:
+                self.relay.close()
                 self._garbage.flush()
 
         async def stdin_writer() -> None:
