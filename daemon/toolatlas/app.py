@@ -27,7 +27,6 @@ from toolatlas.metrics import MetricsBindError
 from toolatlas.errors import ConfigError, ToolatlasError
 from toolatlas.gateway import Gateway, restart_keys
 from toolatlas.gateway.approval import Decision
-from toolatlas.gateway.audit import deny
 from toolatlas.gateway.ports import Connection
 from toolatlas.guidance import Guidance
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
@@ -91,6 +90,9 @@ class Daemon:
             for ep in cfg.endpoint if ep.socket
         ]
         self.http: HttpEndpoint | None = None
+        self.sharing: Any = None  # store.wiring.Sharing when [store] url is set
+        if cfg.store.url:
+            self.sharing = _sharing(self.gateway)
 
     def __repr__(self) -> str:
         return f"<Daemon {self.gateway!r} {self.unix!r}>"
@@ -109,10 +111,12 @@ class Daemon:
             if cfg.http.listen:
                 self.http = HttpEndpoint(self.surface.server, cfg.http, max_message_bytes=cfg.daemon.max_message_bytes,
                                          connections=self.surface.connections, max_clients=cfg.daemon.max_clients,
-                                         message_timeout=cfg.daemon.message_timeout, on_denied=functools.partial(deny, self.gateway.events, self.gateway.metrics),
+                                         message_timeout=cfg.daemon.message_timeout, on_denied=self.gateway.denied,
                                          paths={ep.http_path.rstrip("/"): ep.name for ep in cfg.endpoint if ep.http_path})
                 await tg.start(self.http.run)
             task_status.started()
+            if self.sharing is not None:  # before the gateway: its first catalog is shared
+                await tg.start(self.sharing.run)
             await tg.start(self.gateway.run)
 
     async def drain(self, timeout: float) -> None:
@@ -206,13 +210,7 @@ class Daemon:
             raise self.gateway.redactor.exception(exc)
 
     async def decide_upstream(self, name: str, decision: str, principal: str) -> dict[str, Any]:
-        """An operator's approve/reject (gateway.approval); clients whose lists change are told."""
-        gw = self.gateway
-        result = gw.approvals.decide(name, Decision(decision), principal)
-        if result["approval"] != result["previous"]:
-            await gw.catalog.announce()
-            await gw.federation.reloaded()
-        return result
+        return await self.gateway.decide_approval(name, Decision(decision), principal)
 
     def audit_admin(self, conn: Connection, method: str, *, upstream: str | None, outcome: str,
                     message: str | None = None) -> None:
@@ -220,6 +218,18 @@ class Daemon:
 
     def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
         return self.gateway.tool_definitions(conn, servers)
+
+
+def _sharing(gw: Gateway) -> Any:
+    """The shared store for `gw` (imported only when `[store] url` is set: a daemon without
+    one never loads the database driver)."""
+    from toolatlas.store import metrics as store_metrics
+    from toolatlas.store.replica import Replica
+    from toolatlas.store.wiring import Sharing
+
+    sharing = Sharing(gw, Replica(gw.cfg.store, gw.cfg.daemon.state_dir, redactor=gw.redactor))
+    store_metrics.register(gw.metrics.registry, sharing.status)
+    return sharing
 
 
 def _configure_logging(level: str, redactor: Redactor) -> None:
@@ -293,8 +303,7 @@ async def serve(
             await notifier.stopping()
             await daemon.drain(gw.cfg.daemon.drain_timeout)
             await gw.close_upstreams()
-            if gw.events.audit is not None:
-                gw.events.audit.close()  # synced: nothing written is lost
+            gw.close_audit()
             tg.cancel_scope.cancel()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # the receiver restored the defaults on its exit

@@ -229,6 +229,11 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
         if rift.get("available"):
             c = rift["clusters"]
             print(f"rift: confusable clusters high={c['high']} medium={c['medium']} low={c['low']}")
+        store = data.get("store")
+        if store:
+            link = "connected" if store.get("connected") else f"UNREACHABLE ({store.get('error')})"
+            print(f"store: {link}; {store.get('buffered', 0)} writes buffered on disk, "
+                  f"{store.get('received', 0)} changes from other replicas, replica {store.get('replica')}")
 
 
 # Exit status when stdout's reader goes away (`toolatlas ... | head -1`): 128 + SIGPIPE,

@@ -200,6 +200,22 @@ class SurfaceSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     publisher_text: Literal["omit", "append"] = "omit"
 
 
+class StoreSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """State shared by replicas in PostgreSQL (see toolatlas/store); off while `url` is "".
+
+    `url` is a libpq URL (`postgresql://user:${PGPASSWORD}@host:5432/db`); its password and
+    every `${VAR}` put into it are secrets (redacted everywhere). Writes wait in an on-disk
+    buffer under state_dir (at most `buffer_max_bytes`) while the database is unreachable."""
+
+    url: str = ""
+    connect_timeout: Seconds = 5.0
+    # Seconds between catch-up reads (a missed notification is picked up by the next one).
+    catchup_interval: Seconds = 1.0
+    # Seconds between reconnect attempts while the database is down.
+    retry_interval: Seconds = 1.0
+    buffer_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 64 * 1024 * 1024
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     surface: SurfaceSection = msgspec.field(default_factory=SurfaceSection)
@@ -210,6 +226,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     access: list[AccessRule] = []
     http: HttpSection = msgspec.field(default_factory=HttpSection)
     endpoint: list[Endpoint] = []
+    store: StoreSection = msgspec.field(default_factory=StoreSection)
     # Where the file was read from (not a TOML key; set by load()).
     source: str = ""
     # The values `${VAR}` put into upstream tables, for `secrets` (not a TOML key; set by parse()).
@@ -246,7 +263,7 @@ def _expand(value: Any, path: str, env: dict[str, str], found: list[str]) -> Any
     not their `_NOT_SECRET_KEYS`) are appended to `found`."""
     if isinstance(value, str):
         key = _UPSTREAM_KEY_RE.match(path)
-        secret = key is not None and key.group(1) not in _NOT_SECRET_KEYS
+        secret = (key is not None and key.group(1) not in _NOT_SECRET_KEYS) or path == "store.url"
         return expand_vars(value, env, path, found if secret else None)
     if isinstance(value, dict):
         return {k: _expand(v, f"{path}.{k}" if path else k, env, found) for k, v in value.items()}
@@ -310,6 +327,9 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         if isinstance(up, (SseUpstream, HttpUpstream)) and not up.url.startswith(("http://", "https://")):
             url = Redactor(secrets(cfg))(up.url)
             raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {url!r}")
+    if cfg.store.url and not cfg.store.url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"{source}: [store] url must start with postgresql:// or postgres://, "
+                          f"got {Redactor(secrets(cfg))(cfg.store.url)!r}")
     if cfg.daemon.metrics_addr:
         host_port(cfg.daemon.metrics_addr, key="[daemon] metrics_addr", source=source)
     check_http(cfg.http, source)
@@ -317,10 +337,9 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
     cfg = _resolve_paths(cfg, Path(source).parent if source != "<string>" else Path.cwd(), source)
     from toolatlas.guidance import TemplateSet
 
-    TemplateSet.load(cfg.surface.templates)  # a bad template fails here, naming file and placeholder
-    for ep in cfg.endpoint:
-        if ep.templates:
-            TemplateSet.load(ep.templates)
+    # A bad template fails here, naming file and placeholder (the daemon's and each endpoint's).
+    for folder in (cfg.surface.templates, *(ep.templates for ep in cfg.endpoint if ep.templates)):
+        TemplateSet.load(folder)
     return cfg
 
 
@@ -371,6 +390,7 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
         msgspec.structs.replace(u, cwd=resolve_path(u.cwd, base)) if isinstance(u, StdioUpstream) and u.cwd else u
         for u in cfg.upstream
     ]
+    surface = msgspec.structs.replace(cfg.surface, templates=resolve_path(cfg.surface.templates, base) or "")
     events = msgspec.structs.replace(cfg.events, audit_file=resolve_path(cfg.events.audit_file, base) or "")
     endpoints = [msgspec.structs.replace(ep, socket=resolve_path(ep.socket, base), templates=resolve_path(ep.templates, base))
                  for ep in cfg.endpoint]
@@ -380,8 +400,7 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
     for ep in endpoints:
         if ep.templates and not os.path.isdir(ep.templates):
             raise ConfigError(f"{source}: [[endpoint]] {ep.name!r}: templates {ep.templates!r} is not a folder")
-    surface = msgspec.structs.replace(cfg.surface, templates=resolve_path(cfg.surface.templates, base) or "")
-    return msgspec.structs.replace(cfg, daemon=daemon, events=events, surface=surface, upstream=ups, endpoint=endpoints,
+    return msgspec.structs.replace(cfg, daemon=daemon, surface=surface, events=events, upstream=ups, endpoint=endpoints,
                                    source=source)
 
 
@@ -400,7 +419,7 @@ def load(path: str | os.PathLike[str]) -> Config:
 def secrets(cfg: Config) -> list[str]:
     """Values that must never appear in logs, events, status, errors or card files: every
     upstream env and header value, every value `${VAR}` put into an upstream (args, url,
-    env, headers), and a URL's password and query values. See `toolatlas.redact`."""
+    env, headers) or into `[store] url`, and a URL's password and query values. See `toolatlas.redact`."""
     out: list[str] = list(cfg.expanded_secrets)
     for up in cfg.upstream:
         if isinstance(up, StdioUpstream):
@@ -408,6 +427,7 @@ def secrets(cfg: Config) -> list[str]:
         else:
             out.extend(up.headers.values())
             out.extend(url_secrets(up.url))
+    out.extend(url_secrets(cfg.store.url))
     return [v for v in dict.fromkeys(out) if len(v) >= MIN_SECRET_CHARS]
 
 

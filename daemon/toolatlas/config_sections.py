@@ -86,7 +86,7 @@ class Endpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     socket: str = ""
     http_path: Annotated[str, msgspec.Meta(pattern=r"^(/[A-Za-z0-9._~-]+)+$")] | Literal[""] = ""
     upstreams: list[str] = []
-    environment: Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[^\x00-\x1f\x7f]*$")] = ""  # "" = [daemon]'s
+    environment: Annotated[str, msgspec.Meta(max_length=64)] = ""
     templates: str = ""
 
 

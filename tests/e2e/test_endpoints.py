@@ -35,9 +35,10 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("endpoints")
     port, metrics = free_port(), free_port()
-    for t in ("prod", "dev"):
-        (tmp / f"tpl-{t}").mkdir()
-        (tmp / f"tpl-{t}" / "tool_search.md").write_text(f"Search the {t.upper()} tools ({{environment}}, {{servers}}).\n")
+    for t in ("tpl-prod", "tpl-dev"):
+        (tmp / t).mkdir()
+    (tmp / "tpl-dev" / "tool_search.md").write_text(
+        "Search the {environment} tools ({tool_count} of them) before anything else.\n")
     cfg = (f'[http]\nlisten = "127.0.0.1:{port}"\n[[http.tokens]]\nname = "ci"\nsha256 = "{hash_token(TOKEN)}"\n'
            f'[[endpoint]]\nname = "prod"\nsocket = "{tmp / "run" / "prod.sock"}"\nupstreams = ["alpha"]\n'
            'environment = "production"\ntemplates = "tpl-prod"\n'
@@ -58,12 +59,6 @@ def _socket_view(path: str) -> dict[str, Any]:
     return {"servers": sorted(s["name"] for s in status["servers"]), "endpoint": status["endpoint"],
             "endpoints": status["endpoints"], "matched": sorted({m["server"] for m in found["matches"]}),
             "beta_ok": not beta.get("isError")}
-
-
-def _search_description(path: str) -> str:
-    with RawClient(path, timeout=60) as c:
-        tools = c.request("tools/list", {})["tools"]
-    return next(t["description"] for t in tools if t["name"] == "tool_search")
 
 
 def _passthrough_list(path: str) -> list[str]:
@@ -88,16 +83,26 @@ def test_each_endpoint_serves_only_its_upstreams(env: Env) -> None:
     sections = {s["name"]: s for s in default["endpoints"]}
     assert sections["prod"]["upstreams"] == ["alpha"] and sections["dev"]["upstreams"] == ["beta", "gamma"]
     assert sections["prod"]["tools"] > 0 and sections["default"]["upstreams"] == ["alpha", "beta", "gamma"]
-    # each endpoint's clients read its own templates, rendered with its environment and servers
-    assert _search_description(env.sock("prod")) == "Search the PROD tools (production, alpha)."
-    assert _search_description(env.sock("dev")) == "Search the DEV tools (development, beta, gamma)."
-    assert "REQUIRED FIRST STEP" in _search_description(env.d.socket)
     assert _passthrough_list(env.sock("prod")) == ["alpha"]
     assert _passthrough_list(env.sock("dev")) == ["beta", "gamma"]
     # one pool: each upstream runs once, whatever the number of endpoints
     with env.d.client() as c:
         assert sorted(u["name"] for u in c.request("toolatlas/upstream/list", {})["upstreams"]) == [
             "alpha", "beta", "gamma"]
+
+
+def _tool_search_text(path: str) -> str:
+    with RawClient(path, timeout=60) as c:
+        tools = c.request("tools/list", {})["tools"]
+    return next(t["description"] for t in tools if t["name"] == "tool_search")
+
+
+def test_each_endpoint_reads_its_own_environment_and_templates(env: Env) -> None:
+    prod, dev, default = (_tool_search_text(p) for p in (env.sock("prod"), env.sock("dev"), env.d.socket))
+    # prod: the shipped template with its environment; dev: its own template; default: the daemon's
+    assert "REQUIRED FIRST STEP" in prod and "production gateway" in prod
+    assert dev.startswith("Search the development tools (") and "REQUIRED FIRST STEP" not in dev
+    assert "REQUIRED FIRST STEP" in default and "production" not in default and "development" not in default
 
 
 def test_http_path_is_its_endpoint(env: Env) -> None:

@@ -29,13 +29,13 @@ from toolatlas.config import Config, secrets
 from toolatlas.errors import ConfigError
 from toolatlas.gateway.admin import UpstreamAdmin
 from toolatlas.gateway.approval import (
-    ApprovalStore, open_approvals,
+    ApprovalStore, Approvals, Decision, FileApprovalStore, lifecycle, transition_reporter,
 )
-from toolatlas.gateway.audit import who
+from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.federation import Federation
-from toolatlas.gateway.guide import SurfaceText
+from toolatlas.gateway.guide import Guidances, SurfaceText
 from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.gateway.ports import LOG_LEVELS, Connection, Page
 from toolatlas.gateway.search import SearchService
@@ -65,22 +65,8 @@ RESTART_KEYS: tuple[tuple[str, str, str], ...] = (
     ("search.embedder", "search", "embedder"),
     ("search.query_threads", "search", "query_threads"),
     ("events.audit_file", "events", "audit_file"),
+    ("store.url", "store", "url"),
 )
-
-
-def endpoint_guidance(cfg: Config) -> dict[str, Guidance]:
-    """The guidance of each [[endpoint]] with its own templates or environment (the others,
-    and the default endpoint, are served the daemon's)."""
-    return {ep.name: Guidance.load(ep.templates or cfg.surface.templates, ep.environment or cfg.daemon.environment,
-                                   cfg.surface.publisher_text)
-            for ep in cfg.endpoint if ep.templates or ep.environment}
-
-
-def reconfigure_audit(audit: object, cfg: Config) -> None:
-    """A reload's [events] audit_max_bytes and audit_keep, for the audit file (audit_file
-    itself takes effect at a restart)."""
-    if isinstance(audit, AuditFile):
-        audit.max_bytes, audit.keep = cfg.events.audit_max_bytes, cfg.events.audit_keep
 
 
 def open_audit(cfg: Config) -> AuditFile | None:
@@ -113,14 +99,48 @@ def make_engine(cfg: Config) -> Engine:
     )
 
 
+LogListener = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+def fan_out(listeners: list[LogListener]) -> LogListener:
+    """One upstream log message to every listener; one that fails does not starve the others."""
+
+    async def each(server: str, params: dict[str, Any]) -> None:
+        for listener in listeners:
+            try:
+                await listener(server, params)
+            except Exception:
+                log.exception("a log listener failed")
+
+    return each
+
+
+def upstream_observer(events: ev.Events, metrics: Metrics) -> Callable[[str, str, dict[str, Any]], None]:
+    """The pool's observer: upstream lifecycle into metrics and structured events."""
+
+    def observe(upstream: str, kind: str, fields: dict[str, Any]) -> None:
+        if kind == "state":
+            events.emit(ev.UPSTREAM_STATE_CHANGED, upstream=upstream, **fields)
+        elif kind == "reconnect":
+            metrics.count_reconnect(upstream)
+        elif kind == "list_changed":
+            metrics.count_list_changed(upstream)
+        elif kind == "call":
+            metrics.observe_upstream_call(fields["seconds"], upstream=upstream, operation=fields["operation"])
+
+    return observe
+
+
 class Gateway:
     """Everything a client connection can ask of the daemon; see the module docstring."""
 
     def __init__(
         self, cfg: Config, *, engine: Engine | None = None, metrics: Metrics | None = None,
         events: ev.Events | None = None, pool_mode: str = "auto", redactor: Redactor | None = None,
-        approval_store: ApprovalStore | None = None,  # default: state_dir/approvals.json
+        approval_store: ApprovalStore | None = None,
     ) -> None:
+        """`approval_store`: where approval decisions persist (default: state_dir/approvals.json);
+        audit records go to `events.audit` (default: [events] audit_file)."""
         self.cfg = cfg
         self.metrics = metrics or Metrics()
         # The one source of redaction: events, status, call errors (and the log lines, when
@@ -132,21 +152,20 @@ class Gateway:
         self.engine = engine or make_engine(cfg)
         self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
         self.index_ready = anyio.Event()
-        self.approvals = open_approvals(cfg, approval_store, self.events, self.metrics)
+        self.approvals = Approvals(approval_store or FileApprovalStore(cfg.daemon.state_dir),
+                                   on_transition=transition_reporter(self.events, self.metrics))
+        self.approvals.reconcile(cfg)
         self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set, self.approvals.blocked)
-        # What the model reads of the gateway: templates and environment (a value, so an
-        # endpoint can be given its own: see `guidance_for`).
-        self.guidance = Guidance.load(cfg.surface.templates, cfg.daemon.environment, cfg.surface.publisher_text)
-        self.endpoint_guidance = endpoint_guidance(cfg)
+        self.guidance_for = Guidances(cfg, self.visibility)  # what the model reads, per endpoint
         self.events.environment = cfg.daemon.environment
         self.definitions = MatchBuilder()  # tool definitions for `toolatlas stubs`
         self.text = SurfaceText(self.guidance_for, self.visibility, lambda: self.catalog.view,
                                 lambda: [u.name for u in self.cfg.upstream])
-        self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream, mode=pool_mode,
-                         on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=self._on_log)
-        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
         # Hear upstream log messages: (server, notifications/message params). Wired by the app.
-        self.log_listeners: list[Callable[[str, dict[str, Any]], Awaitable[None]]] = []
+        self.log_listeners: list[LogListener] = []
+        self.pool = Pool(cfg.upstream, self._on_tools, observer=upstream_observer(self.events, self.metrics), mode=pool_mode,
+                         on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=fan_out(self.log_listeners))
+        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
         self.rift = RiftRunner(self.engine)
         self.catalog.on_index_update.append(self.rift.wanted)
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
@@ -157,9 +176,8 @@ class Gateway:
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
-            redactor=self.redactor, approval=self.approvals.lifecycle,
-            environment=lambda conn: self.guidance_for(conn).environment,
-            meta_tools=self.meta_tools,
+            redactor=self.redactor, environment=lambda conn: self.guidance_for(conn).environment,
+            meta_tools=self.meta_tools, approval=self._lifecycle,
         )
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
@@ -168,7 +186,8 @@ class Gateway:
             asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
         )
         self.admin = UpstreamAdmin(self.pool, self.catalog, lambda: self.cfg.upstream, redactor=self.redactor,
-                                   events=self.events, metrics=self.metrics, approval=self.approvals.lifecycle)
+                                   events=self.events, metrics=self.metrics,
+                                   approval=self._lifecycle)
         self._tg: anyio.abc.TaskGroup | None = None
         self.metrics.set_state_source(self.status_service.snapshot)
 
@@ -219,26 +238,19 @@ class Gateway:
         await self.catalog.on_tools(server, tools)
         await self.federation.session_changed(server, tools is not None)
 
-    async def _on_log(self, server: str, params: dict[str, Any]) -> None:
-        for listener in self.log_listeners:
-            try:
-                await listener(server, params)
-            except Exception:  # one bad listener must not starve the others
-                log.exception("a log listener failed")
+    def _lifecycle(self, name: str, state: str) -> str:
+        return lifecycle(self.approvals.decision(name), state)
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
 
-    def _observe_upstream(self, upstream: str, kind: str, fields: dict[str, Any]) -> None:
-        """Upstream lifecycle into metrics and structured events."""
-        if kind == "state":
-            self.events.emit(ev.UPSTREAM_STATE_CHANGED, upstream=upstream, **fields)
-        elif kind == "reconnect":
-            self.metrics.count_reconnect(upstream)
-        elif kind == "list_changed":
-            self.metrics.count_list_changed(upstream)
-        elif kind == "call":
-            self.metrics.observe_upstream_call(fields["seconds"], upstream=upstream, operation=fields["operation"])
+    async def decide_approval(self, name: str, decision: Decision, by: str) -> dict[str, Any]:
+        """An operator's approve/reject (see gateway.approval); clients whose lists change are told."""
+        result = self.approvals.decide(name, decision, by)
+        if result["approval"] != result["previous"]:
+            await self.catalog.announce()
+            await self.federation.reloaded()
+        return result
 
     async def drain(self, timeout: float) -> None:
         """Refuse new calls and let those in flight finish (bounded)."""
@@ -246,6 +258,11 @@ class Gateway:
         await self.calls.wait_idle(timeout)
         if self.calls.inflight:
             log.warning("shutting down with %d calls still in flight after %.1f s", self.calls.inflight, timeout)
+
+    def close_audit(self) -> None:
+        """Sync and close the audit sink (the daemon is stopping)."""
+        if self.events.audit is not None:
+            self.events.audit.close()
 
     async def close_upstreams(self, timeout: float = 20.0) -> None:
         """Stop every upstream session in its owner task (children reaped) before the
@@ -259,8 +276,7 @@ class Gateway:
         upstreams added, removed or changed are reconciled; the unchanged keep their warm
         session, index entries and card verdicts. Keys that need a restart are logged. New
         templates or environment reach clients with the announce (tools/list_changed)."""
-        self.guidance = guidance or Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)
-        self.endpoint_guidance = endpoint_guidance(new)
+        self.guidance_for.configure(new, guidance)
         old = self.cfg
         needs_restart = restart_keys(old, new)
         if needs_restart:
@@ -278,8 +294,9 @@ class Gateway:
         self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
         self.events.log_queries = new.daemon.log_queries
-        reconfigure_audit(self.events.audit, new)
         self.events.environment = new.daemon.environment
+        if isinstance(self.events.audit, AuditFile):
+            self.events.audit.max_bytes, self.events.audit.keep = new.events.audit_max_bytes, new.events.audit_keep
         await self.pool.reconcile(new.upstream)
         for name in summary["removed"]:
             await self._on_tools(name, None)
@@ -298,10 +315,6 @@ class Gateway:
     @property
     def starting(self) -> bool:
         return not self.index_ready.is_set()
-
-    def guidance_for(self, conn: Connection | None) -> Guidance:
-        """The templates and environment `conn` is served with: its [[endpoint]]'s, else the daemon's."""
-        return self.guidance if conn is None else self.endpoint_guidance.get(conn.endpoint, self.guidance)
 
     def instructions(self, conn: Connection | None) -> str:
         return self.text.instructions(conn)
@@ -323,6 +336,9 @@ class Gateway:
 
     def bad_message(self) -> None:
         self.metrics.count_error("bad_client_message")
+
+    def denied(self, conn: Connection, surface: str, target: str | None, reason: str) -> None:
+        deny(self.events, self.metrics, conn, surface, target, reason)
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
         return await self.searches.search(query, top_k, servers, conn)

@@ -189,10 +189,6 @@ class Approvals:
         rec = self._records.get(name)
         return Decision.PENDING if rec is None else rec.decision
 
-    def lifecycle(self, name: str, state: str) -> str:
-        """`name`'s lifecycle state while its connection is in `state` (see `lifecycle`)."""
-        return lifecycle(self.decision(name), state)
-
     def record(self, name: str) -> Record | None:
         return self._records.get(name)
 
@@ -219,14 +215,6 @@ class Approvals:
             log.error("cannot persist approvals (%s): decisions hold until the daemon stops", exc)
 
 
-def open_approvals(cfg: Config, store: ApprovalStore | None, events: ev.Events, metrics: Metrics) -> Approvals:
-    """The daemon's approvals: `store` (default: state_dir/approvals.json) reconciled with
-    `cfg`, each transition logged, counted and emitted."""
-    approvals = Approvals(store or FileApprovalStore(cfg.daemon.state_dir), on_transition=transition_reporter(events, metrics))
-    approvals.reconcile(cfg)
-    return approvals
-
-
 def transition_reporter(events: ev.Events, metrics: Metrics) -> Callable[[Transition], None]:
     """The `on_transition` that logs, counts and emits `upstream_approval_changed`."""
 
@@ -250,4 +238,4 @@ def lifecycle(decision: Decision, state: str) -> str:
 
 
 __all__ = ["ApprovalStore", "Approvals", "Decision", "FileApprovalStore", "LIFECYCLE_STATES", "Record", "Transition",
-           "fingerprint", "lifecycle", "open_approvals", "plan_reconcile", "transition_reporter"]
+           "fingerprint", "lifecycle", "plan_reconcile", "transition_reporter"]

@@ -10,13 +10,18 @@ since it listed them (a reload with new templates, a card that brings new domain
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from toolatlas.config import Config
+from toolatlas.errors import ConfigError
 from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.view import CatalogView
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.guidance import Domain, Guidance, MetaTools
+
+log = logging.getLogger(__name__)
 
 CACHE_ENTRIES = 64  # distinct (guidance, view, server set) renderings kept
 
@@ -69,4 +74,36 @@ class SurfaceText:
         return out
 
 
-__all__ = ["SurfaceText"]
+class Guidances:
+    """The template set and environment each connection is served with: its [[endpoint]]'s
+    where that sets them (each falling back to the daemon's), else the daemon's. Endpoint
+    sets are built when first asked and dropped on reload."""
+
+    def __init__(self, cfg: Config, visibility: Visibility) -> None:
+        self._visibility = visibility
+        self.configure(cfg)
+
+    def configure(self, cfg: Config, daemon: Guidance | None = None) -> None:
+        """`daemon`: the daemon's set, loaded already (a reload checks it before applying)."""
+        self._cfg = cfg
+        self.daemon = daemon or Guidance.load(cfg.surface.templates, cfg.daemon.environment, cfg.surface.publisher_text)
+        self._endpoints: dict[str, Guidance] = {}
+
+    def __call__(self, conn: Connection | None) -> Guidance:
+        ep = self._visibility.endpoint(conn) if conn is not None else None
+        if ep is None or not (ep.templates or ep.environment):
+            return self.daemon
+        found = self._endpoints.get(ep.name)
+        if found is None:
+            cfg = self._cfg
+            try:
+                found = Guidance.load(ep.templates or cfg.surface.templates, ep.environment or cfg.daemon.environment,
+                                      cfg.surface.publisher_text)
+            except ConfigError as exc:  # checked when the config loaded; a file edited since then
+                log.error("endpoint %s: its templates no longer load (%s); serving the daemon's", ep.name, exc)
+                found = self.daemon
+            self._endpoints[ep.name] = found
+        return found
+
+
+__all__ = ["Guidances", "SurfaceText"]

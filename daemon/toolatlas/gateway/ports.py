@@ -135,6 +135,11 @@ class GatewayPort(Protocol):
 
     def bad_message(self) -> None: ...
 
+    def denied(self, conn: Connection, surface: str, target: str | None, reason: str) -> None:
+        """Record an access denial the surface decided (an HTTP request without a valid
+        token): the `access_denied` audit event and its counter."""
+        ...
+
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]: ...
 
     def search_cached(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any] | None: ...
@@ -209,7 +214,7 @@ class AdminPort(Protocol):
 
 
 __all__ = [
-    "DEFAULT_ENDPOINT", "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort",
-    "InputRequired", "LOG_LEVELS", "LogFn", "MetaTools", "OAuthIdentity", "Page", "ProgressFn", "REQUEST", "Request",
-    "SurfaceStats", "ToolRecord",
+    "DEFAULT_ENDPOINT", "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired",
+    "LOG_LEVELS", "LogFn", "MetaTools", "OAuthIdentity", "Page", "ProgressFn", "REQUEST", "Request", "SurfaceStats",
+    "ToolRecord",
 ]

@@ -47,13 +47,13 @@ class StatusService:
     def __init__(
         self, catalog: LiveCatalog, visibility: Visibility, pool: Pool, tokens: TokenReporter, rift: RiftRunner,
         *, index_ready: Callable[[], bool], redactor: Redactor | None = None,
-        approval: Callable[[str, str], str] = lambda _name, _state: "active",
         environment: Callable[[Connection], str] = lambda _conn: "default",
         meta_tools: Callable[[Connection], MetaTools] | None = None,
+        approval: Callable[[str, str], str] = lambda _name, _state: "active",
     ) -> None:
-        """`approval(name, state)`: an upstream's approval lifecycle state (gateway.approval);
-        `environment(conn)`: the environment label that connection is served with;
-        `meta_tools(conn)`: the meta-tools as it reads them (what its token figures count)."""
+        """`environment(conn)`: the environment label that connection is served with;
+        `meta_tools(conn)`: the meta-tools as it reads them (what its token figures count);
+        `approval(name, state)`: an upstream's approval lifecycle state (gateway.approval)."""
         self._approval = approval
         self._redact = redactor or Redactor()
         self._environment = environment
@@ -66,6 +66,8 @@ class StatusService:
         self._index_ready = index_ready
         self.surface: SurfaceStats = NoSurface()
         self.started_at = time.time()
+        # Extra catalog_status sections by name, computed per call (the shared store's `store`).
+        self.sections: dict[str, Callable[[], Any]] = {}
 
     def unavailable_reason(self, server: str) -> str:
         """`state: reason` of an upstream that is not serving, for call errors."""
@@ -186,6 +188,7 @@ class StatusService:
             "clients": self.surface.client_count(),
             "uptime_s": round(time.time() - self.started_at, 1),
             **self._endpoints(conn),
+            **{name: section() for name, section in self.sections.items()},
         })
         return report
 

@@ -38,6 +38,7 @@ from toolatlas.retrieval.cache import QueryVectors, TtlLru
 from toolatlas.retrieval.documents import FIELD_WEIGHTS, Entry, ToolDoc, make_entry
 from toolatlas.retrieval.embed import DIM, QUERY_THREADS, Embedder, document_space, limit_blas_threads
 from toolatlas.retrieval.index import EMBED_BATCH, IndexBuilder, Snapshot, plan_update
+from toolatlas.retrieval.shared import SharedVectors
 from toolatlas.retrieval.warmup import ModelLoader, ModelPhase, ModelProgress
 from toolatlas.retrieval.rank import DENSE_MODES, FUSION, FUSIONS, MODES
 from toolatlas.retrieval.text import normalise_query
@@ -56,7 +57,7 @@ INLINE_EMBED_MAX = 64
 CacheKey = tuple[str, int, tuple[str, ...] | None, int, str]
 # what stats() counts, in the order it reports them
 COUNTERS = (
-    "embeddings_computed", "embeddings_cached", "embedder_failures", "degraded_searches", "searches", "updates",
+    "embeddings_computed", "embeddings_cached", "embeddings_shared", "embedder_failures", "degraded_searches", "searches", "updates",
     "persist_failures", "cache_corrupt", "snapshot_restored",
 )
 
@@ -246,6 +247,10 @@ class Engine:
             self._counts["updates"] += 1
             self._timings["last_update_s"] = time.perf_counter() - t0
             return version
+
+    def share_vectors(self, shared: SharedVectors | None) -> None:
+        """Use an embedding cache shared with other replicas (retrieval/shared.py); None: this process's only."""
+        self._index.shared = shared
 
     def seed_embeddings(self, docs: Sequence[ToolDoc], vectors: np.ndarray) -> None:
         """Put precomputed document vectors into the embedding cache (benchmarks, imports):

@@ -172,6 +172,9 @@ def call_lane(gw: GatewayPort, server: Server[Any], current: Callable[[], Connec
             return None
         version, asks, token = envelope
         modern = version in MODERN_PROTOCOL_VERSIONS
+        info = params.get("_meta", {}).get(types.CLIENT_INFO_META_KEY) if modern else None
+        if isinstance(info, dict):  # checked by _envelope: name and version are strings
+            conn.client_name, conn.client_version = info["name"], info["version"]
         if asks and not modern:
             return None  # the SDK session carries the upstream's question to this caller
         if name == EXECUTE_TOOL:
@@ -192,7 +195,7 @@ def call_lane(gw: GatewayPort, server: Server[Any], current: Callable[[], Connec
 async def _answer(gw: GatewayPort, server: Server[Any], conn: Connection, id_: str | int, version: str,
                   call: CallRequest, via: str) -> dict[str, Any]:
     """The JSON-RPC response to one relayed call (what `on_call_tool` and the SDK answer);
-    `via` (execute_tool or direct) and `id_` are noted in `REQUEST` for the audit events."""
+    `via` names the surface in the audit events (execute_tool or direct)."""
     REQUEST.set(Request(id_, via))
     try:
         sieved = False
