@@ -43,6 +43,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                f'[[http.tokens]]\nname = "ops"\nsha256 = "{hash_token(STATIC)}"\n'
                '[http.oauth]\njwks_ttl = 2\njwks_min_refresh = 0\nscopes_supported = ["tools"]\n'
                f'issuers = [{{issuer = "{issuer.issuer}", jwks_url = "{issuer.jwks_url}"}}]\n'
+               '[[endpoint]]\nname = "ops"\nhttp_path = "/ops/mcp"\nupstreams = ["alpha"]\n'
                '[[access]]\ntokens = ["ops"]\nservers = ["*"]\n'
                '[[access]]\noauth_groups = ["ops"]\nservers = ["*"]\n'
                '[[access]]\noauth_groups = ["interns"]\nservers = ["alpha"]\n'
@@ -197,3 +198,23 @@ def test_check_config_wants_https_for_a_remote_jwks() -> None:
     with pytest.raises(ConfigError, match="https://"):
         parse(text % "http://login.example.com/jwks")
     assert parse(text % "http://127.0.0.1:9/jwks").http.oauth.issuers[0].jwks_url == "http://127.0.0.1:9/jwks"
+
+
+def test_each_endpoint_path_is_its_own_resource(env: Env) -> None:
+    doc = httpx2.get(env.origin + "/.well-known/oauth-protected-resource/ops/mcp", timeout=30).json()
+    assert doc["resource"] == f"{env.origin}/ops/mcp"
+    ops_url = f"{env.origin}/ops/mcp"
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+    def post(token: str) -> httpx2.Response:
+        return httpx2.post(ops_url, json=body, timeout=30,
+                           headers={"Accept": ACCEPT, "Authorization": f"Bearer {token}"})
+
+    iss = env.issuer
+    kid = iss.published[-1]
+    for_mcp = post(iss.token(kid, iss.claims(env.url, groups=["ops"])))  # audience: /mcp, not /ops/mcp
+    assert for_mcp.status_code == 401 and "audience" in for_mcp.headers["www-authenticate"]
+    assert f'resource_metadata="{env.origin}/.well-known/oauth-protected-resource/ops/mcp"' in \
+        for_mcp.headers["www-authenticate"]
+    assert post(iss.token(kid, iss.claims(ops_url, groups=["ops"]))).status_code == 200
