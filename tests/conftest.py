@@ -11,7 +11,8 @@
 - ``make_upstream``: ``tests.support.configs.make_upstream``; ``testserver_stdio``:
   ``tests.support.configs.stdio_testserver``.
 - ``pg_server``: one throwaway PostgreSQL per session (``tests.support.postgres.PgServer``;
-  skips only when no server binaries are installed); ``pg_url``: a fresh database on it.
+  skips only when no server binaries are installed); ``pg_url``: a fresh database on it;
+  ``pg_private``: a server of the test's own (to stop and start).
 """
 
 from __future__ import annotations
@@ -100,3 +101,14 @@ def pg_server() -> Iterator[PgServer]:
 @pytest.fixture
 def pg_url(pg_server: PgServer) -> str:
     return pg_server.new_database()
+
+
+@pytest.fixture
+def pg_private() -> Iterator[PgServer]:
+    if bindir() is None:
+        pytest.skip("PostgreSQL server binaries (initdb) are not installed; `make setup` installs them")
+    server = PgServer()
+    try:
+        yield server
+    finally:
+        server.close()

@@ -103,81 +103,75 @@ def test_a_catalog_change_through_one_replica_reaches_the_other(
         assert not out.get("isError"), out
 
 
-def test_database_restart_under_load(tmp_path: Path, shared_server: RunningServer) -> None:
-    pg = PgServer()
-    try:
-        url = pg.new_database()
-        port = free_port()
-        with (replica(tmp_path, "a", url, shared_server, daemon_extra=f'metrics_addr = "127.0.0.1:{port}"') as a,
-              replica(tmp_path, "b", url, shared_server) as b):
-            search_errors: list[str] = []
-            call_errors: list[str] = []
-            added: list[str] = []
-            buffered: list[str] = []
+def test_database_restart_under_load(tmp_path: Path, shared_server: RunningServer, pg_private: PgServer) -> None:
+    pg = pg_private
+    url = pg.new_database()
+    port = free_port()
+    with (replica(tmp_path, "a", url, shared_server, daemon_extra=f'metrics_addr = "127.0.0.1:{port}"') as a,
+          replica(tmp_path, "b", url, shared_server) as b):
+        search_errors: list[str] = []
+        call_errors: list[str] = []
+        added: list[str] = []
+        buffered: list[str] = []
 
-            def load(rounds: int) -> None:
-                for i in range(rounds):  # bounded
-                    for d in (a, b):
-                        try:
-                            got = d.meta("tool_search", {"query": f"generated tool {i % 7}", "top_k": 3})
-                            if not got["matches"]:
-                                search_errors.append(f"no matches: {got}")
-                        except Exception as exc:  # noqa: BLE001 - counted, the assert below reports it
-                            search_errors.append(repr(exc))
-                    out = a.tool("execute_tool", {"name": "shared__echo", "arguments": {"message": f"m{i}"}})
-                    if out.get("isError"):
-                        call_errors.append(str(out))
+        def load(rounds: int) -> None:
+            for i in range(rounds):  # bounded
+                for d in (a, b):
+                    try:
+                        got = d.meta("tool_search", {"query": f"generated tool {i % 7}", "top_k": 3})
+                        if not got["matches"]:
+                            search_errors.append(f"no matches: {got}")
+                    except Exception as exc:  # noqa: BLE001 - counted, the assert below reports it
+                        search_errors.append(repr(exc))
+                out = a.tool("execute_tool", {"name": "shared__echo", "arguments": {"message": f"m{i}"}})
+                if out.get("isError"):
+                    call_errors.append(str(out))
 
-            load(10)
-            pg.stop()
-            a.wait_for(lambda: not store_status(a)["connected"], 20, "A sees the store down")
-            for i in range(3):
-                name = f"outage_tool_{i}"
-                add_tool(a, name)
-                added.append(name)
-                load(5)
-            a.wait_for(lambda: store_status(a)["buffered"] >= 1, 20, "A buffers its notices")
-            status = a.status()["store"]
-            assert status["connected"] is False and "shared store" in status["error"]
-            assert "toolatlas_store_connected 0.0" in metrics(a)
-            buffered = pending_idems(tmp_path / "a" / "state")
-            assert buffered, "nothing was buffered during the outage"
-            load(10)
-            pg.start()
-            a.wait_for(lambda: (s := store_status(a))["connected"] and s["buffered"] == 0, 30, "A flushes")
-            for name in added:
-                b.wait_for(lambda: f"shared__{name}" in b.search(name.replace("_", " "), 5), 30, f"B lists {name}")
-            load(10)
-            in_db = db_idems(pg, url)
-            assert all(in_db.get(idem) == 1 for idem in buffered), (buffered, in_db)  # each landed once
-            assert all(n == 1 for n in in_db.values())
-            assert search_errors == [] and call_errors == []
-            assert "toolatlas_store_connected 1.0" in metrics(a)
-    finally:
-        pg.close()
+        load(10)
+        pg.stop()
+        a.wait_for(lambda: not store_status(a)["connected"], 20, "A sees the store down")
+        for i in range(3):
+            name = f"outage_tool_{i}"
+            add_tool(a, name)
+            added.append(name)
+            load(5)
+        a.wait_for(lambda: store_status(a)["buffered"] >= 1, 20, "A buffers its notices")
+        status = a.status()["store"]
+        assert status["connected"] is False and "shared store" in status["error"]
+        assert "toolatlas_store_connected 0.0" in metrics(a)
+        buffered = pending_idems(tmp_path / "a" / "state")
+        assert buffered, "nothing was buffered during the outage"
+        load(10)
+        pg.start()
+        a.wait_for(lambda: (s := store_status(a))["connected"] and s["buffered"] == 0, 30, "A flushes")
+        for name in added:
+            b.wait_for(lambda: f"shared__{name}" in b.search(name.replace("_", " "), 5), 30, f"B lists {name}")
+        load(10)
+        in_db = db_idems(pg, url)
+        assert all(in_db.get(idem) == 1 for idem in buffered), (buffered, in_db)  # each landed once
+        assert all(n == 1 for n in in_db.values())
+        assert search_errors == [] and call_errors == []
+        assert "toolatlas_store_connected 1.0" in metrics(a)
 
 
 def test_a_killed_replica_sends_its_buffered_writes_after_restart(tmp_path: Path,
-                                                                  shared_server: RunningServer) -> None:
-    pg = PgServer()
-    try:
-        url = pg.new_database()
-        a = replica(tmp_path, "a", url, shared_server)
-        with a:
-            pg.stop()
-            a.wait_for(lambda: not store_status(a)["connected"], 20, "A sees the store down")
-            add_tool(a, "before_the_kill")
-            a.wait_for(lambda: store_status(a)["buffered"] >= 1, 20, "A buffers the notice")
-            a.stop(signal.SIGKILL)
-        buffered = pending_idems(tmp_path / "a" / "state")
-        assert buffered
-        pg.start()
-        with a.start():  # the same config and state_dir
-            a.wait_for(lambda: (s := store_status(a))["connected"] and s["buffered"] == 0, 30, "flushed")
-        in_db = db_idems(pg, url)
-        assert {i: in_db.get(i) for i in buffered} == {i: 1 for i in buffered}
-    finally:
-        pg.close()
+                                                                  shared_server: RunningServer, pg_private: PgServer) -> None:
+    pg = pg_private
+    url = pg.new_database()
+    a = replica(tmp_path, "a", url, shared_server)
+    with a:
+        pg.stop()
+        a.wait_for(lambda: not store_status(a)["connected"], 20, "A sees the store down")
+        add_tool(a, "before_the_kill")
+        a.wait_for(lambda: store_status(a)["buffered"] >= 1, 20, "A buffers the notice")
+        a.stop(signal.SIGKILL)
+    buffered = pending_idems(tmp_path / "a" / "state")
+    assert buffered
+    pg.start()
+    with a.start():  # the same config and state_dir
+        a.wait_for(lambda: (s := store_status(a))["connected"] and s["buffered"] == 0, 30, "flushed")
+    in_db = db_idems(pg, url)
+    assert {i: in_db.get(i) for i in buffered} == {i: 1 for i in buffered}
 
 
 PROBE = """

@@ -121,33 +121,30 @@ async def test_changes_reach_the_other_replica_not_the_writer(pg_url: str, tmp_p
             await until(lambda: a.status()["buffered"] == 0 and b.status()["sent"] == 1, "the writers' books")
 
 
-async def test_writes_wait_on_disk_while_the_database_is_down(tmp_path: Path) -> None:
-    pg = PgServer()
-    try:
-        url = pg.new_database()
-        a = Replica(section(url), str(tmp_path / "a"))
-        b = Replica(section(url), str(tmp_path / "b"))
-        at_b = heard(b, FEEDBACK)
-        with anyio.fail_after(120):
-            async with running(a), running(b):
-                await a.append(FEEDBACK, "k", {"i": -1})
-                await until(lambda: len(at_b) == 1, "B hears the first event")
-                await anyio.to_thread.run_sync(pg.stop)
-                await until(lambda: not a.connected, "A notices the database is gone")
-                assert "shared store" in (a.status()["error"] or "")
-                for i in range(20):
-                    await a.append(FEEDBACK, "k", {"i": i})
-                assert a.status()["buffered"] == 20
-                assert a.outbox.pending_bytes > 0
-                await anyio.to_thread.run_sync(pg.start)
-                await until(lambda: a.connected and a.status()["buffered"] == 0, "A flushes its buffer", 30)
-                await until(lambda: len(at_b) == 21, "B hears every buffered event", 30)
-        assert [c.body["i"] for c in at_b] == list(range(-1, 20))  # in order, each once
-        rows = pg.psql("SELECT count(*), count(DISTINCT idem) FROM toolatlas_events", db=url.rsplit("/", 1)[1])
-        assert rows == [(21, 21)]
-        assert a.counts["reconnects"] >= 1
-    finally:
-        pg.close()
+async def test_writes_wait_on_disk_while_the_database_is_down(tmp_path: Path, pg_private: PgServer) -> None:
+    pg = pg_private
+    url = pg.new_database()
+    a = Replica(section(url), str(tmp_path / "a"))
+    b = Replica(section(url), str(tmp_path / "b"))
+    at_b = heard(b, FEEDBACK)
+    with anyio.fail_after(120):
+        async with running(a), running(b):
+            await a.append(FEEDBACK, "k", {"i": -1})
+            await until(lambda: len(at_b) == 1, "B hears the first event")
+            await anyio.to_thread.run_sync(pg.stop)
+            await until(lambda: not a.connected, "A notices the database is gone")
+            assert "shared store" in (a.status()["error"] or "")
+            for i in range(20):
+                await a.append(FEEDBACK, "k", {"i": i})
+            assert a.status()["buffered"] == 20
+            assert a.outbox.pending_bytes > 0
+            await anyio.to_thread.run_sync(pg.start)
+            await until(lambda: a.connected and a.status()["buffered"] == 0, "A flushes its buffer", 30)
+            await until(lambda: len(at_b) == 21, "B hears every buffered event", 30)
+    assert [c.body["i"] for c in at_b] == list(range(-1, 20))  # in order, each once
+    rows = pg.psql("SELECT count(*), count(DISTINCT idem) FROM toolatlas_events", db=url.rsplit("/", 1)[1])
+    assert rows == [(21, 21)]
+    assert a.counts["reconnects"] >= 1
 
 
 async def test_an_unreachable_store_at_start_does_not_block(tmp_path: Path) -> None:
