@@ -103,6 +103,28 @@ def test_a_catalog_change_through_one_replica_reaches_the_other(
         assert not out.get("isError"), out
 
 
+def test_an_approval_on_one_replica_holds_on_the_other(tmp_path: Path, pg_url: str, shared_server: RunningServer) -> None:
+    gated = dict(daemon_extra="require_approval = true\n")
+
+    def approval(d: Daemon) -> str:
+        return str(next(s["approval"] for s in d.status()["servers"] if s["name"] == "shared"))
+
+    with replica(tmp_path, "a", pg_url, shared_server, **gated) as a, \
+            replica(tmp_path, "b", pg_url, shared_server, **gated) as b:
+        assert approval(a) == approval(b) == "pending"
+        assert "shared__echo" not in b.search("echo the message back", 5)  # serves nothing yet
+        with a.client() as c:
+            assert c.request("toolatlas/upstream/approve", {"name": "shared"})["approval"] == "approved"
+        b.wait_for(lambda: approval(b) == "active", 20, "B takes A's approval")
+        assert "shared__echo" in b.search("echo the message back", 5)
+        with b.client() as c:
+            assert c.request("toolatlas/upstream/reject", {"name": "shared"})["approval"] == "rejected"
+        a.wait_for(lambda: approval(a) == "rejected", 20, "A takes B's rejection")
+    # A replica started later takes the decision in force from the store.
+    with replica(tmp_path, "c", pg_url, shared_server, **gated) as c3:
+        c3.wait_for(lambda: approval(c3) == "rejected", 20, "C starts with the shared decision")
+
+
 def test_database_restart_under_load(tmp_path: Path, shared_server: RunningServer, pg_private: PgServer) -> None:
     pg = pg_private
     url = pg.new_database()

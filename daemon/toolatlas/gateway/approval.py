@@ -158,6 +158,9 @@ class Approvals:
         self._records: dict[str, Record] = store.load()
         self.required = False
         self._prints: dict[str, str] = {}
+        # Hear each operator decision made here: (upstream, its record). The shared store's wiring
+        # passes them to the other replicas, which `adopt` them.
+        self.on_decided: list[Callable[[str, Record], None]] = []
 
     def __repr__(self) -> str:
         return f"<Approvals required={self.required} {({n: r.decision.value for n, r in self._records.items()})}>"
@@ -203,10 +206,30 @@ class Approvals:
         old = self.decision(name)
         reason = f"{decision.value} by the operator"
         if old is not decision:
-            self._records[name] = Record(decision, self._prints[name], time.time(), by, reason)
+            record = self._records[name] = Record(decision, self._prints[name], time.time(), by, reason)
             self._save()
             self._on_transition(Transition(name, old.value, decision.value, by, reason))
+            for hear in self.on_decided:
+                hear(name, record)
         return {"upstream": name, "approval": decision.value, "previous": old.value}
+
+    def adopt(self, name: str, record: Record) -> bool:
+        """Another replica's operator decision on `name`: taken when it is for the upstream as
+        configured here (same fingerprint) and newer than this replica's own operator decision
+        (an automatic `pending` here yields to it). True when the decision in force changed."""
+        cur = self._records.get(name)
+        if self._prints.get(name) != record.fingerprint:
+            return False
+        if cur is not None and cur.by != "daemon" and cur.changed_at >= record.changed_at:
+            return False
+        old = self.decision(name)
+        self._records[name] = record
+        self._save()
+        if old is record.decision or not self.required:
+            return False
+        self._on_transition(Transition(name, old.value, record.decision.value, record.by,
+                                       f"{record.reason} (on another replica)"))
+        return True
 
     def _save(self) -> None:
         try:

@@ -10,6 +10,10 @@
   re-attested) is shared with its verdict; another replica checks the signature with its
   own public key and adopts it when it is newer than its own card file, then re-attests.
 
+- **Upstream approvals** (state of kind `approval`: upstream -> the operator's decision): an
+  approve or reject on one replica is in force on the others that run the same upstream
+  config (same fingerprint), and on a replica started later; an automatic `pending` yields.
+
 Without `[store] url` none of this is built. The other features plug into `ports.Shared`.
 """
 
@@ -28,7 +32,8 @@ from toolatlas.catalog.attest import resolve_path
 from toolatlas.catalog.cards import card_path, decode_card, encode_card, read_card, verify_card, write_card
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.errors import SignatureError, ToolatlasError
-from toolatlas.store.ports import CARD, CATALOG_CHANGED, Change
+from toolatlas.gateway.approval import Decision, Record
+from toolatlas.store.ports import APPROVAL, CARD, CATALOG_CHANGED, Change
 from toolatlas.store.replica import Replica
 from toolatlas.store.vectors import VectorBridge
 
@@ -65,6 +70,9 @@ class Sharing:
         self._tg: anyio.abc.TaskGroup | None = None
         replica.subscribe(CATALOG_CHANGED, self._catalog_changed)
         replica.subscribe(CARD, self._card_shared)
+        self._approvals: list[tuple[str, dict[str, Any]]] = []  # decisions made here, to share
+        replica.subscribe(APPROVAL, self._approval_shared)
+        gateway.approvals.on_decided.append(self._approval_decided)
         gateway.catalog.on_change.append(self._changed)
         gateway.status_service.sections["store"] = self.status
 
@@ -107,9 +115,31 @@ class Sharing:
         self._hashes[server] = (listing, h)
         return h
 
+    def _approval_decided(self, name: str, record: Record) -> None:
+        self._approvals.append((name, {"decision": record.decision.value, "fingerprint": record.fingerprint,
+                                       "changed_at": record.changed_at, "by": record.by, "reason": record.reason}))
+        self._wake.set()
+
+    async def _approval_shared(self, change: Change) -> None:
+        """Another replica's approve or reject: in force here too when it is for the same
+        upstream config; clients whose lists change are told, as for a decision made here."""
+        b = change.body
+        try:
+            record = Record(Decision(b["decision"]), str(b["fingerprint"]), float(b["changed_at"]), str(b["by"]),
+                            str(b["reason"]))
+        except (KeyError, ValueError, TypeError) as exc:
+            log.warning("store: an approval of %r from %s is malformed (%s); ignored", change.key, change.origin, exc)
+            return
+        if self._gw.approvals.adopt(change.key, record):
+            await self._gw.catalog.announce()
+            await self._gw.federation.reloaded()
+
     async def _sync(self) -> None:
-        """Announce the listings and verified cards that changed here since the last sync
-        (into the on-disk buffer: also while the store is down)."""
+        """Announce the approvals, listings and verified cards that changed here since the
+        last sync (into the on-disk buffer: also while the store is down)."""
+        while self._approvals:
+            name, body = self._approvals.pop(0)
+            await self._write(self.replica.put, APPROVAL, name, body)
         view = self._gw.catalog.view
         for name, entry in sorted(view.servers.items()):
             if not entry.available or entry.listing is None:
