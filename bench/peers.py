@@ -113,6 +113,7 @@ async def run(sock: str, fast: StdioServerParameters, calls: int, queries: list[
                 res = await client.call_tool(name, args)
             if res.is_error or "Echo: hi" not in _text(res):
                 raise RuntimeError(f"{name} did not echo: {res}")
+        print(f"peers: calls ({calls} rounds)", file=sys.stderr, flush=True)
         times = {k: [] for k in paths}
         order, rng = list(paths), random.Random(1)
         for _ in range(calls):
@@ -122,6 +123,7 @@ async def run(sock: str, fast: StdioServerParameters, calls: int, queries: list[
                 t0 = time.perf_counter()
                 await client.call_tool(name, args)
                 times[k].append(time.perf_counter() - t0)
+        print(f"peers: search ({len(queries)} queries)", file=sys.stderr, flush=True)
         search: dict[str, list[float]] = {"toolatlas_tool_search": [], "fastmcp_search_tools": []}
         for i, q in enumerate(queries):
             pair = [("toolatlas_tool_search", atlas, "tool_search", {"query": q, "top_k": 5}),
@@ -184,6 +186,7 @@ def main() -> int:
         (Path(tmp) / "atlas").mkdir()
         with Daemon(Path(tmp) / "atlas", stdio_testserver("bench") + catalog,
                     search_extra=f'embedder = "{a.embedder}"\n') as d:
+            print("peers: waiting for toolatlas to index the catalog", file=sys.stderr, flush=True)
             d.wait_for(lambda: d.status()["index"]["tools"] >= a.tools, timeout=3600, what="catalog indexed")
             wait_settled(d.status, 600)
             out.update(anyio.run(run, d.socket, fast, a.calls, bench_queries(a.queries)))
