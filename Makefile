@@ -5,16 +5,25 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/npm/node_modules/.installed
 
-.PHONY: run test typecheck setup npm bench clean
+.PHONY: run test typecheck setup npm bench clean postgres
 
-setup: $(STAMP)
+setup: $(STAMP) postgres
+
+# The shared-store tests (`[store] url`) run a throwaway PostgreSQL server: install the
+# distribution's server packages when no initdb is on PATH or under /usr/lib/postgresql.
+postgres:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		{ echo "installing PostgreSQL (for the shared-store tests)"; \
+		  $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y postgresql || \
+		  { $(if $(filter 0,$(shell id -u)),,sudo) apt-get update && \
+		    $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y postgresql; }; }
 
 # torch first, pinned to the CPU wheel: a bare `torch` requirement would pull a CUDA build.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	HNSWLIB_NO_NATIVE=1 $(BIN)/pip install -q -e '.[test]'
+	HNSWLIB_NO_NATIVE=1 $(BIN)/pip install -q -e '.[test,store]'
 	touch $@
 
 npm: $(NPM_STAMP)
@@ -32,7 +41,7 @@ typecheck: $(STAMP)
 
 # Two workers, a test file each at a time (module-scoped daemons stay shared within a file):
 # most of a test's time is a subprocess starting or a wait, which the other worker fills.
-test: $(STAMP) $(NPM_STAMP) typecheck
+test: $(STAMP) $(NPM_STAMP) postgres typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n 2 --dist loadfile
 
 bench: $(STAMP) $(NPM_STAMP)

@@ -4,6 +4,15 @@ Counts the JSON an MCP client would receive for `tools/list` with the local
 anthropic-tokenizer (see `toolatlas.tokens`), and the mean size of a top-5 `tool_search`
 result. Prints one JSON object.
 
+Issue 18's budget (`meta_tools` and `dev_sets` in the output): the meta-tool definitions with
+the templates in force (`--templates DIR`, default the shipped ones) rendered for a 20-server
+domain list (the 20 largest benchdata servers, their bootstrap-card tags), against 400 tokens;
+and per dev set the mean tokens of a top-5 answer as tool_search builds it (gateway.matches:
+sanitized publisher text; with examples: carded matches whose card has the bootstrap summary
+and up to 2 example phrasings, ToolLens's from its train split, MCPToolBench++'s from its
+other queries), in json and compact form, against 600 (json with examples, ToolLens) and
+half of json (compact).
+
 Run (from the repo root):
 
     .venv/bin/python bench/tokens.py                      # 2,000 tools from the benchdata catalogs
@@ -46,15 +55,14 @@ from toolatlas.names import namespaced  # noqa: E402
 from toolatlas.tokens import TOKENIZER_NAME, catalog_token_report  # noqa: E402
 
 
-def load_meta_tools() -> tuple[list[dict[str, Any]], str]:
-    """The meta-tool definitions the gateway serves, and where they came from."""
-    try:
-        from toolatlas.meta_tools import META_TOOLS
-    except ImportError:
-        META_TOOLS = None
-    if META_TOOLS:
-        return list(META_TOOLS), "toolatlas.meta_tools.META_TOOLS"
-    raise SystemExit("toolatlas.meta_tools.META_TOOLS is not available yet")
+def load_meta_tools(templates: str | None = None, environment: str = "production") -> tuple[list[dict[str, Any]], str]:
+    """The meta-tool definitions the gateway serves (templates rendered, no servers named),
+    and where they came from."""
+    from toolatlas.guidance import Guidance
+
+    guidance = Guidance.load(templates, environment)
+    meta = guidance.meta_tools(guidance.values(servers=[], domains=[], tool_count=0))
+    return [dict(t) for t in meta.tools], f"toolatlas.guidance ({templates or 'shipped templates'})"
 
 
 def slug(server: str) -> str:
@@ -160,6 +168,103 @@ def config_mode(args: argparse.Namespace, meta: list[dict[str, Any]]) -> dict[st
             "unreachable": unreachable, "runs": [report]}
 
 
+def _domains(records: list[CatalogLine], n: int = 20) -> list[Any]:
+    """The `n` servers with most tools, as {domains} shows them: bootstrap-card tags."""
+    from collections import Counter
+
+    from toolatlas.catalog.generators import BootstrapGenerator
+    from toolatlas.catalog.model import ToolRecord
+    from toolatlas.guidance import Domain
+
+    top = [s for s, _ in Counter(slug(r.server) for r in records).most_common(n)]
+    out = []
+    for server in top:
+        recs = [ToolRecord.make(server, r.name, r.description, r.input_schema) for r in records if slug(r.server) == server]
+        draft = BootstrapGenerator().generate(server, recs)
+        out.append(Domain(server, draft.summary, draft.tags))
+    return out
+
+
+def meta_budget(records: list[CatalogLine], templates: str | None, environment: str) -> dict[str, Any]:
+    from toolatlas.guidance import Guidance
+    from toolatlas.tokens import count_tokens, tools_list_json
+
+    guidance = Guidance.load(templates, environment)
+    domains = _domains(records)
+    values = guidance.values(servers=[d.server for d in domains], domains=domains, tool_count=len(records))
+    meta = guidance.meta_tools(values)
+    return {"templates": templates or "shipped defaults", "environment": environment, "servers": len(domains),
+            "tokens": count_tokens(tools_list_json([dict(t) for t in meta.tools])), "target": 400,
+            "domains": values["domains"]}
+
+
+def _examples(queries: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """Per tool, the three shortest queries that name it relevant: what an operator writes as
+    example phrasings is short, and a train query is a real phrasing."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for q in sorted(queries, key=lambda q: len(q["query"])):
+        for r in q.get("relevant", []):
+            got = out.setdefault((r["server"], r["name"]), [])
+            if len(got) < 3 and q["query"] not in got:
+                got.append(q["query"])
+    return out
+
+
+def dev_set(name: str, seed: int = 1) -> dict[str, Any]:
+    """Mean tokens of top-5 answers on one dev set, json and compact, without and with examples."""
+    import msgspec
+
+    from toolatlas.catalog.attest import AttestResult
+    from toolatlas.catalog.cards import Card, Provenance, ServerIdentity, ToolCard
+    from toolatlas.catalog.generators import bootstrap_summary
+    from toolatlas.catalog.model import ToolRecord
+    from toolatlas.gateway.matches import MatchBuilder
+    from toolatlas.meta_tools import render_compact
+    from toolatlas.tokens import count_tokens
+
+    folder = BENCHDATA / name
+    records = read_catalog(folder / "catalog.jsonl")
+    queries = read_queries(folder / "queries.jsonl")
+    train = folder / "queries-train.jsonl"
+    examples = _examples(read_queries(train) if train.exists() else queries)
+    by_key = {(r.server, r.name): r for r in records}
+    rnd = random.Random(seed)
+    picked = rnd.sample(queries, min(SAMPLE_QUERIES * 2, len(queries)))
+    builder = MatchBuilder()
+    forms: dict[str, list[int]] = {"json": [], "json_examples": [], "compact": [], "compact_examples": []}
+    chars: list[int] = []
+    for q in picked:
+        recs = [by_key[(r["server"], r["name"])] for r in q.get("relevant", []) if (r["server"], r["name"]) in by_key][:5]
+        while len(recs) < 5:
+            recs.append(rnd.choice(records))
+        plain, carded = [], []
+        for rank, line in enumerate(recs):
+            rec = ToolRecord.make(slug(line.server), line.name, line.description, line.input_schema)
+            score = round(1.0 / (rank + 1), 4)
+            plain.append(builder.match(rec, None, score))
+            own = [e for e in examples.get((line.server, line.name), []) if e != q["query"]][:2]
+            card = Card(server=ServerIdentity(name=rec.server, transport="catalog", endpoint=""), summary="", tags=[],
+                        tools=[ToolCard(tool=rec.tool, summary=bootstrap_summary(rec), examples=own,
+                                        schema_sha256=rec.content_hash)],
+                        provenance=Provenance(generator="bootstrap", generator_version="1", created_at="2026-12-02T00:00:00Z",
+                                              attested=True, key_id="0123456789abcdef"), signature="x")
+            verdict = AttestResult(texts={rec.tool: (card.tools[0].summary, "", ())}, quarantined={},
+                                   card_status="verified", card=card)
+            carded.append(builder.match(rec, verdict, score))
+        for key, matches in (("json", plain), ("json_examples", carded)):
+            answer = {"query": q["query"], "matches": matches, "degraded": None}
+            text = msgspec.json.encode(answer).decode()
+            forms[key].append(count_tokens(text))
+            forms["compact" + key[4:]].append(count_tokens(render_compact(answer)))
+            if key == "json":
+                chars.append(len(text))
+    means = {k: round(sum(v) / len(v), 1) for k, v in forms.items()}
+    return {"queries": len(picked), "examples_from": "train split" if train.exists() else "other test queries",
+            "mean_top5_tokens": means, "mean_top5_json_chars": round(sum(chars) / len(chars), 1),
+            "compact_over_json": round(means["compact"] / means["json"], 3),
+            "compact_examples_over_json_examples": round(means["compact_examples"] / means["json_examples"], 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--catalog", action="append", help="catalog.jsonl (repeatable); default: benchdata")
@@ -167,11 +272,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tools", type=int, action="append", help="catalog size(s) to build (default 2000)")
     ap.add_argument("--config", help="list the tools of this config's upstreams instead of a catalog")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per upstream in --config mode")
+    ap.add_argument("--templates", help="template folder ([surface] templates); default: the shipped ones")
+    ap.add_argument("--environment", default="production", help="the environment label rendered into them")
     args = ap.parse_args(argv)
-    meta, meta_source = load_meta_tools()
+    meta, meta_source = load_meta_tools(args.templates, args.environment)
     out = config_mode(args, meta) if args.config else catalog_mode(args, meta)
+    all_records = [r for p in DEFAULT_CATALOGS for r in read_catalog(p)]
     out = {"bench": "tokens", "tokenizer": TOKENIZER_NAME, "meta_tools_source": meta_source,
-           "meta_tools": [t["name"] for t in meta], **out}
+           "meta_tools": meta_budget(all_records, args.templates, args.environment),
+           "dev_sets": {name: dev_set(name) for name in ("toollens", "mcptoolbenchpp")},
+           "targets": {"meta_tools_tokens": 400, "toollens_json_examples_mean": 600, "compact_over_json": 0.5},
+           **out}
     print(json.dumps(out, indent=2))
     return 0
 

@@ -10,6 +10,8 @@
   (skips when tests/npm is not installed); ``everything_stdio``: its stdio upstream config.
 - ``make_upstream``: ``tests.support.configs.make_upstream``; ``testserver_stdio``:
   ``tests.support.configs.stdio_testserver``.
+- ``pg_server``: one throwaway PostgreSQL per session (``tests.support.postgres.PgServer``;
+  skips only when no server binaries are installed); ``pg_url``: a fresh database on it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 from toolatlas.config import StdioUpstream, Upstream
 
 from tests.support import configs, ports
+from tests.support.postgres import PgServer, bindir
 from tests.support.servers import RunningServer, ServerFactory
 
 
@@ -81,3 +84,19 @@ def testserver_stdio() -> Callable[..., StdioUpstream]:
 @pytest.fixture
 def everything_stdio() -> StdioUpstream:
     return configs.stdio_everything()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    if bindir() is None:
+        pytest.skip("PostgreSQL server binaries (initdb) are not installed; `make setup` installs them")
+    server = PgServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> str:
+    return pg_server.new_database()

@@ -34,17 +34,25 @@ def _identity(uid: int, gid: int) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(users), frozenset(groups)
 
 
-def allowed_servers(cfg: Config, uid: int | None, gid: int | None, token: str | None = None) -> frozenset[str]:
+def allowed_servers(cfg: Config, uid: int | None, gid: int | None, token: str | None = None,
+                    oauth: tuple[str, frozenset[str], frozenset[str]] | None = None) -> frozenset[str]:
     """The upstreams a principal may use: the union over matching rules, else the default.
 
-    A principal is a socket peer (uid, gid from the kernel) or an HTTP bearer token (its
-    configured name); a token principal matches only `tokens` rules. A socket connection
-    without credentials (in-process use) is treated like the daemon's own user.
+    A principal is a socket peer (uid, gid from the kernel), an HTTP bearer token (its
+    configured name) or a validated OAuth token (`oauth`: its sub, groups/roles, scopes); a
+    token principal matches only `tokens` rules, an OAuth one only `oauth_*` rules. A socket
+    connection without credentials (in-process use) is treated like the daemon's own user.
     """
     every = frozenset(u.name for u in cfg.upstream)
     matched = False
     servers: set[str] = set()
-    if token is not None:
+    if oauth is not None:
+        subject, claim_groups, scopes = oauth
+        for rule in cfg.access:
+            if subject in rule.oauth_subjects or claim_groups & set(rule.oauth_groups) or scopes & set(rule.oauth_scopes):
+                matched = True
+                servers |= every if "*" in rule.servers else set(rule.servers)
+    elif token is not None:
         for rule in cfg.access:
             if token in rule.tokens:
                 matched = True
@@ -60,6 +68,20 @@ def allowed_servers(cfg: Config, uid: int | None, gid: int | None, token: str | 
     if not matched:
         return every if cfg.daemon.access_default == "allow" else frozenset()
     return frozenset(servers) & every
+
+
+@lru_cache(maxsize=1024)
+def _user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+def user_name(uid: int | None) -> str | None:
+    """The user name of `uid` (None: no such user, or no uid). `uid=None` is this process's
+    user, as `allowed_servers` treats an in-process connection."""
+    return _user_name(os.getuid() if uid is None else uid)
 
 
 def _user(uid: int) -> str:
@@ -86,3 +108,4 @@ def admin_refusal(uid: int | None, daemon_uid: int | None = None) -> str | None:
 def clear_cache() -> None:
     """Forget resolved identities (after a reload: users and groups may have changed)."""
     _identity.cache_clear()
+    _user_name.cache_clear()

@@ -1,4 +1,4 @@
-"""`toolatlas upstream list|restart NAME|relist NAME` and `toolatlas reload`: the operator
+"""`toolatlas upstream list|restart NAME|relist NAME|approve NAME|reject NAME` and `toolatlas reload`: the operator
 commands, sent over the daemon's socket as `toolatlas/*` JSON-RPC requests (surface.admin).
 The daemon serves them to the user it runs as and to root only.
 
@@ -36,12 +36,16 @@ def _client_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the raw JSON result")
 
 
-# action -> (JSON-RPC method, takes NAME, help). `approve` and `reject` will join here.
+# action -> (JSON-RPC method, takes NAME, help).
 UPSTREAM_ACTIONS: dict[str, tuple[str, bool, str]] = {
     "list": ("toolatlas/upstream/list", False, "each upstream: transport, state, tools, pid, last error"),
     "restart": ("toolatlas/upstream/restart", True, "restart an upstream's session (a stdio server's process) and "
                 "wait until it is back or failed"),
     "relist": ("toolatlas/upstream/relist", True, "fetch an upstream's tools/list now and show what changed"),
+    "approve": ("toolatlas/upstream/approve", True, "let an upstream serve ([daemon] require_approval): its tools "
+                "become searchable and callable"),
+    "reject": ("toolatlas/upstream/reject", True, "keep an upstream off ([daemon] require_approval): it serves "
+               "nothing until approved"),
 }
 
 
@@ -73,6 +77,7 @@ def upstream_main(argv: list[str]) -> int:
     params = {"name": args.name} if named else {}
     printers: dict[str, Callable[[dict[str, Any]], int]] = {
         "list": _print_list, "restart": _print_restart, "relist": _print_relist,
+        "approve": _print_decision, "reject": _print_decision,
     }
     return _run(args, method, params, printers[args.action])
 
@@ -136,7 +141,7 @@ def _print_list(result: dict[str, Any]) -> int:
     if not ups:
         print("no upstreams configured")
         return 0
-    rows = [("NAME", "TRANSPORT", "STATE", "TOOLS", "PID", "LAST ERROR")]
+    rows = [("NAME", "TRANSPORT", "STATE", "TOOLS", "PID", "APPROVAL", "LAST ERROR")]
     for u in ups:
         state = u["state"]
         if u.get("next_retry_in") is not None:
@@ -144,11 +149,12 @@ def _print_list(result: dict[str, Any]) -> int:
         error = u.get("last_error") or u.get("reason")
         when = _ago(u.get("last_error_at")) if u.get("last_error") else ""
         pid = str(u["pid"]) if u.get("pid") is not None else "-"
-        rows.append((u["name"], u["transport"], state, str(u["tools"]), pid, (error or "-") + when))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        rows.append((u["name"], u["transport"], state, str(u["tools"]), pid, str(u.get("approval", "-")),
+                     (error or "-") + when))
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
     for r in rows:
         print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>{widths[3]}}  "
-              f"{r[4]:>{widths[4]}}  {r[5]}")
+              f"{r[4]:>{widths[4]}}  {r[5]:<{widths[5]}}  {r[6]}")
     return 0
 
 
@@ -173,6 +179,13 @@ def _print_relist(result: dict[str, Any]) -> int:
     for mark, names in (("+", added), ("-", removed), ("~", changed)):
         for name in names:
             print(f"  {mark} {name}")
+    return 0
+
+
+def _print_decision(result: dict[str, Any]) -> int:
+    was = result.get("previous")
+    print(f"{result['upstream']}: {result['approval']}" + (f" (was {was})" if was != result["approval"] else
+                                                          " (unchanged)"))
     return 0
 
 

@@ -26,7 +26,9 @@ from toolatlas.config import Config, load, metrics_address, secrets
 from toolatlas.metrics import MetricsBindError
 from toolatlas.errors import ConfigError, ToolatlasError
 from toolatlas.gateway import Gateway, restart_keys
+from toolatlas.gateway.approval import Decision
 from toolatlas.gateway.ports import Connection
+from toolatlas.guidance import Guidance
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
 from toolatlas.redact import RedactingFormatter, Redactor
 from toolatlas.surface.admin import AdminLane
@@ -76,7 +78,21 @@ class Daemon:
             connections=self.surface.connections,
             admin=AdminLane(self),
         )
+        # One more socket per [[endpoint]] with a socket: the same server and connections,
+        # its clients tagged with the endpoint's name (visibility narrows them to its upstreams).
+        self.endpoint_sockets = [
+            UnixServer(self.surface.server, ep.socket, mode=int(cfg.daemon.socket_mode, 8), owner=cfg.daemon.socket_owner,
+                       group=cfg.daemon.socket_group, max_message_bytes=cfg.daemon.max_message_bytes,
+                       max_clients=cfg.daemon.max_clients, max_clients_per_uid=cfg.daemon.max_clients_per_uid,
+                       message_timeout=cfg.daemon.message_timeout, idle_timeout=cfg.daemon.idle_timeout,
+                       on_bad_message=lambda _msg: self.gateway.bad_message(), fast_lane=self.surface.lane,
+                       connections=self.surface.connections, admin=AdminLane(self), endpoint=ep.name)
+            for ep in cfg.endpoint if ep.socket
+        ]
         self.http: HttpEndpoint | None = None
+        self.sharing: Any = None  # store.wiring.Sharing when [store] url is set
+        if cfg.store.url:
+            self.sharing = _sharing(self.gateway)
 
     def __repr__(self) -> str:
         return f"<Daemon {self.gateway!r} {self.unix!r}>"
@@ -90,17 +106,24 @@ class Daemon:
         cfg = self.cfg
         async with anyio.create_task_group() as tg:
             await tg.start(self.unix.run)
+            for extra in self.endpoint_sockets:
+                await tg.start(extra.run)
             if cfg.http.listen:
                 self.http = HttpEndpoint(self.surface.server, cfg.http, max_message_bytes=cfg.daemon.max_message_bytes,
                                          connections=self.surface.connections, max_clients=cfg.daemon.max_clients,
-                                         message_timeout=cfg.daemon.message_timeout)
+                                         message_timeout=cfg.daemon.message_timeout, on_denied=self.gateway.denied,
+                                         paths={ep.http_path.rstrip("/"): ep.name for ep in cfg.endpoint if ep.http_path})
                 await tg.start(self.http.run)
             task_status.started()
+            if self.sharing is not None:  # before the gateway: its first catalog is shared
+                await tg.start(self.sharing.run)
             await tg.start(self.gateway.run)
 
     async def drain(self, timeout: float) -> None:
         """Stop accepting connections and let in-flight calls finish (bounded)."""
         await self.unix.stop_accepting()
+        for extra in self.endpoint_sockets:
+            await extra.stop_accepting()
         if self.http is not None:
             await self.http.stop_accepting()
         await self.gateway.drain(timeout)
@@ -113,20 +136,25 @@ class Daemon:
         if new.http.listen != old.http.listen:
             raise ConfigError(f"[http] listen changed from {old.http.listen!r} to {new.http.listen!r}: "
                               "the endpoint can only be moved, opened or closed by a restart")
+        where = {(ep.name, ep.socket, ep.http_path) for ep in old.endpoint}
+        if where != {(ep.name, ep.socket, ep.http_path) for ep in new.endpoint}:
+            raise ConfigError("[[endpoint]] names, sockets or http_paths changed: endpoints can only be added, removed "
+                              "or moved by a restart (their upstreams, environment and templates reload)")
 
-    async def reload(self, new: Config, attestor: Attestor) -> dict[str, list[str]]:
+    async def reload(self, new: Config, attestor: Attestor, guidance: Guidance | None = None) -> dict[str, list[str]]:
         """Apply a checked reload: access rules and upstreams (gateway), tokens and
         admission rules (HTTP), socket mode, ownership and limits (Unix socket)."""
         self.check_reload(new)
         d = new.daemon
-        self.unix.reconfigure(mode=int(d.socket_mode, 8), owner=d.socket_owner, group=d.socket_group,
-                              max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
-                              max_clients_per_uid=d.max_clients_per_uid, message_timeout=d.message_timeout,
-                              idle_timeout=d.idle_timeout)
+        for unix in (self.unix, *self.endpoint_sockets):
+            unix.reconfigure(mode=int(d.socket_mode, 8), owner=d.socket_owner, group=d.socket_group,
+                             max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
+                             max_clients_per_uid=d.max_clients_per_uid, message_timeout=d.message_timeout,
+                             idle_timeout=d.idle_timeout)
         if self.http is not None:
             self.http.reconfigure(new.http, max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
                                   message_timeout=d.message_timeout)
-        summary = await self.gateway.reload(new, attestor)
+        summary = await self.gateway.reload(new, attestor, guidance)
         return summary
 
     async def reload_config(self) -> dict[str, Any]:
@@ -153,13 +181,14 @@ class Daemon:
         try:
             new = await anyio.to_thread.run_sync(load, path)
             attestor = Attestor(new)  # a bad [cards] section is rejected before anything changes
+            guidance = Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)  # so are bad templates
             self.check_reload(new)
         except ConfigError as exc:
             log.error("reload rejected, keeping the running config: %s", exc)
             gw.events.emit(ev.CONFIG_RELOAD_REJECTED, reason=str(exc))
             return {"applied": False, "config": path, "error": str(exc)}
         later = restart_keys(gw.cfg, new)
-        summary = await self.reload(new, attestor)
+        summary = await self.reload(new, attestor, guidance)
         gw.events.emit(ev.CONFIG_RELOADED, **summary)
         return {"applied": True, "config": path, **summary, "restart_needed": later}
 
@@ -180,9 +209,27 @@ class Daemon:
         except ToolatlasError as exc:
             raise self.gateway.redactor.exception(exc)
 
+    async def decide_upstream(self, name: str, decision: str, principal: str) -> dict[str, Any]:
+        return await self.gateway.decide_approval(name, Decision(decision), principal)
+
     def audit_admin(self, conn: Connection, method: str, *, upstream: str | None, outcome: str,
                     message: str | None = None) -> None:
         self.gateway.admin.audit(conn, method, upstream=upstream, outcome=outcome, message=message)
+
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        return self.gateway.tool_definitions(conn, servers)
+
+
+def _sharing(gw: Gateway) -> Any:
+    """The shared store for `gw` (imported only when `[store] url` is set: a daemon without
+    one never loads the database driver)."""
+    from toolatlas.store import metrics as store_metrics
+    from toolatlas.store.replica import Replica
+    from toolatlas.store.wiring import Sharing
+
+    sharing = Sharing(gw, Replica(gw.cfg.store, gw.cfg.daemon.state_dir, redactor=gw.redactor))
+    store_metrics.register(gw.metrics.registry, sharing.status)
+    return sharing
 
 
 def _configure_logging(level: str, redactor: Redactor) -> None:
@@ -256,6 +303,7 @@ async def serve(
             await notifier.stopping()
             await daemon.drain(gw.cfg.daemon.drain_timeout)
             await gw.close_upstreams()
+            gw.close_audit()
             tg.cancel_scope.cancel()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # the receiver restored the defaults on its exit

@@ -29,6 +29,8 @@ _DELEGATED = {
     "upstream": ("toolatlas.admin_cli", "upstream_main"),
     "reload": ("toolatlas.admin_cli", "reload_main"),
     "install": ("toolatlas.install", "main"),
+    "stubs": ("toolatlas.stubs.cli", "main"),
+    "learning": ("toolatlas.learning_cli", "main"),
 }
 
 
@@ -203,6 +205,8 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
         if not data["matches"]:
             print("no matching tools")
     else:
+        if data.get("environment"):
+            print(f"environment: {data['environment']}")
         for s in data["servers"]:
             reason = f"  ({s['reason']})" if s.get("reason") else ""
             print(f"{s['name']:<24} {s['transport']:<6} {s['state']:<10} {s['tools']:>5} tools{reason}")
@@ -226,6 +230,11 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
         if rift.get("available"):
             c = rift["clusters"]
             print(f"rift: confusable clusters high={c['high']} medium={c['medium']} low={c['low']}")
+        store = data.get("store")
+        if store:
+            link = "connected" if store.get("connected") else f"UNREACHABLE ({store.get('error')})"
+            print(f"store: {link}; {store.get('buffered', 0)} writes buffered on disk, "
+                  f"{store.get('received', 0)} changes from other replicas, replica {store.get('replica')}")
 
 
 # Exit status when stdout's reader goes away (`toolatlas ... | head -1`): 128 + SIGPIPE,

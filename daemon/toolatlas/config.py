@@ -16,12 +16,26 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+# The tables of config_sections are the config's public names too (explicit re-exports).
+from toolatlas.config_sections import (
+    ASYMMETRIC_ALGORITHMS as ASYMMETRIC_ALGORITHMS,
+    NAME_RE as NAME_RE,
+    Endpoint as Endpoint,
+    EventsSection as EventsSection,
+    HttpSection as HttpSection,
+    HttpToken as HttpToken,
+    OAuthIssuer as OAuthIssuer,
+    OAuthSection as OAuthSection,
+    StoreSection as StoreSection,
+    SurfaceSection as SurfaceSection,
+    UpstreamName as UpstreamName,
+    host_port as host_port,
+    check_http,
+)
 from toolatlas.errors import ConfigError
 from toolatlas.paths import default_state_dir, expand_vars, read_regular, resolve_path, socket_path
 from toolatlas.redact import Redactor
 
-NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
-UpstreamName = Annotated[str, msgspec.Meta(pattern=NAME_RE, max_length=48)]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 # Defaults of the per-upstream ingest bounds (also what a record made without a config gets).
 MAX_DESCRIPTION_CHARS = 8192
@@ -107,8 +121,14 @@ class DaemonSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     access_default: Literal["allow", "deny"] = "allow"
     # Structured events never carry query text unless this is set.
     log_queries: bool = False
+    # An upstream new to the config serves nothing until `toolatlas upstream approve NAME`.
+    require_approval: bool = False
     # "uvloop" when installed (the default), else asyncio's own loop.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    # Free text naming what this daemon serves ("production", "staging", "dev"): it appears in
+    # the meta-tool descriptions, instructions, catalog_status and events, so a model told of
+    # two gateways side by side can tell them apart.
+    environment: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")] = "default"
 
 
 class SearchSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -124,6 +144,15 @@ class SearchSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     cache_ttl: Annotated[float, msgspec.Meta(ge=0)] = 300.0
     # Static scope: only these upstreams are searchable/callable by default ([] = all).
     scope: list[str] = []
+
+
+class LearningSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Retrieval that learns from use: a search followed, within `window` seconds on the same
+    connection, by a successful call of one of its results is a usage event (query, tool,
+    principal) kept `retention_days` in state_dir/learning.sqlite3 (0600)."""
+    enabled: bool = True
+    window: Seconds = 600.0
+    retention_days: Annotated[float, msgspec.Meta(gt=0)] = 180.0
 
 
 class CardsLlmSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -164,44 +193,37 @@ class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     groups: list[str | int] = []
     # Names of HTTP bearer tokens (see [http]) this rule applies to.
     tokens: list[str] = []
+    # OAuth access tokens ([http.oauth]) this rule applies to: by `sub`, by a value of the
+    # `groups` or `roles` claim, or by a `scope` value.
+    oauth_subjects: list[str] = []
+    oauth_groups: list[str] = []
+    oauth_scopes: list[str] = []
     servers: list[str] = []
-
-
-class HttpToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One bearer token of the HTTP endpoint: its name (what [[access]] `tokens` match) and the
-    SHA-256 of the token text in hex (the token itself is never stored)."""
-
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-fA-F]{64}$")]
-
-
-class HttpSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """The optional streamable-HTTP endpoint (`http://LISTEN/mcp`); off while `listen` is ""."""
-
-    listen: str = ""  # HOST:PORT, e.g. "127.0.0.1:8765"
-    # Host header values accepted (DNS-rebinding protection); [] = the listen address plus
-    # localhost/127.0.0.1/[::1] at its port. "name:*" admits any port.
-    allowed_hosts: list[str] = []
-    # Origin header values accepted from browsers; a request without Origin is accepted.
-    # [] = the endpoint's own origins (http://HOST for each allowed Host).
-    allowed_origins: list[str] = []
-    tokens: list[HttpToken] = []
-    # The principal name given to requests WITHOUT an Authorization header ("" = refuse them
-    # with 401). For loopback development and conformance runs; [[access]] `tokens` can name it.
-    anonymous: str = ""
 
 
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
+    surface: SurfaceSection = msgspec.field(default_factory=SurfaceSection)
+    events: EventsSection = msgspec.field(default_factory=EventsSection)
     search: SearchSection = msgspec.field(default_factory=SearchSection)
+    learning: LearningSection = msgspec.field(default_factory=LearningSection)
     cards: CardsSection = msgspec.field(default_factory=CardsSection)
     upstream: list[Upstream] = []
     access: list[AccessRule] = []
     http: HttpSection = msgspec.field(default_factory=HttpSection)
+    endpoint: list[Endpoint] = []
+    store: StoreSection = msgspec.field(default_factory=StoreSection)
     # Where the file was read from (not a TOML key; set by load()).
     source: str = ""
     # The values `${VAR}` put into upstream tables, for `secrets` (not a TOML key; set by parse()).
     expanded_secrets: tuple[str, ...] = ()
+
+    def endpoint_by_name(self, name: str) -> Endpoint | None:
+        """The [[endpoint]] `name` ("default" is the [daemon] socket and /mcp: None)."""
+        for ep in self.endpoint:
+            if ep.name == name:
+                return ep
+        return None
 
     def upstream_by_name(self, name: str) -> Upstream | None:
         for up in self.upstream:
@@ -227,7 +249,7 @@ def _expand(value: Any, path: str, env: dict[str, str], found: list[str]) -> Any
     not their `_NOT_SECRET_KEYS`) are appended to `found`."""
     if isinstance(value, str):
         key = _UPSTREAM_KEY_RE.match(path)
-        secret = key is not None and key.group(1) not in _NOT_SECRET_KEYS
+        secret = (key is not None and key.group(1) not in _NOT_SECRET_KEYS) or path == "store.url"
         return expand_vars(value, env, path, found if secret else None)
     if isinstance(value, dict):
         return {k: _expand(v, f"{path}.{k}" if path else k, env, found) for k, v in value.items()}
@@ -284,41 +306,52 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         unknown_servers = [x for x in rule.servers if x != "*" and x not in names]
         if unknown_servers:
             raise ConfigError(f"{source}: [[access]] rule {i + 1} names unknown upstream {unknown_servers[0]!r}")
-        if not (rule.users or rule.groups or rule.tokens):
-            raise ConfigError(f"{source}: [[access]] rule {i + 1} names no users, groups or tokens")
+        if not (rule.users or rule.groups or rule.tokens or rule.oauth_subjects or rule.oauth_groups
+                or rule.oauth_scopes):
+            raise ConfigError(f"{source}: [[access]] rule {i + 1} names no users, groups, tokens or oauth_* claims")
     for up in cfg.upstream:
         if isinstance(up, (SseUpstream, HttpUpstream)) and not up.url.startswith(("http://", "https://")):
             url = Redactor(secrets(cfg))(up.url)
             raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {url!r}")
+    if cfg.store.url and not cfg.store.url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"{source}: [store] url must start with postgresql:// or postgres://, "
+                          f"got {Redactor(secrets(cfg))(cfg.store.url)!r}")
     if cfg.daemon.metrics_addr:
         host_port(cfg.daemon.metrics_addr, key="[daemon] metrics_addr", source=source)
-    _check_http(cfg.http, source)
-    return _resolve_paths(cfg, Path(source).parent if source != "<string>" else Path.cwd(), source)
+    check_http(cfg.http, source)
+    _check_endpoints(cfg, names, source)
+    cfg = _resolve_paths(cfg, Path(source).parent if source != "<string>" else Path.cwd(), source)
+    from toolatlas.guidance import TemplateSet
+
+    # A bad template fails here, naming file and placeholder (the daemon's and each endpoint's).
+    for folder in (cfg.surface.templates, *(ep.templates for ep in cfg.endpoint if ep.templates)):
+        TemplateSet.load(folder)
+    return cfg
 
 
-def host_port(addr: str, *, key: str, source: str = "<config>", default_host: str | None = "127.0.0.1") -> tuple[str, int]:
-    """`HOST:PORT` (IPv6 as `[::1]:PORT`) as (host, port); the one parser of listen addresses.
-
-    An empty host means `default_host`; with `default_host=None` a host is required. Raises
-    ConfigError naming `key` when the text is not HOST:PORT with a port in 0..65535.
-    """
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535 or not (host or default_host):
-        raise ConfigError(f"{source}: {key} must be HOST:PORT, got {addr!r}")
-    return host.strip("[]") or str(default_host), int(port)
-
-
-def _check_http(http: HttpSection, source: str) -> None:
-    if not http.listen:
-        return
-    host_port(http.listen, key="[http] listen", source=source, default_host=None)
-    names = [t.name for t in http.tokens]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigError(f"{source}: [[http.tokens]] name {dupes[0]!r} is used more than once")
-    if not http.tokens and not http.anonymous:
-        raise ConfigError(f"{source}: [http] listen is set but no [[http.tokens]] are configured "
-                          "(and no [http] anonymous); every request would be refused")
+def _check_endpoints(cfg: Config, upstreams: list[str], source: str) -> None:
+    seen: set[str] = set()
+    paths: set[str] = set()
+    for ep in cfg.endpoint:
+        where = f"[[endpoint]] {ep.name!r}"
+        if ep.name == "default" or ep.name in seen:
+            raise ConfigError(f"{source}: {where}: the name is used more than once (\"default\" is the "
+                              "[daemon] socket's)")
+        seen.add(ep.name)
+        if not ep.socket and not ep.http_path:
+            raise ConfigError(f"{source}: {where} has neither a socket nor an http_path; give it one or both")
+        if ep.http_path:
+            if not cfg.http.listen:
+                raise ConfigError(f"{source}: {where} has http_path {ep.http_path!r} but [http] listen is not set")
+            if ep.http_path.rstrip("/") == "/mcp" or ep.http_path.startswith("/.well-known") or ep.http_path in paths:
+                raise ConfigError(f"{source}: {where}: http_path {ep.http_path!r} is taken (by /mcp, the well-known "
+                                  "metadata or another endpoint)")
+            paths.add(ep.http_path)
+        unknown = [u for u in ep.upstreams if u != "*" and u not in upstreams]
+        if unknown:
+            raise ConfigError(f"{source}: {where} names unknown upstream {unknown[0]!r}")
+        if not ep.upstreams:
+            raise ConfigError(f"{source}: {where} lists no upstreams; name them (or \"*\" for all)")
 
 
 def listen_address(http: HttpSection) -> tuple[str, int]:
@@ -343,7 +376,18 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
         msgspec.structs.replace(u, cwd=resolve_path(u.cwd, base)) if isinstance(u, StdioUpstream) and u.cwd else u
         for u in cfg.upstream
     ]
-    return msgspec.structs.replace(cfg, daemon=daemon, upstream=ups, source=source)
+    surface = msgspec.structs.replace(cfg.surface, templates=resolve_path(cfg.surface.templates, base) or "")
+    events = msgspec.structs.replace(cfg.events, audit_file=resolve_path(cfg.events.audit_file, base) or "")
+    endpoints = [msgspec.structs.replace(ep, socket=resolve_path(ep.socket, base), templates=resolve_path(ep.templates, base))
+                 for ep in cfg.endpoint]
+    sockets = [daemon.socket, *(ep.socket for ep in endpoints if ep.socket)]
+    if len(set(sockets)) != len(sockets):
+        raise ConfigError(f"{source}: [[endpoint]] socket: two endpoints (or one and [daemon] socket) share a path")
+    for ep in endpoints:
+        if ep.templates and not os.path.isdir(ep.templates):
+            raise ConfigError(f"{source}: [[endpoint]] {ep.name!r}: templates {ep.templates!r} is not a folder")
+    return msgspec.structs.replace(cfg, daemon=daemon, surface=surface, events=events, upstream=ups, endpoint=endpoints,
+                                   source=source)
 
 
 def load(path: str | os.PathLike[str]) -> Config:
@@ -361,7 +405,7 @@ def load(path: str | os.PathLike[str]) -> Config:
 def secrets(cfg: Config) -> list[str]:
     """Values that must never appear in logs, events, status, errors or card files: every
     upstream env and header value, every value `${VAR}` put into an upstream (args, url,
-    env, headers), and a URL's password and query values. See `toolatlas.redact`."""
+    env, headers) or into `[store] url`, and a URL's password and query values. See `toolatlas.redact`."""
     out: list[str] = list(cfg.expanded_secrets)
     for up in cfg.upstream:
         if isinstance(up, StdioUpstream):
@@ -369,6 +413,7 @@ def secrets(cfg: Config) -> list[str]:
         else:
             out.extend(up.headers.values())
             out.extend(url_secrets(up.url))
+    out.extend(url_secrets(cfg.store.url))
     return [v for v in dict.fromkeys(out) if len(v) >= MIN_SECRET_CHARS]
 
 

@@ -1,30 +1,46 @@
 """Structured events: one JSON object a line, on stderr by default (journald under systemd).
 
-Each line is `{"ts": RFC 3339 UTC, "event": NAME, ...fields}`. Names and fields are stable
+Each line is `{"ts": RFC 3339 UTC, "event": NAME, "environment": LABEL, ...fields}` (the
+daemon's `[daemon] environment`, so lines of a production and a staging daemon sharing a
+log pipeline are told apart; left out when no label is set). Names and fields are stable
 (a log pipeline keys on them); `EVENT_FIELDS` below is the list of every event the daemon
 emits with exactly the fields each carries (a test checks it against a running daemon):
 
-- `tools_list_served`: `client`, `tools`, `passthrough`
-- `tool_search_completed`: `query` (only with `log_queries`), `results`, `matched_servers`,
-  `latency_ms`, `top_k`, `scope`, `mode`, `cache` ("hit"|"miss")
+Audit events also carry the audit fields `AUDIT_FIELDS` (who asked, over what, which request):
+`principal` (`uid:N`, `token:NAME` or `oauth:ISSUER#SUB`), `user` (the uid's user name, or the
+OAuth subject; null for a static token), `client` and `client_version` (the client's
+clientInfo), `endpoint` (the [[endpoint]] name; "default" for [daemon] socket and /mcp),
+`connection` (the connection's id in this daemon run) and `request` (the JSON-RPC request id).
+
+- `tools_list_served` (audit): `tools`, `passthrough`
+- `tool_search_completed` (audit): `query` (only with `log_queries`), `results`,
+  `matched_servers`, `latency_ms`, `top_k`, `scope`, `mode`, `cache` ("hit"|"miss")
 - `tool_search_fallback`: search degraded (`reason`, `mode`)
-- `execute_tool_completed`: `name`, `upstream`, `outcome` ("ok"|"error": the tool's isError),
+- `execute_tool_completed` (audit): `name`, `upstream`, `via` ("execute_tool"|"direct"),
+  `outcome` ("ok"|"error": the tool's isError), `latency_ms`
+- `execute_tool_failed` (audit): `name`, `upstream`, `via`, `outcome`
+  (bad_input|timeout|unavailable|error), `error_class`, `message` (at most 300 characters),
   `latency_ms`
-- `execute_tool_failed`: `name`, `upstream`, `outcome` (bad_input|timeout|unavailable|error),
-  `error_class`, `message` (at most 300 characters), `latency_ms`
+- `access_denied` (audit): `surface` (tool_search|execute_tool|direct|http), `target` (the tool
+  or server asked for, null when none), `reason`
 - `upstream_state_changed`: `upstream`, `old`, `new`, `reason`
 - `catalog_changed`: `server`, `available`, `tools`, `upserted`, `removed`, `quarantined`,
   `card` (the card verdict, null before the first listing)
 - `config_reloaded`: `added`, `removed`, `changed` (upstream names)
 - `config_reload_rejected`: `reason`
-- `admin_command_completed`: an operator command on the socket (`toolatlas upstream ...`,
-  `toolatlas reload`): `command` (upstream_list|upstream_restart|upstream_relist|reload),
-  `upstream` (null for list and reload), `principal` (`uid:N`), `outcome`
+- `admin_command_completed` (audit): an operator command on the socket (`toolatlas upstream
+  ...`, `toolatlas reload`): `command` (upstream_list|upstream_restart|upstream_relist|
+  upstream_approve|upstream_reject|reload), `upstream` (null for list and reload), `outcome`
   (ok|failed|bad_input|error), `message` (why it failed, else null)
-- `admin_command_refused`: a peer that is neither the daemon's user nor root asked for one:
-  `command`, `principal`, `pid`, `reason`
+- `admin_command_refused` (audit): a peer that is neither the daemon's user nor root asked for
+  one: `command`, `pid`, `reason`
 - `upstream_relisted`: an operator's re-list: `upstream`, `tools`, `added`, `removed`, `changed`
   (namespaced tool names)
+- `upstream_approval_changed` (to the audit file too): `upstream`, `old` (null: no decision
+  before), `new` (pending|approved|rejected), `by` (`daemon` or the operator's principal), `reason`
+
+Audit events go to stderr like every event and, with `[events] audit_file`, to that file too
+(`toolatlas.auditlog`).
 
 Privacy: a field named `query` (at any depth) is dropped unless `log_queries=True`, since
 queries can carry user data. Every configured secret (see `toolatlas.config.secrets`) is
@@ -46,6 +62,7 @@ from typing import Any, TextIO
 
 import msgspec
 
+from toolatlas.auditlog import AuditSink
 from toolatlas.redact import Redactor
 
 TOOLS_LIST_SERVED = "tools_list_served"
@@ -60,29 +77,40 @@ CONFIG_RELOAD_REJECTED = "config_reload_rejected"
 ADMIN_COMMAND_COMPLETED = "admin_command_completed"
 ADMIN_COMMAND_REFUSED = "admin_command_refused"
 UPSTREAM_RELISTED = "upstream_relisted"
+ACCESS_DENIED = "access_denied"
+UPSTREAM_APPROVAL_CHANGED = "upstream_approval_changed"
+
+# Who asked, over what, which request: carried by every audit event.
+AUDIT_FIELDS = frozenset({"principal", "user", "client", "client_version", "endpoint", "connection", "request"})
 
 # Every event the daemon emits and exactly its fields (besides "ts" and "event").
 EVENT_FIELDS: Mapping[str, frozenset[str]] = {
-    TOOLS_LIST_SERVED: frozenset({"client", "tools", "passthrough"}),
-    TOOL_SEARCH_COMPLETED: frozenset(
-        {"query", "results", "matched_servers", "latency_ms", "top_k", "scope", "mode", "cache"}),
+    TOOLS_LIST_SERVED: AUDIT_FIELDS | {"tools", "passthrough"},
+    TOOL_SEARCH_COMPLETED: AUDIT_FIELDS | {
+        "query", "results", "matched_servers", "latency_ms", "top_k", "scope", "mode", "cache"},
     TOOL_SEARCH_FALLBACK: frozenset({"reason", "mode"}),
-    EXECUTE_TOOL_COMPLETED: frozenset({"name", "upstream", "outcome", "latency_ms"}),
-    EXECUTE_TOOL_FAILED: frozenset({"name", "upstream", "outcome", "error_class", "message", "latency_ms"}),
+    EXECUTE_TOOL_COMPLETED: AUDIT_FIELDS | {"name", "upstream", "via", "outcome", "latency_ms"},
+    EXECUTE_TOOL_FAILED: AUDIT_FIELDS | {
+        "name", "upstream", "via", "outcome", "error_class", "message", "latency_ms"},
+    ACCESS_DENIED: AUDIT_FIELDS | {"surface", "target", "reason"},
     UPSTREAM_STATE_CHANGED: frozenset({"upstream", "old", "new", "reason"}),
     CATALOG_CHANGED: frozenset({"server", "available", "tools", "upserted", "removed", "quarantined", "card"}),
     CONFIG_RELOADED: frozenset({"added", "removed", "changed"}),
     CONFIG_RELOAD_REJECTED: frozenset({"reason"}),
-    ADMIN_COMMAND_COMPLETED: frozenset({"command", "upstream", "principal", "outcome", "message"}),
-    ADMIN_COMMAND_REFUSED: frozenset({"command", "principal", "pid", "reason"}),
+    ADMIN_COMMAND_COMPLETED: AUDIT_FIELDS | {"command", "upstream", "outcome", "message"},
+    ADMIN_COMMAND_REFUSED: AUDIT_FIELDS | {"command", "pid", "reason"},
     UPSTREAM_RELISTED: frozenset({"upstream", "tools", "added", "removed", "changed"}),
+    UPSTREAM_APPROVAL_CHANGED: frozenset({"upstream", "old", "new", "by", "reason"}),
 }
+# The events written to the audit file: those carrying the audit fields, and approval changes.
+AUDIT_EVENTS = frozenset(name for name, fields in EVENT_FIELDS.items() if AUDIT_FIELDS <= fields) | {
+    UPSTREAM_APPROVAL_CHANGED}
 EVENT_NAMES = frozenset(EVENT_FIELDS)
 MESSAGE_CHARS = 300  # execute_tool_failed's message is cut to this
 
 QUERY_FIELD = "query"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-_RESERVED = ("ts", "event")
+_RESERVED = ("ts", "event", "environment")
 _encode = msgspec.json.Encoder().encode
 
 
@@ -106,9 +134,13 @@ class Events:
         log_queries: bool = False,
         secrets: Sequence[str] = (),
         redactor: Redactor | None = None,
+        audit: AuditSink | None = None,
     ) -> None:
+        """`audit`: where audit events go besides `stream` (the audit file)."""
         self._stream = stream
+        self.audit = audit
         self.log_queries = log_queries
+        self.environment: str | None = None  # the envelope's "environment" (set by the gateway)
         self.redactor = redactor if redactor is not None else Redactor()
         self.redactor.add(secrets)
         self._lock = threading.Lock()
@@ -124,17 +156,20 @@ class Events:
     def emit(self, event: str, **fields: Any) -> None:
         """Write one event line. `event` must be a snake_case name (ValueError otherwise).
 
-        Fields named `ts` or `event` cannot override the envelope; they are written as
-        `field_ts` / `field_event`. Values that are not JSON types are written as `str(value)`.
+        Fields named `ts`, `event` or `environment` cannot override the envelope; they are
+        written as `field_ts` / `field_event` / `field_environment`. Values that are not JSON types are written as `str(value)`.
         """
         if not _NAME_RE.match(event):
             raise ValueError(f"event name {event!r} is not snake_case")
         record: dict[str, Any] = {"ts": rfc3339_now(), "event": event}
+        if self.environment:
+            record["environment"] = self.environment
         for key, value in fields.items():
             if key == QUERY_FIELD and not self.log_queries:
                 continue
             record[f"field_{key}" if key in _RESERVED else key] = value
-        line = _encode(self._clean(record)).decode()
+        cleaned = self._clean(record)
+        line = _encode(cleaned).decode()
         stream = self._stream if self._stream is not None else sys.stderr
         with self._lock:
             try:
@@ -143,6 +178,8 @@ class Events:
             except (OSError, ValueError):
                 # Broken pipe or closed stream: nothing sensible to do but keep serving.
                 pass
+        if self.audit is not None and event in AUDIT_EVENTS:
+            self.audit.append(cleaned, line)
 
     def _clean(self, value: Any) -> Any:
         if isinstance(value, str):

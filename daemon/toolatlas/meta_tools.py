@@ -12,6 +12,10 @@ MAX_TOP_K = 20
 TOOL_SEARCH = "tool_search"
 EXECUTE_TOOL = "execute_tool"
 CATALOG_STATUS = "catalog_status"
+FORMATS = ("json", "compact")  # tool_search's answer forms
+
+# The meta-tools' structure. Their descriptions (and parameter descriptions) are replaced by
+# the rendered templates (toolatlas.guidance); the texts here are what a skeleton shows.
 
 META_TOOLS: list[dict[str, Any]] = [
     {
@@ -29,13 +33,17 @@ META_TOOLS: list[dict[str, Any]] = [
                     "type": "integer",
                     "minimum": 1,
                     "maximum": MAX_TOP_K,
-                    "default": 5,
                     "description": "How many tools to return (1-20, default 5).",
                 },
                 "servers": {
                     "type": "array",
                     "items": {"type": "string"},
                     "description": "Only search these servers (optional).",
+                },
+                "format": {
+                    "type": "string",
+                    "enum": list(FORMATS),
+                    "description": "json (default, full schemas) or compact (short text).",
                 },
             },
             "required": ["query"],
@@ -66,6 +74,11 @@ META_TOOLS: list[dict[str, Any]] = [
 META_NAMES = frozenset(t["name"] for t in META_TOOLS)
 
 
+# What the surface passes as top_k when the caller left it out: the gateway then returns
+# between 1 and [search] default_top_k results (adaptive.cut), or none when nothing fits.
+AUTO_TOP_K = 0
+
+
 def clamp_top_k(value: Any, default: int = 5) -> int:
     """top_k clamped to [1, 20]; a missing value gives the default, a non-integer is BadInput."""
     from toolatlas.errors import BadInput
@@ -79,3 +92,80 @@ def clamp_top_k(value: Any, default: int = 5) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
         raise BadInput(f"top_k must be an integer from 1 to {MAX_TOP_K}, got {value!r}")
     return max(1, min(MAX_TOP_K, int(value)))
+
+
+def tool_format(value: Any) -> str:
+    """tool_search's `format`: "json" when missing, else one of FORMATS, or BadInput."""
+    from toolatlas.errors import BadInput
+
+    if value is None:
+        return "json"
+    if value not in FORMATS:
+        raise BadInput(f"format must be one of {', '.join(FORMATS)}, got {value!r}")
+    return str(value)
+
+
+COMPACT_DESCRIPTION_CHARS = 160
+COMPACT_ENUM_VALUES = 4
+
+
+def _type_of(spec: Any) -> str:
+    if not isinstance(spec, dict):
+        return "any"
+    enum = spec.get("enum")
+    if isinstance(enum, list) and enum:
+        shown = "|".join(json_text(v) for v in enum[:COMPACT_ENUM_VALUES])
+        return shown + ("|..." if len(enum) > COMPACT_ENUM_VALUES else "")
+    kind = spec.get("type")
+    if isinstance(kind, list):
+        return "|".join(str(k) for k in kind)
+    if kind == "array":
+        return f"list[{_type_of(spec.get('items'))}]"
+    return str(kind) if kind else "any"
+
+
+def json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
+
+
+def signature(schema: Any) -> str:
+    """`query: string, limit?: integer, unit: "km"|"mi"` from an inputSchema: required
+    parameters first, optional ones marked `?`."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
+        return ""
+    props: dict[str, Any] = schema["properties"]
+    raw = schema.get("required")
+    required: list[Any] = raw if isinstance(raw, list) else []
+    order = sorted(props, key=lambda k: (k not in required, list(props).index(k)))
+    return ", ".join(f"{k}{'' if k in required else '?'}: {_type_of(props[k])}" for k in order)
+
+
+def render_compact(answer: dict[str, Any]) -> str:
+    """A tool_search answer as a short text listing for a model: one numbered line per
+    match (name and parameter signature), its description's first words, examples and
+    note; what is degraded or still starting; how to get full schemas."""
+    lines: list[str] = []
+    if answer.get("degraded"):
+        lines.append(f"degraded: {answer['degraded']} (results may be incomplete)")
+    if answer.get("waiting_for"):
+        lines.append("still starting, waiting for: " + "; ".join(answer["waiting_for"]))
+    if answer.get("note"):
+        lines.append(f"note: {answer['note']}")
+    for i, m in enumerate(answer.get("matches") or (), 1):
+        lines.append(f"{i}. {m['name']}({signature(m.get('inputSchema'))})" + (" [attested]" if m.get("attested") else ""))
+        desc = " ".join(str(m.get("description") or "").split())
+        if len(desc) > COMPACT_DESCRIPTION_CHARS:
+            desc = desc[:COMPACT_DESCRIPTION_CHARS - 3].rsplit(" ", 1)[0] + "..."
+        if desc:
+            lines.append(f"   {desc}")
+        if m.get("examples"):
+            lines.append("   e.g. " + " | ".join(str(e) for e in m["examples"][:2]))
+        if m.get("note"):
+            lines.append(f"   note: {m['note']}")
+    if not answer.get("matches"):
+        lines.append("no matching tools")
+    else:
+        lines.append('Call execute_tool with the exact name; format "json" gives full schemas.')
+    return "\n".join(lines)

@@ -42,8 +42,13 @@ RESULT_BUCKETS = (0, 1, 2, 3, 5, 10, 20)
 
 EXECUTE_OUTCOMES = frozenset({"ok", "error", "timeout", "unavailable", "denied", "bad_input"})
 FALLBACK_KINDS = frozenset({"bm25-only", "passthrough"})
+# A call of a tool that a search on the same connection returned: recorded as a usage event,
+# or not (the call failed, or came after the learning window).
+FEEDBACK_OUTCOMES = frozenset({"recorded", "call_failed", "outside_window"})
 # Operator commands on the socket (surface.admin) and how each ended.
-ADMIN_COMMANDS = frozenset({"upstream_list", "upstream_restart", "upstream_relist", "reload", "unknown"})
+ADMIN_COMMANDS = frozenset({"upstream_list", "upstream_restart", "upstream_relist", "upstream_approve", "upstream_reject",
+                            "reload", "unknown"})
+APPROVAL_STATES = ("pending", "active", "degraded", "inactive", "rejected")
 ADMIN_OUTCOMES = frozenset({"ok", "failed", "bad_input", "refused", "error"})
 # States exported with value 0 even before an upstream has been in them, so a
 # `toolatlas_upstream_state{state="ready"} == 0` alert works from the first scrape.
@@ -71,6 +76,8 @@ class StateSnapshot:
     index_version: int = 0
     clients: int = 0
     quarantined: int = 0
+    approvals: list[tuple[str, str]] = field(default_factory=list)  # (upstream, approval lifecycle state)
+    endpoints: list[tuple[str, int, int]] = field(default_factory=list)  # (endpoint, clients, tools served)
 
 
 def _label(kind: str, value: str) -> str:
@@ -123,6 +130,15 @@ class _StateCollector:
         quarantined = GaugeMetricFamily(
             f"{NAMESPACE}_quarantined_tools", "Tools withheld from search and execution."
         )
+        approval = GaugeMetricFamily(
+            f"{NAMESPACE}_upstream_approval",
+            "1 for the approval lifecycle state of each upstream (pending, active, degraded, inactive, rejected).",
+            labels=["upstream", "state"],
+        )
+        ep_clients = GaugeMetricFamily(f"{NAMESPACE}_endpoint_clients", "Clients connected now, per endpoint.",
+                                       labels=["endpoint"])
+        ep_tools = GaugeMetricFamily(f"{NAMESPACE}_endpoint_tools", "Tools each endpoint serves now.",
+                                     labels=["endpoint"])
         if snap is not None:
             # Accept an enum member as well as its value.
             ups = [(name, str(getattr(st, "value", st)), count) for name, st, count in snap.upstreams]
@@ -137,7 +153,13 @@ class _StateCollector:
             version.add_metric([], snap.index_version)
             clients.add_metric([], snap.clients)
             quarantined.add_metric([], snap.quarantined)
-        return [info, state, tools, size, version, clients, quarantined]
+            for name, current in snap.approvals:
+                for s in APPROVAL_STATES:
+                    approval.add_metric([name, s], 1.0 if s == current else 0.0)
+            for name, n_clients, n_tools in snap.endpoints:
+                ep_clients.add_metric([name], n_clients)
+                ep_tools.add_metric([name], n_tools)
+        return [info, state, tools, size, version, clients, quarantined, approval, ep_clients, ep_tools]
 
 
 class Metrics:
@@ -173,46 +195,35 @@ class Metrics:
             "Latency of requests to upstreams (call_tool, list_tools, ping, connect).",
             ["upstream", "operation"], namespace=ns, registry=r, buckets=CALL_BUCKETS,
         )
-        self.searches = Counter(
-            "searches", "tool_search requests served.", ["mode"], namespace=ns, registry=r
-        )
-        self.calls = Counter(
-            "calls", "execute_tool requests by upstream and outcome.",
-            ["upstream", "outcome"], namespace=ns, registry=r,
-        )
-        self.errors = Counter(
-            "errors", "Errors by type (exception class).", ["type"], namespace=ns, registry=r
-        )
-        self.fallbacks = Counter(
-            "fallbacks", "Degraded operation: bm25-only search or passthrough listing.",
-            ["kind"], namespace=ns, registry=r,
-        )
-        self.cache_hits = Counter(
-            "search_cache_hits", "tool_search answers served from the result cache.",
-            namespace=ns, registry=r,
-        )
-        self.cache_misses = Counter(
-            "search_cache_misses", "tool_search answers computed afresh.", namespace=ns, registry=r
-        )
-        self.reconnects = Counter(
-            "upstream_reconnects", "Upstream sessions re-established after a loss.",
-            ["upstream"], namespace=ns, registry=r,
-        )
-        self.list_changed = Counter(
-            "upstream_list_changed", "tools/list_changed notifications received.",
-            ["upstream"], namespace=ns, registry=r,
-        )
-        self.admin_commands = Counter(
-            "admin_commands", "Operator commands on the socket (upstream list/restart/relist, reload) by outcome.",
-            ["command", "outcome"], namespace=ns, registry=r,
-        )
-        self.reindexes = Counter(
-            "reindexes", "Search index rebuilds swapped in.", namespace=ns, registry=r
-        )
-        self.embeddings = Counter(
-            "embeddings_computed", "Tool documents embedded (cache misses of the embedder).",
-            namespace=ns, registry=r,
-        )
+
+        def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+            return Counter(name, doc, list(labels), namespace=ns, registry=r)
+
+        self.searches = counter("searches", "tool_search requests served.", ["mode"])
+        self.calls = counter("calls", "execute_tool requests by upstream and outcome.", ["upstream", "outcome"])
+        self.errors = counter("errors", "Errors by type (exception class).", ["type"])
+        self.fallbacks = counter("fallbacks",
+            "Degraded operation: bm25-only search or passthrough listing.", ["kind"])
+        self.cache_hits = counter("search_cache_hits", "tool_search answers served from the result cache.")
+        self.cache_misses = counter("search_cache_misses", "tool_search answers computed afresh.")
+        self.reconnects = counter("upstream_reconnects",
+            "Upstream sessions re-established after a loss.", ["upstream"])
+        self.list_changed = counter("upstream_list_changed",
+            "tools/list_changed notifications received.", ["upstream"])
+        self.admin_commands = counter("admin_commands",
+            "Operator commands on the socket (upstream list/restart/relist, reload) by "
+            "outcome.", ["command", "outcome"])
+        self.endpoint_requests = counter("endpoint_requests",
+            "tools/list, tool_search and calls served, per endpoint.", ["endpoint", "kind"])
+        self.approval_transitions = counter("upstream_approval_transitions",
+            "Upstream approval decisions changed, by the new decision.", ["state"])
+        self.denials = counter("access_denials",
+            "Requests refused by access rules or authentication, by surface.", ["surface"])
+        self.reindexes = counter("reindexes", "Search index rebuilds swapped in.")
+        self.embeddings = counter("embeddings_computed", "Tool documents embedded (cache misses of the embedder).")
+        self.feedback = counter("feedback_events",
+            "Calls of a tool a search returned on the same connection, by outcome "
+            "(recorded as a usage event, call_failed, outside_window).", ["outcome"])
         self._state = _StateCollector(upstream_states)
         r.register(self._state)
         self.bound_address: tuple[str, int] | None = None
@@ -268,6 +279,24 @@ class Metrics:
         if command not in ADMIN_COMMANDS or outcome not in ADMIN_OUTCOMES:
             raise ValueError(f"admin command {command!r} / outcome {outcome!r} is not a known pair")
         self.admin_commands.labels(command, outcome).inc()
+
+    def count_endpoint_request(self, endpoint: str, kind: str) -> None:
+        """A request served on `endpoint` (`kind`: tools_list, tool_search, call)."""
+        self.endpoint_requests.labels(_label("endpoint", endpoint), _label("kind", kind)).inc()
+
+    def count_approval(self, state: str) -> None:
+        """An approval transition into `state` (pending, approved, rejected)."""
+        self.approval_transitions.labels(_label("state", state)).inc()
+
+    def count_denial(self, surface: str) -> None:
+        """An access denial (`surface`: tool_search, execute_tool, direct, http)."""
+        self.denials.labels(_label("surface", surface)).inc()
+
+    def count_feedback(self, outcome: str) -> None:
+        """One call after a search: `outcome` from FEEDBACK_OUTCOMES."""
+        if outcome not in FEEDBACK_OUTCOMES:
+            raise ValueError(f"feedback outcome {outcome!r} is not one of {sorted(FEEDBACK_OUTCOMES)}")
+        self.feedback.labels(outcome).inc()
 
     def count_reindex(self) -> None:
         self.reindexes.inc()

@@ -81,12 +81,14 @@ def catalog_token_report(
     sample_search_results: list[dict[str, Any]] | None = None,
     *,
     exact_max: int | None = EXACT_MAX,
+    compact_results: list[str] | None = None,
 ) -> dict[str, Any]:
     """Token cost of the full catalog vs the meta-tool surface.
 
     `full_tools_list` and `meta_tools_list` are MCP tool dicts (`name`, `description`,
     `inputSchema`, ...). `sample_search_results` are tool_search result objects
-    (`{"query", "matches", "degraded"}`, normally top 5). Returns
+    (`{"query", "matches", "degraded"}`, normally top 5); `compact_results` the same answers
+    as `format: "compact"` text (their mean is `mean_top5_compact_tokens`). Returns
     `{"tokenizer", "full_catalog_tokens", "meta_tools_tokens", "reduction", "tools",
     "mean_top5_search_result_tokens"}`; `reduction` is 1 - meta/full (0.0 for an empty
     catalog) and the mean is None without samples.
@@ -115,6 +117,9 @@ def catalog_token_report(
             for r in sample_search_results
         ]
         mean = sum(counts) / len(counts)
+    compact: dict[str, float] = {}
+    if compact_results:
+        compact["mean_top5_compact_tokens"] = sum(count_tokens(t) for t in compact_results) / len(compact_results)
     return {
         "tokenizer": TOKENIZER_NAME,
         "full_catalog_tokens": full,
@@ -122,5 +127,6 @@ def catalog_token_report(
         "reduction": (1.0 - meta / full) if full > 0 else 0.0,
         "tools": n,
         "mean_top5_search_result_tokens": mean,
+        **compact,
         **({"estimated_from_sample": sample_n} if sample_n is not None else {}),
     }

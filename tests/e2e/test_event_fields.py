@@ -52,7 +52,8 @@ def test_emitted_events_match_the_documented_fields(tmp_path: Path) -> None:
             "config_reload_rejected"} <= seen, seen
     for e in events:
         assert e["event"] in EVENT_FIELDS, e
-        fields = set(e) - {"ts", "event"}
+        assert e["environment"] == "default", e  # the envelope names the daemon's [daemon] environment
+        fields = set(e) - {"ts", "event", "environment"}
         # log_queries is off: the query field is dropped, every other documented field is there
         assert fields == EVENT_FIELDS[e["event"]] - {"query"}, e
     failed = next(e for e in events if e["event"] == "execute_tool_failed")

@@ -74,6 +74,8 @@ async def test_lists_reads_and_prompts_over_the_socket(gw: Daemon, mode: str) ->
             assert c.protocol_version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
             caps = c.server_capabilities
             assert caps.resources is not None and caps.prompts is not None
+            # resource updates are not relayed, so neither era is offered subscriptions
+            assert not caps.resources.subscribe
             resources, pages = await _all(c.list_resources, "resources")
             uris = [str(r.uri) for r in resources]
             assert len(uris) == len(set(uris)), "no URI listed twice"

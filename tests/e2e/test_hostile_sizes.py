@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from tests.support.daemon import Daemon, hostile_upstream
 from tests.support.servers.hostile import FAMILIES
+from toolatlas.catalog.sanitize import DESCRIPTION_CHARS
 
 # Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
 pytestmark = pytest.mark.hostile
@@ -45,7 +46,8 @@ def test_outsized_description_and_schema_are_cut_to_the_bounds_and_reported(daem
     assert set(problems) == {"huge_doc", "huge_schema"}
     matches = daemon.meta("tool_search", {"query": "a tool whose description never ends", "top_k": 3})["matches"]
     doc = next(m for m in matches if m["name"] == "hostile__huge_doc")
-    assert len(doc["description"]) == DESCRIPTION_BOUND
+    # a match shows at most the sanitizer's cap of what ingest kept (issue 18)
+    assert len(doc["description"]) <= DESCRIPTION_CHARS < DESCRIPTION_BOUND and doc["description"].endswith("...")
     matches = daemon.meta("tool_search", {"query": "a tool with an outsized input schema", "top_k": 3})["matches"]
     schema = next(m for m in matches if m["name"] == "hostile__huge_schema")
     assert schema["inputSchema"] == {"type": "object"}

@@ -253,7 +253,7 @@ def test_admin_events_and_metrics_are_the_documented_ones(daemon: Daemon) -> Non
     done = events(daemon, "admin_command_completed")
     for name in ("admin_command_completed", "admin_command_refused", "upstream_relisted"):
         for e in events(daemon, name):
-            assert set(e) - {"ts", "event"} == EVENT_FIELDS[name], e
+            assert set(e) - {"ts", "event", "environment"} == EVENT_FIELDS[name] and e["environment"] == "default", e
     assert {"upstream_list", "upstream_relist", "upstream_restart"} <= {e["command"] for e in done}
     bad = next(e for e in done if e["command"] == "upstream_restart" and e["upstream"] == "nosuch")
     assert bad["outcome"] == "bad_input" and "no upstream named" in bad["message"]

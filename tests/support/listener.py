@@ -7,15 +7,16 @@ from __future__ import annotations
 import http.server
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 
 class RecordingListener:
     """Records request paths (GET and POST) in `hits`. With `status`, every request gets that
-    status and a short plain-text body; with `answer`, it as JSON (200); with neither, no
+    status and a short plain-text body; with `answer`, it as JSON (200; a callable gives the body at each request); with neither, no
     answer (the handler waits 30 s), as a server that hangs."""
 
-    def __init__(self, answer: bytes | None = None, *, status: int | None = None) -> None:
+    def __init__(self, answer: bytes | Callable[[], bytes] | None = None, *, status: int | None = None) -> None:
         self.hits: list[str] = []
         hits = self.hits
 
@@ -28,7 +29,7 @@ class RecordingListener:
                 if answer is None:
                     time.sleep(30)
                     return
-                self._send(200, "application/json", answer)
+                self._send(200, "application/json", answer() if callable(answer) else answer)
 
             def do_POST(self) -> None:  # noqa: N802
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -21,6 +21,7 @@ from toolatlas.calls import CallOutcome, CallRequest, InputRequired, UpstreamRep
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.errors import BadInput, UpstreamUnavailable
 from toolatlas.gateway.ports import Connection
+from toolatlas.guidance import MetaTools, default_meta_tools
 from toolatlas.surface.server import CONNECTION, Surface, init_options
 
 DENIED_UID = 4242
@@ -54,6 +55,9 @@ class FakeGateway:
     def passthrough_for(self, conn: Connection) -> bool:
         return self.passthrough
 
+    def meta_tools(self, conn: Connection) -> MetaTools:
+        return default_meta_tools("test", sorted(self._allowed(conn)))
+
     def visible_records(self, conn: Connection) -> list[ToolRecord]:
         return [r for r in RECORDS if r.server in self._allowed(conn)]
 
@@ -68,7 +72,7 @@ class FakeGateway:
             raise BadInput(f"unknown server(s) {', '.join(sorted(set(servers) - self._allowed(conn)))}")
         matches = [{"name": r.name, "server": r.server, "tool": r.tool, "description": r.description,
                     "inputSchema": r.input_schema, "score": 1.0} for r in self.visible_records(conn)]
-        return {"query": query, "matches": matches[:top_k], "degraded": None}
+        return {"query": query, "matches": matches[: top_k or self.default_top_k], "degraded": None}
 
     def search_cached(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any] | None:
         return None
@@ -173,6 +177,23 @@ async def test_search_answer_and_bad_input(fake: FakeGateway) -> None:
     assert empty.is_error and "non-empty string `query`" in empty.content[0].text  # type: ignore[union-attr]
     assert bad_k.is_error and "top_k must be an integer" in bad_k.content[0].text  # type: ignore[union-attr]
     assert bad_servers.is_error and "list of server names" in bad_servers.content[0].text  # type: ignore[union-attr]
+
+
+async def test_compact_format_is_a_short_text_listing(fake: FakeGateway) -> None:
+    """issue 18 item 4: `format: "compact"` answers with text only, one line per match with its
+    parameter signature; a format it does not know is an error a model reads."""
+    surface = Surface(fake)
+    with anyio.fail_after(10):
+        async with connected(surface, Connection(id=1, uid=1000)) as client:
+            full = await client.call_tool("tool_search", {"query": "add a note"})
+            compact = await client.call_tool("tool_search", {"query": "add a note", "format": "compact"})
+            bad = await client.call_tool("tool_search", {"query": "add a note", "format": "yaml"})
+    text = compact.content[0].text  # type: ignore[union-attr]
+    assert not compact.is_error and compact.structured_content is None and len(compact.content) == 1
+    assert text.splitlines()[:2] == ["1. notes__add_note(text?: string)", "   Add a note."]
+    assert "2. vault__read_secret()" in text and "execute_tool" in text
+    assert len(text) < len(full.content[0].text) / 2  # type: ignore[union-attr]
+    assert bad.is_error and "format must be one of json, compact" in bad.content[0].text  # type: ignore[union-attr]
 
 
 async def test_execute_routes_one_call_value_and_passes_the_result_through(fake: FakeGateway) -> None:

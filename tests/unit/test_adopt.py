@@ -241,6 +241,37 @@ def test_rewritten_client_keeps_other_keys_and_swaps_in_the_shim(tmp_path: Path)
     assert "a" not in data["mcpServers"] and new.endswith(b"}\n") and b'\n  "mcpServers"' in new
 
 
+def test_rewriting_a_file_with_comments_keeps_the_comments_outside_the_server_tables(tmp_path: Path) -> None:
+    text = """{
+  // my settings, keep them
+  "editor.fontSize": 14, /* inline */
+  "mcp": {
+    "inputs": [],  // nothing to ask
+    "servers": {
+      // this old server goes
+      "git": {"type": "stdio", "command": "uvx", "args": ["mcp-server-git"],},
+      "off": {"type": "stdio", "command": "b", "disabled": true}
+    }
+  },
+  "z": [1, 2,], // trailing commas stay too
+}
+"""
+    a = _adopt(tmp_path, ".vscode/settings.json", text)
+    assert a.source.had_comments and a.source.servers_table == ("mcp", "servers")
+    new, name = rewritten(a, tmp_path / "c.toml")
+    out = new.decode()
+    for kept in ("// my settings, keep them", "/* inline */", "// nothing to ask", "[1, 2,], // trailing commas stay too"):
+        assert kept in out
+    assert "this old server goes" not in out and "mcp-server-git" not in out
+    data = json.loads(strip_jsonc(out)[0])
+    command, *pre = shim_command()
+    assert data["mcp"]["servers"] == {
+        "off": {"type": "stdio", "command": "b", "disabled": True},
+        name: {"type": "stdio", "command": command, "args": [*pre, "shim", "--config", str(tmp_path / "c.toml")]}}
+    assert out.startswith(text.split('"servers"')[0])  # every byte before the table is the user's
+    assert '\n    "servers": {\n      "off": {' in out  # indented where it stands
+
+
 def test_backup_names_lead_back_to_the_original(tmp_path: Path) -> None:
     assert original_of(tmp_path / "x.json.toolatlas-backup-20261202T101500Z") == tmp_path / "x.json"
     assert original_of(tmp_path / "x.json.toolatlas-backup-20261202T101500Z-2") == tmp_path / "x.json"

@@ -14,7 +14,7 @@ from toolatlas.evaluation.cli import main
 from toolatlas.evaluation.datasets import benchdata_dir
 
 MCP = benchdata_dir() / "mcptoolbenchpp"
-MODES = {"hybrid", "bm25", "dense", "two-stage", "keyword"}
+MODES = {"hybrid", "bm25", "dense", "two-stage", "keyword", "learned"}
 
 
 def test_metric_definitions() -> None:
@@ -85,6 +85,27 @@ def test_eval_mode_all_on_mcptoolbenchpp(capsys: pytest.CaptureFixture[str]) -> 
         assert 0.0 <= row["recall@5"] <= row["hit@5"] <= 1.0 and 0.0 < row["mrr"] <= 1.0
         assert row["recall@5"] > 0.8, mode  # every mode is a working ranker on this easy set
     hybrid = out["modes"]["hybrid"]
+    # without --feedback the learned ranker is the zero-shot one
+    assert {k: v for k, v in out["modes"]["learned"].items() if "ms" not in k} == \
+        {k: v for k, v in hybrid.items() if "ms" not in k}
     for branch in ("bm25", "dense"):
         assert hybrid["recall@5"] > out["modes"][branch]["recall@5"]
         assert hybrid["ndcg@5"] > out["modes"][branch]["ndcg@5"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_eval_feedback_replays_into_the_learned_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = (MCP / "queries.jsonl").read_text().splitlines()
+    (tmp_path / "feedback.jsonl").write_text("\n".join(lines[::2]) + "\n")
+    (tmp_path / "held_out.jsonl").write_text("\n".join(lines[1::2]) + "\n")
+    rc = main(["--catalog", str(MCP / "catalog.jsonl"), "--queries", str(tmp_path / "held_out.jsonl"),
+               "--feedback", str(tmp_path / "feedback.jsonl"), "--k", "1,5", "--mode", "learned", "--json"])
+    assert rc == 0
+    learned = json.loads(capsys.readouterr().out)
+    assert learned["feedback_events"] == sum(len(json.loads(x)["relevant"]) for x in lines[::2])
+    rc = main(["--catalog", str(MCP / "catalog.jsonl"), "--queries", str(tmp_path / "held_out.jsonl"),
+               "--k", "1,5", "--mode", "hybrid", "--json"])
+    zero = json.loads(capsys.readouterr().out)
+    assert learned["modes"]["learned"]["recall@1"] > zero["modes"]["hybrid"]["recall@1"] + 0.03
+    assert learned["modes"]["learned"]["recall@5"] >= zero["modes"]["hybrid"]["recall@5"]

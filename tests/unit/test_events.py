@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from toolatlas.events import (
+    AUDIT_EVENTS,
+    AUDIT_FIELDS,
     EVENT_FIELDS,
     EVENT_NAMES,
     EXECUTE_TOOL_FAILED,
@@ -120,6 +122,19 @@ def test_values_become_json_and_envelope_cannot_be_overridden() -> None:
     assert line["obj"].startswith("<object object")
 
 
+def test_the_envelope_names_the_environment() -> None:
+    """issue 18: every line says which daemon wrote it; a field cannot forge it."""
+    buf = io.StringIO()
+    events = Events(buf)
+    events.emit("config_reload_rejected", reason="x")
+    events.environment = "staging"
+    events.emit("config_reload_rejected", reason="y", environment="forged")
+    first, second = _lines(buf)
+    assert "environment" not in first
+    assert list(second)[:3] == ["ts", "event", "environment"] and second["environment"] == "staging"
+    assert second["field_environment"] == "forged"
+
+
 def test_default_stream_is_stderr_at_emit_time(capsys: pytest.CaptureFixture[str]) -> None:
     Events().emit("tools_list_served", client="claude-code", tools=3, passthrough=False)
     err = capsys.readouterr().err
@@ -157,7 +172,8 @@ def test_stable_event_names() -> None:
         "tools_list_served", "tool_search_completed", "tool_search_fallback",
         "execute_tool_completed", "execute_tool_failed", "upstream_state_changed",
         "catalog_changed", "config_reloaded", "config_reload_rejected",
-        "admin_command_completed", "admin_command_refused", "upstream_relisted",
+        "admin_command_completed", "admin_command_refused", "upstream_relisted", "access_denied",
+        "upstream_approval_changed",
     }
 
 
@@ -167,4 +183,10 @@ def test_the_readme_documents_every_event_with_its_fields() -> None:
     rows = {m.group(1): m.group(2) for line in table if (m := re.match(r"^\| `([a-z_]+)` \| (.+) \|$", line))}
     assert set(rows) == set(EVENT_NAMES) and len(rows) == len(table)
     for name, fields in EVENT_FIELDS.items():
+        if rows[name].startswith("audit fields, "):  # documented once, in the audit trail's table
+            assert AUDIT_FIELDS <= fields and name in AUDIT_EVENTS
+            fields = fields - AUDIT_FIELDS
         assert all(f"`{f}`" in rows[name] for f in fields), (name, rows[name])
+    audit = readme[readme.index("**The audit trail.**"):].split("\n\n", 2)[1].splitlines()[2:]
+    documented = {f for line in audit for f in re.findall(r"`([a-z_]+)`", line.split(" | ")[0])}
+    assert documented == set(AUDIT_FIELDS), documented

@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parents[2] / "daemon" / "toolatlas"
 MAX_MODULE_LINES = 450
 MAX_CLASS_LINES = 250
 CLI_MODULES = {"toolatlas.cli", "toolatlas.catalog.cards_cli", "toolatlas.rift.cli", "toolatlas.evaluation.cli",
-               "toolatlas.adopt.cli", "toolatlas.doctor_cli"}
+               "toolatlas.adopt.cli", "toolatlas.doctor_cli", "toolatlas.stubs.cli"}
 
 
 def _modules() -> dict[str, Path]:

@@ -1,8 +1,10 @@
 """`adopt --rewrite-client`: the client file with its adopted servers replaced by one
 toolatlas shim entry, a byte-identical timestamped backup beside it, and `adopt --undo`.
 
-Every other key of the file is kept (same order; the indentation is taken from the file).
-Comments of a JSON-with-comments file cannot be kept: the backup has them, and the CLI says so.
+Every other key of the file is kept (same order; the indentation is taken from the file). In
+a JSON-with-comments file only the server tables that change are rewritten (adopt/jsonc.py):
+comments elsewhere stay, comments inside those tables go with the entries they described
+(the backup keeps them, and the CLI says so).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from toolatlas.adopt.clients import AdoptError, ClientFile, ClientKind
 from toolatlas.adopt.convert import Adoption
+from toolatlas.adopt.jsonc import replace_values
 from toolatlas.paths import read_regular, write_atomic
 
 BACKUP_INFIX = ".toolatlas-backup-"
@@ -66,8 +69,20 @@ def rewritten(adoption: Adoption, config: Path) -> tuple[bytes, str]:
     name = next(n for n in ("toolatlas", "toolatlas-gateway", *(f"toolatlas-{i}" for i in range(2, 100)))
                 if n not in table)
     table[name] = shim_entry(src.kind, config)
-    text = json.dumps(data, indent=_indent(src.raw), ensure_ascii=False)
+    indent = _indent(src.raw)
+    if src.had_comments:
+        tables = {tuple(w[:-1]) for w in adoption.replaced} | {tuple(src.servers_table)}
+        edited = replace_values(src.raw.decode(), {t: _at(data, t) for t in tables}, indent)
+        if edited is not None:
+            return edited.encode(), name
+    text = json.dumps(data, indent=indent, ensure_ascii=False)
     return (text + ("\n" if src.raw.endswith(b"\n") else "")).encode(), name
+
+
+def _at(data: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        data = data[key]
+    return data
 
 
 def _backup(real: Path, data: bytes, now: _dt.datetime) -> Path:

@@ -58,9 +58,10 @@ _DIRECTIVE = re.compile(
     r"you must|you should|you are now|you will now|from now on|act as|pretend|"
     r"always (use|call|prefer|choose|run|invoke)|never (use|call|tell|mention)|"
     r"do not (tell|mention|use|inform|reveal|show|call)|don'?t (tell|mention|inform|reveal)|"
-    r"without (telling|asking|informing)|instead of|system prompt|important:|override|jailbreak|"
+    r"without (telling|asking|informing)|instead of [^.]{0,40}\btools?\b|use this (tool )?instead|system prompt|important:|override|jailbreak|"
     r"developer mode|new instructions|instructions? (above|below)|"
     r"before (using|calling|you use|you call|any|every|each)|prefer this|best tool|the only tool|"
+    r"(every ?time|whenever) you (call|use|run|invoke)|"
     r"(assistant|system|user)\s*:|tell the user|upset the user|the user (must|should) not|"
     r"pass (its|the|their) contents?|sidenote|exfiltrat\w*|id_rsa|\.ssh/|mcp\.json)",
     re.IGNORECASE,

@@ -27,6 +27,7 @@ from toolatlas.catalog.drafts import (
     is_directive,
 )
 from toolatlas.catalog.llm_generator import LlmGenerator
+from toolatlas.catalog.sanitize import BLOCK, addresses_model, strip_hidden
 from toolatlas.catalog.model import ToolRecord, schema_hash
 
 # The draft types and the llm generator live in drafts.py and llm_generator.py; callers keep
@@ -34,7 +35,7 @@ from toolatlas.catalog.model import ToolRecord, schema_hash
 __all__ = [
     "BOOTSTRAP_VERSION", "GENERATORS", "LLM_VERSION", "PUBLISHER_VERSION", "BootstrapGenerator", "CardDraft",
     "Generator", "GeneratorError", "LlmGenerator", "PublisherGenerator", "ToolDraft", "bootstrap_summary",
-    "build_card", "hint", "is_directive", "make_generator", "name_words",
+    "build_card", "hint", "is_directive", "make_generator", "name_words", "shown_summary",
 ]
 
 
@@ -87,13 +88,8 @@ _TAGS = re.compile(r"<[^>]{0,200}>")
 _MD = re.compile(r"[*_`#]+|\[([^\]]*)\]\([^)]*\)")
 _URL = re.compile(r"https?://\S+")
 _SENT = re.compile(r"(?<=[.!?])\s+")
-# A block the publisher marks up for the model (<IMPORTANT>...</IMPORTANT>, <system>...): dropped
-# whole, unclosed ones to the end of the text.
-_BLOCK = re.compile(
-    r"<\s*(important|system|instructions?|secret|hidden|note|admin|prompt|assistant)\b[^>]{0,200}>.*?"
-    r"(<\s*/\s*\1\s*>|$)",
-    re.IGNORECASE | re.DOTALL,
-)
+# A block the publisher marks up for the model (<IMPORTANT>...</IMPORTANT>, <system>...) is
+# dropped whole (sanitize.BLOCK, shared with what tool_search shows of publisher text).
 _ENUM_CHARS = 40  # an allowed value longer than this is prose, not a value: not copied
 
 
@@ -108,7 +104,7 @@ def hint(text: str | None, *, max_chars: int = 220) -> str:
     the model removed; the first sentences up to `max_chars`, cut at a word."""
     if not text:
         return ""
-    t = _BLOCK.sub(" ", text)
+    t = BLOCK.sub(" ", strip_hidden(text))
     t = _TAGS.sub(" ", t)
     t = _MD.sub(lambda m: m.group(1) or " ", t)
     t = _URL.sub(" ", t)
@@ -117,7 +113,7 @@ def hint(text: str | None, *, max_chars: int = 220) -> str:
     size = 0
     for sent in _SENT.split(t):
         sent = sent.strip()
-        if not sent or is_directive(sent):
+        if not sent or addresses_model(sent):
             continue
         if size and size + len(sent) + 1 > max_chars:
             break
@@ -172,6 +168,18 @@ def bootstrap_summary(rec: ToolRecord) -> str:
     else:
         parts.append("Takes no inputs.")
     return " ".join(parts)
+
+
+_INPUTS_PART = re.compile(r" (Inputs: .*?\.|Takes no inputs\.)(?= \(upstream name '[^']*'\)$|$)", re.DOTALL)
+
+
+def shown_summary(summary: str, generator: str) -> str:
+    """A card summary as a tool_search match shows it: a bootstrap summary without its
+    "Inputs: ..." part, which only restates the inputSchema shown beside it (it is there for
+    retrieval: parameter words in the indexed text)."""
+    if generator != "bootstrap":
+        return summary
+    return _INPUTS_PART.sub("", summary, count=1) or summary
 
 
 class BootstrapGenerator:

@@ -1,7 +1,11 @@
 """`toolatlas eval`: offline retrieval evaluation through the same Engine the daemon serves.
 
     toolatlas eval --catalog FILE --queries FILE [--k 1,3,5,10] [--mode MODE|all] [--json]
-                   [--embedder onnx|torch|onnx-int8|onnx-fp32] [--state-dir DIR]
+                   [--embedder onnx|torch|onnx-int8|onnx-fp32] [--state-dir DIR] [--feedback FILE]
+
+`--feedback FILE` (queries.jsonl format, optional "principal" per line) is replayed into a
+fresh learned state first: mode `learned` (also in `--mode all`) ranks with it, through the
+same code as the daemon's ranker; without it `learned` is the zero-shot hybrid.
 
 Each metric@K comes from a search with top_k=K (what a caller asking for K results gets);
 MRR from one search ranking the whole catalog. Latencies (p50/p95, ms) are those of the
@@ -40,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--embedder", default="onnx", choices=["onnx", "torch", "onnx-int8", "onnx-fp32"], help="embedding runtime"
     )
     p.add_argument("--fusion", default="z", choices=["z", "minmax", "rrf"], help="hybrid fusion (z is the default ranker; rrf the baseline)")
+    p.add_argument("--feedback", type=Path, default=None,
+                   help="queries.jsonl whose relevant tools count as executed (usage events) for mode learned")
     p.add_argument("--state-dir", type=Path, default=None, help="where the ONNX export is cached (default: user cache)")
     return p
 
@@ -54,6 +60,7 @@ def main(argv: list[str]) -> int:
     try:
         docs, key_of = load_catalog(args.catalog)
         queries = load_queries(args.queries, key_of)
+        feedback = load_queries(args.feedback, key_of) if args.feedback is not None else []
     except ToolatlasError as exc:
         print(f"toolatlas eval: {exc}", file=sys.stderr)
         return 2
@@ -71,12 +78,17 @@ def main(argv: list[str]) -> int:
         print(f"toolatlas eval: the {args.embedder} embedder failed to load: {engine.stats()['embedder_error']}", file=sys.stderr)
         return 1
     engine.update(docs, [])
+    if feedback:
+        from toolatlas.evaluation.feedback import replay
+
+        replay(engine, feedback)
     result: dict[str, Any] = {
         "tools": len(docs),
         "queries": len(queries),
         "embedder": engine.stats()["embedder"],
         "query_embedder": engine.stats()["query_embedder"],
         "fusion": args.fusion,
+        "feedback_events": sum(len(q.relevant) for q in feedback),
         "modes": evaluate(engine, queries, modes, args.k),
     }
     if args.json:

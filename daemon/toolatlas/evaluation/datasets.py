@@ -23,6 +23,7 @@ def benchdata_dir() -> Path:
 class Query:
     text: str
     relevant: frozenset[str]  # ToolDoc names
+    principal: str | None = None  # who asked (feedback files); None: the evaluating user
 
 
 def server_slug(server: str) -> str:
@@ -69,5 +70,7 @@ def load_queries(path: Path, key_of: dict[tuple[str, str], str]) -> list[Query]:
         for r in obj["relevant"]:
             key = (str(r.get("server")), str(r.get("name")))
             rel.add(key_of.get(key, f"<missing>{key[0]}/{key[1]}"))
-        out.append(Query(text=str(obj["query"]), relevant=frozenset(rel)))
+        principal = obj.get("principal")
+        out.append(Query(text=str(obj["query"]), relevant=frozenset(rel),
+                         principal=str(principal) if principal is not None else None))
     return out

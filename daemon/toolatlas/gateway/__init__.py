@@ -21,19 +21,29 @@ import anyio
 import anyio.abc
 
 from toolatlas import events as ev
+from toolatlas.auditlog import AuditFile
 from toolatlas.calls import CallOutcome, CallRequest
 from toolatlas.catalog.attest import Attestor
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Config, secrets
+from toolatlas.errors import ConfigError
 from toolatlas.gateway.admin import UpstreamAdmin
+from toolatlas.gateway.approval import (
+    ApprovalStore, Approvals, Decision, FileApprovalStore, lifecycle, transition_reporter,
+)
+from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.calls import CallService, Spawn
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.federation import Federation
+from toolatlas.gateway.guide import Guidances, SurfaceText
+from toolatlas.gateway.matches import MatchBuilder
+from toolatlas.gateway.learning import LearningService
 from toolatlas.gateway.ports import LOG_LEVELS, Connection, Page
 from toolatlas.gateway.search import SearchService
 from toolatlas.gateway.status import StatusService
 from toolatlas.gateway.tokens import TokenReporter
 from toolatlas.gateway.visibility import Visibility
+from toolatlas.guidance import Guidance, MetaTools
 from toolatlas.metrics import Metrics
 from toolatlas.names import split
 from toolatlas.redact import Redactor
@@ -55,7 +65,21 @@ RESTART_KEYS: tuple[tuple[str, str, str], ...] = (
     ("search.mode", "search", "mode"),
     ("search.embedder", "search", "embedder"),
     ("search.query_threads", "search", "query_threads"),
+    ("events.audit_file", "events", "audit_file"),
+    ("store.url", "store", "url"),
 )
+
+
+def open_audit(cfg: Config) -> AuditFile | None:
+    """The audit file of `[events] audit_file` (None when unset); ConfigError naming the key
+    when it cannot be opened."""
+    if not cfg.events.audit_file:
+        return None
+    try:
+        return AuditFile(cfg.events.audit_file, max_bytes=cfg.events.audit_max_bytes, keep=cfg.events.audit_keep)
+    except OSError as exc:
+        raise ConfigError(f"[events] audit_file {cfg.events.audit_file!r}: cannot open it: "
+                          f"{exc.strerror or exc}") from exc
 
 
 def restart_keys(old: Config, new: Config) -> list[str]:
@@ -76,40 +100,86 @@ def make_engine(cfg: Config) -> Engine:
     )
 
 
+LogListener = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+def fan_out(listeners: list[LogListener]) -> LogListener:
+    """One upstream log message to every listener; one that fails does not starve the others."""
+
+    async def each(server: str, params: dict[str, Any]) -> None:
+        for listener in listeners:
+            try:
+                await listener(server, params)
+            except Exception:
+                log.exception("a log listener failed")
+
+    return each
+
+
+def upstream_observer(events: ev.Events, metrics: Metrics) -> Callable[[str, str, dict[str, Any]], None]:
+    """The pool's observer: upstream lifecycle into metrics and structured events."""
+
+    def observe(upstream: str, kind: str, fields: dict[str, Any]) -> None:
+        if kind == "state":
+            events.emit(ev.UPSTREAM_STATE_CHANGED, upstream=upstream, **fields)
+        elif kind == "reconnect":
+            metrics.count_reconnect(upstream)
+        elif kind == "list_changed":
+            metrics.count_list_changed(upstream)
+        elif kind == "call":
+            metrics.observe_upstream_call(fields["seconds"], upstream=upstream, operation=fields["operation"])
+
+    return observe
+
+
 class Gateway:
     """Everything a client connection can ask of the daemon; see the module docstring."""
 
     def __init__(
         self, cfg: Config, *, engine: Engine | None = None, metrics: Metrics | None = None,
         events: ev.Events | None = None, pool_mode: str = "auto", redactor: Redactor | None = None,
+        approval_store: ApprovalStore | None = None,
     ) -> None:
+        """`approval_store`: where approval decisions persist (default: state_dir/approvals.json);
+        audit records go to `events.audit` (default: [events] audit_file)."""
         self.cfg = cfg
         self.metrics = metrics or Metrics()
         # The one source of redaction: events, status, call errors (and the log lines, when
         # the composition root hands the same one to its log formatter).
         self.redactor = redactor or (events.redactor if events is not None else Redactor())
         self.redactor.add(secrets(cfg))
-        self.events = events or ev.Events(redactor=self.redactor, log_queries=cfg.daemon.log_queries)
+        self.events = events or ev.Events(redactor=self.redactor, log_queries=cfg.daemon.log_queries,
+                                          audit=open_audit(cfg))
         self.engine = engine or make_engine(cfg)
         self.catalog = LiveCatalog(self.engine, Attestor(cfg), metrics=self.metrics, events=self.events)
         self.index_ready = anyio.Event()
-        self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set)
-        self.pool = Pool(cfg.upstream, self._on_tools, observer=self._observe_upstream, mode=pool_mode,
-                         on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=self._on_log)
-        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
+        self.approvals = Approvals(approval_store or FileApprovalStore(cfg.daemon.state_dir),
+                                   on_transition=transition_reporter(self.events, self.metrics))
+        self.approvals.reconcile(cfg)
+        self.visibility = Visibility(cfg, lambda: self.catalog.view, self.index_ready.is_set, self.approvals.blocked)
+        self.guidance_for = Guidances(cfg, self.visibility)  # what the model reads, per endpoint
+        self.events.environment = cfg.daemon.environment
+        self.definitions = MatchBuilder()  # tool definitions for `toolatlas stubs`
+        self.text = SurfaceText(self.guidance_for, self.visibility, lambda: self.catalog.view,
+                                lambda: [u.name for u in self.cfg.upstream])
         # Hear upstream log messages: (server, notifications/message params). Wired by the app.
-        self.log_listeners: list[Callable[[str, dict[str, Any]], Awaitable[None]]] = []
+        self.log_listeners: list[LogListener] = []
+        self.pool = Pool(cfg.upstream, self._on_tools, observer=upstream_observer(self.events, self.metrics), mode=pool_mode,
+                         on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=fan_out(self.log_listeners))
+        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
         self.rift = RiftRunner(self.engine)
         self.catalog.on_index_update.append(self.rift.wanted)
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
         self.searches = SearchService(
             self.catalog, self.visibility, mode=lambda: self.cfg.search.mode, rift=lambda: self.rift.report,
-            metrics=self.metrics, events=self.events,
+            metrics=self.metrics, events=self.events, guidance=self.guidance_for,
             starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
+            max_top_k=lambda: self.cfg.search.default_top_k,
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
-            redactor=self.redactor,
+            redactor=self.redactor, environment=lambda conn: self.guidance_for(conn).environment,
+            meta_tools=self.meta_tools, approval=self._lifecycle,
         )
         self.calls = CallService(
             self.catalog, self.visibility, self.pool.call_tool, self.status_service.unavailable_reason,
@@ -117,8 +187,14 @@ class Gateway:
             not_listed=self.status_service.not_listed,
             asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
         )
+        self.learning = LearningService(lambda: self.cfg.learning, self.engine, Path(cfg.daemon.state_dir),
+                                        metrics=self.metrics)
+        self.searches.on_answer = lambda conn, query, names: self.learning.searched(conn, query, names, self.engine.version)
+        self.calls.on_done = self.learning.executed
+        self.status_service.sections["learning"] = self.learning.status
         self.admin = UpstreamAdmin(self.pool, self.catalog, lambda: self.cfg.upstream, redactor=self.redactor,
-                                   events=self.events, metrics=self.metrics)
+                                   events=self.events, metrics=self.metrics,
+                                   approval=self._lifecycle)
         self._tg: anyio.abc.TaskGroup | None = None
         self.metrics.set_state_source(self.status_service.snapshot)
 
@@ -138,6 +214,7 @@ class Gateway:
             task_status.started()
             await tg.start(self.pool.run)  # first: upstreams start while the index loads
             await self.catalog.load(frozenset(u.name for u in self.cfg.upstream))
+            await tg.start(self.learning.run)
             tg.start_soon(self._run_model)
             tg.start_soon(self.catalog.run_card_rechecks, lambda: self.cfg.cards.recheck_interval)
             tg.start_soon(self.rift.run)
@@ -169,26 +246,19 @@ class Gateway:
         await self.catalog.on_tools(server, tools)
         await self.federation.session_changed(server, tools is not None)
 
-    async def _on_log(self, server: str, params: dict[str, Any]) -> None:
-        for listener in self.log_listeners:
-            try:
-                await listener(server, params)
-            except Exception:  # one bad listener must not starve the others
-                log.exception("a log listener failed")
+    def _lifecycle(self, name: str, state: str) -> str:
+        return lifecycle(self.approvals.decision(name), state)
 
     def _ready_upstreams(self) -> set[str]:
         return {st.name for st in self.pool.status() if st.state is UpstreamState.READY}
 
-    def _observe_upstream(self, upstream: str, kind: str, fields: dict[str, Any]) -> None:
-        """Upstream lifecycle into metrics and structured events."""
-        if kind == "state":
-            self.events.emit(ev.UPSTREAM_STATE_CHANGED, upstream=upstream, **fields)
-        elif kind == "reconnect":
-            self.metrics.count_reconnect(upstream)
-        elif kind == "list_changed":
-            self.metrics.count_list_changed(upstream)
-        elif kind == "call":
-            self.metrics.observe_upstream_call(fields["seconds"], upstream=upstream, operation=fields["operation"])
+    async def decide_approval(self, name: str, decision: Decision, by: str) -> dict[str, Any]:
+        """An operator's approve/reject (see gateway.approval); clients whose lists change are told."""
+        result = self.approvals.decide(name, decision, by)
+        if result["approval"] != result["previous"]:
+            await self.catalog.announce()
+            await self.federation.reloaded()
+        return result
 
     async def drain(self, timeout: float) -> None:
         """Refuse new calls and let those in flight finish (bounded)."""
@@ -197,16 +267,24 @@ class Gateway:
         if self.calls.inflight:
             log.warning("shutting down with %d calls still in flight after %.1f s", self.calls.inflight, timeout)
 
+    def close_audit(self) -> None:
+        """Sync and close the audit sink (the daemon is stopping)."""
+        if self.events.audit is not None:
+            self.events.audit.close()
+
     async def close_upstreams(self, timeout: float = 20.0) -> None:
         """Stop every upstream session in its owner task (children reaped) before the
         task tree is cancelled."""
         with anyio.move_on_after(timeout, shield=True):
             await self.pool.reconcile([])
 
-    async def reload(self, new: Config, attestor: Attestor) -> dict[str, list[str]]:
-        """Apply a re-read config (its [cards] already checked into `attestor`): upstreams
-        added, removed or changed are reconciled; the unchanged keep their warm session,
-        index entries and card verdicts. Keys that need a restart are logged."""
+    async def reload(self, new: Config, attestor: Attestor, guidance: Guidance | None = None) -> dict[str, list[str]]:
+        """Apply a re-read config (its [cards] already checked into `attestor`, its templates
+        into `guidance`, else loaded here first, ConfigError before anything changes):
+        upstreams added, removed or changed are reconciled; the unchanged keep their warm
+        session, index entries and card verdicts. Keys that need a restart are logged. New
+        templates or environment reach clients with the announce (tools/list_changed)."""
+        self.guidance_for.configure(new, guidance)
         old = self.cfg
         needs_restart = restart_keys(old, new)
         if needs_restart:
@@ -219,10 +297,14 @@ class Gateway:
             "changed": sorted(n for n in set(old_ups) & set(new_ups) if old_ups[n] != new_ups[n]),
         }
         self.cfg = new
+        self.approvals.reconcile(new)
         self.visibility.configure(new)
         self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
         self.events.log_queries = new.daemon.log_queries
+        self.events.environment = new.daemon.environment
+        if isinstance(self.events.audit, AuditFile):
+            self.events.audit.max_bytes, self.events.audit.keep = new.events.audit_max_bytes, new.events.audit_keep
         await self.pool.reconcile(new.upstream)
         for name in summary["removed"]:
             await self._on_tools(name, None)
@@ -231,8 +313,6 @@ class Gateway:
         await self.catalog.announce()
         await self.federation.reloaded()
         return summary
-
-    # -- the port the surface uses -------------------------------------------------------------
 
     @property
     def default_top_k(self) -> int:
@@ -243,10 +323,10 @@ class Gateway:
         return not self.index_ready.is_set()
 
     def instructions(self, conn: Connection | None) -> str:
-        allowed = self.visibility.allowed_servers(conn) if conn is not None else set()
-        names = ", ".join(u.name for u in self.cfg.upstream if u.name in allowed) or "none yet"
-        return (f"toolatlas federates these MCP servers: {names}. "
-                "Use tool_search to find a tool for your task, then execute_tool to call it.")
+        return self.text.instructions(conn)
+
+    def meta_tools(self, conn: Connection) -> MetaTools:
+        return self.text.meta_tools(conn)
 
     def passthrough_for(self, conn: Connection) -> bool:
         return self.visibility.passthrough_for(conn)
@@ -257,10 +337,14 @@ class Gateway:
     def tools_listed(self, conn: Connection, *, passthrough: bool, tools: int) -> None:
         if passthrough and not self.index_ready.is_set():
             self.metrics.count_fallback("passthrough")
-        self.events.emit(ev.TOOLS_LIST_SERVED, passthrough=passthrough, tools=tools, client=conn.client_name)
+        self.metrics.count_endpoint_request(conn.endpoint, "tools_list")
+        self.events.emit(ev.TOOLS_LIST_SERVED, passthrough=passthrough, tools=tools, **who(conn))
 
     def bad_message(self) -> None:
         self.metrics.count_error("bad_client_message")
+
+    def denied(self, conn: Connection, surface: str, target: str | None, reason: str) -> None:
+        deny(self.events, self.metrics, conn, surface, target, reason)
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
         return await self.searches.search(query, top_k, servers, conn)
@@ -277,6 +361,12 @@ class Gateway:
     def status(self, conn: Connection) -> Mapping[str, Any]:
         return self.status_service.status(conn, self._tg if self.index_ready.is_set() else None)
 
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        allowed = self.visibility.allowed_servers(conn)
+        if servers is not None:
+            self.visibility.search_scope(servers, allowed)  # BadInput naming a server it may not use
+        return self.definitions.definitions(self.catalog.view, set(servers) & allowed if servers is not None else allowed)
+
     def may_use(self, conn: Connection, server: str) -> bool:
         return server in self.visibility.allowed_servers(conn)
 
@@ -290,11 +380,7 @@ class Gateway:
         return await self.federation.get_prompt(name, arguments, conn)
 
     async def set_log_level(self, level: str) -> None:
-        """Upstreams are asked for the most verbose level any client asked for (never less:
-        each client's own level is applied when relaying)."""
-        floor = self.pool.log_level
-        if level in LOG_LEVELS and (floor is None or LOG_LEVELS.index(level) < LOG_LEVELS.index(floor)):
-            await self.pool.set_log_level(level)
+        await self.pool.raise_log_level(level, LOG_LEVELS)
 
 
 __all__ = ["FIRST_INDEX_WAIT_S", "Gateway", "make_engine", "restart_keys"]

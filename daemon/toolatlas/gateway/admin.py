@@ -18,6 +18,7 @@ import anyio
 from toolatlas import events as ev
 from toolatlas.config import Upstream
 from toolatlas.errors import BadInput, UpstreamUnavailable
+from toolatlas.gateway.audit import who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection
 from toolatlas.metrics import ADMIN_COMMANDS, Metrics
@@ -56,7 +57,10 @@ class UpstreamAdmin:
     def __init__(
         self, pool: Pool, catalog: LiveCatalog, upstreams: Callable[[], Sequence[Upstream]], *,
         redactor: Redactor, events: ev.Events, metrics: Metrics,
+        approval: Callable[[str, str], str] = lambda _name, _state: "active",
     ) -> None:
+        """`approval(name, state)`: the upstream's approval lifecycle state (gateway.approval)."""
+        self._approval = approval
         self._pool = pool
         self._catalog = catalog
         self._upstreams = upstreams
@@ -74,7 +78,8 @@ class UpstreamAdmin:
 
     def list(self) -> list[dict[str, Any]]:
         """Every upstream: state, tools, pid (stdio), last error; reasons redacted."""
-        return [self._redact.tree(upstream_entry(st)) for st in self._pool.status()]
+        return [self._redact.tree({**upstream_entry(st), "approval": self._approval(st.name, st.state.value)})
+                for st in self._pool.status()]
 
     async def restart(self, name: str) -> dict[str, Any]:
         """Close `name`'s session (a stdio child is stopped) and start a fresh one; wait until
@@ -147,12 +152,11 @@ class UpstreamAdmin:
         label = command if command in ADMIN_COMMANDS else "unknown"
         self._metrics.count_admin_command(label, outcome)
         if outcome == "refused":
-            self._events.emit(ev.ADMIN_COMMAND_REFUSED, command=command[:64], principal=conn.principal,
-                              pid=conn.pid, reason=message)
+            self._events.emit(ev.ADMIN_COMMAND_REFUSED, command=command[:64], pid=conn.pid, reason=message,
+                              **who(conn))
             return
-        self._events.emit(ev.ADMIN_COMMAND_COMPLETED, command=command[:64], upstream=upstream,
-                          principal=conn.principal, outcome=outcome,
-                          message=None if message is None else message[:ev.MESSAGE_CHARS])
+        self._events.emit(ev.ADMIN_COMMAND_COMPLETED, command=command[:64], upstream=upstream, outcome=outcome,
+                          message=None if message is None else message[:ev.MESSAGE_CHARS], **who(conn))
 
 
 __all__ = ["RESTART_MARGIN_S", "UpstreamAdmin", "upstream_entry"]

@@ -16,6 +16,7 @@ from toolatlas.calls import CallOutcome, CallRequest, InputRequired, UpstreamCal
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.validate import ArgumentValidator
 from toolatlas.errors import BadInput, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
+from toolatlas.gateway.audit import deny, via, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.exchange import REQUEST_KEY, Exchange, Parked
 from toolatlas.gateway.ports import Connection
@@ -69,6 +70,8 @@ class CallService:
         self._name_indexes: dict[str, tuple[Mapping[str, ToolRecord], NameIndex]] = {}
         self.inflight = 0
         self.draining = False
+        # Hears how each call ended: (connection, tool name, ok: no error, no isError). Set by the gateway (learning).
+        self.on_done: Callable[[Connection, str, bool], None] | None = None
         self._idle = anyio.Event()
         self._idle.set()
 
@@ -93,24 +96,34 @@ class CallService:
             # Its message reaches the client: an upstream's reason may quote its stderr or URL.
             self._redact.exception(exc)
             label = next(o for cls, o in _CALL_OUTCOMES if isinstance(exc, cls))
-            self._done(t0, server, label, exc, call.name)
+            self._done(t0, server, label, exc, call.name, conn)
+            if self.on_done is not None:
+                self.on_done(conn, call.name, False)
+            parsed = split(call.name)
+            if isinstance(exc, BadInput) and parsed and parsed[0] not in allowed and self._visibility.configured(parsed[0]):
+                deny(self._events, self._metrics, conn, via(), call.name,
+                     f"{conn.principal} may not use upstream {parsed[0]!r}")
             raise
-        self._done(t0, server, "error" if outcome.is_error else "ok", None, call.name)
+        self._done(t0, server, "error" if outcome.is_error else "ok", None, call.name, conn)
+        if self.on_done is not None:
+            self.on_done(conn, call.name, not outcome.is_error and outcome.input_required is None)
         return outcome
 
-    def _done(self, t0: float, server: str, outcome: str, exc: BaseException | None, name: str) -> None:
+    def _done(self, t0: float, server: str, outcome: str, exc: BaseException | None, name: str,
+              conn: Connection) -> None:
         seconds = time.perf_counter() - t0
         upstream = server if server in self._catalog.view.servers else "unknown"
         self._metrics.observe_execute(seconds, upstream=upstream, outcome=outcome)
+        self._metrics.count_endpoint_request(conn.endpoint, "call")
         latency_ms = round(seconds * 1000, 3)
         if exc is not None:
             self._metrics.count_error(type(exc).__name__)
-            self._events.emit(ev.EXECUTE_TOOL_FAILED, name=name, upstream=upstream, outcome=outcome,
+            self._events.emit(ev.EXECUTE_TOOL_FAILED, name=name, upstream=upstream, via=via(), outcome=outcome,
                               error_class=type(exc).__name__, message=str(exc)[: ev.MESSAGE_CHARS],
-                              latency_ms=latency_ms)
+                              latency_ms=latency_ms, **who(conn))
         else:
-            self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name, upstream=upstream, outcome=outcome,
-                              latency_ms=latency_ms)
+            self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name, upstream=upstream, via=via(), outcome=outcome,
+                              latency_ms=latency_ms, **who(conn))
 
     async def _resolve(self, name: str, allowed: set[str]) -> ToolRecord:
         """The record a caller who may use `allowed` may call by `name`, or BadInput /

@@ -11,11 +11,17 @@ the composition root (`app.py`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from toolatlas.calls import CallOutcome, CallRequest, ElicitFn, InputRequired, LogFn, ProgressFn
 from toolatlas.catalog.model import ToolRecord
+from toolatlas.guidance import MetaTools
+
+
+# The endpoint of [daemon] socket and the HTTP endpoint's /mcp.
+DEFAULT_ENDPOINT = "default"
 
 
 @dataclass(eq=False)
@@ -28,7 +34,11 @@ class Connection:
     uid: int | None = None
     gid: int | None = None
     token: str | None = None  # the name of the HTTP bearer token that authenticated it
+    # The OAuth identity that authenticated it (HTTP with [http.oauth]); None otherwise.
+    oauth: OAuthIdentity | None = None
     client_name: str | None = None
+    client_version: str | None = None  # clientInfo.version, as the client said it
+    endpoint: str = "default"  # the [[endpoint]] it came in on ("default": [daemon] socket, /mcp)
     session: object = None  # the SDK ServerSession last seen on this connection (surface only)
     protocol_version: str | None = None  # negotiated; set once a request passed the SDK's init gate
     saw_passthrough: bool | None = None  # what its last tools/list returned
@@ -37,8 +47,38 @@ class Connection:
 
     @property
     def principal(self) -> str:
-        """A stable name for who is calling: `token:NAME` or `uid:N`."""
+        """A stable name for who is calling: `oauth:ISSUER#SUB`, `token:NAME` or `uid:N`;
+        `unauthenticated` for an HTTP request that presented no valid credential (token "")."""
+        if self.token == "":
+            return "unauthenticated"
+        if self.oauth is not None:
+            return f"oauth:{self.oauth.issuer}#{self.oauth.subject}"
         return f"token:{self.token}" if self.token is not None else f"uid:{self.uid}"
+
+
+@dataclass(frozen=True)
+class OAuthIdentity:
+    """Who a validated OAuth access token speaks for: its issuer, `sub`, the names of its
+    `groups`/`roles` claims and its `scope` values (what [[access]] `oauth_*` keys match)."""
+
+    issuer: str
+    subject: str
+    groups: frozenset[str] = frozenset()
+    scopes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Request:
+    """The client request being served: its JSON-RPC id and how it came in (`tools/list`,
+    `tool_search`, `execute_tool`, `direct` for a namespaced tools/call, `catalog_status`,
+    or an operator method). Set by the surface in `REQUEST` for the gateway's audit events."""
+
+    id: str | int | None
+    via: str
+
+
+# The request the current task serves (the surface sets it per request; None in-process).
+REQUEST: ContextVar[Request | None] = ContextVar("toolatlas_request", default=None)
 
 
 @dataclass(frozen=True)
@@ -59,6 +99,10 @@ class SurfaceStats(Protocol):
 
     def client_count(self) -> int: ...
 
+    def client_counts(self) -> dict[str, int]:
+        """Live client connections by endpoint name."""
+        ...
+
     def fast_answers(self) -> int: ...
 
 
@@ -78,6 +122,11 @@ class GatewayPort(Protocol):
         """The MCP `instructions` for `conn` (None: no caller known): names only what it may use."""
         ...
 
+    def meta_tools(self, conn: Connection) -> MetaTools:
+        """The three meta-tools as `conn` reads them (rendered templates), with a fingerprint
+        that changes whenever their text does."""
+        ...
+
     def passthrough_for(self, conn: Connection) -> bool: ...
 
     def visible_records(self, conn: Connection) -> list[ToolRecord]: ...
@@ -86,7 +135,15 @@ class GatewayPort(Protocol):
 
     def bad_message(self) -> None: ...
 
-    async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]: ...
+    def denied(self, conn: Connection, surface: str, target: str | None, reason: str) -> None:
+        """Record an access denial the surface decided (an HTTP request without a valid
+        token): the `access_denied` audit event and its counter."""
+        ...
+
+    async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
+        """tool_search; `top_k` 0 (meta_tools.AUTO_TOP_K): the caller left it out, so the
+        gateway picks how many (up to default_top_k), or answers none and a `note`."""
+        ...
 
     def search_cached(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any] | None: ...
 
@@ -137,6 +194,12 @@ class AdminPort(Protocol):
         """A forced tools/list: `{"upstream", "tools", "added", "removed", "changed"}`."""
         ...
 
+    async def decide_upstream(self, name: str, decision: str, principal: str) -> dict[str, Any]:
+        """`toolatlas upstream approve|reject NAME` (`decision` "approved" or "rejected"):
+        `{"upstream", "approval", "previous"}`; BadInput for an unknown upstream or when
+        `[daemon] require_approval` is off."""
+        ...
+
     async def reload_config(self) -> dict[str, Any]:
         """What SIGHUP does: `{"applied": true, "added", "removed", "changed", "restart_needed"}`
         or `{"applied": false, "error"}` naming the key; the daemon keeps serving either way."""
@@ -147,8 +210,14 @@ class AdminPort(Protocol):
         """Record one operator command (event and metric); `outcome` ok|failed|bad_input|refused|error."""
         ...
 
+    def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
+        """Every tool `conn` may use (of `servers`, when given; naming one it may not use is
+        BadInput), each as a tool_search match shows it, without score: for `toolatlas stubs`."""
+        ...
+
 
 __all__ = [
-    "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired", "LOG_LEVELS",
-    "LogFn", "Page", "ProgressFn", "SurfaceStats", "ToolRecord",
+    "DEFAULT_ENDPOINT", "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired",
+    "LOG_LEVELS", "LogFn", "MetaTools", "OAuthIdentity", "Page", "ProgressFn", "REQUEST", "Request", "SurfaceStats",
+    "ToolRecord",
 ]

@@ -10,11 +10,16 @@ from typing import Any
 import anyio
 
 from toolatlas import events as ev
+from toolatlas.errors import BadInput
+from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.catalog import LiveCatalog
+from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.visibility import Visibility
+from toolatlas.guidance import Guidance
 from toolatlas.metrics import Metrics
 from toolatlas.names import split
+from toolatlas.retrieval import adaptive
 from toolatlas.retrieval.embed import usable_cores
 from toolatlas.retrieval.engine import SearchOutcome
 from toolatlas.rift.report import RiftReport
@@ -30,11 +35,19 @@ class SearchService:
         self, catalog: LiveCatalog, visibility: Visibility, *, mode: Callable[[], str],
         rift: Callable[[], RiftReport | None], metrics: Metrics, events: ev.Events,
         starting: Callable[[set[str]], list[str]] = lambda _allowed: [],
+        guidance: Callable[[Connection], Guidance] | None = None,
+        max_top_k: Callable[[], int] = lambda: 5,
     ) -> None:
         """`starting(allowed)`: what the daemon still waits for before its first index is
-        ready (empty once it is); an answer given meanwhile carries it as `waiting_for`."""
+        ready (empty once it is); an answer given meanwhile carries it as `waiting_for`.
+        `guidance(conn)`: what that connection is shown of publisher text."""
         self._catalog = catalog
+        self._guidance = guidance
+        self._matches = MatchBuilder()
         self._starting = starting
+        self._max_top_k = max_top_k
+        # Hears every answer: (connection, query, the names of its matches). Set by the gateway (learning).
+        self.on_answer: Callable[[Connection, str, list[str]], None] | None = None
         self._visibility = visibility
         self._mode = mode
         self._rift = rift
@@ -54,16 +67,30 @@ class SearchService:
         if not self._catalog.engine_loaded.is_set():
             return None
         allowed = self._visibility.allowed_servers(conn)
-        scope = self._visibility.search_scope(servers, allowed)
-        outcome = self._catalog.engine.cached(query, top_k, servers=scope) if scope else None
+        scope = self._visibility.search_scope(servers, allowed)  # a denial is recorded by `search`
+        k = top_k or self._max_top_k()
+        outcome = self._catalog.engine.cached(query, k, servers=scope, principal=conn.principal) if scope else None
         if outcome is None:
             return None
-        return self._answer(query, top_k, servers, scope, outcome, outcome.mode, t0, allowed)
+        return self._answer(query, top_k, servers, scope, outcome, outcome.mode, t0, allowed, conn)
+
+    def _scope(self, servers: list[str] | None, allowed: set[str], conn: Connection) -> set[str]:
+        """`Visibility.search_scope`; naming a configured server `conn` may not use is also
+        recorded as an access denial."""
+        try:
+            return self._visibility.search_scope(servers, allowed)
+        except BadInput:
+            refused = sorted(s for s in servers or () if s not in allowed and self._visibility.configured(s))
+            if refused:
+                deny(self._events, self._metrics, conn, "tool_search", ",".join(refused)[:200],
+                     f"{conn.principal} may not use upstream(s) {', '.join(refused)}")
+            raise
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
         t0 = time.perf_counter()
         allowed = self._visibility.allowed_servers(conn)
-        scope = self._visibility.search_scope(servers, allowed)
+        scope = self._scope(servers, allowed, conn)
+        k = top_k or self._max_top_k()
         outcome: SearchOutcome | None = None
         mode = self._mode()
         loaded = self._catalog.engine_loaded
@@ -74,37 +101,50 @@ class SearchService:
             engine = self._catalog.engine
             frozen = frozenset(scope)
             # A repeated query is answered from the result cache here, without a thread hop.
-            found = engine.cached(query, top_k, servers=scope)
+            found = engine.cached(query, k, servers=scope, principal=conn.principal)
             if found is None:
                 found = await anyio.to_thread.run_sync(
-                    lambda: engine.search(query, top_k, servers=frozen), limiter=self._limiter,
+                    lambda: engine.search(query, k, servers=frozen, principal=conn.principal),
+                    limiter=self._limiter,
                 )
             outcome, mode = found, found.mode
-        return self._answer(query, top_k, servers, scope, outcome, mode, t0, allowed)
+        return self._answer(query, top_k, servers, scope, outcome, mode, t0, allowed, conn)
 
     def _answer(
         self, query: str, top_k: int, servers: list[str] | None, scope: set[str],
-        outcome: SearchOutcome | None, mode: str, t0: float, allowed: set[str],
+        outcome: SearchOutcome | None, mode: str, t0: float, allowed: set[str], conn: Connection,
     ) -> dict[str, Any]:
         """The tool_search result for `outcome` (None: no index yet, or an empty scope),
-        counted in the metrics and the event log."""
+        counted in the metrics and the event log. `top_k` 0: the caller left it out (see
+        adaptive.py; only where the dense branch answered, BM25 alone is not calibrated)."""
         loaded = self._catalog.engine_loaded.is_set()
         degraded = outcome.degraded if outcome is not None else (None if loaded else "index-not-ready")
         cached = outcome is not None and outcome.cached
-        by_name = self._catalog.view.by_name
+        view = self._catalog.view
+        by_name = view.by_name
+        publisher_text = self._guidance(conn).publisher_text if self._guidance is not None else "omit"
         matches: list[dict[str, Any]] = []
         for hit in outcome.hits if outcome is not None else ():
             rec = by_name.get(hit.name)
             if rec is None or rec.server not in scope:
                 continue
-            matches.append({
-                "name": rec.name, "server": rec.server, "tool": rec.tool, "description": rec.description,
-                "inputSchema": rec.input_schema, "score": round(float(hit.score), 6),
-            })
-        matches = matches[:top_k]
+            matches.append(self._matches.match(rec, view.server(rec.server).verdict, hit.score,
+                                               publisher_text=publisher_text))
+            if len(matches) >= (top_k or self._max_top_k()):
+                break
+        note: str | None = None
+        if not top_k and outcome is not None and outcome.evidence is not None:
+            if adaptive.nothing_fits(*outcome.evidence):
+                matches = []
+                names = sorted(scope)
+                note = (f"No tool fits this query well. Searchable servers: {', '.join(names)}. "
+                        "Rephrase the query with what the tool should do, or pass top_k to see the closest tools anyway.")
+            else:
+                matches = matches[: adaptive.cut([m["score"] for m in matches], self._max_top_k())]
         add_rift_notes(self._rift(), matches, allowed)
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
+        self._metrics.count_endpoint_request(conn.endpoint, "tool_search")
         if degraded:
             # No index yet: passthrough lists; any other degradation is a search without its dense branch.
             self._metrics.count_fallback("passthrough" if degraded == "index-not-ready" else "bm25-only")
@@ -112,31 +152,57 @@ class SearchService:
         self._events.emit(
             ev.TOOL_SEARCH_COMPLETED, query=query, results=len(matches),
             matched_servers=sorted({m["server"] for m in matches}), latency_ms=round(seconds * 1000, 3),
-            top_k=top_k, scope=sorted(servers) if servers else "all", mode=mode, cache="hit" if cached else "miss",
+            top_k=top_k or self._max_top_k(), scope=sorted(servers) if servers else "all", mode=mode,
+            cache="hit" if cached else "miss", **who(conn),
         )
         answer: dict[str, Any] = {"query": query, "matches": matches, "degraded": degraded}
+        if self.on_answer is not None:
+            self.on_answer(conn, query, [m["name"] for m in matches])
+        if note is not None:
+            answer["note"] = note
         waiting = self._starting(allowed)
         if waiting:
             answer["waiting_for"] = waiting  # still starting: these matches may be incomplete
         return answer
 
 
+NOTE_SIBLINGS = 3  # other tools a Rift note names at most
+
+
 def add_rift_notes(report: RiftReport | None, matches: list[dict[str, Any]], allowed: set[str]) -> None:
-    """Matches that share a HIGH/MEDIUM Rift cluster get a note on what sets them apart,
-    naming only siblings on servers in `allowed` (those the caller may use)."""
+    """Matches that share a HIGH/MEDIUM Rift cluster get one note per answer, on the best
+    ranked of them: which tools it is easily confused with (at most NOTE_SIBLINGS, those in
+    the answer first) and the words that set each apart. Only siblings on servers in
+    `allowed` (those the caller may use) are ever named."""
     if report is None or len(matches) < 2:
         return
-    clusters: dict[int, int] = {}
+
+    def visible(name: str) -> bool:
+        parsed = split(name)
+        return parsed is not None and parsed[0] in allowed
+
+    done: set[int] = set()
     for m in matches:
         diag = report.tools.get(m["name"])
-        if diag is not None:
-            clusters[diag.cluster] = clusters.get(diag.cluster, 0) + 1
-    for m in matches:
-        diag = report.tools.get(m["name"])
-        if diag is not None and clusters[diag.cluster] >= 2:
-            note = report.note_for(m["name"], visible=lambda n: (p := split(n)) is not None and p[0] in allowed)
-            if note:
-                m["note"] = note
+        if diag is None or diag.cluster in done or report.clusters[diag.cluster].risk not in ("high", "medium"):
+            continue
+        in_answer = [x["name"] for x in matches if x["name"] != m["name"]
+                     and (d := report.tools.get(x["name"])) is not None and d.cluster == diag.cluster]
+        if not in_answer:
+            continue
+        done.add(diag.cluster)
+        members = report.clusters[diag.cluster].members
+        others = list(dict.fromkeys([*in_answer, *(n for n in members if n != m["name"])]))
+        others = [n for n in others if visible(n)]
+        if not others:
+            continue
+        shown = others[:NOTE_SIBLINGS]
+        more = f" (+{len(others) - len(shown)} more)" if len(others) > len(shown) else ""
+        apart = [f"{n}: {', '.join(t.distinguishing[:3])}" for n in (m["name"], *shown)
+                 if (t := report.tools.get(n)) is not None and t.distinguishing]
+        m["note"] = (f"Easily confused with {', '.join(shown)}{more}"
+                     + (f"; what sets each apart: {'; '.join(apart)}." if apart else
+                        "; their descriptions do not tell them apart."))
 
 
-__all__ = ["INDEX_WAIT_S", "SearchService", "add_rift_notes"]
+__all__ = ["INDEX_WAIT_S", "NOTE_SIBLINGS", "SearchService", "add_rift_notes"]

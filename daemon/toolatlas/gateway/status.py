@@ -14,6 +14,7 @@ from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection, SurfaceStats
 from toolatlas.gateway.tokens import Scope, TokenReporter
 from toolatlas.gateway.visibility import Visibility
+from toolatlas.guidance import MetaTools
 from toolatlas.metrics import StateSnapshot
 from toolatlas.names import split
 from toolatlas.redact import Redactor
@@ -33,6 +34,9 @@ class NoSurface:
     def client_count(self) -> int:
         return 0
 
+    def client_counts(self) -> dict[str, int]:
+        return {}
+
     def fast_answers(self) -> int:
         return 0
 
@@ -43,8 +47,17 @@ class StatusService:
     def __init__(
         self, catalog: LiveCatalog, visibility: Visibility, pool: Pool, tokens: TokenReporter, rift: RiftRunner,
         *, index_ready: Callable[[], bool], redactor: Redactor | None = None,
+        environment: Callable[[Connection], str] = lambda _conn: "default",
+        meta_tools: Callable[[Connection], MetaTools] | None = None,
+        approval: Callable[[str, str], str] = lambda _name, _state: "active",
     ) -> None:
+        """`environment(conn)`: the environment label that connection is served with;
+        `meta_tools(conn)`: the meta-tools as it reads them (what its token figures count);
+        `approval(name, state)`: an upstream's approval lifecycle state (gateway.approval)."""
+        self._approval = approval
         self._redact = redactor or Redactor()
+        self._environment = environment
+        self._meta_tools = meta_tools
         self._catalog = catalog
         self._visibility = visibility
         self._pool = pool
@@ -53,6 +66,8 @@ class StatusService:
         self._index_ready = index_ready
         self.surface: SurfaceStats = NoSurface()
         self.started_at = time.time()
+        # Extra catalog_status sections by name, computed per call (the shared store's `store`).
+        self.sections: dict[str, Callable[[], Any]] = {}
 
     def unavailable_reason(self, server: str) -> str:
         """`state: reason` of an upstream that is not serving, for call errors."""
@@ -107,28 +122,35 @@ class StatusService:
         token figures, cards, Rift) covers only the servers it may use. `tg` starts a token
         recount for its scope when the index moved."""
         allowed = self._visibility.allowed_servers(conn)
+        permitted = self._visibility.permitted(conn)  # awaiting approval or rejected: shown, not served
         view = self._catalog.view
         # None: the caller sees every configured server, so the global figures are its own.
         upstreams = self._pool.status()
         scope: Scope = None if allowed >= set(view.servers) | {st.name for st in upstreams} else frozenset(allowed)
-        self._tokens.ensure(tg, scope)
+        self._tokens.ensure(tg, scope, self._meta_tools(conn) if self._meta_tools is not None else None)
         servers = []
         for st in upstreams:
-            if st.name not in allowed:
+            if st.name not in permitted:
                 continue
             entry = view.server(st.name)
+            approval = self._approval(st.name, st.state.value)
             out: dict[str, Any] = {
                 "name": st.name,
                 "transport": st.transport,
                 "state": st.state.value,
+                "approval": approval,
                 "tools": len(entry.records),
-                "searchable": entry.available,
+                "searchable": entry.available and st.name in allowed,
                 "reason": st.reason,
                 "since": st.since,
                 "reconnects": st.reconnects,
                 "protocol_version": st.protocol_version,
             }
-            if not entry.available and st.state is not UpstreamState.READY:
+            if approval in ("pending", "rejected"):
+                out["not_searchable_because"] = (
+                    f"awaiting approval: `toolatlas upstream approve {st.name}`" if approval == "pending"
+                    else "rejected by the operator")
+            elif not entry.available and st.state is not UpstreamState.READY:
                 out["not_searchable_because"] = f"upstream is {st.state.value}" + (f": {st.reason}" if st.reason else "")
             if entry.quarantined:
                 out["quarantined"] = dict(sorted(entry.quarantined.items()))
@@ -152,6 +174,7 @@ class StatusService:
         available = view.available
         # Reasons carry upstream stderr, URLs and error texts: no configured secret leaves here.
         report: dict[str, Any] = self._redact.tree({
+            "environment": self._environment(conn),
             "servers": servers,
             "tools": sum(1 for r in view.by_name.values() if r.server in allowed and r.server in available),
             "index": {"ready": self._index_ready(), **stats},
@@ -164,8 +187,34 @@ class StatusService:
             "rift": self._rift_status(allowed, scope),
             "clients": self.surface.client_count(),
             "uptime_s": round(time.time() - self.started_at, 1),
+            **self._endpoints(conn),
+            **{name: section() for name, section in self.sections.items()},
         })
         return report
+
+    def _endpoints(self, conn: Connection) -> dict[str, Any]:
+        """`endpoint`: the caller's endpoint; `endpoints`: one section per endpoint, each with
+        the upstreams it serves that the caller's access rules give it, their searchable tools
+        and its live clients."""
+        view = self._catalog.view
+        clients = self.surface.client_counts()
+        sections = []
+        for name in self._visibility.endpoint_names():
+            ep = self._visibility.endpoint_named(name)
+            ups = sorted(self._visibility.permitted(conn, name))
+            serving = [u for u in ups if u in view.available and self._approval(u, "ready") == "active"]
+            sections.append({
+                "name": name,
+                "environment": ep.environment if ep is not None else None,
+                "templates": ep.templates or None if ep is not None else None,
+                "socket": ep.socket or None if ep is not None else None,
+                "http_path": ep.http_path or None if ep is not None else "/mcp",
+                "upstreams": ups,
+                "tools": sum(len(view.server(u).records) for u in serving),
+                "clients": clients.get(name, 0),
+            })
+        mine = next((s for s in sections if s["name"] == conn.endpoint), {"name": conn.endpoint, "upstreams": []})
+        return {"endpoint": mine, "endpoints": sections}
 
     def _rift_status(self, allowed: set[str], scope: Scope) -> dict[str, Any]:
         report = self._rift.report
@@ -184,9 +233,15 @@ class StatusService:
 
     def snapshot(self) -> StateSnapshot:
         view = self._catalog.view
+        counts = self.surface.client_counts()
         engine = self._catalog.engine
         return StateSnapshot(
             upstreams=[(st.name, st.state.value, len(view.server(st.name).records)) for st in self._pool.status()],
+            approvals=[(st.name, self._approval(st.name, st.state.value)) for st in self._pool.status()],
+            endpoints=[(name, counts.get(name, 0),
+                        sum(len(view.server(u).records) for u in self._visibility.endpoint_upstreams(name)
+                            if u in view.available and self._approval(u, "ready") == "active"))
+                       for name in self._visibility.endpoint_names()],
             index_size=len(engine),
             index_version=engine.version,
             clients=self.surface.client_count(),

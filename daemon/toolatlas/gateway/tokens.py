@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -13,7 +13,9 @@ import anyio.abc
 
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.gateway.view import CatalogView
-from toolatlas.meta_tools import META_TOOLS
+from toolatlas.gateway.matches import MatchBuilder
+from toolatlas.guidance import MetaTools
+from toolatlas.meta_tools import META_TOOLS, render_compact
 from toolatlas.retrieval.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -35,9 +37,12 @@ def tool_dict(rec: ToolRecord) -> dict[str, Any]:
 Scope = frozenset[str] | None  # the servers a report covers; None: every server
 
 
-def token_report(view: CatalogView, engine: Engine, version: int, scope: Scope = None) -> dict[str, Any]:
-    """Tokens of the catalog (of the servers in `scope`) as tools/list, of the meta-tools, and
-    of sample top-5 answers (queries made from tool names, spread over the catalog)."""
+def token_report(view: CatalogView, engine: Engine, version: int, scope: Scope = None,
+                 meta: Sequence[Mapping[str, Any]] = META_TOOLS) -> dict[str, Any]:
+    """Tokens of the catalog (of the servers in `scope`) as tools/list, of the meta-tools
+    (`meta`: as the caller reads them, templates rendered), and of sample top-5 answers
+    (queries made from tool names, spread over the catalog) as tool_search gives them, in
+    json and compact form."""
     from toolatlas.tokens import catalog_token_report
 
     servers = view.available if scope is None else view.available & scope
@@ -45,16 +50,16 @@ def token_report(view: CatalogView, engine: Engine, version: int, scope: Scope =
     records = sorted((r for r in by_name.values() if r.server in servers), key=lambda r: r.name)
     samples = []
     step = max(1, len(records) // TOKEN_SAMPLE_QUERIES)
+    builder = MatchBuilder()
     for rec in records[::step][:TOKEN_SAMPLE_QUERIES]:
         query = " ".join(rec.tool.replace("_", " ").replace("-", " ").split())
         outcome = engine.search(query, 5, servers=servers)
         samples.append({"query": query, "matches": [
-            {"name": h.name, "server": h.server, "tool": by_name[h.name].tool,
-             "description": by_name[h.name].description,
-             "inputSchema": by_name[h.name].input_schema, "score": round(h.score, 6)}
+            builder.match(by_name[h.name], view.server(h.server).verdict, h.score)
             for h in outcome.hits if h.name in by_name
         ], "degraded": outcome.degraded})
-    report = catalog_token_report([tool_dict(r) for r in records], META_TOOLS, samples or None)
+    report = catalog_token_report([tool_dict(r) for r in records], [dict(t) for t in meta], samples or None,
+                                  compact_results=[render_compact(a) for a in samples] or None)
     report["index_version"] = version
     return report
 
@@ -68,31 +73,35 @@ class TokenReporter:
     def __init__(self, engine: Engine, view: Callable[[], CatalogView]) -> None:
         self._engine = engine
         self._view = view
-        self._reports: OrderedDict[Scope, tuple[int, dict[str, Any]]] = OrderedDict()
+        # scope -> ((index version, meta-tools fingerprint), report)
+        self._reports: OrderedDict[Scope, tuple[tuple[int, str], dict[str, Any]]] = OrderedDict()
         self._running: set[Scope] = set()
 
     def report(self, scope: Scope = None) -> dict[str, Any] | None:
         got = self._reports.get(scope)
         return got[1] if got is not None else None
 
-    def ensure(self, tg: anyio.abc.TaskGroup | None, scope: Scope = None) -> None:
-        version = self._engine.version
+    def ensure(self, tg: anyio.abc.TaskGroup | None, scope: Scope = None, meta: MetaTools | None = None) -> None:
+        """Recount `scope` when the index or the meta-tools (`meta`, as its caller reads
+        them: a reload with new templates) changed since its last report."""
+        key = (self._engine.version, meta.fingerprint if meta is not None else "")
         got = self._reports.get(scope)
-        if (got is not None and got[0] == version) or scope in self._running or tg is None:
+        if (got is not None and got[0] == key) or scope in self._running or tg is None:
             return
         self._running.add(scope)
-        tg.start_soon(self._compute, version, scope)
+        tg.start_soon(self._compute, key, scope, meta.tools if meta is not None else META_TOOLS)
 
-    async def _compute(self, version: int, scope: Scope) -> None:
+    async def _compute(self, key: tuple[int, str], scope: Scope, meta: Sequence[Mapping[str, Any]]) -> None:
         view = self._view()
+        version = key[0]
         try:
-            report = await anyio.to_thread.run_sync(token_report, view, self._engine, version, scope)
+            report = await anyio.to_thread.run_sync(token_report, view, self._engine, version, scope, meta)
         except Exception as exc:  # token figures are informative; never break status
             log.warning("token accounting failed: %s", exc)
             report = {"error": str(exc)}
         finally:
             self._running.discard(scope)
-        self._reports[scope] = (version, report)
+        self._reports[scope] = (key, report)
         self._reports.move_to_end(scope)
         while len(self._reports) > self.MAX_SCOPES:
             self._reports.popitem(last=False)

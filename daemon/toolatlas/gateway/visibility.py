@@ -6,16 +6,19 @@ from collections.abc import Callable
 
 from toolatlas import access
 from toolatlas.catalog.model import ToolRecord
-from toolatlas.config import Config
+from toolatlas.config import Config, Endpoint
 from toolatlas.errors import BadInput
-from toolatlas.gateway.ports import Connection
+from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection
 from toolatlas.gateway.view import CatalogView
 
 
 class Visibility:
     """Answers, for one connection, which upstreams and tools it may use and see."""
 
-    def __init__(self, cfg: Config, view: Callable[[], CatalogView], index_ready: Callable[[], bool]) -> None:
+    def __init__(self, cfg: Config, view: Callable[[], CatalogView], index_ready: Callable[[], bool],
+                 blocked: Callable[[], frozenset[str]] = frozenset) -> None:
+        """`blocked()`: upstreams that serve nothing now (awaiting approval, or rejected)."""
+        self._blocked = blocked
         self._view = view
         self._index_ready = index_ready
         self.configure(cfg)
@@ -26,10 +29,48 @@ class Visibility:
         self._scope = frozenset(cfg.search.scope) or None
         access.clear_cache()
 
+    def permitted(self, conn: Connection, endpoint: str | None = None) -> set[str]:
+        """Servers this connection's [[access]] rules give it, narrowed by the static scope and
+        by its endpoint's upstreams (or `endpoint`'s), whether or not they serve now
+        (catalog_status shows these)."""
+        endpoint = conn.endpoint if endpoint is None else endpoint
+        oauth = (conn.oauth.subject, conn.oauth.groups, conn.oauth.scopes) if conn.oauth is not None else None
+        names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token, oauth))
+        if self._scope:
+            names &= self._scope
+        if endpoint != DEFAULT_ENDPOINT:
+            names &= self.endpoint_upstreams(endpoint)
+        return names
+
+    def endpoint_names(self) -> list[str]:
+        return [DEFAULT_ENDPOINT, *(ep.name for ep in self._cfg.endpoint)]
+
+    def endpoint(self, conn: Connection) -> Endpoint | None:
+        """The [[endpoint]] `conn` came in on (its environment and templates); None for the
+        default endpoint ([daemon] socket, /mcp)."""
+        return self._cfg.endpoint_by_name(conn.endpoint)
+
+    def endpoint_named(self, name: str) -> Endpoint | None:
+        return self._cfg.endpoint_by_name(name)
+
+    def endpoint_upstreams(self, name: str) -> set[str]:
+        """The upstreams endpoint `name` serves (every configured one for "default"; none for
+        an endpoint a reload removed)."""
+        every = {u.name for u in self._cfg.upstream}
+        if name == DEFAULT_ENDPOINT:
+            return every
+        ep = self._cfg.endpoint_by_name(name)
+        if ep is None:
+            return set()
+        return every if "*" in ep.upstreams else every & set(ep.upstreams)
+
     def allowed_servers(self, conn: Connection) -> set[str]:
-        """Servers this connection may use: its [[access]] rules, narrowed by the static scope."""
-        names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token))
-        return names & self._scope if self._scope else names
+        """Servers this connection may use: `permitted`, less those not approved."""
+        return self.permitted(conn) - self._blocked()
+
+    def configured(self, server: str) -> bool:
+        """Whether `server` is an upstream of the running config."""
+        return self._cfg.upstream_by_name(server) is not None
 
     def passthrough_for(self, conn: Connection) -> bool:
         """Whether the connection lists every tool instead of the meta-tools: configured

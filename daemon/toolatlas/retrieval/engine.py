@@ -38,6 +38,8 @@ from toolatlas.retrieval.cache import QueryVectors, TtlLru
 from toolatlas.retrieval.documents import FIELD_WEIGHTS, Entry, ToolDoc, make_entry
 from toolatlas.retrieval.embed import DIM, QUERY_THREADS, Embedder, document_space, limit_blas_threads
 from toolatlas.retrieval.index import EMBED_BATCH, IndexBuilder, Snapshot, plan_update
+from toolatlas.retrieval.shared import SharedVectors
+from toolatlas.retrieval.learned import LearnedState
 from toolatlas.retrieval.warmup import ModelLoader, ModelPhase, ModelProgress
 from toolatlas.retrieval.rank import DENSE_MODES, FUSION, FUSIONS, MODES
 from toolatlas.retrieval.text import normalise_query
@@ -53,10 +55,11 @@ log = logging.getLogger(__name__)
 # on two cores); a larger change is indexed BM25-first and embedded by the background worker.
 INLINE_EMBED_MAX = 64
 
-CacheKey = tuple[str, int, tuple[str, ...] | None, int, str]
+# (normalised query, top_k, scope, index version, mode, learned-state version, principal)
+CacheKey = tuple[str, int, tuple[str, ...] | None, int, str, int, str | None]
 # what stats() counts, in the order it reports them
 COUNTERS = (
-    "embeddings_computed", "embeddings_cached", "embedder_failures", "degraded_searches", "searches", "updates",
+    "embeddings_computed", "embeddings_cached", "embeddings_shared", "embedder_failures", "degraded_searches", "searches", "updates",
     "persist_failures", "cache_corrupt", "snapshot_restored",
 )
 
@@ -75,6 +78,9 @@ class SearchOutcome:
     cached: bool
     mode: str
     version: int
+    # (best cosine, best BM25 coverage) over the searched tools: adaptive.nothing_fits reads
+    # it; None without a query vector
+    evidence: tuple[float, float] | None = None
 
 
 class Engine:
@@ -110,6 +116,8 @@ class Engine:
         self._load_lock = threading.Lock()
         self._update_lock = threading.Lock()
         self._snap: Snapshot | None = None
+        self.learned: LearnedState | None = None  # see set_learned
+        self.learning = False
         self._cache: TtlLru[SearchOutcome] = TtlLru(cache_size, cache_ttl)
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._loader = ModelLoader(embedder, self.state_dir, query_threads, self._counts)
@@ -140,6 +148,10 @@ class Engine:
     def progress(self) -> ModelProgress:
         """The dense branch's phase and embedding progress (warmup.py)."""
         return self._loader.progress
+
+    @property
+    def space(self) -> str | None:  # the vector space of queries and documents (None: no embedder)
+        return self._space
 
     @property
     def embedder(self) -> Embedder | None:
@@ -247,15 +259,18 @@ class Engine:
             self._timings["last_update_s"] = time.perf_counter() - t0
             return version
 
+    def share_vectors(self, shared: SharedVectors | None) -> None:
+        """Use an embedding cache shared with other replicas (retrieval/shared.py); None: this process's only."""
+        self._index.shared = shared
+
     def seed_embeddings(self, docs: Sequence[ToolDoc], vectors: np.ndarray) -> None:
         """Put precomputed document vectors into the embedding cache (benchmarks, imports):
         (len(docs), dim), L2-normalised, same model; `update()` then embeds none of them."""
         with self._update_lock:
             self._index.seed(docs, vectors)
 
-    def _commit(
-        self, entries: dict[str, Entry], stale: list[int], version: int, persist_now: bool = True, embed: bool = True,
-    ) -> None:
+    def _commit(self, entries: dict[str, Entry], stale: list[int], version: int, persist_now: bool = True,
+                embed: bool = True) -> None:
         """Embed what is missing (unless `embed` is False), insert, then delete, then
         publish. Holds _update_lock."""
         snap, failure = self._index.commit(entries, stale, version, self._embedder if embed else None, self._dim)
@@ -269,12 +284,15 @@ class Engine:
             else:
                 self._counts["persist_failures"] += 1
 
-    # -- search ---------------------------------------------------------------------------
+    def set_learned(self, state: LearnedState | None) -> None:
+        """Publish the learned stage's state (one assignment): for "learned" searches, and "hybrid" ones while `learning` is set."""
+        self.learned = state
+        self._cache.clear()
 
-    def search(
-        self, query: str, top_k: int = 5, *, servers: Collection[str] | None = None, mode: str | None = None,
-    ) -> SearchOutcome:
-        """Rank tools for `query` within `servers` (None: all). Blocking, thread-safe."""
+    def search(self, query: str, top_k: int = 5, *, servers: Collection[str] | None = None, mode: str | None = None,
+               principal: str | None = None) -> SearchOutcome:
+        """Rank tools for `query` within `servers` (None: all) as `principal` (whose own usage
+        events count in full in the learned stage) sees them. Blocking, thread-safe."""
         mode = mode or self.mode
         if mode not in MODES:
             raise ValueError(f"unknown search mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -282,34 +300,25 @@ class Engine:
         if snap is None:
             return SearchOutcome(hits=[], degraded="no-index", cached=False, mode=mode, version=0)
         top_k = max(1, int(top_k))
-        key = _cache_key(query, top_k, servers, snap, mode)
+        state = self.learned
+        ranker = _ranker(self, mode)
+        key = _cache_key(query, top_k, servers, snap, ranker, state, principal)
         scope = key[2]  # the sorted server names, or None for every server
         hit = self._cache.get(key)
         if hit is not None:
             return dataclasses.replace(hit, cached=True)
         self._counts["searches"] += 1
-        allowed = snap.allowed(scope)
-        degraded: str | None = None
-        if allowed is not None and allowed.shape[0] == 0:
-            positions, scores = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
-        else:
-            qvec = None
-            if mode in DENSE_MODES:
-                qvec = self._qvecs.get(self._embedder, query) if snap.vecs is not None else None
-                if qvec is None and self.embedder_kind != "none":
-                    degraded = self._loader.progress.degraded or "bm25-only"
-                    self._counts["degraded_searches"] += 1
-            positions, scores = rank.rank(snap, query, qvec, top_k, scope, allowed, mode, self.fusion)
+        positions, scores, degraded, evidence = _rank_once(self, snap, query, top_k, scope, mode, ranker, state, principal)
         hits = [Hit(name=snap.docs[p].name, server=snap.docs[p].server, score=float(s)) for p, s in zip(positions, scores)]
-        out = SearchOutcome(hits=hits, degraded=degraded, cached=False, mode=mode, version=snap.version)
+        out = SearchOutcome(hits=hits, degraded=degraded, cached=False, mode=mode, version=snap.version,
+                            evidence=evidence)
         # A BM25 answer for want of a model that is still coming is not kept.
         if degraded is None or self._loader.progress.phase is ModelPhase.FAILED:
             self._cache.put(key, out)
         return out
 
-    def cached(
-        self, query: str, top_k: int = 5, *, servers: Collection[str] | None = None, mode: str | None = None
-    ) -> SearchOutcome | None:
+    def cached(self, query: str, top_k: int = 5, *, servers: Collection[str] | None = None, mode: str | None = None,
+               principal: str | None = None) -> SearchOutcome | None:
         """The result-cache entry `search` would return for these arguments, or None.
         Never blocks (a dict lookup under a short lock), so the event loop can answer a
         repeated query without a thread hop; a None here is not counted as a miss."""
@@ -317,12 +326,54 @@ class Engine:
         mode = mode or self.mode
         if snap is None or mode not in MODES:
             return None
-        hit = self._cache.get(_cache_key(query, max(1, int(top_k)), servers, snap, mode), count_miss=False)
+        key = _cache_key(query, max(1, int(top_k)), servers, snap, _ranker(self, mode), self.learned, principal)
+        hit = self._cache.get(key, count_miss=False)
         return dataclasses.replace(hit, cached=True) if hit is not None else None
 
     def stats(self) -> dict[str, Any]:
         """Figures for catalog_status (index.*): sizes, embedder, the model's progress, counters."""
         return _stats(self, self._snap, self._embedder)
+
+
+def _ranker(eng: Engine, mode: str) -> str:
+    """The ranker a search in `mode` runs: the daemon's "hybrid" is "learned" while learning is on."""
+    return "learned" if mode == "hybrid" and eng.learning else mode
+
+
+def _rank_once(
+    eng: Engine, snap: Snapshot, query: str, top_k: int, scope: tuple[str, ...] | None, mode: str, ranker: str,
+    state: LearnedState | None, principal: str | None,
+) -> tuple[np.ndarray, np.ndarray, str | None, tuple[float, float] | None]:
+    """(positions, scores, why degraded or None, evidence) of one uncached search."""
+    allowed = snap.allowed(scope)
+    if allowed is not None and allowed.shape[0] == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32), None, None
+    degraded: str | None = None
+    qvec = None
+    if mode in DENSE_MODES:
+        qvec = eng._qvecs.get(eng._embedder, query) if snap.vecs is not None else None
+        if qvec is None and eng.embedder_kind != "none":
+            degraded = eng._loader.progress.degraded or "bm25-only"
+            eng._counts["degraded_searches"] += 1
+    positions, scores = rank.rank(
+        snap, query, qvec, top_k, scope, allowed, ranker, eng.fusion, state=state, principal=principal,
+    )
+    evidence = rank.evidence(snap, query, qvec, scope, allowed) if qvec is not None and ranker in ("hybrid", "learned") else None
+    return positions, scores, degraded, evidence
+
+
+def query_vectors(eng: Engine, queries: Sequence[str]) -> np.ndarray | None:
+    """Query vectors (normalised, rows in order) for the learned stage's events, or None
+    while `eng` has no embedder loaded (or it fails). Blocking."""
+    emb = eng.embedder
+    if emb is None or not queries:
+        return None
+    try:
+        return np.asarray(emb.embed_queries([q.strip() for q in queries]), dtype=np.float32)
+    except Exception as exc:  # noqa: BLE001 - the events wait for a working embedder
+        eng._counts["embedder_failures"] += 1
+        log.warning("retrieval.query_embed_failed error=%s; usage events wait for their vectors", exc)
+        return None
 
 
 def _stats(eng: Engine, snap: Snapshot | None, emb: Embedder | None) -> dict[str, Any]:
@@ -352,11 +403,15 @@ def _stats(eng: Engine, snap: Snapshot | None, emb: Embedder | None) -> dict[str
 
 
 def _cache_key(
-    query: str, top_k: int, servers: Collection[str] | str | None, snap: Snapshot, mode: str
+    query: str, top_k: int, servers: Collection[str] | str | None, snap: Snapshot, mode: str,
+    state: LearnedState | None = None, principal: str | None = None,
 ) -> CacheKey:
-    """The result-cache key of one search: (normalised query, top_k, scope, version, mode);
-    the scope is None (every server) or the sorted server names."""
+    """The result-cache key of one search: (normalised query, top_k, scope, version, mode,
+    and for the learned ranker the state's version and the principal); the scope is None
+    (every server) or the sorted server names."""
     if isinstance(servers, str):
         servers = [servers]
     scope = None if servers is None else tuple(sorted(set(servers)))
-    return (normalise_query(query), top_k, scope, snap.version, mode)
+    if mode != "learned" or state is None or state.empty:
+        return (normalise_query(query), top_k, scope, snap.version, mode, 0, None)
+    return (normalise_query(query), top_k, scope, snap.version, mode, state.version, principal)

@@ -168,7 +168,11 @@ def export(out: Path) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolatlas.retrieval.export_onnx")
     parser.add_argument("--out", required=True, type=Path, help="folder to write the ONNX files into")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="lower this process's CPU priority by N (the daemon's background export uses 10)")
     args = parser.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
     manifest = export(args.out)
     json.dump(manifest, sys.stdout)
     sys.stdout.write("\n")

@@ -73,12 +73,12 @@ class SharedLock:
 
 
 class HnswStore:
-    def __init__(self, dim: int, capacity: int = 1024) -> None:
+    def __init__(self, dim: int, capacity: int = 1024, *, ef_construction: int = EF_CONSTRUCTION) -> None:
         self.dim = dim
         self.lock = SharedLock()
         self.index = hnswlib.Index(space="cosine", dim=dim)
         self.index.init_index(
-            max_elements=max(capacity, 16), ef_construction=EF_CONSTRUCTION, M=M, allow_replace_deleted=True
+            max_elements=max(capacity, 16), ef_construction=ef_construction, M=M, allow_replace_deleted=True
         )
         self.index.set_num_threads(1)
         self.next_label = 0

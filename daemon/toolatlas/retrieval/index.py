@@ -13,6 +13,7 @@ the stale ones, build the snapshot. It holds no lock: its caller serialises upda
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from toolatlas.retrieval.documents import Entry, ToolDoc, make_entry
 if TYPE_CHECKING:
     from toolatlas.retrieval.embed import Embedder
     from toolatlas.retrieval.hnsw import HnswStore
+    from toolatlas.retrieval.shared import SharedVectors
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,11 @@ class Snapshot:
     @property
     def n(self) -> int:
         return len(self.docs)
+
+    @functools.cached_property
+    def pos_of(self) -> dict[str, int]:
+        """Document name -> position (built on first use; the learned stage maps tools here)."""
+        return {d.name: i for i, d in enumerate(self.docs)}
 
     def allowed(self, scope: tuple[str, ...] | None) -> np.ndarray | None:
         """Sorted positions of the documents of `scope`'s servers; None for every server."""
@@ -155,14 +162,34 @@ def plan_update(
 class IndexBuilder:
     """Entries, embedding cache and hnswlib store across versions; `commit` makes a snapshot.
 
-    `counts` is the engine's counter table (embeddings_computed, embeddings_cached)."""
+    `counts` is the engine's counter table (embeddings_computed, embeddings_cached,
+    embeddings_shared). With `shared` set, a vector missing here is looked up in the shared
+    cache before it is embedded, and one embedded here is published to it."""
 
     def __init__(self, counts: dict[str, int]) -> None:
         self.entries: dict[str, Entry] = {}
         self.vec_of: dict[bytes, np.ndarray] = {}  # sha256 of a document text -> its vector
         self.vec_dirty = False  # vec_of holds vectors not yet on disk
         self.hnsw: HnswStore | None = None  # created with the first vectors
+        self.shared: SharedVectors | None = None
         self._counts = counts
+
+    def fetch_shared(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
+        """Vectors of `keys` another replica embedded ({} without a shared cache). Does not
+        touch the builder: call it outside the engine's lock, then `add_shared`."""
+        shared = self.shared
+        return shared.fetch(keys) if shared is not None and keys else {}
+
+    def add_shared(self, found: dict[bytes, np.ndarray]) -> None:
+        """Vectors from the shared cache into this one (counted as embeddings_shared)."""
+        if found:
+            self.vec_of.update(found)
+            self.vec_dirty = True
+            self._counts["embeddings_shared"] += len(found)
+
+    def publish_shared(self, keys: Sequence[bytes], vecs: np.ndarray) -> None:
+        if self.shared is not None and len(keys):
+            self.shared.publish(dict(zip(keys, vecs)))
 
     def seed(self, docs: Sequence[ToolDoc], vectors: np.ndarray) -> None:
         """Put precomputed vectors for `docs` into the embedding cache."""
@@ -255,11 +282,14 @@ class IndexBuilder:
                 missing[e.key] = e.text
         if not missing:
             return
-        keys = list(missing)
+        found = self.fetch_shared(list(missing))
+        self.add_shared(found)
+        keys = [k for k in missing if k not in found]
         for s in range(0, len(keys), EMBED_BATCH):
             chunk = keys[s : s + EMBED_BATCH]
             vecs = emb.embed([missing[k] for k in chunk])
             for k, v in zip(chunk, vecs):
                 self.vec_of[k] = v
+            self.publish_shared(chunk, vecs)
         self._counts["embeddings_computed"] += len(keys)
         self.vec_dirty = True

@@ -81,7 +81,9 @@ def _run_export(tmp: Path, cancel: threading.Event | None) -> None:
     child outlives the daemon. Raises EmbedderUnavailable on failure or cancel."""
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "toolatlas.retrieval.export_onnx", "--out", str(tmp)],
+            # Niced: on a fresh state_dir the export runs beside the upstreams starting and
+            # BM25 serving; the first answers matter more than the minutes of a one-time step.
+            [sys.executable, "-m", "toolatlas.retrieval.export_onnx", "--out", str(tmp), "--nice", "10"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         )

@@ -10,19 +10,24 @@ from __future__ import annotations
 import numpy as np
 
 from toolatlas.retrieval import fusion
+from toolatlas.retrieval import learned as learned_stage
+from toolatlas.retrieval.learned import LearnedState
 from toolatlas.retrieval.index import Snapshot
 from toolatlas.retrieval.text import tokenize
 
-MODES = ("hybrid", "bm25", "dense", "two-stage", "keyword")
-DENSE_MODES = frozenset({"hybrid", "dense", "two-stage"})
+MODES = ("hybrid", "bm25", "dense", "two-stage", "keyword", "learned")
+DENSE_MODES = frozenset({"hybrid", "dense", "two-stage", "learned"})
 
-# Default fusion: z-scores of both branches over a pool of POOL_MULT * top_k candidates per
-# branch, mixed with weight ALPHA on the dense side. On toollens train (16,893 queries):
-# z/10x 0.375/0.370 R@5/nDCG@5, z/3x 0.371/0.367, minmax/3x 0.370/0.365, RRF/3x 0.359/0.344.
+# Default fusion ("z"): z-scores of both branches over every document the caller may search,
+# mixed with weight ALPHA on the dense side. The normalisation never depends on top_k, so a
+# tool's score and the order of the first k results are the same for every k. On toollens
+# train (16,893 queries, R@5/nDCG@5): z over all 0.371/0.365 (alpha 0.4-0.7 within 0.004),
+# the former z over a 10 x top_k pool 0.375/0.370 (k-dependent), RRF/3x 0.360/0.344, RRF over
+# full lists 0.350/0.337; on mcptoolbenchpp z over all 0.977/0.903, RRF/3x 0.974/0.877.
 FUSIONS = ("z", "minmax", "rrf")
 FUSION = "z"
 ALPHA = 0.5  # dense weight in score fusion
-POOL_MULT = 10  # candidates per branch for score fusion
+FUSION_POOL = 200  # above HNSW_MIN allowed documents: candidates per branch (fixed, not k-scaled)
 FETCH_MULT = 3  # per-branch over-fetch for RRF (the baseline): 3 * top_k, k = 60
 HNSW_MIN = 4096  # below this many candidate docs the dense branch is an exact numpy scan:
 # faster there (2,000 docs: a scan 60 us, an hnswlib query for 50 plus mapping ~250 us) and exact
@@ -39,11 +44,17 @@ def rank(
     allowed: np.ndarray | None,
     mode: str,
     fusion_kind: str = FUSION,
+    state: LearnedState | None = None,
+    principal: str | None = None,
 ) -> Ranked:
     """Top `k` for `query` in `mode`; without a query vector every dense mode is bm25.
 
-    `scope` is the sorted server names `allowed` was computed from (None: every server)."""
+    `scope` is the sorted server names `allowed` was computed from (None: every server).
+    "learned" is the hybrid ranker followed by the learned stage over `state` (usage
+    events), as `principal` sees it; with no state, or an empty one, it is the hybrid."""
     tokens = tokenize(query)
+    if mode == "learned":
+        return learned(snap, tokens, qvec, k, scope, allowed, fusion_kind, state, principal)
     if mode == "keyword":
         return keyword(snap, tokens, k, allowed)
     if mode == "bm25" or qvec is None:
@@ -102,21 +113,70 @@ def hybrid(
     allowed: np.ndarray | None,
     fusion_kind: str,
 ) -> Ranked:
-    """Both branches over a candidate pool, fused: normalised scores ("z", "minmax") weighted
-    by ALPHA, or reciprocal rank fusion ("rrf", the baseline)."""
-    fetch = (FETCH_MULT if fusion_kind == "rrf" else POOL_MULT) * k
-    lex = snap.bm25.scores(tokens)
-    lex_top = fusion.top_indices(lex, fetch, allowed, positive=True)
-    dense_top, _ = dense(snap, qvec, fetch, scope, allowed)
+    """Both branches fused: normalised scores ("z", "minmax") weighted by ALPHA over a
+    k-independent candidate set (`fused_scores`), or reciprocal rank fusion ("rrf", the
+    baseline: 3 x top_k per branch, k = 60)."""
     if fusion_kind == "rrf":
+        fetch = FETCH_MULT * k
+        lex = snap.bm25.scores(tokens)
+        lex_top = fusion.top_indices(lex, fetch, allowed, positive=True)
+        dense_top, _ = dense(snap, qvec, fetch, scope, allowed)
         fused = fusion.rrf([lex_top.tolist(), dense_top.tolist()])
         items = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
         return np.array([p for p, _ in items], dtype=np.int64), np.array([s for _, s in items], dtype=np.float32)
-    cand = np.union1d(lex_top, dense_top)
-    assert snap.vecs is not None
-    score = fusion.weighted(lex[cand], snap.vecs[cand] @ qvec, ALPHA, fusion_kind)
+    cand, score = fused_scores(snap, tokens, qvec, scope, allowed, fusion_kind)
     top = fusion.top_indices(score, k)
     return cand[top], score[top]
+
+
+def learned(
+    snap: Snapshot, tokens: list[str], qvec: np.ndarray | None, k: int, scope: tuple[str, ...] | None,
+    allowed: np.ndarray | None, fusion_kind: str, state: LearnedState | None, principal: str | None,
+) -> Ranked:
+    """The zero-shot ranker's scores over every allowed document (bm25 z-scores without a
+    query vector), re-ranked by the learned stage (learned.rerank)."""
+    if state is None or state.empty:
+        return bm25(snap, tokens, k, allowed) if qvec is None else hybrid(snap, tokens, qvec, k, scope, allowed, fusion_kind)
+    if qvec is None:
+        cand = np.arange(snap.n, dtype=np.int64) if allowed is None else allowed
+        base = fusion.zscore(snap.bm25.scores(tokens)[cand])
+    else:
+        cand, base = fused_scores(snap, tokens, qvec, scope, allowed, FUSION if fusion_kind == "rrf" else fusion_kind)
+    tool_pos = state.positions(snap.version, snap.pos_of)
+    return learned_stage.rerank(state, tool_pos, base, cand, tokens, qvec, principal, k)
+
+
+def evidence(
+    snap: Snapshot, query: str, qvec: np.ndarray, scope: tuple[str, ...] | None, allowed: np.ndarray | None,
+) -> tuple[float, float]:
+    """(best cosine, best share of the query's BM25 ceiling) over the allowed documents:
+    how close anything is, for abstention (adaptive.nothing_fits)."""
+    tokens = tokenize(query)
+    lex = snap.bm25.scores(tokens)
+    lex = lex if allowed is None else lex[allowed]
+    ceiling = snap.bm25.ceiling(tokens)
+    best_cover = float(lex.max()) / ceiling if ceiling > 0 and lex.shape[0] else 0.0
+    _, sims = dense(snap, qvec, 1, scope, allowed)
+    return (float(sims[0]) if sims.shape[0] else -1.0), best_cover
+
+
+def fused_scores(
+    snap: Snapshot, tokens: list[str], qvec: np.ndarray, scope: tuple[str, ...] | None, allowed: np.ndarray | None,
+    fusion_kind: str,
+) -> Ranked:
+    """(candidate positions, fused scores), not in rank order. The candidates are every
+    allowed document up to HNSW_MIN of them, else the top FUSION_POOL of each branch: either
+    way independent of top_k, so scores and order are too."""
+    assert snap.vecs is not None
+    lex = snap.bm25.scores(tokens)
+    n_allowed = snap.n if allowed is None else int(allowed.shape[0])
+    if n_allowed <= HNSW_MIN:
+        cand = np.arange(snap.n, dtype=np.int64) if allowed is None else allowed
+    else:
+        lex_top = fusion.top_indices(lex, FUSION_POOL, allowed, positive=True)
+        dense_top, _ = dense(snap, qvec, FUSION_POOL, scope, allowed)
+        cand = np.union1d(lex_top, dense_top)
+    return cand, fusion.weighted(lex[cand], snap.vecs[cand] @ qvec, ALPHA, fusion_kind)
 
 
 def dense(

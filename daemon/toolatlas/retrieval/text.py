@@ -16,6 +16,10 @@ from typing import Any
 _CAMEL1 = re.compile(r"([a-z0-9])([A-Z])")
 _CAMEL2 = re.compile(r"([A-Z]+)([A-Z][a-z])")
 _WORD = re.compile(r"[a-z0-9]+")
+# An identifier written in a description (snake_case or camelCase): in a parameter's
+# description it names another tool or field ("the id returned by add_note"), not what this
+# tool does, so it is left out of the lexical document (the dense text keeps it).
+_IDENT = re.compile(r"\b[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b|\b[a-z]+[A-Z][A-Za-z0-9]*\b")
 
 STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before
@@ -144,7 +148,7 @@ def lexical_fields(
     pdescs: list[str] = []
     for pname, ptype, pdesc, enum in _param_lines(input_schema):
         params.extend(tokenize(pname))
-        pdescs.extend(tokenize(f"{pdesc} {enum}"))
+        pdescs.extend(tokenize(f"{_IDENT.sub(' ', pdesc)} {enum}"))
     return {
         "name": tokenize(tool),
         "server": tokenize(server),

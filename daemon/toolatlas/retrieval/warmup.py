@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 # Documents per background step: a shutdown waits for the step in flight (about a second on
 # two cores), and progress moves at least this often.
 STEP_BATCH = 64
+# Documents per step looked up in a shared embedding cache (toolatlas.store) before embedding.
+SHARED_BATCH = 1024
 
 
 class ModelPhase(enum.Enum):
@@ -166,20 +168,26 @@ class ModelLoader:
         if model is None or self.cancelled:
             return False
         with lock:
-            todo = builder.pending(STEP_BATCH)
+            # With a shared cache, look a larger batch up there first (one round trip).
+            todo = builder.pending(STEP_BATCH if builder.shared is None else SHARED_BATCH)
             if not todo:
                 publish(model)
                 return False
             self.note(builder)
-        keys = list(todo)
+        found = builder.fetch_shared(list(todo))
+        keys = [k for k in todo if k not in found][:STEP_BATCH]
         try:
-            vecs = model.embed([todo[k] for k in keys])
+            vecs = model.embed([todo[k] for k in keys]) if keys else None
         except Exception as exc:  # noqa: BLE001 - the model died: BM25 only, keep serving
             fail(exc, "embedding")
             return False
         with lock:
-            builder.add_vectors(keys, vecs)
+            builder.add_shared(found)
+            if vecs is not None:
+                builder.add_vectors(keys, vecs)
             self.note(builder)
+        if vecs is not None:
+            builder.publish_shared(keys, vecs)
         return True
 
     def ready(self, n: int) -> None:

@@ -10,7 +10,9 @@ In front of it, for every request, in this order:
 2. DNS-rebinding protection: the Host header must be allowed (else 421);
 3. a browser's Origin must be allowed (else 403);
 4. `Authorization: Bearer TOKEN`: the SHA-256 of TOKEN must match a configured token,
-   compared in constant time (else 401 with `WWW-Authenticate: Bearer`). A request with no
+   compared in constant time, or TOKEN is a JWT that [http.oauth] accepts (surface.oauth);
+   else 401 with `WWW-Authenticate: Bearer` (naming the Protected Resource Metadata when
+   OAuth is on, served at `/.well-known/oauth-protected-resource[/PATH]`). A request with no
    Authorization header at all is admitted as `[http] anonymous` when that is set.
 5. a JSON POST body is screened as the socket screens a line (surface.rpccheck): a malformed
    message gets 400 with the JSON-RPC error that says what to send instead.
@@ -43,8 +45,9 @@ from starlette.types import Message, Receive, Scope, Send
 from toolatlas.config import HttpSection, HttpToken, listen_address
 from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
-from toolatlas.gateway.ports import Connection
+from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity
 from toolatlas.surface.admin import ADMIN_PREFIX
+from toolatlas.surface.oauth import WELL_KNOWN, OAuthRejected, Validator, challenge, metadata_url
 from toolatlas.surface.rpccheck import Refusal, screen
 from toolatlas.surface.server import CONNECTION, Connections
 
@@ -133,11 +136,19 @@ class HttpEndpoint:
     def __init__(
         self, server: "Server[Any]", section: HttpSection, *, max_message_bytes: int = 4 * 1024 * 1024,
         connections: Connections | None = None, max_clients: int = 1024, message_timeout: float = 30.0,
+        on_denied: Callable[[Connection, str, str | None, str], None] | None = None,
+        paths: dict[str, str] | None = None,
     ) -> None:
+        """`on_denied(conn, surface, target, reason)` hears every request refused for its
+        credentials or its Host/Origin (the audit trail's access_denied). `paths`: the
+        [[endpoint]] HTTP paths besides /mcp, each to its endpoint's name."""
+        self.on_denied = on_denied
+        self.paths = {PATH: DEFAULT_ENDPOINT, **(paths or {})}
         self.host, self.port = listen_address(section)
         self.section = section
         self.server = server
         self.tokens = TokenTable(section.tokens)
+        self.oauth = Validator(section.oauth)
         self.max_message_bytes = max_message_bytes
         self.max_clients = max_clients
         self.message_timeout = message_timeout
@@ -194,6 +205,7 @@ class HttpEndpoint:
                               "without a restart")
         self.section = section
         self.tokens = TokenTable(section.tokens)
+        self.oauth.reconfigure(section.oauth)
         self.max_message_bytes = max_message_bytes
         self.max_clients, self.message_timeout = max_clients, message_timeout
         if self._uvicorn is not None:
@@ -244,14 +256,19 @@ class HttpEndpoint:
         if scope["type"] != "http":
             return
         self.requests += 1
-        rejection, name = self._admit(scope)
+        endpoint = self.paths.get(str(scope.get("path", "")).rstrip("/"), DEFAULT_ENDPOINT)
+        rejection, who, why = await self._admit(scope)
         if rejection is not None:
             self.rejected[rejection.status_code] = self.rejected.get(rejection.status_code, 0) + 1
+            if self.on_denied is not None and rejection.status_code in (401, 403, 421):
+                self.on_denied(Connection(id=next(_ids), token=""), "http", str(scope.get("path", ""))[:200], why)
             await rejection(scope, receive, send)
             return
-        assert name is not None and self._manager is not None
-        # Binds a legacy session to the token that opened it (the SDK compares principals).
-        scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-token:{name}", scopes=[]))
+        assert who is not None and self._manager is not None
+        fresh = (Connection(id=0, oauth=who, endpoint=endpoint) if isinstance(who, OAuthIdentity)
+                 else Connection(id=0, token=who, endpoint=endpoint))
+        # Binds a legacy session to the principal that opened it (the SDK compares them).
+        scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-{fresh.principal}", scopes=[]))
         if scope.get("method") == "POST":
             refusal, receive = await self._screen(scope, receive)
             if refusal is not None:
@@ -259,8 +276,9 @@ class HttpEndpoint:
                 return
         session_id = _header(scope, b"mcp-session-id")
         conn = self.connections.session(session_id) if session_id else None
-        if conn is None or conn.token != name:
-            conn = Connection(id=next(_ids), token=name)
+        if conn is None or conn.principal != fresh.principal or conn.endpoint != endpoint:
+            conn = fresh
+            conn.id = next(_ids)
             if not session_id:
                 send = self._learn_session(send, conn)
         ctx_token = CONNECTION.set(conn)
@@ -313,30 +331,51 @@ class HttpEndpoint:
                                   getattr(message, "id", None))
         return refusal, _replay([{"type": "http.request", "body": data, "more_body": more}], receive)
 
-    def _admit(self, scope: Scope) -> tuple[Response | None, str | None]:
+    @property
+    def origin(self) -> str:
+        """The endpoint's origin as clients reach it: [http.oauth] resource, else the listen address."""
+        return self.section.oauth.resource.rstrip("/") or self.url[: -len(PATH)]
+
+    async def _admit(self, scope: Scope) -> tuple[Response | None, str | OAuthIdentity | None, str]:
+        """(refusal, None, why) or (None, the token name or OAuth identity, "")."""
         path = scope.get("path", "")
-        if path.rstrip("/") != PATH:
-            return _json_error(404, f"not found: the MCP endpoint is {PATH}"), None
+        well_known = path.startswith(WELL_KNOWN)
+        mcp_path = path.rstrip("/")
+        if mcp_path not in self.paths and not well_known:
+            return _json_error(404, f"not found: the MCP endpoint is {PATH}"), None, "not found"
         headers: dict[str, str] = {}
         for k, v in scope.get("headers", []):
             headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
         host = headers.get("host", "")
         if not _matches(host, self.allowed_hosts):
             log.warning("refused a request with Host %r (not in [http] allowed_hosts)", host[:200])
-            return _json_error(421, "Host header not allowed"), None
+            return _json_error(421, "Host header not allowed"), None, "Host not allowed"
         origin = headers.get("origin")
         if origin is not None and not _matches(origin, self.allowed_origins):
             log.warning("refused a request with Origin %r (not in [http] allowed_origins)", origin[:200])
-            return _json_error(403, "Origin not allowed"), None
+            return _json_error(403, "Origin not allowed"), None, "Origin not allowed"
+        if well_known:
+            rest = path[len(WELL_KNOWN):].rstrip("/")
+            if not self.oauth.enabled or (rest and rest not in self.paths):
+                return _json_error(404, "not found: no protected resource metadata here"), None, "not found"
+            return JSONResponse(self.oauth.metadata(self.origin + (rest or PATH))), None, "metadata"
         auth = headers.get("authorization", "")
         if not auth and self.section.anonymous:
-            return None, self.section.anonymous
+            return None, self.section.anonymous, ""
         scheme, _, presented = auth.partition(" ")
-        name = self.tokens.name_for(presented.strip()) if scheme.lower() == "bearer" and presented.strip() else None
-        if name is None:
-            challenge = 'Bearer realm="toolatlas"' + (', error="invalid_token"' if auth else "")
-            return _json_error(401, "a valid bearer token is required", {"WWW-Authenticate": challenge}), None
-        return None, name
+        presented = presented.strip() if scheme.lower() == "bearer" else ""
+        name = self.tokens.name_for(presented) if presented else None
+        if name is not None:
+            return None, name, ""
+        meta = metadata_url(self.origin, mcp_path) if self.oauth.enabled else None
+        why = "no bearer token" if not auth else "the bearer token is not valid"
+        if presented and self.oauth.enabled and self.oauth.looks_like_jwt(presented):
+            try:
+                return None, await self.oauth.validate(presented, self.origin + mcp_path), ""
+            except OAuthRejected as exc:
+                why = str(exc)
+        header = challenge(meta, "invalid_token" if auth else None, why if auth and meta else None)
+        return _json_error(401, f"a valid bearer token is required: {why}", {"WWW-Authenticate": header}), None, why
 
 
 def _bounded_h11(timeout: Callable[[], float]) -> type[asyncio.Protocol]:

@@ -42,7 +42,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
 from toolatlas.errors import ToolatlasError
-from toolatlas.gateway.ports import CallOutcome, CallRequest, Connection, ElicitFn, GatewayPort
+from toolatlas.gateway.ports import REQUEST, CallOutcome, CallRequest, Connection, ElicitFn, GatewayPort, Request
 from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH
 from toolatlas.surface.federation import ELICIT, cannot_ask
 from toolatlas.surface.results import call_result, error_result
@@ -172,6 +172,9 @@ def call_lane(gw: GatewayPort, server: Server[Any], current: Callable[[], Connec
             return None
         version, asks, token = envelope
         modern = version in MODERN_PROTOCOL_VERSIONS
+        info = params.get("_meta", {}).get(types.CLIENT_INFO_META_KEY) if modern else None
+        if isinstance(info, dict):  # checked by _envelope: name and version are strings
+            conn.client_name, conn.client_version = info["name"], info["version"]
         if asks and not modern:
             return None  # the SDK session carries the upstream's question to this caller
         if name == EXECUTE_TOOL:
@@ -184,14 +187,16 @@ def call_lane(gw: GatewayPort, server: Server[Any], current: Callable[[], Connec
         elicit: ElicitFn | None = None if asks else cannot_ask
         call = CallRequest(name=target, arguments=arguments, progress=_progress(send, token) if token is not None else None,
                            allow_input_required=modern, elicit=elicit, raw=True)
-        return _answer(gw, server, conn, id_, version, call)
+        return _answer(gw, server, conn, id_, version, call, EXECUTE_TOOL if name == EXECUTE_TOOL else "direct")
 
     return lane
 
 
 async def _answer(gw: GatewayPort, server: Server[Any], conn: Connection, id_: str | int, version: str,
-                  call: CallRequest) -> dict[str, Any]:
-    """The JSON-RPC response to one relayed call (what `on_call_tool` and the SDK answer)."""
+                  call: CallRequest, via: str) -> dict[str, Any]:
+    """The JSON-RPC response to one relayed call (what `on_call_tool` and the SDK answer);
+    `via` names the surface in the audit events (execute_tool or direct)."""
+    REQUEST.set(Request(id_, via))
     try:
         sieved = False
         try:

@@ -28,11 +28,12 @@ from mcp.shared.exceptions import MCPError
 
 from toolatlas import __version__
 from toolatlas.errors import BadInput, ToolatlasError
-from toolatlas.gateway.ports import CallRequest, Connection, GatewayPort
+from toolatlas.gateway.ports import REQUEST, CallRequest, Connection, GatewayPort, Request
 from toolatlas.surface import federation, relay
 from toolatlas.surface.results import call_result, error_result, json_result
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
-from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH, clamp_top_k
+from toolatlas.meta_tools import AUTO_TOP_K, CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, tool_format
+from toolatlas.surface.meta import META_SEEN, meta_tools, search_result
 
 log = logging.getLogger(__name__)
 
@@ -42,56 +43,60 @@ CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 CONNECTION: ContextVar[Connection | None] = ContextVar("toolatlas_connection", default=None)
 
 
-def _client_name(ctx: Any) -> str | None:
+def _client_info(ctx: Any) -> tuple[str | None, str | None]:
+    """(name, version) of the client's clientInfo: the session's (2025-era handshake) or the
+    request's `_meta` (2026-07-28)."""
     params = getattr(ctx.session, "client_params", None)
     if params is not None and getattr(params, "client_info", None) is not None:
-        return params.client_info.name
+        return params.client_info.name, getattr(params.client_info, "version", None)
     meta = ctx.meta
     info = None
     if meta is not None:
         info = meta.get(CLIENT_INFO_META_KEY) if isinstance(meta, dict) else getattr(meta, "model_extra", {}).get(CLIENT_INFO_META_KEY)
     if isinstance(info, dict):
-        return info.get("name")
-    return None
+        name, version = info.get("name"), info.get("version")
+        return (name if isinstance(name, str) else None), (version if isinstance(version, str) else None)
+    return None, None
 
 
-def _connection(ctx: Any) -> Connection:
+def _connection(ctx: Any, via: str | None = None) -> Connection:
+    """The caller of this request; with `via`, the request is also noted in `REQUEST` for
+    the gateway's audit events."""
     conn = CONNECTION.get()
     if conn is None:  # in-process use (tests, tools): an anonymous local connection
         conn = Connection(id=0)
     conn.session = ctx.session
     conn.protocol_version = ctx.session.protocol_version
-    name = _client_name(ctx)
+    name, version = _client_info(ctx)
     if name:
         conn.client_name = name
+        conn.client_version = version
+    if via is not None:
+        REQUEST.set(Request(ctx.request_id, via))
     return conn
 
 
 def _search_args(gw: GatewayPort, args: dict[str, Any]) -> tuple[str, int, list[str] | None]:
-    """tool_search's (query, top_k, servers), or BadInput saying what is wrong."""
+    """tool_search's (query, top_k, servers), or BadInput saying what is wrong (`format` too)."""
+    tool_format(args.get("format"))
     query = args.get("query")
     if not isinstance(query, str) or not query.strip():
         raise BadInput("tool_search needs a non-empty string `query`")
     servers = args.get("servers")
     if servers is not None and (not isinstance(servers, list) or not all(isinstance(s, str) for s in servers)):
         raise BadInput("`servers` must be a list of server names")
-    return query, clamp_top_k(args.get("top_k"), gw.default_top_k), servers
+    return query, clamp_top_k(args.get("top_k"), AUTO_TOP_K), servers
 
 
 async def tool_search(gw: GatewayPort, conn: Connection, args: dict[str, Any]) -> dict[str, Any]:
     """The tool_search result for `args`; bad input is an isError result, not an exception."""
     try:
         query, top_k, servers = _search_args(gw, args)
-        return json_result(await gw.search(query, top_k, servers, conn))
+        return search_result(await gw.search(query, top_k, servers, conn), args)
     except ToolatlasError as exc:
         return error_result(str(exc))
 
 
-def _tool(defn: dict[str, Any]) -> types.Tool:
-    return types.Tool(name=defn["name"], description=defn["description"], input_schema=defn["inputSchema"])
-
-
-_META = [_tool(t) for t in META_TOOLS]
 
 
 class Connections:
@@ -141,7 +146,7 @@ class Connections:
 class ConnectionBus:
     """The `subscriptions/listen` fan-out (2026-07-28) with the gateway's own rule: a
     listener hears `tools/list_changed` only when the list *its* connection sees changed
-    (passthrough views), never for the three meta-tools, which do not change."""
+    (passthrough views, or the meta-tools' rendered text)."""
 
     def __init__(self, wants: Callable[[Connection], bool]) -> None:
         self._wants = wants  # does this connection's list change now?
@@ -183,10 +188,22 @@ class Surface:
         self.lane = relay.combined(fast_lane(gw, self), calls)
 
     def _list_changes_for(self, conn: Connection) -> bool:
-        return bool(conn.saw_passthrough) or self.gw.passthrough_for(conn)
+        """Whether `conn`'s tools/list now differs from what it last listed: a passthrough
+        view (any catalog change), or meta-tools whose text changed (templates reloaded,
+        new domains)."""
+        if conn.saw_passthrough or self.gw.passthrough_for(conn):
+            return True
+        seen = conn.extra.get(META_SEEN)
+        return seen is not None and seen != self.gw.meta_tools(conn).fingerprint
 
     def client_count(self) -> int:
         return len(self.connections)
+
+    def client_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for conn in self.connections:
+            counts[conn.endpoint] = counts.get(conn.endpoint, 0) + 1
+        return counts
 
     def fast_answers(self) -> int:
         return self.fast_lane_answers
@@ -199,7 +216,7 @@ class Surface:
             if conn.session is None or conn.saw_passthrough is None:
                 continue
             if not self._list_changes_for(conn):
-                continue  # it sees the three meta-tools, which never change
+                continue  # it sees the three meta-tools, and their text is as it listed them
             try:
                 with anyio.move_on_after(2):
                     await conn.session.send_tool_list_changed()  # type: ignore[attr-defined]
@@ -224,6 +241,16 @@ class _Server(Server[Any]):
     def instructions(self, _value: str | None) -> None:
         pass  # computed per caller; the SDK's constructor assigns None
 
+    def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
+        """The SDK's capabilities, except that resource subscriptions are not offered: the
+        SDK derives `resources.subscribe` from serving subscriptions/listen (2026-07-28), but
+        toolatlas does not relay an upstream's notifications/resources/updated (README,
+        "Resources and prompts"), so a client must not be told it would hear them."""
+        caps = super().get_capabilities(*args, **kwargs)
+        if caps.resources is not None and caps.resources.subscribe:
+            caps.resources = caps.resources.model_copy(update={"subscribe": False})
+        return caps
+
 
 def internal_error(method: str) -> MCPError:
     """The JSON-RPC error for a handler that failed unexpectedly (logged here, with the
@@ -237,11 +264,11 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
     """The MCP server every connection (socket, shim, HTTP) is served by."""
 
     async def on_list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        conn = _connection(ctx)
+        conn = _connection(ctx, "tools/list")
         passthrough = gw.passthrough_for(conn)
         conn.saw_passthrough = passthrough
         if not passthrough:
-            tools = _META
+            tools = meta_tools(gw, conn)
         else:
             tools = [
                 types.Tool(
@@ -264,7 +291,8 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
     async def on_call_tool(
         ctx: Any, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
-        conn = _connection(ctx)
+        via = params.name if params.name in (TOOL_SEARCH, CATALOG_STATUS, EXECUTE_TOOL) else "direct"
+        conn = _connection(ctx, via)
         args = params.arguments or {}
         try:
             if params.name == TOOL_SEARCH:
@@ -318,7 +346,7 @@ def _call(ctx: Any, params: types.CallToolRequestParams, name: str, arguments: o
 
 
 _FAST_PARAMS = frozenset({"name", "arguments", "_meta"})
-_FAST_ARGS = frozenset({"query", "top_k", "servers"})
+_FAST_ARGS = frozenset({"query", "top_k", "servers", "format"})
 
 Lane = Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]] | None]
 
@@ -329,7 +357,7 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
     here, three quarters of a cache hit's time in the daemon and a tenth of a miss's.
 
     Returns `lane(message)` for the socket's reader. It takes a plain `tools/call` of
-    `tool_search` (arguments no more than query, top_k, servers; no `_meta`) on a
+    `tool_search` (arguments no more than query, top_k, servers, format; no `_meta`) on a
     handshake-era connection the SDK has already let through its initialization gate, and
     returns the JSON-RPC response: at once when the result cache holds the answer, else an
     awaitable the reader runs in a task. Anything else (a progress token, a 2026-07-28
@@ -351,14 +379,16 @@ def fast_lane(gw: GatewayPort, surface: Surface) -> Lane:
         if not isinstance(args, dict) or not args.keys() <= _FAST_ARGS:
             return None
         surface.fast_lane_answers += 1
+        REQUEST.set(Request(id_, TOOL_SEARCH))
         try:
             answer = gw.search_cached(*_search_args(gw, args), conn)
         except BadInput:
             answer = None  # tool_search reports it
         if answer is not None:
-            return _response(id_, json_result(answer))
+            return _response(id_, search_result(answer, args))
 
         async def search() -> dict[str, Any]:
+            REQUEST.set(Request(id_, TOOL_SEARCH))
             return _response(id_, await tool_search(gw, conn, args))
 
         return search()

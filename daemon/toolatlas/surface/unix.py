@@ -24,7 +24,7 @@ import anyio
 import anyio.abc
 
 from toolatlas.errors import ConfigError
-from toolatlas.gateway.ports import Connection
+from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection
 from toolatlas.backoff import backoff_delay
 from toolatlas.surface.admin import AdminLane
 from toolatlas.surface.server import CONNECTION, Connections, init_options
@@ -101,7 +101,10 @@ class UnixServer:
         listen_socket: socket.socket | None = None,
         connections: Connections | None = None,
         admin: AdminLane | None = None,
+        endpoint: str = DEFAULT_ENDPOINT,
     ) -> None:
+        """`endpoint`: the name its connections carry ([[endpoint]], or the default)."""
+        self.endpoint = endpoint
         self.server = server
         self.path = path
         self.mode = mode
@@ -210,7 +213,7 @@ class UnixServer:
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
         creds = peer_credentials(raw)
-        conn = Connection(id=next(_ids))
+        conn = Connection(id=next(_ids), endpoint=self.endpoint)
         if creds:
             conn.pid, conn.uid, conn.gid = creds
         refusal = self._over_cap(conn)
@@ -253,7 +256,7 @@ class UnixServer:
 
     def _over_cap(self, conn: Connection) -> str | None:
         """Why `conn` may not be served (a connection cap reached), else None."""
-        unix = [c for c in self.connections if c.token is None]
+        unix = [c for c in self.connections if c.token is None and c.oauth is None]
         if len(unix) >= self.max_clients:
             return f"the daemon serves at most {self.max_clients} socket clients at once ([daemon] max_clients)"
         if conn.uid is not None and sum(1 for c in unix if c.uid == conn.uid) >= self.max_clients_per_uid:

@@ -197,6 +197,13 @@ class Pool:
             return await s.request(f"prompts/get {prompt}", lambda c: federation.get_prompt(c, prompt, arguments),
                                    operation="get_prompt")
 
+    async def raise_log_level(self, level: str, levels: Sequence[str]) -> None:
+        """`set_log_level(level)` when it is more verbose (earlier in `levels`) than the level
+        asked for so far: upstreams get the most verbose level any client asked for (each
+        client's own level is applied when relaying)."""
+        if level in levels and (self.log_level is None or list(levels).index(level) < list(levels).index(self.log_level)):
+            await self.set_log_level(level)
+
     async def set_log_level(self, level: str) -> None:
         """Ask every READY 2025-era upstream that logs for messages at `level` and above (and
         those that connect later). Failures are logged: a log level is best effort."""

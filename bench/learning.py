@@ -1,0 +1,350 @@
+"""Retrieval that learns from use (issue 17): every protocol of the issue's table in one run.
+
+    python bench/learning.py [--quick]
+
+In process, through the daemon's own ranking code (rank.rank in mode "learned" over a
+LearningIndex state, as Engine.search and `toolatlas eval --feedback` run it), with the query
+vectors embedded once and cached in bench/out/cache/ (the first run embeds the 16,893
+ToolLens train queries: minutes on two cores; later runs take a few minutes). Tuning used
+ToolLens train only (split further for validation); every figure here is on the test split
+(queries.jsonl), or on MCPToolBench++ as an unseen catalog. Prints JSON, writes
+bench/out/learning.json and, when matplotlib is installed, bench/out/learning_curve.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "daemon"))
+
+from _common import OUT, emit  # noqa: E402
+from toolatlas.evaluation import metrics  # noqa: E402
+from toolatlas.evaluation.datasets import Query, benchdata_dir, load_catalog, load_queries  # noqa: E402
+from toolatlas.evaluation.feedback import EVAL_PRINCIPAL, embed_queries, feedback_events  # noqa: E402
+from toolatlas.retrieval import learned, rank  # noqa: E402
+from toolatlas.retrieval.engine import Engine  # noqa: E402
+from toolatlas.retrieval.learned import LearnedState, LearningIndex, empty_state  # noqa: E402
+from toolatlas.retrieval.usage import UsageEvent  # noqa: E402
+
+K = 5
+SEEDS = (0, 1, 2)
+# The protocol rows scan past queries exactly (an hnswlib build of 17k vectors takes ~40 s
+# here, and a dozen states are built); the cost row builds the daemon's hnswlib index.
+EXACT = 10**9
+
+
+class Bench:
+    """One catalog: its engine (for the snapshot), queries and their cached vectors."""
+
+    def __init__(self, ds: str) -> None:
+        self.ds = ds
+        self.docs, self.key_of = load_catalog(benchdata_dir() / ds / "catalog.jsonl")
+        self.engine = Engine(state_dir=None, cache_size=0, persist=False)
+        self.engine.load()
+        self.engine.update(self.docs, [])
+        self.snap = self.engine._snap
+        self.names = frozenset(d.name for d in self.docs)
+
+    def queries(self, fname: str) -> tuple[list[Query], np.ndarray]:
+        qs = load_queries(benchdata_dir() / self.ds / fname, self.key_of)
+        cache = OUT / "cache" / f"{self.ds}-{fname}-{self.engine.stats()['query_embedder'].replace('/', '_')}.npy"
+        if cache.exists():
+            vecs = np.load(cache)
+            if vecs.shape[0] == len(qs):
+                return qs, vecs
+        t0 = time.perf_counter()
+        vecs = embed_queries(self.engine, qs)
+        assert vecs is not None
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        np.save(cache, vecs)
+        print(f"embedded {len(qs)} {self.ds} {fname} queries in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        return qs, vecs
+
+    def state(self, qs: list[Query], vecs: np.ndarray, events: list[UsageEvent] | None = None) -> LearnedState:
+        print(f"  state of {len(events) if events is not None else len(qs)} ...", file=sys.stderr, flush=True)
+        idx = LearningIndex()
+        idx.add(events if events is not None else feedback_events(qs, vecs, self.engine.space))
+        return idx.state(0.0)
+
+    def ranked(self, q: Query, vec: np.ndarray, state: LearnedState | None, k: int = K,
+               principal: str = EVAL_PRINCIPAL) -> list[str]:
+        assert self.snap is not None
+        mode = "hybrid" if state is None else "learned"
+        pos, _ = rank.rank(self.snap, q.text, vec, k, None, None, mode, state=state, principal=principal)
+        return [self.snap.docs[p].name for p in pos]
+
+    def score(self, qs: list[Query], vecs: np.ndarray, state: LearnedState | None,
+              principal: str = EVAL_PRINCIPAL) -> dict[str, float]:
+        r = n = 0.0
+        for q, v in zip(qs, vecs):
+            got = self.ranked(q, v, state, principal=principal)
+            r += metrics.recall_at(got, q.relevant, K)
+            n += metrics.ndcg_at(got, q.relevant, K)
+        m = max(len(qs), 1)
+        return {"recall@5": round(r / m, 4), "ndcg@5": round(n / m, 4), "queries": len(qs)}
+
+
+def _subset(qs: list[Query], vecs: np.ndarray, idx: np.ndarray | list[int]) -> tuple[list[Query], np.ndarray]:
+    idx = list(idx)
+    return [qs[i] for i in idx], vecs[idx]
+
+
+def toollens(b: Bench, quick: bool, only: set[str]) -> dict[str, Any]:
+    train, tv = b.queries("queries-train.jsonl")
+    test, sv = b.queries("queries.jsonl")
+    rows: dict[str, Any] = {}
+    if only:
+        if "cold" in only:
+            rows["cold_tools"] = _cold(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
+        if "cost" in only:
+            rows["cost"] = _cost(b, train, tv, test, sv, b.state(train, tv))
+        if "curve" in only:
+            rows["zero_shot"] = b.score(test, sv, None)
+            rows["curve"] = _curve(b, train, tv, test, sv, quick)
+        return rows
+    zero = b.score(test, sv, None)
+    rows["zero_shot"] = zero
+    # empty usage store: the learned ranker's top 5 equals the zero-shot one on every query
+    same = sum(b.ranked(q, v, empty_state()) == b.ranked(q, v, None) for q, v in zip(test, sv))
+    rows["empty_store_identical_queries"] = {"identical": same, "of": len(test)}
+    full_state = b.state(train, tv)
+    rows["full_label"] = b.score(test, sv, full_state)
+    rng_fracs: dict[str, Any] = {}
+    for frac in (0.10, 0.01):
+        per = []
+        for seed in SEEDS[: 1 if quick else 3]:
+            pick = np.random.default_rng(seed).permutation(len(train))[: int(frac * len(train))]
+            per.append(b.score(test, sv, b.state(*_subset(train, tv, pick)))["recall@5"])
+        rng_fracs[f"{int(frac * 100)}%"] = {"recall@5_per_seed": per, "recall@5_mean": round(statistics.fmean(per), 4)}
+    rows["fraction_of_train"] = rng_fracs
+    # 20 % of events point at a random wrong tool
+    rng = np.random.default_rng(7)
+    names = sorted(b.names)
+    events = feedback_events(train, tv, b.engine.space)
+    noisy = [replace(e, tool=names[rng.integers(len(names))]) if rng.random() < 0.2 else e for e in events]
+    rows["noise_20pct"] = b.score(test, sv, b.state(train, tv, noisy))
+    rows["noise_20pct"]["delta_vs_clean"] = round(rows["noise_20pct"]["recall@5"] - rows["full_label"]["recall@5"], 4)
+    # test queries with no train query above cosine 0.8
+    far = [i for i in range(len(test)) if float((tv @ sv[i]).max()) <= 0.8]
+    fq, fv = _subset(test, sv, far)
+    rows["no_near_train_query"] = {"zero_shot": b.score(fq, fv, None), "learned": b.score(fq, fv, full_state)}
+    print(json.dumps(rows), file=sys.stderr, flush=True)
+    rows["shown_only"] = _shown_only(b, train, tv, test, sv, 1 if quick else 4)
+    rows["cold_tools"] = _cold(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
+    rows["few_events_per_tool"] = _few(b, train, tv, test, sv, zero)
+    rows["poisoning"] = _poison(b, train, tv, test, sv, full_state)
+    print(json.dumps(rows), file=sys.stderr, flush=True)
+    rows["cost"] = _cost(b, train, tv, test, sv, full_state)
+    rows["curve"] = _curve(b, train, tv, test, sv, quick)
+    return rows
+
+
+def _shown_only(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
+                rounds: int) -> dict[str, Any]:
+    """Each round ranks every train query with the feedback so far; the relevant tools it
+    showed in its top 5 are executed (distinct (query, tool) events accumulate)."""
+    seen: dict[tuple[int, str], UsageEvent] = {}
+    state: LearnedState = empty_state()
+    out = {}
+    for r in range(1, rounds + 1):
+        for i, (q, v) in enumerate(zip(train, tv)):
+            for tool in set(b.ranked(q, v, state)) & q.relevant:
+                seen.setdefault((i, tool), UsageEvent(query=q.text, tool=tool, principal=EVAL_PRINCIPAL, at=0.0,
+                                                      vector=v, space=b.engine.space))
+        state = b.state(train, tv, list(seen.values()))
+        out[f"round_{r}"] = {**b.score(test, sv, state), "events": len(seen)}
+    return out
+
+
+def _cold(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
+          seeds: tuple[int, ...]) -> dict[str, Any]:
+    """A seeded 30 % of tools gets no feedback (every train query naming one is dropped);
+    R@5 on the test queries of those tools, zero-shot against learned."""
+    names = sorted(b.names)
+    out = {}
+    for seed in seeds:
+        cold = set(np.random.default_rng(seed).permutation(names)[: int(0.3 * len(names))].tolist())
+        keep = [i for i, q in enumerate(train) if not (q.relevant & cold)]
+        tq, tvv = _subset(train, tv, keep)
+        ids = [i for i, q in enumerate(test) if q.relevant & cold]
+        eq, ev = _subset(test, sv, ids)
+        base = b.score(eq, ev, None)
+        state = b.state(tq, tvv)
+        learned = b.score(eq, ev, state)
+        # the cold tools alone: are they still found (the guard's promise)?
+        cold_only = [replace(q, relevant=q.relevant & cold) for q in eq]
+        c0, c1 = b.score(cold_only, ev, None), b.score(cold_only, ev, state)
+        out[f"seed_{seed}"] = {"zero_shot": base, "learned": learned,
+                               "delta": round(learned["recall@5"] - base["recall@5"], 4),
+                               "cold_tools_only": {"zero_shot": c0["recall@5"], "learned": c1["recall@5"],
+                                                   "delta": round(c1["recall@5"] - c0["recall@5"], 4)}}
+    return out
+
+
+def _few(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
+         zero: dict[str, float]) -> dict[str, Any]:
+    """Each tool gets only n events (n of its train queries, for that tool alone); R@5 over
+    every test query against zero-shot."""
+    by_tool: dict[str, list[int]] = {}
+    for i, q in enumerate(train):
+        for t in q.relevant:
+            by_tool.setdefault(t, []).append(i)
+    out = {}
+    rng = np.random.default_rng(3)
+    for n in (1, 3, 10):
+        events = []
+        for tool, ids in sorted(by_tool.items()):
+            for i in rng.permutation(ids)[:n]:
+                events.append(UsageEvent(query=train[i].text, tool=tool, principal=EVAL_PRINCIPAL, at=0.0,
+                                         vector=tv[i], space=b.engine.space))
+        got = b.score(test, sv, b.state(train, tv, events))
+        out[f"{n}_events"] = {**got, "delta": round(got["recall@5"] - zero["recall@5"], 4), "events": len(events)}
+    return out
+
+
+def _poison(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
+            full_state: LearnedState) -> dict[str, Any]:
+    """Honest feedback from 10 principals; one more principal floods the 500 train queries
+    nearest a target test query with a wrong tool. As an 11th principal: how often the wrong
+    tool reaches the top 5 of the 100 test queries nearest the target, and of the rest."""
+    space = b.engine.space
+    honest = [replace(e, principal=f"honest{i % 10}") for i, e in enumerate(feedback_events(train, tv, space))]
+    rng = np.random.default_rng(11)
+    target = int(rng.integers(len(test)))
+    wrong = sorted(b.names - test[target].relevant)[int(rng.integers(len(b.names) - 5))]
+    near_train = np.argsort(-(tv @ sv[target]))[:500]
+    flood = [UsageEvent(query=train[i].text, tool=wrong, principal="mallory", at=0.0, vector=tv[i], space=space)
+             for i in near_train]
+    state = b.state(train, tv, honest + flood)
+    order = np.argsort(-(sv @ sv[target]))
+    near, rest = order[:100], order[100:]
+
+    def rate(ids: np.ndarray) -> float:
+        hits = sum(wrong in b.ranked(test[i], sv[i], state, principal="victim") for i in ids)
+        return round(hits / max(len(ids), 1), 4)
+
+    capped = b.score(test, sv, b.state(train, tv, honest), principal="victim")
+    return {
+        "wrong_tool_in_top5_nearest_100": rate(near), "wrong_tool_in_top5_rest": rate(rest),
+        "full_label_10_honest_principals": capped,
+        "full_label_own_events": {"recall@5": _full_recall(b, test, sv, full_state)},
+        "cap_cost": round(_full_recall(b, test, sv, full_state) - capped["recall@5"], 4),
+    }
+
+
+def _full_recall(b: Bench, test: list[Query], sv: np.ndarray, state: LearnedState) -> float:
+    return b.score(test, sv, state)["recall@5"]
+
+
+def _cost(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
+          state: LearnedState) -> dict[str, Any]:
+    """Extra ranking time per query (median, in process, query vector given) with every
+    train query's events in the daemon's hnswlib index, and the size of the learned state."""
+    learned.HNSW_MIN_EVENTS = _HNSW_MIN
+    t0 = time.perf_counter()
+    state = b.state(train, tv)
+    build_s = time.perf_counter() - t0
+    learned.HNSW_MIN_EVENTS = EXACT
+    sample = list(range(0, len(test), max(1, len(test) // 400)))
+    zero_t, learned_t = [], []
+    for i in sample:
+        t0 = time.perf_counter()
+        b.ranked(test[i], sv[i], None)
+        t1 = time.perf_counter()
+        b.ranked(test[i], sv[i], state)
+        learned_t.append(time.perf_counter() - t1)
+        zero_t.append(t1 - t0)
+    size = state.vecs.nbytes + state.ev_principal.nbytes + state.weight.nbytes + 64 * len(state.row_tools)
+    if state.hnsw is not None:
+        size += state.rows * (state.vecs.shape[1] * 4 + 16 * 2 * 8 + 16)  # hnswlib: vector + level-0 links
+    return {
+        "events": state.events, "vector_rows": state.rows, "hnsw": state.hnsw is not None,
+        "hnsw_build_s": round(build_s, 1),
+        "zero_shot_median_ms": round(statistics.median(zero_t) * 1000, 3),
+        "learned_median_ms": round(statistics.median(learned_t) * 1000, 3),
+        "extra_median_ms": round((statistics.median(learned_t) - statistics.median(zero_t)) * 1000, 3),
+        "state_mb_approx": round(size / 2**20, 1),
+        "socket_p95_at_2000_tools": "not measured by this script",
+    }
+
+
+def _curve(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
+           quick: bool) -> list[dict[str, float]]:
+    points = []
+    perm = np.random.default_rng(0).permutation(len(train))
+    for n in ((0, 1000, 16893) if quick else (0, 170, 500, 1000, 2000, 4000, 8000, 16893)):
+        qs, vs = _subset(train, tv, perm[:n])
+        state = b.state(qs, vs) if n else None
+        points.append({"train_queries": n, "events": sum(len(q.relevant) for q in qs),
+                       "recall@5": b.score(test, sv, state)["recall@5"]})
+    return points
+
+
+def mcp(b: Bench) -> dict[str, Any]:
+    qs, vs = b.queries("queries.jsonl")
+    perm = np.random.default_rng(0).permutation(len(qs))
+    half = len(qs) // 2
+    fq, fv = _subset(qs, vs, perm[:half])
+    eq, ev = _subset(qs, vs, perm[half:])
+    state = b.state(fq, fv)
+    fed = {t for q in fq for t in q.relevant}
+    cold = [i for i, q in enumerate(eq) if not (q.relevant & fed)]
+    cq, cv = _subset(eq, ev, cold)
+    return {"zero_shot": b.score(eq, ev, None), "learned": b.score(eq, ev, state),
+            "cold_tools": {"zero_shot": b.score(cq, cv, None), "learned": b.score(cq, cv, state)}}
+
+
+def _plot(curve: list[dict[str, float]], zero: float) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed in this environment: no PNG written"
+    xs = [max(p["events"], 1) for p in curve]
+    plt.figure(figsize=(6, 4))
+    plt.semilogx(xs, [p["recall@5"] for p in curve], marker="o", label="learned")
+    plt.axhline(zero, color="grey", linestyle="--", label="zero-shot")
+    plt.xlabel("feedback events (ToolLens train)")
+    plt.ylabel("R@5, ToolLens test")
+    plt.legend()
+    path = OUT / "learning_curve.png"
+    plt.savefig(path, dpi=120, bbox_inches="tight")
+    return str(path)
+
+
+_HNSW_MIN = learned.HNSW_MIN_EVENTS
+
+
+def main(argv: list[str] | None = None) -> int:
+    learned.HNSW_MIN_EVENTS = EXACT
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true", help="one seed, one shown-only round, a short curve")
+    p.add_argument("--only", default="", help="some of cold,cost,curve,mcp (default: every row)")
+    args = p.parse_args(argv)
+    only = {x for x in args.only.split(",") if x}
+    t0 = time.perf_counter()
+    tl = toollens(Bench("toollens"), args.quick, only)
+    report: dict[str, Any] = {"toollens": tl}
+    if not only or "mcp" in only:
+        report["mcptoolbenchpp"] = mcp(Bench("mcptoolbenchpp"))
+    if "curve" in tl:
+        report["png"] = _plot(tl["curve"], tl["zero_shot"]["recall@5"])
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    emit(report, "learning" if not only else "learning-" + "-".join(sorted(only)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

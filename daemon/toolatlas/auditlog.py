@@ -1,0 +1,163 @@
+"""The audit file (`[events] audit_file`): audit events as JSON lines, mode 0600, rotated by size.
+
+Durability: each line is one `write(2)` straight to the file (opened `O_APPEND`, no buffer
+in the process), so a crash of the daemon loses nothing it had written; a flusher thread
+`fsync`s the file once a second while lines were added since the last sync, so a crash of
+the machine (power, kernel) loses at most the last second. Rotation (when the next line
+would take the file over `max_bytes`): `PATH` becomes `PATH.1`, `PATH.1` becomes `PATH.2`,
+... and `PATH.KEEP` is deleted, so at most `keep + 1` files exist; the file is synced before
+it is renamed, and the folder after. A write that fails (a full disk) loses that line, is
+counted in `failures` and logged once a minute; it never raises into the daemon.
+
+`AuditSink` is the small interface the events writer uses, so another store (a database)
+can take the audit records instead of, or beside, the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+FSYNC_INTERVAL_S = 1.0
+FAILURE_LOG_INTERVAL_S = 60.0
+FILE_MODE = 0o600
+
+
+class AuditSink(Protocol):
+    """Where audit records go: `append` takes the record and its JSON line (no newline);
+    it must not raise. `close` flushes and releases it."""
+
+    def append(self, record: Mapping[str, Any], line: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class AuditFile:
+    """See the module docstring."""
+
+    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int, keep: int,
+                 fsync_interval: float = FSYNC_INTERVAL_S) -> None:
+        """Open (create, mode 0600) `path` for appending. OSError when it cannot be opened."""
+        self.path = Path(path)
+        self.max_bytes, self.keep = max_bytes, keep
+        self.failures = 0
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._fd = self._open()
+        self._size = os.fstat(self._fd).st_size
+        self._dirty = False
+        self._failure_logged_at = float("-inf")
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, args=(fsync_interval,),
+                                         name="toolatlas-audit-fsync", daemon=True)
+        self._flusher.start()
+
+    def __repr__(self) -> str:
+        return f"<AuditFile {str(self.path)!r} size={self._size} failures={self.failures}>"
+
+    def _open(self) -> int:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        os.fchmod(fd, FILE_MODE)  # an older file (or a umask) must not leave it readable by others
+        return fd
+
+    def append(self, record: Mapping[str, Any], line: str) -> None:
+        data = line.encode("utf-8") + b"\n"
+        with self._lock:
+            if self._fd < 0:
+                return
+            try:
+                if self._size and self._size + len(data) > self.max_bytes:
+                    self._rotate()
+                view = memoryview(data)
+                while view:
+                    n = os.write(self._fd, view)
+                    view = view[n:]
+                self._size += len(data)
+                self._dirty = True
+            except OSError as exc:
+                self._failed(exc)
+
+    def _rotate(self) -> None:
+        """Under the lock: sync and close the file, shift the numbered ones, open a fresh one."""
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        oldest = self.path.with_name(f"{self.path.name}.{self.keep}")
+        oldest.unlink(missing_ok=True)
+        for i in range(self.keep - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{i}")
+            if older.exists():
+                older.rename(self.path.with_name(f"{self.path.name}.{i + 1}"))
+        if self.keep > 0:
+            self.path.rename(self.path.with_name(f"{self.path.name}.1"))
+        else:
+            self.path.unlink(missing_ok=True)
+        self._fd = self._open()
+        self._size = 0
+        self._sync_dir()
+
+    def _sync_dir(self) -> None:
+        try:
+            dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
+
+    def _failed(self, exc: OSError) -> None:
+        self.failures += 1
+        if self._fd < 0:  # a failed rotation: try to go on writing to a fresh file
+            try:
+                self._fd = self._open()
+                self._size = os.fstat(self._fd).st_size
+            except OSError:
+                self._fd = -1
+        now = time.monotonic()
+        if now - self._failure_logged_at >= FAILURE_LOG_INTERVAL_S:
+            self._failure_logged_at = now
+            log.warning("audit file %s: cannot write (%s); %d line(s) lost so far", self.path,
+                        exc.strerror or exc, self.failures)
+
+    def sync(self) -> None:
+        """fsync now if lines were added since the last sync."""
+        with self._lock:
+            if self._fd < 0 or not self._dirty:
+                return
+            self._dirty = False
+            try:
+                fd = os.dup(self._fd)  # synced outside the lock: writers never wait for the disk
+            except OSError:
+                return
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            log.warning("audit file %s: fsync failed: %s", self.path, exc.strerror or exc)
+        finally:
+            os.close(fd)
+
+    def _flush_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.sync()
+
+    def close(self) -> None:
+        """Sync and close; later appends are dropped."""
+        self._stop.set()
+        self.sync()
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+__all__ = ["AuditFile", "AuditSink", "FSYNC_INTERVAL_S"]

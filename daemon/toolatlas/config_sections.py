@@ -1,0 +1,162 @@
+"""The [http], [http.oauth], [events] and [[endpoint]] tables of the config (re-exported by
+toolatlas.config, which parses the whole file), and the one parser of listen addresses."""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Annotated, Literal
+
+import msgspec
+
+from toolatlas.errors import ConfigError
+
+NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
+_Seconds = Annotated[float, msgspec.Meta(gt=0)]
+UpstreamName = Annotated[str, msgspec.Meta(pattern=NAME_RE, max_length=48)]
+
+
+class SurfaceSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What the model reads (toolatlas.guidance): `templates` is a folder overriding the
+    shipped tool_search.md, execute_tool.md, catalog_status.md, instructions.md ("" = the
+    defaults); `publisher_text = "append"` adds a carded tool's (sanitized) publisher
+    description after the card's text in tool_search matches, "omit" leaves it out."""
+
+    templates: str = ""
+    publisher_text: Literal["omit", "append"] = "omit"
+
+
+class StoreSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """State shared by replicas in PostgreSQL (see toolatlas/store); off while `url` is "".
+
+    `url` is a libpq URL (`postgresql://user:${PGPASSWORD}@host:5432/db`); its password and
+    every `${VAR}` put into it are secrets (redacted everywhere). Writes wait in an on-disk
+    buffer under state_dir (at most `buffer_max_bytes`) while the database is unreachable."""
+
+    url: str = ""
+    connect_timeout: _Seconds = 5.0
+    # Seconds between catch-up reads (a missed notification is picked up by the next one).
+    catchup_interval: _Seconds = 1.0
+    # Seconds between reconnect attempts while the database is down.
+    retry_interval: _Seconds = 1.0
+    buffer_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 64 * 1024 * 1024
+
+
+class HttpToken(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One bearer token of the HTTP endpoint: its name (what [[access]] `tokens` match) and the
+    SHA-256 of the token text in hex (the token itself is never stored)."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-fA-F]{64}$")]
+
+
+# Signature algorithms an OAuth access token may use: asymmetric only (never "none", never an
+# HS* secret, which a public JWKS key must not be taken for).
+ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+
+
+class OAuthIssuer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """An authorization server whose access tokens the HTTP endpoint accepts."""
+
+    issuer: Annotated[str, msgspec.Meta(min_length=1)]  # the token's `iss`, exactly
+    jwks_url: str  # where its signing keys are published (JWKS)
+    audience: str = ""  # the `aud` required; "" = the endpoint's resource URL
+
+
+class OAuthSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The HTTP endpoint as an OAuth 2.1 resource server (the MCP authorization spec)."""
+
+    issuers: list[OAuthIssuer] = []
+    # The endpoint's origin as clients reach it (behind a proxy: "https://mcp.example.com");
+    # "" = http://LISTEN. Each endpoint's resource URL is this plus its path.
+    resource: str = ""
+    algorithms: list[str] = msgspec.field(default_factory=lambda: ["RS256", "ES256"])
+    leeway: Annotated[float, msgspec.Meta(ge=0, le=300)] = 30.0  # seconds of clock skew on exp/nbf/iat
+    jwks_ttl: Annotated[float, msgspec.Meta(ge=1)] = 300.0  # seconds a fetched JWKS is used
+    # An unknown `kid` refetches the JWKS (a rotated key), at most once per this many seconds.
+    jwks_min_refresh: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    scopes_supported: list[str] = []  # advertised in the protected resource metadata
+
+
+class HttpSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The optional streamable-HTTP endpoint (`http://LISTEN/mcp`); off while `listen` is ""."""
+
+    listen: str = ""  # HOST:PORT, e.g. "127.0.0.1:8765"
+    # Host header values accepted (DNS-rebinding protection); [] = the listen address plus
+    # localhost/127.0.0.1/[::1] at its port. "name:*" admits any port.
+    allowed_hosts: list[str] = []
+    # Origin header values accepted from browsers; a request without Origin is accepted.
+    # [] = the endpoint's own origins (http://HOST for each allowed Host).
+    allowed_origins: list[str] = []
+    tokens: list[HttpToken] = []
+    # The principal name given to requests WITHOUT an Authorization header ("" = refuse them
+    # with 401). For loopback development and conformance runs; [[access]] `tokens` can name it.
+    anonymous: str = ""
+    oauth: OAuthSection = msgspec.field(default_factory=OAuthSection)
+
+
+class EventsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The audit trail: audit events (toolatlas.events.AUDIT_EVENTS) also go, as JSON lines, to
+    `audit_file` (mode 0600; "" = stderr only). It is rotated when the next line would take it
+    over `audit_max_bytes`; `audit_keep` rotated files (PATH.1 the newest) are kept."""
+
+    audit_file: str = ""
+    audit_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 64 * 1024 * 1024
+    audit_keep: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 5
+
+
+class Endpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A named endpoint: its own Unix socket and/or HTTP path (on [http] listen), serving only
+    `upstreams` ("*" = all) from the daemon's one pool and index. `environment` is its label
+    (e.g. "production"); `templates` a folder of meta-tool texts for its clients."""
+
+    name: UpstreamName
+    socket: str = ""
+    http_path: Annotated[str, msgspec.Meta(pattern=r"^(/[A-Za-z0-9._~-]+)+$")] | Literal[""] = ""
+    upstreams: list[str] = []
+    environment: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    templates: str = ""
+
+
+def host_port(addr: str, *, key: str, source: str = "<config>", default_host: str | None = "127.0.0.1") -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::1]:PORT`) as (host, port); the one parser of listen addresses.
+
+    An empty host means `default_host`; with `default_host=None` a host is required. Raises
+    ConfigError naming `key` when the text is not HOST:PORT with a port in 0..65535.
+    """
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535 or not (host or default_host):
+        raise ConfigError(f"{source}: {key} must be HOST:PORT, got {addr!r}")
+    return host.strip("[]") or str(default_host), int(port)
+
+
+def check_http(http: HttpSection, source: str) -> None:
+    if not http.listen:
+        return
+    host_port(http.listen, key="[http] listen", source=source, default_host=None)
+    names = [t.name for t in http.tokens]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{source}: [[http.tokens]] name {dupes[0]!r} is used more than once")
+    oauth = http.oauth
+    if not http.tokens and not http.anonymous and not oauth.issuers:
+        raise ConfigError(f"{source}: [http] listen is set but no [[http.tokens]] are configured "
+                          "(and no [http] anonymous or [http.oauth] issuers); every request would be refused")
+    bad = [a for a in oauth.algorithms if a not in ASYMMETRIC_ALGORITHMS]
+    if bad or not oauth.algorithms:
+        raise ConfigError(f"{source}: [http.oauth] algorithms: {bad[0] if bad else 'an empty list'!r} is not accepted; "
+                          f"use asymmetric ones only: {', '.join(ASYMMETRIC_ALGORITHMS)}")
+    issuers = [i.issuer for i in oauth.issuers]
+    if len(set(issuers)) != len(issuers):
+        raise ConfigError(f"{source}: [http.oauth] issuers: an issuer is listed more than once")
+    for i in oauth.issuers:
+        host = urllib.parse.urlsplit(i.jwks_url).hostname or ""
+        plain_ok = i.jwks_url.startswith("http://") and host in ("127.0.0.1", "localhost", "::1")
+        if not (i.jwks_url.startswith("https://") or plain_ok):
+            raise ConfigError(f"{source}: [http.oauth] issuer {i.issuer!r}: jwks_url must start with https:// "
+                              f"(http:// only on loopback), got {i.jwks_url!r}")
+    if oauth.resource and not oauth.resource.startswith(("http://", "https://")):
+        raise ConfigError(f"{source}: [http.oauth] resource must be an http(s) URL, got {oauth.resource!r}")
+
+
+__all__ = ["ASYMMETRIC_ALGORITHMS", "Endpoint", "EventsSection", "HttpSection", "HttpToken", "NAME_RE", "OAuthIssuer",
+           "OAuthSection", "UpstreamName", "check_http", "host_port"]

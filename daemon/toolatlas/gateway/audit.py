@@ -1,0 +1,55 @@
+"""The audit fields every audit event carries (toolatlas.events.AUDIT_FIELDS), from the
+connection and the request the current task serves (`ports.REQUEST`, set by the surface)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolatlas import access
+from toolatlas import events as ev
+from toolatlas.gateway.ports import REQUEST, Connection
+from toolatlas.metrics import Metrics
+
+# Client-supplied names and versions are cut to this in audit lines.
+CLIENT_TEXT_CHARS = 128
+
+
+def who(conn: Connection) -> dict[str, Any]:
+    """`principal`, `user`, `client`, `client_version`, `endpoint`, `connection`, `request`."""
+    if conn.oauth is not None:
+        user: str | None = conn.oauth.subject
+    elif conn.token is None:
+        user = access.user_name(conn.uid)
+    else:
+        user = None
+    request = REQUEST.get()
+    return {
+        "principal": conn.principal,
+        "user": user,
+        "client": _cut(conn.client_name),
+        "client_version": _cut(conn.client_version),
+        "endpoint": conn.endpoint,
+        "connection": conn.id,
+        "request": request.id if request is not None else None,
+    }
+
+
+def via() -> str:
+    """How the current call came in: "direct" (a namespaced tools/call) or "execute_tool"."""
+    request = REQUEST.get()
+    return "direct" if request is not None and request.via == "direct" else "execute_tool"
+
+
+def deny(events: ev.Events, metrics: Metrics, conn: Connection, surface: str, target: str | None,
+         reason: str) -> None:
+    """One access denial: the `access_denied` audit event and the access_denials counter."""
+    metrics.count_denial(surface)
+    events.emit(ev.ACCESS_DENIED, surface=surface, target=None if target is None else target[:200],
+                reason=reason[:ev.MESSAGE_CHARS], **who(conn))
+
+
+def _cut(text: str | None) -> str | None:
+    return None if text is None else text[:CLIENT_TEXT_CHARS]
+
+
+__all__ = ["deny", "via", "who"]

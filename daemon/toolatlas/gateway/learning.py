@@ -1,0 +1,251 @@
+"""Implicit feedback: a `tool_search` followed, on the same connection and within the
+window, by a successful call of one of the tools it returned becomes a usage event; the
+events feed the learned stage of the engine's ranker (retrieval/learned.py).
+
+The event loop only notes searches and calls (dict operations); one worker task writes
+events to the usage store (retrieval/usage.py, a port: SQLite in state_dir by default),
+embeds their queries and publishes a new learned state, all in worker threads. An event is
+handed to the store at once (a SIGKILL loses at most the events of the last moment, never
+the store), and the learned state is republished at most every `PUBLISH_EVERY_S`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from toolatlas.config import LearningSection
+from toolatlas.gateway.ports import Connection
+from toolatlas.metrics import Metrics
+from toolatlas.retrieval.engine import Engine, query_vectors
+from toolatlas.retrieval.learned import LearningIndex
+from toolatlas.retrieval.usage import UsageEvent, UsageStore, open_store
+
+log = logging.getLogger(__name__)
+
+SEARCHES_PER_CONNECTION = 32  # recent searches remembered per connection
+CONNECTIONS_TRACKED = 4096  # connections with recent searches (least recent forgotten first)
+PUBLISH_EVERY_S = 0.5  # at most this often a new learned state
+POLL_S = 1.0  # how often the store is checked for changes by another writer (the CLI)
+PRUNE_EVERY_S = 3600.0  # events past retention are deleted this often (and at start)
+EMBED_BATCH = 256
+PREBUILT_PRINCIPALS = 8
+
+
+class LearningService:
+    """Notes searches and calls; its `run` task persists events and publishes the state."""
+
+    def __init__(
+        self, cfg: Callable[[], LearningSection], engine: Engine, state_dir: Path | None, *, metrics: Metrics,
+        clock: Callable[[], float] = time.time, store: UsageStore | None = None,
+    ) -> None:
+        """`store`: the usage store (default: SQLite in `state_dir`; none without one)."""
+        self._cfg = cfg
+        self._engine = engine
+        self._state_dir = state_dir
+        self._metrics = metrics
+        self._clock = clock
+        self._store = store
+        # connection id -> recent searches: (time, query, returned names, index version)
+        self._recent: OrderedDict[int, deque[tuple[float, str, frozenset[str], int]]] = OrderedDict()
+        self._send, self._receive = anyio.create_memory_object_stream[UsageEvent](10_000)
+        self._index = LearningIndex()
+        self._lock = threading.Lock()  # the index: the writer's and the poller's threads
+        self._pruned = -math.inf
+        self.ready = False
+
+    @property
+    def enabled(self) -> bool:
+        return self._cfg().enabled and (self._store is not None or self._state_dir is not None)
+
+    # -- the event loop's side: cheap, synchronous -----------------------------------------
+
+    def searched(self, conn: Connection, query: str, names: list[str], version: int) -> None:
+        """A search answered `names` to `conn`."""
+        if not self.enabled or not names or not query.strip():
+            return
+        recent = self._recent.get(conn.id)
+        if recent is None:
+            recent = self._recent[conn.id] = deque(maxlen=SEARCHES_PER_CONNECTION)
+            while len(self._recent) > CONNECTIONS_TRACKED:
+                self._recent.popitem(last=False)
+        else:
+            self._recent.move_to_end(conn.id)
+        recent.append((self._clock(), query, frozenset(names), version))
+
+    def executed(self, conn: Connection, name: str, ok: bool) -> None:
+        """`conn` called `name`; `ok`: no transport error and no `isError`. A call of a tool
+        the connection's latest search returned within the window is a usage event (each
+        search leads to at most one event per tool); a direct call records nothing."""
+        recent = self._recent.get(conn.id)
+        if not self.enabled or not recent:
+            return
+        now = self._clock()
+        window = self._cfg().window
+        for i in range(len(recent) - 1, -1, -1):
+            at, query, names, version = recent[i]
+            if name not in names:
+                continue
+            if now - at > window:
+                self._metrics.count_feedback("outside_window")
+                return
+            if not ok:
+                self._metrics.count_feedback("call_failed")
+                return
+            recent[i] = (at, query, names - {name}, version)
+            event = UsageEvent(query=query, tool=name, principal=conn.principal, at=now, index_version=version)
+            try:
+                self._send.send_nowait(event)
+            except anyio.WouldBlock:  # the writer is far behind: drop rather than block calls
+                log.warning("learning: the usage writer is behind; an event for %s was dropped", name)
+                return
+            self._metrics.count_feedback("recorded")
+            return
+
+    def forget_connection(self, conn: Connection) -> None:
+        self._recent.pop(conn.id, None)
+
+    def status(self) -> dict[str, Any]:
+        """catalog_status's `learning` section."""
+        state = self._engine.learned
+        updated = state.updated_at if state is not None else None
+        return {
+            "enabled": self.enabled,
+            "events": state.events if state is not None else 0,
+            "tools_with_feedback": len(state.tools) if state is not None else 0,
+            "updated_at": (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(updated)) if updated else None),
+        }
+
+    # -- the worker ------------------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Open the store, load its events, then persist new ones and publish states."""
+        if not self.enabled:
+            task_status.started()
+            return
+        self._engine.learning = True
+        if self._store is None:
+            assert self._state_dir is not None
+            self._store = await anyio.to_thread.run_sync(open_store, self._state_dir)
+        store = self._store
+        task_status.started()
+        try:
+            await anyio.to_thread.run_sync(self._reload, store)
+            self.ready = True
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._write_loop, store)
+                tg.start_soon(self._poll_loop, store)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(store.close)
+
+    def _retention_start(self) -> float:
+        return self._clock() - self._cfg().retention_days * 86400.0
+
+    def _reload(self, store: UsageStore) -> None:
+        """Every event in the store (after pruning those past retention) into a fresh index;
+        vectors of another model are re-embedded once one is loaded. Blocking."""
+        store.prune(self._retention_start())
+        self._pruned = time.monotonic()
+        events = store.events()
+        space = self._engine.space
+        events = [e if e.space == space else _without_vector(e) for e in events]
+        index = LearningIndex()
+        index.add(events)
+        with self._lock:
+            self._index = index
+            self._publish()
+        log.info("learning: %d usage events loaded", len(events))
+
+    def _publish(self) -> None:
+        state = self._index.state(self._clock())
+        # the lexical documents as the usual principals see them, built here rather than in
+        # the first search after the publish (the others are built on first use, memoised)
+        for own in [-1, *list(state.principals.values())[:PREBUILT_PRINCIPALS]]:
+            state.lexical(own)
+        self._engine.set_learned(state)
+
+    def _publish_locked(self) -> None:
+        with self._lock:
+            self._publish()
+
+    async def _write_loop(self, store: UsageStore) -> None:
+        last_publish = -math.inf
+        while True:
+            first = await self._receive.receive()
+            batch = [first]
+            while True:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except anyio.WouldBlock:
+                    break
+            await anyio.to_thread.run_sync(self._persist, store, batch)
+            wait = PUBLISH_EVERY_S - (time.monotonic() - last_publish)
+            if wait > 0:
+                await anyio.sleep(wait)
+            last_publish = time.monotonic()
+            await anyio.to_thread.run_sync(self._publish_locked)
+
+    def _persist(self, store: UsageStore, batch: list[UsageEvent]) -> None:
+        """Store the events, then embed their queries (the store first: a slow model must
+        not widen what a crash can lose), then add them to the index. Blocking."""
+        ids = store.add(batch)
+        vecs = query_vectors(self._engine, [e.query for e in batch])
+        space = self._engine.space
+        if vecs is not None and space is not None:
+            store.set_vectors(ids, vecs, space)
+            batch = [_with(e, i, v, space) for e, i, v in zip(batch, ids, vecs)]
+        else:
+            batch = [_with(e, i, None, None) for e, i in zip(batch, ids)]
+        with self._lock:
+            self._index.add(batch)
+
+    async def _poll_loop(self, store: UsageStore) -> None:
+        """Pick up changes by another writer (the CLI's forget/reset), retention, and
+        vectors for events stored while no model was loaded."""
+        while True:
+            await anyio.sleep(POLL_S)
+            reload = await anyio.to_thread.run_sync(store.changed_elsewhere)
+            with self._lock:
+                missing = self._engine.embedder is not None and any(e.vector is None for e in self._index.events)
+            if missing and await anyio.to_thread.run_sync(self._embed_missing, store):
+                reload = True
+            if time.monotonic() - self._pruned > PRUNE_EVERY_S:
+                reload = True
+            if reload:
+                await anyio.to_thread.run_sync(self._reload, store)
+
+    def _embed_missing(self, store: UsageStore) -> bool:
+        """Embed stored events that lack a vector of the current model; whether any got one."""
+        todo = [e for e in store.events() if e.vector is None or e.space != self._engine.space]
+        space = self._engine.space
+        done = False
+        for s in range(0, len(todo), EMBED_BATCH):
+            chunk = todo[s : s + EMBED_BATCH]
+            vecs = query_vectors(self._engine, [e.query for e in chunk])
+            if vecs is None or space is None:
+                break
+            store.set_vectors([e.id for e in chunk], vecs, space)
+            done = True
+        return done
+
+
+def _without_vector(e: UsageEvent) -> UsageEvent:
+    return _with(e, e.id, None, None)
+
+
+def _with(e: UsageEvent, id: int, vector: Any, space: str | None) -> UsageEvent:
+    return UsageEvent(query=e.query, tool=e.tool, principal=e.principal, at=e.at, index_version=e.index_version,
+                      vector=vector, space=space, id=id)
+
+
+__all__ = ["LearningService"]

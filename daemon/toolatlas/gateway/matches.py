@@ -1,0 +1,94 @@
+"""One tool_search match: what tools/list would give for the tool, with the operator's text
+where a verified card vouches for it and the publisher's text sanitized where none does.
+
+- Carded (the server's card verified, the tool's schema hash as signed): `description` is
+  the card's summary (a bootstrap card's without its "Inputs:" part, which restates the
+  schema), `examples` the card's (the first EXAMPLES_SHOWN), `attested: true` and
+  `provenance` (generator, key_id, created_at). The publisher's description is left out, or appended after the
+  card's, sanitized and labelled, with `[surface] publisher_text = "append"`.
+- Otherwise: `attested: false`, the publisher's description sanitized
+  (`catalog.sanitize`): hidden characters, markup addressed to the model, unsafe links and
+  instruction-like sentences removed, length capped.
+- Either way every `description` inside `inputSchema` is sanitized too (its structure is
+  never changed), and `title`, `outputSchema`, `annotations` are passed as listed, so a
+  client can validate structured results.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from toolatlas.catalog.attest import AttestResult
+from toolatlas.catalog.model import ToolRecord
+from toolatlas.catalog.generators import shown_summary
+from toolatlas.catalog.sanitize import cap, sanitize_schema, sanitize_text
+from toolatlas.gateway.view import CatalogView
+
+SANITIZED_CACHE = 8192  # tools whose sanitized texts are kept (keyed by content hash)
+PUBLISHER_LABEL = "Publisher's description (not attested):"
+# A top-5 answer must stay within ~600 tokens with examples: at most this many per match,
+# each cut at a word past this many characters (the card keeps them all).
+EXAMPLES_SHOWN = 2
+EXAMPLE_CHARS = 120
+
+
+class MatchBuilder:
+    """Builds matches; sanitizing is cached per tool definition (content hash)."""
+
+    def __init__(self) -> None:
+        self._clean: OrderedDict[tuple[str, str], tuple[str, Any]] = OrderedDict()
+
+    def sanitized(self, rec: ToolRecord) -> tuple[str, Any]:
+        """(description, inputSchema) of `rec` sanitized."""
+        key = (rec.name, rec.content_hash)
+        hit = self._clean.get(key)
+        if hit is None:
+            hit = self._clean[key] = (sanitize_text(rec.description), sanitize_schema(rec.input_schema))
+            while len(self._clean) > SANITIZED_CACHE:
+                self._clean.popitem(last=False)
+        return hit
+
+    def match(self, rec: ToolRecord, verdict: AttestResult | None, score: float, *, publisher_text: str = "omit",
+              ) -> dict[str, Any]:
+        description, schema = self.sanitized(rec)
+        out: dict[str, Any] = {"name": rec.name, "server": rec.server, "tool": rec.tool}
+        if rec.title:
+            out["title"] = rec.title
+        card = verdict.card if verdict is not None and verdict.card_status == "verified" else None
+        entry = card.tool(rec.tool) if card is not None else None
+        if card is not None and entry is not None:
+            text = shown_summary(entry.summary, card.provenance.generator)
+            if publisher_text == "append" and description:
+                text = f"{text}\n\n{PUBLISHER_LABEL} {description}"
+            out["description"] = text
+        else:
+            out["description"] = description
+        out["inputSchema"] = schema
+        if rec.output_schema:
+            out["outputSchema"] = rec.output_schema
+        if rec.annotations:
+            out["annotations"] = rec.annotations
+        out["score"] = round(float(score), 6)
+        if card is not None and entry is not None:
+            out["attested"] = True
+            out["examples"] = [cap(e, EXAMPLE_CHARS) for e in entry.examples[:EXAMPLES_SHOWN]]
+            prov = card.provenance
+            out["provenance"] = {"generator": prov.generator, "key_id": prov.key_id, "created_at": prov.created_at}
+        else:
+            out["attested"] = False
+        return out
+
+    def definitions(self, view: CatalogView, servers: set[str]) -> list[dict[str, Any]]:
+        """Every callable tool of `servers` in `view`, as a match shows it without a score,
+        sorted by name (what `toolatlas stubs` writes modules from). Tools of an upstream that
+        is down are included (calls fail until it is back); quarantined ones are not."""
+        out = []
+        for rec in sorted((r for r in view.by_name.values() if r.server in servers), key=lambda r: r.name):
+            match = self.match(rec, view.server(rec.server).verdict, 0.0)
+            del match["score"]
+            out.append(match)
+        return out
+
+
+__all__ = ["EXAMPLES_SHOWN", "EXAMPLE_CHARS", "MatchBuilder", "PUBLISHER_LABEL"]

@@ -1,0 +1,84 @@
+"""`toolatlas learning show TOOL|forget TOOL|reset [--config PATH]`: the usage store
+(state_dir/learning.sqlite3) as an operator sees it.
+
+`show` lists the queries that led to TOOL (the 20 most frequent, with counts and when last
+seen); `forget` deletes TOOL's events; `reset` deletes every event, query text included.
+They open the store directly (a running daemon notices within a second and re-ranks)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+EX_CONFIG = 78
+SHOWN = 20
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="toolatlas learning", description="Inspect or wipe what search learned from use.")
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, text in (("show", "the queries that lead to TOOL (top 20)"), ("forget", "drop TOOL's usage events")):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("tool", metavar="TOOL", help="namespaced tool name, e.g. notes__add_note")
+    sub.add_parser("reset", help="delete every usage event (the ranking is zero-shot again)")
+    for sp in sub.choices.values():
+        sp.add_argument("--config", help="config file (default: $TOOLATLAS_CONFIG, else ~/.config/toolatlas/config.toml)")
+        sp.add_argument("--json", action="store_true", help="print JSON")
+    args = p.parse_args(argv)
+
+    from toolatlas.config import load
+    from toolatlas.errors import ConfigError
+    from toolatlas.paths import default_config_path
+    from toolatlas.retrieval.usage import FILENAME, open_store
+
+    path = args.config or os.environ.get("TOOLATLAS_CONFIG") or default_config_path()
+    try:
+        cfg = load(path)
+    except (ConfigError, OSError) as exc:
+        print(f"toolatlas learning: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    state_dir = Path(cfg.daemon.state_dir)
+    if args.action != "reset" and not (state_dir / FILENAME).exists():
+        out: dict[str, object] = {"tool": args.tool, "events": 0, "queries": []} if args.action == "show" else \
+            {"tool": args.tool, "forgotten": 0}
+        _print(out, args.json)
+        return 0
+    store = open_store(state_dir)
+    try:
+        if args.action == "reset":
+            _print({"reset": store.reset(), "store": str(store.path)}, args.json)
+        elif args.action == "forget":
+            _print({"tool": args.tool, "forgotten": store.forget_tool(args.tool)}, args.json)
+        else:
+            events = [e for e in store.events() if e.tool == args.tool]
+            counts = Counter(e.query for e in events)
+            last = {e.query: e.at for e in events}
+            rows = [{"query": q, "count": n, "last": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last[q]))}
+                    for q, n in counts.most_common(SHOWN)]
+            _print({"tool": args.tool, "events": len(events), "queries": rows}, args.json)
+    finally:
+        store.close()
+    return 0
+
+
+def _print(obj: dict[str, object], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(obj))
+        return
+    if "queries" in obj:
+        print(f"{obj['tool']}: {obj['events']} usage event(s)")
+        for row in obj["queries"]:  # type: ignore[attr-defined]
+            print(f"  {row['count']:>5}  {row['last']}  {row['query']}")
+    elif "forgotten" in obj:
+        print(f"{obj['tool']}: {obj['forgotten']} usage event(s) forgotten")
+    else:
+        print(f"{obj['reset']} usage event(s) deleted from {obj['store']}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,344 @@
+"""The learned stage: what past executions say about a query, fused with the zero-shot ranker.
+
+A `LearnedState` is built from usage events (usage.py) and is immutable once published, like
+a `Snapshot`. It holds two signals for a query:
+
+- a kNN vote: the `KNN` past queries nearest the query's vector (hnswlib above
+  `HNSW_MIN_EVENTS` events, an exact scan below) vote for the tool executed after them,
+  each with weight similarity x decay;
+- a lexical match against the tool's past queries (BM25 over one document per tool made of
+  the queries that led to it).
+
+Bounded influence per principal: the caller's own events count in full (a single-user daemon
+learns from every repetition). Other principals' events count once per (principal, tool) in
+the vote (that principal's best neighbour) and once per (principal, tool, word) in the
+lexical document, and only where at least `MIN_PRINCIPALS` other principals agree: what one
+other user did, however often, never changes anyone else's ranking (nor leaks their words
+into it).
+
+`rerank` fuses the zero-shot scores with both signals and then applies the guard: a tool with
+no feedback at all keeps at least its zero-shot rank within the top `GUARD_DEPTH`, so feedback
+on other tools never buries an unused one. Events of tools not in the snapshot (removed,
+quarantined) and of tools the caller may not use are ignored: the stage only ever reorders
+the allowed positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from toolatlas.retrieval import fusion
+from toolatlas.retrieval.bm25 import Bm25Index
+from toolatlas.retrieval.hnsw import HnswStore
+from toolatlas.retrieval.text import tokenize
+from toolatlas.retrieval.usage import UsageEvent
+
+KNN = 20  # past queries that vote
+HNSW_MIN_EVENTS = 2048  # below this an exact scan is as fast and exact
+HNSW_EF_CONSTRUCTION = 64
+KNN_WEIGHT = 40.0  # weight of the vote share (0..1) against z-scored zero-shot scores
+LEX_WEIGHT = 20.0  # weight of the past-query lexical coverage (0..1)
+SIM_FLOOR = 0.3  # a past query less similar than this does not vote
+HALF_LIFE_DAYS = 30.0  # an event's weight halves every this many days
+GUARD_DEPTH = 5  # tools without feedback keep their zero-shot rank within this depth
+MIN_PRINCIPALS = 2  # other principals who must agree before their evidence counts
+STRONG_SIM = 0.9  # a past query this similar (or with the same words) is a repeat: see `guard`
+
+
+@dataclass(frozen=True, eq=False)
+class LearnedState:
+    """Usage events as the learned stage reads them (see the module docstring)."""
+
+    version: int
+    tools: tuple[str, ...]  # tools with feedback (names); the arrays index into this
+    vecs: np.ndarray  # (m, dim) past query vectors
+    row_tools: tuple[dict[int, int], ...]  # per row (a principal's distinct query): tool -> events
+    ev_principal: np.ndarray  # (m,) index into principals
+    weight: np.ndarray  # (m,) decay weight
+    principals: dict[str, int]
+    words: tuple[dict[int, dict[str, int]], ...]  # per tool: principal -> word -> events using it
+    asked: tuple[dict[frozenset[str], frozenset[int]], ...]  # per tool: a past query's words -> principals
+    events: int
+    updated_at: float | None
+    hnsw: HnswStore | None = None  # over vecs, labels = rows (shared; see neighbours)
+    rows: int = 0  # vector rows of this state
+    _pos_cache: dict[int, np.ndarray] = field(default_factory=dict)
+    _lex_cache: dict[int, Bm25Index] = field(default_factory=dict)
+
+    def lexical(self, own: int) -> Bm25Index:
+        """BM25 over one document per tool: the words of principal `own`'s past queries
+        (as often as its events used them) plus those of other principals where at least
+        MIN_PRINCIPALS of them used the word for that tool (once per principal). Memoised."""
+        got = self._lex_cache.get(own)
+        if got is None:
+            docs: list[list[str]] = []
+            for per in self.words:
+                others: dict[str, int] = {}
+                for p, ws in per.items():
+                    if p != own:
+                        for w in ws:
+                            others[w] = others.get(w, 0) + 1
+                doc = [w for w, n in others.items() if n >= MIN_PRINCIPALS for _ in range(n)]
+                for w, n in per.get(own, {}).items():
+                    doc.extend([w] * n)
+                docs.append(sorted(doc))
+            got = Bm25Index(docs)
+            if len(self._lex_cache) > 64:
+                self._lex_cache.clear()
+            self._lex_cache[own] = got
+        return got
+
+    @property
+    def empty(self) -> bool:
+        return not self.tools
+
+    def positions(self, snap_version: int, pos_of: dict[str, int]) -> np.ndarray:
+        """Snapshot position of each of `tools` (-1: not in that catalog), memoised per version."""
+        got = self._pos_cache.get(snap_version)
+        if got is None:
+            got = np.fromiter((pos_of.get(t, -1) for t in self.tools), dtype=np.int64, count=len(self.tools))
+            if len(self._pos_cache) > 8:
+                self._pos_cache.clear()
+            self._pos_cache[snap_version] = got
+        return got
+
+
+def empty_state(version: int = 0) -> LearnedState:
+    return LearnedState(
+        version=version, tools=(), vecs=np.zeros((0, 0), dtype=np.float32), row_tools=(),
+        ev_principal=np.zeros(0, dtype=np.int64), weight=np.zeros(0, dtype=np.float32), principals={},
+        words=(), asked=(), events=0, updated_at=None,
+    )
+
+
+class LearningIndex:
+    """The events behind the learned stage, kept so that a new event costs its own tokens and
+    vector, not a rebuild; `state()` publishes an immutable `LearnedState`. One owner thread
+    (the daemon's learning worker, or an evaluation): not thread-safe itself; the hnswlib
+    store it shares with published states has its own lock (hnsw.HnswStore)."""
+
+    def __init__(self, half_life_days: float = HALF_LIFE_DAYS) -> None:
+        self.half_life_days = half_life_days
+        self._reset()
+
+    def _reset(self) -> None:
+        self.events: list[UsageEvent] = []
+        self._tools: dict[str, int] = {}
+        self._principals: dict[str, int] = {}
+        self._words: list[dict[int, dict[str, int]]] = []  # per tool: principal -> word -> events
+        self._asked: list[dict[frozenset[str], set[int]]] = []  # per tool: query words -> principals
+        # one vector row per (principal, query text): its tools and their event counts
+        self._row_of: dict[tuple[int, str], int] = {}
+        self._rows_tool: list[dict[int, int]] = []
+        self._rows_principal: list[int] = []
+        self._rows_at: list[float] = []
+        self._vecs = np.zeros((0, 0), dtype=np.float32)
+        self._n_rows = 0
+        self._hnsw: HnswStore | None = None
+        self.version = getattr(self, "version", 0) + 1
+
+    def add(self, events: Sequence[UsageEvent]) -> None:
+        """Append events (a vector, when present, must be normalised and of one model)."""
+        new_vecs: list[np.ndarray] = []
+        for e in events:
+            self.events.append(e)
+            t = self._tools.setdefault(e.tool, len(self._tools))
+            p = self._principals.setdefault(e.principal, len(self._principals))
+            if t == len(self._words):
+                self._words.append({})
+                self._asked.append({})
+            words = frozenset(tokenize(e.query))
+            self._asked[t].setdefault(words, set()).add(p)
+            counts = self._words[t].setdefault(p, {})
+            for w in words:
+                counts[w] = counts.get(w, 0) + 1
+            if e.vector is not None:
+                r = self._row_of.get((p, e.query))
+                if r is None:
+                    self._row_of[(p, e.query)] = len(self._rows_tool)
+                    new_vecs.append(np.asarray(e.vector, dtype=np.float32))
+                    self._rows_tool.append({t: 1})
+                    self._rows_principal.append(p)
+                    self._rows_at.append(e.at)
+                else:
+                    self._rows_tool[r][t] = self._rows_tool[r].get(t, 0) + 1
+                    self._rows_at[r] = max(self._rows_at[r], e.at)
+        if new_vecs:
+            self._append_vectors(np.stack(new_vecs))
+        self.version += 1
+
+    def _append_vectors(self, vecs: np.ndarray) -> None:
+        if self._n_rows == 0:
+            self._vecs = np.zeros((max(1024, vecs.shape[0]), vecs.shape[1]), dtype=np.float32)
+        elif self._n_rows + vecs.shape[0] > self._vecs.shape[0]:
+            grown = np.zeros((max(2 * self._vecs.shape[0], self._n_rows + vecs.shape[0]), self._vecs.shape[1]),
+                             dtype=np.float32)
+            grown[: self._n_rows] = self._vecs[: self._n_rows]
+            self._vecs = grown  # published states keep their own (old) array
+        self._vecs[self._n_rows : self._n_rows + vecs.shape[0]] = vecs
+        self._n_rows += vecs.shape[0]
+        if self._hnsw is not None:
+            self._hnsw.add(vecs)  # labels are row numbers: added in row order, never deleted
+        elif self._n_rows >= HNSW_MIN_EVENTS:
+            from toolatlas.retrieval.hnsw import HnswStore
+
+            # past queries cluster tightly (repeats, paraphrases): a cheaper build loses no recall
+            self._hnsw = HnswStore(vecs.shape[1], capacity=2 * self._n_rows, ef_construction=HNSW_EF_CONSTRUCTION)
+            self._hnsw.add(self._vecs[: self._n_rows])
+
+    def drop(self, keep: Callable[[UsageEvent], bool]) -> int:
+        """Keep only the events `keep` accepts (forget a tool, retention); how many went."""
+        kept = [e for e in self.events if keep(e)]
+        gone = len(self.events) - len(kept)
+        if gone:
+            self._reset()
+            self.add(kept)
+        return gone
+
+    def state(self, now: float) -> LearnedState:
+        """The immutable state of the events held, their weights decayed to `now`."""
+        if not self.events:
+            return empty_state(self.version)
+        n = self._n_rows
+        age_days = np.maximum(0.0, now - np.asarray(self._rows_at, dtype=np.float64)) / 86400.0
+        return LearnedState(
+            version=self.version, tools=tuple(self._tools), vecs=self._vecs[:n],
+            row_tools=tuple(dict(r) for r in self._rows_tool),
+            ev_principal=np.asarray(self._rows_principal, dtype=np.int64),
+            weight=np.power(0.5, age_days / self.half_life_days).astype(np.float32),
+            principals=dict(self._principals), words=tuple({p: dict(ws) for p, ws in per.items()} for per in self._words),
+            asked=tuple({q: frozenset(ps) for q, ps in per.items()} for per in self._asked), events=len(self.events),
+            updated_at=max(e.at for e in self.events), hnsw=self._hnsw, rows=n,
+        )
+
+
+def build_state(events: Sequence[UsageEvent], *, now: float, half_life_days: float = HALF_LIFE_DAYS) -> LearnedState:
+    """The state of `events` at time `now` (a fresh LearningIndex)."""
+    idx = LearningIndex(half_life_days)
+    idx.add(events)
+    return idx.state(now)
+
+
+def neighbours(state: LearnedState, qvec: np.ndarray, k: int = KNN) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, cosine similarities) of the `k` past queries nearest `qvec`, best first."""
+    m = state.rows
+    if m == 0 or state.vecs.shape[1] != qvec.shape[0]:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+    k = min(k, m)
+    if state.hnsw is not None:
+        # rows added after this state was published are filtered out (the store is shared)
+        newer = state.hnsw.next_label > m
+        rows = state.hnsw.query(qvec, k, ef=max(64, 2 * k), filter=(lambda label: label < m) if newer else None)
+        if rows.shape[0]:
+            sims = state.vecs[rows] @ qvec
+            order = np.lexsort((rows, -sims))
+            return rows[order], sims[order]
+    sims = state.vecs @ qvec
+    top = fusion.top_indices(sims, k)
+    return top, sims[top]
+
+
+def signals(
+    state: LearnedState, tokens: list[str], qvec: np.ndarray | None, principal: str | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(vote share, lexical coverage, repeat) per tool of `state.tools` for one query by
+    `principal`; `repeat`: a past query that counts (see the module docstring) has this
+    query's words, or a cosine of at least STRONG_SIM to it."""
+    n = len(state.tools)
+    own = state.principals.get(principal, -1) if principal is not None else -1
+    vote = np.zeros(n, dtype=np.float32)
+    repeat = np.zeros(n, dtype=bool)
+    words = frozenset(tokens)
+    for t, asked in enumerate(state.asked):
+        who = asked.get(words)
+        if who is not None and (own in who or len(who - {own}) >= MIN_PRINCIPALS):
+            repeat[t] = True
+    if qvec is not None and state.rows:
+        rows, sims = neighbours(state, qvec)
+        best: dict[tuple[int, int], float] = {}
+        for r, s in zip(rows.tolist(), sims.tolist()):
+            if s < SIM_FLOOR:
+                continue
+            w = float(state.weight[r]) * (s - SIM_FLOOR) / (1.0 - SIM_FLOOR)
+            p = int(state.ev_principal[r])
+            for t, count in state.row_tools[r].items():
+                if p == own:
+                    vote[t] += w * count
+                    repeat[t] |= s >= STRONG_SIM
+                else:  # another principal: its best neighbour per tool, once
+                    best[(p, t)] = max(best.get((p, t), 0.0), w)
+        agree: dict[int, int] = {}
+        for _, t in best:
+            agree[t] = agree.get(t, 0) + 1
+        strong_w = (STRONG_SIM - SIM_FLOOR) / (1.0 - SIM_FLOOR)
+        for (_, t), w in best.items():
+            if agree[t] >= MIN_PRINCIPALS:
+                vote[t] += w
+                repeat[t] |= w >= strong_w
+        total = float(vote.sum())
+        if total > 0:
+            vote /= max(total, 1.0)
+    lex = state.lexical(own)
+    scores = lex.scores(tokens) if n else np.zeros(0, dtype=np.float32)
+    ceiling = lex.ceiling(tokens) if tokens else 0.0
+    cover = (scores / ceiling).astype(np.float32) if ceiling > 0 else np.zeros(n, dtype=np.float32)
+    return vote, cover, repeat
+
+
+def rerank(
+    state: LearnedState, tool_pos: np.ndarray, base: np.ndarray, cand: np.ndarray, tokens: list[str],
+    qvec: np.ndarray | None, principal: str | None, k: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The top `k` of `cand` (positions, their zero-shot scores `base`, best first) after the
+    learned stage: (positions, scores). `tool_pos`: the snapshot position of each of
+    `state.tools` (`LearnedState.positions`). Tools not in `cand` get no boost and never enter."""
+    if state.empty or cand.shape[0] == 0:
+        top = fusion.top_indices(base, k)
+        return cand[top], base[top]
+    vote, cover, repeat = signals(state, tokens, qvec, principal)
+    boost = KNN_WEIGHT * vote + LEX_WEIGHT * cover
+    score = base.astype(np.float32).copy()
+    fed = np.zeros(cand.shape[0], dtype=bool)
+    strong = np.zeros(cand.shape[0], dtype=bool)
+    # cand is sorted (every allowed position, or a union of pools): find each tool's slot
+    at = np.searchsorted(cand, tool_pos)
+    hit = (tool_pos >= 0) & (at < cand.shape[0])
+    hit[hit] = cand[at[hit]] == tool_pos[hit]
+    score[at[hit]] += boost[hit]
+    fed[at[hit]] = True
+    strong[at[hit]] = repeat[hit]
+    depth = max(k, GUARD_DEPTH)
+    learned = fusion.top_indices(score, depth)
+    zero = fusion.top_indices(base, GUARD_DEPTH)
+    order = guard(learned.tolist(), zero.tolist(), fed, strong)[:k]
+    out = np.array(order, dtype=np.int64)
+    return cand[out], score[out]
+
+
+def guard(learned: list[int], zero: list[int], fed: np.ndarray, strong: np.ndarray | None = None) -> list[int]:
+    """`learned` reordered so each item without feedback (`fed` false) in `zero` (the
+    zero-shot top, best first) keeps a rank no lower than its zero-shot one, counted after
+    the `strong` items (feedback from a repeat of this very query), which go first in their
+    learned order. The others keep their learned order. Pure."""
+    out = [i for i in learned if strong is not None and strong[i]]
+    lead = len(out)
+    deadline = {r + lead: i for r, i in enumerate(zero) if not fed[i]}
+    if not deadline:
+        return learned if not lead else out + [i for i in learned if i not in out]
+    placed = set(out)
+    pending = iter(learned)
+    while True:
+        due = deadline.get(len(out))
+        nxt = due if due is not None and due not in placed else next((i for i in pending if i not in placed), None)
+        if nxt is None:  # the learned order ran out: the pinned left, in zero-shot order
+            nxt = next((i for i in zero if i not in placed and i in deadline.values()), None)
+            if nxt is None:
+                return out
+        out.append(nxt)
+        placed.add(nxt)
+
+
+__all__ = ["GUARD_DEPTH", "KNN", "LearnedState", "LearningIndex", "build_state", "empty_state", "guard", "rerank", "signals"]

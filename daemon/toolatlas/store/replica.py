@@ -1,0 +1,296 @@
+"""`Replica`: this daemon's link to the shared store, as a long-lived service.
+
+It satisfies `ports.Shared`. Writes go to the on-disk buffer (outbox.py) and a sender task
+moves them to the database; a listener hears NOTIFY and a catch-up task reads what other
+replicas wrote since the last read (every `catchup_interval` seconds, and at once on a
+notification), handing each change to the subscribers of its kind. While the database is
+down the daemon serves from local state: writes wait in the buffer, reads return nothing,
+`status()` says so, and a reconnect every `retry_interval` seconds resumes both where they
+stopped (the cursors are kept, so nothing written meanwhile is missed).
+
+psycopg is imported only here, when the service first connects (`client.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from toolatlas.config import StoreSection
+from toolatlas.redact import Redactor
+from toolatlas.store.outbox import Outbox
+from toolatlas.store.ports import Change, Handler
+
+if TYPE_CHECKING:
+    from toolatlas.store.client import Store
+
+log = logging.getLogger(__name__)
+
+FLUSH_BATCH = 500  # buffered records per database transaction
+READ_BATCH = 1000  # changes per catch-up query
+# Embedding vectors waiting for the database (in memory: any replica can recompute them).
+VECTORS_PENDING_MAX = 100_000
+VECTOR_BATCH = 500
+
+
+class Replica:
+    """This replica's side of the shared store; see the module docstring."""
+
+    def __init__(self, section: StoreSection, state_dir: str, *, redactor: Redactor | None = None) -> None:
+        self.cfg = section
+        self.origin = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.outbox = Outbox(Path(state_dir) / "store", section.buffer_max_bytes)
+        self._redact = redactor or Redactor()
+        self._handlers: dict[str, list[Handler]] = defaultdict(list)
+        self._store: Store | None = None
+        self.connected = False
+        self.error: str | None = None
+        self.since = time.time()
+        self.schema_version = 0
+        self.counts = dict.fromkeys(
+            ("sent", "rejected", "received", "reconnects", "vectors_fetched", "vectors_stored"), 0)
+        self._wake_flush = anyio.Event()
+        self._wake_catchup = anyio.Event()
+        self._event_cursor: int | None = None  # None until the first connect: start at the newest
+        self._state_cursor = 0  # state: every value, once, from the start
+        self._vectors: dict[tuple[str, bytes], bytes] = {}
+        self.up = anyio.Event()  # set once connected the first time
+
+    def __repr__(self) -> str:
+        return f"<Replica {self.origin} connected={self.connected} buffered={self.outbox.pending_count}>"
+
+    # -- the port -----------------------------------------------------------------------------
+
+    async def append(self, kind: str, key: str, body: dict[str, Any]) -> None:
+        await self._buffer("event", kind, key, body)
+
+    async def put(self, kind: str, key: str, body: dict[str, Any]) -> None:
+        await self._buffer("state", kind, key, body)
+
+    def subscribe(self, kind: str, handler: Handler) -> None:
+        self._handlers[kind].append(handler)
+
+    async def _buffer(self, table: str, kind: str, key: str, body: dict[str, Any]) -> None:
+        rec = {"t": table, "kind": kind, "key": key, "body": body, "origin": self.origin,
+               "idem": uuid.uuid4().hex, "at": time.time()}
+        await anyio.to_thread.run_sync(self.outbox.append, [rec])
+        self._wake_flush.set()
+
+    async def latest(self, kind: str) -> list[Change]:
+        """The newest event of `kind` per key; [] while the store is down."""
+        from toolatlas.store.client import StoreDown
+
+        store = self._store
+        if store is None:
+            return []
+        try:
+            return await store.latest_events(kind)
+        except StoreDown:
+            return []
+
+    async def get_vectors(self, space: str, keys: list[bytes]) -> dict[bytes, bytes]:
+        """Shared embeddings of `keys` in `space`; {} while the store is down."""
+        from toolatlas.store.client import StoreDown
+
+        store = self._store
+        if store is None or not keys:
+            return {}
+        try:
+            got = await store.get_vectors(space, keys)
+        except StoreDown:
+            return {}
+        self.counts["vectors_fetched"] += len(got)
+        return got
+
+    def queue_vectors(self, space: str, items: list[tuple[bytes, bytes]]) -> None:
+        """Embeddings this replica computed, to be shared (sent by the sender task)."""
+        for key, vec in items:
+            if len(self._vectors) >= VECTORS_PENDING_MAX:
+                break
+            self._vectors[(space, key)] = vec
+        self._wake_flush.set()
+
+    # -- the service --------------------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Connect (one attempt before started(), so a reachable store is there from the
+        first catalog on), then keep the sender, listener and catch-up running, reconnecting
+        every `retry_interval` seconds while the database is down. Runs until cancelled."""
+        store = await self._attempt()
+        task_status.started()
+        try:
+            while True:
+                if store is None:
+                    await anyio.sleep(self.cfg.retry_interval)
+                    store = await self._attempt()
+                    continue
+                await self._serve(store)
+                store = None
+        finally:
+            if self._store is not None:
+                await self._store.close()
+
+    async def _attempt(self) -> Store | None:
+        from toolatlas.store.client import Store, StoreDown
+
+        store = Store(self.cfg.url, origin=self.origin, connect_timeout=self.cfg.connect_timeout,
+                      redactor=self._redact)
+        try:
+            await store.connect()
+            applied = await store.migrate()
+            if self._event_cursor is None:
+                self._event_cursor = await store.last_event_id()
+        except StoreDown as exc:
+            await store.close()
+            self._mark_down(str(exc))
+            return None
+        from toolatlas.store.schema import LATEST
+
+        self.schema_version = LATEST
+        if applied:
+            log.info("store.schema migrated to version %d", LATEST)
+        if self.up.is_set():
+            self.counts["reconnects"] += 1
+        self._store = store
+        self.connected, self.error, self.since = True, None, time.time()
+        log.info("store.connected as %s (%d buffered writes to send)", self.origin, self.outbox.pending_count)
+        self.up.set()
+        self._wake_catchup.set()
+        return store
+
+    def _mark_down(self, why: str) -> None:
+        if self.connected or self.error != why:
+            log.warning("store.unreachable: %s; serving from local state, writes buffered on disk, "
+                        "retrying every %.1f s", why, self.cfg.retry_interval)
+        if self.connected:
+            self.since = time.time()
+        self.connected, self.error = False, why
+
+    async def _serve(self, store: Store) -> None:
+        from toolatlas.store.client import StoreDown
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._listen, store)
+                tg.start_soon(self._send, store)
+                tg.start_soon(self._catch_up_loop, store)
+        except* StoreDown as group:
+            self._mark_down(str(group.exceptions[0]))
+        except* Exception as group:  # a bug or a full disk: log it, keep serving, retry
+            log.error("store.link_failed; reconnecting", exc_info=group.exceptions[0])
+            self._mark_down(f"shared store: {type(group.exceptions[0]).__name__}: {group.exceptions[0]}")
+        finally:
+            self._store = None
+            await store.close()
+
+    async def _send(self, store: Store) -> None:
+        while True:
+            records, offset = await anyio.to_thread.run_sync(self.outbox.peek, FLUSH_BATCH)
+            if records:
+                await self._write(store, records)
+                await anyio.to_thread.run_sync(self.outbox.mark_done, offset, len(records))
+                self.counts["sent"] += len(records)
+                continue
+            if self._vectors:
+                await self._send_vectors(store)
+                continue
+            with anyio.move_on_after(1.0):
+                await self._wake_flush.wait()
+            self._wake_flush = anyio.Event()
+
+    async def _write(self, store: Store, records: list[dict[str, Any]]) -> None:
+        """Commit `records`; one whose content the database refuses is dropped (logged,
+        counted in `rejected`) so it cannot hold back every write behind it."""
+        from toolatlas.store.client import StoreRejected
+
+        try:
+            await store.write(records)
+            return
+        except StoreRejected:
+            pass
+        for rec in records:
+            try:
+                await store.write([rec])
+            except StoreRejected as exc:
+                self.counts["rejected"] += 1
+                log.error("store.write_rejected kind=%s key=%s: %s; dropped", rec.get("kind"), rec.get("key"), exc)
+
+    async def _send_vectors(self, store: Store) -> None:
+        batch = list(self._vectors.items())[:VECTOR_BATCH]
+        by_space: dict[str, list[tuple[bytes, bytes]]] = defaultdict(list)
+        for (space, key), vec in batch:
+            by_space[space].append((key, vec))
+        for space, items in by_space.items():
+            await store.put_vectors(space, items)
+        for k, _ in batch:
+            self._vectors.pop(k, None)
+        self.counts["vectors_stored"] += len(batch)
+
+    async def _listen(self, store: Store) -> None:
+        async for payload in store.notifications():
+            if payload.get("origin") != self.origin:
+                self._wake_catchup.set()
+
+    async def _catch_up_loop(self, store: Store) -> None:
+        while True:
+            await self._catch_up(store)
+            with anyio.move_on_after(self.cfg.catchup_interval):
+                await self._wake_catchup.wait()
+            self._wake_catchup = anyio.Event()
+
+    async def _catch_up(self, store: Store) -> None:
+        """Hand every change since the cursors to its subscribers, in order."""
+        while True:
+            events = await store.events_after(self._event_cursor or 0, READ_BATCH)
+            for change in events:
+                self._event_cursor = change.seq
+                await self._dispatch(change)
+            if len(events) < READ_BATCH:
+                break
+        while True:
+            states = await store.state_after(self._state_cursor, READ_BATCH)
+            for change in states:
+                self._state_cursor = change.seq
+                await self._dispatch(change)
+            if len(states) < READ_BATCH:
+                break
+
+    async def _dispatch(self, change: Change) -> None:
+        if change.origin == self.origin:
+            return
+        self.counts["received"] += 1
+        for handler in self._handlers.get(change.kind, ()):
+            try:
+                await handler(change)
+            except Exception:  # one subscriber's bug must not stop the others or the store
+                log.exception("store.subscriber_failed kind=%s key=%s", change.kind, change.key)
+
+    def status(self) -> dict[str, Any]:
+        """catalog_status's `store` section (no URL: it may hold a password)."""
+        return {
+            "configured": True,
+            "connected": self.connected,
+            "since": round(self.since, 3),
+            "error": self.error,
+            "replica": self.origin,
+            "schema_version": self.schema_version,
+            "buffered": self.outbox.pending_count,
+            "buffered_bytes": self.outbox.pending_bytes,
+            "buffer_max_bytes": self.outbox.max_bytes,
+            "refused": self.outbox.refused,
+            "vectors_pending": len(self._vectors),
+            **self.counts,
+        }
+
+
+__all__ = ["Replica"]

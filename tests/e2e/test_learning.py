@@ -1,0 +1,186 @@
+"""Retrieval that learns from use (issue 17), on real daemons sharing one state_dir.
+
+A search then a successful execute of its third result is a usage event that survives a
+restart and lifts that tool; an isError result, a refused call and a direct call record
+nothing; one principal's 500 events leave another principal's ranking as it was;
+`toolatlas learning show|forget|reset` see and wipe the store (the running daemon notices);
+a tool removed from its upstream leaves no trace in results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.ports import free_port
+from toolatlas.surface.http import hash_token
+
+TOKEN = "s3cret-other-user"
+QUERY = "generated test tool"
+N_GEN = 8
+
+
+def _config(port: int) -> str:
+    return (
+        f'[http]\nlisten = "127.0.0.1:{port}"\n'
+        f'[[http.tokens]]\nname = "other"\nsha256 = "{hash_token(TOKEN)}"\n'
+        '[[access]]\ntokens = ["other"]\nservers = ["*"]\n'
+        + stdio_testserver("t", "--tools", str(N_GEN))
+        + f'[[upstream]]\nname = "notes"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+        'args = ["-m", "toolatlas.examples.notes", "--transport", "stdio"]\n'
+    )
+
+
+def _cli(d: Daemon, *args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "toolatlas", "learning", *args, "--config", str(d.config), "--json"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    parsed: dict[str, Any] = json.loads(out.stdout)
+    return parsed
+
+
+def _events(d: Daemon) -> int:
+    n: int = d.status()["learning"]["events"]
+    return n
+
+
+def _execute(d: Daemon, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return d.tool("execute_tool", {"name": name, "arguments": args})
+
+
+@asynccontextmanager
+async def _other(url: str) -> AsyncIterator[Client]:
+    """An SDK client over HTTP as the principal `token:other`."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as http:
+        async with Client(streamable_http_client(url, http_client=http)) as c:
+            yield c
+
+
+def _other_search(url: str, query: str) -> list[str]:
+    async def go() -> list[str]:
+        with anyio.fail_after(60):
+            async with _other(url) as c:
+                res = await c.call_tool("tool_search", {"query": query, "top_k": 5})
+                return [m["name"] for m in json.loads(res.content[0].text)["matches"]]
+
+    return anyio.run(go)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
+    yield tmp_path_factory.mktemp("learning"), free_port()
+
+
+def _daemon(home: tuple[Path, int]) -> Daemon:
+    tmp, port = home
+    d = Daemon(tmp, _config(port))
+    d.http_url = f"http://127.0.0.1:{port}/mcp"  # type: ignore[attr-defined]
+    return d
+
+
+def test_feedback_survives_a_restart_and_failures_record_nothing(home: tuple[Path, int]) -> None:
+    with _daemon(home) as d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 60, "upstreams ready")
+        assert d.status()["learning"] == {"enabled": True, "events": 0, "tools_with_feedback": 0, "updated_at": None}
+        before = d.search(QUERY)
+        assert len(before) == 5 and all(n.startswith("t__gen_") for n in before), before
+        third = before[2]
+        # a direct namespaced call without a search records nothing
+        assert not d.tool(third, {"value": "direct"}).get("isError")
+        # an isError result and a refused call after a search record nothing either
+        with d.client() as c:
+            found = [m["name"] for m in c.call_tool("tool_search", {"query": "read one note in full by its id"})
+                     ["structuredContent"]["matches"]]
+            assert "notes__get_note" in found
+            bad = c.call_tool("execute_tool", {"name": "notes__get_note", "arguments": {"note_id": 987654}})
+            assert bad.get("isError"), bad
+            c.call_tool("tool_search", {"query": QUERY})
+            refused = c.call_tool("execute_tool", {"name": third, "arguments": {"value": 5}})
+            assert refused.get("isError") or "error" in refused, refused
+            # the one that counts: search, then execute its third result successfully
+            again = [m["name"] for m in c.call_tool("tool_search", {"query": QUERY})["structuredContent"]["matches"]]
+            assert again == before
+            ok = c.call_tool("execute_tool", {"name": third, "arguments": {"value": "x"}})
+            assert not ok.get("isError"), ok
+        d.wait_for(lambda: _events(d) == 1, 30, "one usage event")
+        status = d.status()["learning"]
+        assert status["tools_with_feedback"] == 1 and status["updated_at"]
+        assert _cli(d, "show", "notes__get_note")["events"] == 0
+        shown = _cli(d, "show", third)
+        assert shown["events"] == 1 and shown["queries"][0]["query"] == QUERY
+    store = home[0] / "state" / "learning.sqlite3"
+    assert stat.S_IMODE(os.stat(store).st_mode) == 0o600
+    with _daemon(home) as d:
+        d.wait_for(lambda: _events(d) == 1, 30, "the event after a restart")
+        after = d.search(QUERY)
+        assert after.index(third) < 2, (before, after)
+        # the other principal (an HTTP token) still sees the zero-shot ranking
+        assert _other_search(d.http_url, QUERY) == before  # type: ignore[attr-defined]
+
+
+def test_one_principals_flood_leaves_another_unchanged_and_reset_restores(home: tuple[Path, int]) -> None:
+    with _daemon(home) as d:
+        url = d.http_url  # type: ignore[attr-defined]
+        query = "generated tool that returns its input"
+        other_before = _other_search(url, query)
+        wrong = other_before[-1]
+        start = _events(d)
+        with d.client() as c:
+            for _ in range(500):
+                c.call_tool("tool_search", {"query": query})
+                assert not c.call_tool("execute_tool", {"name": wrong, "arguments": {}}).get("isError")
+        d.wait_for(lambda: _events(d) == start + 500, 60, "500 more events")
+        assert d.search(query)[0] == wrong  # the flooder's own ranking learned it
+        assert _other_search(url, query) == other_before  # nobody else's did
+        assert _cli(d, "show", wrong)["queries"][0]["count"] == 500
+        assert _cli(d, "reset")["reset"] == start + 500
+        d.wait_for(lambda: _events(d) == 0, 30, "the daemon to notice the reset")
+        assert d.search(query) == other_before  # zero-shot again
+
+
+def test_a_removed_tool_leaves_no_trace(home: tuple[Path, int]) -> None:
+    with _daemon(home) as d:
+        assert not d.tool("t__add_tool", {"name": "frob_widget", "description": "Frobnicate the widget gently."}).get("isError")
+        d.wait_for(lambda: "t__frob_widget" in d.search("frobnicate the widget"), 30, "the new tool indexed")
+        with d.client() as c:
+            for _ in range(3):
+                c.call_tool("tool_search", {"query": "frobnicate the widget"})
+                assert not c.call_tool("execute_tool", {"name": "t__frob_widget", "arguments": {}}).get("isError")
+        d.wait_for(lambda: d.status()["learning"]["tools_with_feedback"] == 1, 30, "feedback on the new tool")
+        assert not d.tool("t__remove_tool", {"name": "frob_widget"}).get("isError")
+        d.wait_for(lambda: "t__frob_widget" not in d.search("frobnicate the widget", 20), 30, "the tool gone")
+        for query in ("frobnicate the widget", "widget", QUERY):
+            assert "t__frob_widget" not in d.search(query, 20)
+        forgotten = _cli(d, "forget", "t__frob_widget")
+        assert forgotten == {"tool": "t__frob_widget", "forgotten": 3}
+        d.wait_for(lambda: _events(d) == 0, 30, "the daemon to notice the forget")
+
+
+def test_without_top_k_the_answer_is_adaptive_and_says_when_nothing_fits(tmp_path: Path) -> None:
+    examples = "".join(
+        f'[[upstream]]\nname = "{n}"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+        f'args = ["-m", "toolatlas.examples.{n}", "--transport", "stdio"]\n' for n in ("notes", "weather", "units"))
+    with Daemon(tmp_path, examples, search_extra='embedder = "onnx"\n') as d:
+        d.wait_for(lambda: d.status()["index"]["degraded"] is None and d.status()["index"]["tools"] == 13, 120,
+                   "hybrid search over the examples")
+        found = d.meta("tool_search", {"query": "add a note"})
+        assert 1 <= len(found["matches"]) <= 5 and found["matches"][0]["name"] == "notes__add_note"
+        assert "note" not in found
+        assert len(d.meta("tool_search", {"query": "add a note", "top_k": 5})["matches"]) == 5
+        none = d.meta("tool_search", {"query": "book a flight to Rome"})
+        assert none["matches"] == [] and "notes, units, weather" in none["note"], none
+        # asked for a number, the caller gets the closest tools anyway
+        assert len(d.meta("tool_search", {"query": "book a flight to Rome", "top_k": 3})["matches"]) == 3

@@ -1,0 +1,208 @@
+"""The shared store against a real PostgreSQL (tests/support/postgres.py): migrations under
+the advisory lock, idempotent writes, propagation between replicas through the port, and a
+database that goes away and comes back while a replica keeps writing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from toolatlas.config import StoreSection
+from toolatlas.redact import Redactor
+from toolatlas.store.client import Store, StoreDown
+from toolatlas.store.ports import APPROVAL, FEEDBACK, Change
+from toolatlas.store.replica import Replica
+
+from tests.support.postgres import PgServer
+
+FAST = dict(catchup_interval=0.5, retry_interval=0.2, connect_timeout=2.0)
+
+
+def section(url: str, **kw: Any) -> StoreSection:
+    return StoreSection(url=url, **{**FAST, **kw})
+
+
+@asynccontextmanager
+async def running(replica: Replica) -> AsyncIterator[Replica]:
+    async with anyio.create_task_group() as tg:
+        await tg.start(replica.run)
+        yield replica
+        tg.cancel_scope.cancel()
+
+
+def heard(replica: Replica, kind: str) -> list[Change]:
+    got: list[Change] = []
+
+    async def handler(change: Change) -> None:
+        got.append(change)
+
+    replica.subscribe(kind, handler)
+    return got
+
+
+async def until(predicate: Any, what: str, timeout: float = 15.0) -> None:
+    with anyio.fail_after(timeout, shield=False):
+        while not predicate():
+            await anyio.sleep(0.02)
+
+
+async def test_two_replicas_starting_together_migrate_once(pg_url: str) -> None:
+    stores = [Store(pg_url, origin=f"r{i}", connect_timeout=5, redactor=Redactor()) for i in range(4)]
+    results: list[list[int]] = []
+    with anyio.fail_after(60):
+        for s in stores:
+            await s.connect()
+
+        async def migrate(s: Store) -> None:
+            results.append(await s.migrate())
+
+        async with anyio.create_task_group() as tg:
+            for s in stores:
+                tg.start_soon(migrate, s)
+        for s in stores:
+            await s.close()
+    assert sorted(results, key=len) == [[], [], [], [1]]  # one applied it, the others found it done
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute("SELECT version, applied_by FROM toolatlas_schema").fetchall()
+    assert len(rows) == 1 and rows[0][0] == 1
+
+
+async def test_writes_are_idempotent_and_state_is_newest_wins(pg_url: str) -> None:
+    store = Store(pg_url, origin="a", connect_timeout=5, redactor=Redactor())
+    with anyio.fail_after(60):
+        await store.connect()
+        await store.migrate()
+        ev = {"t": "event", "kind": FEEDBACK, "key": "x__y", "body": {"n": 1}, "origin": "a", "idem": "e1", "at": 100.0}
+        await store.write([ev])
+        await store.write([ev, ev])  # re-sent after a crash: lands once
+        new = {"t": "state", "kind": APPROVAL, "key": "up", "body": {"state": "approved"}, "origin": "a",
+               "idem": "s2", "at": 200.0}
+        old = {**new, "body": {"state": "pending"}, "idem": "s1", "at": 150.0}
+        await store.write([new])
+        await store.write([old])  # an older write arriving late changes nothing
+        await store.write([new])
+        events = await store.events_after(0)
+        states = await store.state_after(0)
+        await store.close()
+    assert [(e.kind, e.key, e.body) for e in events] == [(FEEDBACK, "x__y", {"n": 1})]
+    assert [(s.key, s.body) for s in states] == [("up", {"state": "approved"})]
+
+
+async def test_changes_reach_the_other_replica_not_the_writer(pg_url: str, tmp_path: Path) -> None:
+    a = Replica(section(pg_url), str(tmp_path / "a"))
+    b = Replica(section(pg_url), str(tmp_path / "b"))
+    at_a, at_b = heard(a, FEEDBACK), heard(b, FEEDBACK)
+    approvals_b = heard(b, APPROVAL)
+    with anyio.fail_after(60):
+        async with running(a), running(b):
+            assert a.connected and b.connected
+            await a.append(FEEDBACK, "notes__search", {"query": "q", "useful": True})
+            await a.put(APPROVAL, "files", {"state": "approved", "by": "ops"})
+            await until(lambda: at_b and approvals_b, "B hears A's event and state")
+            assert at_a == []  # a replica does not hear its own writes back
+            assert at_b[0].body == {"query": "q", "useful": True} and at_b[0].origin == a.origin
+            assert approvals_b[0].key == "files" and approvals_b[0].body["state"] == "approved"
+            # A replica that connects later still gets the state (not the old events).
+            c = Replica(section(pg_url), str(tmp_path / "c"))
+            approvals_c, events_c = heard(c, APPROVAL), heard(c, FEEDBACK)
+            async with running(c):
+                await until(lambda: approvals_c, "C reads the existing state")
+                await b.append(FEEDBACK, "notes__add", {"useful": False})
+                await until(lambda: len(at_a) == 1 and events_c, "A and C hear B's event")
+            assert [e.key for e in events_c] == ["notes__add"]
+            # B counts its write as sent once it has marked it done, maybe after the others heard it
+            await until(lambda: a.status()["buffered"] == 0 and b.status()["sent"] == 1, "the writers' books")
+
+
+async def test_writes_wait_on_disk_while_the_database_is_down(tmp_path: Path) -> None:
+    pg = PgServer()
+    try:
+        url = pg.new_database()
+        a = Replica(section(url), str(tmp_path / "a"))
+        b = Replica(section(url), str(tmp_path / "b"))
+        at_b = heard(b, FEEDBACK)
+        with anyio.fail_after(120):
+            async with running(a), running(b):
+                await a.append(FEEDBACK, "k", {"i": -1})
+                await until(lambda: len(at_b) == 1, "B hears the first event")
+                await anyio.to_thread.run_sync(pg.stop)
+                await until(lambda: not a.connected, "A notices the database is gone")
+                assert "shared store" in (a.status()["error"] or "")
+                for i in range(20):
+                    await a.append(FEEDBACK, "k", {"i": i})
+                assert a.status()["buffered"] == 20
+                assert a.outbox.pending_bytes > 0
+                await anyio.to_thread.run_sync(pg.start)
+                await until(lambda: a.connected and a.status()["buffered"] == 0, "A flushes its buffer", 30)
+                await until(lambda: len(at_b) == 21, "B hears every buffered event", 30)
+        assert [c.body["i"] for c in at_b] == list(range(-1, 20))  # in order, each once
+        rows = pg.psql("SELECT count(*), count(DISTINCT idem) FROM toolatlas_events", db=url.rsplit("/", 1)[1])
+        assert rows == [(21, 21)]
+        assert a.counts["reconnects"] >= 1
+    finally:
+        pg.close()
+
+
+async def test_an_unreachable_store_at_start_does_not_block(tmp_path: Path) -> None:
+    from tests.support.ports import free_port
+
+    url = f"postgresql://nobody@127.0.0.1:{free_port()}/none"
+    r = Replica(section(url), str(tmp_path))
+    with anyio.fail_after(30):
+        async with running(r):
+            assert not r.connected and "connect failed" in (r.error or "")
+            await r.append(FEEDBACK, "k", {"x": 1})  # accepted: buffered on disk
+            assert r.status()["buffered"] == 1
+    with pytest.raises(StoreDown, match="not connected"):
+        await Store(url, origin="x", connect_timeout=1, redactor=Redactor()).events_after(0)
+
+
+async def test_a_write_the_database_refuses_does_not_hold_back_the_others(pg_url: str, tmp_path: Path) -> None:
+    a = Replica(section(pg_url), str(tmp_path / "a"))
+    b = Replica(section(pg_url), str(tmp_path / "b"))
+    at_b = heard(b, FEEDBACK)
+    with anyio.fail_after(60):
+        async with running(a), running(b):
+            await a.append(FEEDBACK, "k", {"i": 1})
+            await a.append(FEEDBACK, "k", {"text": "nul \u0000 inside"})  # jsonb refuses U+0000
+            await a.append(FEEDBACK, "k", {"i": 3})
+            await until(lambda: len(at_b) == 2, "B hears the two good events")
+            assert [c.body for c in at_b] == [{"i": 1}, {"i": 3}]
+            assert a.status()["rejected"] == 1 and a.status()["buffered"] == 0
+
+
+async def test_a_reader_following_the_cursor_misses_nothing_under_concurrent_writers(pg_url: str) -> None:
+    """Ids are handed out in commit order (the write lock), so reading `id > last seen` while
+    four replicas write at once still sees every event."""
+    writers = [Store(pg_url, origin=f"w{i}", connect_timeout=5, redactor=Redactor()) for i in range(4)]
+    reader = Store(pg_url, origin="r", connect_timeout=5, redactor=Redactor())
+    seen: list[str] = []
+    with anyio.fail_after(120):
+        for s in [*writers, reader]:
+            await s.connect()
+        await reader.migrate()
+
+        async def write(s: Store) -> None:
+            for i in range(40):
+                await s.write([{"t": "event", "kind": FEEDBACK, "key": f"{s.origin}-{i}", "body": {},
+                                "origin": s.origin, "idem": f"{s.origin}-{i}", "at": 1.0}])
+
+        cursor = 0
+        async with anyio.create_task_group() as tg:
+            for s in writers:
+                tg.start_soon(write, s)
+            while len(seen) < 160:
+                for change in await reader.events_after(cursor):
+                    cursor = change.seq
+                    seen.append(change.key)
+                await anyio.sleep(0)
+        for s in [*writers, reader]:
+            await s.close()
+    assert sorted(seen) == sorted(f"w{w}-{i}" for w in range(4) for i in range(40))

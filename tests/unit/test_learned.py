@@ -1,0 +1,157 @@
+"""The learned stage's pure parts (guard, per-principal bounds, decay) and the usage store
+(SQLite in a real file: mode, crash safety under SIGKILL, a second writer noticed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from toolatlas.retrieval import learned as L
+from toolatlas.retrieval.usage import SqliteUsageStore, UsageEvent
+
+
+def test_guard_keeps_cold_tools_at_their_zero_shot_rank() -> None:
+    zero = [0, 1, 2, 3, 4]
+    fed = np.array([False, False, True, False, False, True, True])
+    # the learned order wants the fed tools 5 and 6 first: cold 0, 1, 3, 4 keep their ranks
+    assert L.guard([5, 6, 2, 0, 1, 3, 4], zero, fed) == [0, 1, 5, 3, 4, 6, 2]
+    # a fed tool boosted past cold ones waits for the first slot no cold tool is owed
+    assert L.guard([2, 0, 1, 3, 4], zero, fed) == [0, 1, 2, 3, 4]
+    # no cold tool in the zero-shot top: the learned order stands
+    assert L.guard([2, 5, 6], [2, 5, 6], fed) == [2, 5, 6]
+    # a repeat of the very query goes first; the cold ones keep their order after it
+    strong = np.array([False] * 6 + [True])
+    assert L.guard([6, 0, 1, 3, 4], zero, fed, strong) == [6, 0, 1, 3, 4]
+
+
+def _ev(query: str, tool: str, principal: str, vec: np.ndarray | None = None, at: float = 0.0) -> UsageEvent:
+    return UsageEvent(query=query, tool=tool, principal=principal, at=at, vector=vec)
+
+
+def _rank(state: L.LearnedState, names: list[str], base: np.ndarray, query: str, qvec: np.ndarray | None,
+          principal: str) -> list[str]:
+    pos_of = {n: i for i, n in enumerate(names)}
+    pos, _ = L.rerank(state, state.positions(1, pos_of), base, np.arange(len(names)), L.tokenize(query), qvec,
+                      principal, len(names))
+    return [names[i] for i in pos]
+
+
+def test_one_other_principal_never_moves_a_ranking_two_agreeing_do() -> None:
+    names = ["a", "b", "c", "d", "e", "f", "g"]
+    base = np.array([3.0, 2.5, 2.0, 1.5, 1.0, 0.5, 0.0], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=8).astype(np.float32)
+    q /= np.linalg.norm(q)
+    flood = [_ev("frobnicate the gizmo", "g", "mallory", q) for _ in range(500)]
+    alone = L.build_state(flood, now=0.0)
+    zero = _rank(L.empty_state(), names, base, "frobnicate the gizmo", q, "alice")
+    assert zero == names
+    assert _rank(alone, names, base, "frobnicate the gizmo", q, "alice") == zero
+    # the flooder's own ranking learned it (a repeat of its query): first
+    assert _rank(alone, names, base, "frobnicate the gizmo", q, "mallory")[0] == "g"
+    agreed = L.build_state(flood + [_ev("frobnicate the gizmo", "g", "bob", q)], now=0.0)
+    assert _rank(agreed, names, base, "frobnicate the gizmo", q, "alice")[0] == "g"
+
+
+def test_old_events_weigh_less() -> None:
+    q = np.ones(4, dtype=np.float32) / 2.0
+    day = 86400.0
+    state = L.build_state([_ev("x y", "a", "p", q, at=0.0), _ev("x z", "b", "p", q, at=60 * day)], now=60 * day)
+    rows = {state.tools[next(iter(t))]: float(w) for t, w in zip(state.row_tools, state.weight)}
+    assert rows["b"] == 1.0 and abs(rows["a"] - 0.25) < 1e-6  # two half-lives
+
+
+def test_store_round_trip_mode_and_a_second_writer(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "learning.sqlite3"
+    store = SqliteUsageStore(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    vec = np.linspace(-1, 1, 384).astype(np.float32)
+    ids = store.add([_ev("add a note", "notes__add_note", "uid:1", at=100.0), _ev("old", "x__y", "uid:1", at=1.0)])
+    store.set_vectors(ids[:1], vec[None, :], "space")
+    got = store.events()
+    assert [e.tool for e in got] == ["notes__add_note", "x__y"]
+    assert got[0].space == "space" and np.allclose(got[0].vector, vec, atol=1e-3) and got[1].vector is None
+    assert store.prune(50.0) == 1 and len(store.events()) == 1
+    assert not store.changed_elsewhere()
+    other = SqliteUsageStore(path)  # what `toolatlas learning forget` does while the daemon runs
+    assert other.forget_tool("notes__add_note") == 1
+    other.close()
+    assert store.changed_elsewhere() and store.events() == []
+    assert not store.changed_elsewhere()
+    store.close()
+
+
+_WRITER = """
+import sys, time
+from toolatlas.retrieval.usage import SqliteUsageStore, UsageEvent
+store = SqliteUsageStore(sys.argv[1])
+i = 0
+while True:
+    store.add([UsageEvent(query=f"q{i}", tool="t__x", principal="uid:1", at=time.time())])
+    i += 1
+    print(i, flush=True)
+"""
+
+
+def test_a_sigkilled_writer_loses_nothing_committed_and_never_corrupts(tmp_path: Path) -> None:
+    path = tmp_path / "learning.sqlite3"
+    total = 0
+    for _round in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True,
+                                env=dict(os.environ))
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 30
+        committed = 0
+        while committed < 50 and time.monotonic() < deadline:
+            committed = int(proc.stdout.readline() or 0) or committed
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        assert committed >= 50
+        total += committed
+        db = sqlite3.connect(path)
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        db.close()
+        store = SqliteUsageStore(path)
+        # every event the writer saw committed (it printed after COMMIT) is there
+        assert len(store.events()) >= total
+        store.close()
+
+
+def test_feedback_events_are_counted_by_outcome() -> None:
+    import pytest
+
+    from toolatlas.metrics import Metrics
+
+    m = Metrics()
+    m.count_feedback("recorded")
+    m.count_feedback("recorded")
+    m.count_feedback("call_failed")
+    text = m.expose()[0].decode()
+    assert 'toolatlas_feedback_events_total{outcome="recorded"} 2.0' in text
+    assert 'toolatlas_feedback_events_total{outcome="call_failed"} 1.0' in text
+    with pytest.raises(ValueError, match="feedback outcome"):
+        m.count_feedback("made_up")
+
+
+def test_feedback_never_brings_in_a_tool_outside_the_callers_scope() -> None:
+    names = ["a", "b", "c", "d"]
+    q = np.ones(4, dtype=np.float32) / 2.0
+    state = L.build_state([_ev("open the vault", "d", "me", q) for _ in range(50)], now=0.0)
+    pos_of = {n: i for i, n in enumerate(names)}
+    allowed = np.array([0, 1, 2])  # the caller may not use d
+    pos, _ = L.rerank(state, state.positions(1, pos_of), np.array([1.0, 0.5, 0.2], dtype=np.float32), allowed,
+                      L.tokenize("open the vault"), q, "me", 4)
+    assert [names[i] for i in pos] == ["a", "b", "c"]
+    # in scope, the same feedback puts it first
+    pos, _ = L.rerank(state, state.positions(1, pos_of), np.array([1.0, 0.5, 0.2, 0.1], dtype=np.float32),
+                      np.arange(4), L.tokenize("open the vault"), q, "me", 4)
+    assert names[pos[0]] == "d"
