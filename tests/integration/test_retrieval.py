@@ -206,6 +206,7 @@ def test_a_lone_query_spins_two_threads_and_concurrent_recent_or_batched_queries
         pytest.skip("one usable core: no second thread to spin")
     emb = OnnxEmbedder(folder, "fp32", "int8", query_threads=2)
     assert emb.query_threads == 2
+    emb.cores_idle = lambda extra: True  # this test is about the searches; the host's load is the next one's
     q = "read a file from disk"
     lone = emb.embed_queries([q])
     assert emb.lone_queries == 1
@@ -599,3 +600,34 @@ def test_stale_temp_files_of_dead_writers_are_removed_at_load(tmp_path: Path) ->
     if not persist._pid_alive(dead_pid):  # noqa: SLF001
         assert not stale.exists()
     assert live.exists() and other.exists()
+
+
+def test_a_lone_query_takes_one_thread_while_other_work_holds_the_cores(shared_models: Path) -> None:
+    """Issue 19: beside another process's work a second spinning thread waits for a core
+    (measured: a longer tail), so a lone query runs on one thread while the host's runnable
+    threads fill its cores; the probe reads the real host."""
+    import subprocess
+    import sys
+
+    from toolatlas.retrieval.embed import OnnxEmbedder, cores_idle_for, usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("one usable core: no second thread to spin")
+    emb = OnnxEmbedder(shared_models / _EXPORT_DIRNAME, "fp32", "int8", query_threads=2)
+    emb.cores_idle = lambda extra: False
+    emb.embed_queries(["read a file from disk"])
+    assert emb.lone_queries == 0
+    emb.cores_idle = lambda extra: True
+    emb.embed_queries(["read a file from disk"])
+    assert emb.lone_queries == 1
+    # the probe itself: with a busy process on every core, one more thread finds none idle
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(usable_cores())]
+    try:
+        deadline = time.monotonic() + 30
+        while cores_idle_for(1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not cores_idle_for(1)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()

@@ -82,6 +82,25 @@ def usable_cores() -> int:
 _blas_limited = False
 
 
+def cores_idle_for(extra: int) -> bool:
+    """Whether `extra` more threads would each find an idle core now: the threads runnable
+    system-wide (/proc/loadavg's fourth field, the caller's included) plus `extra` fit in the
+    usable cores. True where /proc cannot tell.
+
+    Why (bench/query_embed.py, bench/README.md "issue 19"): on a quiet host a lone query on
+    two spinning threads has the shorter tail (p95 6.3-7.6 ms against 8.9-9.2 on one
+    thread); beside other work the spinning thread has to wait for a core. At loads of 12-21
+    on two cores the runs so far do not separate the two (p95 243 / 245 / 279 / 256 ms
+    spinning against 176 / 243 / 263 / 285 ms on one thread): a quiet-host run with a
+    one-core hog is still owed."""
+    try:
+        with open("/proc/loadavg", "rb") as fh:
+            running = int(fh.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return True
+    return running + extra <= usable_cores()
+
+
 def limit_blas_threads() -> None:
     """Run numpy's BLAS on one thread in this process, once; idempotent, never raises.
 
@@ -190,6 +209,7 @@ class OnnxEmbedder:
         self._recent: deque[bool] = deque(maxlen=LONE_WINDOW)  # did each recent search overlap another?
         self._flight_lock = threading.Lock()
         self.lone_queries = 0  # queries that ran on the spinning session
+        self.cores_idle = cores_idle_for  # the host probe (replaceable: tests pin the host's state)
         self._inputs = {i.name for i in self._query_sess.get_inputs()}
         self._shared = shared
         self._doc_sess: Any = None
@@ -245,6 +265,9 @@ class OnnxEmbedder:
             # Spin only for a single query (a search) that finds no other call in flight,
             # when none of the last LONE_WINDOW searches overlapped another search either.
             lone = single and self._in_flight == 1 and not any(self._recent) and self._lone_sess is not None
+            # ... and when its extra threads find idle cores right now: beside another
+            # process's work a spinning thread waits for a core, and the query for it.
+            lone = lone and self.cores_idle(self.query_threads - 1)
             if lone:
                 self.lone_queries += 1
         try:
