@@ -125,6 +125,22 @@ def test_an_approval_on_one_replica_holds_on_the_other(tmp_path: Path, pg_url: s
         c3.wait_for(lambda: approval(c3) == "rejected", 20, "C starts with the shared decision")
 
 
+def test_feedback_through_one_replica_changes_ranking_on_the_other(
+    tmp_path: Path, pg_url: str, shared_server: RunningServer,
+) -> None:
+    query = "generated test tool"
+    with replica(tmp_path, "a", pg_url, shared_server) as a, replica(tmp_path, "b", pg_url, shared_server) as b:
+        before = b.search(query, 5)
+        assert a.search(query, 5) == before and len(before) == 5, before
+        third = before[2]
+        with a.client() as c:  # search, then execute its third result: a usage event on A
+            assert [m["name"] for m in c.call_tool("tool_search", {"query": query})["structuredContent"]["matches"]] == before
+            assert not c.call_tool("execute_tool", {"name": third, "arguments": {"value": "x"}}).get("isError")
+        a.wait_for(lambda: a.status()["learning"]["events"] == 1, 30, "A records the event")
+        b.wait_for(lambda: b.status()["learning"]["events"] == 1, 20, "B learns A's event from the store")
+        b.wait_for(lambda: b.search(query, 5).index(third) < 2, 20, "the tool ranks higher on B")
+
+
 def test_database_restart_under_load(tmp_path: Path, shared_server: RunningServer, pg_private: PgServer) -> None:
     pg = pg_private
     url = pg.new_database()

@@ -62,6 +62,9 @@ class LearningService:
         self._lock = threading.Lock()  # the index: the writer's and the poller's threads
         self._pruned = -math.inf
         self.ready = False
+        # Hear each usage event recorded here (the shared store's wiring passes them on to the
+        # other replicas, which `ingest` them).
+        self.on_recorded: list[Callable[[UsageEvent], None]] = []
 
     @property
     def enabled(self) -> bool:
@@ -109,7 +112,22 @@ class LearningService:
                 log.warning("learning: the usage writer is behind; an event for %s was dropped", name)
                 return
             self._metrics.count_feedback("recorded")
+            for hear in self.on_recorded:
+                hear(event)
             return
+
+    def ingest(self, event: UsageEvent) -> bool:
+        """A usage event recorded by another replica: stored, embedded and learned from as
+        one of this replica's own (it is not passed on again). False when learning is off or
+        the writer is far behind (the event is dropped, as a local one would be)."""
+        if not self.enabled:
+            return False
+        try:
+            self._send.send_nowait(event)
+        except anyio.WouldBlock:
+            log.warning("learning: the usage writer is behind; a shared event for %s was dropped", event.tool)
+            return False
+        return True
 
     def forget_connection(self, conn: Connection) -> None:
         self._recent.pop(conn.id, None)

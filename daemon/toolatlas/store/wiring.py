@@ -10,6 +10,9 @@
   re-attested) is shared with its verdict; another replica checks the signature with its
   own public key and adopts it when it is newer than its own card file, then re-attests.
 
+- **Usage feedback** (events of kind `feedback`): a usage event recorded on one replica is
+  learned from on the others (stored in their own usage store, its query embedded there), so
+  a tool executed after a search through A ranks higher on B too, for the same principal.
 - **Upstream approvals** (state of kind `approval`: upstream -> the operator's decision): an
   approve or reject on one replica is in force on the others that run the same upstream
   config (same fingerprint), and on a replica started later; an automatic `pending` yields.
@@ -33,7 +36,8 @@ from toolatlas.catalog.cards import card_path, decode_card, encode_card, read_ca
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.errors import SignatureError, ToolatlasError
 from toolatlas.gateway.approval import Decision, Record
-from toolatlas.store.ports import APPROVAL, CARD, CATALOG_CHANGED, Change
+from toolatlas.retrieval.usage import UsageEvent
+from toolatlas.store.ports import APPROVAL, CARD, CATALOG_CHANGED, FEEDBACK, Change
 from toolatlas.store.replica import Replica
 from toolatlas.store.vectors import VectorBridge
 
@@ -73,6 +77,9 @@ class Sharing:
         self._approvals: list[tuple[str, dict[str, Any]]] = []  # decisions made here, to share
         replica.subscribe(APPROVAL, self._approval_shared)
         gateway.approvals.on_decided.append(self._approval_decided)
+        self._feedback: list[tuple[str, dict[str, Any]]] = []  # usage events recorded here, to share
+        replica.subscribe(FEEDBACK, self._feedback_shared)
+        gateway.learning.on_recorded.append(self._feedback_recorded)
         gateway.catalog.on_change.append(self._changed)
         gateway.status_service.sections["store"] = self.status
 
@@ -134,12 +141,31 @@ class Sharing:
             await self._gw.catalog.announce()
             await self._gw.federation.reloaded()
 
+    def _feedback_recorded(self, event: UsageEvent) -> None:
+        self._feedback.append((event.tool, {"query": event.query, "tool": event.tool, "principal": event.principal,
+                                            "at": event.at, "index_version": event.index_version}))
+        self._wake.set()
+
+    async def _feedback_shared(self, change: Change) -> None:
+        """Another replica's usage event: learned from here too (its principal's, as there)."""
+        b = change.body
+        try:
+            event = UsageEvent(query=str(b["query"]), tool=str(b["tool"]), principal=str(b["principal"]),
+                               at=float(b["at"]), index_version=int(b["index_version"]))
+        except (KeyError, ValueError, TypeError) as exc:
+            log.warning("store: a usage event from %s is malformed (%s); ignored", change.origin, exc)
+            return
+        self._gw.learning.ingest(event)
+
     async def _sync(self) -> None:
         """Announce the approvals, listings and verified cards that changed here since the
         last sync (into the on-disk buffer: also while the store is down)."""
         while self._approvals:
             name, body = self._approvals.pop(0)
             await self._write(self.replica.put, APPROVAL, name, body)
+        while self._feedback:
+            tool, body = self._feedback.pop(0)
+            await self._write(self.replica.append, FEEDBACK, tool, body)
         view = self._gw.catalog.view
         for name, entry in sorted(view.servers.items()):
             if not entry.available or entry.listing is None:
