@@ -139,6 +139,17 @@ def test_feedback_through_one_replica_changes_ranking_on_the_other(
         a.wait_for(lambda: a.status()["learning"]["events"] == 1, 30, "A records the event")
         b.wait_for(lambda: b.status()["learning"]["events"] == 1, 20, "B learns A's event from the store")
         b.wait_for(lambda: b.search(query, 5).index(third) < 2, 20, "the tool ranks higher on B")
+        b.stop()
+        # While B is down, A records another event; B reads it after its restart (the event
+        # cursor is kept in its state_dir), and does not take its own earlier event for new.
+        other = "a generated tool that returns what it is given"
+        with a.client() as c:
+            fifth = [m["name"] for m in c.call_tool("tool_search", {"query": other})["structuredContent"]["matches"]][4]
+            assert not c.call_tool("execute_tool", {"name": fifth, "arguments": {"value": "y"}}).get("isError")
+        a.wait_for(lambda: a.status()["learning"]["events"] == 2, 30, "A records the second event")
+        with replica(tmp_path, "b", pg_url, shared_server) as b2:
+            b2.wait_for(lambda: b2.status()["learning"]["events"] == 2, 30, "B learns what A recorded while it was down")
+            assert b2.search(query, 5).index(third) < 2
 
 
 def test_database_restart_under_load(tmp_path: Path, shared_server: RunningServer, pg_private: PgServer) -> None:

@@ -14,7 +14,6 @@ psycopg is imported only here, when the service first connects (`client.py`).
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import socket
 import time
@@ -27,6 +26,7 @@ import anyio
 import anyio.abc
 
 from toolatlas.config import StoreSection
+from toolatlas.paths import write_atomic
 from toolatlas.redact import Redactor
 from toolatlas.store.outbox import Outbox
 from toolatlas.store.ports import Change, Handler
@@ -48,8 +48,13 @@ class Replica:
 
     def __init__(self, section: StoreSection, state_dir: str, *, redactor: Redactor | None = None) -> None:
         self.cfg = section
-        self.origin = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self.outbox = Outbox(Path(state_dir) / "store", section.buffer_max_bytes)
+        folder = Path(state_dir) / "store"
+        self.outbox = Outbox(folder, section.buffer_max_bytes)
+        # Who this replica is in the store, and how far it has read the event log: both kept
+        # in state_dir, so a restarted replica neither takes its own earlier writes for another
+        # replica's nor misses what the others wrote while it was down.
+        self.origin = _stable_origin(folder / "origin")
+        self._cursor_file = folder / "events.cursor"
         self._redact = redactor or Redactor()
         self._handlers: dict[str, list[Handler]] = defaultdict(list)
         self._store: Store | None = None
@@ -61,7 +66,8 @@ class Replica:
             ("sent", "rejected", "received", "reconnects", "vectors_fetched", "vectors_stored"), 0)
         self._wake_flush = anyio.Event()
         self._wake_catchup = anyio.Event()
-        self._event_cursor: int | None = None  # None until the first connect: start at the newest
+        # None for a new replica until its first connect: it starts at the newest event.
+        self._event_cursor: int | None = _read_cursor(self._cursor_file)
         self._state_cursor = 0  # state: every value, once, from the start
         self._vectors: dict[tuple[str, bytes], bytes] = {}
         self.up = anyio.Event()  # set once connected the first time
@@ -150,6 +156,7 @@ class Replica:
             applied = await store.migrate()
             if self._event_cursor is None:
                 self._event_cursor = await store.last_event_id()
+                _write_cursor(self._cursor_file, self._event_cursor)
         except StoreDown as exc:
             await store.close()
             self._mark_down(str(exc))
@@ -255,6 +262,8 @@ class Replica:
             for change in events:
                 self._event_cursor = change.seq
                 await self._dispatch(change)
+            if events:
+                _write_cursor(self._cursor_file, events[-1].seq)
             if len(events) < READ_BATCH:
                 break
         while True:
@@ -292,5 +301,41 @@ class Replica:
             **self.counts,
         }
 
+
+
+def _stable_origin(path: Path) -> str:
+    """This state_dir's replica name (hostname:random), made once and kept in `path`."""
+    try:
+        name = path.read_text().strip()
+        if name:
+            return name
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("store: cannot read %s (%s); using a new replica name", path, exc)
+    name = f"{socket.gethostname()}:{secrets.token_hex(6)}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, name.encode(), 0o600)
+    except OSError as exc:
+        log.warning("store: cannot keep the replica name in %s (%s)", path, exc)
+    return name
+
+
+def _read_cursor(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("store: the event cursor %s is unreadable (%s); reading from the newest event", path, exc)
+        return None
+
+
+def _write_cursor(path: Path, seq: int) -> None:
+    try:
+        write_atomic(path, str(seq).encode(), 0o600)
+    except OSError as exc:  # read again after a restart: handlers are idempotent or level-triggered
+        log.warning("store: cannot keep the event cursor in %s (%s)", path, exc)
 
 __all__ = ["Replica"]
