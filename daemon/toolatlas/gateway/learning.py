@@ -61,7 +61,6 @@ class LearningService:
         self._index = LearningIndex()
         self._lock = threading.Lock()  # the index: the writer's and the poller's threads
         self._pruned = -math.inf
-        self.ready = False
 
     @property
     def enabled(self) -> bool:
@@ -111,9 +110,6 @@ class LearningService:
             self._metrics.count_feedback("recorded")
             return
 
-    def forget_connection(self, conn: Connection) -> None:
-        self._recent.pop(conn.id, None)
-
     def status(self) -> dict[str, Any]:
         """catalog_status's `learning` section."""
         state = self._engine.learned
@@ -140,7 +136,6 @@ class LearningService:
         task_status.started()
         try:
             await anyio.to_thread.run_sync(self._reload, store)
-            self.ready = True
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._write_loop, store)
                 tg.start_soon(self._poll_loop, store)
