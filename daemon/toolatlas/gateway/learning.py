@@ -61,7 +61,6 @@ class LearningService:
         self._index = LearningIndex()
         self._lock = threading.Lock()  # the index: the writer's and the poller's threads
         self._pruned = -math.inf
-        self.ready = False
         # Hear each usage event recorded here (the shared store's wiring passes them on to the
         # other replicas, which `ingest` them).
         self.on_recorded: list[Callable[[UsageEvent], None]] = []
@@ -129,9 +128,6 @@ class LearningService:
             return False
         return True
 
-    def forget_connection(self, conn: Connection) -> None:
-        self._recent.pop(conn.id, None)
-
     def status(self) -> dict[str, Any]:
         """catalog_status's `learning` section."""
         state = self._engine.learned
@@ -158,7 +154,6 @@ class LearningService:
         task_status.started()
         try:
             await anyio.to_thread.run_sync(self._reload, store)
-            self.ready = True
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._write_loop, store)
                 tg.start_soon(self._poll_loop, store)

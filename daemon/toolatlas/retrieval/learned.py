@@ -3,9 +3,9 @@
 A `LearnedState` is built from usage events (usage.py) and is immutable once published, like
 a `Snapshot`. It holds two signals for a query:
 
-- a kNN vote: the `KNN` past queries nearest the query's vector (hnswlib above
-  `HNSW_MIN_EVENTS` events, an exact scan below) vote for the tool executed after them,
-  each with weight similarity x decay;
+- a kNN vote: the `KNN` past queries nearest the query's vector (one row per distinct query
+  of a principal; hnswlib above `HNSW_MIN_EVENTS` rows, an exact scan below) vote for the
+  tools executed after them, each with weight similarity x decay;
 - a lexical match against the tool's past queries (BM25 over one document per tool made of
   the queries that led to it).
 
@@ -25,7 +25,7 @@ the allowed positions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -183,20 +183,9 @@ class LearningIndex:
         if self._hnsw is not None:
             self._hnsw.add(vecs)  # labels are row numbers: added in row order, never deleted
         elif self._n_rows >= HNSW_MIN_EVENTS:
-            from toolatlas.retrieval.hnsw import HnswStore
-
             # past queries cluster tightly (repeats, paraphrases): a cheaper build loses no recall
             self._hnsw = HnswStore(vecs.shape[1], capacity=2 * self._n_rows, ef_construction=HNSW_EF_CONSTRUCTION)
             self._hnsw.add(self._vecs[: self._n_rows])
-
-    def drop(self, keep: Callable[[UsageEvent], bool]) -> int:
-        """Keep only the events `keep` accepts (forget a tool, retention); how many went."""
-        kept = [e for e in self.events if keep(e)]
-        gone = len(self.events) - len(kept)
-        if gone:
-            self._reset()
-            self.add(kept)
-        return gone
 
     def state(self, now: float) -> LearnedState:
         """The immutable state of the events held, their weights decayed to `now`."""
