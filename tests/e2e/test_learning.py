@@ -155,11 +155,14 @@ def test_a_removed_tool_leaves_no_trace(home: tuple[Path, int]) -> None:
     with _daemon(home) as d:
         assert not d.tool("t__add_tool", {"name": "frob_widget", "description": "Frobnicate the widget gently."}).get("isError")
         d.wait_for(lambda: "t__frob_widget" in d.search("frobnicate the widget"), 30, "the new tool indexed")
+        start = _events(d)
         with d.client() as c:
             for _ in range(3):
                 c.call_tool("tool_search", {"query": "frobnicate the widget"})
                 assert not c.call_tool("execute_tool", {"name": "t__frob_widget", "arguments": {}}).get("isError")
-        d.wait_for(lambda: d.status()["learning"]["tools_with_feedback"] == 1, 30, "feedback on the new tool")
+        # all three stored (they reach the store in batches: the first alone may show first)
+        d.wait_for(lambda: _events(d) == start + 3, 30, "three events on the new tool")
+        assert d.status()["learning"]["tools_with_feedback"] == 1
         assert not d.tool("t__remove_tool", {"name": "frob_widget"}).get("isError")
         d.wait_for(lambda: "t__frob_widget" not in d.search("frobnicate the widget", 20), 30, "the tool gone")
         for query in ("frobnicate the widget", "widget", QUERY):
