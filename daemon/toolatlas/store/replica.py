@@ -6,7 +6,10 @@ replicas wrote since the last read (every `catchup_interval` seconds, and at onc
 notification), handing each change to the subscribers of its kind. While the database is
 down the daemon serves from local state: writes wait in the buffer, reads return nothing,
 `status()` says so, and a reconnect every `retry_interval` seconds resumes both where they
-stopped (the cursors are kept, so nothing written meanwhile is missed).
+stopped (the cursors are kept, so nothing written meanwhile is missed). The replica's name in
+the store and its event cursor are kept in `state_dir/store`, so a restarted replica neither
+takes its own earlier writes for another replica's nor misses what the others wrote while it
+was down; a new replica reads from the newest event on.
 
 psycopg is imported only here, when the service first connects (`client.py`).
 """
@@ -50,10 +53,7 @@ class Replica:
         self.cfg = section
         folder = Path(state_dir) / "store"
         self.outbox = Outbox(folder, section.buffer_max_bytes)
-        # Who this replica is in the store, and how far it has read the event log: both kept
-        # in state_dir, so a restarted replica neither takes its own earlier writes for another
-        # replica's nor misses what the others wrote while it was down.
-        self.origin = _stable_origin(folder / "origin")
+        self.origin = _stable_origin(folder / "origin")  # kept in state_dir, as the event cursor
         self._cursor_file = folder / "events.cursor"
         self._redact = redactor or Redactor()
         self._handlers: dict[str, list[Handler]] = defaultdict(list)
@@ -66,16 +66,13 @@ class Replica:
             ("sent", "rejected", "received", "reconnects", "vectors_fetched", "vectors_stored"), 0)
         self._wake_flush = anyio.Event()
         self._wake_catchup = anyio.Event()
-        # None for a new replica until its first connect: it starts at the newest event.
-        self._event_cursor: int | None = _read_cursor(self._cursor_file)
+        self._event_cursor: int | None = _read_cursor(self._cursor_file)  # None: new, start at the newest
         self._state_cursor = 0  # state: every value, once, from the start
         self._vectors: dict[tuple[str, bytes], bytes] = {}
         self.up = anyio.Event()  # set once connected the first time
 
     def __repr__(self) -> str:
         return f"<Replica {self.origin} connected={self.connected} buffered={self.outbox.pending_count}>"
-
-    # -- the port -----------------------------------------------------------------------------
 
     async def append(self, kind: str, key: str, body: dict[str, Any]) -> None:
         await self._buffer("event", kind, key, body)
@@ -125,8 +122,6 @@ class Replica:
                 break
             self._vectors[(space, key)] = vec
         self._wake_flush.set()
-
-    # -- the service --------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Connect (one attempt before started(), so a reachable store is there from the
