@@ -33,7 +33,8 @@ META_TOOLS: list[dict[str, Any]] = [
                     "type": "integer",
                     "minimum": 1,
                     "maximum": MAX_TOP_K,
-                    "description": "How many tools to return (1-20, default 5).",
+                    "description": "How many tools to return (1-20); omitted: up to the default (5) that fit, "
+                                   "or none and a note.",
                 },
                 "servers": {
                     "type": "array",

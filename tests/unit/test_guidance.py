@@ -51,7 +51,7 @@ def test_an_override_replaces_one_text_and_keeps_the_rest(tmp_path: Path) -> Non
                                       "and a literal {domains}.")
     props = search["inputSchema"]["properties"]
     assert props["query"]["description"] == "What to look for."
-    assert props["top_k"]["description"] == "Default 5."  # a parameter the file leaves out: the default's
+    assert props["top_k"]["description"] == "Omit: up to 5 that fit."  # a parameter the file leaves out: the default's
     default_tools, default_instructions = _render(None)
     assert tools["execute_tool"] == default_tools["execute_tool"] and instructions == default_instructions
 
