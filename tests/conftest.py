@@ -87,8 +87,8 @@ def everything_stdio() -> StdioUpstream:
     return configs.stdio_everything()
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PgServer]:
+def _running_pg() -> Iterator[PgServer]:
+    """A throwaway PostgreSQL server for the fixture's scope (skips where none is installed)."""
     if bindir() is None:
         pytest.skip("PostgreSQL server binaries (initdb) are not installed; `make setup` installs them")
     server = PgServer()
@@ -96,6 +96,11 @@ def pg_server() -> Iterator[PgServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    yield from _running_pg()
 
 
 @pytest.fixture
@@ -105,10 +110,4 @@ def pg_url(pg_server: PgServer) -> str:
 
 @pytest.fixture
 def pg_private() -> Iterator[PgServer]:
-    if bindir() is None:
-        pytest.skip("PostgreSQL server binaries (initdb) are not installed; `make setup` installs them")
-    server = PgServer()
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from _running_pg()
