@@ -186,6 +186,7 @@ class Gateway:
             metrics=self.metrics, events=self.events, redactor=self.redactor,
             not_listed=self.status_service.not_listed,
             asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
+            session_ready=lambda s: (st := self.pool.get(s)) is not None and st.state is UpstreamState.READY,
         )
         self.learning = LearningService(lambda: self.cfg.learning, self.engine, Path(cfg.daemon.state_dir),
                                         metrics=self.metrics)

@@ -49,15 +49,18 @@ class CallService:
         self, catalog: LiveCatalog, visibility: Visibility, route: Route, availability: Availability, *,
         metrics: Metrics, events: ev.Events, redactor: Redactor | None = None, not_listed: NotListed | None = None,
         asks_mid_call: Callable[[str], bool] = lambda _server: False, spawn: Callable[[], Spawn | None] = lambda: None,
+        session_ready: Callable[[str], bool] | None = None,
     ) -> None:
         """`not_listed(server)`: why a configured upstream's tools are not known yet (it is
         still connecting), so a call to one of them is told to retry, not that it is unknown.
+        `session_ready(server)`: its warm session is up (the pool says READY).
         `asks_mid_call(server)`: the upstream is on a 2025-era protocol, whose questions
         come as requests during the call (translated for 2026-07-28 callers, see exchange)."""
         self._asks_mid_call, self._spawn = asks_mid_call, spawn
         self._parked = Parked()
         self._redact = redactor or events.redactor
         self._not_listed = not_listed or (lambda _server: None)
+        self._session_ready = session_ready or (lambda _server: False)
         self._catalog = catalog
         self._visibility = visibility
         self._route = route
@@ -140,7 +143,10 @@ class CallService:
                 if starting:
                     raise UpstreamUnavailable(f"tool {name!r} cannot be called yet: {starting}")
             raise BadInput(await self._unknown_tool_message(name, allowed))
-        if not view.server(rec.server).available:
+        if not view.server(rec.server).available and not self._session_ready(rec.server):
+            # A live session whose listing is still being indexed (the view's interim keeps
+            # the server out of search until the swap) is called: the record came from that
+            # listing, and "tools that are not yet indexed are called normally".
             raise UpstreamUnavailable(
                 f"server {rec.server!r} is not available right now ({self._availability(rec.server)}); try again later"
             )

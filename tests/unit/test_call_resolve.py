@@ -1,0 +1,63 @@
+"""CallService between an upstream's first listing and its index swap.
+
+The catalog's interim view holds the new records but keeps the server out of search until
+the index has them. A call in that moment must reach the live session, not be refused with
+"not available right now (ready)" (a race CI hit on a loaded machine)."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import pytest
+
+from toolatlas import events as ev
+from toolatlas.calls import CallRequest, UpstreamCall, UpstreamReply
+from toolatlas.catalog.attest import AttestResult
+from toolatlas.catalog.model import ToolRecord
+from toolatlas.errors import UpstreamUnavailable
+from toolatlas.gateway.calls import CallService
+from toolatlas.gateway.ports import Connection
+from toolatlas.gateway.view import CatalogView, plan_listing
+from toolatlas.metrics import Metrics
+
+TOOLS = [ToolRecord.make("fast", "echo", "Echo a message", {"type": "object"})]
+
+
+def interim_view() -> CatalogView:
+    verdict = AttestResult({t.tool: (t.description, "", ()) for t in TOOLS}, {}, "unattested")
+    view = plan_listing(CatalogView(), "fast", TOOLS, verdict).interim
+    assert "fast__echo" in view.by_name and not view.server("fast").available
+    return view
+
+
+def service(view: CatalogView, *, session_ready: bool, routed: list[UpstreamCall]) -> CallService:
+    async def route(call: UpstreamCall) -> UpstreamReply:
+        routed.append(call)
+        return UpstreamReply(payload={"content": [{"type": "text", "text": "Echo: early"}]})
+
+    visibility: Any = SimpleNamespace(allowed_servers=lambda conn: {"fast"}, configured=lambda s: s == "fast")
+    catalog: Any = SimpleNamespace(view=view)
+    return CallService(
+        catalog, visibility, route, lambda s: "ready", metrics=Metrics(),
+        events=ev.Events(io.StringIO()), session_ready=lambda s: session_ready,
+    )
+
+
+async def test_a_listed_tool_of_a_live_session_is_called_before_its_index_swap() -> None:
+    routed: list[UpstreamCall] = []
+    calls = service(interim_view(), session_ready=True, routed=routed)
+    with anyio.fail_after(10):
+        outcome = await calls.execute(CallRequest("fast__echo", {"message": "early"}), Connection(id=1))
+    assert not outcome.is_error
+    assert [(c.server, c.tool, c.arguments) for c in routed] == [("fast", "echo", {"message": "early"})]
+
+
+async def test_a_server_whose_session_is_down_is_still_refused() -> None:
+    routed: list[UpstreamCall] = []
+    calls = service(interim_view(), session_ready=False, routed=routed)
+    with anyio.fail_after(10), pytest.raises(UpstreamUnavailable, match="not available right now"):
+        await calls.execute(CallRequest("fast__echo", {"message": "x"}), Connection(id=1))
+    assert routed == []
