@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,12 @@ META = ["tool_search", "execute_tool", "catalog_status"]
 EXPORT = Path("index") / "models" / "minilm-l6-v2-onnx-v2" / "manifest.json"
 
 
-def gated_upstream(name: str, gate: Path) -> str:
+def gated_upstream(name: str, gate: Path, connect_s: int = 300) -> str:
     """A stdio test server that only starts once `gate` exists: "connecting" until then."""
     script = f'while [ ! -e "{gate}" ]; do sleep 0.05; done; exec "$0" "$@"'
     args = json.dumps(["-c", script, sys.executable, *testserver_args("--name", name)])
     return (f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "sh"\nargs = {args}\n'
-            "timeouts = { connect = 300 }\n")
+            f"timeouts = {{ connect = {connect_s} }}\n")
 
 
 def cli(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
@@ -127,7 +128,7 @@ def test_fresh_state_dir_serves_bm25_while_the_model_exports_then_goes_hybrid(tm
     d = Daemon(tmp_path, stdio_testserver("fast"), search_extra='embedder = "onnx"\n', seed_models=False)
     assert not (tmp_path / "state").exists()
     with d.start(wait_ready=120, env={HOLD_EXPORT_ENV: str(gate)}):
-        # Search serves first; the model's worker starts then, and the gate holds its export.
+        # The export starts at spawn (niced) and the gate holds it; search serves meanwhile.
         d.wait_for(lambda: d.status()["index"]["model"]["phase"] == "exporting", 60, "the export held")
         answer = d.meta("tool_search", {"query": "echo the message back", "top_k": 3})
         st = d.status()
@@ -155,3 +156,53 @@ def test_fresh_state_dir_serves_bm25_while_the_model_exports_then_goes_hybrid(tm
         assert (tmp_path / "state" / EXPORT).is_file()
         answer = d.meta("tool_search", {"query": "echo the message back", "top_k": 3})
         assert answer["matches"][0]["name"] == "fast__echo" and answer["degraded"] is None
+
+
+@pytest.mark.timeout(900)
+def test_the_export_starts_at_spawn_not_after_the_first_index(tmp_path: Path) -> None:
+    """Dense search must not wait for the first index to start the one-time export: it runs
+    (niced) beside the upstreams' start. An upstream that stays "connecting" holds the first
+    index back; the export still runs to completion meanwhile."""
+    export_gate, slow_gate = tmp_path / "export-may-start", tmp_path / "slow-may-start"
+    d = Daemon(tmp_path, stdio_testserver("fast") + gated_upstream("slow", slow_gate, connect_s=900),
+               search_extra='embedder = "onnx"\n', seed_models=False)
+    with d.start(ready=False, env={HOLD_EXPORT_ENV: str(export_gate)}):
+        st = d.wait_for(lambda: (s := d.status())["index"]["model"]["phase"] == "exporting" and s, 60, "exporting")
+        assert st["index"]["ready"] is False
+        assert any(w.startswith("embedding model: exporting (") for w in st["waiting_for"]), st["waiting_for"]
+        export_gate.touch()
+        d.wait_for(lambda: (tmp_path / "state" / EXPORT).is_file(), 600, "the export written")
+        st = d.status()
+        assert st["index"]["ready"] is False and st["index"]["model"]["phase"] == "waiting", st["index"]
+        slow_gate.touch()  # the first index lands; the model loads from the export on disk
+        st = d.wait_for(lambda: (s := d.status())["index"]["model"]["phase"] == "ready" and s, 600, "hybrid")
+        assert st["index"]["ready"] and st["index"]["degraded"] is None and st["waiting_for"] == []
+
+
+def _exporters(state: Path) -> list[int]:
+    """Pids of live exporter subprocesses writing under `state`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"toolatlas.retrieval.export_onnx" in argv and any(str(state).encode() in a for a in argv):
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.timeout(300)
+def test_a_shutdown_before_the_first_index_kills_the_running_export(tmp_path: Path) -> None:
+    slow_gate = tmp_path / "slow-may-start"
+    d = Daemon(tmp_path, gated_upstream("slow", slow_gate), search_extra='embedder = "onnx"\n', seed_models=False)
+    with d.start(ready=False):
+        d.wait_for(lambda: _exporters(tmp_path / "state"), 60, "the exporter subprocess")
+        assert d.status()["index"]["ready"] is False
+        assert d.stop() == 0
+    # The daemon has exited; the exporter it started must not outlive it.
+    deadline = time.monotonic() + 30
+    while _exporters(tmp_path / "state") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _exporters(tmp_path / "state") == []
+    assert not (tmp_path / "state" / EXPORT).exists()

@@ -213,6 +213,7 @@ class Gateway:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
+            tg.start_soon(self.catalog.export_ahead)  # a fresh state_dir's export, niced, beside everything
             await tg.start(self.pool.run)  # first: upstreams start while the index loads
             await self.catalog.load(frozenset(u.name for u in self.cfg.upstream))
             await tg.start(self.learning.run)
@@ -232,10 +233,8 @@ class Gateway:
             await self.catalog.announce()
 
     async def _run_model(self) -> None:
-        """The embedding model's worker, started once search serves: on a fresh state_dir the
-        export (a torch subprocess, tens of CPU seconds) would otherwise take the cores from the
-        upstreams' and the daemon's own start, which the first answer waits for. Dense search
-        comes no later than before, when the export ran first and everything else after it."""
+        """The model's worker, once search serves: loading it and embedding every document
+        would otherwise take the cores from the start that the first answer waits for."""
         await self.index_ready.wait()
         await self.catalog.run_model()
 

@@ -68,6 +68,17 @@ class LiveCatalog:
             self._index_updated()  # analyse the restored catalog (no update may follow)
         self.engine_loaded.set()
 
+    async def export_ahead(self) -> None:
+        """On a fresh state_dir, the ONNX export (a torch subprocess, tens of CPU seconds)
+        starts at spawn: niced, it takes the cores only where the upstreams' start and the
+        first index leave them idle, and dense search does not wait for the first index to
+        start it (issue 16: hybrid no later than when the export ran before everything)."""
+        try:
+            await anyio.to_thread.run_sync(self.engine.export_ahead, abandon_on_cancel=True)
+        except BaseException:
+            self.engine.cancel()  # shutting down: the exporter is killed, no child outlives us
+            raise
+
     async def run_model(self) -> None:
         """Bring the index from BM25 to hybrid in the background, and keep it there: load the
         model (exporting it first on a fresh state_dir), then embed what the index lacks, a

@@ -106,8 +106,7 @@ class Engine:
         self.mode = mode
         self.embedder_kind = embedder
         self.query_threads = query_threads
-        self.persist = persist
-        self.background = background
+        self.persist, self.background = persist, background
         # The document vector space (what caches and snapshots are keyed by); None: no embedder.
         self._space = None if embedder == "none" else document_space(embedder)
         self._dim = 0 if embedder == "none" else DIM
@@ -140,8 +139,7 @@ class Engine:
         return snap.n if snap is not None else 0
 
     @property
-    def degraded(self) -> str | None:
-        """Why dense search is missing (warmup.ModelProgress.degraded), or None."""
+    def degraded(self) -> str | None:  # why dense search is missing (warmup.ModelProgress.degraded), or None
         return self._loader.progress.degraded
 
     @property
@@ -154,8 +152,7 @@ class Engine:
         return self._space
 
     @property
-    def embedder(self) -> Embedder | None:
-        """The loaded Embedder, or None (bm25-only, or not loaded yet)."""
+    def embedder(self) -> Embedder | None:  # the loaded Embedder, or None (bm25-only, or not loaded yet)
         return self._embedder
 
     def catalog_vectors(self) -> tuple[int, tuple[ToolDoc, ...], np.ndarray | None]:
@@ -195,6 +192,9 @@ class Engine:
         model = self._loader.load()
         self._timings["embedder_load_s"] = self._loader.seconds
         return model
+
+    def export_ahead(self) -> None:  # only the ONNX export, now (warmup.ModelLoader.export_ahead)
+        self._loader.export_ahead()
 
     def cancel(self) -> None:
         self._loader.cancel()  # a running export is killed, no further batch starts

@@ -108,6 +108,7 @@ class ModelLoader:
         self._counts = counts
         self._cancel = threading.Event()
         self._lock = threading.Lock()
+        self._export_error: Exception | None = None  # from export_ahead
 
     @property
     def cancelled(self) -> bool:
@@ -116,6 +117,28 @@ class ModelLoader:
     def cancel(self) -> None:
         """Kill a running export; the engine's worker starts no further batch."""
         self._cancel.set()
+
+    def export_ahead(self) -> None:
+        """Make the one-time ONNX export now, without loading the model: the daemon starts it
+        at spawn, beside the upstreams (the exporter runs niced, so their start and the first
+        BM25 answers keep the cores), and `load` finds it on disk later. A failure is kept for
+        `load` to report (the export is not tried twice). Blocking."""
+        from toolatlas.retrieval.embed import ONNX_PRECISIONS, ensure_onnx_export, export_needed
+
+        with self._lock:
+            if self.kind not in ONNX_PRECISIONS or self.progress.phase is not ModelPhase.WAITING:
+                return
+            if not export_needed(self.state_dir):
+                return
+            self.progress = self.progress.to(ModelPhase.EXPORTING)
+            log.info("retrieval.model_exporting: no ONNX export in state_dir yet; searching BM25 meanwhile")
+            try:
+                ensure_onnx_export(self.state_dir, self._cancel)
+            except Exception as exc:  # noqa: BLE001 - `load` reports it and degrades to BM25
+                self._export_error = exc
+            finally:
+                if self.progress.phase is ModelPhase.EXPORTING:
+                    self.progress = self.progress.to(ModelPhase.WAITING)
 
     def load(self) -> Embedder | None:
         """The model, loaded once (phases "exporting" when the ONNX export is missing, then
@@ -127,6 +150,8 @@ class ModelLoader:
                 return self.model
             t0 = time.perf_counter()
             try:
+                if self._export_error is not None:
+                    raise self._export_error
                 if self.kind in ONNX_PRECISIONS and export_needed(self.state_dir):
                     self.progress = self.progress.to(ModelPhase.EXPORTING)
                     log.info("retrieval.model_exporting: no ONNX export in state_dir yet; searching BM25 meanwhile")
