@@ -41,7 +41,7 @@ def count_tokens(text: str) -> int:
     global _counter
     if _counter is None:
         # Imported on first use: keeps `import toolatlas.tokens` cheap for the CLI.
-        from anthropic_tokenizer import count_tokens as local_count  # type: ignore[import-untyped]
+        from anthropic_tokenizer import count_tokens as local_count
 
         _counter = local_count
     return int(_counter(text))

@@ -233,9 +233,9 @@ class Attestor:
         self._cache.pop(server, None)
         log.info("%s: re-attested %d tool(s) with bootstrap: %s", server, len(stale), ", ".join(sorted(stale)))
         for name in stale:
-            tc = new.tool(name)
-            assert tc is not None
-            texts[name] = (tc.summary, new.summary, tuple(new.tags))
+            signed = new.tool(name)
+            assert signed is not None
+            texts[name] = (signed.summary, new.summary, tuple(new.tags))
         return new, {}
 
     def changed_servers(self, servers: Iterable[str]) -> list[str]:

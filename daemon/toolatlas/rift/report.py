@@ -276,9 +276,10 @@ def analyse(
                 own = float(q @ vecs[i])
                 sib = np.array([float(q @ vecs[j]) for j in others])
                 k = int(np.argmax(sib))
-                m: float | None = own - float(sib[k])
+                gap = own - float(sib[k])
+                m: float | None = gap
                 nearest = names[others[k]]
-                worst = m if worst is None else min(worst, m)
+                worst = gap if worst is None else min(worst, gap)
             else:
                 m = None
                 sims = [float(vecs[i] @ vecs[j]) for j in others]
