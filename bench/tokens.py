@@ -25,7 +25,7 @@ Catalog mode: the default catalog is ToolLens (464 RapidAPI tools) + MCPToolBenc
 MCP tools) from ../shared/benchdata, replicated with varied server names until it holds N
 tools (copy k of server `s` becomes `s-k`; descriptions and schemas stay as published).
 Top-5 results are built from the test queries' relevant tools (filled up to 5 from the
-catalog) in the interface's result shape: this measures what a result costs, not ranking.
+catalog, no tool twice) in the interface's result shape: this measures what a result costs, not ranking.
 
 Config mode connects to each upstream once (stdio ones are spawned; sse/http ones must be
 running, e.g. via `make run`), lists its tools, and reports the figures for that catalog;
@@ -91,6 +91,21 @@ def replicate(records: list[CatalogLine], n: int) -> list[dict[str, Any]]:
     return tools
 
 
+def top5(query: dict[str, Any], by_key: dict[tuple[str, str], CatalogLine], records: list[CatalogLine],
+         rnd: random.Random) -> list[CatalogLine]:
+    """The catalog lines of a top-5 answer to `query`: its relevant tools, then others drawn
+    from `records`; each tool once, as tool_search answers (a query may name one twice)."""
+    keys = list(dict.fromkeys((r["server"], r["name"]) for r in query.get("relevant", [])))
+    recs = [by_key[k] for k in keys if k in by_key][:5]
+    if len(by_key) < 5:
+        return recs
+    while len(recs) < 5:
+        rec = rnd.choice(records)
+        if all(rec is not r for r in recs):
+            recs.append(rec)
+    return recs
+
+
 def sample_results(records: list[CatalogLine], queries: list[dict[str, Any]], seed: int = 1) -> list[dict[str, Any]]:
     """Top-5 tool_search result objects for sampled queries (relevant tools first)."""
     by_key = {(r.server, r.name): r for r in records}
@@ -98,9 +113,7 @@ def sample_results(records: list[CatalogLine], queries: list[dict[str, Any]], se
     picked = rnd.sample(queries, min(SAMPLE_QUERIES, len(queries))) if queries else [{"query": "", "relevant": []}] * SAMPLE_QUERIES
     results = []
     for q in picked:
-        recs = [by_key[(r["server"], r["name"])] for r in q.get("relevant", []) if (r["server"], r["name"]) in by_key][:5]
-        while len(recs) < 5:
-            recs.append(rnd.choice(records))
+        recs = top5(q, by_key, records, rnd)
         matches = []
         for rank, r in enumerate(recs):
             t = mcp_tool(slug(r.server), r.name, r.description, r.input_schema or {"type": "object"})
@@ -239,9 +252,7 @@ def dev_set(name: str, seed: int = 1) -> dict[str, Any]:
     forms: dict[str, list[int]] = {"json": [], "json_examples": [], "compact": [], "compact_examples": []}
     chars: list[int] = []
     for q in picked:
-        recs = [by_key[(r["server"], r["name"])] for r in q.get("relevant", []) if (r["server"], r["name"]) in by_key][:5]
-        while len(recs) < 5:
-            recs.append(rnd.choice(records))
+        recs = top5(q, by_key, records, rnd)
         plain, carded = [], []
         for rank, line in enumerate(recs):
             rec = ToolRecord.make(slug(line.server), line.name, line.description, line.input_schema)
