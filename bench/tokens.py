@@ -20,6 +20,7 @@ Run (from the repo root):
     .venv/bin/python bench/tokens.py --tools 500 --tools 2000 --tools 10000
     .venv/bin/python bench/tokens.py --catalog my.jsonl   # any catalog.jsonl (interface format)
     .venv/bin/python bench/tokens.py --config conf/example.toml   # list the config's live upstreams
+    .venv/bin/python bench/tokens.py --breakdown          # and where a carded answer's tokens go
 
 Catalog mode: the default catalog is ToolLens (464 RapidAPI tools) + MCPToolBench++ (49 real
 MCP tools) from ../shared/benchdata, replicated with varied server names until it holds N
@@ -224,8 +225,70 @@ def _examples(queries: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]
     return out
 
 
-def dev_set(name: str, seed: int = 1) -> dict[str, Any]:
-    """Mean tokens of top-5 answers on one dev set, json and compact, without and with examples."""
+def _variants() -> dict[str, Any]:
+    """Other shapes of a carded answer, for `--breakdown`: what each would cost (interface.md
+    fixes `server`, `tool` and a per-match `provenance`; these are measurements, not options)."""
+    def once(a: dict[str, Any]) -> None:  # the provenance stated once per answer (all equal here)
+        provs = [m.pop("provenance") for m in a["matches"] if "provenance" in m]
+        if provs:
+            a["provenance"] = provs[0]
+
+    def day(a: dict[str, Any]) -> None:
+        for m in a["matches"]:
+            m["provenance"]["created_at"] = m["provenance"]["created_at"][:10]
+
+    def one(a: dict[str, Any]) -> None:
+        for m in a["matches"]:
+            m["examples"] = m["examples"][:1]
+
+    def none(a: dict[str, Any]) -> None:
+        for m in a["matches"]:
+            m["examples"] = []
+
+    def bare(a: dict[str, Any]) -> None:
+        for m in a["matches"]:
+            del m["server"], m["tool"]
+
+    return {"created_at_date_only": [day], "one_example": [one], "no_examples": [none],
+            "no_server_tool": [bare], "provenance_once": [once], "provenance_once_one_example": [once, one],
+            "provenance_once_no_server_tool": [once, bare], "provenance_once_one_example_no_server_tool": [once, one, bare]}
+
+
+def _breakdown(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a carded answer's tokens go: per match field (key and value counted together, so
+    the parts sum to a little more than the whole), and what other shapes would cost."""
+    import copy
+
+    import msgspec
+
+    from toolatlas.tokens import count_tokens
+
+    def enc(v: Any) -> str:
+        return msgspec.json.encode(v).decode()
+
+    fields: dict[str, int] = {"query": 0}
+    for a in answers:
+        fields["query"] += count_tokens(f'"query":{enc(a["query"])},')
+        for m in a["matches"]:
+            for k, v in m.items():
+                fields[k] = fields.get(k, 0) + count_tokens(f'"{k}":{enc(v)},')
+    n = len(answers)
+    variants = {}
+    for label, steps in _variants().items():
+        total = 0
+        for a in answers:
+            b = copy.deepcopy(a)
+            for step in steps:
+                step(b)
+            total += count_tokens(enc(b))
+        variants[label] = round(total / n, 1)
+    return {"fields": {k: round(v / n, 1) for k, v in sorted(fields.items(), key=lambda kv: -kv[1])},
+            "json_examples_if": variants}
+
+
+def dev_set(name: str, seed: int = 1, breakdown: bool = False) -> dict[str, Any]:
+    """Mean tokens of top-5 answers on one dev set, json and compact, without and with examples
+    (`breakdown`: and where the carded answer's tokens go, see `_breakdown`)."""
     import msgspec
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -251,6 +314,7 @@ def dev_set(name: str, seed: int = 1) -> dict[str, Any]:
     key_id = signing.key_id(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
     forms: dict[str, list[int]] = {"json": [], "json_examples": [], "compact": [], "compact_examples": []}
     chars: list[int] = []
+    carded_answers: list[dict[str, Any]] = []
     for q in picked:
         recs = top5(q, by_key, records, rnd)
         plain, carded = [], []
@@ -274,11 +338,16 @@ def dev_set(name: str, seed: int = 1) -> dict[str, Any]:
             forms["compact" + key[4:]].append(count_tokens(render_compact(answer)))
             if key == "json":
                 chars.append(len(text))
+            else:
+                carded_answers.append(answer)
     means = {k: round(sum(v) / len(v), 1) for k, v in forms.items()}
-    return {"queries": len(picked), "examples_from": "train split" if train.exists() else "other test queries",
-            "mean_top5_tokens": means, "mean_top5_json_chars": round(sum(chars) / len(chars), 1),
-            "compact_over_json": round(means["compact"] / means["json"], 3),
-            "compact_examples_over_json_examples": round(means["compact_examples"] / means["json_examples"], 3)}
+    out = {"queries": len(picked), "examples_from": "train split" if train.exists() else "other test queries",
+           "mean_top5_tokens": means, "mean_top5_json_chars": round(sum(chars) / len(chars), 1),
+           "compact_over_json": round(means["compact"] / means["json"], 3),
+           "compact_examples_over_json_examples": round(means["compact_examples"] / means["json_examples"], 3)}
+    if breakdown:
+        out["json_examples_breakdown"] = _breakdown(carded_answers)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,13 +359,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per upstream in --config mode")
     ap.add_argument("--templates", help="template folder ([surface] templates); default: the shipped ones")
     ap.add_argument("--environment", default="production", help="the environment label rendered into them")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="per dev set, where a carded top-5 answer's tokens go and what other shapes would cost")
     args = ap.parse_args(argv)
     meta, meta_source = load_meta_tools(args.templates, args.environment)
     out = config_mode(args, meta) if args.config else catalog_mode(args, meta)
     all_records = [r for p in DEFAULT_CATALOGS for r in read_catalog(p)]
     out = {"bench": "tokens", "tokenizer": TOKENIZER_NAME, "meta_tools_source": meta_source,
            "meta_tools": meta_budget(all_records, args.templates, args.environment),
-           "dev_sets": {name: dev_set(name) for name in ("toollens", "mcptoolbenchpp")},
+           "dev_sets": {name: dev_set(name, breakdown=args.breakdown) for name in ("toollens", "mcptoolbenchpp")},
            "targets": {"meta_tools_tokens": 400, "toollens_json_examples_mean": 600, "compact_over_json": 0.5},
            **out}
     print(json.dumps(out, indent=2))
