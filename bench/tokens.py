@@ -9,9 +9,10 @@ the templates in force (`--templates DIR`, default the shipped ones) rendered fo
 domain list (the 20 largest benchdata servers, their bootstrap-card tags), against 400 tokens;
 and per dev set the mean tokens of a top-5 answer as tool_search builds it (gateway.matches:
 sanitized publisher text; with examples: carded matches whose card has the bootstrap summary
-and up to 2 example phrasings, ToolLens's from its train split, MCPToolBench++'s from its
-other queries), in json and compact form, against 600 (json with examples, ToolLens) and
-half of json (compact).
+and 2 example phrasings, ToolLens's from its train split, MCPToolBench++'s from its other
+queries, shown as a match bounds them (gateway.matches.shown_examples), and a provenance as
+a real card carries it: a key_id of a real Ed25519 key and a created_at to the second), in
+json and compact form, against 600 (json with examples, ToolLens) and half of json (compact).
 
 Run (from the repo root):
 
@@ -19,12 +20,13 @@ Run (from the repo root):
     .venv/bin/python bench/tokens.py --tools 500 --tools 2000 --tools 10000
     .venv/bin/python bench/tokens.py --catalog my.jsonl   # any catalog.jsonl (interface format)
     .venv/bin/python bench/tokens.py --config conf/example.toml   # list the config's live upstreams
+    .venv/bin/python bench/tokens.py --breakdown          # and where a carded answer's tokens go
 
 Catalog mode: the default catalog is ToolLens (464 RapidAPI tools) + MCPToolBench++ (49 real
 MCP tools) from ../shared/benchdata, replicated with varied server names until it holds N
 tools (copy k of server `s` becomes `s-k`; descriptions and schemas stay as published).
 Top-5 results are built from the test queries' relevant tools (filled up to 5 from the
-catalog) in the interface's result shape: this measures what a result costs, not ranking.
+catalog, no tool twice) in the interface's result shape: this measures what a result costs, not ranking.
 
 Config mode connects to each upstream once (stdio ones are spawned; sse/http ones must be
 running, e.g. via `make run`), lists its tools, and reports the figures for that catalog;
@@ -90,6 +92,21 @@ def replicate(records: list[CatalogLine], n: int) -> list[dict[str, Any]]:
     return tools
 
 
+def top5(query: dict[str, Any], by_key: dict[tuple[str, str], CatalogLine], records: list[CatalogLine],
+         rnd: random.Random) -> list[CatalogLine]:
+    """The catalog lines of a top-5 answer to `query`: its relevant tools, then others drawn
+    from `records`; each tool once, as tool_search answers (a query may name one twice)."""
+    keys = list(dict.fromkeys((r["server"], r["name"]) for r in query.get("relevant", [])))
+    recs = [by_key[k] for k in keys if k in by_key][:5]
+    if len(by_key) < 5:
+        return recs
+    while len(recs) < 5:
+        rec = rnd.choice(records)
+        if all(rec is not r for r in recs):
+            recs.append(rec)
+    return recs
+
+
 def sample_results(records: list[CatalogLine], queries: list[dict[str, Any]], seed: int = 1) -> list[dict[str, Any]]:
     """Top-5 tool_search result objects for sampled queries (relevant tools first)."""
     by_key = {(r.server, r.name): r for r in records}
@@ -97,9 +114,7 @@ def sample_results(records: list[CatalogLine], queries: list[dict[str, Any]], se
     picked = rnd.sample(queries, min(SAMPLE_QUERIES, len(queries))) if queries else [{"query": "", "relevant": []}] * SAMPLE_QUERIES
     results = []
     for q in picked:
-        recs = [by_key[(r["server"], r["name"])] for r in q.get("relevant", []) if (r["server"], r["name"]) in by_key][:5]
-        while len(recs) < 5:
-            recs.append(rnd.choice(records))
+        recs = top5(q, by_key, records, rnd)
         matches = []
         for rank, r in enumerate(recs):
             t = mcp_tool(slug(r.server), r.name, r.description, r.input_schema or {"type": "object"})
@@ -210,10 +225,74 @@ def _examples(queries: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]
     return out
 
 
-def dev_set(name: str, seed: int = 1) -> dict[str, Any]:
-    """Mean tokens of top-5 answers on one dev set, json and compact, without and with examples."""
+def _variants() -> dict[str, Any]:
+    """Other shapes of a carded answer, for `--breakdown`: what each would cost (interface.md
+    fixes `server`, `tool` and a per-match `provenance`; these are measurements, not options)."""
+    def once(a: dict[str, Any]) -> None:  # the provenance stated once per answer (all equal here)
+        provs = [m.pop("provenance") for m in a["matches"] if "provenance" in m]
+        if provs:
+            a["provenance"] = provs[0]
+
+    def day(a: dict[str, Any]) -> None:
+        for m in a["matches"]:
+            m["provenance"]["created_at"] = m["provenance"]["created_at"][:10]
+
+    def one(a: dict[str, Any]) -> None:
+        for m in a["matches"]:
+            m["examples"] = m["examples"][:1]
+
+    def none(a: dict[str, Any]) -> None:
+        for m in a["matches"]:
+            m["examples"] = []
+
+    def bare(a: dict[str, Any]) -> None:
+        for m in a["matches"]:
+            del m["server"], m["tool"]
+
+    return {"created_at_date_only": [day], "one_example": [one], "no_examples": [none],
+            "no_server_tool": [bare], "provenance_once": [once], "provenance_once_one_example": [once, one],
+            "provenance_once_no_server_tool": [once, bare], "provenance_once_one_example_no_server_tool": [once, one, bare]}
+
+
+def _breakdown(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a carded answer's tokens go: per match field (key and value counted together, so
+    the parts sum to a little more than the whole), and what other shapes would cost."""
+    import copy
+
     import msgspec
 
+    from toolatlas.tokens import count_tokens
+
+    def enc(v: Any) -> str:
+        return msgspec.json.encode(v).decode()
+
+    fields: dict[str, int] = {"query": 0}
+    for a in answers:
+        fields["query"] += count_tokens(f'"query":{enc(a["query"])},')
+        for m in a["matches"]:
+            for k, v in m.items():
+                fields[k] = fields.get(k, 0) + count_tokens(f'"{k}":{enc(v)},')
+    n = len(answers)
+    variants = {}
+    for label, steps in _variants().items():
+        total = 0
+        for a in answers:
+            b = copy.deepcopy(a)
+            for step in steps:
+                step(b)
+            total += count_tokens(enc(b))
+        variants[label] = round(total / n, 1)
+    return {"fields": {k: round(v / n, 1) for k, v in sorted(fields.items(), key=lambda kv: -kv[1])},
+            "json_examples_if": variants}
+
+
+def dev_set(name: str, seed: int = 1, breakdown: bool = False) -> dict[str, Any]:
+    """Mean tokens of top-5 answers on one dev set, json and compact, without and with examples
+    (`breakdown`: and where the carded answer's tokens go, see `_breakdown`)."""
+    import msgspec
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from toolatlas.catalog import signing
     from toolatlas.catalog.attest import AttestResult
     from toolatlas.catalog.cards import Card, Provenance, ServerIdentity, ToolCard
     from toolatlas.catalog.generators import bootstrap_summary
@@ -231,12 +310,13 @@ def dev_set(name: str, seed: int = 1) -> dict[str, Any]:
     rnd = random.Random(seed)
     picked = rnd.sample(queries, min(SAMPLE_QUERIES * 2, len(queries)))
     builder = MatchBuilder()
+    # 16 hex digits of a real key cost ~10 tokens, "0123456789abcdef" 4: count what a card holds.
+    key_id = signing.key_id(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
     forms: dict[str, list[int]] = {"json": [], "json_examples": [], "compact": [], "compact_examples": []}
     chars: list[int] = []
+    carded_answers: list[dict[str, Any]] = []
     for q in picked:
-        recs = [by_key[(r["server"], r["name"])] for r in q.get("relevant", []) if (r["server"], r["name"]) in by_key][:5]
-        while len(recs) < 5:
-            recs.append(rnd.choice(records))
+        recs = top5(q, by_key, records, rnd)
         plain, carded = [], []
         for rank, line in enumerate(recs):
             rec = ToolRecord.make(slug(line.server), line.name, line.description, line.input_schema)
@@ -246,8 +326,8 @@ def dev_set(name: str, seed: int = 1) -> dict[str, Any]:
             card = Card(server=ServerIdentity(name=rec.server, transport="catalog", endpoint=""), summary="", tags=[],
                         tools=[ToolCard(tool=rec.tool, summary=bootstrap_summary(rec), examples=own,
                                         schema_sha256=rec.content_hash)],
-                        provenance=Provenance(generator="bootstrap", generator_version="1", created_at="2026-12-02T00:00:00Z",
-                                              attested=True, key_id="0123456789abcdef"), signature="x")
+                        provenance=Provenance(generator="bootstrap", generator_version="1", created_at="2026-12-02T09:41:27Z",
+                                              attested=True, key_id=key_id), signature="x")
             verdict = AttestResult(texts={rec.tool: (card.tools[0].summary, "", ())}, quarantined={},
                                    card_status="verified", card=card)
             carded.append(builder.match(rec, verdict, score))
@@ -258,11 +338,16 @@ def dev_set(name: str, seed: int = 1) -> dict[str, Any]:
             forms["compact" + key[4:]].append(count_tokens(render_compact(answer)))
             if key == "json":
                 chars.append(len(text))
+            else:
+                carded_answers.append(answer)
     means = {k: round(sum(v) / len(v), 1) for k, v in forms.items()}
-    return {"queries": len(picked), "examples_from": "train split" if train.exists() else "other test queries",
-            "mean_top5_tokens": means, "mean_top5_json_chars": round(sum(chars) / len(chars), 1),
-            "compact_over_json": round(means["compact"] / means["json"], 3),
-            "compact_examples_over_json_examples": round(means["compact_examples"] / means["json_examples"], 3)}
+    out = {"queries": len(picked), "examples_from": "train split" if train.exists() else "other test queries",
+           "mean_top5_tokens": means, "mean_top5_json_chars": round(sum(chars) / len(chars), 1),
+           "compact_over_json": round(means["compact"] / means["json"], 3),
+           "compact_examples_over_json_examples": round(means["compact_examples"] / means["json_examples"], 3)}
+    if breakdown:
+        out["json_examples_breakdown"] = _breakdown(carded_answers)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,13 +359,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per upstream in --config mode")
     ap.add_argument("--templates", help="template folder ([surface] templates); default: the shipped ones")
     ap.add_argument("--environment", default="production", help="the environment label rendered into them")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="per dev set, where a carded top-5 answer's tokens go and what other shapes would cost")
     args = ap.parse_args(argv)
     meta, meta_source = load_meta_tools(args.templates, args.environment)
     out = config_mode(args, meta) if args.config else catalog_mode(args, meta)
     all_records = [r for p in DEFAULT_CATALOGS for r in read_catalog(p)]
     out = {"bench": "tokens", "tokenizer": TOKENIZER_NAME, "meta_tools_source": meta_source,
            "meta_tools": meta_budget(all_records, args.templates, args.environment),
-           "dev_sets": {name: dev_set(name) for name in ("toollens", "mcptoolbenchpp")},
+           "dev_sets": {name: dev_set(name, breakdown=args.breakdown) for name in ("toollens", "mcptoolbenchpp")},
            "targets": {"meta_tools_tokens": 400, "toollens_json_examples_mean": 600, "compact_over_json": 0.5},
            **out}
     print(json.dumps(out, indent=2))

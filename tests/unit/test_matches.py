@@ -7,7 +7,7 @@ from toolatlas.catalog.attest import AttestResult
 from toolatlas.catalog.cards import Card, Provenance, ServerIdentity, ToolCard
 from toolatlas.catalog.generators import bootstrap_summary, shown_summary
 from toolatlas.catalog.model import ToolRecord
-from toolatlas.gateway.matches import EXAMPLE_CHARS, EXAMPLES_SHOWN, MatchBuilder
+from toolatlas.gateway.matches import EXAMPLE_CHARS, EXAMPLE_MIN, EXAMPLES_SHOWN, MatchBuilder, shown_examples
 
 REC = ToolRecord.make("units", "convert_units", "Convert a value between units.",
                       {"type": "object", "properties": {"value": {"type": "number"}, "to_unit": {"type": "string"}},
@@ -37,8 +37,33 @@ def test_carded_match_bounds_examples_and_carries_provenance() -> None:
     m = MatchBuilder().match(REC, _verdict("Converts units. Inputs: value.", ["10 mi in km", long, "third"]), 0.5)
     assert m["description"] == "Converts units." and m["attested"] is True
     assert len(m["examples"]) == EXAMPLES_SHOWN and m["examples"][0] == "10 mi in km"
-    assert len(m["examples"][1]) <= EXAMPLE_CHARS and m["examples"][1].endswith("...")
+    assert sum(map(len, m["examples"])) <= EXAMPLE_CHARS and m["examples"][1].endswith("...")
     assert m["provenance"] == {"generator": "bootstrap", "key_id": "abcd1234", "created_at": "2026-12-02T08:00:00Z"}
+    assert m["score"] == 0.5
+
+
+def test_examples_shown_share_one_bound() -> None:
+    """At most EXAMPLES_SHOWN, EXAMPLE_CHARS together, cut at a word with "...": short
+    phrasings show whole, a long first one leaves no room for a second."""
+    assert shown_examples(["10 mi in km", "72 F in celsius", "third"]) == ["10 mi in km", "72 F in celsius"]
+    assert shown_examples([]) == []
+    sentence = "I am planning a road trip from Paris to Berlin and need the driving distance between both cities today."
+    long_first = shown_examples([sentence, "short"])
+    assert len(long_first) == 1 and len(long_first[0]) <= EXAMPLE_CHARS and long_first[0].endswith("cities...")
+    # a second one gets what the first left, when that is at least EXAMPLE_MIN
+    first = "x" * (EXAMPLE_CHARS - EXAMPLE_MIN)
+    both = shown_examples([first, sentence])
+    assert both[0] == first and len(both[1]) <= EXAMPLE_MIN and both[1].endswith("...")
+    assert shown_examples(["y" + first, sentence]) == ["y" + first]
+    for examples in (["word " * 40] * 3, ["a", "b" * 500], ["no-spaces-" * 30, "c " * 80]):
+        shown = shown_examples(examples)
+        assert 1 <= len(shown) <= EXAMPLES_SHOWN and sum(map(len, shown)) <= EXAMPLE_CHARS, shown
+
+
+def test_a_score_keeps_four_significant_digits_at_any_scale() -> None:
+    builder = MatchBuilder()
+    for score, shown in ((0.912345, 0.9123), (3.14159265, 3.142), (0.0327868, 0.03279), (-1.23456, -1.235), (1.0, 1.0)):
+        assert builder.match(REC, None, score)["score"] == shown
 
 
 def test_an_unverified_card_is_publisher_text() -> None:

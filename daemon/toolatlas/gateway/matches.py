@@ -3,20 +3,23 @@ where a verified card vouches for it and the publisher's text sanitized where no
 
 - Carded (the server's card verified, the tool's schema hash as signed): `description` is
   the card's summary (a bootstrap card's without its "Inputs:" part, which restates the
-  schema), `examples` the card's (the first EXAMPLES_SHOWN), `attested: true` and
-  `provenance` (generator, key_id, created_at). The publisher's description is left out, or appended after the
-  card's, sanitized and labelled, with `[surface] publisher_text = "append"`.
+  schema), `examples` the card's first EXAMPLES_SHOWN within EXAMPLE_CHARS together
+  (`shown_examples`), `attested: true` and `provenance` (generator, key_id, created_at).
+  The publisher's description is left out, or appended after the card's, sanitized and
+  labelled, with `[surface] publisher_text = "append"`.
 - Otherwise: `attested: false`, the publisher's description sanitized
   (`catalog.sanitize`): hidden characters, markup addressed to the model, unsafe links and
   instruction-like sentences removed, length capped.
 - Either way every `description` inside `inputSchema` is sanitized too (its structure is
   never changed), and `title`, `outputSchema`, `annotations` are passed as listed, so a
-  client can validate structured results.
+  client can validate structured results. `score` keeps SCORE_DIGITS significant digits
+  (the ranker's scale varies with the mode: fused z-scores, RRF, BM25).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from toolatlas.catalog.attest import AttestResult
@@ -27,10 +30,28 @@ from toolatlas.gateway.view import CatalogView
 
 SANITIZED_CACHE = 8192  # tools whose sanitized texts are kept (keyed by content hash)
 PUBLISHER_LABEL = "Publisher's description (not attested):"
-# A top-5 answer must stay within ~600 tokens with examples: at most this many per match,
-# each cut at a word past this many characters (the card keeps them all).
+# What a match shows of a card's examples (the card keeps them all): at most EXAMPLES_SHOWN,
+# together at most EXAMPLE_CHARS characters, each cut at a word with "..." to what is left;
+# a later one only while EXAMPLE_MIN characters are left. Two short phrasings show whole; a
+# long one is cut. Measured in bench/tokens.py (issue 18's budget of a top-5 answer): ToolLens
+# examples are user requests of 72 characters median (p75 111), 2 x 120 cost ~190 tokens.
 EXAMPLES_SHOWN = 2
-EXAMPLE_CHARS = 120
+EXAMPLE_CHARS = 100
+EXAMPLE_MIN = 40
+SCORE_DIGITS = 4
+
+
+def shown_examples(examples: Sequence[str]) -> list[str]:
+    """The examples a match shows of a card's (see EXAMPLES_SHOWN)."""
+    out: list[str] = []
+    left = EXAMPLE_CHARS
+    for example in examples[:EXAMPLES_SHOWN]:
+        if out and left < EXAMPLE_MIN:
+            break
+        text = cap(example, left)
+        out.append(text)
+        left -= len(text)
+    return out
 
 
 class MatchBuilder:
@@ -69,10 +90,10 @@ class MatchBuilder:
             out["outputSchema"] = rec.output_schema
         if rec.annotations:
             out["annotations"] = rec.annotations
-        out["score"] = round(float(score), 6)
+        out["score"] = float(f"{float(score):.{SCORE_DIGITS}g}")
         if card is not None and entry is not None:
             out["attested"] = True
-            out["examples"] = [cap(e, EXAMPLE_CHARS) for e in entry.examples[:EXAMPLES_SHOWN]]
+            out["examples"] = shown_examples(entry.examples)
             prov = card.provenance
             out["provenance"] = {"generator": prov.generator, "key_id": prov.key_id, "created_at": prov.created_at}
         else:
@@ -91,4 +112,5 @@ class MatchBuilder:
         return out
 
 
-__all__ = ["EXAMPLES_SHOWN", "EXAMPLE_CHARS", "MatchBuilder", "PUBLISHER_LABEL"]
+__all__ = ["EXAMPLES_SHOWN", "EXAMPLE_CHARS", "EXAMPLE_MIN", "MatchBuilder", "PUBLISHER_LABEL", "SCORE_DIGITS",
+           "shown_examples"]
