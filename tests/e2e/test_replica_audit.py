@@ -76,6 +76,11 @@ def test_audited_actions_on_two_replicas_land_in_the_store_once_each(
         assert store_status(a)["audit_buffered"] == 0
         # Another replica's audit records are not read back by a replica (no subscriber).
         assert store_status(b)["received"] == 0
+        # A replica that stops sends its last records before it exits (it does not wait for
+        # its next start).
+        assert b.search("one more search just before the stop", 3) is not None
+        assert b.stop() == 0
+        assert landed_once(pg_server, url, b, origin_b)
 
 
 def test_audit_records_written_while_the_database_is_down_land_once_after_a_sigkill(

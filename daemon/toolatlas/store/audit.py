@@ -165,7 +165,8 @@ class AuditSpool:
     def _roll(self) -> None:
         """Under the lock: a new head segment (the old fd is synced and closed by the flusher)."""
         fd = self._open(self._head + 1)
-        self._retired.append(self._fd)
+        if self._fd >= 0:
+            self._retired.append(self._fd)
         self._head += 1
         self._fd = fd
         self._sizes[self._head] = 0
@@ -210,7 +211,7 @@ class AuditSpool:
         with self._lock:
             self._seg, self._off = seg, off
             self.pending_count = max(0, self.pending_count - count)
-            if seg == self._head and off == self._sizes[seg] and off >= ROLL_WHEN_SENT_BYTES:
+            if seg == self._head and off == self._sizes[seg] and off >= ROLL_WHEN_SENT_BYTES and self._fd >= 0:
                 self._roll()
                 self._seg, self._off = self._head, 0
             gone = [s for s in self._sizes if s < self._seg]

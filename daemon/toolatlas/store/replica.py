@@ -95,6 +95,14 @@ class Replica:
             self.audit = AuditSpool(self.outbox.dir / "audit", self.cfg.buffer_max_bytes, self.origin)
         return self.audit
 
+    async def flush(self, timeout: float) -> None:
+        """Send what is buffered now, for up to `timeout` seconds (the daemon is stopping);
+        what is left goes at the next start."""
+        with anyio.move_on_after(timeout):
+            while self.connected and self.status()["buffered"]:
+                self._wake_flush.set()
+                await anyio.sleep(0.02)
+
     async def _buffer(self, table: str, kind: str, key: str, body: dict[str, Any]) -> None:
         rec = {"t": table, "kind": kind, "key": key, "body": body, "origin": self.origin,
                "idem": uuid.uuid4().hex, "at": time.time()}
