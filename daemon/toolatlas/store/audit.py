@@ -26,7 +26,7 @@ import os
 import re
 import threading
 import time
-import uuid
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,9 @@ class AuditSpool:
         self.failures = 0  # records lost: the disk refused the write
         self.corrupt = 0  # lines that were not JSON (skipped)
         self._origin = json.dumps(origin)
+        # Idempotency keys: random per run, then a counter (cheaper than a uuid4 per record).
+        self._idem_prefix = secrets.token_hex(8)
+        self._idem_next = 0
         self._lock = threading.Lock()  # the writer's state below; held for a write(2) at most
         self._refusal_logged_at = float("-inf")
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -129,11 +132,12 @@ class AuditSpool:
     def append(self, record: Mapping[str, Any], line: str) -> None:
         """Spool one audit record (`line`: its JSON, as in the audit file). Never raises."""
         key = record.get("principal") or record.get("upstream") or record.get("event") or ""
-        data = (f'{{"t":"event","kind":"{AUDIT}","key":{json.dumps(str(key))},"origin":{self._origin},'
-                f'"idem":"{uuid.uuid4().hex}","at":{time.time()!r},"body":{line}}}\n').encode()
         with self._lock:
             if self._fd < 0:
                 return
+            self._idem_next += 1
+            data = (f'{{"t":"event","kind":"{AUDIT}","key":{json.dumps(str(key))},"origin":{self._origin},'
+                    f'"idem":"{self._idem_prefix}{self._idem_next}","at":{time.time()!r},"body":{line}}}\n').encode()
             pending = sum(size for seg, size in self._sizes.items() if seg >= self._seg) - self._off
             if pending + len(data) > self.max_bytes:
                 self._refuse(pending)
