@@ -14,14 +14,18 @@ in, as every bench does; no model export is timed):
   and publishes), `second_with_store` (the store holds every vector: it embeds none;
   `embeddings_computed` is reported). Goal: second <= 10 % of alone.
 * `search`: tool_search over the Unix socket, distinct ToolLens queries (cache misses: no
-  query is sent twice to a daemon), sent to the daemon without a store and to one with it,
-  alternating query by query (the order flipping each query and each round) so both see the
-  same machine load. `--search-rounds` rounds of `--queries` queries each: a p95 per daemon
-  per round (with the 1-minute load average at the round's start), and the figure is the
-  ratio of the medians of those p95s (with / without), beside the median of the per-round
-  ratios. Goal: within 5 %. With `--profile` the with-store daemon runs the stack sampler
-  (bench/_sampler) during one more round of searches sent to it alone: how many of its active
-  stacks were in toolatlas/store code, and how many of those inside a search.
+  query is sent twice to a daemon), to a daemon without a store and one with it, alternating
+  query by query (the order flipping each query and each round) so both see the same machine
+  load. The two are twins: warm restarts from two copies (X, Y) of one settled state_dir (the
+  same index snapshot and HNSW graph), the store configured on X for the first half of the
+  rounds and on Y for the second (both restarted between), so what differs between two
+  processes falls on both sides. `--search-rounds` rounds of `--queries` queries: a p95 per
+  daemon per round (with the 1-minute load average at the round's start); the figures are
+  the ratio of the medians of those p95s (with / without) and the median of the per-round
+  ratios (each round's two p95s saw the same load). Goal: within 5 %. With `--profile` the
+  with-store daemon of the second half runs the stack sampler (bench/_sampler) during one
+  more round of searches sent to it alone: how many of its active stacks were in
+  toolatlas/store code, and how many of those inside a search.
 * `propagation`: two replicas on one streamable-HTTP test server (BM25 ranker, learning on),
   each measured over `--rounds` rounds, median, p95 and max. Goal: within 2 s.
   - `catalog_change`: a tool added silently to the server and re-listed through replica A,
@@ -290,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="ta-replicas-") as tmp_s:
             tmp = Path(tmp_s)
             if parts & {"cold", "search"}:
-                result.update(cold_and_search(tmp, url, args, "search" in parts))
+                result.update(cold_and_search(tmp, url, args, parts))
             if "propagation" in parts:
                 result["propagation"] = propagation(tmp, url, args.rounds)
     finally:
@@ -300,20 +304,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def cold_and_search(tmp: Path, url: str, args: argparse.Namespace, search: bool) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    sample_out = tmp / "sample.json"
-    env = None
-    if args.profile:
-        paths = [str(SAMPLER), *(str(Path(x).resolve()) for x in os.environ.get("PYTHONPATH", "").split(":") if x)]
-        env = {"PYTHONPATH": ":".join(paths), "TA_SAMPLE_OUT": str(sample_out)}
-    alone, result_alone = cold_start(tmp, "alone", args.tools, "")
+def cold(tmp: Path, url: str, n: int) -> tuple[dict[str, Any], Daemon]:
+    """The three cold starts; every daemon stopped at the end (`alone`, settled, seeds the
+    search part's twins)."""
+    alone, result_alone = cold_start(tmp, "alone", n, "")
     daemons = [alone]
     try:
         # Each start is timed on an otherwise quiet toolatlas: the one before has finished
         # its after-start work (Rift, token counts, snapshot) first.
         result_alone["settled_before_next"] = wait_settled(lambda: try_status(alone.socket), 900)[0]
-        first, result_first = cold_start(tmp, "first", args.tools, store_block(url))
+        first, result_first = cold_start(tmp, "first", n, store_block(url))
         daemons.append(first)
         deadline = time.monotonic() + 120
         while (s := (try_status(first.socket) or {}).get("store", {})).get("vectors_pending", 1) or \
@@ -322,23 +322,94 @@ def cold_and_search(tmp: Path, url: str, args: argparse.Namespace, search: bool)
                 raise TimeoutError(f"first replica's vectors not stored: {s}")
             time.sleep(0.1)
         first.stop()
-        second, result_second = cold_start(tmp, "second", args.tools, store_block(url), env=env)
+        second, result_second = cold_start(tmp, "second", n, store_block(url))
         daemons.append(second)
-        result["cold_start"] = {
-            "alone": result_alone, "first_with_store": result_first, "second_with_store": result_second,
-            "second_over_alone": round(result_second["hybrid_s"] / result_alone["hybrid_s"], 3),
-        }
-        if search:
-            result_second["settled_before_search"] = wait_settled(lambda: try_status(second.socket), 900)[0]
-            n = args.queries * args.search_rounds
-            queries = bench_queries(n + (args.queries if args.profile else 0))
-            result["search"] = search_ab(alone, second, queries[:n], args.search_rounds)
-            if args.profile:
-                result["search"]["profile"] = profile_searches(second, sample_out, queries[n:])
     finally:
         for d in daemons:
             if d.proc is not None and d.proc.poll() is None:
                 d.stop()
+    return {"alone": result_alone, "first_with_store": result_first, "second_with_store": result_second,
+            "second_over_alone": round(result_second["hybrid_s"] / result_alone["hybrid_s"], 3)}, alone
+
+
+def twin(tmp: Path, name: str, n: int, store: str, env: dict[str, str] | None) -> Daemon:
+    """A warm restart on `tmp/name/state` (a copy of one settled daemon's state: the same
+    index snapshot and HNSW graph), with `store` as its [store] block or none; settled."""
+    d = Daemon(tmp / name, store + upstream_block("big", n, extra="relist_interval = 0\n"), search_extra='embedder = "onnx"\n')
+    d.start(wait_ready=900, env=env)
+    wait_settled(lambda: try_status(d.socket), 900)
+    if store:
+        deadline = time.monotonic() + 120
+        while (s := (try_status(d.socket) or {}).get("store", {})).get("buffered", 1) or not s.get("connected"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name}: store not connected or buffer not sent: {s}")
+            time.sleep(0.1)
+    return d
+
+
+def search_twins(tmp: Path, url: str, source: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Two daemons from copies X and Y of `source` (a settled state_dir); the first half of
+    the rounds with the store on X, the second half on Y, so whatever differs between the two
+    processes (placement, memory) falls on both sides. See `search_ab`."""
+    import shutil
+
+    for name in ("twin_x", "twin_y"):
+        (tmp / name).mkdir()
+        shutil.copytree(source, tmp / name / "state", symlinks=True, ignore=shutil.ignore_patterns("store"))
+    n = args.queries * args.search_rounds
+    queries = bench_queries(n + (args.queries if args.profile else 0))
+    half = args.search_rounds // 2
+    sample_out = tmp / "sample.json"
+    env = None
+    if args.profile:
+        paths = [str(SAMPLER), *(str(Path(x).resolve()) for x in os.environ.get("PYTHONPATH", "").split(":") if x)]
+        env = {"PYTHONPATH": ":".join(paths), "TA_SAMPLE_OUT": str(sample_out)}
+    rows: list[dict[str, Any]] = []
+    profile: dict[str, Any] | None = None
+    for part, (with_store, without) in enumerate((("twin_x", "twin_y"), ("twin_y", "twin_x"))):
+        rounds = half if part == 0 else args.search_rounds - half
+        w = twin(tmp, with_store, args.tools, store_block(url), env if part == 1 else None)
+        try:
+            wo = twin(tmp, without, args.tools, "", None)
+            try:
+                first = args.queries * (0 if part == 0 else half)
+                res = search_ab(wo, w, queries[first:first + args.queries * rounds], rounds)
+                rows += [dict(r, with_store_on=with_store) for r in res["per_round"]]
+                if args.profile and part == 1:
+                    profile = profile_searches(w, sample_out, queries[n:])
+            finally:
+                wo.stop()
+        finally:
+            w.stop()
+    med_without = median([r["p95_without_ms"] for r in rows])
+    med_with = median([r["p95_with_ms"] for r in rows])
+    out: dict[str, Any] = {
+        "design": "twins: two warm restarts from copies of one settled state_dir; the store on X for the first half "
+                  "of the rounds, on Y for the second",
+        "rounds": len(rows), "queries_per_round": args.queries, "per_round": rows,
+        "median_p95_without_ms": med_without, "median_p95_with_ms": med_with,
+        "ratio_of_median_p95": round(med_with / med_without, 3),
+        "median_round_ratio": median([r["ratio"] for r in rows]),
+        "rounds_with_store_faster": sum(r["ratio"] < 1 for r in rows),
+        "load_1m_min_max": [min(r["load_1m"] for r in rows), max(r["load_1m"] for r in rows)],
+    }
+    if profile is not None:
+        out["profile"] = profile
+    return out
+
+
+def cold_and_search(tmp: Path, url: str, args: argparse.Namespace, parts: set[str]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    if "cold" in parts:
+        result["cold_start"], alone = cold(tmp, url, args.tools)
+    else:  # the search part alone: one settled daemon seeds the twins' state
+        alone, _ = cold_start(tmp, "alone", args.tools, "")
+        try:
+            wait_settled(lambda: try_status(alone.socket), 900)
+        finally:
+            alone.stop()
+    if "search" in parts:
+        result["search"] = search_twins(tmp, url, alone.tmp / "state", args)
     return result
 
 
