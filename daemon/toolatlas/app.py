@@ -40,6 +40,9 @@ from toolatlas.surface.unix import UnixServer
 SWITCH_INTERVAL_S = 0.001
 # How often readiness looks whether the embedding model has joined (for systemd's STATUS=).
 HYBRID_POLL_S = 1.0
+# At a stop, how long the shared store may take to receive what is buffered (the rest is sent
+# at the next start).
+STORE_FLUSH_ON_STOP_S = 2.0
 log = logging.getLogger(__name__)
 
 
@@ -127,6 +130,8 @@ class Daemon:
         if self.http is not None:
             await self.http.stop_accepting()
         await self.gateway.drain(timeout)
+        if self.sharing is not None:  # the last shared writes (audit records) go now if they can
+            await self.sharing.replica.flush(STORE_FLUSH_ON_STOP_S)
 
     def check_reload(self, new: Config) -> None:
         """Refuse (ConfigError naming the key) a reload whose security-relevant settings

@@ -139,6 +139,9 @@ class Events:
         """`audit`: where audit events go besides `stream` (the audit file)."""
         self._stream = stream
         self.audit = audit
+        # A second audit sink beside the file: the shared store's (toolatlas.store.audit), set
+        # by its wiring when `[store] url` and `[events] audit_file` are both configured.
+        self.shared_audit: AuditSink | None = None
         self.log_queries = log_queries
         self.environment: str | None = None  # the envelope's "environment" (set by the gateway)
         self.redactor = redactor if redactor is not None else Redactor()
@@ -178,8 +181,11 @@ class Events:
             except (OSError, ValueError):
                 # Broken pipe or closed stream: nothing sensible to do but keep serving.
                 pass
-        if self.audit is not None and event in AUDIT_EVENTS:
-            self.audit.append(cleaned, line)
+        if event in AUDIT_EVENTS:
+            if self.audit is not None:
+                self.audit.append(cleaned, line)
+            if self.shared_audit is not None:
+                self.shared_audit.append(cleaned, line)
 
     def _clean(self, value: Any) -> Any:
         if isinstance(value, str):

@@ -268,9 +268,10 @@ class Gateway:
             log.warning("shutting down with %d calls still in flight after %.1f s", self.calls.inflight, timeout)
 
     def close_audit(self) -> None:
-        """Sync and close the audit sink (the daemon is stopping)."""
-        if self.events.audit is not None:
-            self.events.audit.close()
+        """Sync and close the audit sinks (the daemon is stopping)."""
+        for sink in (self.events.audit, self.events.shared_audit):
+            if sink is not None:
+                sink.close()
 
     async def close_upstreams(self, timeout: float = 20.0) -> None:
         """Stop every upstream session in its owner task (children reaped) before the

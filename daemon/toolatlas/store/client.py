@@ -160,20 +160,22 @@ class Store:
     # What `_changes` reads per table: (table name, its sequence column).
     _TABLES = {"events": ("toolatlas_events", "id"), "state": ("toolatlas_state", "seq")}
 
-    async def events_after(self, last_id: int, limit: int = 1000) -> list[Change]:
-        """Events with an id above `last_id`, in id order."""
-        return await self._changes("events", last_id, limit)
+    async def events_after(self, last_id: int, limit: int = 1000, *, kinds: Sequence[str] | None = None) -> list[Change]:
+        """Events with an id above `last_id` (of `kinds` only, when given), in id order."""
+        return await self._changes("events", last_id, limit, kinds)
 
     async def state_after(self, last_seq: int, limit: int = 1000) -> list[Change]:
         """State values written (applied) after sequence number `last_seq`, in that order."""
         return await self._changes("state", last_seq, limit)
 
-    async def _changes(self, table: str, after: int, limit: int) -> list[Change]:
+    async def _changes(self, table: str, after: int, limit: int, kinds: Sequence[str] | None = None) -> list[Change]:
         name, col = self._TABLES[table]
+        only = "" if kinds is None else "AND kind = ANY(%(kinds)s) "
 
         async def q(conn: psycopg.AsyncConnection[Any]) -> list[Change]:
-            cur = await conn.execute(f"SELECT {col}, kind, key, body, origin FROM {name} WHERE {col} > %s "
-                                     f"ORDER BY {col} LIMIT %s", (after, limit))
+            cur = await conn.execute(f"SELECT {col}, kind, key, body, origin FROM {name} WHERE {col} > %(after)s "
+                                     f"{only}ORDER BY {col} LIMIT %(limit)s",
+                                     {"after": after, "limit": limit, "kinds": list(kinds or ())})
             return [Change(table, r[1], r[2], r[3], r[4], int(r[0])) for r in await cur.fetchall()]
         return list(await self._run(f"read {table}", q))
 

@@ -14,6 +14,7 @@ _GAUGES = (
     ("store_connected", "connected", "1 while the shared store (PostgreSQL) is reachable, else 0."),
     ("store_buffered_writes", "buffered", "Shared writes waiting in the on-disk buffer for the store."),
     ("store_buffered_bytes", "buffered_bytes", "Bytes of shared writes waiting in the on-disk buffer."),
+    ("store_audit_buffered", "audit_buffered", "Audit records waiting in the on-disk spool for the store (of buffered_writes)."),
     ("store_vectors_pending", "vectors_pending", "Embeddings waiting (in memory) to be shared."),
 )
 _COUNTERS = (

@@ -18,9 +18,17 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
+
+
+class Buffer(Protocol):
+    """What the replica's sender reads: the outbox below, and the audit spool (audit.py)."""
+
+    def peek(self, limit: int, /) -> tuple[list[dict[str, Any]], Any]: ...
+
+    def mark_done(self, position: Any, count: int, /) -> None: ...
 
 
 class BufferFull(Exception):
@@ -125,4 +133,4 @@ class Outbox:
         os.replace(tmp, self._done_file)
 
 
-__all__ = ["BufferFull", "Outbox"]
+__all__ = ["Buffer", "BufferFull", "Outbox"]

@@ -6,7 +6,9 @@ replicas wrote since the last read (every `catchup_interval` seconds, and at onc
 notification), handing each change to the subscribers of its kind. While the database is
 down the daemon serves from local state: writes wait in the buffer, reads return nothing,
 `status()` says so, and a reconnect every `retry_interval` seconds resumes both where they
-stopped (the cursors are kept, so nothing written meanwhile is missed). The replica's name in
+stopped (the cursors are kept, so nothing written meanwhile is missed). Audit records wait in
+their own spool (audit.py: written on the search and call paths, so cheaper than the outbox)
+and go out with the sender's next round, about once a second. The replica's name in
 the store and its event cursor are kept in `state_dir/store`, so a restarted replica neither
 takes its own earlier writes for another replica's nor misses what the others wrote while it
 was down; a new replica reads from the newest event on.
@@ -31,7 +33,8 @@ import anyio.abc
 from toolatlas.config import StoreSection
 from toolatlas.paths import write_atomic
 from toolatlas.redact import Redactor
-from toolatlas.store.outbox import Outbox
+from toolatlas.store.audit import AuditSpool
+from toolatlas.store.outbox import Buffer, Outbox
 from toolatlas.store.ports import Change, Handler
 
 if TYPE_CHECKING:
@@ -54,6 +57,9 @@ class Replica:
         folder = Path(state_dir) / "store"
         self.outbox = Outbox(folder, section.buffer_max_bytes)
         self.origin = _stable_origin(folder / "origin")  # kept in state_dir, as the event cursor
+        # The audit spool, once audit records are shared (or some from an earlier run wait there).
+        self.audit = AuditSpool(folder / "audit", section.buffer_max_bytes, self.origin) \
+            if (folder / "audit").is_dir() else None
         self._cursor_file = folder / "events.cursor"
         self._redact = redactor or Redactor()
         self._handlers: dict[str, list[Handler]] = defaultdict(list)
@@ -82,6 +88,20 @@ class Replica:
 
     def subscribe(self, kind: str, handler: Handler) -> None:
         self._handlers[kind].append(handler)
+
+    def audit_sink(self) -> AuditSpool:
+        """Where this replica's audit records go to be shared (events.Events.shared_audit)."""
+        if self.audit is None:
+            self.audit = AuditSpool(self.outbox.dir / "audit", self.cfg.buffer_max_bytes, self.origin)
+        return self.audit
+
+    async def flush(self, timeout: float) -> None:
+        """Send what is buffered now, for up to `timeout` seconds (the daemon is stopping);
+        what is left goes at the next start."""
+        with anyio.move_on_after(timeout):
+            while self.connected and self.status()["buffered"]:
+                self._wake_flush.set()
+                await anyio.sleep(0.02)
 
     async def _buffer(self, table: str, kind: str, key: str, body: dict[str, Any]) -> None:
         rec = {"t": table, "kind": kind, "key": key, "body": body, "origin": self.origin,
@@ -197,50 +217,29 @@ class Replica:
 
     async def _send(self, store: Store) -> None:
         while True:
-            records, offset = await anyio.to_thread.run_sync(self.outbox.peek, FLUSH_BATCH)
-            if records:
-                await self._write(store, records)
-                await anyio.to_thread.run_sync(self.outbox.mark_done, offset, len(records))
-                self.counts["sent"] += len(records)
+            if await self._send_from(store, self.outbox) or (self.audit and await self._send_from(store, self.audit)):
                 continue
             if self._vectors:
-                await self._send_vectors(store)
+                self.counts["vectors_stored"] += await _send_vectors(store, self._vectors)
                 continue
             with anyio.move_on_after(1.0):
                 await self._wake_flush.wait()
             self._wake_flush = anyio.Event()
 
-    async def _write(self, store: Store, records: list[dict[str, Any]]) -> None:
-        """Commit `records`; one whose content the database refuses is dropped (logged,
-        counted in `rejected`) so it cannot hold back every write behind it."""
-        from toolatlas.store.client import StoreRejected
-
-        try:
-            await store.write(records)
-            return
-        except StoreRejected:
-            pass
-        for rec in records:
-            try:
-                await store.write([rec])
-            except StoreRejected as exc:
-                self.counts["rejected"] += 1
-                log.error("store.write_rejected kind=%s key=%s: %s; dropped", rec.get("kind"), rec.get("key"), exc)
-
-    async def _send_vectors(self, store: Store) -> None:
-        batch = list(self._vectors.items())[:VECTOR_BATCH]
-        by_space: dict[str, list[tuple[bytes, bytes]]] = defaultdict(list)
-        for (space, key), vec in batch:
-            by_space[space].append((key, vec))
-        for space, items in by_space.items():
-            await store.put_vectors(space, items)
-        for k, _ in batch:
-            self._vectors.pop(k, None)
-        self.counts["vectors_stored"] += len(batch)
+    async def _send_from(self, store: Store, buffer: Buffer) -> bool:
+        """Commit the next batch of `buffer` and mark it done there; False when it is empty."""
+        records, position = await anyio.to_thread.run_sync(buffer.peek, FLUSH_BATCH)
+        if not records:
+            return False
+        self.counts["rejected"] += await _write(store, records)
+        await anyio.to_thread.run_sync(buffer.mark_done, position, len(records))
+        self.counts["sent"] += len(records)
+        return True
 
     async def _listen(self, store: Store) -> None:
-        async for payload in store.notifications():
-            if payload.get("origin") != self.origin:
+        async for payload in store.notifications():  # another replica's audit records wake no one
+            if payload.get("origin") != self.origin and (payload.get("kind") in self._handlers
+                                                         or payload.get("table") != "events"):
                 self._wake_catchup.set()
 
     async def _catch_up_loop(self, store: Store) -> None:
@@ -251,14 +250,15 @@ class Replica:
             self._wake_catchup = anyio.Event()
 
     async def _catch_up(self, store: Store) -> None:
-        """Hand every change since the cursors to its subscribers, in order."""
-        while True:
-            events = await store.events_after(self._event_cursor or 0, READ_BATCH)
+        """Hand every change since the cursors to its subscribers, in order (events only of
+        the kinds subscribed to: not every replica's audit records)."""
+        while kinds := sorted(self._handlers):
+            events = await store.events_after(self._event_cursor or 0, READ_BATCH, kinds=kinds)
             for change in events:
                 self._event_cursor = change.seq
                 await self._dispatch(change)
             if events:
-                _write_cursor(self._cursor_file, events[-1].seq)
+                await anyio.to_thread.run_sync(_write_cursor, self._cursor_file, events[-1].seq)
             if len(events) < READ_BATCH:
                 break
         while True:
@@ -281,6 +281,8 @@ class Replica:
 
     def status(self) -> dict[str, Any]:
         """catalog_status's `store` section (no URL: it may hold a password)."""
+        audit = self.audit
+        audit_buffered = audit.pending_count if audit else 0
         return {
             "configured": True,
             "connected": self.connected,
@@ -288,14 +290,47 @@ class Replica:
             "error": self.error,
             "replica": self.origin,
             "schema_version": self.schema_version,
-            "buffered": self.outbox.pending_count,
-            "buffered_bytes": self.outbox.pending_bytes,
+            "buffered": self.outbox.pending_count + audit_buffered,
+            "buffered_bytes": self.outbox.pending_bytes + (audit.pending_bytes if audit else 0),
             "buffer_max_bytes": self.outbox.max_bytes,
-            "refused": self.outbox.refused,
+            "refused": self.outbox.refused + (audit.refused if audit else 0),
+            "audit_buffered": audit_buffered,
             "vectors_pending": len(self._vectors),
             **self.counts,
         }
 
+
+async def _write(store: Store, records: list[dict[str, Any]]) -> int:
+    """Commit `records`; one whose content the database refuses is dropped (logged) so it
+    cannot hold back every write behind it. How many were dropped."""
+    from toolatlas.store.client import StoreRejected
+
+    try:
+        await store.write(records)
+        return 0
+    except StoreRejected:
+        pass
+    rejected = 0
+    for rec in records:
+        try:
+            await store.write([rec])
+        except StoreRejected as exc:
+            rejected += 1
+            log.error("store.write_rejected kind=%s key=%s: %s; dropped", rec.get("kind"), rec.get("key"), exc)
+    return rejected
+
+
+async def _send_vectors(store: Store, pending: dict[tuple[str, bytes], bytes]) -> int:
+    """Store a batch of the `pending` embeddings (removed from it); how many."""
+    batch = list(pending.items())[:VECTOR_BATCH]
+    by_space: dict[str, list[tuple[bytes, bytes]]] = defaultdict(list)
+    for (space, key), vec in batch:
+        by_space[space].append((key, vec))
+    for space, items in by_space.items():
+        await store.put_vectors(space, items)
+    for k, _ in batch:
+        pending.pop(k, None)
+    return len(batch)
 
 
 def _stable_origin(path: Path) -> str:

@@ -15,6 +15,9 @@ Three kinds of shared data, one table each:
   upstream approval states and learned state plug in as new kinds). A write applies only if
   it is newer (`written_at`, the writer's clock) than what is there; each applied write
   takes a new `seq`, which replicas catch up on.
+
+And one view for operators: `toolatlas_audit`, the shared audit trail (the events of kind
+`audit`, one row per audit record of any replica, with the record's main fields as columns).
 """
 
 from __future__ import annotations
@@ -70,6 +73,14 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             PRIMARY KEY (kind, key)
         )""",
         "CREATE INDEX toolatlas_state_seq_idx ON toolatlas_state (seq)",
+    )),
+    (2, "audit view", (
+        # at: the replica's clock when it wrote the record; replica: its name in the store
+        # (catalog_status store.replica); record: the audit line as in its audit file.
+        """CREATE VIEW toolatlas_audit AS
+            SELECT id, written_at AS at, origin AS replica, body->>'event' AS event,
+                   body->>'principal' AS principal, body AS record, created_at AS stored_at
+            FROM toolatlas_events WHERE kind = 'audit'""",
     )),
 )
 

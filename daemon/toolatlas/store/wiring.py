@@ -16,6 +16,8 @@
 - **Upstream approvals** (state of kind `approval`: upstream -> the operator's decision): an
   approve or reject on one replica is in force on the others that run the same upstream
   config (same fingerprint), and on a replica started later; an automatic `pending` yields.
+- **Audit records** (events of kind `audit`), when `[events] audit_file` is set: each audit
+  record written to the file is also spooled for the store (audit.py), for one shared trail.
 
 Without `[store] url` none of this is built. The other features plug into `ports.Shared`.
 """
@@ -81,6 +83,8 @@ class Sharing:
         replica.subscribe(FEEDBACK, self._feedback_shared)
         gateway.learning.on_recorded.append(self._feedback_recorded)
         gateway.catalog.on_change.append(self._changed)
+        if gateway.events.audit is not None:  # the audit trail is configured: share it too
+            gateway.events.shared_audit = replica.audit_sink()
         gateway.status_service.sections["store"] = self.status
 
     def status(self) -> dict[str, Any]:
