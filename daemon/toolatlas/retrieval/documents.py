@@ -8,6 +8,7 @@ store and the facade all speak these types, and none of them imports another to 
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,5 +58,7 @@ def make_entry(doc: ToolDoc) -> Entry:
     fields = lexical_fields(*args)
     tokens: list[str] = []
     for fname, toks in fields.items():
-        tokens.extend(toks * FIELD_WEIGHTS.get(fname, 1))
+        # interned: a catalog's vocabulary is a few thousand words, its tokens millions
+        # (100,000 tools held ~60 token strings each, one object per occurrence)
+        tokens.extend([sys.intern(t) for t in toks] * FIELD_WEIGHTS.get(fname, 1))
     return Entry(doc=doc, text=text, key=hashlib.sha256(text.encode()).digest(), tokens=tokens)
