@@ -34,12 +34,14 @@ log = logging.getLogger(__name__)
 
 EMBED_BATCH = 256  # texts per embedder call while indexing
 _SCOPE_CACHE_MAX = 256
-# A snapshot of more than this many documents keeps its vectors in float16 (half the memory:
-# hnswlib holds its own float32 copy for the approximate search). Every use converts the rows
-# it reads back to float32, so only the storage rounds (cosine within ~5e-5). Smaller
-# catalogs stay float32: their searches scan every row (rank.HNSW_MIN), and numpy has no
-# float16 BLAS (a 2,000-row scan would convert 768k values per search for 3 MB saved).
-HALF_ABOVE = 4096
+# A snapshot of more than HALF_ABOVE documents keeps its vectors in float16 (half the memory:
+# hnswlib holds its own float32 copy for the approximate search); every use converts the rows
+# it reads back to float32. Off (None) by default: with every snapshot float16, ToolLens test
+# hybrid nDCG@5 moved 0.3649 -> 0.3648 and MRR 0.5533 -> 0.5531 (MCPToolBench++ unchanged),
+# and issue 19 allows float16 only where ranking is unchanged to the fourth decimal. At
+# 100,000 tools it saves 77 MB (bench/README.md "Issue 19 item 3"). Small catalogs should stay
+# float32 anyway: their searches scan every row and numpy has no float16 BLAS.
+HALF_ABOVE: int | None = None
 _SCAN_CHUNK = 8192  # rows converted at a time by a float16 scan
 
 # scope (sorted server names) -> (allowed positions, their hnsw labels once asked for)
@@ -56,7 +58,7 @@ class Snapshot:
     server_pos: dict[str, np.ndarray]
     doc_server: np.ndarray  # index into `servers` per position
     bm25: Bm25Index
-    vecs: np.ndarray | None  # (n, dim) normalised, float16 above HALF_ABOVE rows; None when bm25-only
+    vecs: np.ndarray | None  # (n, dim) normalised (float16 above HALF_ABOVE rows, if set); None when bm25-only
     labels: np.ndarray | None  # hnsw label per position
     label_pos: dict[int, int]
     centroids: np.ndarray | None  # (len(servers), dim)
@@ -139,7 +141,7 @@ def build_snapshot(
     vecs = labels = centroids = None
     label_pos: dict[int, int] = {}
     if vec_of is not None and ents and all(e.label >= 0 for e in ents):
-        vecs = np.empty((len(ents), dim), dtype=np.float16 if len(ents) > HALF_ABOVE else np.float32)
+        vecs = np.empty((len(ents), dim), dtype=np.float16 if HALF_ABOVE is not None and len(ents) > HALF_ABOVE else np.float32)
         for i, e in enumerate(ents):
             vecs[i] = vec_of[e.key]
         labels = np.fromiter((e.label for e in ents), dtype=np.int64, count=len(ents))
