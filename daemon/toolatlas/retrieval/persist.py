@@ -191,8 +191,12 @@ def save_embeddings(state_dir: Path, model: str, vec_of: dict[bytes, np.ndarray]
         return {}
     start = sum(len(c) for c in chunks[:3]) + len(keys) * 32
     del chunks, body
-    with open_regular(path) as fh:
-        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        with open_regular(path) as fh:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as exc:  # a filesystem without mmap: the caller keeps its copies
+        log.warning("retrieval.embeddings_not_mapped path=%s error=%s", path, exc)
+        return dict(vec_of)
     return _views(mm, keys, start, dim)
 
 
@@ -226,8 +230,13 @@ def load_embeddings(state_dir: Path, model: str, dim: int) -> dict[bytes, np.nda
             return {}
         fh.seek(start)
         raw = fh.read(n * 32)
-        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    keys = [raw[i * 32 : (i + 1) * 32] for i in range(n)]
+        keys = [raw[i * 32 : (i + 1) * 32] for i in range(n)]
+        try:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:  # a filesystem without mmap: read it into memory
+            log.warning("retrieval.embeddings_not_mapped path=%s error=%s", path, exc)
+            mat = np.frombuffer(fh.read(), dtype=np.float32).reshape(n, dim)
+            return {k: mat[i] for i, k in enumerate(keys)}
     return _views(mm, keys, start + n * 32, dim)
 
 
