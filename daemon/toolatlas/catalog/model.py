@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 from typing import Any
 
 import msgspec
 
-from toolatlas.catalog.schemas import repair_schema
+from toolatlas.catalog.schemas import intern_schema, repair_schema
 from toolatlas.names import namespaced
 
 _canon = msgspec.json.Encoder(order="sorted")
@@ -50,13 +51,14 @@ class ToolRecord(msgspec.Struct, frozen=True, kw_only=True):
         input_schema: dict[str, Any] | None,
         **extra: Any,
     ) -> "ToolRecord":
-        desc = description or ""
+        desc = sys.intern(description or "")  # shared with the restored index's copy
         schema, repairs = repair_schema(input_schema or {"type": "object"})
+        schema = intern_schema(schema)
         problems = (*extra.pop("problems", ()), *repairs)
         return cls(
-            server=server,
-            tool=tool,
-            name=namespaced(server, tool),
+            server=sys.intern(server),
+            tool=sys.intern(tool),
+            name=sys.intern(namespaced(server, tool)),
             description=desc,
             input_schema=schema,
             content_hash=schema_hash(tool, desc, schema),

@@ -13,11 +13,15 @@ reports every problem with its path. The meta-schemas are bundled: nothing is fe
 from __future__ import annotations
 
 import copy
+import hashlib
+import threading
+import weakref
 from typing import Any
 
 import fastjsonschema
 import jsonschema
 import jsonschema.validators
+import msgspec
 
 _FAST = fastjsonschema.compile(jsonschema.Draft7Validator.META_SCHEMA, use_default=False)
 _MAX_PASSES = 5  # removing a part can expose no new problem in practice; bounded anyway
@@ -70,4 +74,42 @@ def repair_schema(schema: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
     return fixed, tuple(problems)
 
 
-__all__ = ["repair_schema"]
+class Schema(dict[str, Any]):
+    """An inputSchema as the catalog keeps it: one shared object per distinct schema
+    (`intern_schema`), so read-only by contract (sanitizing and repairs copy, never write)."""
+
+    __slots__ = ("__weakref__",)
+
+
+# Distinct schemas by the digest of their canonical JSON. Weak: a schema no record or
+# document holds any more leaves the pool with its last holder.
+_POOL: weakref.WeakValueDictionary[bytes, Schema] = weakref.WeakValueDictionary()
+_POOL_LOCK = threading.Lock()
+_CANON = msgspec.json.Encoder(order="sorted")
+
+
+def intern_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The pool's object for a schema equal to `schema` (its key order kept as first seen),
+    added if new. Tools of one upstream often share a schema (no arguments, one `query`
+    string, a common options block), and a restored index snapshot and the first listing
+    after it hold the same schemas twice over: one copy each. A schema that cannot be
+    encoded as JSON is returned as it is."""
+    if type(schema) is Schema:
+        return schema
+    try:
+        key = hashlib.blake2b(_CANON.encode(schema), digest_size=20).digest()
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError):
+        return schema
+    with _POOL_LOCK:
+        got = _POOL.get(key)
+        if got is None:
+            got = _POOL[key] = Schema(schema)
+    return got
+
+
+def pooled_schemas() -> int:
+    """How many distinct schemas the pool holds (for tests and status)."""
+    return len(_POOL)
+
+
+__all__ = ["Schema", "intern_schema", "pooled_schemas", "repair_schema"]

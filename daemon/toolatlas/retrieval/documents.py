@@ -8,6 +8,7 @@ store and the facade all speak these types, and none of them imports another to 
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +45,16 @@ class Entry:
     """A ToolDoc with what indexing it needs; `label` is set once its vector is in hnswlib."""
 
     doc: ToolDoc
-    text: str  # what the embedder sees
     key: bytes  # sha256 of `text`: the embedding cache key
     tokens: list[str]  # field-weighted BM25 tokens
     label: int = -1  # hnsw label, -1 if not in the dense index
+
+    @property
+    def text(self) -> str:
+        """What the embedder sees. Made again when asked, not kept: it is needed only until
+        the document's vector exists (an estimated ~70 MB of text at 100,000 tools)."""
+        d = self.doc
+        return dense_text(d.tool, d.server, d.description, d.input_schema, d.server_summary, d.tags)
 
 
 def make_entry(doc: ToolDoc) -> Entry:
@@ -57,5 +64,7 @@ def make_entry(doc: ToolDoc) -> Entry:
     fields = lexical_fields(*args)
     tokens: list[str] = []
     for fname, toks in fields.items():
-        tokens.extend(toks * FIELD_WEIGHTS.get(fname, 1))
-    return Entry(doc=doc, text=text, key=hashlib.sha256(text.encode()).digest(), tokens=tokens)
+        # interned: a catalog's vocabulary is a few thousand words, its tokens millions
+        # (100,000 tools held ~60 token strings each, one object per occurrence)
+        tokens.extend([sys.intern(t) for t in toks] * FIELD_WEIGHTS.get(fname, 1))
+    return Entry(doc=doc, key=hashlib.sha256(text.encode()).digest(), tokens=tokens)

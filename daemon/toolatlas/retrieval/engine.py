@@ -156,12 +156,10 @@ class Engine:
         return self._embedder
 
     def catalog_vectors(self) -> tuple[int, tuple[ToolDoc, ...], np.ndarray | None]:
-        """(version, documents, their dense vectors or None) of the current snapshot, for
-        analyses (Rift) that must not embed the catalog again. Read-only views."""
+        """(version, documents, float32 dense vectors or None) of the current snapshot, for
+        analyses (Rift) that must not embed the catalog again. Read-only."""
         snap = self._snap
-        if snap is None:
-            return 0, (), None
-        return snap.version, snap.docs, snap.vecs
+        return (0, (), None) if snap is None else (snap.version, snap.docs, snap.rows() if snap.vecs is not None else None)
 
     # -- loading and updates --------------------------------------------------------------
 
@@ -278,11 +276,12 @@ class Engine:
             self._fail(failure, "update")
         self._snap = snap  # the atomic publish
         self._cache.clear()
-        if persist_now and self.persist and self.state_dir is not None:
-            if store.write(self.state_dir, self._space, self._index, snap):
-                self._persisted_version = snap.version
-            else:
-                self._counts["persist_failures"] += 1
+        if not (persist_now and self.persist and self.state_dir is not None):
+            store.release_pages()  # the vectors the snapshot read from the mapped file
+        elif store.write(self.state_dir, self._space, self._index, snap):
+            self._persisted_version = snap.version
+        else:
+            self._counts["persist_failures"] += 1
 
     def set_learned(self, state: LearnedState | None) -> None:
         """Publish the learned stage's state (one assignment): for "learned" searches, and "hybrid" ones while `learning` is set."""

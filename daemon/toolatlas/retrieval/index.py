@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from toolatlas.retrieval import persist
 from toolatlas.retrieval.bm25 import Bm25Index
 from toolatlas.retrieval.documents import Entry, ToolDoc, make_entry
 
@@ -33,6 +34,15 @@ log = logging.getLogger(__name__)
 
 EMBED_BATCH = 256  # texts per embedder call while indexing
 _SCOPE_CACHE_MAX = 256
+# A snapshot of more than HALF_ABOVE documents keeps its vectors in float16 (half the memory:
+# hnswlib holds its own float32 copy for the approximate search); every use converts the rows
+# it reads back to float32. Off (None) by default: with every snapshot float16, ToolLens test
+# hybrid nDCG@5 moved 0.3649 -> 0.3648 and MRR 0.5533 -> 0.5531 (MCPToolBench++ unchanged),
+# and issue 19 allows float16 only where ranking is unchanged to the fourth decimal. At
+# 100,000 tools it saves 77 MB (bench/README.md "Issue 19 item 3"). Small catalogs should stay
+# float32 anyway: their searches scan every row and numpy has no float16 BLAS.
+HALF_ABOVE: int | None = None
+_SCAN_CHUNK = 8192  # rows converted at a time by a float16 scan
 
 # scope (sorted server names) -> (allowed positions, their hnsw labels once asked for)
 ScopeCache = dict[tuple[str, ...], tuple[np.ndarray, frozenset[int] | None]]
@@ -48,7 +58,7 @@ class Snapshot:
     server_pos: dict[str, np.ndarray]
     doc_server: np.ndarray  # index into `servers` per position
     bm25: Bm25Index
-    vecs: np.ndarray | None  # (n, dim) normalised, None when bm25-only
+    vecs: np.ndarray | None  # (n, dim) normalised (float16 above HALF_ABOVE rows, if set); None when bm25-only
     labels: np.ndarray | None  # hnsw label per position
     label_pos: dict[int, int]
     centroids: np.ndarray | None  # (len(servers), dim)
@@ -58,6 +68,27 @@ class Snapshot:
     @property
     def n(self) -> int:
         return len(self.docs)
+
+    def rows(self, pos: np.ndarray | None = None) -> np.ndarray:
+        """The vectors at positions `pos` (None: all), float32 whatever the storage."""
+        assert self.vecs is not None
+        got = self.vecs if pos is None else self.vecs[pos]
+        return got if got.dtype == np.float32 else got.astype(np.float32)
+
+    def sims(self, qvec: np.ndarray, pos: np.ndarray | None = None) -> np.ndarray:
+        """Cosine similarities (float32) of `qvec` to the vectors at `pos` (None: all); a
+        float16 matrix is converted in chunks, so a scan never holds a float32 copy of it."""
+        assert self.vecs is not None
+        mat = self.vecs
+        if mat.dtype == np.float32:
+            got: np.ndarray = (mat if pos is None else mat[pos]) @ qvec
+            return got
+        n = mat.shape[0] if pos is None else pos.shape[0]
+        out = np.empty(n, dtype=np.float32)
+        for s in range(0, n, _SCAN_CHUNK):
+            part = mat[s : s + _SCAN_CHUNK] if pos is None else mat[pos[s : s + _SCAN_CHUNK]]
+            out[s : s + part.shape[0]] = part.astype(np.float32) @ qvec
+        return out
 
     @functools.cached_property
     def pos_of(self) -> dict[str, int]:
@@ -110,13 +141,14 @@ def build_snapshot(
     vecs = labels = centroids = None
     label_pos: dict[int, int] = {}
     if vec_of is not None and ents and all(e.label >= 0 for e in ents):
-        vecs = np.empty((len(ents), dim), dtype=np.float32)
+        vecs = np.empty((len(ents), dim), dtype=np.float16 if HALF_ABOVE is not None and len(ents) > HALF_ABOVE else np.float32)
         for i, e in enumerate(ents):
             vecs[i] = vec_of[e.key]
         labels = np.fromiter((e.label for e in ents), dtype=np.int64, count=len(ents))
         label_pos = {int(lab): i for i, lab in enumerate(labels)}
         sums = np.zeros((len(servers), dim), dtype=np.float32)
-        np.add.at(sums, doc_server, vecs)
+        for s in range(0, len(ents), _SCAN_CHUNK):
+            np.add.at(sums, doc_server[s : s + _SCAN_CHUNK], vecs[s : s + _SCAN_CHUNK].astype(np.float32))
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         norms[norms == 0] = 1.0
         centroids = sums / norms
@@ -244,7 +276,7 @@ class IndexBuilder:
 
                 if self.hnsw is None:
                     self.hnsw = HnswStore(emb.dim, capacity=max(1024, 2 * len(entries)))
-                vecs = np.stack([self.vec_of[entries[n].key] for n in need])
+                vecs = np.stack([self.vec_of[entries[n].key] for n in need]).astype(np.float32, copy=False)
                 labels = self.hnsw.add(vecs)  # insert first ...
                 for name, label in zip(need, labels):
                     entries[name] = dataclasses.replace(entries[name], label=int(label))
@@ -260,18 +292,36 @@ class IndexBuilder:
     def _share(self, snap: Snapshot) -> None:
         """Keep one copy of each live vector: the cache's entry for a live document becomes a
         row of the snapshot's matrix (a view), so the cache no longer holds its own array
-        beside it. A cached vector no longer live that still views an older matrix, or the
-        buffer of the file it was loaded from, is copied out, so that matrix or buffer can go."""
+        beside it. A cached vector no longer live that still views an older matrix is copied
+        out, so that matrix can go; one that views the mapped embedding file stays a view
+        (page cache, not heap: see persist.load_embeddings). Live keys move to the end of
+        the cache's order, which is its recency order (store.vectors_to_keep)."""
         assert snap.vecs is not None
         live: dict[bytes, int] = {}
         for i, e in enumerate(self.entries.values()):
             live.setdefault(e.key, i)
         vec_of, mat = self.vec_of, snap.vecs
         for key, vec in vec_of.items():
-            if key not in live and vec.base is not None:
+            if key not in live and vec.base is not None and not persist.is_mapped(vec):
                 vec_of[key] = vec.copy()
         for key, i in live.items():
+            vec_of.pop(key, None)
             vec_of[key] = mat[i]
+
+    def remap(self, on_disk: dict[bytes, np.ndarray]) -> None:
+        """The embedding cache was written: `on_disk` is what the file holds, as views of it.
+        A vector no longer live is replaced by its view of the file (its heap copy goes) or,
+        if the file no longer keeps it, dropped; so the heap holds only live vectors and
+        those not written yet, and the file (bounded, store.vectors_to_keep) the rest."""
+        live = {e.key for e in self.entries.values()}
+        for key in list(self.vec_of):
+            if key in live:
+                continue
+            got = on_disk.get(key)
+            if got is None:
+                del self.vec_of[key]
+            else:
+                self.vec_of[key] = got
 
     def _embed_missing(self, emb: Embedder, ents: Sequence[Entry]) -> None:
         missing: dict[bytes, str] = {}

@@ -16,9 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import re
 import struct
+import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
+from toolatlas.catalog.schemas import intern_schema
 from toolatlas.paths import open_regular, read_regular
 from toolatlas.retrieval.documents import ToolDoc
 
@@ -146,29 +150,113 @@ def embeddings_path(state_dir: Path, model: str) -> Path:
     return folder(state_dir) / f"embeddings-{_slug(model)}.bin"
 
 
-def save_embeddings(state_dir: Path, model: str, vec_of: dict[bytes, np.ndarray]) -> None:
+# The embedding files mapped into memory (load_embeddings, save_embeddings): their vectors
+# are views of the mapping, read from the page cache on use. `release_pages` drops this
+# process's resident pages of them (the kernel keeps its cache), so a vector read once (a
+# snapshot copying the live ones, a write reading the kept ones) does not stay in its RSS.
+_MAPPED: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
+
+
+def release_pages() -> None:
+    """Unmap the resident pages of every mapped embedding file (they are read again from the
+    page cache or the disk when used). Cheap; never raises."""
+    for mm in list(_MAPPED):
+        try:
+            mm.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError, AttributeError):  # closed, or no madvise on this platform
+            pass
+
+
+def is_mapped(vec: np.ndarray) -> bool:
+    """Whether `vec` is a view of a mapped embedding file (file-backed, not heap memory)."""
+    base = vec.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+
+
+def save_embeddings(state_dir: Path, model: str, vec_of: dict[bytes, np.ndarray]) -> dict[bytes, np.ndarray]:
+    """Write the cache; returns its vectors as views of the file just written (mapped, not
+    copied: the caller can drop its own copies of them)."""
     keys = list(vec_of)
     mat = np.stack([vec_of[k] for k in keys]).astype(np.float32) if keys else np.empty((0, 0), np.float32)
     body = [b"".join(keys), mat.tobytes()]
-    header = {"model": model, "count": len(keys), "dim": int(mat.shape[1]) if keys else 0}
-    atomic_write(embeddings_path(state_dir, model), _pack(_EMB_MAGIC, header, body))
+    dim = int(mat.shape[1]) if keys else 0
+    del mat
+    header = {"model": model, "count": len(keys), "dim": dim}
+    chunks = _pack(_EMB_MAGIC, header, body)
+    path = embeddings_path(state_dir, model)
+    atomic_write(path, chunks)
+    if not keys:
+        return {}
+    start = sum(len(c) for c in chunks[:3]) + len(keys) * 32
+    del chunks, body
+    try:
+        with open_regular(path) as fh:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as exc:  # a filesystem without mmap: the caller keeps its copies
+        log.warning("retrieval.embeddings_not_mapped path=%s error=%s", path, exc)
+        return dict(vec_of)
+    return _views(mm, keys, start, dim)
+
+
+def _views(mm: mmap.mmap, keys: list[bytes], start: int, dim: int) -> dict[bytes, np.ndarray]:
+    _MAPPED.add(mm)
+    mat = np.frombuffer(mm, dtype=np.float32, count=len(keys) * dim, offset=start).reshape(len(keys), dim)
+    return {k: mat[i] for i, k in enumerate(keys)}
 
 
 def load_embeddings(state_dir: Path, model: str, dim: int) -> dict[bytes, np.ndarray]:
-    """The persisted cache, {} if there is none; CorruptFile if it fails its checks."""
+    """The persisted cache, {} if there is none; CorruptFile if it fails its checks.
+
+    The file is checked by reading it in blocks, then mapped: the vectors are read-only
+    views of the mapping (page cache, not heap), so a cache of older vectors several times
+    the catalog costs no memory until one is used (see release_pages)."""
     path = embeddings_path(state_dir, model)
-    got = _unpack(path, _EMB_MAGIC)
-    if got is None:
+    try:
+        fh = open_regular(path)
+    except FileNotFoundError:
         return {}
-    header, body = got
-    n = header.get("count")
-    if header.get("model") != model or not isinstance(n, int) or (n and header.get("dim") != dim):
-        raise CorruptFile(f"{path} is for another model or has a bad header")
-    if len(body) != n * 32 + n * dim * 4:
-        raise CorruptFile(f"{path} has the wrong size")
-    keys = bytes(body[: n * 32])
-    mat = np.frombuffer(body[n * 32 :], dtype=np.float32).reshape(n, dim) if n else None
-    return {keys[i * 32 : (i + 1) * 32]: mat[i] for i in range(n)} if mat is not None else {}
+    except OSError as exc:  # a directory or FIFO in its place, no permission: rebuilt like corruption
+        raise CorruptFile(f"{path} cannot be read: {exc.strerror or exc}") from exc
+    with fh:
+        header, start = _check_streamed(fh, path, _EMB_MAGIC)
+        n = header.get("count")
+        if header.get("model") != model or not isinstance(n, int) or (n and header.get("dim") != dim):
+            raise CorruptFile(f"{path} is for another model or has a bad header")
+        if os.fstat(fh.fileno()).st_size - start != n * 32 + n * dim * 4:
+            raise CorruptFile(f"{path} has the wrong size")
+        if not n:
+            return {}
+        fh.seek(start)
+        raw = fh.read(n * 32)
+        keys = [raw[i * 32 : (i + 1) * 32] for i in range(n)]
+        try:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:  # a filesystem without mmap: read it into memory
+            log.warning("retrieval.embeddings_not_mapped path=%s error=%s", path, exc)
+            mat = np.frombuffer(fh.read(), dtype=np.float32).reshape(n, dim)
+            return {k: mat[i] for i, k in enumerate(keys)}
+    return _views(mm, keys, start + n * 32, dim)
+
+
+def _check_streamed(fh: Any, path: Path, magic: bytes) -> tuple[dict[str, Any], int]:
+    """(header, offset of the body) of an open file whose body's SHA-256 is checked by
+    reading it in blocks (the file is never held in memory whole); CorruptFile otherwise."""
+    head = fh.read(len(magic) + _HDR.size)
+    if not head.startswith(magic) or len(head) < len(magic) + _HDR.size:
+        raise CorruptFile(f"{path} does not start with the expected header")
+    (hlen,) = _HDR.unpack_from(head, len(magic))
+    try:
+        header = json.loads(fh.read(hlen))
+    except ValueError as exc:
+        raise CorruptFile(f"{path} has an unreadable header") from exc
+    h = hashlib.sha256()
+    for block in iter(lambda: fh.read(1 << 20), b""):
+        h.update(block)
+    if not isinstance(header, dict) or h.hexdigest() != header.get("sha256"):
+        raise CorruptFile(f"{path} failed its checksum")
+    return header, len(magic) + _HDR.size + hlen
 
 
 @dataclass(frozen=True)
@@ -217,6 +305,16 @@ def save_snapshot(
     atomic_write(snap_path, _pack(_SNAP_MAGIC, header, [body]))
 
 
+def _interned(doc: ToolDoc) -> ToolDoc:
+    """`doc` with its strings and schema shared with the records the first listing after a
+    restart makes of the same tools (catalog.model: interned the same way)."""
+    return ToolDoc(
+        name=sys.intern(doc.name), server=sys.intern(doc.server), tool=sys.intern(doc.tool),
+        description=sys.intern(doc.description), input_schema=intern_schema(doc.input_schema),
+        server_summary=sys.intern(doc.server_summary), tags=doc.tags,
+    )
+
+
 def load_snapshot(state_dir: Path, model: str) -> Restored | None:
     """The persisted snapshot or None; CorruptFile if the snapshot file fails its checks.
 
@@ -230,7 +328,7 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
 
     try:
         raw = msgspec.msgpack.decode(body)
-        docs = msgspec.convert(raw["docs"], list[ToolDoc])
+        docs = [_interned(d) for d in msgspec.convert(raw["docs"], list[ToolDoc])]
         labels = msgspec.convert(raw["labels"], list[int])
     except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError) as exc:
         raise CorruptFile(f"{snap_path} has an undecodable body") from exc

@@ -176,7 +176,7 @@ def fused_scores(
         lex_top = fusion.top_indices(lex, FUSION_POOL, allowed, positive=True)
         dense_top, _ = dense(snap, qvec, FUSION_POOL, scope, allowed)
         cand = np.union1d(lex_top, dense_top)
-    return cand, fusion.weighted(lex[cand], snap.vecs[cand] @ qvec, ALPHA, fusion_kind)
+    return cand, fusion.weighted(lex[cand], snap.sims(qvec, cand), ALPHA, fusion_kind)
 
 
 def dense(
@@ -202,13 +202,13 @@ def dense(
             (p for p in (snap.label_pos.get(int(lab)) for lab in labels) if p is not None), dtype=np.int64
         )
         if pos.shape[0] >= min(k, n_allowed):
-            sims = snap.vecs[pos] @ qvec
+            sims = snap.sims(qvec, pos)
             order = np.lexsort((pos, -sims))
             return pos[order], sims[order]
     if allowed is None:
-        sims = snap.vecs @ qvec
+        sims = snap.sims(qvec)
         top = fusion.top_indices(sims, k)
         return top, sims[top]
-    sims = snap.vecs[allowed] @ qvec
+    sims = snap.sims(qvec, allowed)
     top = fusion.top_indices(sims, k)
     return allowed[top], sims[top]

@@ -130,12 +130,15 @@ def revive(restored: persist.Restored, vec_of: dict[bytes, np.ndarray], dim: int
 
 
 def vectors_to_keep(vec_of: dict[bytes, np.ndarray], live: set[bytes]) -> dict[bytes, np.ndarray]:
-    """Every live vector, then older ones (in cache order) up to max(4 x live, 4096)."""
+    """Every live vector, then the most recently used of the others (the cache's order is
+    its recency order: IndexBuilder moves a key to the end when it is live again) up to
+    max(4 x live, 4096) in all: an LRU bound on the file, and so on the cache."""
     keep = {k: v for k, v in vec_of.items() if k in live}
-    for k, v in vec_of.items():
-        if len(keep) >= max(KEEP_FACTOR * len(live), KEEP_MIN):
+    limit = max(KEEP_FACTOR * len(live), KEEP_MIN)
+    for k in reversed(vec_of):
+        if len(keep) >= limit:
             break
-        keep.setdefault(k, v)
+        keep.setdefault(k, vec_of[k])
     return keep
 
 
@@ -146,7 +149,7 @@ def write(state_dir: Path, space: str | None, builder: IndexBuilder, snap: Snaps
     try:
         if space is not None and builder.vec_dirty:
             live = {e.key for e in builder.entries.values()}
-            persist.save_embeddings(state_dir, space, vectors_to_keep(builder.vec_of, live))
+            builder.remap(persist.save_embeddings(state_dir, space, vectors_to_keep(builder.vec_of, live)))
             builder.vec_dirty = False
         persist.save_snapshot(
             state_dir,
@@ -159,4 +162,12 @@ def write(state_dir: Path, space: str | None, builder: IndexBuilder, snap: Snaps
     except OSError as exc:
         log.warning("retrieval.persist_failed dir=%s error=%s", state_dir, exc)
         return False
+    finally:
+        persist.release_pages()  # the write read every kept vector through the mapping
     return True
+
+
+def release_pages() -> None:
+    """After a snapshot copied its vectors out of the mapped embedding file: drop the pages
+    it read from this process's resident memory (persist.release_pages)."""
+    persist.release_pages()

@@ -1,0 +1,149 @@
+"""Memory of the index (issue 19 item 3): float16 snapshot vectors, the mapped embedding
+cache with its LRU bound, interned schemas and tokens. Real files, real numpy; no mocks."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from toolatlas.catalog.model import ToolRecord
+from toolatlas.catalog.schemas import intern_schema, pooled_schemas
+from toolatlas.retrieval import index, persist, store
+from toolatlas.retrieval.documents import ToolDoc, make_entry
+from toolatlas.retrieval.index import IndexBuilder, build_snapshot
+
+DIM = 8
+
+
+def _docs(n: int) -> list[ToolDoc]:
+    return [ToolDoc(name=f"s{i % 3}__t{i}", server=f"s{i % 3}", tool=f"t{i}", description=f"tool number {i} reads files",
+                    input_schema={"type": "object", "properties": {"q": {"type": "string"}}}) for i in range(n)]
+
+
+def _unit(n: int, seed: int = 1) -> np.ndarray:
+    v = np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
+    out: np.ndarray = v / np.linalg.norm(v, axis=1, keepdims=True)
+    return out
+
+
+def _labelled(docs: list[ToolDoc], vecs: np.ndarray) -> tuple[dict[str, object], dict[bytes, np.ndarray]]:
+    entries = {}
+    vec_of = {}
+    for i, (d, v) in enumerate(zip(docs, vecs)):
+        e = dataclasses.replace(make_entry(d), label=i)
+        entries[d.name] = e
+        vec_of[e.key] = v
+    return entries, vec_of
+
+
+def test_large_snapshot_stores_float16_and_scores_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    docs, vecs = _docs(40), _unit(40)
+    entries, vec_of = _labelled(docs, vecs)
+    small = build_snapshot(1, entries, vec_of, DIM)  # type: ignore[arg-type]
+    monkeypatch.setattr(index, "HALF_ABOVE", 10)
+    monkeypatch.setattr(index, "_SCAN_CHUNK", 7)  # several chunks
+    big = build_snapshot(1, entries, vec_of, DIM)  # type: ignore[arg-type]
+    assert small.vecs is not None and small.vecs.dtype == np.float32
+    assert big.vecs is not None and big.vecs.dtype == np.float16
+    assert big.vecs.nbytes * 2 == small.vecs.nbytes
+    q = vecs[3]
+    full, some = big.sims(q), big.sims(q, np.array([5, 1, 30]))
+    assert full.dtype == np.float32 and some.dtype == np.float32
+    assert np.abs(full - small.sims(q)).max() < 1e-3
+    assert np.allclose(some, full[[5, 1, 30]])
+    assert big.rows().dtype == np.float32 and np.abs(big.rows() - vecs).max() < 1e-3
+    assert int(np.argmax(full)) == 3
+    assert big.centroids is not None and np.abs(big.centroids - small.centroids).max() < 1e-3  # type: ignore[operator]
+
+
+def test_embedding_file_is_mapped_checked_and_rewritten(tmp_path: Path) -> None:
+    keys = [bytes([i]) * 32 for i in range(5)]
+    vecs = _unit(5)
+    on_disk = persist.save_embeddings(tmp_path, "m", dict(zip(keys, vecs)))
+    assert list(on_disk) == keys and all(persist.is_mapped(v) for v in on_disk.values())
+    loaded = persist.load_embeddings(tmp_path, "m", DIM)
+    assert all(persist.is_mapped(v) for v in loaded.values())
+    assert np.array_equal(np.stack([loaded[k] for k in keys]), vecs)
+    persist.release_pages()  # pages dropped from this process: read again on use
+    assert np.array_equal(np.stack([loaded[k] for k in keys]), vecs)
+    assert not persist.is_mapped(vecs[0]) and not persist.is_mapped(vecs[0].copy())
+    path = persist.embeddings_path(tmp_path, "m")
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(persist.CorruptFile, match="checksum"):
+        persist.load_embeddings(tmp_path, "m", DIM)
+    path.write_bytes(bytes(raw[:20]))
+    with pytest.raises(persist.CorruptFile):
+        persist.load_embeddings(tmp_path, "m", DIM)
+    assert persist.load_embeddings(tmp_path / "none", "m", DIM) == {}
+
+
+def test_vectors_to_keep_is_lru_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store, "KEEP_MIN", 4)
+    vec_of = {bytes([i]) * 32: np.full(DIM, i, np.float32) for i in range(10)}  # order = recency
+    live = {bytes([2]) * 32}
+    kept = store.vectors_to_keep(vec_of, live)
+    assert set(kept) == {bytes([i]) * 32 for i in (2, 9, 8, 7)}  # live, then the newest
+
+
+def test_remap_leaves_only_live_and_unwritten_vectors_on_the_heap(tmp_path: Path) -> None:
+    b = IndexBuilder({"embeddings_computed": 0, "embeddings_cached": 0, "embeddings_shared": 0})
+    docs = _docs(3)
+    entries, vec_of = _labelled(docs, _unit(3))
+    b.entries = entries  # type: ignore[assignment]
+    old = {bytes([200 + i]) * 32: _unit(1, i)[0] for i in range(3)}  # no longer live, heap copies
+    b.vec_of = {**old, **vec_of}
+    written = persist.save_embeddings(tmp_path, "m", {k: b.vec_of[k] for k in [*list(old)[1:], *vec_of]})
+    b.remap(written)
+    assert list(old)[0] not in b.vec_of  # the file no longer keeps it: gone from memory too
+    assert all(persist.is_mapped(b.vec_of[k]) for k in list(old)[1:])
+    assert all(b.vec_of[k] is vec_of[k] for k in vec_of)  # live ones untouched
+
+
+def test_snapshot_share_moves_live_keys_last_and_keeps_mapped_views(tmp_path: Path) -> None:
+    b = IndexBuilder({"embeddings_computed": 0, "embeddings_cached": 0, "embeddings_shared": 0})
+    docs = _docs(4)
+    entries, vec_of = _labelled(docs, _unit(4))
+    stale = {bytes([250]) * 32: _unit(1, 9)[0]}
+    mapped = persist.save_embeddings(tmp_path, "m", {**stale, **vec_of})
+    b.vec_of = dict(mapped)
+    snap, failure = b.commit(entries, [], 1, None, DIM)  # type: ignore[arg-type]
+    assert failure is None and snap.vecs is not None
+    assert list(b.vec_of)[0] == bytes([250]) * 32  # the stale key is now the oldest
+    assert persist.is_mapped(b.vec_of[bytes([250]) * 32])  # still a view of the file, not copied
+    assert all(b.vec_of[e.key].base is snap.vecs for e in b.entries.values())
+
+
+def test_schemas_are_interned_with_their_key_order() -> None:
+    a = {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}}}
+    b = {"properties": {"z": {"type": "string"}, "a": {"type": "integer"}}, "type": "object"}
+    sa, sb = intern_schema(a), intern_schema(b)
+    assert sa is sb and sa == a and list(sa) == list(a)
+    r1 = ToolRecord.make("s", "t1", "d", dict(a))
+    r2 = ToolRecord.make("s2", "t2", "d", dict(b))
+    assert r1.input_schema is r2.input_schema is sa
+    n = pooled_schemas()
+    unique = intern_schema({"type": "object", "title": "only once"})
+    assert pooled_schemas() == n + 1
+    del unique
+    gc.collect()
+    assert pooled_schemas() == n  # weak: gone with its last holder
+    odd = {"type": "object", "x": object()}  # not JSON: kept as it is
+    assert intern_schema(odd) is odd
+
+
+def test_restored_documents_share_strings_and_schemas_with_records(tmp_path: Path) -> None:
+    rec = ToolRecord.make("srv", "read_file", "Read a file from disk", {"type": "object", "properties": {"path": {"type": "string"}}})
+    doc = ToolDoc(name=rec.name, server="srv", tool=rec.tool, description=rec.description, input_schema=rec.input_schema)
+    persist.save_snapshot(tmp_path, "none", version=1, docs=[doc], labels=[-1], hnsw=None)
+    got = persist.load_snapshot(tmp_path, "none")
+    assert got is not None
+    back = got.docs[0]
+    assert back == doc and back.input_schema is rec.input_schema and back.description is rec.description
+    e1, e2 = make_entry(doc), make_entry(back)
+    assert e1.tokens == e2.tokens and all(x is y for x, y in zip(e1.tokens, e2.tokens))
