@@ -39,7 +39,47 @@ class AuditSink(Protocol):
     def close(self) -> None: ...
 
 
-class AuditFile:
+def fsync_close(fd: int, what: str) -> None:
+    """fsync then close `fd` (a dup taken under a writer's lock); a failed fsync is logged."""
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        log.warning("%s: fsync failed: %s", what, exc.strerror or exc)
+    finally:
+        os.close(fd)
+
+
+class SyncedAppender:
+    """An append-only file whose writers never wait for the disk: a background thread calls
+    `sync()` every `interval` seconds, and `close()` syncs once more. Subclasses hold `_fd`
+    (-1 once closed) under `_lock` and implement `sync`."""
+
+    _lock: threading.Lock
+    _fd: int
+
+    def _start_flusher(self, interval: float, name: str) -> None:
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, args=(interval,), name=name, daemon=True)
+        self._flusher.start()
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def _flush_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.sync()
+
+    def close(self) -> None:
+        """Sync and close; later appends are dropped."""
+        self._stop.set()
+        self.sync()
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+class AuditFile(SyncedAppender):
     """See the module docstring."""
 
     def __init__(self, path: str | os.PathLike[str], *, max_bytes: int, keep: int,
@@ -54,10 +94,7 @@ class AuditFile:
         self._size = os.fstat(self._fd).st_size
         self._dirty = False
         self._failure_logged_at = float("-inf")
-        self._stop = threading.Event()
-        self._flusher = threading.Thread(target=self._flush_loop, args=(fsync_interval,),
-                                         name="toolatlas-audit-fsync", daemon=True)
-        self._flusher.start()
+        self._start_flusher(fsync_interval, "toolatlas-audit-fsync")
 
     def __repr__(self) -> str:
         return f"<AuditFile {str(self.path)!r} size={self._size} failures={self.failures}>"
@@ -139,25 +176,7 @@ class AuditFile:
                 fd = os.dup(self._fd)  # synced outside the lock: writers never wait for the disk
             except OSError:
                 return
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            log.warning("audit file %s: fsync failed: %s", self.path, exc.strerror or exc)
-        finally:
-            os.close(fd)
-
-    def _flush_loop(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            self.sync()
-
-    def close(self) -> None:
-        """Sync and close; later appends are dropped."""
-        self._stop.set()
-        self.sync()
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+        fsync_close(fd, f"audit file {self.path}")
 
 
-__all__ = ["AuditFile", "AuditSink", "FSYNC_INTERVAL_S"]
+__all__ = ["AuditFile", "AuditSink", "FSYNC_INTERVAL_S", "SyncedAppender", "fsync_close"]

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from toolatlas.auditlog import SyncedAppender, fsync_close
 from toolatlas.paths import write_atomic
 from toolatlas.store.ports import AUDIT
 
@@ -43,7 +44,7 @@ REFUSAL_LOG_INTERVAL_S = 60.0
 _SEGMENT = re.compile(r"^(\d{10})\.jsonl$")
 
 
-class AuditSpool:
+class AuditSpool(SyncedAppender):
     """A durable, bounded FIFO of audit records bound for the store; see the module docstring."""
 
     def __init__(self, folder: str | os.PathLike[str], max_bytes: int, origin: str, *,
@@ -67,10 +68,7 @@ class AuditSpool:
         self.pending_count = self._count_pending()
         self._dirty = False
         self._retired: list[int] = []  # fds of finished segments, synced and closed by the flusher
-        self._stop = threading.Event()
-        self._flusher = threading.Thread(target=self._flush_loop, args=(fsync_interval,),
-                                         name="toolatlas-audit-spool", daemon=True)
-        self._flusher.start()
+        self._start_flusher(fsync_interval, "toolatlas-audit-spool")
 
     def __repr__(self) -> str:
         return f"<AuditSpool pending={self.pending_count} bytes={self.pending_bytes} segments={len(self._sizes)}>"
@@ -233,33 +231,8 @@ class AuditSpool:
             retired, self._retired = self._retired, []
             fd = os.dup(self._fd) if self._dirty and self._fd >= 0 else -1
             self._dirty = False
-        for old in retired:
-            try:
-                os.fsync(old)
-            except OSError as exc:
-                log.warning("store.audit_spool fsync failed: %s", exc.strerror or exc)
-            finally:
-                os.close(old)
-        if fd >= 0:
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                log.warning("store.audit_spool fsync failed: %s", exc.strerror or exc)
-            finally:
-                os.close(fd)
-
-    def _flush_loop(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            self.sync()
-
-    def close(self) -> None:
-        """Sync and close; later appends are dropped (the audit file still has them)."""
-        self._stop.set()
-        self.sync()
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+        for old in [*retired, fd] if fd >= 0 else retired:
+            fsync_close(old, "store.audit_spool")
 
 
 __all__ = ["AuditSpool"]
