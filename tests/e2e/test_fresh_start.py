@@ -172,7 +172,8 @@ def test_the_export_starts_at_spawn_not_after_the_first_index(tmp_path: Path) ->
         assert any(w.startswith("embedding model: exporting (") for w in st["waiting_for"]), st["waiting_for"]
         export_gate.touch()
         d.wait_for(lambda: (tmp_path / "state" / EXPORT).is_file(), 600, "the export written")
-        st = d.status()
+        # the file lands a moment before the phase goes back to "waiting": poll for it
+        st = d.wait_for(lambda: (s := d.status())["index"]["model"]["phase"] != "exporting" and s, 60, "export done")
         assert st["index"]["ready"] is False and st["index"]["model"]["phase"] == "waiting", st["index"]
         slow_gate.touch()  # the first index lands; the model loads from the export on disk
         st = d.wait_for(lambda: (s := d.status())["index"]["model"]["phase"] == "ready" and s, 600, "hybrid")

@@ -123,27 +123,34 @@ class ModelLoader:
         at spawn, beside the upstreams (the exporter runs niced, so their start and the first
         BM25 answers keep the cores), and `load` finds it on disk later. A failure is kept for
         `load` to report (the export is not tried twice). Blocking."""
-        from toolatlas.retrieval.embed import ONNX_PRECISIONS, ensure_onnx_export, export_needed
+        from toolatlas.retrieval.embed import ONNX_PRECISIONS
 
         with self._lock:
             if self.kind not in ONNX_PRECISIONS or self.progress.phase is not ModelPhase.WAITING:
                 return
-            if not export_needed(self.state_dir):
-                return
-            self.progress = self.progress.to(ModelPhase.EXPORTING)
-            log.info("retrieval.model_exporting: no ONNX export in state_dir yet; searching BM25 meanwhile")
             try:
-                ensure_onnx_export(self.state_dir, self._cancel)
+                self._export_if_needed()
             except Exception as exc:  # noqa: BLE001 - `load` reports it and degrades to BM25
                 self._export_error = exc
-            finally:
-                if self.progress.phase is ModelPhase.EXPORTING:
-                    self.progress = self.progress.to(ModelPhase.WAITING)
+
+    def _export_if_needed(self) -> None:
+        """Write the ONNX export when state_dir has none (phase "exporting"); the caller holds
+        the lock. Back to "waiting" after it; raises what the exporter raised."""
+        from toolatlas.retrieval.embed import ensure_onnx_export, export_needed
+
+        if not export_needed(self.state_dir):
+            return
+        self.progress = self.progress.to(ModelPhase.EXPORTING)
+        log.info("retrieval.model_exporting: no ONNX export in state_dir yet; searching BM25 meanwhile")
+        try:
+            ensure_onnx_export(self.state_dir, self._cancel)
+        finally:
+            self.progress = self.progress.to(ModelPhase.WAITING)
 
     def load(self) -> Embedder | None:
         """The model, loaded once (phases "exporting" when the ONNX export is missing, then
         "loading"); None for kind "none" or after a failure (logged, counted: BM25 only)."""
-        from toolatlas.retrieval.embed import ONNX_PRECISIONS, ensure_onnx_export, export_needed, get_embedder
+        from toolatlas.retrieval.embed import ONNX_PRECISIONS, get_embedder
 
         with self._lock:
             if self.model is not None or self.progress.phase in (ModelPhase.OFF, ModelPhase.FAILED):
@@ -152,10 +159,8 @@ class ModelLoader:
             try:
                 if self._export_error is not None:
                     raise self._export_error
-                if self.kind in ONNX_PRECISIONS and export_needed(self.state_dir):
-                    self.progress = self.progress.to(ModelPhase.EXPORTING)
-                    log.info("retrieval.model_exporting: no ONNX export in state_dir yet; searching BM25 meanwhile")
-                    ensure_onnx_export(self.state_dir, self._cancel)
+                if self.kind in ONNX_PRECISIONS:
+                    self._export_if_needed()
                 self.progress = self.progress.to(ModelPhase.LOADING)
                 model = get_embedder(self.kind, self.state_dir, self.query_threads, cancel=self._cancel)
             except Exception as exc:  # noqa: BLE001 - any failure degrades, never crashes
