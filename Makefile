@@ -35,7 +35,7 @@ $(NPM_STAMP): tests/npm/package.json
 run: $(STAMP)
 	$(BIN)/python -m toolatlas.examples.run_example conf/example.toml
 
-# mypy --strict over the packages pyproject's [tool.mypy] lists (gateway, upstream, retrieval).
+# mypy --strict over the whole toolatlas package (pyproject's [tool.mypy]).
 typecheck: $(STAMP)
 	$(BIN)/mypy --cache-dir .venv/mypy-cache
 

@@ -175,10 +175,11 @@ class Daemon:
                 if started:
                     await self.notifier.reloading()
                 try:
-                    return self.gateway.redactor.tree(await self._reload_config())
+                    summary: dict[str, Any] = self.gateway.redactor.tree(await self._reload_config())
                 finally:
                     if started:
                         await self.notifier.ready()
+        return summary
 
     async def _reload_config(self) -> dict[str, Any]:
         gw = self.gateway

@@ -213,9 +213,9 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
         idx = data["index"]
         print(f"index: {data['tools']} searchable tools, version {data.get('index_version')}, "
               f"ready={idx.get('ready')}, mode={idx.get('mode')}, degraded={idx.get('degraded')}")
-        waiting = data.get("waiting_for") or []
-        print("waiting for: nothing" if not waiting else "waiting for:")
-        for line in waiting:
+        pending = data.get("waiting_for") or []
+        print("waiting for: nothing" if not pending else "waiting for:")
+        for line in pending:
             print(f"  {line}")
         tok = data.get("tokens") or {}
         if tok.get("full_catalog_tokens") is not None:

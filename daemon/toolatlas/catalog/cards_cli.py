@@ -197,13 +197,13 @@ def _verify(args: argparse.Namespace) -> int:
             except Exception as exc:  # noqa: BLE001
                 failures.append(redact(f"{up.name}: cannot list tools to check schema hashes: {exc}"))
     for server, records in live.items():
-        card = cards.get(server)
-        if card is None:
+        held = cards.get(server)
+        if held is None:
             if args.catalog:
                 failures.append(f"{server}: no valid card")
             continue
         for rec in records:
-            tc = card.tool(rec.tool)
+            tc = held.tool(rec.tool)
             if tc is None:
                 failures.append(f"{server}: tool {rec.tool!r} is offered but not in the card")
             elif tc.schema_sha256 != schema_hash(rec.tool, rec.description, rec.input_schema):

@@ -36,9 +36,10 @@ def build() -> MCPServer:
         body: Annotated[str, Field(description="The note's text")],
         tags: Annotated[list[str], Field(description="Labels to filter by later, e.g. ['work', 'todo']")] = [],  # noqa: B006
     ) -> dict[str, Any]:
-        note = {"id": next(ids), "title": title, "body": body, "tags": sorted(set(tags)),
+        note_id = next(ids)
+        note = {"id": note_id, "title": title, "body": body, "tags": sorted(set(tags)),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        notes[note["id"]] = note
+        notes[note_id] = note
         return note
 
     @server.tool(description="List notes (id, title, tags), newest first; optionally only those carrying a tag.")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
@@ -30,13 +30,15 @@ UNITS: dict[str, dict[str, float]] = {
 }
 TEMPERATURE = ("c", "f", "k")
 
-_OPS: dict[type, Any] = {
+_OPS: dict[type, Callable[..., float]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
     ast.USub: operator.neg, ast.UAdd: operator.pos,
 }
-_FUNCS: dict[str, Any] = {"sqrt": math.sqrt, "log": math.log, "log10": math.log10, "exp": math.exp,
-                          "sin": math.sin, "cos": math.cos, "tan": math.tan, "abs": abs, "round": round}
+_FUNCS: dict[str, Callable[..., float]] = {
+    "sqrt": math.sqrt, "log": math.log, "log10": math.log10, "exp": math.exp,
+    "sin": math.sin, "cos": math.cos, "tan": math.tan, "abs": abs, "round": round,
+}
 _CONSTS = {"pi": math.pi, "e": math.e}
 
 

@@ -122,9 +122,10 @@ def _union(types: Sequence[str]) -> str:
 
 
 def _function(mod: _Module, definition: Mapping[str, Any], fname: str) -> str:
-    schema = definition.get("inputSchema") if isinstance(definition.get("inputSchema"), dict) else {}
-    props: dict[str, Any] = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    required = set(schema.get("required") or []) if isinstance(schema.get("required"), list) else set()
+    raw = definition.get("inputSchema")
+    schema: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    props: dict[str, Any] = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
+    required = set(schema["required"]) if isinstance(schema.get("required"), list) else set()
     taken: set[str] = set()
     params, call, docs = [], [], []
     for key in sorted(props, key=lambda k: (k not in required, list(props).index(k))):

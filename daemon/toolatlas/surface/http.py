@@ -311,7 +311,8 @@ class HttpEndpoint:
         headers = dict(scope.get("headers", []))
         if not headers.get(b"content-type", b"").lower().startswith(b"application/json"):
             return None, receive
-        body, more, size = [], True, 0
+        body: list[bytes] = []
+        more, size = True, 0
         while more and size <= self.max_message_bytes:
             message = await receive()
             if message["type"] != "http.request":
@@ -323,12 +324,12 @@ class HttpEndpoint:
         data = b"".join(body)
         refusal = None
         if not more and size <= self.max_message_bytes:
-            message, refusal = screen(data)
-            method = getattr(message, "method", None)
+            parsed, refusal = screen(data)
+            method = getattr(parsed, "method", None)
             if isinstance(method, str) and method.startswith(ADMIN_PREFIX):
                 refusal = Refusal(-32601, f"{method[:80]} is an operator command: the daemon serves those only on "
                                   "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
-                                  getattr(message, "id", None))
+                                  getattr(parsed, "id", None))
         return refusal, _replay([{"type": "http.request", "body": data, "more_body": more}], receive)
 
     @property

@@ -83,7 +83,8 @@ class RawClient:
         return self._ready.pop(0)
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return self.request("tools/call", {"name": name, "arguments": arguments})
+        result: dict[str, Any] = self.request("tools/call", {"name": name, "arguments": arguments})
+        return result
 
     def close(self) -> None:
         self.sock.close()

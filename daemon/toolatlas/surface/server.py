@@ -164,11 +164,14 @@ class ConnectionBus:
             except Exception:  # one bad listener must not starve the others
                 log.exception("subscription listener raised; continuing")
 
-    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], object]:
+    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
         token = object()
         # Runs inside the listen request's handler: the connection's context is current.
         self._listeners[token] = (CONNECTION.get(), listener)
-        return lambda: self._listeners.pop(token, None)
+
+        def unsubscribe() -> None:
+            self._listeners.pop(token, None)
+        return unsubscribe
 
     async def tools_changed(self) -> None:
         await self.publish(ToolsListChanged())
@@ -233,7 +236,7 @@ class _Server(Server[Any]):
         self._gw = gw
         super().__init__(*args, **kwargs)
 
-    @property  # type: ignore[override]
+    @property
     def instructions(self) -> str | None:
         return self._gw.instructions(CONNECTION.get())
 

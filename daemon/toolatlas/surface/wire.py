@@ -162,6 +162,7 @@ async def ndjson_streams(
         if refusal is not None:
             await bad(refusal)
             return
+        assert message is not None  # screen gives one of the two
         if admin is not None and isinstance(message, types.JSONRPCRequest) and message.method.startswith(ADMIN_PREFIX):
             tg.start_soon(finish, message.id, admin(message.id, message.method, message.params), "the command")
             return
