@@ -5,7 +5,11 @@ Kept free of mcp imports so benchmarks and token accounting can read the definit
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
+
+from toolatlas.errors import BadInput
 
 MAX_TOP_K = 20
 
@@ -82,10 +86,6 @@ AUTO_TOP_K = 0
 
 def clamp_top_k(value: Any, default: int = 5) -> int:
     """top_k clamped to [1, 20]; a missing value gives the default, a non-integer is BadInput."""
-    from toolatlas.errors import BadInput
-
-    import math
-
     if value is None:
         return default
     if isinstance(value, float) and not math.isfinite(value):  # 1e400 parses as inf
@@ -97,8 +97,6 @@ def clamp_top_k(value: Any, default: int = 5) -> int:
 
 def tool_format(value: Any) -> str:
     """tool_search's `format`: "json" when missing, else one of FORMATS, or BadInput."""
-    from toolatlas.errors import BadInput
-
     if value is None:
         return "json"
     if value not in FORMATS:
@@ -126,8 +124,6 @@ def _type_of(spec: Any) -> str:
 
 
 def json_text(value: Any) -> str:
-    import json
-
     return json.dumps(value, ensure_ascii=False)
 
 
