@@ -188,6 +188,11 @@ class Events:
                 self.shared_audit.append(cleaned, line)
 
     def _clean(self, value: Any) -> Any:
+        kind = type(value)
+        if kind is str:
+            return self.redactor(value)
+        if kind is int or kind is bool or value is None:
+            return value
         if isinstance(value, str):
             return self.redactor(value)
         if isinstance(value, float):

@@ -80,9 +80,16 @@ class StateSnapshot:
     endpoints: list[tuple[str, int, int]] = field(default_factory=list)  # (endpoint, clients, tools served)
 
 
+_CHECKED_LABELS: set[str] = set()  # values that passed _LABEL_RE (a search checks three)
+
+
 def _label(kind: str, value: str) -> str:
+    if value in _CHECKED_LABELS:
+        return value
     if not _LABEL_RE.match(value):
         raise ValueError(f"{kind} label value {value!r} is not a short identifier")
+    if len(_CHECKED_LABELS) < 4096:
+        _CHECKED_LABELS.add(value)
     return value
 
 
