@@ -109,16 +109,26 @@ async def test_far_queries_find_nothing_and_the_labelled_ones_always_something()
     eng = Engine(state_dir=None, cache_size=0)
     eng.load()
     eng.update(docs, [])
-    abstained = []
+    # The floor is calibrated on ToolLens train, not here. The lowest of the 20 labelled queries
+    # are "what is 17 times 23" (best cosine 0.157 here) and "save a reminder to call mum"
+    # (0.159): within 0.005 of the floor (0.154), where another CPU's int8 kernels could
+    # tip them, a verdict either way is accepted; everywhere else it must be the right one.
+    def near_floor(evidence: tuple[float, float]) -> bool:
+        return abs(evidence[0] - adaptive.COS_FLOOR) < 0.005
+
+    abstained, seen = [], {}
     for _, obj in read_json_lines(EXAMPLE_QUERIES):
         out = eng.search(obj["query"], 5)
         assert out.evidence is not None
+        seen[obj["query"]] = out.evidence
         if adaptive.nothing_fits(*out.evidence):
             abstained.append(obj["query"])
-    # the floor is calibrated on ToolLens train, not here: two of the 20 fall below it today
-    # ("save a reminder to call mum": no shared word with add_note, cosine 0.16; "what is 17
-    # times 23"); a known miss of the calibration on a 13-tool catalog, kept visible here
-    assert set(abstained) <= {"save a reminder to call mum", "what is 17 times 23"}, abstained
-    for far in ("book a flight to Rome", "translate this paragraph into Japanese", "send an email to my boss"):
-        out = eng.search(far, 5)
-        assert out.evidence is not None and adaptive.nothing_fits(*out.evidence), (far, out.evidence)
+    assert all(near_floor(seen[q]) for q in abstained), {q: seen[q] for q in abstained}
+    assert len(abstained) <= 2
+    far = ("book a flight to Rome", "order a pizza", "send an email to my boss", "play some jazz music",
+           "translate this paragraph into Japanese")
+    for query in far:
+        out = eng.search(query, 5)
+        assert out.evidence is not None
+        assert adaptive.nothing_fits(*out.evidence) or near_floor(out.evidence), (query, out.evidence)
+    assert sum(adaptive.nothing_fits(*eng.search(q, 5).evidence or (1.0, 1.0)) for q in far) >= 4
