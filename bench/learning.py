@@ -113,6 +113,8 @@ def toollens(b: Bench, quick: bool, only: set[str]) -> dict[str, Any]:
             rows["cold_tools"] = _cold(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
         if "cost" in only:
             rows["cost"] = _cost(b, train, tv, test, sv)
+        if "poison" in only:
+            rows["poisoning"] = _poison(b, train, tv, test, sv, b.state(train, tv))
         if "socket" in only:
             rows["socket"] = _socket(b, train, tv)
         if "curve" in only:
@@ -432,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="one seed, one shown-only round, a short curve")
     p.add_argument("--only", default="",
-                   help="some of cold,cost,curve,mcp,socket (default: every row but socket, which starts daemons)")
+                   help="some of cold,cost,curve,mcp,poison,socket (default: every row but socket, which starts daemons)")
     args = p.parse_args(argv)
     only = {x for x in args.only.split(",") if x}
     t0 = time.perf_counter()

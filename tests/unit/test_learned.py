@@ -205,3 +205,18 @@ def test_past_queries_live_once_in_hnswlib_above_the_threshold(monkeypatch: pyte
         assert np.allclose(sims, exact[want], atol=1e-5)
         rows, _ = L.neighbours(small, q, 10)  # the older state still scans its own array
         assert rows.tolist() == np.argsort(-(vecs[:40] @ q), kind="stable")[:10].tolist()
+
+
+def test_agreeing_principals_words_count_by_use_up_to_a_cap() -> None:
+    # what other principals' past queries add to a tool's lexical document: only words two or
+    # more of them used, each principal's uses counted up to OTHER_WORD_CAP
+    events = [_ev("open vault", "x", "a") for _ in range(10)] + [_ev("open vault", "x", "b")]
+    events += [_ev("close door", "y", "a"), _ev("close door", "y", "b"), _ev("secret", "y", "a")]
+    state = L.build_state(events, now=0.0)
+    cap = L.OTHER_WORD_CAP
+    want = L.Bm25Index([sorted(["open", "vault"] * (cap + 1)), ["close", "close", "door", "door"]])
+    for query in ("open vault", "close the door", "secret"):
+        toks = L.tokenize(query)
+        assert state.lexical(-1).scores(toks).tolist() == want.scores(toks).tolist()
+    # a's own ranking sees all of a's words, "secret" included
+    assert state.lexical(state.principals["a"]).scores(["secret"])[1] > 0

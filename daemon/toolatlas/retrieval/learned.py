@@ -11,8 +11,8 @@ a `Snapshot`. It holds two signals for a query:
 
 Bounded influence per principal: the caller's own events count in full (a single-user daemon
 learns from every repetition). Other principals' events count once per (principal, tool) in
-the vote (that principal's best neighbour) and once per (principal, tool, word) in the
-lexical document, and only where at least `MIN_PRINCIPALS` other principals agree: what one
+the vote (that principal's best neighbour) and at most `OTHER_WORD_CAP` times per
+(principal, tool, word) in the lexical document, and only where at least `MIN_PRINCIPALS` other principals agree: what one
 other user did, however often, never changes anyone else's ranking (nor leaks their words
 into it).
 
@@ -47,7 +47,7 @@ SIM_FLOOR = 0.3  # a past query less similar than this does not vote
 HALF_LIFE_DAYS = 30.0  # an event's weight halves every this many days
 GUARD_DEPTH = 5  # tools without feedback keep their zero-shot rank within this depth
 MIN_PRINCIPALS = 2  # other principals who must agree before their evidence counts
-OTHER_VOTE_CAP = 0.0  # > 0: another principal's vote for a tool sums its neighbours, up to this; 0: its best one
+OTHER_WORD_CAP = 3  # another principal's events using a word count at most this often in a tool's document
 STRONG_SIM = 0.9  # a past query this similar (or with the same words) is a repeat: see `guard`
 
 _D = TypeVar("_D", dict[int, int], dict[int, dict[str, int]])
@@ -77,17 +77,20 @@ class LearnedState:
     def lexical(self, own: int) -> Bm25Index:
         """BM25 over one document per tool: the words of principal `own`'s past queries
         (as often as its events used them) plus those of other principals where at least
-        MIN_PRINCIPALS of them used the word for that tool (once per principal). Memoised."""
+        MIN_PRINCIPALS of them used the word for that tool (as often as each one's events
+        used it, up to OTHER_WORD_CAP). Memoised."""
         got = self._lex_cache.get(own)
         if got is None:
             docs: list[list[str]] = []
             for per in self.words:
-                others: dict[str, int] = {}
+                others: dict[str, int] = {}  # word -> principals using it
+                tf: dict[str, int] = {}  # word -> events using it, at most OTHER_WORD_CAP per principal
                 for p, ws in per.items():
                     if p != own:
-                        for w in ws:
+                        for w, c in ws.items():
                             others[w] = others.get(w, 0) + 1
-                doc = [w for w, n in others.items() if n >= MIN_PRINCIPALS for _ in range(n)]
+                            tf[w] = tf.get(w, 0) + min(c, OTHER_WORD_CAP)
+                doc = [w for w, n in others.items() if n >= MIN_PRINCIPALS for _ in range(tf[w])]
                 for w, n in per.get(own, {}).items():
                     doc.extend([w] * n)
                 docs.append(sorted(doc))
@@ -317,7 +320,6 @@ def signals(
         acc: dict[int, float] = {}
         strong: set[int] = set()
         best: dict[tuple[int, int], float] = {}
-        summed: dict[tuple[int, int], float] = {}
         for r, s in zip(rows.tolist(), sims.tolist()):
             if s < SIM_FLOOR:
                 continue
@@ -328,16 +330,15 @@ def signals(
                     acc[t] = acc.get(t, 0.0) + w * count
                     if s >= STRONG_SIM:
                         strong.add(t)
-                else:  # another principal: its best neighbour per tool, or a capped sum
+                else:  # another principal: its best neighbour per tool, once
                     best[(p, t)] = max(best.get((p, t), 0.0), w)
-                    summed[(p, t)] = min(OTHER_VOTE_CAP, summed.get((p, t), 0.0) + w)
         agree: dict[int, int] = {}
         for _, t in best:
             agree[t] = agree.get(t, 0) + 1
         strong_w = (STRONG_SIM - SIM_FLOOR) / (1.0 - SIM_FLOOR)
-        for (p, t), w in best.items():
+        for (_, t), w in best.items():
             if agree[t] >= MIN_PRINCIPALS:
-                acc[t] = acc.get(t, 0.0) + (summed[(p, t)] if OTHER_VOTE_CAP > 0 else w)
+                acc[t] = acc.get(t, 0.0) + w
                 if w >= strong_w:
                     strong.add(t)
         if acc:
