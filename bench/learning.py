@@ -301,7 +301,7 @@ def _cost(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: n
         "python_mb": round(python_bytes / 2**20, 1), "hnswlib_native_mb": round(native / 2**20, 1),
         "build_peak_python_mb": round(peak / 2**20, 1), "index_events": idx.n_events,
         "load_average": [round(x, 2) for x in os.getloadavg()],
-        "socket_p95_at_2000_tools": "not measured by this script",
+        "socket_p95_at_2000_tools": "bench/learning.py --only socket",
     }
 
 
