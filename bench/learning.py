@@ -14,10 +14,15 @@ bench/out/learning.json and, when matplotlib is installed, bench/out/learning_cu
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -107,7 +112,11 @@ def toollens(b: Bench, quick: bool, only: set[str]) -> dict[str, Any]:
         if "cold" in only:
             rows["cold_tools"] = _cold(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
         if "cost" in only:
-            rows["cost"] = _cost(b, train, tv, test, sv, b.state(train, tv))
+            rows["cost"] = _cost(b, train, tv, test, sv)
+        if "poison" in only:
+            rows["poisoning"] = _poison(b, train, tv, test, sv, b.state(train, tv))
+        if "socket" in only:
+            rows["socket"] = _socket(b, train, tv)
         if "curve" in only:
             rows["zero_shot"] = b.score(test, sv, None)
             rows["curve"] = _curve(b, train, tv, test, sv, quick)
@@ -144,7 +153,7 @@ def toollens(b: Bench, quick: bool, only: set[str]) -> dict[str, Any]:
     rows["few_events_per_tool"] = _few(b, train, tv, test, sv, zero)
     rows["poisoning"] = _poison(b, train, tv, test, sv, full_state)
     print(json.dumps(rows), file=sys.stderr, flush=True)
-    rows["cost"] = _cost(b, train, tv, test, sv, full_state)
+    rows["cost"] = _cost(b, train, tv, test, sv)
     rows["curve"] = _curve(b, train, tv, test, sv, quick)
     return rows
 
@@ -246,36 +255,129 @@ def _full_recall(b: Bench, test: list[Query], sv: np.ndarray, state: LearnedStat
     return b.score(test, sv, state)["recall@5"]
 
 
-def _cost(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
-          state: LearnedState) -> dict[str, Any]:
-    """Extra ranking time per query (median, in process, query vector given) with every
-    train query's events in the daemon's hnswlib index, and the size of the learned state."""
+def _cost(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray) -> dict[str, Any]:
+    """Extra ranking time per query (median over a sample of test queries, in process, the
+    query vector given, zero-shot and learned alternated, two passes) with every train
+    query's events in the daemon's hnswlib index; and the memory of the usage state: what
+    tracemalloc sees the LearningIndex and its published state (with the lexical documents
+    the daemon prebuilds) keep, Python objects and numpy arrays, plus hnswlib's native memory
+    (HnswStore.native_bytes; tracemalloc cannot see it). The events arrive as the daemon's
+    store hands them over, each with its own vector; the build runs under tracemalloc (slower)."""
     learned.HNSW_MIN_EVENTS = _HNSW_MIN
+    events = [replace(e, vector=np.array(e.vector, dtype=np.float32))
+              for e in feedback_events(train, tv, b.engine.space)]
+    gc.collect()
+    tracemalloc.start()
     t0 = time.perf_counter()
-    state = b.state(train, tv)
+    idx = LearningIndex()
+    idx.add(events)
+    state = idx.state(0.0)
+    for own in (-1, state.principals.get(EVAL_PRINCIPAL, -1)):
+        state.lexical(own)
     build_s = time.perf_counter() - t0
+    del events
+    gc.collect()
+    python_bytes, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    native = state.hnsw.native_bytes() if state.hnsw is not None else 0
     learned.HNSW_MIN_EVENTS = EXACT
     sample = list(range(0, len(test), max(1, len(test) // 400)))
     zero_t, learned_t = [], []
-    for i in sample:
-        t0 = time.perf_counter()
-        b.ranked(test[i], sv[i], None)
-        t1 = time.perf_counter()
-        b.ranked(test[i], sv[i], state)
-        learned_t.append(time.perf_counter() - t1)
-        zero_t.append(t1 - t0)
-    size = state.vecs.nbytes + state.ev_principal.nbytes + state.weight.nbytes + 64 * len(state.row_tools)
-    if state.hnsw is not None:
-        size += state.rows * (state.vecs.shape[1] * 4 + 16 * 2 * 8 + 16)  # hnswlib: vector + level-0 links
+    for _ in range(2):
+        for i in sample:
+            t0 = time.perf_counter()
+            b.ranked(test[i], sv[i], None)
+            t1 = time.perf_counter()
+            b.ranked(test[i], sv[i], state)
+            learned_t.append(time.perf_counter() - t1)
+            zero_t.append(t1 - t0)
     return {
         "events": state.events, "vector_rows": state.rows, "hnsw": state.hnsw is not None,
-        "hnsw_build_s": round(build_s, 1),
+        "build_s_under_tracemalloc": round(build_s, 1),
         "zero_shot_median_ms": round(statistics.median(zero_t) * 1000, 3),
         "learned_median_ms": round(statistics.median(learned_t) * 1000, 3),
         "extra_median_ms": round((statistics.median(learned_t) - statistics.median(zero_t)) * 1000, 3),
-        "state_mb_approx": round(size / 2**20, 1),
-        "socket_p95_at_2000_tools": "not measured by this script",
+        "state_mb": round((python_bytes + native) / 2**20, 1),
+        "python_mb": round(python_bytes / 2**20, 1), "hnswlib_native_mb": round(native / 2**20, 1),
+        "build_peak_python_mb": round(peak / 2**20, 1), "index_events": idx.n_events,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "socket_p95_at_2000_tools": "bench/learning.py --only socket",
     }
+
+
+def _socket(b: Bench, train: list[Query], tv: np.ndarray, rounds: int = 2, n_queries: int = 300) -> dict[str, Any]:
+    """`tool_search` p95 over the Unix socket at 2,000 tools (search_latency.py's synthetic
+    upstream: the two dev catalogs replicated), learning off against learning on with every
+    ToolLens train event (44,865, the caller's own, vectors stored) seeded into the usage store
+    before the start, daemons alternated, `rounds` of each. Timing starts once the index is
+    settled and, with learning on, the learned state holds every event; "miss" = 300 distinct
+    real queries (result-cache and query-vector misses), "hit" = the same again."""
+    from catalog_upstream import CATALOGS, catalog_tools, upstream_block
+    from search_latency import bench_queries
+    from tests.support.daemon import Daemon
+    from toolatlas.catalog.catalog_file import read_catalog
+    from toolatlas.retrieval.usage import open_store
+    from toolatlas.surface.rawclient import RawClient
+
+    from _common import pct_ms, wait_settled
+
+    size = 2000
+    tools = catalog_tools(size)
+    records = [line for path in CATALOGS for line in read_catalog(path)]
+    daemon_name = {(r.server, r.name): "cat00__" + tools[i]["name"] for i, r in enumerate(records[:size])}
+    doc_key = {name: key for key, name in b.key_of.items()}
+    principal = f"uid:{os.getuid()}"
+    now = time.time()
+    events, vecs = [], []
+    for q, v in zip(train, tv):
+        for tool in sorted(q.relevant):
+            events.append(UsageEvent(query=q.text, tool=daemon_name[doc_key[tool]], principal=principal, at=now))
+            vecs.append(v)
+    queries = bench_queries(n_queries)
+    out: dict[str, Any] = {"tools": size, "events_seeded": len(events), "queries": len(queries), "runs": []}
+    for r in range(rounds):
+        for on in (False, True):
+            tmp = Path(tempfile.mkdtemp(prefix="toolatlas-bench-learn-"))
+            try:
+                learning = "" if on else "[learning]\nenabled = false\n"
+                d = Daemon(tmp, learning + upstream_block("cat00", size, 0, 1, "relist_interval = 0\n"),
+                           search_extra='embedder = "onnx"\n')
+                if on:
+                    store = open_store(tmp / "state")
+                    ids = store.add(events)
+                    store.set_vectors(ids, np.stack(vecs), b.engine.space or "")
+                    store.close()
+                d.start(wait_ready=3600)
+                try:
+                    d.wait_for(lambda: (idx := d.status()["index"])["tools"] >= size and idx["degraded"] is None,
+                               timeout=3600, what="indexed")
+                    if on:
+                        d.wait_for(lambda: d.status()["learning"]["events"] >= len(events), timeout=600,
+                                   what="learned state")
+                    settled, _ = wait_settled(d.status, 120)
+                    timed: dict[str, list[float]] = {"miss": [], "hit": []}
+                    with RawClient(d.socket, timeout=60) as c:
+                        for kind in ("miss", "hit"):
+                            for q in queries:
+                                t = time.perf_counter()
+                                res = c.call_tool("tool_search", {"query": q, "top_k": K})
+                                timed[kind].append(time.perf_counter() - t)
+                                assert not res.get("isError"), res
+                    st = d.status()
+                finally:
+                    d.__exit__(None, None, None)
+                row = {"round": r, "learning": on, "learning_events": st["learning"]["events"], "settled": settled,
+                       "load_average": [round(x, 2) for x in os.getloadavg()],
+                       **{f"{k}_{q}_ms": pct_ms(v, q2) for k, v in timed.items() for q, q2 in (("p50", 50), ("p95", 95))}}
+                out["runs"].append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    for kind in ("miss", "hit"):
+        off = statistics.median(x[f"{kind}_p95_ms"] for x in out["runs"] if not x["learning"])
+        on_ = statistics.median(x[f"{kind}_p95_ms"] for x in out["runs"] if x["learning"])
+        out[f"{kind}_p95_ratio_on_off"] = round(on_ / off, 3)
+    return out
 
 
 def _curve(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
@@ -331,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     learned.HNSW_MIN_EVENTS = EXACT
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="one seed, one shown-only round, a short curve")
-    p.add_argument("--only", default="", help="some of cold,cost,curve,mcp (default: every row)")
+    p.add_argument("--only", default="",
+                   help="some of cold,cost,curve,mcp,poison,socket (default: every row but socket, which starts daemons)")
     args = p.parse_args(argv)
     only = {x for x in args.only.split(",") if x}
     t0 = time.perf_counter()

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from toolatlas.retrieval import learned as L
 from toolatlas.retrieval.usage import SqliteUsageStore, UsageEvent
@@ -155,3 +156,67 @@ def test_feedback_never_brings_in_a_tool_outside_the_callers_scope() -> None:
     pos, _ = L.rerank(state, state.positions(1, pos_of), np.array([1.0, 0.5, 0.2, 0.1], dtype=np.float32),
                       np.arange(4), L.tokenize("open the vault"), q, "me", 4)
     assert names[pos[0]] == "d"
+
+
+def test_a_published_state_never_changes_as_events_arrive() -> None:
+    # copy on write: the index shares its per-row and per-tool dicts with published states
+    rng = np.random.default_rng(1)
+    q = rng.normal(size=8).astype(np.float32)
+    q /= np.linalg.norm(q)
+    idx = L.LearningIndex()
+    idx.add([_ev("open the vault", "a", "p", q), _ev("open the vault", "a", "r", q)])
+    first = idx.state(0.0)
+    before = [x.tolist() for x in L.signals(first, L.tokenize("open the vault"), q, "p")]
+    lex_before = first.lexical(0).scores(L.tokenize("vault door")).tolist()
+    # the same query by the same principals for a new tool, new words, a third principal
+    idx.add([_ev("open the vault", "b", "p", q), _ev("open the vault door", "a", "p", q),
+             _ev("open the vault", "a", "s", q)])
+    second = idx.state(0.0)
+    assert [x.tolist() for x in L.signals(first, L.tokenize("open the vault"), q, "p")] == before
+    assert first.lexical(0).scores(L.tokenize("vault door")).tolist() == lex_before
+    # one row per principal's query: p's row got tool b after `first` was published
+    assert first.row_tools == ({0: 1}, {0: 1}) and first.events == 2
+    assert second.row_tools == ({0: 1, 1: 1}, {0: 1}, {0: 1}, {0: 1}) and second.events == 5
+    vote, _cover, repeat = L.signals(second, L.tokenize("open the vault"), q, "p")
+    assert vote[1] > 0 and repeat.tolist() == [True, True]
+
+
+def test_past_queries_live_once_in_hnswlib_above_the_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    # above HNSW_MIN_EVENTS rows the index keeps no exact-scan copy of the vectors; its
+    # neighbours and similarities are those of an exact scan (a small set: hnswlib is exact)
+    monkeypatch.setattr(L, "HNSW_MIN_EVENTS", 64)
+    rng = np.random.default_rng(2)
+    vecs = rng.normal(size=(200, 16)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    idx = L.LearningIndex()
+    idx.add([_ev(f"query {i}", f"t{i % 7}", "p", vecs[i]) for i in range(40)])
+    small = idx.state(0.0)
+    assert small.hnsw is None and small.vecs.shape == (40, 16)
+    idx.add([_ev(f"query {i}", f"t{i % 7}", "p", vecs[i]) for i in range(40, 150)])
+    idx.add([_ev("no vector yet", "t0", "p")])
+    big = idx.state(0.0)
+    assert big.hnsw is not None and big.vecs.shape == (0, 16) and big.rows == 150 and idx.missing == 1
+    idx.add([_ev(f"query {i}", f"t{i % 7}", "p", vecs[i]) for i in range(150, 200)])  # after publishing
+    for q in vecs[::9]:
+        rows, sims = L.neighbours(big, q, 10)
+        exact = vecs[:150] @ q
+        want = np.argsort(-exact, kind="stable")[:10]
+        assert rows.tolist() == want.tolist()  # rows added later are not seen
+        assert np.allclose(sims, exact[want], atol=1e-5)
+        rows, _ = L.neighbours(small, q, 10)  # the older state still scans its own array
+        assert rows.tolist() == np.argsort(-(vecs[:40] @ q), kind="stable")[:10].tolist()
+
+
+def test_agreeing_principals_words_count_by_use_up_to_a_cap() -> None:
+    # what other principals' past queries add to a tool's lexical document: only words two or
+    # more of them used, each principal's uses counted up to OTHER_WORD_CAP
+    events = [_ev("open vault", "x", "a") for _ in range(10)] + [_ev("open vault", "x", "b")]
+    events += [_ev("close door", "y", "a"), _ev("close door", "y", "b"), _ev("secret", "y", "a")]
+    state = L.build_state(events, now=0.0)
+    cap = L.OTHER_WORD_CAP
+    want = L.Bm25Index([sorted(["open", "vault"] * (cap + 1)), ["close", "close", "door", "door"]])
+    for query in ("open vault", "close the door", "secret"):
+        toks = L.tokenize(query)
+        assert state.lexical(-1).scores(toks).tolist() == want.scores(toks).tolist()
+    # a's own ranking sees all of a's words, "secret" included
+    assert state.lexical(state.principals["a"]).scores(["secret"])[1] > 0

@@ -229,7 +229,7 @@ class LearningService:
             await anyio.sleep(POLL_S)
             reload = await anyio.to_thread.run_sync(store.changed_elsewhere)
             with self._lock:
-                missing = self._engine.embedder is not None and any(e.vector is None for e in self._index.events)
+                missing = self._engine.embedder is not None and self._index.missing > 0
             if missing and await anyio.to_thread.run_sync(self._embed_missing, store):
                 reload = True
             if time.monotonic() - self._pruned > PRUNE_EVERY_S:

@@ -130,20 +130,47 @@ class HnswStore:
         self, vector: np.ndarray, k: int, ef: int, filter: Callable[[int], bool] | None = None
     ) -> np.ndarray:
         """Labels of up to `k` approximate nearest neighbours (fewer if the index is small)."""
+        return self.search(vector, k, ef, filter)[0]
+
+    def search(
+        self, vector: np.ndarray, k: int, ef: int, filter: Callable[[int], bool] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(labels, cosine distances) of up to `k` approximate nearest neighbours, nearest
+        first (fewer if the index is small)."""
         k = min(k, self.live)
         if k <= 0:
-            return np.empty(0, dtype=np.int64)
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
         with self.lock.shared():
             # ef is one field of the index, shared by concurrent searches: one may run with
             # another's ef. hnswlib searches with max(ef, k), so each still gets k results.
             self.index.set_ef(max(ef, k))
             try:
-                labels, _ = self.index.knn_query(vector.reshape(1, -1), k=k, filter=filter)
+                labels, dists = self.index.knn_query(vector.reshape(1, -1), k=k, filter=filter)
             except RuntimeError:
                 # fewer than k reachable elements (deletions, or a narrow filter)
-                return np.empty(0, dtype=np.int64)
+                return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
         found: np.ndarray = labels[0].astype(np.int64)  # hnswlib is untyped
-        return found
+        dist: np.ndarray = dists[0].astype(np.float32)
+        return found, dist
+
+    def vectors(self, labels: np.ndarray) -> np.ndarray:
+        """The stored (normalised, float32) vectors of `labels`, one row each."""
+        if labels.shape[0] == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self.lock.shared():
+            got = self.index.get_items(labels.tolist(), return_type="numpy")
+        return np.asarray(got, dtype=np.float32).reshape(labels.shape[0], self.dim)
+
+    def native_bytes(self) -> int:
+        """What hnswlib holds in native memory for this index (its layout: per slot of
+        capacity the level-0 links, the vector, the label, a lock, a level and a pointer;
+        per element a label-map entry and its upper-level links), approximately."""
+        cap = self.index.get_max_elements()
+        count = self.index.get_current_count()
+        m0 = 2 * self.index.M
+        level0 = m0 * 4 + 4 + self.dim * 4 + 8
+        upper = (self.index.M * 4 + 4) * count // max(1, self.index.M - 1)  # 1/(M-1) levels above 0 on average
+        return int(cap * (level0 + 40 + 4 + 8) + count * 48 + upper)
 
     def save(self, path: Path) -> None:
         with self.lock.shared():  # reads only: searches go on while it writes

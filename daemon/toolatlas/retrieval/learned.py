@@ -11,8 +11,8 @@ a `Snapshot`. It holds two signals for a query:
 
 Bounded influence per principal: the caller's own events count in full (a single-user daemon
 learns from every repetition). Other principals' events count once per (principal, tool) in
-the vote (that principal's best neighbour) and once per (principal, tool, word) in the
-lexical document, and only where at least `MIN_PRINCIPALS` other principals agree: what one
+the vote (that principal's best neighbour) and at most `OTHER_WORD_CAP` times per
+(principal, tool, word) in the lexical document, and only where at least `MIN_PRINCIPALS` other principals agree: what one
 other user did, however often, never changes anyone else's ranking (nor leaks their words
 into it).
 
@@ -25,8 +25,10 @@ the allowed positions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -45,7 +47,10 @@ SIM_FLOOR = 0.3  # a past query less similar than this does not vote
 HALF_LIFE_DAYS = 30.0  # an event's weight halves every this many days
 GUARD_DEPTH = 5  # tools without feedback keep their zero-shot rank within this depth
 MIN_PRINCIPALS = 2  # other principals who must agree before their evidence counts
+OTHER_WORD_CAP = 3  # another principal's events using a word count at most this often in a tool's document
 STRONG_SIM = 0.9  # a past query this similar (or with the same words) is a repeat: see `guard`
+
+_D = TypeVar("_D", dict[int, int], dict[int, dict[str, int]])
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,34 +59,38 @@ class LearnedState:
 
     version: int
     tools: tuple[str, ...]  # tools with feedback (names); the arrays index into this
-    vecs: np.ndarray  # (m, dim) past query vectors
+    vecs: np.ndarray  # (m, dim) past query vectors for the exact scan; (0, dim) when in `hnsw`
     row_tools: tuple[dict[int, int], ...]  # per row (a principal's distinct query): tool -> events
     ev_principal: np.ndarray  # (m,) index into principals
     weight: np.ndarray  # (m,) decay weight
     principals: dict[str, int]
     words: tuple[dict[int, dict[str, int]], ...]  # per tool: principal -> word -> events using it
-    asked: tuple[dict[frozenset[str], frozenset[int]], ...]  # per tool: a past query's words -> principals
+    asked: dict[int, dict[int, tuple[int, ...]]]  # a past query's `words_key` -> tool -> principals
     events: int
     updated_at: float | None
-    hnsw: HnswStore | None = None  # over vecs, labels = rows (shared; see neighbours)
+    hnsw: HnswStore | None = None  # the past query vectors, labels = rows (shared; see neighbours)
     rows: int = 0  # vector rows of this state
+    dim: int = 0  # their dimension
     _pos_cache: dict[int, np.ndarray] = field(default_factory=dict)
     _lex_cache: dict[int, Bm25Index] = field(default_factory=dict)
 
     def lexical(self, own: int) -> Bm25Index:
         """BM25 over one document per tool: the words of principal `own`'s past queries
         (as often as its events used them) plus those of other principals where at least
-        MIN_PRINCIPALS of them used the word for that tool (once per principal). Memoised."""
+        MIN_PRINCIPALS of them used the word for that tool (as often as each one's events
+        used it, up to OTHER_WORD_CAP). Memoised."""
         got = self._lex_cache.get(own)
         if got is None:
             docs: list[list[str]] = []
             for per in self.words:
-                others: dict[str, int] = {}
+                others: dict[str, int] = {}  # word -> principals using it
+                tf: dict[str, int] = {}  # word -> events using it, at most OTHER_WORD_CAP per principal
                 for p, ws in per.items():
                     if p != own:
-                        for w in ws:
+                        for w, c in ws.items():
                             others[w] = others.get(w, 0) + 1
-                doc = [w for w, n in others.items() if n >= MIN_PRINCIPALS for _ in range(n)]
+                            tf[w] = tf.get(w, 0) + min(c, OTHER_WORD_CAP)
+                doc = [w for w, n in others.items() if n >= MIN_PRINCIPALS for _ in range(tf[w])]
                 for w, n in per.get(own, {}).items():
                     doc.extend([w] * n)
                 docs.append(sorted(doc))
@@ -110,7 +119,7 @@ def empty_state(version: int = 0) -> LearnedState:
     return LearnedState(
         version=version, tools=(), vecs=np.zeros((0, 0), dtype=np.float32), row_tools=(),
         ev_principal=np.zeros(0, dtype=np.int64), weight=np.zeros(0, dtype=np.float32), principals={},
-        words=(), asked=(), events=0, updated_at=None,
+        words=(), asked={}, events=0, updated_at=None,
     )
 
 
@@ -118,24 +127,41 @@ class LearningIndex:
     """The events behind the learned stage, kept so that a new event costs its own tokens and
     vector, not a rebuild; `state()` publishes an immutable `LearnedState`. One owner thread
     (the daemon's learning worker, or an evaluation): not thread-safe itself; the hnswlib
-    store it shares with published states has its own lock (hnsw.HnswStore)."""
+    store it shares with published states has its own lock (hnsw.HnswStore).
+
+    Memory (issue 17's cost row): the events themselves are not kept (counts only); a past
+    query's vector lives in one place, the exact-scan array below `HNSW_MIN_EVENTS` rows and
+    only the hnswlib index above; and a state shares the per-row and per-tool dicts with the
+    index, copy on write: `add` copies a dict a published state holds before changing it
+    (once per publish), so publishing costs pointers, not a second copy of everything."""
 
     def __init__(self, half_life_days: float = HALF_LIFE_DAYS) -> None:
         self.half_life_days = half_life_days
         self._reset()
 
     def _reset(self) -> None:
-        self.events: list[UsageEvent] = []
+        self.n_events = 0
+        self.missing = 0  # events without a vector (not in the kNN vote until embedded)
+        self._last_at: float | None = None
         self._tools: dict[str, int] = {}
         self._principals: dict[str, int] = {}
         self._words: list[dict[int, dict[str, int]]] = []  # per tool: principal -> word -> events
-        self._asked: list[dict[frozenset[str], set[int]]] = []  # per tool: query words -> principals
-        # one vector row per (principal, query text): its tools and their event counts
-        self._row_of: dict[tuple[int, str], int] = {}
+        self._asked: dict[int, dict[int, tuple[int, ...]]] = {}  # query words_key -> tool -> principals
+        self._asked_published: dict[int, dict[int, tuple[int, ...]]] | None = None  # None: changed since
+        # one vector row per (principal, query text), by hash((principal, text)): its tools and
+        # their event counts
+        self._row_of: dict[int, int] = {}
         self._rows_tool: list[dict[int, int]] = []
         self._rows_principal: list[int] = []
         self._rows_at: list[float] = []
-        self._vecs = np.zeros((0, 0), dtype=np.float32)
+        # copy on write: the dicts created or copied since the last state() (the others are
+        # shared with published states and never changed in place)
+        self._own_words: set[int] = set()
+        self._own_counts: set[tuple[int, int]] = set()
+        self._own_asked: set[int] = set()  # words_key
+        self._own_rows: set[int] = set()
+        self._vecs = np.zeros((0, 0), dtype=np.float32)  # exact-scan rows; empty once in hnswlib
+        self._dim = 0
         self._n_rows = 0
         self._hnsw: HnswStore | None = None
         self.version = getattr(self, "version", 0) + 1
@@ -144,64 +170,106 @@ class LearningIndex:
         """Append events (a vector, when present, must be normalised and of one model)."""
         new_vecs: list[np.ndarray] = []
         for e in events:
-            self.events.append(e)
+            self.n_events += 1
+            self._last_at = e.at if self._last_at is None else max(self._last_at, e.at)
             t = self._tools.setdefault(e.tool, len(self._tools))
             p = self._principals.setdefault(e.principal, len(self._principals))
             if t == len(self._words):
                 self._words.append({})
-                self._asked.append({})
-            words = frozenset(tokenize(e.query))
-            self._asked[t].setdefault(words, set()).add(p)
-            counts = self._words[t].setdefault(p, {})
+                self._own_words.add(t)
+            words = frozenset(sys.intern(w) for w in tokenize(e.query))  # one copy of each word
+            key = words_key(words)
+            by_tool = self._asked.get(key)
+            who = by_tool.get(t, ()) if by_tool is not None else ()
+            if p not in who:
+                if by_tool is None or key not in self._own_asked:
+                    by_tool = self._asked[key] = dict(by_tool or {})
+                    self._own_asked.add(key)
+                    self._asked_published = None
+                by_tool[t] = (*who, p)
+            per = self._owned(self._words, self._own_words, t)
+            if (t, p) not in self._own_counts:
+                per[p] = dict(per.get(p, {}))
+                self._own_counts.add((t, p))
+            counts = per[p]
             for w in words:
                 counts[w] = counts.get(w, 0) + 1
-            if e.vector is not None:
-                r = self._row_of.get((p, e.query))
-                if r is None:
-                    self._row_of[(p, e.query)] = len(self._rows_tool)
-                    new_vecs.append(np.asarray(e.vector, dtype=np.float32))
-                    self._rows_tool.append({t: 1})
-                    self._rows_principal.append(p)
-                    self._rows_at.append(e.at)
-                else:
-                    self._rows_tool[r][t] = self._rows_tool[r].get(t, 0) + 1
-                    self._rows_at[r] = max(self._rows_at[r], e.at)
+            if e.vector is None:
+                self.missing += 1
+                continue
+            row_key = hash((p, e.query))
+            r = self._row_of.get(row_key)
+            if r is None:
+                self._row_of[row_key] = len(self._rows_tool)
+                self._own_rows.add(len(self._rows_tool))
+                new_vecs.append(np.asarray(e.vector, dtype=np.float32))
+                self._rows_tool.append({t: 1})
+                self._rows_principal.append(p)
+                self._rows_at.append(e.at)
+            else:
+                row = self._owned(self._rows_tool, self._own_rows, r)
+                row[t] = row.get(t, 0) + 1
+                self._rows_at[r] = max(self._rows_at[r], e.at)
         if new_vecs:
             self._append_vectors(np.stack(new_vecs))
         self.version += 1
 
+    @staticmethod
+    def _owned(items: list[_D], own: set[int], i: int) -> _D:
+        """items[i], copied first if a published state may hold it."""
+        if i not in own:
+            items[i] = items[i].copy()
+            own.add(i)
+        return items[i]
+
     def _append_vectors(self, vecs: np.ndarray) -> None:
-        if self._n_rows == 0:
-            self._vecs = np.zeros((max(1024, vecs.shape[0]), vecs.shape[1]), dtype=np.float32)
-        elif self._n_rows + vecs.shape[0] > self._vecs.shape[0]:
-            grown = np.zeros((max(2 * self._vecs.shape[0], self._n_rows + vecs.shape[0]), self._vecs.shape[1]),
-                             dtype=np.float32)
-            grown[: self._n_rows] = self._vecs[: self._n_rows]
-            self._vecs = grown  # published states keep their own (old) array
-        self._vecs[self._n_rows : self._n_rows + vecs.shape[0]] = vecs
-        self._n_rows += vecs.shape[0]
+        self._dim = vecs.shape[1]
         if self._hnsw is not None:
             self._hnsw.add(vecs)  # labels are row numbers: added in row order, never deleted
-        elif self._n_rows >= HNSW_MIN_EVENTS:
+        elif self._n_rows + vecs.shape[0] >= HNSW_MIN_EVENTS:
             # past queries cluster tightly (repeats, paraphrases): a cheaper build loses no recall
-            self._hnsw = HnswStore(vecs.shape[1], capacity=2 * self._n_rows, ef_construction=HNSW_EF_CONSTRUCTION)
-            self._hnsw.add(self._vecs[: self._n_rows])
+            held = np.concatenate([self._vecs[: self._n_rows], vecs]) if self._n_rows else vecs
+            self._hnsw = HnswStore(vecs.shape[1], capacity=held.shape[0], ef_construction=HNSW_EF_CONSTRUCTION)
+            self._hnsw.add(held)
+            self._vecs = np.zeros((0, vecs.shape[1]), dtype=np.float32)  # published states keep theirs
+        else:
+            if self._n_rows == 0:
+                self._vecs = np.zeros((max(1024, vecs.shape[0]), vecs.shape[1]), dtype=np.float32)
+            elif self._n_rows + vecs.shape[0] > self._vecs.shape[0]:
+                grown = np.zeros((max(2 * self._vecs.shape[0], self._n_rows + vecs.shape[0]), self._vecs.shape[1]),
+                                 dtype=np.float32)
+                grown[: self._n_rows] = self._vecs[: self._n_rows]
+                self._vecs = grown  # published states keep their own (old) array
+            self._vecs[self._n_rows : self._n_rows + vecs.shape[0]] = vecs
+        self._n_rows += vecs.shape[0]
 
     def state(self, now: float) -> LearnedState:
         """The immutable state of the events held, their weights decayed to `now`."""
-        if not self.events:
+        if not self.n_events:
             return empty_state(self.version)
         n = self._n_rows
         age_days = np.maximum(0.0, now - np.asarray(self._rows_at, dtype=np.float64)) / 86400.0
+        self._own_words.clear()
+        self._own_counts.clear()
+        self._own_asked.clear()
+        self._own_rows.clear()
+        if self._asked_published is None:
+            self._asked_published = dict(self._asked)
         return LearnedState(
-            version=self.version, tools=tuple(self._tools), vecs=self._vecs[:n],
-            row_tools=tuple(dict(r) for r in self._rows_tool),
+            version=self.version, tools=tuple(self._tools),
+            vecs=self._vecs[:n] if self._hnsw is None else self._vecs, dim=self._dim,
+            row_tools=tuple(self._rows_tool),
             ev_principal=np.asarray(self._rows_principal, dtype=np.int64),
             weight=np.power(0.5, age_days / self.half_life_days).astype(np.float32),
-            principals=dict(self._principals), words=tuple({p: dict(ws) for p, ws in per.items()} for per in self._words),
-            asked=tuple({q: frozenset(ps) for q, ps in per.items()} for per in self._asked), events=len(self.events),
-            updated_at=max(e.at for e in self.events), hnsw=self._hnsw, rows=n,
+            principals=dict(self._principals), words=tuple(self._words), asked=self._asked_published,
+            events=self.n_events, updated_at=self._last_at, hnsw=self._hnsw, rows=n,
         )
+
+
+def words_key(tokens: Iterable[str]) -> int:
+    """What identifies a query's words (any order, repeats ignored) in `LearnedState.asked`:
+    a 64-bit hash, not the words (a set of them per past query held 50 MB at 17k queries)."""
+    return hash(frozenset(tokens))
 
 
 def build_state(events: Sequence[UsageEvent], *, now: float, half_life_days: float = HALF_LIFE_DAYS) -> LearnedState:
@@ -214,18 +282,20 @@ def build_state(events: Sequence[UsageEvent], *, now: float, half_life_days: flo
 def neighbours(state: LearnedState, qvec: np.ndarray, k: int = KNN) -> tuple[np.ndarray, np.ndarray]:
     """(rows, cosine similarities) of the `k` past queries nearest `qvec`, best first."""
     m = state.rows
-    if m == 0 or state.vecs.shape[1] != qvec.shape[0]:
+    if m == 0 or state.dim != qvec.shape[0]:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
     k = min(k, m)
+    vecs = state.vecs
     if state.hnsw is not None:
         # rows added after this state was published are filtered out (the store is shared)
         newer = state.hnsw.next_label > m
-        rows = state.hnsw.query(qvec, k, ef=max(64, 2 * k), filter=(lambda label: label < m) if newer else None)
+        rows, dist = state.hnsw.search(qvec, k, ef=max(64, 2 * k), filter=(lambda label: label < m) if newer else None)
         if rows.shape[0]:
-            sims = state.vecs[rows] @ qvec
+            sims = (1.0 - dist).astype(np.float32)  # hnswlib's cosine distance
             order = np.lexsort((rows, -sims))
             return rows[order], sims[order]
-    sims = state.vecs @ qvec
+        vecs = state.hnsw.vectors(np.arange(m, dtype=np.int64))  # fewer than k reachable: scan them all
+    sims = vecs @ qvec
     top = fusion.top_indices(sims, k)
     return top, sims[top]
 
@@ -240,13 +310,15 @@ def signals(
     own = state.principals.get(principal, -1) if principal is not None else -1
     vote = np.zeros(n, dtype=np.float32)
     repeat = np.zeros(n, dtype=bool)
-    words = frozenset(tokens)
-    for t, asked in enumerate(state.asked):
-        who = asked.get(words)
-        if who is not None and (own in who or len(who - {own}) >= MIN_PRINCIPALS):
+    for t, who in state.asked.get(words_key(tokens), {}).items():
+        if own in who or len(who) >= MIN_PRINCIPALS:
             repeat[t] = True
     if qvec is not None and state.rows:
         rows, sims = neighbours(state, qvec)
+        # accumulated in Python floats, written to the arrays once (numpy item updates cost
+        # more than the rest of this loop)
+        acc: dict[int, float] = {}
+        strong: set[int] = set()
         best: dict[tuple[int, int], float] = {}
         for r, s in zip(rows.tolist(), sims.tolist()):
             if s < SIM_FLOOR:
@@ -255,8 +327,9 @@ def signals(
             p = int(state.ev_principal[r])
             for t, count in state.row_tools[r].items():
                 if p == own:
-                    vote[t] += w * count
-                    repeat[t] |= s >= STRONG_SIM
+                    acc[t] = acc.get(t, 0.0) + w * count
+                    if s >= STRONG_SIM:
+                        strong.add(t)
                 else:  # another principal: its best neighbour per tool, once
                     best[(p, t)] = max(best.get((p, t), 0.0), w)
         agree: dict[int, int] = {}
@@ -265,8 +338,13 @@ def signals(
         strong_w = (STRONG_SIM - SIM_FLOOR) / (1.0 - SIM_FLOOR)
         for (_, t), w in best.items():
             if agree[t] >= MIN_PRINCIPALS:
-                vote[t] += w
-                repeat[t] |= w >= strong_w
+                acc[t] = acc.get(t, 0.0) + w
+                if w >= strong_w:
+                    strong.add(t)
+        if acc:
+            vote[list(acc)] = np.fromiter(acc.values(), dtype=np.float32, count=len(acc))
+        if strong:
+            repeat[list(strong)] = True
         total = float(vote.sum())
         if total > 0:
             vote /= max(total, 1.0)
