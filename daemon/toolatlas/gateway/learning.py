@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from toolatlas import memory
 from toolatlas.config import LearningSection
 from toolatlas.gateway.ports import Connection
 from toolatlas.metrics import Metrics
@@ -177,6 +178,9 @@ class LearningService:
         with self._lock:
             self._index = index
             self._publish()
+        # tens of thousands of long-lived objects: out of the automatic collections' scans,
+        # which otherwise land inside searches (see memory.settle_heap)
+        memory.settle_heap()
         log.info("learning: %d usage events loaded", len(events))
 
     def _publish(self) -> None:
