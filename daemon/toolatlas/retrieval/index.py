@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -204,13 +205,20 @@ class IndexBuilder:
         self.vec_dirty = False  # vec_of holds vectors not yet on disk
         self.hnsw: HnswStore | None = None  # created with the first vectors
         self.shared: SharedVectors | None = None
+        self.timings: dict[str, float] = {}  # shared_fetch_s: seconds spent fetching shared vectors
         self._counts = counts
 
     def fetch_shared(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
         """Vectors of `keys` another replica embedded ({} without a shared cache). Does not
         touch the builder: call it outside the engine's lock, then `add_shared`."""
         shared = self.shared
-        return shared.fetch(keys) if shared is not None and keys else {}
+        if shared is None or not keys:
+            return {}
+        t0 = time.perf_counter()
+        try:
+            return shared.fetch(keys)
+        finally:
+            self.timings["shared_fetch_s"] = self.timings.get("shared_fetch_s", 0.0) + time.perf_counter() - t0
 
     def add_shared(self, found: dict[bytes, np.ndarray]) -> None:
         """Vectors from the shared cache into this one (counted as embeddings_shared)."""
