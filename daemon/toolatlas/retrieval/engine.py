@@ -260,20 +260,17 @@ class Engine:
             self._index.seed(docs, vectors)
 
     def _commit(self, entries: dict[str, Entry], stale: list[int], version: int, persist_now: bool = True,
-                embed: bool = True) -> None:
+                embed: bool = True, defer_graph: bool = False) -> None:
         """Embed what is missing (unless `embed` is False), insert, then delete, then
-        publish. Holds _update_lock."""
-        snap, failure = self._index.commit(entries, stale, version, self._embedder if embed else None, self._dim)
+        publish. Holds _update_lock. `defer_graph`: see IndexBuilder.commit (the caller
+        inserts and persists after)."""
+        snap, failure = self._index.commit(entries, stale, version, self._embedder if embed else None, self._dim,
+                                           defer_graph=defer_graph)
         if failure is not None:
             self._fail(failure, "update")
         self._snap = snap  # the atomic publish
         self._cache.clear()
-        if not (persist_now and self.persist and self.state_dir is not None):
-            store.release_pages()  # the vectors the snapshot read from the mapped file
-        elif store.write(self.state_dir, self._space, self._index, snap, self._timings):
-            self._persisted_version = snap.version
-        else:
-            self._counts["persist_failures"] += 1
+        _persist(self, snap, persist_now and not defer_graph)
 
     def set_learned(self, state: LearnedState | None) -> None:
         """Publish the learned stage's state (one assignment): for "learned" searches, and "hybrid" ones while `learning` is set."""
@@ -328,13 +325,17 @@ class Engine:
 
 def _publish_hybrid(eng: Engine, model: Embedder) -> None:
     """Every document has a vector: insert the missing ones, publish (the caller holds
-    eng._update_lock)."""
+    eng._update_lock). A catalog below rank.HNSW_MIN tools whose snapshot so far was BM25
+    only is searched by an exact scan, never through hnswlib: it is published (hybrid from
+    then on) before its vectors go into the graph, and persisted after."""
     entries = eng._index.entries
     snap = eng._snap
     eng._embedder = model
+    defer = False
     if entries and (snap is None or snap.vecs is None or any(e.label < 0 for e in entries.values())):
         t0 = time.perf_counter()
-        eng._commit(dict(entries), [], eng.version + 1)
+        defer = len(entries) < rank.HNSW_MIN and (snap is None or snap.vecs is None)
+        eng._commit(dict(entries), [], eng.version + 1, defer_graph=defer)
         eng._timings["hybrid_commit_s"] = time.perf_counter() - t0
     else:
         eng._cache.clear()  # answers cached while the model loaded were BM25's
@@ -342,6 +343,22 @@ def _publish_hybrid(eng: Engine, model: Embedder) -> None:
         n = len(entries)
         eng._loader.ready(n)
         log.info("retrieval.hybrid_ready tools=%d version=%d", n, eng.version)
+    if defer:
+        t0 = time.perf_counter()
+        eng._index.insert_deferred()
+        eng._timings["hnsw_after_ready_s"] = time.perf_counter() - t0
+        if eng._snap is not None:
+            _persist(eng, eng._snap, True)
+
+
+def _persist(eng: Engine, snap: Snapshot, now: bool) -> None:
+    """Write `snap` (and what changed of the embedding cache) when `now` and persisting."""
+    if not (now and eng.persist and eng.state_dir is not None):
+        store.release_pages()  # the vectors the snapshot read from the mapped file
+    elif store.write(eng.state_dir, eng._space, eng._index, snap, eng._timings):
+        eng._persisted_version = snap.version
+    else:
+        eng._counts["persist_failures"] += 1
 
 
 def _ranker(eng: Engine, mode: str) -> str:

@@ -206,6 +206,7 @@ class IndexBuilder:
         self.hnsw: HnswStore | None = None  # created with the first vectors
         self.shared: SharedVectors | None = None
         self.timings: dict[str, float] = {}  # shared_fetch_s: seconds spent fetching shared vectors
+        self.deferred: tuple[np.ndarray, np.ndarray] | None = None  # (vectors, labels) not in hnswlib yet
         self._counts = counts
 
     def fetch_shared(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
@@ -263,9 +264,12 @@ class IndexBuilder:
 
     def commit(
         self, entries: dict[str, Entry], stale: list[int], version: int, emb: Embedder | None, dim: int = 0,
+        *, defer_graph: bool = False,
     ) -> tuple[Snapshot, Exception | None]:
         """Embed what is missing (with `emb`; None embeds nothing), insert, then delete, then
         build the snapshot of `entries`: dense when every entry has a label (`dim` > 0).
+        `defer_graph`: the new vectors get their labels but go into hnswlib only at
+        `insert_deferred` (for a snapshot no search reads through hnswlib: rank.HNSW_MIN).
 
         Returns it with the embedder's failure, if it failed: the snapshot is then bm25-only
         unless every entry already had a label, and the caller stops using that embedder.
@@ -285,7 +289,11 @@ class IndexBuilder:
                 if self.hnsw is None:
                     self.hnsw = HnswStore(emb.dim, capacity=max(1024, 2 * len(entries)))
                 vecs = np.stack([self.vec_of[entries[n].key] for n in need]).astype(np.float32, copy=False)
-                labels = self.hnsw.add(vecs)  # insert first ...
+                if defer_graph:
+                    labels = self.hnsw.reserve(len(need))
+                    self.deferred = (vecs, labels)
+                else:
+                    labels = self.hnsw.add(vecs)  # insert first ...
                 for name, label in zip(need, labels):
                     entries[name] = dataclasses.replace(entries[name], label=int(label))
         if self.hnsw is not None and stale:
@@ -296,6 +304,12 @@ class IndexBuilder:
         if snap.vecs is not None:
             self._share(snap)
         return snap, failure
+
+    def insert_deferred(self) -> None:
+        """Insert the vectors a `commit(defer_graph=True)` left out of hnswlib."""
+        if self.deferred is not None and self.hnsw is not None:
+            self.hnsw.insert(*self.deferred)
+        self.deferred = None
 
     def _share(self, snap: Snapshot) -> None:
         """Keep one copy of each live vector: the cache's entry for a live document becomes a
