@@ -74,12 +74,16 @@ def cold_start(tmp: Path, name: str, n: int, extra: str, timeout: float = 900.0,
     (tmp / name).mkdir()
     d = Daemon(tmp / name, extra + upstream_block("big", n, extra="relist_interval = 0\n"),
                search_extra='embedder = "onnx"\n')
-    t0 = time.perf_counter()
+    t0, t0_wall = time.perf_counter(), time.time()
     d.start(wait_ready=timeout, ready=False, env=env)
     deadline = t0 + timeout
+    seen: dict[str, float] = {}  # when each (index ready, model phase) was first polled, seconds from spawn
     while True:
         st = try_status(d.socket)
         idx = (st or {}).get("index") or {}
+        if idx:
+            seen.setdefault(f"{'ready' if idx.get('ready') else 'starting'}/{idx.get('model', {}).get('phase')}",
+                            round(time.perf_counter() - t0, 3))
         if idx.get("model", {}).get("phase") == "ready" and idx.get("tools", 0) >= n:
             break
         if time.perf_counter() > deadline:
@@ -87,7 +91,31 @@ def cold_start(tmp: Path, name: str, n: int, extra: str, timeout: float = 900.0,
         time.sleep(0.05)
     seconds = time.perf_counter() - t0
     return d, {"hybrid_s": round(seconds, 3), "tools": idx["tools"], "embeddings_computed": idx["embeddings_computed"],
-               "embeddings_shared": idx.get("embeddings_shared"), "model_load_s": idx.get("timings", {}).get("embedder_load_s")}
+               "embeddings_shared": idx.get("embeddings_shared"), "model_load_s": idx.get("timings", {}).get("embedder_load_s"),
+               "first_polled": seen, "timings": idx.get("timings"), "log": log_marks(d.log, t0_wall)}
+
+
+LOG_MARKS = {"listening on": "socket listening", "store.connected": "store connected",
+             "retrieval.model_loaded": "model loaded", "tools, protocol": "upstream listed",
+             "catalog of big changed": "first index (BM25)", "index ready:": "index ready",
+             "retrieval.hybrid_ready": "hybrid ready"}
+
+
+def log_marks(log: Path, t0_wall: float) -> dict[str, float]:
+    """Seconds from spawn to the first log line of each LOG_MARKS step (the daemon's log
+    clock, millisecond stamps): the start's timeline."""
+    import datetime
+
+    out: dict[str, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        for needle, step in LOG_MARKS.items():
+            if needle in line and step not in out:
+                try:
+                    at = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                except ValueError:
+                    continue
+                out[step] = round(at - t0_wall, 3)
+    return out
 
 
 def search_ab(alone: Daemon, shared: Daemon, queries: list[str], rounds: int) -> dict[str, Any]:

@@ -198,6 +198,11 @@ def run_checks(config_flag: str | None) -> list[Check]:
         state_dir = default_state_dir()
     checks.append(_check_state_dir(state_dir))
     checks.append(_check_model(cfg, state_dir))
+    if cfg is not None and cfg.store.url:
+        from toolatlas.store.doctor import check_store  # psycopg, only with a store configured
+
+        level, detail = check_store(cfg)
+        checks.append(Check(level, "store", detail))
     daemon, status = _check_daemon(socket, path)
     checks.append(daemon)
     if status is not None:

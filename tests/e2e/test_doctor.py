@@ -82,3 +82,44 @@ def test_search_k_outside_its_range_is_a_usage_error(tmp_path: Path) -> None:
     for k in ("0", "21", "many"):
         r = _run("search", "anything", "--k", k, "--socket", str(tmp_path / "none.sock"))
         assert r.returncode == 2 and "argument --k: must be" in r.stderr and "from 1 to 20" in r.stderr, r.stderr
+
+
+def test_doctor_checks_the_shared_store(tmp_path: Path, pg_url: str) -> None:
+    """[store] url: unreachable (FAIL, the password nowhere), reachable without the schema
+    (WARN: the next replica applies the migrations), reachable and migrated (ok); no store
+    line without [store]. The real PostgreSQL of the pg fixtures."""
+    import anyio
+
+    from tests.support.ports import free_port
+    from toolatlas.redact import Redactor
+    from toolatlas.store.client import Store
+    from toolatlas.store.schema import LATEST
+
+    def store_line(url: str, name: str, env: dict[str, str] | None = None) -> str:
+        cfg = tmp_path / f"{name}.toml"
+        store = f'[store]\nurl = "{url}"\nconnect_timeout = 2\n' if url else ""
+        cfg.write_text(f'[daemon]\nsocket = "{tmp_path / name}.sock"\nstate_dir = "{tmp_path / name}"\n'
+                       f'[search]\nembedder = "none"\n{store}')
+        r = subprocess.run([sys.executable, "-m", "toolatlas", "doctor", "--config", str(cfg)], capture_output=True,
+                           text=True, env=dict(os.environ, **(env or {})), timeout=60, check=False)
+        lines = [line for line in r.stdout.splitlines() if "  store: " in line]
+        assert "pg-doctor-secret" not in r.stdout + r.stderr
+        return lines[0] if lines else ""
+
+    assert store_line("", "none") == ""
+    down = store_line(f"postgresql://toolatlas:${{TA_PGPW}}@127.0.0.1:{free_port()}/toolatlas", "down",
+                      {"TA_PGPW": "pg-doctor-secret"})
+    assert down.startswith("FAIL  store: cannot reach the database (") and "check [store] url" in down, down
+    fresh = store_line(pg_url, "fresh")
+    assert fresh.startswith("WARN  store: reachable; migration(s) 1 (") and "the next replica to start applies" in fresh
+
+    async def migrate() -> None:
+        store = Store(pg_url, origin="doctor-test", connect_timeout=5, redactor=Redactor())
+        await store.connect()
+        try:
+            await store.migrate()
+        finally:
+            await store.close()
+
+    anyio.run(migrate)
+    assert store_line(pg_url, "migrated") == f"ok    store: reachable, schema at version {LATEST}"

@@ -90,6 +90,48 @@ def test_the_second_replica_embeds_nothing(tmp_path: Path, pg_url: str, shared_s
             assert got["degraded"] is None and [m["name"] for m in got["matches"]] == expected
 
 
+def gated_upstream(gate: Path) -> str:
+    """A stdio test server (N_GEN generated tools) that starts only once `gate` exists
+    (polled, for at most 120 s): a replica's first listing held back as long as a test needs."""
+    from tests.support.servers import testserver_args
+
+    argv = [sys.executable, *testserver_args("--tools", str(N_GEN))]
+    code = ("import os, sys, time\n"
+            f"for _ in range(2400):\n    if os.path.exists({str(gate)!r}): break\n    time.sleep(0.05)\n"
+            f"os.execv(sys.executable, {argv!r})\n")
+    return (f'[[upstream]]\nname = "gated"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+            f"args = {json.dumps(['-c', code])}\n")
+
+
+def test_a_second_replica_loads_its_model_beside_the_upstreams(tmp_path: Path, pg_url: str) -> None:
+    """With [store] the model loads while the upstreams are still starting (the vectors come
+    from the store, so after the first index only their fetch and the HNSW build remain), and
+    the token count waits for the hybrid index instead of counting the BM25 one before it."""
+    gate = tmp_path / "gate"
+    gate.touch()
+    onnx = dict(search_extra='embedder = "onnx"\n')
+    ups = store_block(pg_url) + gated_upstream(gate)
+    (tmp_path / "a").mkdir()
+    with Daemon(tmp_path / "a", ups, **onnx) as a:
+        idx = a.wait_for(lambda: (i := a.status()["index"])["model"]["phase"] == "ready" and i, 300, "A hybrid")
+        a.wait_for(lambda: store_status(a)["vectors_stored"] >= idx["embeddings_computed"] > 0
+                   and store_status(a)["vectors_pending"] == 0, 60, "A's embeddings in the store")
+    gate.unlink()  # B's upstream waits at its gate: no listing, no first index
+    (tmp_path / "b").mkdir()
+    b = Daemon(tmp_path / "b", ups, **onnx)
+    with b.start(ready=False):
+        st = b.wait_for(lambda: (s := b.status())["index"]["model"]["phase"] == "embedding" and s, 120,
+                        "B's model loaded before any listing")
+        assert st["index"]["tools"] == 0 and not st["index"]["ready"]
+        assert st["index"]["degraded"] == "embedding model loading" and st["tokens"] == {"pending": True}
+        gate.touch()
+        idx_b = b.wait_for(lambda: (i := b.status()["index"])["model"]["phase"] == "ready" and i, 120, "B hybrid")
+        assert idx_b["embeddings_computed"] == 0 and idx_b["embeddings_shared"] == idx_b["tools"] == idx["tools"]
+        assert idx_b["timings"]["shared_fetch_s"] > 0 and idx_b["timings"]["hybrid_commit_s"] > 0
+        tokens = b.wait_for(lambda: "index_version" in (t := b.status()["tokens"]) and t, 60, "B's token figures")
+        assert tokens["index_version"] == idx_b["version"]  # the hybrid version's, counted once
+
+
 def test_a_catalog_change_through_one_replica_reaches_the_other(
     tmp_path: Path, pg_url: str, shared_server: RunningServer,
 ) -> None:

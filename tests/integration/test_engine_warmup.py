@@ -123,3 +123,37 @@ def test_a_model_that_fails_leaves_bm25_and_stays_failed(
     out = eng.search("take a screenshot of the page")
     assert out.hits and out.degraded == "bm25-only"
     assert eng.stats()["embedder_failures"] == 1
+
+
+def test_a_small_catalog_is_hybrid_before_its_graph_is_built_and_persisted_with_it(
+    tmp_path: Path, catalogs: tuple[list[ToolDoc], list[ToolDoc]],
+) -> None:
+    """Below rank.HNSW_MIN tools search is an exact scan, so the first hybrid snapshot is
+    published before its vectors go into hnswlib (issue 21: a second replica's start); the
+    graph is complete and on disk after the same step, and a restart restores it whole."""
+    from toolatlas.retrieval.rank import HNSW_MIN
+
+    small, _ = catalogs
+    assert len(small) < HNSW_MIN
+    state = _state(tmp_path)
+    eng = Engine(state_dir=state, background=True)
+    eng.restore()
+    eng.update(small, [])
+    assert eng.load_model() is not None
+    while eng.embed_pending():
+        pass
+    st = eng.stats()
+    assert eng.progress.phase is ModelPhase.READY and st["degraded"] is None
+    assert "hnsw_after_ready_s" in st["timings"] and st["persisted_version"] == st["version"]
+    hnsw = eng._index.hnsw
+    assert hnsw is not None and eng._index.deferred is None
+    assert hnsw.index.get_current_count() == hnsw.live == len(small)
+    labels = sorted(int(x) for x in eng._snap.labels) if eng._snap is not None and eng._snap.labels is not None else []
+    assert labels == sorted(int(x) for x in hnsw.index.get_ids_list())
+    expected = [h.name for h in eng.search("take a screenshot of the page", 5).hits]
+
+    again = Engine(state_dir=state, background=True)
+    again.restore()
+    assert again.stats()["dense_index"]["live"] == len(small)
+    assert again.load_model() is not None and not again.embed_pending()
+    assert [h.name for h in again.search("take a screenshot of the page", 5).hits] == expected

@@ -217,7 +217,7 @@ class Gateway:
             await tg.start(self.pool.run)  # first: upstreams start while the index loads
             await self.catalog.load(frozenset(u.name for u in self.cfg.upstream))
             await tg.start(self.learning.run)
-            tg.start_soon(self._run_model)
+            tg.start_soon(self.catalog.run_model, self.index_ready)  # the model's worker, once search serves
             tg.start_soon(self.catalog.run_card_rechecks, lambda: self.cfg.cards.recheck_interval)
             tg.start_soon(self.rift.run)
             await self.pool.wait_settled(max((u.timeouts.connect for u in self.cfg.upstream), default=1.0) + 5)
@@ -231,12 +231,6 @@ class Gateway:
             log.info("index ready: %d tools from %d upstreams (search: %s)", len(view.by_name), len(view.available),
                      self.engine.degraded or "hybrid" if self.cfg.search.embedder != "none" else "bm25")
             await self.catalog.announce()
-
-    async def _run_model(self) -> None:
-        """The model's worker, once search serves: loading it and embedding every document
-        would otherwise take the cores from the start that the first answer waits for."""
-        await self.index_ready.wait()
-        await self.catalog.run_model()
 
     def _spawner(self) -> Spawn | None:
         tg = self._tg

@@ -79,14 +79,22 @@ class LiveCatalog:
             self.engine.cancel()  # shutting down: the exporter is killed, no child outlives us
             raise
 
-    async def run_model(self) -> None:
-        """Bring the index from BM25 to hybrid in the background, and keep it there: load the
-        model (exporting it first on a fresh state_dir), then embed what the index lacks, a
-        batch per worker-thread call, until the engine publishes the hybrid snapshot; wait for
-        the next update that leaves documents to embed. Runs until cancelled; a shutdown kills
+    async def run_model(self, serving: anyio.Event) -> None:
+        """Bring the index from BM25 to hybrid in the background once `serving` is set (search
+        serves: loading the model and embedding every document would otherwise take the cores
+        from the start that the first answer waits for), and keep it there: load the model
+        (exporting it first on a fresh state_dir), then embed what the index lacks, a batch
+        per worker-thread call, until the engine publishes the hybrid snapshot; wait for the
+        next update that leaves documents to embed. With an embedding cache shared with other
+        replicas ([store]) the model loads at once, beside the upstreams' start: the
+        documents' vectors come from the store, so after the first index a second replica
+        waits only for their fetch and the HNSW build. Runs until cancelled; a shutdown kills
         a running export (no child outlives the daemon) and abandons a batch in flight."""
         engine = self.engine
         try:
+            if engine.shares_vectors:
+                await anyio.to_thread.run_sync(engine.load_model, abandon_on_cancel=True)
+            await serving.wait()
             if await anyio.to_thread.run_sync(engine.load_model, abandon_on_cancel=True) is None:
                 return  # embedder "none", or it failed: BM25 only (logged, in catalog_status)
             while True:

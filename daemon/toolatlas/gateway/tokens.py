@@ -16,7 +16,7 @@ from toolatlas.gateway.view import CatalogView
 from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.guidance import MetaTools
 from toolatlas.meta_tools import META_TOOLS, render_compact
-from toolatlas.retrieval.engine import Engine
+from toolatlas.retrieval.engine import Engine, ModelPhase
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +86,23 @@ class TokenReporter:
         them: a reload with new templates) changed since its last report."""
         key = (self._engine.version, meta.fingerprint if meta is not None else "")
         got = self._reports.get(scope)
-        if (got is not None and got[0] == key) or scope in self._running or tg is None:
+        if (got is not None and got[0] == key) or scope in self._running or tg is None or self._hybrid_imminent():
             return
         self._running.add(scope)
         tg.start_soon(self._compute, key, scope, meta.tools if meta is not None else META_TOOLS)
+
+    def _hybrid_imminent(self) -> bool:
+        """A replica's first hybrid index is on its way (the model loading or loaded, its
+        vectors coming from the shared store, seconds away): count that version, not the
+        BM25 one before it. A count holds the GIL for a second or more per 2,000 tools and
+        would slow the vector fetch and the HNSW build it waits for. Not while the model is
+        exported, nor once this replica embeds documents itself (the store lacked them, or
+        is down), nor without a shared store: the BM25 version may then stand for minutes."""
+        engine = self._engine
+        progress = engine.progress
+        return (engine.shares_vectors and not progress.hybrid_once
+                and progress.phase in (ModelPhase.WAITING, ModelPhase.LOADING, ModelPhase.EMBEDDING)
+                and not engine.stats()["embeddings_computed"])
 
     async def _compute(self, key: tuple[int, str], scope: Scope, meta: Sequence[Mapping[str, Any]]) -> None:
         view = self._view()

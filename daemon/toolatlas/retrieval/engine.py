@@ -23,6 +23,7 @@ inline once the model is ready and leaves a large one (or any, before) to that w
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -205,21 +206,8 @@ class Engine:
         """One step towards hybrid search (warmup.ModelLoader.embed_step): a batch of
         documents embedded outside the update lock, or the hybrid snapshot published. True
         while there is more to do. Blocking; a worker thread calls it in a loop."""
-        return self._loader.embed_step(self._update_lock, self._index, self._publish_hybrid, self._fail)
-
-    def _publish_hybrid(self, model: Embedder) -> None:
-        """Every document has a vector: insert the missing ones, publish (holds _update_lock)."""
-        entries = self._index.entries
-        snap = self._snap
-        self._embedder = model
-        if entries and (snap is None or snap.vecs is None or any(e.label < 0 for e in entries.values())):
-            self._commit(dict(entries), [], self.version + 1)
-        else:
-            self._cache.clear()  # answers cached while the model loaded were BM25's
-        if self._embedder is not None:  # _commit may have failed it
-            n = len(entries)
-            self._loader.ready(n)
-            log.info("retrieval.hybrid_ready tools=%d version=%d", n, self.version)
+        return self._loader.embed_step(self._update_lock, self._index, functools.partial(_publish_hybrid, self),
+                                       self._fail)
 
     def _restore(self, state_dir: Path) -> None:
         with self._update_lock:
@@ -261,6 +249,10 @@ class Engine:
         """Use an embedding cache shared with other replicas (retrieval/shared.py); None: this process's only."""
         self._index.shared = shared
 
+    @property
+    def shares_vectors(self) -> bool:  # an embedding cache shared with other replicas is plugged in
+        return self._index.shared is not None
+
     def seed_embeddings(self, docs: Sequence[ToolDoc], vectors: np.ndarray) -> None:
         """Put precomputed document vectors into the embedding cache (benchmarks, imports):
         (len(docs), dim), L2-normalised, same model; `update()` then embeds none of them."""
@@ -268,20 +260,17 @@ class Engine:
             self._index.seed(docs, vectors)
 
     def _commit(self, entries: dict[str, Entry], stale: list[int], version: int, persist_now: bool = True,
-                embed: bool = True) -> None:
+                embed: bool = True, defer_graph: bool = False) -> None:
         """Embed what is missing (unless `embed` is False), insert, then delete, then
-        publish. Holds _update_lock."""
-        snap, failure = self._index.commit(entries, stale, version, self._embedder if embed else None, self._dim)
+        publish. Holds _update_lock. `defer_graph`: see IndexBuilder.commit (the caller
+        inserts and persists after)."""
+        snap, failure = self._index.commit(entries, stale, version, self._embedder if embed else None, self._dim,
+                                           defer_graph=defer_graph)
         if failure is not None:
             self._fail(failure, "update")
         self._snap = snap  # the atomic publish
         self._cache.clear()
-        if not (persist_now and self.persist and self.state_dir is not None):
-            store.release_pages()  # the vectors the snapshot read from the mapped file
-        elif store.write(self.state_dir, self._space, self._index, snap):
-            self._persisted_version = snap.version
-        else:
-            self._counts["persist_failures"] += 1
+        _persist(self, snap, persist_now and not defer_graph)
 
     def set_learned(self, state: LearnedState | None) -> None:
         """Publish the learned stage's state (one assignment): for "learned" searches, and "hybrid" ones while `learning` is set."""
@@ -332,6 +321,44 @@ class Engine:
     def stats(self) -> dict[str, Any]:
         """Figures for catalog_status (index.*): sizes, embedder, the model's progress, counters."""
         return _stats(self, self._snap, self._embedder)
+
+
+def _publish_hybrid(eng: Engine, model: Embedder) -> None:
+    """Every document has a vector: insert the missing ones, publish (the caller holds
+    eng._update_lock). A catalog below rank.HNSW_MIN tools whose snapshot so far was BM25
+    only is searched by an exact scan, never through hnswlib: it is published (hybrid from
+    then on) before its vectors go into the graph, and persisted after."""
+    entries = eng._index.entries
+    snap = eng._snap
+    eng._embedder = model
+    defer = False
+    if entries and (snap is None or snap.vecs is None or any(e.label < 0 for e in entries.values())):
+        t0 = time.perf_counter()
+        defer = len(entries) < rank.HNSW_MIN and (snap is None or snap.vecs is None)
+        eng._commit(dict(entries), [], eng.version + 1, defer_graph=defer)
+        eng._timings["hybrid_commit_s"] = time.perf_counter() - t0
+    else:
+        eng._cache.clear()  # answers cached while the model loaded were BM25's
+    if eng._embedder is not None:  # _commit may have failed it
+        n = len(entries)
+        eng._loader.ready(n)
+        log.info("retrieval.hybrid_ready tools=%d version=%d", n, eng.version)
+    if defer:
+        t0 = time.perf_counter()
+        eng._index.insert_deferred()
+        eng._timings["hnsw_after_ready_s"] = time.perf_counter() - t0
+        if eng._snap is not None:
+            _persist(eng, eng._snap, True)
+
+
+def _persist(eng: Engine, snap: Snapshot, now: bool) -> None:
+    """Write `snap` (and what changed of the embedding cache) when `now` and persisting."""
+    if not (now and eng.persist and eng.state_dir is not None):
+        store.release_pages()  # the vectors the snapshot read from the mapped file
+    elif store.write(eng.state_dir, eng._space, eng._index, snap, eng._timings):
+        eng._persisted_version = snap.version
+    else:
+        eng._counts["persist_failures"] += 1
 
 
 def _ranker(eng: Engine, mode: str) -> str:
@@ -397,7 +424,7 @@ def _stats(eng: Engine, snap: Snapshot | None, emb: Embedder | None) -> dict[str
         "dense_index": {"live": hnsw.live, "deleted_slots": hnsw.deleted} if hnsw is not None else None,
         "cache": {"hits": eng._cache.hits, "misses": eng._cache.misses, "size": len(eng._cache)},
         **eng._counts,
-        "timings": {k: round(v, 4) for k, v in eng._timings.items()},
+        "timings": {k: round(v, 4) for k, v in (eng._timings | eng._index.timings).items()},
     }
 
 

@@ -101,11 +101,21 @@ class HnswStore:
 
     def add(self, vectors: np.ndarray) -> np.ndarray:
         """Insert vectors under fresh labels (reusing deleted slots); returns the labels."""
-        n = vectors.shape[0]
+        labels = self.reserve(vectors.shape[0])
+        self.insert(vectors, labels)
+        return labels
+
+    def reserve(self, n: int) -> np.ndarray:
+        """`n` fresh labels, for vectors `insert`ed later (never handed out twice)."""
         labels = np.arange(self.next_label, self.next_label + n, dtype=np.int64)
-        if n == 0:
-            return labels
         self.next_label += n
+        return labels
+
+    def insert(self, vectors: np.ndarray, labels: np.ndarray) -> None:
+        """Insert vectors under `labels` from `reserve` (reusing deleted slots)."""
+        n = vectors.shape[0]
+        if n == 0:
+            return
         with self.lock.exclusive():
             reusable = min(self.deleted, n)
             needed = self.index.get_current_count() + n - reusable
@@ -117,7 +127,6 @@ class HnswStore:
                 self.index.add_items(vectors[s : s + _CHUNK], labels[s : s + _CHUNK], replace_deleted=True)
         self.deleted -= reusable
         self.live += n
-        return labels
 
     def delete(self, labels: Sequence[int]) -> None:
         with self.lock.exclusive():

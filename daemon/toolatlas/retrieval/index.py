@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -204,13 +205,21 @@ class IndexBuilder:
         self.vec_dirty = False  # vec_of holds vectors not yet on disk
         self.hnsw: HnswStore | None = None  # created with the first vectors
         self.shared: SharedVectors | None = None
+        self.timings: dict[str, float] = {}  # shared_fetch_s: seconds spent fetching shared vectors
+        self.deferred: tuple[np.ndarray, np.ndarray] | None = None  # (vectors, labels) not in hnswlib yet
         self._counts = counts
 
     def fetch_shared(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
         """Vectors of `keys` another replica embedded ({} without a shared cache). Does not
         touch the builder: call it outside the engine's lock, then `add_shared`."""
         shared = self.shared
-        return shared.fetch(keys) if shared is not None and keys else {}
+        if shared is None or not keys:
+            return {}
+        t0 = time.perf_counter()
+        try:
+            return shared.fetch(keys)
+        finally:
+            self.timings["shared_fetch_s"] = self.timings.get("shared_fetch_s", 0.0) + time.perf_counter() - t0
 
     def add_shared(self, found: dict[bytes, np.ndarray]) -> None:
         """Vectors from the shared cache into this one (counted as embeddings_shared)."""
@@ -255,9 +264,12 @@ class IndexBuilder:
 
     def commit(
         self, entries: dict[str, Entry], stale: list[int], version: int, emb: Embedder | None, dim: int = 0,
+        *, defer_graph: bool = False,
     ) -> tuple[Snapshot, Exception | None]:
         """Embed what is missing (with `emb`; None embeds nothing), insert, then delete, then
         build the snapshot of `entries`: dense when every entry has a label (`dim` > 0).
+        `defer_graph`: the new vectors get their labels but go into hnswlib only at
+        `insert_deferred` (for a snapshot no search reads through hnswlib: rank.HNSW_MIN).
 
         Returns it with the embedder's failure, if it failed: the snapshot is then bm25-only
         unless every entry already had a label, and the caller stops using that embedder.
@@ -277,7 +289,11 @@ class IndexBuilder:
                 if self.hnsw is None:
                     self.hnsw = HnswStore(emb.dim, capacity=max(1024, 2 * len(entries)))
                 vecs = np.stack([self.vec_of[entries[n].key] for n in need]).astype(np.float32, copy=False)
-                labels = self.hnsw.add(vecs)  # insert first ...
+                if defer_graph:
+                    labels = self.hnsw.reserve(len(need))
+                    self.deferred = (vecs, labels)
+                else:
+                    labels = self.hnsw.add(vecs)  # insert first ...
                 for name, label in zip(need, labels):
                     entries[name] = dataclasses.replace(entries[name], label=int(label))
         if self.hnsw is not None and stale:
@@ -288,6 +304,12 @@ class IndexBuilder:
         if snap.vecs is not None:
             self._share(snap)
         return snap, failure
+
+    def insert_deferred(self) -> None:
+        """Insert the vectors a `commit(defer_graph=True)` left out of hnswlib."""
+        if self.deferred is not None and self.hnsw is not None:
+            self.hnsw.insert(*self.deferred)
+        self.deferred = None
 
     def _share(self, snap: Snapshot) -> None:
         """Keep one copy of each live vector: the cache's entry for a live document becomes a

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -142,10 +143,12 @@ def vectors_to_keep(vec_of: dict[bytes, np.ndarray], live: set[bytes]) -> dict[b
     return keep
 
 
-def write(state_dir: Path, space: str | None, builder: IndexBuilder, snap: Snapshot) -> bool:
+def write(state_dir: Path, space: str | None, builder: IndexBuilder, snap: Snapshot,
+          timings: dict[str, float] | None = None) -> bool:
     """Write the embedding cache of vector space `space` (if it changed) and `snap` with the
     hnswlib index. Returns False, logged, when the disk refused (the engine counts it and
-    serves on)."""
+    serves on). What it took goes to `timings["last_persist_s"]`, when given."""
+    t0 = time.perf_counter()
     try:
         if space is not None and builder.vec_dirty:
             live = {e.key for e in builder.entries.values()}
@@ -164,6 +167,8 @@ def write(state_dir: Path, space: str | None, builder: IndexBuilder, snap: Snaps
         return False
     finally:
         persist.release_pages()  # the write read every kept vector through the mapping
+        if timings is not None:
+            timings["last_persist_s"] = time.perf_counter() - t0
     return True
 
 

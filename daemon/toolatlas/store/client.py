@@ -196,8 +196,9 @@ class Store:
 
     async def get_vectors(self, space: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         async def q(conn: psycopg.AsyncConnection[Any]) -> dict[bytes, bytes]:
+            # binary results: the vectors come as bytes, not as hex text to decode
             cur = await conn.execute("SELECT key, vec FROM toolatlas_embeddings WHERE space = %s AND key = ANY(%s)",
-                                     (space, list(keys)))
+                                     (space, list(keys)), binary=True)
             return {bytes(r[0]): bytes(r[1]) for r in await cur.fetchall()}
         return dict(await self._run("read embeddings", q))
 
