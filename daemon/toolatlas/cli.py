@@ -292,6 +292,10 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"toolatlas: warning: {problem} (the daemon will not be able to start it)", file=sys.stderr)
         print(f"{path}: OK ({len(cfg.upstream)} upstreams; socket {cfg.daemon.socket})")
         return 0
+    # The stdio upstreams start now, beside the daemon's own imports (upstream/children.py).
+    from toolatlas.upstream.children import prespawn
+
+    prespawn(cfg.upstream, cfg.daemon.socket)
     from toolatlas.app import main_serve
 
     try:

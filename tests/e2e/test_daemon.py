@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -267,6 +268,9 @@ def test_killed_upstream_recovers_and_others_are_unaffected(tmp_path: Path) -> N
     with Daemon(tmp_path, upstreams) as d:
         d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 30, "ready")
         old_pid = int(d.tool("victim__pid", {})["content"][0]["text"])
+        # Its first child was started by the CLI beside the daemon's imports and taken by the pool.
+        taken = re.search(r"upstream victim: took the child started early \(pid (\d+)\)", d.log.read_text())
+        assert taken is not None and int(taken.group(1)) == old_pid, d.log.read_text()[-2000:]
         crashed = d.tool("victim__crash", {})
         assert crashed["isError"]
         d.wait_for(lambda: _servers(d)["victim"]["state"] != "ready", 10, "victim leaves ready")

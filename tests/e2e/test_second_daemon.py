@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.support.daemon import Daemon
 from tests.support.ports import free_port
+from tests.support.processes import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,10 +45,32 @@ def test_busy_metrics_port_refuses_in_one_line(tmp_path: Path) -> None:
         busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         busy.bind(("127.0.0.1", port))
         busy.listen()
-        d = Daemon(tmp_path, "", daemon_extra=f'metrics_addr = "127.0.0.1:{port}"\n')
+        # A stdio upstream the CLI starts before the daemon's imports (upstream/children.py):
+        # the failed start must not leave it behind.
+        marker = f"toolatlas-early-child-{os.getpid()}-{port}"
+        sleeper = json.dumps(["-c", "import time; time.sleep(600)", marker])
+        upstream = f'[[upstream]]\nname = "sleeper"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {sleeper}\n'
+        d = Daemon(tmp_path, upstream, daemon_extra=f'metrics_addr = "127.0.0.1:{port}"\n')
         done = _serve(d.config)
     _one_clear_line(done, f"127.0.0.1:{port}")
     assert not os.path.exists(d.socket) or not _listening(d.socket)
+    deadline = time.monotonic() + 10
+    while _running_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running_with(marker), "the early-started upstream outlived the failed start"
+
+
+def _running_with(marker: str) -> list[int]:
+    """Live (not zombie) processes whose command line holds `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes() and pid_alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 def test_stale_socket_file_is_taken_over(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ from toolatlas.names import split
 from toolatlas.redact import Redactor
 from toolatlas.retrieval.engine import Engine
 from toolatlas.rift.runner import RiftRunner
+from toolatlas.upstream import children
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
 
@@ -221,6 +222,8 @@ class Gateway:
             tg.start_soon(self.catalog.run_card_rechecks, lambda: self.cfg.cards.recheck_interval)
             tg.start_soon(self.rift.run)
             await self.pool.wait_settled(max((u.timeouts.connect for u in self.cfg.upstream), default=1.0) + 5)
+            # Every upstream has started: a child the CLI spawned early that none took is stopped.
+            await anyio.to_thread.run_sync(children.discard)
             # Ready upstreams have listed; their first reindex (embedding a new catalog can take
             # minutes on a small host) must land before the index counts as ready.
             with anyio.move_on_after(FIRST_INDEX_WAIT_S):

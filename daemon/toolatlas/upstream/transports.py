@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -27,13 +26,13 @@ import httpx2
 import mcp_types
 from anyio.streams.text import TextReceiveStream
 from mcp.client._transport import ReadStream, TransportStreams
-from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.message import SessionMessage
 
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized
+from toolatlas.upstream.children import ChildProcess, spawn, take
 from toolatlas.upstream.bounded import blocks_refusal, limit_hook, refusal, sse_event_limit, too_many_blocks
 from toolatlas.upstream.pages import parse_big_page
 from toolatlas.upstream.relay import Pending
@@ -208,17 +207,12 @@ class StdioProcess:
     @contextlib.asynccontextmanager
     async def _run(self) -> AsyncIterator[Streams]:
         up = self.upstream
-        env = get_default_environment() | dict(up.env)
-        process = await anyio.open_process(
-            [up.command, *up.args],
-            env=env,
-            cwd=up.cwd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # own process group: SIGTERM/SIGKILL reach grandchildren
-        )
-        # No await between spawn and the try below, or a cancellation would leak the child.
+        # A child the CLI started while the daemon imported (children.prespawn), else a new one.
+        early = take(up)
+        process = await ChildProcess.attach(early or spawn(up))
+        if early is not None:
+            logger.info("upstream %s: took the child started early (pid %d)", up.name, process.pid)
+        # No await between attach and the try below, or a cancellation would leak the child.
         self.process = process
         self.pid = process.pid
         read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -337,11 +331,6 @@ async def stop_process(process: anyio.abc.Process, name: str) -> None:
             if stream is not None:
                 with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await stream.aclose()
-        transport = getattr(getattr(process, "_process", None), "_transport", None)
-        close = getattr(transport, "close", None)
-        if callable(close):
-            with contextlib.suppress(PermissionError):
-                close()
 
 
 def _http_client(up: SseUpstream | HttpUpstream) -> httpx2.AsyncClient:

@@ -1,0 +1,258 @@
+"""Stdio children: how the daemon spawns one, drives its pipes, and starts them early.
+
+Every stdio upstream is spawned by `spawn` (pipes on all three streams, its own session, the
+environment of `child_environment`) and driven through `ChildProcess`, the anyio process the
+stdio transport expects. Its exit status is polled (waitpid WNOHANG), never waited for by a
+thread or the event loop's child watcher.
+
+Starting early: `toolatlas serve` spends about two seconds on its own imports (mcp and its
+types, numpy, the gateway) before the pool starts a stdio upstream, and the child then spends
+its own seconds starting (an interpreter or node, and its imports) before it can answer
+`initialize`. Each is mostly one core's work, so the CLI spawns every enabled stdio upstream
+once the config is read (`prespawn`, before the heavy imports), and the pool's first start
+of that upstream takes the waiting child (`take`) instead of spawning another: the two
+starts overlap. A child is taken only when its argv, environment and working directory are
+exactly what the pool would spawn and it still runs; otherwise it is stopped and the pool
+spawns as before (and reports any failure as before). Restarts always spawn. A child nobody
+took is stopped by `discard` (the daemon calls it once its upstreams have started) or at
+exit. Nothing is spawned early when a daemon already answers on the configured socket: that
+start fails anyway.
+
+Imports: the standard library, anyio and the config only (it runs before everything else).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Sequence
+from typing import IO
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from toolatlas.config import StdioUpstream
+
+# What a stdio child inherits of the daemon's environment (the SDK's stdio default), besides
+# its own `env`: no secrets of the daemon's leak into an upstream.
+INHERITED_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
+_POLL_S = 0.01
+_STOP_WAIT_S = 2.0
+
+
+def child_environment(up: StdioUpstream) -> dict[str, str]:
+    """The environment a stdio upstream runs with: INHERITED_ENV (shell functions left out)
+    and the upstream's own `env` over it."""
+    env = {key: value for key in INHERITED_ENV
+           if (value := os.environ.get(key)) is not None and not value.startswith("()")}
+    return env | dict(up.env)
+
+
+def spawn(up: StdioUpstream) -> subprocess.Popen[bytes]:
+    """Start `up` the one way the daemon starts a stdio child: pipes on all three streams and
+    its own session (a process group the shutdown signals as a whole)."""
+    return subprocess.Popen(
+        [up.command, *up.args], env=child_environment(up), cwd=up.cwd,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+_Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], str | None]
+_waiting: dict[str, tuple[_Key, subprocess.Popen[bytes]]] = {}
+
+
+def _key(up: StdioUpstream) -> _Key:
+    return up.command, tuple(up.args), tuple(sorted(child_environment(up).items())), up.cwd
+
+
+def prespawn(upstreams: Sequence[object], socket_path: str) -> list[str]:
+    """Spawn the stdio upstreams among `upstreams` (enabled ones) to be adopted by `take`;
+    returns their names. A spawn that fails is left to the pool's own start to report."""
+    if _daemon_answers(socket_path):
+        return []
+    for up in upstreams:
+        if not isinstance(up, StdioUpstream) or not up.enabled or up.name in _waiting:
+            continue
+        try:
+            child = spawn(up)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            continue
+        if not _waiting:
+            atexit.register(discard)
+        _waiting[up.name] = (_key(up), child)
+    return list(_waiting)
+
+
+def take(up: StdioUpstream) -> subprocess.Popen[bytes] | None:
+    """The child prespawned for `up`, if it was spawned exactly as `up` says and still runs
+    (it is then the caller's); else None (a stale one is stopped)."""
+    item = _waiting.pop(up.name, None)
+    if item is None:
+        return None
+    key, child = item
+    if key != _key(up) or child.poll() is not None:
+        _stop(child)
+        return None
+    return child
+
+
+def discard() -> None:
+    """Stop every prespawned child nobody adopted."""
+    while _waiting:
+        _name, (_key_, child) = _waiting.popitem()
+        _stop(child)
+
+
+def _stop(child: subprocess.Popen[bytes], *, at_once: bool = False) -> None:
+    """Close its pipes, SIGTERM its group (SIGKILL after _STOP_WAIT_S, or at once) and reap it."""
+    for pipe in (child.stdin, child.stdout, child.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    for sig in (signal.SIGKILL,) if at_once else (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, sig)
+        try:
+            child.wait(_STOP_WAIT_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _daemon_answers(path: str) -> bool:
+    if not path:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(0.5)
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+class _PipeReader(anyio.abc.ByteReceiveStream):
+    """A child's stdout or stderr on the event loop (as anyio's own subprocess streams)."""
+
+    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.BaseTransport) -> None:
+        self._reader = reader
+        self._transport = transport
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        data = await self._reader.read(max_bytes)
+        if data:
+            return data
+        raise anyio.EndOfStream
+
+    async def aclose(self) -> None:
+        self._reader.set_exception(anyio.ClosedResourceError())
+        self._transport.close()
+        await anyio.lowlevel.checkpoint()
+
+
+class _PipeWriter(anyio.abc.ByteSendStream):
+    """A child's stdin on the event loop (as anyio's own subprocess stream)."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._closed = False
+
+    async def send(self, item: bytes) -> None:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._writer.write(item)
+            await self._writer.drain()
+        except (ConnectionResetError, BrokenPipeError, RuntimeError) as exc:
+            # stdlib's drain() raises the first two once the pipe is gone; uvloop's write() the last.
+            if self._closed:
+                raise anyio.ClosedResourceError from exc
+            if self._writer.is_closing():
+                raise anyio.BrokenResourceError from exc
+            raise
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._writer.close()
+        await anyio.lowlevel.checkpoint()
+
+
+class ChildProcess(anyio.abc.Process):
+    """A spawned child as the anyio process the stdio transport expects."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], stdin: _PipeWriter, stdout: _PipeReader,
+                 stderr: _PipeReader) -> None:
+        self._popen = popen
+        self._stdin, self._stdout, self._stderr = stdin, stdout, stderr
+
+    @classmethod
+    async def attach(cls, popen: subprocess.Popen[bytes]) -> ChildProcess:
+        """Attach `popen`'s pipes to the running event loop. On failure the child is stopped."""
+        try:
+            assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+            loop = asyncio.get_running_loop()
+            out, err = await _reader(loop, popen.stdout), await _reader(loop, popen.stderr)
+            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, popen.stdin)
+            writer = asyncio.StreamWriter(transport, protocol, None, loop)
+            return cls(popen, _PipeWriter(writer), out, err)
+        except BaseException:
+            _stop(popen, at_once=True)
+            raise
+
+    async def aclose(self) -> None:
+        """Close the pipes and reap the child (as anyio's own processes do)."""
+        with anyio.CancelScope(shield=True):
+            for stream in (self._stdin, self._stdout, self._stderr):
+                await stream.aclose()
+        await self.wait()
+
+    async def wait(self) -> int:
+        while (code := self._popen.poll()) is None:
+            await anyio.sleep(_POLL_S)
+        return code
+
+    def terminate(self) -> None:
+        self._popen.terminate()
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+    def send_signal(self, signal: int) -> None:
+        self._popen.send_signal(signal)
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    @property
+    def stdin(self) -> anyio.abc.ByteSendStream:
+        return self._stdin
+
+    @property
+    def stdout(self) -> anyio.abc.ByteReceiveStream:
+        return self._stdout
+
+    @property
+    def stderr(self) -> anyio.abc.ByteReceiveStream:
+        return self._stderr
+
+
+async def _reader(loop: asyncio.AbstractEventLoop, pipe: IO[bytes]) -> _PipeReader:
+    reader = asyncio.StreamReader(loop=loop)
+    transport, _protocol = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
+    return _PipeReader(reader, transport)
+
+
+__all__ = ["INHERITED_ENV", "ChildProcess", "child_environment", "discard", "prespawn", "spawn", "take"]

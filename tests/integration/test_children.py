@@ -1,0 +1,117 @@
+"""Stdio children started early (upstream/children.py): real subprocesses of the project's test
+server, real pipes and a real Unix socket; no daemon."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.support.configs import make_upstream, replace, stdio_testserver
+from tests.support.processes import pid_alive, wait_gone
+from tests.support.results import text
+from toolatlas.upstream import children
+from toolatlas.upstream.client import make_client
+from toolatlas.upstream.transports import StdioProcess
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers() -> Iterator[None]:
+    yield
+    children.discard()  # a failed test leaves no child behind
+
+
+def _waiting_pid(name: str) -> int:
+    _key, child = children._waiting[name]
+    return child.pid
+
+
+async def test_a_prespawned_child_is_taken_serves_and_is_reaped() -> None:
+    up = stdio_testserver("early")
+    assert children.prespawn([up], "") == ["early"]
+    pid = _waiting_pid("early")
+    assert pid_alive(pid)
+    transport = StdioProcess(up)
+    with anyio.fail_after(60):
+        async with make_client(transport, mode="auto") as client:
+            assert transport.pid == pid  # taken, not spawned again
+            tools = await client.list_tools()
+            assert "echo" in {t.name for t in tools.tools}
+            assert text(await client.call_tool("echo", {"message": "early"})) == "Echo: early"
+    assert transport.returncode is not None  # stopped and reaped by the transport
+    assert not wait_gone([pid], timeout=10)
+    assert "early" not in children._waiting
+
+
+async def test_a_second_start_spawns_a_new_child() -> None:
+    up = stdio_testserver("again")
+    children.prespawn([up], "")
+    first = _waiting_pid("again")
+    with anyio.fail_after(60):
+        async with make_client(StdioProcess(up), mode="auto") as client:
+            await client.list_tools()
+        transport = StdioProcess(up)
+        async with make_client(transport, mode="auto") as client:
+            assert text(await client.call_tool("echo", {"message": "x"})) == "Echo: x"
+            assert transport.pid not in (None, first)
+
+
+def test_a_child_spawned_for_other_settings_is_stopped_not_taken() -> None:
+    up = stdio_testserver("changed")
+    children.prespawn([up], "")
+    pid = _waiting_pid("changed")
+    assert children.take(replace(up, env={"EXTRA": "1"})) is None  # the config no longer matches
+    assert not wait_gone([pid], timeout=10)
+    assert children.take(up) is None  # and it is gone from the waiting list
+
+
+def test_a_child_that_already_exited_is_not_taken() -> None:
+    up = make_upstream("quits", "stdio", command=sys.executable, args=["-c", "pass"])
+    children.prespawn([up], "")
+    _key, child = children._waiting["quits"]
+    child.wait(30)
+    assert children.take(up) is None
+
+
+def test_discard_stops_every_child_nobody_took() -> None:
+    ups = [stdio_testserver("a"), stdio_testserver("b")]
+    assert sorted(children.prespawn(ups, "")) == ["a", "b"]
+    pids = [_waiting_pid("a"), _waiting_pid("b")]
+    children.discard()
+    assert not wait_gone(pids, timeout=10)
+    assert children._waiting == {}
+
+
+def test_disabled_sse_and_unstartable_upstreams_are_not_spawned() -> None:
+    ups = [
+        stdio_testserver("off", enabled=False),
+        make_upstream("remote", "sse", url="http://127.0.0.1:9/sse"),
+        make_upstream("missing", "stdio", command="/nonexistent/toolatlas-no-such-server"),
+    ]
+    assert children.prespawn(ups, "") == []  # the missing command is the pool's to report
+
+
+def test_nothing_is_spawned_when_a_daemon_answers_on_the_socket(tmp_path: Path) -> None:
+    path = str(tmp_path / "d.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    try:
+        assert children.prespawn([stdio_testserver("dup")], path) == []
+    finally:
+        listener.close()
+    os.unlink(path)
+    assert children.prespawn([stdio_testserver("dup")], path) == ["dup"]  # a stale path does not count
+
+
+def test_the_child_environment_is_the_whitelist_and_the_upstream_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLATLAS_SECRET_OF_THE_DAEMON", "x")
+    monkeypatch.setenv("SHELL", "() { evil; }")
+    env = children.child_environment(stdio_testserver("e", env={"MINE": "1"}))
+    assert env["MINE"] == "1" and env["PATH"] == os.environ["PATH"]
+    assert "TOOLATLAS_SECRET_OF_THE_DAEMON" not in env and "SHELL" not in env
