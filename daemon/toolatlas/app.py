@@ -14,7 +14,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -32,9 +32,11 @@ from toolatlas.guidance import Guidance
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
 from toolatlas.redact import RedactingFormatter, Redactor
 from toolatlas.surface.admin import AdminLane
-from toolatlas.surface.http import HttpEndpoint
 from toolatlas.surface.server import Surface
 from toolatlas.surface.unix import UnixServer
+
+if TYPE_CHECKING:  # imported where [http] listen is set: it brings OAuth's JWT and x509 (~0.1 s of a start)
+    from toolatlas.surface.http import HttpEndpoint
 
 # Seconds a thread may hold the GIL while another waits for it (Python's default: 0.005).
 SWITCH_INTERVAL_S = 0.001
@@ -112,6 +114,8 @@ class Daemon:
             for extra in self.endpoint_sockets:
                 await tg.start(extra.run)
             if cfg.http.listen:
+                from toolatlas.surface.http import HttpEndpoint
+
                 self.http = HttpEndpoint(self.surface.server, cfg.http, max_message_bytes=cfg.daemon.max_message_bytes,
                                          connections=self.surface.connections, max_clients=cfg.daemon.max_clients,
                                          message_timeout=cfg.daemon.message_timeout, on_denied=self.gateway.denied,
