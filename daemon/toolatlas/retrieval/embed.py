@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from toolatlas import memory
+from toolatlas.retrieval.hostload import OtherLoad
 # Re-exported: callers load models through this module.
 from toolatlas.retrieval.model_files import EXPORT_DIRNAME, MODEL_NAME
 from toolatlas.retrieval.model_files import HOLD_EXPORT_ENV as HOLD_EXPORT_ENV
@@ -82,23 +83,23 @@ def usable_cores() -> int:
 _blas_limited = False
 
 
-def cores_idle_for(extra: int) -> bool:
-    """Whether `extra` more threads would each find an idle core now: the threads runnable
-    system-wide (/proc/loadavg's fourth field, the caller's included) plus `extra` fit in the
-    usable cores. True where /proc cannot tell.
+_other_load = OtherLoad()
+# Cores the query's threads may share with other processes' work and still count as idle:
+# measurement noise (/proc/stat counts in ticks) and a client's own small share of a core.
+IDLE_SLACK_CORES = 0.5
 
-    Why (bench/query_embed.py, bench/README.md "issue 19"): on a quiet host a lone query on
-    two spinning threads has the shorter tail (p95 6.3-7.6 ms against 8.9-9.2 on one
-    thread); beside other work the spinning thread has to wait for a core. At loads of 12-21
-    on two cores the runs so far do not separate the two (p95 243 / 245 / 279 / 256 ms
-    spinning against 176 / 243 / 263 / 285 ms on one thread): a quiet-host run with a
-    one-core hog is still owed."""
-    try:
-        with open("/proc/loadavg", "rb") as fh:
-            running = int(fh.read().split()[3].split(b"/")[0])
-    except (OSError, ValueError, IndexError):
-        return True
-    return running + extra <= usable_cores()
+
+def cores_idle_for(extra: int) -> bool:
+    """Whether the caller's thread and `extra` more would each find an idle core: the cores
+    other processes kept busy lately (hostload.OtherLoad: this process's own threads left
+    out) plus 1 + `extra` fit in the usable cores (with IDLE_SLACK_CORES). True where /proc
+    cannot tell.
+
+    Why (bench/contention.py, bench/README.md "issue 19"): on a quiet host a lone query on
+    two spinning threads has the shorter tail; beside another process's work the spinning
+    thread waits for a core, and the query for it."""
+    others = _other_load.cores()
+    return others is None or others + 1 + extra <= usable_cores() + IDLE_SLACK_CORES
 
 
 def limit_blas_threads() -> None:
