@@ -26,9 +26,9 @@ the allowed positions.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -50,7 +50,8 @@ MIN_PRINCIPALS = 2  # other principals who must agree before their evidence coun
 OTHER_WORD_CAP = 3  # another principal's events using a word count at most this often in a tool's document
 STRONG_SIM = 0.9  # a past query this similar (or with the same words) is a repeat: see `guard`
 
-_D = TypeVar("_D", dict[int, int], dict[int, dict[str, int]])
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,19 +180,12 @@ class LearningIndex:
                 self._own_words.add(t)
             words = frozenset(sys.intern(w) for w in tokenize(e.query))  # one copy of each word
             key = words_key(words)
-            by_tool = self._asked.get(key)
-            who = by_tool.get(t, ()) if by_tool is not None else ()
+            who = self._asked.get(key, {}).get(t, ())
             if p not in who:
-                if by_tool is None or key not in self._own_asked:
-                    by_tool = self._asked[key] = dict(by_tool or {})
-                    self._own_asked.add(key)
-                    self._asked_published = None
-                by_tool[t] = (*who, p)
-            per = self._owned(self._words, self._own_words, t)
-            if (t, p) not in self._own_counts:
-                per[p] = dict(per.get(p, {}))
-                self._own_counts.add((t, p))
-            counts = per[p]
+                self._owned(self._asked, key, self._own_asked)[t] = (*who, p)
+                self._asked_published = None
+            per = self._owned(self._words, t, self._own_words)
+            counts = self._owned(per, p, self._own_counts, (t, p))
             for w in words:
                 counts[w] = counts.get(w, 0) + 1
             if e.vector is None:
@@ -207,7 +201,7 @@ class LearningIndex:
                 self._rows_principal.append(p)
                 self._rows_at.append(e.at)
             else:
-                row = self._owned(self._rows_tool, self._own_rows, r)
+                row = self._owned(self._rows_tool, r, self._own_rows)
                 row[t] = row.get(t, 0) + 1
                 self._rows_at[r] = max(self._rows_at[r], e.at)
         if new_vecs:
@@ -215,12 +209,19 @@ class LearningIndex:
         self.version += 1
 
     @staticmethod
-    def _owned(items: list[_D], own: set[int], i: int) -> _D:
-        """items[i], copied first if a published state may hold it."""
-        if i not in own:
-            items[i] = items[i].copy()
-            own.add(i)
-        return items[i]
+    def _owned(items: MutableMapping[Any, dict[_K, _V]] | list[dict[_K, _V]], key: Any, own: set[Any],
+               mark: object = None) -> dict[_K, _V]:
+        """items[key], a dict (made when absent), copied first if a published state may hold
+        it: the one copy-on-write step. `own` remembers what was copied since the last
+        `state()`, as `mark` (default: `key`)."""
+        mark = key if mark is None else mark
+        if mark not in own:
+            if isinstance(items, list) or key in items:
+                items[key] = dict(items[key])
+            else:
+                items[key] = {}
+            own.add(mark)
+        return items[key]
 
     def _append_vectors(self, vecs: np.ndarray) -> None:
         self._dim = vecs.shape[1]
