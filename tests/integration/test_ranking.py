@@ -110,11 +110,15 @@ async def test_far_queries_find_nothing_and_the_labelled_ones_always_something()
     eng.load()
     eng.update(docs, [])
     # The floor is calibrated on ToolLens train, not here. The lowest of the 20 labelled queries
-    # are "what is 17 times 23" (best cosine 0.157 here) and "save a reminder to call mum"
-    # (0.159): within 0.005 of the floor (0.154), where another CPU's int8 kernels could
-    # tip them, a verdict either way is accepted; everywhere else it must be the right one.
+    # are "what is 17 times 23" and "save a reminder to call mum", and the CPU's int8 kernels
+    # move them across the floor (0.154): best cosine 0.157 / 0.159 on the machine the floor was
+    # set on, 0.166 / 0.143 on an AVX512-VNNI Xeon (fp32 queries there: 0.152 / 0.150). Within
+    # NEAR_FLOOR of the floor a verdict either way is accepted; everywhere else it must be the
+    # right one, and at most two labelled queries may abstain.
+    NEAR_FLOOR = 0.02
+
     def near_floor(evidence: tuple[float, float]) -> bool:
-        return abs(evidence[0] - adaptive.COS_FLOOR) < 0.005
+        return abs(evidence[0] - adaptive.COS_FLOOR) < NEAR_FLOOR
 
     abstained, seen = [], {}
     for _, obj in read_json_lines(EXAMPLE_QUERIES):
