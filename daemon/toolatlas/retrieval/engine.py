@@ -381,10 +381,11 @@ def _rank_once(
         if qvec is None and eng.embedder_kind != "none":
             degraded = eng._loader.progress.degraded or "bm25-only"
             eng._counts["degraded_searches"] += 1
+    qs = rank.QueryScores(snap, query, qvec, allowed)
     positions, scores = rank.rank(
-        snap, query, qvec, top_k, scope, allowed, ranker, eng.fusion, state=state, principal=principal,
+        snap, query, qvec, top_k, scope, allowed, ranker, eng.fusion, state=state, principal=principal, scores=qs,
     )
-    evidence = rank.evidence(snap, query, qvec, scope, allowed) if qvec is not None and ranker in ("hybrid", "learned") else None
+    evidence = rank.evidence(qs, scope) if qvec is not None and ranker in ("hybrid", "learned") else None
     return positions, scores, degraded, evidence
 
 
