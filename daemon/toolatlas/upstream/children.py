@@ -73,7 +73,7 @@ def _key(up: StdioUpstream) -> _Key:
 
 
 def prespawn(upstreams: Sequence[object], socket_path: str) -> list[str]:
-    """Spawn the stdio upstreams among `upstreams` (enabled ones) to be adopted by `take`;
+    """Spawn the stdio upstreams among `upstreams` (enabled ones) to be taken by `take`;
     returns their names. A spawn that fails is left to the pool's own start to report."""
     if _daemon_answers(socket_path):
         return []
@@ -98,13 +98,13 @@ def take(up: StdioUpstream) -> subprocess.Popen[bytes] | None:
         return None
     key, child = item
     if key != _key(up) or child.poll() is not None:
-        _stop(child)
+        _stop(child, at_once=True)  # never used: no grace owed, and this runs on the event loop
         return None
     return child
 
 
 def discard() -> None:
-    """Stop every prespawned child nobody adopted."""
+    """Stop every prespawned child nobody took."""
     while _waiting:
         _name, (_key_, child) = _waiting.popitem()
         _stop(child)
