@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _enable(commands: list[list[str]], config: str, socket: str, have_config: bool) -> int:
-    from toolatlas.surface.autostart import answers
+    from toolatlas.paths import socket_answers
 
     later = "\n".join("  " + " ".join(c) for c in commands)
     why_not = _user_manager()
@@ -192,7 +192,7 @@ def _enable(commands: list[list[str]], config: str, socket: str, have_config: bo
         commands = commands[:1]
         print(f"write {config} first (e.g. `toolatlas adopt CLIENT_CONFIG --out {config}`), then run:\n"
               f"  {' '.join(commands[0][:3])} enable --now {SOCKET_UNIT}")
-    elif answers(socket):
+    elif socket_answers(socket):
         commands = [commands[0], ["systemctl", "--user", "enable", SOCKET_UNIT]]
         print(f"a daemon already listens on {socket} (one a shim started?): stop it, then run "
               f"`systemctl --user start {SOCKET_UNIT}`")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import socket
 import stat
 from collections.abc import Mapping
 from typing import BinaryIO
@@ -181,3 +182,18 @@ def daemon_path(config: str, key: str) -> str:
     if not isinstance(raw, str):
         raise ConfigError(f"{config}: [daemon] {key} must be a string, got {raw!r}")
     return resolve_path(expand_vars(raw, os.environ, f"daemon.{key}"), os.path.dirname(os.path.abspath(config)))
+
+
+def socket_answers(path: str, timeout: float = 1.0) -> bool:
+    """Whether something accepts connections on the Unix socket `path` now."""
+    if not path:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(timeout)
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()

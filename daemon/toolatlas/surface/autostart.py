@@ -17,10 +17,11 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import socket
 import sys
 import time
 from typing import TYPE_CHECKING
+
+from toolatlas.paths import socket_answers
 
 if TYPE_CHECKING:
     import subprocess
@@ -31,19 +32,6 @@ LOG_NAME = "daemon.log"
 
 def lock_path(socket_path: str) -> str:
     return socket_path + ".lock"
-
-
-def answers(socket_path: str) -> bool:
-    """Whether something accepts connections on `socket_path` now."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(1.0)
-        probe.connect(socket_path)
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 class Starter:
@@ -79,7 +67,7 @@ class Starter:
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                     return None  # a daemon holds it, or another shim is starting one: wait for the socket
                 raise
-            if answers(self.socket_path):
+            if socket_answers(self.socket_path):
                 return None  # one came up between our probe and the lock
             return self._spawn(fd, why)
         except OSError as exc:

@@ -28,7 +28,6 @@ import atexit
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import Sequence
 from typing import IO
@@ -38,6 +37,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from toolatlas.config import StdioUpstream
+from toolatlas.paths import socket_answers
 
 # What a stdio child inherits of the daemon's environment (the SDK's stdio default), besides
 # its own `env`: no secrets of the daemon's leak into an upstream.
@@ -75,7 +75,7 @@ def _key(up: StdioUpstream) -> _Key:
 def prespawn(upstreams: Sequence[object], socket_path: str) -> list[str]:
     """Spawn the stdio upstreams among `upstreams` (enabled ones) to be taken by `take`;
     returns their names. A spawn that fails is left to the pool's own start to report."""
-    if _daemon_answers(socket_path):
+    if socket_answers(socket_path, timeout=0.5):
         return []
     for up in upstreams:
         if not isinstance(up, StdioUpstream) or not up.enabled or up.name in _waiting:
@@ -124,20 +124,6 @@ def _stop(child: subprocess.Popen[bytes], *, at_once: bool = False) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def _daemon_answers(path: str) -> bool:
-    if not path:
-        return False
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(0.5)
-        probe.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 class _PipeReader(anyio.abc.ByteReceiveStream):
