@@ -208,6 +208,8 @@ class IndexBuilder:
         self.timings: dict[str, float] = {}  # shared_fetch_s: seconds spent fetching shared vectors
         self.deferred: tuple[np.ndarray, np.ndarray] | None = None  # (vectors, labels) not in hnswlib yet
         self._counts = counts
+        self._queue: list[Entry] = []  # entries waiting for a vector, longest first (see pending)
+        self._queue_for: dict[str, Entry] | None = None  # the entries dict `_queue` was made from
 
     def fetch_shared(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
         """Vectors of `keys` another replica embedded ({} without a shared cache). Does not
@@ -241,13 +243,27 @@ class IndexBuilder:
         self.vec_dirty = True
 
     def pending(self, limit: int) -> dict[bytes, str]:
-        """Up to `limit` texts (by key) of entries with neither a label nor a cached vector."""
+        """Up to `limit` texts (by key) of entries with neither a label nor a cached vector,
+        shortest first. The embedder pads a batch to its longest text, so batches of texts
+        of about one length waste the least (2,000 catalog tools embedded in length order
+        took 24.2 s against 27.2-28.6 s in catalog order: bench/README.md "Stop 29").
+
+        The order is made once per entries dict (a commit replaces it) and kept as a list,
+        longest first; texts that got a vector since are dropped from its end, so a call
+        costs about `limit`, not a scan of every entry."""
+        queue = self._queue
+        if self._queue_for is not self.entries:
+            waiting = {e.key: e for e in self.entries.values() if e.label < 0 and e.key not in self.vec_of}
+            queue = self._queue = sorted(waiting.values(), key=lambda e: len(e.text), reverse=True)
+            self._queue_for = self.entries
+        while queue and queue[-1].key in self.vec_of:
+            queue.pop()
         todo: dict[bytes, str] = {}
-        for e in self.entries.values():
-            if e.label < 0 and e.key not in self.vec_of and e.key not in todo:
+        for e in reversed(queue):
+            if len(todo) >= limit:
+                break
+            if e.key not in self.vec_of:
                 todo[e.key] = e.text
-                if len(todo) >= limit:
-                    break
         return todo
 
     def add_vectors(self, keys: Sequence[bytes], vecs: np.ndarray) -> None:
@@ -356,7 +372,7 @@ class IndexBuilder:
             return
         found = self.fetch_shared(list(missing))
         self.add_shared(found)
-        keys = [k for k in missing if k not in found]
+        keys = sorted((k for k in missing if k not in found), key=lambda k: len(missing[k]))  # see pending
         for s in range(0, len(keys), EMBED_BATCH):
             chunk = keys[s : s + EMBED_BATCH]
             vecs = emb.embed([missing[k] for k in chunk])
