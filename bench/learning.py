@@ -85,7 +85,8 @@ class Bench:
                principal: str = EVAL_PRINCIPAL) -> list[str]:
         assert self.snap is not None
         mode = "hybrid" if state is None else "learned"
-        pos, _ = rank.rank(self.snap, q.text, vec, k, None, None, mode, state=state, principal=principal)
+        pos, _ = rank.rank(rank.QueryScores(self.snap, q.text, vec, None), k, None, mode, state=state,
+                           principal=principal)
         return [self.snap.docs[p].name for p in pos]
 
     def score(self, qs: list[Query], vecs: np.ndarray, state: LearnedState | None,

@@ -382,9 +382,7 @@ def _rank_once(
             degraded = eng._loader.progress.degraded or "bm25-only"
             eng._counts["degraded_searches"] += 1
     qs = rank.QueryScores(snap, query, qvec, allowed)
-    positions, scores = rank.rank(
-        snap, query, qvec, top_k, scope, allowed, ranker, eng.fusion, state=state, principal=principal, scores=qs,
-    )
+    positions, scores = rank.rank(qs, top_k, scope, ranker, eng.fusion, state=state, principal=principal)
     evidence = rank.evidence(qs, scope) if qvec is not None and ranker in ("hybrid", "learned") else None
     return positions, scores, degraded, evidence
 

@@ -1,6 +1,7 @@
-"""The rankers: pure functions of a snapshot, the query (its text and its vector) and k.
+"""The rankers: pure functions of one query's `QueryScores` (a snapshot, the query's tokens
+and vector, the allowed positions) and k.
 
-Each returns (positions into `snap.docs`, scores), best first, restricted to `allowed`
+Each returns (positions into `snap.docs`, scores), best first, restricted to the allowed
 positions (None: every document). No state of their own: the engine picks the mode, embeds
 the query and caches results; everything here can be called on any published snapshot.
 """
@@ -72,53 +73,47 @@ class QueryScores:
 
 
 def rank(
-    snap: Snapshot,
-    query: str,
-    qvec: np.ndarray | None,
+    qs: QueryScores,
     k: int,
     scope: tuple[str, ...] | None,
-    allowed: np.ndarray | None,
     mode: str,
     fusion_kind: str = FUSION,
     state: LearnedState | None = None,
     principal: str | None = None,
-    scores: QueryScores | None = None,
 ) -> Ranked:
-    """Top `k` for `query` in `mode`; without a query vector every dense mode is bm25.
+    """Top `k` for the query of `qs` in `mode`; without a query vector every dense mode is bm25.
 
-    `scope` is the sorted server names `allowed` was computed from (None: every server).
+    `scope` is the sorted server names `qs.allowed` was computed from (None: every server).
     "learned" is the hybrid ranker followed by the learned stage over `state` (usage
-    events), as `principal` sees it; with no state, or an empty one, it is the hybrid.
-    `scores`: this query's QueryScores, when the caller reads them too (`evidence`)."""
-    qs = scores if scores is not None else QueryScores(snap, query, qvec, allowed)
-    tokens = qs.tokens
+    events), as `principal` sees it; with no state, or an empty one, it is the hybrid. The
+    caller keeps `qs` to read the same scores again (`evidence`)."""
     if mode == "learned":
         return learned(qs, k, scope, fusion_kind, state, principal)
     if mode == "keyword":
-        return keyword(snap, tokens, k, allowed)
-    if mode == "bm25" or qvec is None:
-        return bm25(snap, tokens, k, allowed)
+        return keyword(qs, k)
+    if mode == "bm25" or qs.qvec is None:
+        return bm25(qs, k)
     if mode == "dense":
-        return dense(snap, qvec, k, scope, allowed)
+        return dense(qs.snap, qs.qvec, k, scope, qs.allowed)
     if mode == "two-stage":
         return two_stage(qs, k, fusion_kind)
     return hybrid(qs, k, scope, fusion_kind)
 
 
-def bm25(snap: Snapshot, tokens: list[str], k: int, allowed: np.ndarray | None) -> Ranked:
+def bm25(qs: QueryScores, k: int) -> Ranked:
     """BM25 scores; documents matching no query token are left out."""
-    lex = snap.bm25.scores(tokens)
-    top = fusion.top_indices(lex, k, allowed, positive=True)
+    lex = qs.lex
+    top = fusion.top_indices(lex, k, qs.allowed, positive=True)
     return top, lex[top]
 
 
-def keyword(snap: Snapshot, tokens: list[str], k: int, allowed: np.ndarray | None) -> Ranked:
+def keyword(qs: QueryScores, k: int) -> Ranked:
     """Jaccard overlap between query and document token sets: the naive baseline."""
-    inter, n_unique = snap.bm25.overlap(tokens)
-    q = len(set(tokens))
+    inter, n_unique = qs.snap.bm25.overlap(qs.tokens)
+    q = len(set(qs.tokens))
     union = n_unique + q - inter
     score = np.where(union > 0, inter / np.maximum(union, 1), 0).astype(np.float32)
-    top = fusion.top_indices(score, k, allowed, positive=True)
+    top = fusion.top_indices(score, k, qs.allowed, positive=True)
     return top, score[top]
 
 
@@ -168,7 +163,7 @@ def learned(
     query vector), re-ranked by the learned stage (learned.rerank)."""
     snap, qvec, allowed = qs.snap, qs.qvec, qs.allowed
     if state is None or state.empty:
-        return bm25(snap, qs.tokens, k, allowed) if qvec is None else hybrid(qs, k, scope, fusion_kind)
+        return bm25(qs, k) if qvec is None else hybrid(qs, k, scope, fusion_kind)
     if qvec is None:
         cand = np.arange(snap.n, dtype=np.int64) if allowed is None else allowed
         base = fusion.zscore(qs.lex if allowed is None else qs.lex[allowed])
