@@ -84,6 +84,7 @@ def main() -> None:
     p.add_argument("--after", type=Path, default=REPO)
     p.add_argument("--hits", type=int, default=8000)
     p.add_argument("--py-spy", default=shutil.which("py-spy"))
+    p.add_argument("--top", type=int, default=0, help="also list each tree's N costliest functions")
     a = p.parse_args()
     before, fb = profile(a.before.resolve(), a.hits, a.py_spy)
     after, fa = profile(a.after.resolve(), a.hits, a.py_spy)
@@ -94,6 +95,9 @@ def main() -> None:
         out["largest_changes_us_per_hit"] = [
             {"function": k, "before": round(fb[k] / a.hits * 1000, 2), "after": round(fa[k] / a.hits * 1000, 2)}
             for k in moved]
+    for label, funcs in (("before", fb), ("after", fa)):
+        if a.top and funcs:
+            out[f"top_us_per_hit_{label}"] = {k: round(v / a.hits * 1000, 2) for k, v in funcs.most_common(a.top)}
     emit(out, "hit_profile")
 
 
