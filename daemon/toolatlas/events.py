@@ -171,8 +171,12 @@ class Events:
             if key == QUERY_FIELD and not self.log_queries:
                 continue
             record[f"field_{key}" if key in _RESERVED else key] = value
-        cleaned = self._clean(record)
-        line = _encode(cleaned).decode()
+        audited = event in AUDIT_EVENTS and (self.audit is not None or self.shared_audit is not None)
+        line = None if audited else self._plain_line(record)
+        cleaned: dict[str, Any] = record
+        if line is None:
+            cleaned = self._clean(record)
+            line = _encode(cleaned).decode()
         stream = self._stream if self._stream is not None else sys.stderr
         with self._lock:
             try:
@@ -181,11 +185,31 @@ class Events:
             except (OSError, ValueError):
                 # Broken pipe or closed stream: nothing sensible to do but keep serving.
                 pass
-        if event in AUDIT_EVENTS:
+        if audited:
             if self.audit is not None:
                 self.audit.append(cleaned, line)
             if self.shared_audit is not None:
                 self.shared_audit.append(cleaned, line)
+
+    def _plain_line(self, record: dict[str, Any]) -> str | None:
+        """`record`'s line when nothing in it needs cleaning, else None (`_clean` does it
+        value by value): every value a JSON scalar (a finite float) or a list of strings, and
+        no secret anywhere in the line (`Redactor.absent_from_json`). Most events are such
+        records; this way their strings are not redacted one regex pass each (a cache-hit
+        tool_search's event: ~20 of its ~50 us)."""
+        for value in record.values():
+            kind = type(value)
+            if kind is str or kind is int or kind is bool or value is None:
+                continue
+            if kind is float:
+                if not math.isfinite(value):
+                    return None
+                continue
+            if (kind is list or kind is tuple) and all(type(v) is str for v in value):
+                continue
+            return None
+        line: str = _encode(record).decode()
+        return line if self.redactor.absent_from_json(line) else None
 
     def _clean(self, value: Any) -> Any:
         kind = type(value)

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 REDACTED = "[REDACTED]"
+# What JSON (msgspec) writes escaped: a secret holding one of these is not in the encoded text as is.
+_JSON_ESCAPED = re.compile(r'["\\\x00-\x1f]')
 # A header value "Scheme credential" (e.g. "Bearer abc...") also redacts the credential
 # alone, since error messages often quote just the token; shorter ones are not worth it.
 _MIN_BARE_CREDENTIAL = 8
@@ -32,6 +34,7 @@ class Redactor:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: frozenset[str] = frozenset()
         self._pattern: re.Pattern[str] | None = None
+        self._verbatim = True  # no secret holds a character JSON escapes
         self._lock = threading.Lock()
         self.add(secrets)
 
@@ -56,11 +59,23 @@ class Redactor:
                 return
             ordered = sorted(merged, key=len, reverse=True)
             self._pattern = re.compile("|".join(map(re.escape, ordered)))
+            self._verbatim = not any(_JSON_ESCAPED.search(secret) for secret in merged)
             self._secrets = frozenset(merged)
 
     def __call__(self, text: str) -> str:
         pattern = self._pattern
         return text if pattern is None else pattern.sub(REDACTED, text)
+
+    def absent_from_json(self, text: str) -> bool:
+        """Whether no secret is in any key or string of the JSON document `text`: true when
+        none is in `text` itself and no secret holds a character JSON writes escaped (a
+        quote, a backslash, a control character), since a string holding such a secret
+        holds it unchanged in its JSON form. One pass over the document instead of one per
+        string; False means only that the strings must be redacted one by one."""
+        pattern = self._pattern
+        if pattern is None:
+            return True
+        return self._verbatim and pattern.search(text) is None
 
     def tree(self, value: Any) -> Any:
         """`value` with every string in it (mapping keys too) redacted; other values as they are."""

@@ -84,6 +84,37 @@ def test_secrets_are_redacted_everywhere() -> None:
     assert _lines(buf)[1]["note"] == "rotated to [REDACTED]"
 
 
+def test_flat_events_are_redacted_as_field_by_field_cleaning_would() -> None:
+    """A record of scalars and string lists is encoded once and searched once for secrets;
+    what it writes must equal the value-by-value cleaning, secrets with JSON-escaped
+    characters included (their escaped form is not what the secret looks like)."""
+    quoted, plain = 'ab"cd\\ef', "s3cr3t-t0ken"
+    buf = io.StringIO()
+    ev = Events(buf, secrets=[quoted, plain], log_queries=True)
+    records = [
+        {"query": f"use {quoted} now", "results": 3},
+        {"message": f"x{plain}y", "tags": ["a", plain], "n": 1.5},
+        {"message": "nothing secret here", "tags": ("a", "b"), "ok": True, "none": None, "n": 2},
+        {"message": "true", "flag": True},  # JSON syntax only, no secret
+    ]
+    for fields in records:
+        ev.emit("catalog_changed", **fields)
+    lines = _lines(buf)
+    raw = buf.getvalue()
+    assert "cd\\\\ef" not in raw and plain not in raw
+    assert lines[0]["query"] == "use [REDACTED] now"
+    assert lines[1]["message"] == "x[REDACTED]y" and lines[1]["tags"] == ["a", "[REDACTED]"]
+    for fields, line in zip(records, lines):
+        expected = ev._clean({"ts": line["ts"], "event": "catalog_changed", **fields})
+        assert line == json.loads(json.dumps(expected))
+
+    # a secret that is also JSON syntax: the line's `true` is not a string, left alone
+    buf2 = io.StringIO()
+    Events(buf2, secrets=["true"]).emit("catalog_changed", flag=True, message="true story")
+    (line,) = _lines(buf2)
+    assert line["flag"] is True and line["message"] == "[REDACTED] story"
+
+
 def test_bare_credential_of_a_header_value_is_redacted() -> None:
     buf = io.StringIO()
     ev = Events(buf, secrets=["Bearer tok_0123456789", "Basic ab"])
