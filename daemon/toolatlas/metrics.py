@@ -20,6 +20,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from anyio.abc import SocketStream, TaskStatus
@@ -234,18 +235,30 @@ class Metrics:
         self._state = _StateCollector(upstream_states)
         r.register(self._state)
         self.bound_address: tuple[str, int] | None = None
+        # The labelled children of the per-request metrics, by (metric, label values):
+        # `labels()` validates and locks on every call (~2 us each, four per search).
+        # Children are never removed, so a kept one stays the exported one.
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
 
     def __repr__(self) -> str:
         return f"<Metrics bound={self.bound_address}>"
 
     # -- recording ---------------------------------------------------------------------
 
+    def _child(self, metric: Histogram | Counter, *values: str) -> Any:
+        """`metric.labels(*values)`, kept: the values are checked (`_label`) by the caller."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def observe_search(self, seconds: float, *, mode: str, cache_hit: bool, results: int) -> None:
         """One tool_search: latency, result count, cache hit or miss."""
         mode = _label("mode", mode)
-        self.search_latency.labels(mode, "hit" if cache_hit else "miss").observe(seconds)
-        self.search_results.labels(mode).observe(results)
-        self.searches.labels(mode).inc()
+        self._child(self.search_latency, mode, "hit" if cache_hit else "miss").observe(seconds)
+        self._child(self.search_results, mode).observe(results)
+        self._child(self.searches, mode).inc()
         (self.cache_hits if cache_hit else self.cache_misses).inc()
 
     def observe_execute(self, seconds: float, *, upstream: str, outcome: str) -> None:
@@ -256,8 +269,8 @@ class Metrics:
         if outcome not in EXECUTE_OUTCOMES:
             raise ValueError(f"execute outcome {outcome!r} is not one of {sorted(EXECUTE_OUTCOMES)}")
         up = _label("upstream", upstream or "none")
-        self.execute_latency.labels(up, outcome).observe(seconds)
-        self.calls.labels(up, outcome).inc()
+        self._child(self.execute_latency, up, outcome).observe(seconds)
+        self._child(self.calls, up, outcome).inc()
 
     def observe_upstream_call(self, seconds: float, *, upstream: str, operation: str) -> None:
         """One request to an upstream (`operation`: call_tool, list_tools, ping, connect, ...)."""
@@ -289,7 +302,7 @@ class Metrics:
 
     def count_endpoint_request(self, endpoint: str, kind: str) -> None:
         """A request served on `endpoint` (`kind`: tools_list, tool_search, call)."""
-        self.endpoint_requests.labels(_label("endpoint", endpoint), _label("kind", kind)).inc()
+        self._child(self.endpoint_requests, _label("endpoint", endpoint), _label("kind", kind)).inc()
 
     def count_approval(self, state: str) -> None:
         """An approval transition into `state` (pending, approved, rejected)."""
