@@ -114,10 +114,18 @@ _RESERVED = ("ts", "event", "environment")
 _encode = msgspec.json.Encoder().encode
 
 
+_second: tuple[int, str] = (-1, "")  # the last second formatted (one tuple: swapped whole)
+
+
 def rfc3339_now() -> str:
-    """Current UTC time as RFC 3339 with milliseconds, e.g. 2026-11-29T13:08:10.123Z."""
+    """Current UTC time as RFC 3339 with milliseconds, e.g. 2026-11-29T13:08:10.123Z. The
+    seconds are formatted once per second (strftime was a tenth of an event's cost)."""
+    global _second
     ms = time.time_ns() // 1_000_000
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(ms // 1000))}.{ms % 1000:03d}Z"
+    sec, text = _second
+    if sec != ms // 1000:
+        sec, text = _second = (ms // 1000, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)))
+    return f"{text}.{ms % 1000:03d}Z"
 
 
 class Events:

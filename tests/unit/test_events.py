@@ -221,3 +221,15 @@ def test_the_readme_documents_every_event_with_its_fields() -> None:
     audit = readme[readme.index("**The audit trail.**"):].split("\n\n", 2)[1].splitlines()[2:]
     documented = {f for line in audit for f in re.findall(r"`([a-z_]+)`", line.split(" | ")[0])}
     assert documented == set(AUDIT_FIELDS), documented
+
+
+def test_timestamps_follow_the_clock_across_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rfc3339_now formats each second once; the cached part must move with the clock."""
+    from toolatlas import events
+
+    ns = [1_764_741_599_998_000_000, 1_764_741_599_999_900_000, 1_764_741_600_000_100_000, 1_764_741_599_500_000_000]
+    real, given = events.time.time_ns, iter(ns)
+    monkeypatch.setattr(events.time, "time_ns", lambda: next(given, None) or real())
+    stamps = [events.rfc3339_now() for _ in range(4)]
+    assert stamps == ["2025-12-03T05:59:59.998Z", "2025-12-03T05:59:59.999Z", "2025-12-03T06:00:00.000Z",
+                      "2025-12-03T05:59:59.500Z"]
