@@ -294,15 +294,16 @@ class Engine:
         scope = key[2]  # the sorted server names, or None for every server
         hit = self._cache.get(key)
         if hit is not None:
-            return dataclasses.replace(hit, cached=True)
+            return hit
         self._counts["searches"] += 1
         positions, scores, degraded, evidence = _rank_once(self, snap, query, top_k, scope, mode, ranker, state, principal)
         hits = [Hit(name=snap.docs[p].name, server=snap.docs[p].server, score=float(s)) for p, s in zip(positions, scores)]
         out = SearchOutcome(hits=hits, degraded=degraded, cached=False, mode=mode, version=snap.version,
                             evidence=evidence)
-        # A BM25 answer for want of a model that is still coming is not kept.
+        # A BM25 answer for want of a model that is still coming is not kept. The cache
+        # holds it as a hit returns it (one copy per miss, not one per hit).
         if degraded is None or self._loader.progress.phase is ModelPhase.FAILED:
-            self._cache.put(key, out)
+            self._cache.put(key, dataclasses.replace(out, cached=True))
         return out
 
     def cached(self, query: str, top_k: int = 5, *, servers: Collection[str] | None = None, mode: str | None = None,
@@ -315,8 +316,7 @@ class Engine:
         if snap is None or mode not in MODES:
             return None
         key = _cache_key(query, max(1, int(top_k)), servers, snap, _ranker(self, mode), self.learned, principal)
-        hit = self._cache.get(key, count_miss=False)
-        return dataclasses.replace(hit, cached=True) if hit is not None else None
+        return self._cache.get(key, count_miss=False)
 
     def stats(self) -> dict[str, Any]:
         """Figures for catalog_status (index.*): sizes, embedder, the model's progress, counters."""
