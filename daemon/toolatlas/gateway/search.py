@@ -123,6 +123,7 @@ class SearchService:
         view = self._catalog.view
         by_name = view.by_name
         publisher_text = self._guidance(conn).publisher_text if self._guidance is not None else "omit"
+        limit = top_k or self._max_top_k()
         matches: list[dict[str, Any]] = []
         for hit in outcome.hits if outcome is not None else ():
             rec = by_name.get(hit.name)
@@ -130,7 +131,7 @@ class SearchService:
                 continue
             matches.append(self._matches.match(rec, view.server(rec.server).verdict, hit.score,
                                                publisher_text=publisher_text))
-            if len(matches) >= (top_k or self._max_top_k()):
+            if len(matches) >= limit:
                 break
         note: str | None = None
         if not top_k and outcome is not None and outcome.evidence is not None:
@@ -152,7 +153,7 @@ class SearchService:
         self._events.emit(
             ev.TOOL_SEARCH_COMPLETED, query=query, results=len(matches),
             matched_servers=sorted({m["server"] for m in matches}), latency_ms=round(seconds * 1000, 3),
-            top_k=top_k or self._max_top_k(), scope=sorted(servers) if servers else "all", mode=mode,
+            top_k=limit, scope=sorted(servers) if servers else "all", mode=mode,
             cache="hit" if cached else "miss", **who(conn),
         )
         answer: dict[str, Any] = {"query": query, "matches": matches, "degraded": degraded}
