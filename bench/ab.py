@@ -3,7 +3,7 @@
 something on a loaded 2-core host.
 
     .venv/bin/python bench/ab.py --before REV [--calls 400] [--queries 300] [--sizes 500,2000]
-        [--rounds 1] [--skip-calls] [--skip-search]
+        [--hit-passes 1] [--skip-calls] [--skip-search]
 
 `--before REV` is checked out once into a detached git worktree under /tmp; "after" is this
 tree. Each side runs its own `toolatlas serve` (the side's code through PYTHONPATH) on the
@@ -134,7 +134,7 @@ def bench_calls(tmp: Path, trees: dict[str, Path], n: int) -> dict[str, Any]:
             d.__exit__(None, None, None)
 
 
-def bench_search(tmp: Path, trees: dict[str, Path], size: int, queries: list[str]) -> dict[str, Any]:
+def bench_search(tmp: Path, trees: dict[str, Path], size: int, queries: list[str], hit_passes: int = 1) -> dict[str, Any]:
     from catalog_upstream import upstream_block
 
     block = upstream_block("cat00", size, 0, 1, "relist_interval = 0\n")
@@ -149,8 +149,8 @@ def bench_search(tmp: Path, trees: dict[str, Path], size: int, queries: list[str
         times: dict[str, list[float]] = {f"{kind}_{side}": [] for kind in ("miss", "hit") for side in trees}
         clients = {side: RawClient(d.socket, timeout=60) for side, d in daemons.items()}
         try:
-            for kind in ("miss", "hit"):
-                for i, q in enumerate(queries):
+            for kind, passes in (("miss", 1), ("hit", hit_passes)):
+                for i, q in enumerate(queries * passes):
                     for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
                         t0 = time.perf_counter()
                         r = clients[side].call_tool("tool_search", {"query": q, "top_k": 5})
@@ -173,6 +173,7 @@ def main() -> int:
     p.add_argument("--before", required=True, help="git revision of the 'before' side")
     p.add_argument("--calls", type=int, default=400)
     p.add_argument("--queries", type=int, default=300)
+    p.add_argument("--hit-passes", type=int, default=1, help="ask the cached queries this many times (more hit samples)")
     p.add_argument("--sizes", default="500,2000")
     p.add_argument("--skip-calls", action="store_true")
     p.add_argument("--skip-search", action="store_true")
@@ -194,7 +195,7 @@ def main() -> int:
             queries = bench_queries(a.queries)
             out["search"] = {}
             for size in a.sizes.split(","):
-                out["search"][size] = bench_search(tmp, trees, int(size), queries)
+                out["search"][size] = bench_search(tmp, trees, int(size), queries, a.hit_passes)
                 print(f"search {size}: {json.dumps(out['search'][size])}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
