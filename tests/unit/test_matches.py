@@ -71,3 +71,22 @@ def test_an_unverified_card_is_publisher_text() -> None:
     refused = AttestResult(texts=verdict.texts, quarantined={}, card_status="refused: bad signature", card=None)
     m = MatchBuilder().match(REC, refused, 0.5)
     assert m["description"] == REC.description and m["attested"] is False and "examples" not in m
+
+
+def test_kept_parts_follow_the_verdict_and_each_match_is_its_own_dict() -> None:
+    """The builder keeps all of a match but its score; a new verdict object (a card re-checked
+    or changed) or another publisher_text builds it again, and a caller changing one match's
+    top level (a Rift note) does not change the next answer's."""
+    builder = MatchBuilder()
+    carded = _verdict("Converts units. Inputs: value.", ["10 mi in km"])
+    first = builder.match(REC, carded, 0.5)
+    first["note"] = "Easily confused with ..."
+    second = builder.match(REC, carded, 0.25)
+    assert "note" not in second and second["score"] == 0.25 and second["description"] == "Converts units."
+    assert list(second) == ["name", "server", "tool", "description", "inputSchema", "score", "attested", "examples",
+                            "provenance"]
+    other = builder.match(REC, _verdict("Changes units. Inputs: value.", ["5 kg in lb"]), 0.5)
+    assert other["description"] == "Changes units." and other["examples"] == ["5 kg in lb"]
+    assert builder.match(REC, None, 0.5)["description"] == REC.description
+    appended = builder.match(REC, carded, 0.5, publisher_text="append")
+    assert appended["description"].startswith("Converts units.") and REC.description in appended["description"]

@@ -55,10 +55,16 @@ def shown_examples(examples: Sequence[str]) -> list[str]:
 
 
 class MatchBuilder:
-    """Builds matches; sanitizing is cached per tool definition (content hash)."""
+    """Builds matches; sanitizing is cached per tool definition (content hash), and all of a
+    match but its score per (record, verdict, publisher_text): a repeated answer builds each
+    match from two kept dicts. The kept values (schema, examples, provenance) are shared
+    between matches: read them, never change them."""
 
     def __init__(self) -> None:
         self._clean: OrderedDict[tuple[str, str], tuple[str, Any]] = OrderedDict()
+        # (name, content hash, publisher_text) -> (record, verdict, fields before the score, after it)
+        self._parts: OrderedDict[tuple[str, str, str], tuple[ToolRecord, AttestResult | None,
+                                                              dict[str, Any], dict[str, Any]]] = OrderedDict()
 
     def sanitized(self, rec: ToolRecord) -> tuple[str, Any]:
         """(description, inputSchema) of `rec` sanitized."""
@@ -72,6 +78,20 @@ class MatchBuilder:
 
     def match(self, rec: ToolRecord, verdict: AttestResult | None, score: float, *, publisher_text: str = "omit",
               ) -> dict[str, Any]:
+        key = (rec.name, rec.content_hash, publisher_text)
+        kept = self._parts.get(key)
+        if kept is None or kept[0] is not rec or kept[1] is not verdict:
+            kept = self._parts[key] = (rec, verdict, *self._build(rec, verdict, publisher_text))
+            while len(self._parts) > SANITIZED_CACHE:
+                self._parts.popitem(last=False)
+        out = dict(kept[2])
+        out["score"] = float(f"{float(score):.{SCORE_DIGITS}g}")
+        out.update(kept[3])
+        return out
+
+    def _build(self, rec: ToolRecord, verdict: AttestResult | None, publisher_text: str,
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A match's fields before its score and after it."""
         description, schema = self.sanitized(rec)
         out: dict[str, Any] = {"name": rec.name, "server": rec.server, "tool": rec.tool}
         if rec.title:
@@ -90,15 +110,15 @@ class MatchBuilder:
             out["outputSchema"] = rec.output_schema
         if rec.annotations:
             out["annotations"] = rec.annotations
-        out["score"] = float(f"{float(score):.{SCORE_DIGITS}g}")
+        after: dict[str, Any] = {}
         if card is not None and entry is not None:
-            out["attested"] = True
-            out["examples"] = shown_examples(entry.examples)
+            after["attested"] = True
+            after["examples"] = shown_examples(entry.examples)
             prov = card.provenance
-            out["provenance"] = {"generator": prov.generator, "key_id": prov.key_id, "created_at": prov.created_at}
+            after["provenance"] = {"generator": prov.generator, "key_id": prov.key_id, "created_at": prov.created_at}
         else:
-            out["attested"] = False
-        return out
+            after["attested"] = False
+        return out, after
 
     def definitions(self, view: CatalogView, servers: set[str]) -> list[dict[str, Any]]:
         """Every callable tool of `servers` in `view`, as a match shows it without a score,
