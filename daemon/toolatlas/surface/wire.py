@@ -73,7 +73,9 @@ async def ndjson_streams(
     """
     read_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
     write_stream, write_reader = create_context_streams[SessionMessage](0)
-    send_lock = anyio.Lock()
+    # Uncontended (one reply at a time, the usual case) it is taken without a trip through the
+    # event loop: the default Lock yields on every acquire, a tenth of a cached search's time.
+    send_lock = anyio.Lock(fast_acquire=True)
 
     last_traffic = time.monotonic()
 
