@@ -90,3 +90,17 @@ def test_kept_parts_follow_the_verdict_and_each_match_is_its_own_dict() -> None:
     assert builder.match(REC, None, 0.5)["description"] == REC.description
     appended = builder.match(REC, carded, 0.5, publisher_text="append")
     assert appended["description"].startswith("Converts units.") and REC.description in appended["description"]
+
+
+def test_kept_parts_do_not_keep_a_replaced_verdict_alive() -> None:
+    import gc
+    import weakref
+
+    builder = MatchBuilder()
+    verdict = _verdict("Converts units.", ["10 mi in km"])
+    builder.match(REC, verdict, 0.5)
+    gone = weakref.ref(verdict)
+    del verdict
+    gc.collect()
+    assert gone() is None
+    assert builder.match(REC, None, 0.5)["attested"] is False  # built again, not the dead verdict's parts

@@ -18,6 +18,7 @@ where a verified card vouches for it and the publisher's text sanitized where no
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -62,8 +63,10 @@ class MatchBuilder:
 
     def __init__(self) -> None:
         self._clean: OrderedDict[tuple[str, str], tuple[str, Any]] = OrderedDict()
-        # (name, content hash, publisher_text) -> (record, verdict, fields before the score, after it)
-        self._parts: OrderedDict[tuple[str, str, str], tuple[ToolRecord, AttestResult | None,
+        # (name, content hash, publisher_text) -> (record, verdict, fields before the score, after
+        # it). The verdict is held weakly: a card re-check or relist replaces it, and the kept
+        # entries of tools nobody searches since must not keep the old ones (and their cards) alive.
+        self._parts: OrderedDict[tuple[str, str, str], tuple[ToolRecord, weakref.ref[AttestResult] | None,
                                                               dict[str, Any], dict[str, Any]]] = OrderedDict()
 
     def sanitized(self, rec: ToolRecord) -> tuple[str, Any]:
@@ -80,8 +83,10 @@ class MatchBuilder:
               ) -> dict[str, Any]:
         key = (rec.name, rec.content_hash, publisher_text)
         kept = self._parts.get(key)
-        if kept is None or kept[0] is not rec or kept[1] is not verdict:
-            kept = self._parts[key] = (rec, verdict, *self._build(rec, verdict, publisher_text))
+        if kept is None or kept[0] is not rec or (
+                kept[1] is not None if verdict is None else kept[1] is None or kept[1]() is not verdict):
+            held = weakref.ref(verdict) if verdict is not None else None
+            kept = self._parts[key] = (rec, held, *self._build(rec, verdict, publisher_text))
             while len(self._parts) > SANITIZED_CACHE:
                 self._parts.popitem(last=False)
         out = dict(kept[2])
