@@ -73,13 +73,20 @@ def strip_hidden(text: str) -> str:
 
 
 def fold(text: str) -> str:
-    """A copy of `text` for detection: NFKC (fullwidth letters), look-alikes folded."""
+    """A copy of `text` for detection: NFKC (fullwidth letters), look-alikes folded (ASCII
+    text is its own fold)."""
+    if text.isascii():
+        return text
     return unicodedata.normalize("NFKC", text).translate(_CONFUSABLES)
 
 
 def addresses_model(text: str) -> bool:
-    """Whether `text` gives the model orders (`is_directive` on the folded text)."""
-    return is_directive(text) or is_directive(fold(text))
+    """Whether `text` gives the model orders (`is_directive` on the text or its folded copy;
+    the copy is searched only when folding changed something, as it does not for plain text)."""
+    if is_directive(text):
+        return True
+    folded = fold(text)
+    return folded != text and is_directive(folded)
 
 
 def _safe_url(url: str) -> str | None:
@@ -135,6 +142,10 @@ def sanitize_text(text: str | None, max_chars: int = DESCRIPTION_CHARS) -> str:
         marked = _markup(t)
         if marked != t:
             t = _SPACES.sub(" ", marked).strip()
+    if not addresses_model(t):
+        # No sentence can: a match inside a sentence is one in the whole text (sentences are
+        # cut at spaces and newlines, which neither a pattern nor folding joins across).
+        return cap(t, max_chars)
     parts = _SENTENCE_END.split(t)
     seps = _SENTENCE_END.findall(t)
     kept: list[str] = []
