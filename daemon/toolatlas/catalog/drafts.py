@@ -64,8 +64,14 @@ _DIRECTIVE = re.compile(
     r"(every ?time|whenever) you (call|use|run|invoke)|"
     r"(assistant|system|user)\s*:|tell the user|upset the user|the user (must|should) not|"
     r"pass (its|the|their) contents?|sidenote|exfiltrat\w*|id_rsa|\.ssh/|mcp\.json)",
-    re.IGNORECASE,
 )
+# `_DIRECTIVE` (all lower case) searches the text lower-cased: the matches of re.IGNORECASE on
+# the text, 4x faster (a case-blind search of a long alternation is Python's slow path; on the
+# dev catalogs' texts 89 -> 20 us a text). Besides what str.lower() maps, IGNORECASE equates
+# three letters with ASCII ones, and str.lower() makes two characters of the dotted capital I.
+_CASE = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s"})
+
+
 def is_directive(text: str) -> bool:
     """Whether `text` addresses the model (see `_DIRECTIVE`) rather than describing a tool."""
-    return bool(_DIRECTIVE.search(text))
+    return bool(_DIRECTIVE.search((text if text.isascii() else text.translate(_CASE)).lower()))
