@@ -10,6 +10,8 @@ time per operation (us), then the median of the rounds:
 * `metrics`: observe_search + count_endpoint_request for one hit
 * `match_carded` / `match_plain`: one match with / without a verified card
 * `timestamp`: rfc3339_now
+* `sanitize_tool`: one dev-catalog tool's description and schema sanitized, the mean over both
+  catalogs (what a match costs the first time its tool is shown: misses over a big catalog)
 * `scope_per_message_old` / `_new`: the socket reader's wait around one receive, as a
   move_on_after per message (before stop 30) and as one scope whose deadline moves (after),
   minus a bare checkpoint (anyio only: the same in every tree)
@@ -78,6 +80,24 @@ def child(tree: Path) -> dict[str, float]:
         carded = _verdict("Converts units. Inputs: value.", ["10 mi in km", "72 F in C"])
         out["match_carded"] = _best(lambda: builder.match(REC, carded, 0.5123), 5000)
         out["match_plain"] = _best(lambda: builder.match(REC, None, 0.5123), 5000)
+
+    try:
+        from toolatlas.catalog.sanitize import sanitize_schema, sanitize_text
+    except ImportError:  # a tree from before the sanitizer
+        pass
+    else:
+        tools = []
+        for ds in ("toollens", "mcptoolbenchpp"):
+            for line in (REPO.parent / "shared" / "benchdata" / ds / "catalog.jsonl").read_text().splitlines():
+                row = json.loads(line)
+                tools.append((row.get("description") or "", row.get("input_schema") or {}))
+
+        def sanitize_all() -> None:
+            for description, schema in tools:
+                sanitize_text(description)
+                sanitize_schema(schema)
+
+        out["sanitize_tool"] = _best(sanitize_all, 1, 5) / len(tools)
 
     n = 20000
 
