@@ -315,7 +315,7 @@ def signals(
         if own in who or len(who) >= MIN_PRINCIPALS:
             repeat[t] = True
     if qvec is not None and state.rows:
-        rows, sims = neighbours(state, qvec)
+        rows, sims = neighbours(state, qvec, KNN)
         # accumulated in Python floats, written to the arrays once (numpy item updates cost
         # more than the rest of this loop)
         acc: dict[int, float] = {}
