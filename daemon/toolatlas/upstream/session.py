@@ -257,9 +257,7 @@ class UpstreamSession:
         self._ready_at: float | None = None
         self._retry_at: float | None = None
         self._conn: Connection | None = None
-        # A free slot is taken without a trip through the event loop (anyio's default yields on
-        # every acquire: ~13 us a call here); a full one still waits in order.
-        self.sem = anyio.Semaphore(upstream.max_concurrency, fast_acquire=True)
+        self.sem = anyio.Semaphore(upstream.max_concurrency, fast_acquire=True)  # a free slot: no yield
         self._settled = anyio.Event()
         self._done = anyio.Event()
         self._scope: anyio.CancelScope | None = None
