@@ -235,9 +235,9 @@ class Metrics:
         self._state = _StateCollector(upstream_states)
         r.register(self._state)
         self.bound_address: tuple[str, int] | None = None
-        # The labelled children of the per-request metrics, by (metric, label values):
-        # `labels()` validates and locks on every call (~2 us each, four per search).
-        # Children are never removed, so a kept one stays the exported one.
+        # The labelled children of every labelled metric, by (metric, label values): `labels()`
+        # validates and locks on every call (~2 us each, four per search, one per upstream
+        # request). Children are never removed, so a kept one stays the exported one.
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
 
     def __repr__(self) -> str:
@@ -246,7 +246,7 @@ class Metrics:
     # -- recording ---------------------------------------------------------------------
 
     def _child(self, metric: Histogram | Counter, *values: str) -> Any:
-        """`metric.labels(*values)`, kept: the values are checked (`_label`) by the caller."""
+        """`metric.labels(*values)`, kept: the values are checked by the caller."""
         key = (metric, values)
         child = self._children.get(key)
         if child is None:
@@ -274,31 +274,30 @@ class Metrics:
 
     def observe_upstream_call(self, seconds: float, *, upstream: str, operation: str) -> None:
         """One request to an upstream (`operation`: call_tool, list_tools, ping, connect, ...)."""
-        self.upstream_call_latency.labels(
-            _label("upstream", upstream), _label("operation", operation)
-        ).observe(seconds)
+        up, op = _label("upstream", upstream), _label("operation", operation)
+        self._child(self.upstream_call_latency, up, op).observe(seconds)
 
     def count_error(self, error_type: str) -> None:
         """An error by type; pass `type(exc).__name__` or a short fixed code."""
-        self.errors.labels(_label("error type", error_type)).inc()
+        self._child(self.errors, _label("error type", error_type)).inc()
 
     def count_fallback(self, kind: str) -> None:
         """A degraded answer: "bm25-only" (no embedder) or "passthrough"."""
         if kind not in FALLBACK_KINDS:
             raise ValueError(f"fallback kind {kind!r} is not one of {sorted(FALLBACK_KINDS)}")
-        self.fallbacks.labels(kind).inc()
+        self._child(self.fallbacks, kind).inc()
 
     def count_reconnect(self, upstream: str) -> None:
-        self.reconnects.labels(_label("upstream", upstream)).inc()
+        self._child(self.reconnects, _label("upstream", upstream)).inc()
 
     def count_list_changed(self, upstream: str) -> None:
-        self.list_changed.labels(_label("upstream", upstream)).inc()
+        self._child(self.list_changed, _label("upstream", upstream)).inc()
 
     def count_admin_command(self, command: str, outcome: str) -> None:
         """One operator command: `command` from ADMIN_COMMANDS, `outcome` from ADMIN_OUTCOMES."""
         if command not in ADMIN_COMMANDS or outcome not in ADMIN_OUTCOMES:
             raise ValueError(f"admin command {command!r} / outcome {outcome!r} is not a known pair")
-        self.admin_commands.labels(command, outcome).inc()
+        self._child(self.admin_commands, command, outcome).inc()
 
     def count_endpoint_request(self, endpoint: str, kind: str) -> None:
         """A request served on `endpoint` (`kind`: tools_list, tool_search, call)."""
@@ -306,17 +305,17 @@ class Metrics:
 
     def count_approval(self, state: str) -> None:
         """An approval transition into `state` (pending, approved, rejected)."""
-        self.approval_transitions.labels(_label("state", state)).inc()
+        self._child(self.approval_transitions, _label("state", state)).inc()
 
     def count_denial(self, surface: str) -> None:
         """An access denial (`surface`: tool_search, execute_tool, direct, http)."""
-        self.denials.labels(_label("surface", surface)).inc()
+        self._child(self.denials, _label("surface", surface)).inc()
 
     def count_feedback(self, outcome: str) -> None:
         """One call after a search: `outcome` from FEEDBACK_OUTCOMES."""
         if outcome not in FEEDBACK_OUTCOMES:
             raise ValueError(f"feedback outcome {outcome!r} is not one of {sorted(FEEDBACK_OUTCOMES)}")
-        self.feedback.labels(outcome).inc()
+        self._child(self.feedback, outcome).inc()
 
     def count_reindex(self) -> None:
         self.reindexes.inc()
