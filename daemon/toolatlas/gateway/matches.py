@@ -55,6 +55,17 @@ def shown_examples(examples: Sequence[str]) -> list[str]:
     return out
 
 
+_GONE = object()  # what a kept verdict that has been collected compares as: nothing current
+
+
+def _held(ref: weakref.ref[AttestResult] | None) -> object:
+    """The verdict `ref` holds: None for none, _GONE once it has been collected."""
+    if ref is None:
+        return None
+    verdict = ref()
+    return _GONE if verdict is None else verdict
+
+
 class MatchBuilder:
     """Builds matches; sanitizing is cached per tool definition (content hash), and all of a
     match but its score per (record, verdict, publisher_text): a repeated answer builds each
@@ -83,8 +94,7 @@ class MatchBuilder:
               ) -> dict[str, Any]:
         key = (rec.name, rec.content_hash, publisher_text)
         kept = self._parts.get(key)
-        if kept is None or kept[0] is not rec or (
-                kept[1] is not None if verdict is None else kept[1] is None or kept[1]() is not verdict):
+        if kept is None or kept[0] is not rec or _held(kept[1]) is not verdict:
             held = weakref.ref(verdict) if verdict is not None else None
             kept = self._parts[key] = (rec, held, *self._build(rec, verdict, publisher_text))
             while len(self._parts) > SANITIZED_CACHE:
