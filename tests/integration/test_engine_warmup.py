@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tests.support.daemon import shared_onnx_models
+from tests.support.daemon import seed_shared_models
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog
 from toolatlas.retrieval.model_files import EXPORT_DIRNAME
 from toolatlas.retrieval.engine import INLINE_EMBED_MAX, Engine, ModelPhase, ToolDoc
@@ -27,10 +27,7 @@ def catalogs() -> tuple[list[ToolDoc], list[ToolDoc]]:
 
 
 def _state(tmp_path: Path) -> Path:
-    state = tmp_path / "index"
-    state.mkdir()
-    (state / "models").symlink_to(shared_onnx_models(), target_is_directory=True)
-    return state
+    return seed_shared_models(tmp_path / "index")
 
 
 def test_progress_record_says_what_is_missing() -> None:

@@ -194,14 +194,13 @@ def test_rift_cli_on_live_config_through_cards(tmp_path: Path, capsys: pytest.Ca
     from toolatlas.rift.cli import main
 
     from tests.support.configs import write_carded_testserver_config
-    from tests.support.daemon import shared_onnx_models
+    from tests.support.daemon import seed_shared_models
 
     assert keygen_main(["--out", str(tmp_path / "op.key")]) == 0
     cfg = write_carded_testserver_config(tmp_path)
     # the suite's one ONNX export, as the daemon tests use: this tests Rift, not a first export
     # (which took 23 s here, 71 s beside a CPU hog and over the 300 s limit on a busier host)
-    (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "models").symlink_to(shared_onnx_models(), target_is_directory=True)
+    seed_shared_models(tmp_path / "state")
     assert cards_main(["generate", "--config", str(cfg), "--quiet"]) == 0
     capsys.readouterr()
     # gen_000..gen_002 differ only by a number: the index cannot tell them apart

@@ -16,8 +16,8 @@ from tests.support import REPO
 from tests.support.processes import descendants, die_with_parent, kill_all
 from tests.support.servers import EVERYTHING_BIN, HOSTILE, testserver_args
 
-__all__ = ["REPO", "Daemon", "everything_upstream", "hostile_upstream", "shared_onnx_models", "stdio_testserver",
-           "url_upstream"]
+__all__ = ["REPO", "Daemon", "everything_upstream", "hostile_upstream", "seed_shared_models", "shared_onnx_models",
+           "stdio_testserver", "url_upstream"]
 
 
 def stdio_testserver(name: str, *extra: str) -> str:
@@ -53,6 +53,16 @@ def shared_onnx_models() -> Path:
     return root / "models"
 
 
+def seed_shared_models(state_dir: Path) -> Path:
+    """Link the suite's ONNX export into `state_dir` (made if missing) as its `models`, unless
+    it has one: a test of something else then pays no first-start export. Returns state_dir."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    models = state_dir / "models"
+    if not models.exists():
+        models.symlink_to(shared_onnx_models(), target_is_directory=True)
+    return state_dir
+
+
 class Daemon:
     """A daemon subprocess; `rpc(method, params)` talks to it over the socket."""
 
@@ -80,10 +90,7 @@ class Daemon:
         self.log = tmp / "daemon.log"
         self.proc: subprocess.Popen[bytes] | None = None
         if 'embedder = "onnx"' in search_extra and seed_models:
-            (tmp / "state" / "index").mkdir(parents=True, exist_ok=True)
-            models = tmp / "state" / "index" / "models"
-            if not models.exists():
-                models.symlink_to(shared_onnx_models(), target_is_directory=True)
+            seed_shared_models(tmp / "state" / "index")
 
     def start(self, *, wait_ready: float = 60.0, env: dict[str, str] | None = None, ready: bool = True) -> "Daemon":
         """Spawn the daemon and wait (up to `wait_ready` s) until its index is ready, or with
