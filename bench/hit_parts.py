@@ -27,6 +27,7 @@ import argparse
 import io
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -152,10 +153,11 @@ def main() -> None:
         return
     trees = [t.resolve() for t in (a.tree or [REPO])]
     runs: dict[str, list[dict[str, float]]] = {str(t): [] for t in trees}
-    load = [round(x, 2) for x in __import__("os").getloadavg()]
+    load = [round(x, 2) for x in os.getloadavg()]
     for _ in range(a.rounds):
         for t in trees:
-            res = subprocess.run([sys.executable, __file__, "--child", str(t)], check=True, capture_output=True, text=True)
+            res = subprocess.run([sys.executable, __file__, "--child", str(t)], check=True, capture_output=True,
+                                 text=True)
             runs[str(t)].append(json.loads(res.stdout))
     out: dict[str, Any] = {"bench": "hit_parts", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "load_start": load, "rounds": a.rounds, "us": {}}
