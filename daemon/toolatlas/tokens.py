@@ -9,9 +9,11 @@ compact separators, as the SDK serialises it): every federated tool for the full
 the three meta-tools for the gateway surface. A tool_search result is counted as its JSON
 object once (the text content block; clients that also read `structuredContent` see it twice).
 
-Counting ~1 MB of JSON takes about a second on one core: call `catalog_token_report` from a
-worker thread (`anyio.to_thread.run_sync`) and cache the result per index version. The
-tokenizer holds the GIL for a whole call, so long texts are counted in pieces of about
+Counting ~1 MB of JSON takes about a second on one core, and the tokenizer's vocabulary is
+about 33 MB resident once loaded: the daemon counts in a short-lived child process
+(`python -m toolatlas.tokens`, see `main`) and caches the result per index version. In
+process (the CLI, bench/), the tokenizer holds the GIL for a whole call, so long texts are
+counted in pieces of about
 `PIECE_CHARS` cut after a comma (`count_tokens_in_pieces`): no call then stalls the daemon's
 other threads for more than a few milliseconds (one call on the JSON of 20,000 tools held
 them for seconds). A cut can merge or split a token at the seam, so the sum differs from a
@@ -24,7 +26,7 @@ import json
 import time
 from collections.abc import Callable
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeVar
 
 try:
     _VERSION = metadata.version("anthropic-tokenizer")
@@ -34,6 +36,7 @@ except metadata.PackageNotFoundError:  # pragma: no cover - it is a declared dep
 TOKENIZER_NAME: str = f"anthropic-tokenizer {_VERSION} (local Claude BPE, unofficial)"
 
 _counter: Callable[[str], int] | None = None
+T = TypeVar("T")
 
 
 def count_tokens(text: str) -> int:
@@ -75,6 +78,16 @@ def tools_list_json(tools: list[dict[str, Any]]) -> str:
     return '{"tools":[' + ",".join(json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in tools) + "]}"
 
 
+def evenly_sampled(tools: list[T], exact_max: int | None = EXACT_MAX) -> list[T]:
+    """The tools a report counts: all of them up to `exact_max`, else `exact_max` evenly
+    spaced ones (see `catalog_token_report`)."""
+    n = len(tools)
+    if exact_max is None or n <= exact_max:
+        return tools
+    step = n / exact_max
+    return [tools[int(i * step)] for i in range(exact_max)]
+
+
 def catalog_token_report(
     full_tools_list: list[dict[str, Any]],
     meta_tools_list: list[dict[str, Any]],
@@ -82,6 +95,7 @@ def catalog_token_report(
     *,
     exact_max: int | None = EXACT_MAX,
     compact_results: list[str] | None = None,
+    catalog_size: int | None = None,
 ) -> dict[str, Any]:
     """Token cost of the full catalog vs the meta-tool surface.
 
@@ -96,19 +110,17 @@ def catalog_token_report(
     Catalogs above `exact_max` tools are estimated from an evenly spaced sample of
     `exact_max` tools (tokens per tool in the sample x tools, plus the list's wrapper) and
     the report says `"estimated_from_sample": N`: counting 100,000 tools exactly costs ~20 s
-    of CPU and, through the GIL, slows every search the daemon serves meanwhile.
+    of CPU. `catalog_size` says that `full_tools_list` is already such a sample (from
+    `evenly_sampled`) of a catalog of that many tools.
     """
-    n = len(full_tools_list)
-    sample_n: int | None = None
-    if exact_max is not None and n > exact_max:
-        step = n / exact_max
-        sample = [full_tools_list[int(i * step)] for i in range(exact_max)]
+    n = len(full_tools_list) if catalog_size is None else catalog_size
+    sample = evenly_sampled(full_tools_list, exact_max)
+    if len(sample) < n:
         wrapper = count_tokens(tools_list_json([]))
         per_tool = (count_tokens_in_pieces(tools_list_json(sample)) - wrapper) / len(sample)
         full = int(round(wrapper + per_tool * n))
-        sample_n = len(sample)
     else:
-        full = count_tokens_in_pieces(tools_list_json(full_tools_list))
+        full = count_tokens_in_pieces(tools_list_json(sample))
     meta = count_tokens(tools_list_json(meta_tools_list))
     mean: float | None = None
     if sample_search_results:
@@ -128,5 +140,25 @@ def catalog_token_report(
         "tools": n,
         "mean_top5_search_result_tokens": mean,
         **compact,
-        **({"estimated_from_sample": sample_n} if sample_n is not None else {}),
+        **({"estimated_from_sample": len(sample)} if len(sample) < n else {}),
     }
+
+
+def main() -> None:
+    """`python -m toolatlas.tokens`: the daemon's counting child. Reads one JSON object from
+    stdin (`tools`, `catalog_size`, `meta`, `samples`, `compact`: the arguments of
+    `catalog_token_report`) and writes the report as one JSON object to stdout.
+
+    The daemon counts here rather than in process: the tokenizer's vocabulary is about 33 MB
+    of resident memory that a long-running daemon would keep for a job it does once per
+    catalog change, and counting holds the GIL for about a second per 2,000 tools."""
+    import sys
+
+    req = json.load(sys.stdin)
+    report = catalog_token_report(req["tools"], req["meta"], req.get("samples"),
+                                  compact_results=req.get("compact"), catalog_size=req.get("catalog_size"))
+    json.dump(report, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -161,3 +161,6 @@ def test_metrics_endpoint_and_token_figures(tmp_path: Path) -> None:
         assert tokens["meta_tools_tokens"] < tokens["full_catalog_tokens"]
         assert "anthropic-tokenizer" in tokens["tokenizer"]
         assert tokens["mean_top5_search_result_tokens"] > 0
+        # counted by a child process: the tokenizer's ~33 MB vocabulary never enters the daemon
+        maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
+        assert "anthropic_tokenizer" not in maps and "msgspec/_core" in maps

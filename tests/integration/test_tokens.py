@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import anthropic_tokenizer
+import anyio
+import pytest
 
 from toolatlas.meta_tools import META_TOOLS
 from toolatlas.tokens import TOKENIZER_NAME, catalog_token_report, count_tokens, count_tokens_in_pieces, tools_list_json
@@ -108,3 +113,54 @@ def test_large_catalogs_are_estimated_from_an_even_sample() -> None:
     assert est["estimated_from_sample"] == 500 and est["tools"] == 3000
     assert abs(est["full_catalog_tokens"] - exact["full_catalog_tokens"]) / exact["full_catalog_tokens"] < 0.02, (est, exact)
     assert est["meta_tools_tokens"] == exact["meta_tools_tokens"]
+
+
+def test_the_counting_child_reports_what_counting_in_process_does() -> None:
+    from toolatlas.gateway.tokens import count_in_child
+    from toolatlas.tokens import EXACT_MAX, evenly_sampled
+
+    for n in (40, EXACT_MAX + 1000):  # counted exactly, and estimated from an even sample
+        tools = synthetic_tools(n)
+        top5 = [{"query": "get an issue", "matches": tools[:5], "degraded": None}]
+        payload = json.dumps({"tools": evenly_sampled(tools), "catalog_size": n, "meta": META_TOOLS,
+                              "samples": top5, "compact": ["srv0__get_issue_0: Get an issue"]}).encode()
+        child = anyio.run(count_in_child, payload)
+        local = catalog_token_report(tools, META_TOOLS, top5, compact_results=["srv0__get_issue_0: Get an issue"])
+        assert child == local
+        assert child["tools"] == n and ("estimated_from_sample" in child) == (n > EXACT_MAX)
+
+
+def test_a_failed_counter_is_an_error_with_its_last_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolatlas.gateway import tokens as gw_tokens
+
+    failing = "import sys; sys.stdin.read(); sys.exit('bad input')"
+    monkeypatch.setattr(gw_tokens, "COUNTER_ARGV", [sys.executable, "-c", failing])
+    with pytest.raises(RuntimeError, match="exited with 1: bad input"):
+        anyio.run(gw_tokens.count_in_child, b"{}")
+
+
+def test_a_cancelled_count_kills_its_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolatlas.gateway import tokens as gw_tokens
+
+    pidfile = tmp_path / "pid"
+    sleeper = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+    monkeypatch.setattr(gw_tokens, "COUNTER_ARGV", [sys.executable, "-c", sleeper, str(pidfile)])
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gw_tokens.count_in_child, b"{}")
+            with anyio.fail_after(60):
+                while not pidfile.exists() or not pidfile.read_text():
+                    await anyio.sleep(0.02)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, f"counter {pid} still runs after its count was cancelled"
+        time.sleep(0.05)

@@ -1,11 +1,16 @@
-"""Catalog token accounting for catalog_status, recounted in a worker thread when the
-index version moves. It reads one `CatalogView`, never the live catalog."""
+"""Catalog token accounting for catalog_status, recounted when the index version moves. It
+reads one `CatalogView`, never the live catalog: a worker thread gathers what is counted
+(the tools, sample answers), a child process counts it (`toolatlas.tokens.main`)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,6 +22,7 @@ from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.guidance import MetaTools
 from toolatlas.meta_tools import META_TOOLS, render_compact
 from toolatlas.retrieval.engine import Engine, ModelPhase
+from toolatlas.tokens import evenly_sampled
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +43,13 @@ def tool_dict(rec: ToolRecord) -> dict[str, Any]:
 Scope = frozenset[str] | None  # the servers a report covers; None: every server
 
 
-def token_report(view: CatalogView, engine: Engine, version: int, scope: Scope = None,
-                 meta: Sequence[Mapping[str, Any]] = META_TOOLS) -> dict[str, Any]:
-    """Tokens of the catalog (of the servers in `scope`) as tools/list, of the meta-tools
-    (`meta`: as the caller reads them, templates rendered), and of sample top-5 answers
-    (queries made from tool names, spread over the catalog) as tool_search gives them, in
-    json and compact form."""
-    from toolatlas.tokens import catalog_token_report
-
+def token_inputs(view: CatalogView, engine: Engine, scope: Scope = None,
+                 meta: Sequence[Mapping[str, Any]] = META_TOOLS) -> bytes:
+    """What a token report of the servers in `scope` counts, as the counting child's JSON
+    input: the catalog as tools/list (an even sample above `tokens.EXACT_MAX` tools), the
+    meta-tools (`meta`: as the caller reads them, templates rendered), and sample top-5
+    answers (queries made from tool names, spread over the catalog) as tool_search gives
+    them, in json and compact form."""
     servers = view.available if scope is None else view.available & scope
     by_name = view.by_name
     records = sorted((r for r in by_name.values() if r.server in servers), key=lambda r: r.name)
@@ -58,9 +63,30 @@ def token_report(view: CatalogView, engine: Engine, version: int, scope: Scope =
             builder.match(by_name[h.name], view.server(h.server).verdict, h.score)
             for h in outcome.hits if h.name in by_name
         ], "degraded": outcome.degraded})
-    report = catalog_token_report([tool_dict(r) for r in records], [dict(t) for t in meta], samples or None,
-                                  compact_results=[render_compact(a) for a in samples] or None)
-    report["index_version"] = version
+    return json.dumps({
+        "tools": [tool_dict(r) for r in evenly_sampled(records)],
+        "catalog_size": len(records), "meta": [dict(t) for t in meta],
+        "samples": samples or None, "compact": [render_compact(a) for a in samples] or None,
+    }, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+COUNT_TIMEOUT = 300.0  # seconds for one count (100,000 tools: about 5 s of CPU on a quiet host)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding toolatlas/
+COUNTER_ARGV: list[str] = [sys.executable, "-m", "toolatlas.tokens"]
+
+
+async def count_in_child(payload: bytes, timeout: float | None = None) -> dict[str, Any]:
+    """The report `toolatlas.tokens.main` makes of `payload`, counted in a child process
+    that exits when done (killed if it takes longer than `timeout`, COUNT_TIMEOUT by
+    default, or if the caller is cancelled)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    with anyio.fail_after(COUNT_TIMEOUT if timeout is None else timeout):
+        done = await anyio.run_process(COUNTER_ARGV, input=payload, env=env, check=False)
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        raise RuntimeError(f"the token counter exited with {done.returncode}: {lines[-1] if lines else 'no output'}")
+    report: dict[str, Any] = json.loads(done.stdout)
     return report
 
 
@@ -108,7 +134,12 @@ class TokenReporter:
         view = self._view()
         version = key[0]
         try:
-            report = await anyio.to_thread.run_sync(token_report, view, self._engine, version, scope, meta)
+            payload = await anyio.to_thread.run_sync(token_inputs, view, self._engine, scope, meta)
+            report = await count_in_child(payload)
+            report["index_version"] = version
+        except TimeoutError:
+            log.warning("token accounting took over %.0f s; its counter was stopped", COUNT_TIMEOUT)
+            report = {"error": f"the token count took over {COUNT_TIMEOUT:.0f} s and was stopped"}
         except Exception as exc:  # token figures are informative; never break status
             log.warning("token accounting failed: %s", exc)
             report = {"error": str(exc)}
@@ -120,4 +151,4 @@ class TokenReporter:
             self._reports.popitem(last=False)
 
 
-__all__ = ["TOKEN_SAMPLE_QUERIES", "Scope", "TokenReporter", "token_report", "tool_dict"]
+__all__ = ["TOKEN_SAMPLE_QUERIES", "Scope", "TokenReporter", "count_in_child", "token_inputs", "tool_dict"]
