@@ -66,6 +66,7 @@ class RiftRunner:
         tools, schemas, token_texts = build_inputs([(d, d.description, d.server_summary, d.tags) for d in docs])
         report = analyse(tools, embedder, schemas=schemas, token_texts=token_texts, vectors=vecs)
         memory.settle_heap()  # the analysis held n x n similarities; its report stays
+        memory.trim_heap()  # ... and their pages go back to the OS
         log.info("rift: %d clusters over %d tools (index version %d): %s",
                  len(report.clusters), len(docs), version, report.counts())
         return report
