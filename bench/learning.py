@@ -356,6 +356,7 @@ def _socket(b: Bench, train: list[Query], tv: np.ndarray, rounds: int = 2, n_que
                         d.wait_for(lambda: d.status()["learning"]["events"] >= len(events), timeout=600,
                                    what="learned state")
                     settled, _ = wait_settled(d.status, 120)
+                    lone0 = d.status()["index"]["lone_queries"]
                     timed: dict[str, list[float]] = {"miss": [], "hit": []}
                     with RawClient(d.socket, timeout=60) as c:
                         for kind in ("miss", "hit"):
@@ -367,7 +368,9 @@ def _socket(b: Bench, train: list[Query], tv: np.ndarray, rounds: int = 2, n_que
                     st = d.status()
                 finally:
                     d.__exit__(None, None, None)
-                row = {"round": r, "learning": on, "learning_events": st["learning"]["events"], "settled": settled,
+                # misses that embedded their query on the spinning two-thread session (embed.OnnxEmbedder)
+                lone = {"lone_queries": st["index"]["lone_queries"] - lone0, "query_threads": st["index"]["query_threads"]}
+                row = {"round": r, "learning": on, "learning_events": st["learning"]["events"], "settled": settled, **lone,
                        "load_average": [round(x, 2) for x in os.getloadavg()],
                        **{f"{k}_{q}_ms": pct_ms(v, q2) for k, v in timed.items() for q, q2 in (("p50", 50), ("p95", 95))}}
                 out["runs"].append(row)
