@@ -14,7 +14,7 @@ about 33 MB resident once loaded: the daemon counts in a short-lived child proce
 (`python -m toolatlas.tokens`, see `main`) and caches the result per index version. In
 process (the CLI, bench/), the tokenizer holds the GIL for a whole call, so long texts are
 counted in pieces of about
-`PIECE_CHARS` cut after a comma (`count_tokens_in_pieces`): no call then stalls the daemon's
+`PIECE_CHARS` cut after a comma (`count_tokens_in_pieces`): no call then stalls the process's
 other threads for more than a few milliseconds (one call on the JSON of 20,000 tools held
 them for seconds). A cut can merge or split a token at the seam, so the sum differs from a
 single call by about one token per piece (measured in tests/integration/test_tokens.py).

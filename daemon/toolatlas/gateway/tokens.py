@@ -70,7 +70,7 @@ def token_inputs(view: CatalogView, engine: Engine, scope: Scope = None,
     }, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-COUNT_TIMEOUT = 300.0  # seconds for one count (100,000 tools: about 5 s of CPU on a quiet host)
+COUNT_TIMEOUT = 300.0  # seconds for one count (of at most tokens.EXACT_MAX tools: seconds of CPU)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding toolatlas/
 COUNTER_ARGV: list[str] = [sys.executable, "-m", "toolatlas.tokens"]
 
@@ -120,8 +120,9 @@ class TokenReporter:
     def _hybrid_imminent(self) -> bool:
         """A replica's first hybrid index is on its way (the model loading or loaded, its
         vectors coming from the shared store, seconds away): count that version, not the
-        BM25 one before it. A count holds the GIL for a second or more per 2,000 tools and
-        would slow the vector fetch and the HNSW build it waits for. Not while the model is
+        BM25 one before it. A count takes a core for a second or more per 2,000 tools (in its
+        child process; the sample searches in a thread here) and would slow the vector fetch
+        and the HNSW build it waits for. Not while the model is
         exported, nor once this replica embeds documents itself (the store lacked them, or
         is down), nor without a shared store: the BM25 version may then stand for minutes."""
         engine = self._engine
