@@ -117,17 +117,18 @@ def test_large_catalogs_are_estimated_from_an_even_sample() -> None:
 
 def test_the_counting_child_reports_what_counting_in_process_does() -> None:
     from toolatlas.gateway.tokens import count_in_child
-    from toolatlas.tokens import EXACT_MAX, evenly_sampled
 
-    for n in (40, EXACT_MAX + 1000):  # counted exactly, and estimated from an even sample
-        tools = synthetic_tools(n)
-        top5 = [{"query": "get an issue", "matches": tools[:5], "degraded": None}]
-        payload = json.dumps({"tools": evenly_sampled(tools), "catalog_size": n, "meta": META_TOOLS,
-                              "samples": top5, "compact": ["srv0__get_issue_0: Get an issue"]}).encode()
+    tools = synthetic_tools(40)
+    top5 = [{"query": "get an issue", "matches": tools[:5], "degraded": None}]
+    compact = ["srv0__get_issue_0: Get an issue"]
+    # counted exactly; and as the even sample of a 60,000-tool catalog that the daemon sends
+    for size in (40, 60_000):
+        payload = json.dumps({"tools": tools, "catalog_size": size, "meta": META_TOOLS,
+                              "samples": top5, "compact": compact}).encode()
         child = anyio.run(count_in_child, payload)
-        local = catalog_token_report(tools, META_TOOLS, top5, compact_results=["srv0__get_issue_0: Get an issue"])
+        local = catalog_token_report(tools, META_TOOLS, top5, compact_results=compact, catalog_size=size)
         assert child == local
-        assert child["tools"] == n and ("estimated_from_sample" in child) == (n > EXACT_MAX)
+        assert child["tools"] == size and child.get("estimated_from_sample") == (40 if size > 40 else None)
 
 
 def test_a_failed_counter_is_an_error_with_its_last_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -164,3 +165,53 @@ def test_a_cancelled_count_kills_its_child(tmp_path: Path, monkeypatch: pytest.M
             break
         assert time.monotonic() < deadline, f"counter {pid} still runs after its count was cancelled"
         time.sleep(0.05)
+
+
+def test_counts_wait_for_the_limiter_one_child_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolatlas.gateway import tokens as gw_tokens
+
+    # A child marks itself alive, and for up to argv[2] seconds looks for another live one
+    # (or for an overlap another child has seen).
+    child = (
+        "import glob, json, os, sys, time\n"
+        "d, wait = sys.argv[1], float(sys.argv[2])\n"
+        "mine = os.path.join(d, 'alive-%d' % os.getpid())\n"
+        "open(mine, 'w').close()\n"
+        "deadline = time.monotonic() + wait\n"
+        "while time.monotonic() < deadline:\n"
+        "    if len(glob.glob(os.path.join(d, 'alive-*'))) >= 2:\n"
+        "        open(os.path.join(d, 'overlap-%d' % os.getpid()), 'w').close()\n"
+        "        break\n"
+        "    if glob.glob(os.path.join(d, 'overlap-*')):\n"
+        "        break  # seen by the others already\n"
+        "    time.sleep(0.02)\n"
+        "os.unlink(mine)\n"
+        "sys.stdin.read()\n"
+        "print(json.dumps({'pid': os.getpid()}))\n"
+    )
+
+    def run_three(limited: bool) -> list[dict[str, int]]:
+        # one at a time: each looks for half a second and finds nobody; all at once: the
+        # first to start waits (up to 60 s) until the next one is alive beside it
+        monkeypatch.setattr(gw_tokens, "COUNTER_ARGV", [sys.executable, "-c", child, str(tmp_path),
+                                                        "0.5" if limited else "60"])
+
+        async def main() -> list[dict[str, int]]:
+            limiter = anyio.CapacityLimiter(1) if limited else None
+            got: list[dict[str, int]] = []
+
+            async def one() -> None:
+                got.append(await gw_tokens.count_in_child(b"{}", limiter=limiter))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(one)
+            return got
+
+        return anyio.run(main)
+
+    assert len({r["pid"] for r in run_three(limited=True)}) == 3
+    assert not list(tmp_path.glob("overlap-*"))
+    run_three(limited=False)  # the detector works: unlimited children do run side by side
+    assert list(tmp_path.glob("overlap-*"))
+    assert not list(tmp_path.glob("alive-*"))

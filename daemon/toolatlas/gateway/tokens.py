@@ -4,6 +4,7 @@ reads one `CatalogView`, never the live catalog: a worker thread gathers what is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -71,18 +72,24 @@ def token_inputs(view: CatalogView, engine: Engine, scope: Scope = None,
 
 
 COUNT_TIMEOUT = 300.0  # seconds for one count (of at most tokens.EXACT_MAX tools: seconds of CPU)
+# Counting children at a time, per daemon: each is an interpreter with the tokenizer (~60 MB)
+# and takes a core for seconds; callers with many different access scopes queue behind it.
+COUNTS_AT_ONCE = 1
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding toolatlas/
 COUNTER_ARGV: list[str] = [sys.executable, "-m", "toolatlas.tokens"]
 
 
-async def count_in_child(payload: bytes, timeout: float | None = None) -> dict[str, Any]:
+async def count_in_child(payload: bytes, timeout: float | None = None,
+                         limiter: anyio.CapacityLimiter | None = None) -> dict[str, Any]:
     """The report `toolatlas.tokens.main` makes of `payload`, counted in a child process
     that exits when done (killed if it takes longer than `timeout`, COUNT_TIMEOUT by
-    default, or if the caller is cancelled)."""
+    default, or if the caller is cancelled). With `limiter`, the child starts only once
+    the limiter has room (the wait does not count against `timeout`)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-    with anyio.fail_after(COUNT_TIMEOUT if timeout is None else timeout):
-        done = await anyio.run_process(COUNTER_ARGV, input=payload, env=env, check=False)
+    async with limiter if limiter is not None else contextlib.nullcontext():
+        with anyio.fail_after(COUNT_TIMEOUT if timeout is None else timeout):
+            done = await anyio.run_process(COUNTER_ARGV, input=payload, env=env, check=False)
     if done.returncode != 0:
         lines = done.stderr.decode(errors="replace").strip().splitlines()
         raise RuntimeError(f"the token counter exited with {done.returncode}: {lines[-1] if lines else 'no output'}")
@@ -102,6 +109,7 @@ class TokenReporter:
         # scope -> ((index version, meta-tools fingerprint), report)
         self._reports: OrderedDict[Scope, tuple[tuple[int, str], dict[str, Any]]] = OrderedDict()
         self._running: set[Scope] = set()
+        self._counts: anyio.CapacityLimiter | None = None  # COUNTS_AT_ONCE; made in the event loop
 
     def report(self, scope: Scope = None) -> dict[str, Any] | None:
         got = self._reports.get(scope)
@@ -136,7 +144,9 @@ class TokenReporter:
         version = key[0]
         try:
             payload = await anyio.to_thread.run_sync(token_inputs, view, self._engine, scope, meta)
-            report = await count_in_child(payload)
+            if self._counts is None:
+                self._counts = anyio.CapacityLimiter(COUNTS_AT_ONCE)
+            report = await count_in_child(payload, limiter=self._counts)
             report["index_version"] = version
         except TimeoutError:
             log.warning("token accounting took over %.0f s; its counter was stopped", COUNT_TIMEOUT)
