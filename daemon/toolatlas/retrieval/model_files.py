@@ -121,6 +121,16 @@ def _wait_or_cancel(proc: subprocess.Popen[bytes], cancel: threading.Event) -> N
             raise subprocess.TimeoutExpired(proc.args, _EXPORT_TIMEOUT)
 
 
+def _remove_earlier_formats(root: Path) -> None:
+    """Delete exports of earlier formats under `root` (~110 MB each, never read again). Run
+    whenever the current export is complete, not only right after making it: a daemon killed
+    between the rename and this clean-up would otherwise keep the old folder for good."""
+    for old in root.glob(EXPORT_DIRNAME.rsplit("-v", 1)[0] + "-v*"):
+        if old.name != EXPORT_DIRNAME and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+            log.info("embed.export_removed_old path=%s", old)
+
+
 def ensure_onnx_export(state_dir: Path | None, cancel: threading.Event | None = None) -> Path:
     """Return a folder holding a complete ONNX export, exporting it first if needed.
 
@@ -132,6 +142,7 @@ def ensure_onnx_export(state_dir: Path | None, cancel: threading.Event | None = 
     root = models_dir(state_dir)
     final = root / EXPORT_DIRNAME
     if export_complete(final):
+        _remove_earlier_formats(root)
         return final
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -153,10 +164,7 @@ def ensure_onnx_export(state_dir: Path | None, cancel: threading.Event | None = 
                 if tmp.exists():
                     shutil.rmtree(tmp, ignore_errors=True)
             log.info("embed.export_done out=%s seconds=%.1f", final, time.monotonic() - t0)
-            for old in root.glob(EXPORT_DIRNAME.rsplit("-v", 1)[0] + "-v*"):
-                if old != final and old.is_dir():  # an earlier export format: ~110 MB unused
-                    shutil.rmtree(old, ignore_errors=True)
-                    log.info("embed.export_removed_old path=%s", old)
+            _remove_earlier_formats(root)
     except OSError as exc:
         raise EmbedderUnavailable(f"cannot write the ONNX model under {str(root)!r}: {exc}") from exc
     if not export_complete(final):
