@@ -89,7 +89,7 @@ def export(out: Path) -> dict[str, object]:
     model = AutoModel.from_pretrained(str(src), attn_implementation="eager")
     model.eval()
 
-    class Wrapper(torch.nn.Module):
+    class Wrapper(torch.nn.Module):  # type: ignore[misc]  # torch is not followed by mypy (pyproject)
         # transformers 5 rejects positional inputs through the exporter; pass keywords.
         def __init__(self, inner: torch.nn.Module) -> None:
             super().__init__()
