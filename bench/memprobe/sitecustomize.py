@@ -3,8 +3,9 @@
 Imported at interpreter start when this folder is on PYTHONPATH. Only in a daemon
 (`serve` in argv) and only with TOOLATLAS_MEMPROBE_OUT set: SIGUSR2 writes a JSON report
 there (smaps_rollup, resident MB per mapping, pymalloc statistics, RSS before and after a
-gc.collect + malloc_trim, and with TOOLATLAS_MEMPROBE_TRACE=N the tracemalloc top
-allocation sites, innermost toolatlas frame, N frames deep). Diagnostics only.
+malloc_trim alone, then after a gc.collect + malloc_trim, and with TOOLATLAS_MEMPROBE_TRACE=N
+the tracemalloc top allocation sites, innermost toolatlas frame, N frames deep). Diagnostics
+only.
 """
 
 import os
@@ -73,9 +74,12 @@ if os.environ.get("TOOLATLAS_MEMPROBE_OUT") and "serve" in sys.argv:
                 out["traced_by_toolatlas_site_mb"] = [(k, round(v / 2**20, 2)) for k, v in by_site.most_common(30)]
         except Exception as exc:  # noqa: BLE001 - a probe never takes the daemon down
             out["trace_error"] = repr(exc)
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)  # alone first: what a trim in the daemon would give back
+        out["rss_after_trim_only_mb"] = _rss_mb()
         gc.collect()
         out["rss_after_gc_mb"] = _rss_mb()
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        libc.malloc_trim(0)
         out["rss_after_trim_mb"] = _rss_mb()
         target = os.environ["TOOLATLAS_MEMPROBE_OUT"]
         with open(target + ".tmp", "w") as fh:
