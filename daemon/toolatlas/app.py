@@ -323,7 +323,7 @@ async def serve(
 def main_serve(cfg: Config) -> int:
     redactor = Redactor(secrets(cfg))
     _configure_logging(cfg.daemon.log_level, redactor)
-    memory.limit_arenas()
+    memory.tune_heap()
     # The event loop hands the GIL back and forth with worker threads doing Python work (a big
     # listing's records and plan, name suggestions, token counts). Each time the loop wakes it
     # waits up to the switch interval for the GIL; at the default 5 ms a request needing a few

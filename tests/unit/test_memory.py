@@ -56,3 +56,75 @@ def test_a_full_pass_is_due_first_and_after_the_heap_grew_by_the_factor() -> Non
     assert memory.needs_full_pass(10, 0)
     assert not memory.needs_full_pass(150, 100)
     assert memory.needs_full_pass(int(100 * memory.FULL_PASS_GROWTH), 100)
+
+
+# Run in a fresh interpreter: glibc's thresholds are process-wide and one-way (once set, the
+# dynamic rule is off for good). The script first frees a 16 MB mapped block, which under
+# glibc's default rule raises the trim threshold to 32 MB, then fills and frees 24 MB of
+# 512 KB heap blocks and reports the resident MB before, with them, after freeing them, and
+# after lean_heap.
+_HEAP_SCRIPT = r"""
+import ctypes, json, sys
+from toolatlas import memory
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+
+def rss():
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) for l in fh if l.startswith("VmRSS:")) / 1024
+
+def fill(n, size):
+    blocks = [libc.malloc(size) for _ in range(n)]
+    for b in blocks:
+        ctypes.memset(b, 1, size)
+    return blocks
+
+if sys.argv[1] == "tune":
+    memory.tune_heap()
+big = fill(1, 16 * 2**20)
+libc.free(big[0])
+if sys.argv[2] == "hold":
+    memory.hold_heap()
+base = rss()
+blocks = fill(48, 512 * 1024)
+full = rss()
+for b in reversed(blocks):
+    libc.free(b)
+freed = rss()
+memory.lean_heap()
+print(json.dumps({"base": base, "full": full, "freed": freed, "lean": rss(), "tuned": memory._tuned}))
+"""
+
+
+def _heap(tune: str, hold: str, env: dict[str, str] | None = None) -> dict[str, float]:
+    import json
+    import os
+    import subprocess
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", _HEAP_SCRIPT, tune, hold], env={**clean, **(env or {})},
+                         capture_output=True, text=True, timeout=60, check=True)
+    result: dict[str, float] = json.loads(out.stdout)
+    assert result["full"] - result["base"] > 20, result  # the 24 MB were resident
+    return result
+
+
+def test_lean_thresholds_give_freed_heap_back_where_glibcs_default_keeps_it() -> None:
+    default = _heap("no", "no")
+    assert default["freed"] - default["base"] > 18, default  # kept: the dynamic threshold rose
+    tuned = _heap("tune", "no")
+    assert tuned["tuned"] and tuned["freed"] - tuned["base"] < 6, tuned
+
+
+def test_held_thresholds_keep_freed_heap_until_lean_heap() -> None:
+    held = _heap("tune", "hold")
+    assert held["freed"] - held["base"] > 18, held  # kept for the next batch
+    assert held["lean"] - held["base"] < 6, held  # lean_heap trimmed it
+
+
+def test_an_operators_malloc_settings_are_left_alone() -> None:
+    own = _heap("tune", "no", {"MALLOC_TRIM_THRESHOLD_": str(128 * 2**20), "MALLOC_MMAP_THRESHOLD_": str(4 * 2**20)})
+    assert own["tuned"] is False
+    assert own["freed"] - own["base"] > 18, own  # their 128 MB threshold, not ours

@@ -231,6 +231,7 @@ class OnnxEmbedder:
                 self._doc_timer.cancel()
                 self._doc_timer = None
             if self._doc_sess is None:
+                memory.hold_heap()  # its batches reuse tens of MB each (memory.tune_heap)
                 self._doc_sess = _onnx_session(self._model_dir / _ONNX_FILES[self._doc_variant], usable_cores())
                 self.doc_model_loads += 1
             sess = self._doc_sess
@@ -250,7 +251,7 @@ class OnnxEmbedder:
             if self._doc_users == 0 and self._doc_sess is not None:
                 self._doc_sess = None
                 self._doc_timer = None
-                memory.trim_heap()
+                memory.lean_heap()
                 log.info("embed.doc_model_released %s (idle %g s)", self.name, self._doc_idle_s)
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
