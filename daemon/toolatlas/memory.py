@@ -54,8 +54,8 @@ def tune_heap(arenas: int = 2) -> None:
       back to the OS at once, and blocks over 1 MB are mapped and unmapped. glibc's default
       thresholds rise to twice the largest mapped block ever freed (up to 64 MB), so after one
       large transient array a heap keeps tens of MB that searches freed. At 2,000 tools,
-      warm, after 50 searches (bench/memory.py, bench/README stop 32): 222-237 MB without,
-      about 215 MB with.
+      warm, after 50 searches (bench/memory.py, bench/README stop 32): 220-242 MB without,
+      214-217 MB with.
     - While the document model embeds in bulk, the thresholds are HELD high (hold_heap):
       its batches allocate and free tens of MB each, and mapping that afresh for every
       batch made a cold start's embedding 18 % slower. lean_heap restores LEAN and trims."""
