@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import anyio
 import mcp_types as types
