@@ -39,10 +39,11 @@ run: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --cache-dir .venv/mypy-cache
 
-# Two workers, a test file each at a time (module-scoped daemons stay shared within a file):
-# most of a test's time is a subprocess starting or a wait, which the other worker fills.
+# WORKERS test files at a time (module-scoped daemons stay shared within a file): most of a
+# test's time is a subprocess starting or a wait, which the other workers fill.
+WORKERS ?= 2
 test: $(STAMP) $(NPM_STAMP) postgres typecheck
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n $(WORKERS) --dist loadfile
 
 bench: $(STAMP) $(NPM_STAMP)
 	$(BIN)/python bench/report.py
