@@ -39,10 +39,15 @@ run: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --cache-dir .venv/mypy-cache
 
-# WORKERS test files at a time (module-scoped daemons stay shared within a file): most of a
-# test's time is a subprocess starting or a wait, which the other workers fill.
-WORKERS ?= 2
+# Bytecode first: with PYTHONDONTWRITEBYTECODE set (as this machine's shell sets it) nothing under daemon/ or
+# tests/ is ever cached, and each of the suite's hundreds of Python subprocesses (daemons, CLI runs)
+# would compile the package again, 0.3 CPU seconds a daemon. compileall writes regardless.
+# WORKERS test files at a time (module-scoped daemons stay shared within a file): a test is
+# mostly a subprocess starting or a wait, which the other workers fill; four keep two cores
+# busy (bench/README.md, "Stop 33").
+WORKERS ?= 4
 test: $(STAMP) $(NPM_STAMP) postgres typecheck
+	$(BIN)/python -m compileall -q daemon tests bench >/dev/null
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n $(WORKERS) --dist loadfile
 
 bench: $(STAMP) $(NPM_STAMP)
