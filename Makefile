@@ -39,9 +39,10 @@ run: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --cache-dir .venv/mypy-cache
 
-# Bytecode first: with PYTHONDONTWRITEBYTECODE set (as this machine's shell sets it) nothing under daemon/ or
-# tests/ is ever cached, and each of the suite's hundreds of Python subprocesses (daemons, CLI runs)
-# would compile the package again, 0.3 CPU seconds a daemon. compileall writes regardless.
+# Bytecode first: with PYTHONDONTWRITEBYTECODE set (this machine's shell sets it) nothing
+# under daemon/ or tests/ is ever cached, and each of the suite's hundreds of Python
+# subprocesses (daemons, CLI runs) would compile the package again, 0.3 CPU seconds a
+# daemon. compileall writes the cache regardless of that variable.
 # WORKERS test files at a time (module-scoped daemons stay shared within a file): a test is
 # mostly a subprocess starting or a wait, which the other workers fill; four keep two cores
 # busy (bench/README.md, "Stop 33").
