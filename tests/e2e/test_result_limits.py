@@ -74,6 +74,12 @@ def blob(d: Daemon, name: str, size: int, stream: bool = False) -> dict[str, Any
     return d.tool(f"{name}__blob", {"size": size, "stream": stream})
 
 
+def why(d: Daemon, r: dict[str, Any]) -> str:
+    """A failed check's message: the result's text, then the daemon log's tail (a lost session
+    says there why)."""
+    return f"{text(r)[:500]}\n--- daemon log (tail) ---\n{d.log.read_text()[-4000:]}"
+
+
 def vm_hwm_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -87,9 +93,9 @@ def test_result_over_the_limit_fails_that_call_only(env: Env, name: str, stream:
     d = env.d
     pid, before = pid_of(d, name), reconnects(d, name)
     r = blob(d, name, LIMIT + MiB, stream)
-    assert r.get("isError"), {k: v for k, v in r.items() if k != "content"}
+    assert r.get("isError"), why(d, r)
     message = text(r)
-    assert "max_result_bytes" in message and repr(name) in message and str(LIMIT) in message, message[:500]
+    assert "max_result_bytes" in message and repr(name) in message and str(LIMIT) in message, why(d, r)
     # The same session answers the next call: same server process, no reconnect.
     r = d.tool(f"{name}__echo", {"message": "after"})
     assert not r.get("isError") and text(r) == "Echo: after", r
@@ -104,7 +110,7 @@ def test_result_over_1mib_under_the_limit_is_delivered(env: Env, name: str, stre
     pid = pid_of(d, name)
     size = 3 * MiB
     r = blob(d, name, size, stream)
-    assert not r.get("isError"), text(r)[:500]
+    assert not r.get("isError"), why(d, r)
     assert text(r) == "x" * size
     assert pid_of(d, name) == pid
 
@@ -118,7 +124,7 @@ def test_a_50mb_http_result_keeps_the_daemon_memory_bounded(env: Env) -> None:
     finally:
         hwm = vm_hwm_bytes(d.proc.pid)
         print(f"daemon VmHWM after a 50 MB result over http (max_result_bytes 16 MiB): {hwm / MiB:.0f} MiB")
-    assert r.get("isError") and "max_result_bytes" in text(r), text(r)[:500]
+    assert r.get("isError") and "max_result_bytes" in text(r), why(d, r)
     assert hwm < 300 * MiB, f"daemon VmHWM {hwm / MiB:.0f} MiB"
     r = d.tool("http16__echo", {"message": "after"})
     assert not r.get("isError") and text(r) == "Echo: after", r

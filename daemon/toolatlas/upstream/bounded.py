@@ -10,6 +10,9 @@ each response before the SDK reads it:
   and the stream goes on, so the session stays up;
 - any other body (a streamable-HTTP POST's JSON reply) is held up to the limit, as the SDK
   reads it whole anyway; past it, reading stops and the body becomes that request's error.
+  A connection that breaks while such a body is read fails that request the same way
+  (``broken``): the SDK would otherwise end the whole session over one cut reply, and every
+  other call in flight on it with it.
 
 A compressed body is counted after decoding. The error is the one the stdio transport gives
 (``refusal``), so a caller sees the same message whatever the transport.
@@ -17,6 +20,7 @@ A compressed body is counted after decoding. The error is the one the stdio tran
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 import httpx2
@@ -41,6 +45,13 @@ def refusal(up: Upstream, request_id: RequestId) -> mcp_types.JSONRPCError:
     """The JSON-RPC error that answers a request whose result was over ``max_result_bytes``."""
     return _error(request_id, f"the result from upstream {up.name!r} is larger than max_result_bytes "
                               f"({up.max_result_bytes} bytes) and was refused")
+
+
+def broken(up: Upstream, request_id: RequestId, exc: httpx2.TransportError) -> mcp_types.JSONRPCError:
+    """The JSON-RPC error that answers a request whose reply was cut off by the connection."""
+    reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return _error(request_id, f"the connection to upstream {up.name!r} broke while its reply was being read "
+                              f"({reason}); the call may or may not have run")
 
 
 # The fewest bytes a content block takes in JSON (`{"type":"text"}` and a comma).
@@ -197,7 +208,10 @@ class _Bounded(httpx2.AsyncByteStream):
             await pieces.aclose()
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
-                await aclose()
+                # What was read is what the SDK gets: a connection failing as it is let go
+                # (a body refused half-read is cut off) must not turn it into an exception.
+                with contextlib.suppress(httpx2.TransportError):
+                    await aclose()
 
     async def _event_pieces(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
         events = BoundedEvents(self._up.max_result_bytes)
@@ -211,19 +225,27 @@ class _Bounded(httpx2.AsyncByteStream):
     async def _whole(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
         parts: list[bytes] = []
         size = 0
-        async for chunk in chunks:
-            size += len(chunk)
-            if size > self._up.max_result_bytes:
-                error = self._refusal(request_id_of(_head([*parts, chunk])))
-                if error is not None:
-                    yield error
-                return  # stop reading: this body holds this one reply
-            parts.append(chunk)
+        try:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > self._up.max_result_bytes:
+                    error = self._refusal(request_id_of(_head([*parts, chunk])))
+                    if error is not None:
+                        yield error
+                    return  # stop reading: this body holds this one reply
+                parts.append(chunk)
+        except httpx2.TransportError as exc:
+            if self._posted is None:
+                raise
+            logger.warning("upstream %s: the connection broke while a reply was being read: %r", self._up.name, exc)
+            yield broken(self._up, self._posted, exc).model_dump_json(by_alias=True, exclude_unset=True).encode()
+            return
         for part in parts:
             yield part
 
     async def aclose(self) -> None:
-        await self._body.aclose()
+        with contextlib.suppress(httpx2.TransportError):
+            await self._body.aclose()
 
 
 class _Decoded(httpx2.AsyncByteStream):
