@@ -82,7 +82,7 @@ class Connection:
         self.reached_ready = False
         # Set by the HTTP transport on a 404 to a request carrying our (2025-era) session id.
         self._expired = False
-        self.supervision = Supervision(self)
+        self.supervision = Supervision(self, in_flight=lambda: session.upstream.max_concurrency - session.sem.value)
         self.auth = AuthWatch(self.upstream)
         self.transport = open_transport(
             self.upstream, on_eof=lambda what: self.mark_lost(self._eof_loss(what)), on_expired=self._on_expired,

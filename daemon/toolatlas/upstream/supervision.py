@@ -5,7 +5,9 @@ these watchers in its task group. They never end a session themselves: each repo
 typed `Loss` to the session (`Supervised.mark_lost`), which leaves READY and reconnects.
 
 - health: legacy upstreams get a ping every `ping_interval`; 2026-07-28 has no ping, so a
-  `server/discover` stands in.
+  `server/discover` stands in. A check unanswered while calls are in flight gets one more
+  chance at the next interval (a server busy with a large result answers late, and each call
+  has its own timeout); two in a row, or one while idle, lose the session.
 - listen: on 2026-07-28 a `subscriptions/listen` stream stays open; an event, or a drop
   (no replay), means re-list; LISTEN_MAX_FAILURES failed re-opens mean the session is lost.
 - relist: one worker re-lists on request (list_changed, listen, the `relist_interval`
@@ -77,8 +79,9 @@ class Supervision:
     operator's `relist_now` can wait for "a re-list that started after I asked".
     """
 
-    def __init__(self, session: Supervised) -> None:
+    def __init__(self, session: Supervised, in_flight: Callable[[], int] = lambda: 0) -> None:
         self._s = session
+        self._in_flight = in_flight  # requests holding one of the session's max_concurrency slots
         self._wanted = anyio.Event()
         self._started = 0
         self._done = 0
@@ -102,6 +105,7 @@ class Supervision:
     async def _health_loop(self, client: Client, modern: bool) -> None:
         up = self._s.upstream
         op = "server/discover (health check)" if modern else "ping"
+        excused = False  # the last check went unanswered while calls were in flight
         while True:
             await anyio.sleep(up.ping_interval)
             try:
@@ -113,8 +117,18 @@ class Supervision:
                         await client.session.send_discover(client.protocol_version)
                     else:
                         await client.session.send_ping()
+                excused = False
             except TimeoutError:
                 timeout = UpstreamTimeout(self._s.name, op, up.timeouts.ping)
+                busy = self._in_flight()
+                if busy and not excused:
+                    # Busy, maybe not hung: a single-threaded server serialising a large
+                    # result answers nothing else meanwhile. Ending the session here would
+                    # fail the very call it is busy with; that call has its own timeout.
+                    logger.warning("%s, with %d call(s) in flight; checking again in %g s",
+                                   timeout, busy, up.ping_interval)
+                    excused = True
+                    continue
                 self._s.mark_lost(Loss(LossReason.HEALTH_CHECK, f"health check failed: {timeout}"))
                 return
             except Exception as exc:  # noqa: BLE001
