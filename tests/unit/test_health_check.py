@@ -1,16 +1,17 @@
-"""The health check of a ready session (upstream/supervision.py): a check left unanswered
-loses an idle session at once, but one with calls in flight only at the second in a row,
-since a server busy with a large result answers nothing else meanwhile (CI saw a 50 MB
-result's call fail with the session a health check ended under it).
+"""The health check and the re-list of a ready session (upstream/supervision.py): a check or
+re-list left unanswered loses an idle session at once, but one with calls in flight only at
+the second in a row, since a server busy with a large result answers nothing else meanwhile
+(CI saw a 50 MB result's call fail with the session a health check ended under it).
 
-Supervision's health loop against a fake session and a fake client whose checks hang or
-answer as each test says; the unit under test is the loop itself."""
+Supervision's health loop and re-list worker against a fake session and a fake client whose
+requests hang or answer as each test says; the unit under test is the loop itself."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import anyio
+import mcp_types
 import pytest
 
 from tests.support.configs import make_upstream
@@ -19,7 +20,7 @@ from toolatlas.upstream.client import Loss, LossReason
 from toolatlas.upstream.supervision import Supervision
 
 UP = make_upstream("busy", "http", url="http://127.0.0.1:9/mcp", ping_interval=0.01, relist_interval=0,
-                   timeouts=Timeouts(connect=1.0, list_tools=1.0, call=1.0, ping=0.05))
+                   timeouts=Timeouts(connect=1.0, list_tools=0.05, call=1.0, ping=0.05))
 
 
 class FakeSession:
@@ -31,12 +32,16 @@ class FakeSession:
 
     def __init__(self) -> None:
         self.losses: list[Loss] = []
+        self.published: list[list[Any] | None] = []
 
     def mark_lost(self, loss: Loss) -> None:
         self.losses.append(loss)
 
     def describe(self, exc: BaseException) -> str:
         return repr(exc)
+
+    async def publish(self, tools: list[Any] | None) -> None:
+        self.published.append(tools)
 
 
 class Checks:
@@ -55,16 +60,27 @@ class Checks:
         if not self.answers(self.sent):
             await anyio.sleep_forever()
 
+    async def list_tools(self, cursor: str | None = None, cache_mode: str = "") -> mcp_types.ListToolsResult:
+        self.sent += 1
+        if not self.answers(self.sent):
+            await anyio.sleep_forever()
+        return mcp_types.ListToolsResult(tools=[mcp_types.Tool(name="t", input_schema={"type": "object"})])
 
-async def run_checks(answers: Any, in_flight: Any, until: Any) -> tuple[FakeSession, Checks]:
-    """The health loop until `until(session, client)` holds or the loop ends (it returns
-    once it marked the session lost)."""
+
+async def run_checks(answers: Any, in_flight: Any, until: Any, *, relist: bool = False) -> tuple[FakeSession, Checks]:
+    """The health loop (or with `relist`, the re-list worker, asked for one re-list) until
+    `until(session, client)` holds or the loop ends (it returns once it marked the session lost)."""
     s, client = FakeSession(), Checks(answers)
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
 
             async def loop() -> None:
-                await Supervision(s, in_flight=in_flight)._health_loop(client, True)  # type: ignore[arg-type]
+                sup = Supervision(s, in_flight=in_flight)  # type: ignore[arg-type]
+                if relist:
+                    sup.want_relist()
+                    await sup._relist_worker(client)  # type: ignore[arg-type]
+                else:
+                    await sup._health_loop(client, True)  # type: ignore[arg-type]
                 tg.cancel_scope.cancel()
 
             tg.start_soon(loop)
@@ -108,3 +124,23 @@ async def test_calls_ending_meanwhile_make_the_next_miss_count() -> None:
 
     s, client = await run_checks(answers, lambda: state["busy"], lambda s, c: s.losses)
     assert client.sent == 2 and [x.reason for x in s.losses] == [LossReason.HEALTH_CHECK]
+
+
+@pytest.mark.timeout(60)
+async def test_a_relist_timing_out_loses_an_idle_session() -> None:
+    s, client = await run_checks(lambda n: False, lambda: 0, lambda s, c: s.losses, relist=True)
+    assert client.sent == 1 and [x.reason for x in s.losses] == [LossReason.TIMEOUT]
+    assert "tools/list" in s.losses[0].text and s.published == [], s.losses[0].text
+
+
+@pytest.mark.timeout(60)
+async def test_a_relist_timing_out_while_busy_is_tried_again_at_once_and_twice_loses() -> None:
+    s, client = await run_checks(lambda n: False, lambda: 3, lambda s, c: s.losses, relist=True)
+    assert client.sent == 2 and [x.reason for x in s.losses] == [LossReason.TIMEOUT]
+
+
+@pytest.mark.timeout(60)
+async def test_a_relist_answered_at_the_second_try_publishes_the_list() -> None:
+    s, client = await run_checks(lambda n: n == 2, lambda: 1, lambda s, c: s.published, relist=True)
+    assert client.sent == 2 and s.losses == []
+    assert [[r.tool for r in tools or ()] for tools in s.published] == [["t"]]

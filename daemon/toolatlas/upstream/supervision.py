@@ -7,7 +7,8 @@ typed `Loss` to the session (`Supervised.mark_lost`), which leaves READY and rec
 - health: legacy upstreams get a ping every `ping_interval`; 2026-07-28 has no ping, so a
   `server/discover` stands in. A check unanswered while calls are in flight gets one more
   chance at the next interval (a server busy with a large result answers late, and each call
-  has its own timeout); two in a row, or one while idle, lose the session.
+  has its own timeout); two in a row, or one while idle, lose the session. A re-list that
+  times out is judged the same way.
 - listen: on 2026-07-28 a `subscriptions/listen` stream stays open; an event, or a drop
   (no replay), means re-list; LISTEN_MAX_FAILURES failed re-opens mean the session is lost.
 - relist: one worker re-lists on request (list_changed, listen, the `relist_interval`
@@ -213,6 +214,7 @@ class Supervision:
 
     async def _relist_worker(self, client: Client) -> None:
         s = self._s
+        excused = False  # the last re-list timed out while calls were in flight (see health)
         while True:
             await self._wanted.wait()
             self._wanted = anyio.Event()
@@ -221,9 +223,17 @@ class Supervision:
             try:
                 with anyio.fail_after(s.upstream.timeouts.list_tools):
                     tools = await list_records(client, s.upstream)
+                excused = False
             except TimeoutError:
-                s.mark_lost(timeout_loss(s.name, "tools/list", s.upstream.timeouts.list_tools))
-                return
+                loss = timeout_loss(s.name, "tools/list", s.upstream.timeouts.list_tools)
+                busy = self._in_flight()
+                if not busy or excused:
+                    s.mark_lost(loss)
+                    return
+                logger.warning("%s, with %d call(s) in flight; keeping %d tools and listing again",
+                               loss.text, busy, len(s.tools or ()))
+                excused = True
+                self.want_relist()
             except Exception as exc:  # noqa: BLE001
                 reason = s.classify(exc)
                 if reason.session_gone:
