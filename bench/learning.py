@@ -313,8 +313,9 @@ def _socket(b: Bench, train: list[Query], tv: np.ndarray, rounds: int = 2, n_que
     before the start, daemons alternated, `rounds` of each. Timing starts once the index is
     settled and, with learning on, the learned state holds every event; "miss" = 300 distinct
     real queries (result-cache and query-vector misses), "hit" = the same again. Each run also
-    gives the mean size of a miss's answer: with learning on the top 5 are other tools, and
-    their schemas are what the event loop encodes and writes."""
+    gives the mean size of a miss's answer and how many distinct tools the misses showed: with
+    learning on the top 5 are other tools, and a tool's first showing sanitizes its
+    description and schema (gateway/matches.py)."""
     from catalog_upstream import CATALOGS, catalog_tools, upstream_block
     from search_latency import bench_queries
     from tests.support.daemon import Daemon
@@ -361,6 +362,7 @@ def _socket(b: Bench, train: list[Query], tv: np.ndarray, rounds: int = 2, n_que
                     lone0 = d.status()["index"]["lone_queries"]
                     timed: dict[str, list[float]] = {"miss": [], "hit": []}
                     sizes: list[int] = []  # bytes of each miss's answer (the learned ranking shows other tools)
+                    shown: set[str] = set()  # tools the misses showed: each one's first showing sanitizes it
                     with RawClient(d.socket, timeout=60) as c:
                         for kind in ("miss", "hit"):
                             for q in queries:
@@ -370,13 +372,14 @@ def _socket(b: Bench, train: list[Query], tv: np.ndarray, rounds: int = 2, n_que
                                 assert not res.get("isError"), res
                                 if kind == "miss":
                                     sizes.append(len(json.dumps(res)))
+                                    shown.update(m["name"] for m in (res.get("structuredContent") or {}).get("matches") or ())
                     st = d.status()
                 finally:
                     d.__exit__(None, None, None)
                 # misses that embedded their query on the spinning two-thread session (embed.OnnxEmbedder)
                 lone = {"lone_queries": st["index"]["lone_queries"] - lone0, "query_threads": st["index"]["query_threads"]}
                 row = {"round": r, "learning": on, "learning_events": st["learning"]["events"], "settled": settled, **lone,
-                       "answer_bytes_mean": round(statistics.mean(sizes)),
+                       "answer_bytes_mean": round(statistics.mean(sizes)), "distinct_tools_shown": len(shown),
                        "load_average": [round(x, 2) for x in os.getloadavg()],
                        **{f"{k}_{q}_ms": pct_ms(v, q2) for k, v in timed.items() for q, q2 in (("p50", 50), ("p95", 95))}}
                 out["runs"].append(row)
