@@ -20,7 +20,9 @@ from toolatlas.upstream.client import Loss, LossReason
 from toolatlas.upstream.supervision import Supervision
 
 UP = make_upstream("busy", "http", url="http://127.0.0.1:9/mcp", ping_interval=0.01, relist_interval=0,
-                   timeouts=Timeouts(connect=1.0, list_tools=0.05, call=1.0, ping=0.05))
+                   timeouts=Timeouts(connect=1.0, list_tools=2.0, call=1.0, ping=0.05))
+# list_tools: an answered re-list still converts its page in a worker thread, inside the
+# timeout; 2 s leaves a loaded machine room for that hop (a hanging one costs 2 s a try).
 
 
 class FakeSession:
