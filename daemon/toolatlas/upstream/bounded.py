@@ -29,6 +29,7 @@ import msgspec
 
 from toolatlas.config import HttpUpstream, SseUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized, request_id_of
+from toolatlas.upstream.client import describe
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +50,8 @@ def refusal(up: Upstream, request_id: RequestId) -> mcp_types.JSONRPCError:
 
 def broken(up: Upstream, request_id: RequestId, exc: httpx2.TransportError) -> mcp_types.JSONRPCError:
     """The JSON-RPC error that answers a request whose reply was cut off by the connection."""
-    reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return _error(request_id, f"the connection to upstream {up.name!r} broke while its reply was being read "
-                              f"({reason}); the call may or may not have run")
+                              f"({describe(exc)}); the call may or may not have run")
 
 
 # The fewest bytes a content block takes in JSON (`{"type":"text"}` and a comma).
@@ -171,6 +171,11 @@ class BoundedEvents:
         self._parts, self._size, self._skipping = [], 0, False
 
 
+def _wire(error: mcp_types.JSONRPCError) -> bytes:
+    """`error` as the bytes of a reply body, in place of the one it answers."""
+    return error.model_dump_json(by_alias=True, exclude_unset=True).encode()
+
+
 def _posted_id(request: httpx2.Request) -> RequestId | None:
     """The id of the JSON-RPC request a POST carried (its reply answers that one)."""
     if request.method != "POST":
@@ -196,7 +201,7 @@ class _Bounded(httpx2.AsyncByteStream):
         request_id = self._posted if request_id is None else request_id
         if request_id is None:
             return None
-        return refusal(self._up, request_id).model_dump_json(by_alias=True, exclude_unset=True).encode()
+        return _wire(refusal(self._up, request_id))
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = self._body.__aiter__()
@@ -238,7 +243,7 @@ class _Bounded(httpx2.AsyncByteStream):
             if self._posted is None:
                 raise
             logger.warning("upstream %s: the connection broke while a reply was being read: %r", self._up.name, exc)
-            yield broken(self._up, self._posted, exc).model_dump_json(by_alias=True, exclude_unset=True).encode()
+            yield _wire(broken(self._up, self._posted, exc))
             return
         for part in parts:
             yield part

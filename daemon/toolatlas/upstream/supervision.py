@@ -101,6 +101,18 @@ class Supervision:
         if up.ping_interval > 0:
             tg.start_soon(self._health_loop, client, modern)
 
+    def _excused(self, excused: bool, failure: str, then: str) -> bool:
+        """Whether a health check or re-list that went unanswered (`failure`) is excused:
+        once, while calls are in flight. Busy, maybe not hung: a single-threaded server
+        serialising a large result answers nothing else meanwhile, and ending the session
+        would fail the very call it is busy with (which has its own timeout). `excused`: the
+        last one was; two in a row, or one while idle, are not. Logs an excuse with `then`."""
+        busy = self._in_flight()
+        if not busy or excused:
+            return False
+        logger.warning("%s, with %d call(s) in flight; %s", failure, busy, then)
+        return True
+
     # ---- health -----------------------------------------------------------------------
 
     async def _health_loop(self, client: Client, modern: bool) -> None:
@@ -121,14 +133,8 @@ class Supervision:
                 excused = False
             except TimeoutError:
                 timeout = UpstreamTimeout(self._s.name, op, up.timeouts.ping)
-                busy = self._in_flight()
-                if busy and not excused:
-                    # Busy, maybe not hung: a single-threaded server serialising a large
-                    # result answers nothing else meanwhile. Ending the session here would
-                    # fail the very call it is busy with; that call has its own timeout.
-                    logger.warning("%s, with %d call(s) in flight; checking again in %g s",
-                                   timeout, busy, up.ping_interval)
-                    excused = True
+                excused = self._excused(excused, str(timeout), f"checking again in {up.ping_interval:g} s")
+                if excused:
                     continue
                 self._s.mark_lost(Loss(LossReason.HEALTH_CHECK, f"health check failed: {timeout}"))
                 return
@@ -226,13 +232,10 @@ class Supervision:
                 excused = False
             except TimeoutError:
                 loss = timeout_loss(s.name, "tools/list", s.upstream.timeouts.list_tools)
-                busy = self._in_flight()
-                if not busy or excused:
+                excused = self._excused(excused, loss.text, f"keeping {len(s.tools or ())} tools and listing again")
+                if not excused:
                     s.mark_lost(loss)
                     return
-                logger.warning("%s, with %d call(s) in flight; keeping %d tools and listing again",
-                               loss.text, busy, len(s.tools or ()))
-                excused = True
                 self.want_relist()
             except Exception as exc:  # noqa: BLE001
                 reason = s.classify(exc)
