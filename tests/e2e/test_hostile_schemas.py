@@ -1,6 +1,8 @@
 """A real daemon with a hostile stdio upstream (tests/support/servers/hostile.py) whose tools
 carry a remote `$ref`, a `file://` `$ref`, a `$ref` cycle and a catastrophic `pattern`
-(issue #15 items 2 and 3), or schemas the meta-schema rejects (item 7). Correctness only: every hostile call gets an error or a result,
+(issue #15 items 2 and 3), results against their own outputSchema (one with a catastrophic
+`pattern`: the SDK's check of it froze the daemon's event loop), or schemas the meta-schema
+rejects (item 7). Correctness only: every hostile call gets an error or a result,
 the HTTP listener the remote refs point at is never contacted, and another client's
 tool_search on the same daemon keeps answering while the hostile calls run."""
 
@@ -28,6 +30,9 @@ HOSTILE_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("hostile__remote_root", {"x": 1}),
     ("hostile__file_ref", {"x": "not an integer"}),
     ("hostile__ref_cycle", {"q": 1}),
+    ("hostile__evil_output", {}),
+    ("hostile__bad_output", {}),
+    ("hostile__good_output", {}),
 ]
 
 
@@ -36,7 +41,7 @@ def test_hostile_schemas_never_fetch_never_read_and_never_freeze_other_clients(t
     listener = RecordingListener()  # never answers: a fetch would hang the call
     ref_file = tmp_path / "schema.json"
     ref_file.write_text('{"type": "integer"}')  # if it were read, "not an integer" would be rejected
-    d = Daemon(tmp_path, hostile_upstream("--ref-url", f"{listener.url}/x", "--ref-file", ref_file.as_uri()))
+    d = Daemon(tmp_path, hostile_upstream("--ref-url", f"{listener.url}/x", "--ref-file", ref_file.as_uri(), "--outputs"))
     try:
         with d:
             d.wait_for(lambda: "hostile__evil_pattern" in d.search("hostile schema evil pattern", top_k=10),
@@ -76,6 +81,14 @@ def test_hostile_schemas_never_fetch_never_read_and_never_freeze_other_clients(t
                 r = results[name]
                 assert not r.get("isError"), r
                 assert r["content"][0]["text"] == "called", r
+            # Results against their outputSchema: the SDK's decisions and messages, bounded.
+            evil, bad = results["hostile__evil_output"], results["hostile__bad_output"]
+            assert evil.get("isError") and "evil_output" in evil["content"][0]["text"], evil
+            assert bad.get("isError"), bad
+            assert "Invalid structured content returned by tool bad_output: 'not an integer' is not of type " \
+                   "'integer'" in bad["content"][0]["text"], bad
+            good = results["hostile__good_output"]
+            assert not good.get("isError") and good["structuredContent"] == {"n": 1}, good
             assert d.search("hostile schema", top_k=3)  # still answering afterwards
     finally:
         listener.close()

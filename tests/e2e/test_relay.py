@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import Daemon, everything_upstream, stdio_testserver
+from tests.support.daemon import Daemon, everything_upstream, hostile_upstream, stdio_testserver
 from toolatlas.jsonlines import BoundedLines
 
 MODERN = "2026-07-28"
@@ -32,9 +32,11 @@ ENVELOPE = {
     "io.modelcontextprotocol/clientCapabilities": {},
     "io.modelcontextprotocol/clientInfo": {"name": "relay-test", "version": "1"},
 }
-# The project's test server (Python SDK, 2026-07-28) and npm's server-everything (TypeScript, 2025-11-25).
+# The project's test server (Python SDK, 2026-07-28), npm's server-everything (TypeScript,
+# 2025-11-25) and the hostile server's tools whose results meet, break or meet a catastrophic
+# `pattern` in their own outputSchema.
 CONFIG = (stdio_testserver("ts", "--blob", "--resources", "2") + "timeouts = { call = 1.5 }\nmax_result_bytes = 200000\n"
-          + everything_upstream("ev"))
+          + everything_upstream("ev") + hostile_upstream("--outputs", name="ho"))
 
 
 class Wire:
@@ -124,6 +126,9 @@ CALLS: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
     ("execute_tool", {"name": "ev__get-structured-content", "arguments": {"location": "New York"}}, None),
     ("execute_tool", {"name": "ev__trigger-long-running-operation", "arguments": {"duration": 0.3, "steps": 3}},
      {"progressToken": "long"}),
+    ("execute_tool", {"name": "ho__good_output", "arguments": {}}, None),
+    ("execute_tool", {"name": "ho__bad_output", "arguments": {}}, None),  # breaks its outputSchema
+    ("execute_tool", {"name": "ho__evil_output", "arguments": {}}, None),  # a catastrophic pattern, bounded
     ("execute_tool", {"name": "ts__crash", "arguments": {"code": 3}}, None),  # the session lost mid-call
 ]
 
@@ -158,6 +163,11 @@ def test_same_bytes_out_as_the_sdk_path(daemons: tuple[Daemon, Daemon], era: str
         assert first["result"]["structuredContent"] == {"result": "Echo: hi"}
         progress = a.request(201, "tools/call", {"name": "execute_tool", "arguments": CALLS[7][1]}, CALLS[7][2])
         assert [json.loads(p)["params"]["progressToken"] for p in progress[:-1]] == ["tok-7"] * 3
+        for at, (tool, text) in enumerate([("evil", "evil_output"), ("bad", "Invalid structured content returned by "
+                                           "tool bad_output: 'not an integer' is not of type 'integer'")]):
+            out = json.loads(a.request(202 + at, "tools/call", {"name": "execute_tool",
+                                                                "arguments": {"name": f"ho__{tool}_output", "arguments": {}}})[-1])
+            assert out["result"]["isError"] and text in out["result"]["content"][0]["text"], out
     finally:
         a.close()
         b.close()

@@ -14,7 +14,7 @@ import pytest
 from tests.support.listener import RecordingListener
 
 from toolatlas.catalog.model import ToolRecord
-from toolatlas.catalog.validate import ArgumentValidator
+from toolatlas.catalog.validate import ArgumentValidator, OutputValidator
 
 # Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
 pytestmark = pytest.mark.hostile
@@ -108,11 +108,12 @@ def test_catastrophic_pattern_properties_are_bounded() -> None:
     assert v.check(rec, {"aaa": "x"})
 
 
-async def test_check_async_leaves_the_event_loop_free() -> None:
-    """While a hostile check runs, the loop keeps ticking (old code: no async check at all)."""
-    v = ArgumentValidator()
-    rec = _rec({"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|a)*$"},
-                                                "t": {"type": "string", "pattern": EVIL}}})
+@pytest.mark.parametrize("checked", ["arguments", "output"])
+async def test_check_async_leaves_the_event_loop_free(checked: str) -> None:
+    """While a hostile check runs, the loop keeps ticking (old code: no async check at all;
+    an outputSchema's: the SDK's check on the loop), of arguments or of a tool's result."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|a)*$"},
+                                              "t": {"type": "string", "pattern": EVIL}}}
     ticks = 0
 
     async def ticker() -> None:
@@ -123,7 +124,11 @@ async def test_check_async_leaves_the_event_loop_free() -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
-        problems = await v.check_async(rec, {"s": "a" * 40 + "!", "t": ARG})
+        instance = {"s": "a" * 40 + "!", "t": ARG}
+        if checked == "arguments":
+            problems: Any = await ArgumentValidator().check_async(_rec(schema), instance)
+        else:
+            problems = await OutputValidator().check_async("t", schema, instance)
         tg.cancel_scope.cancel()
     assert problems
     assert ticks >= 1

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from toolatlas.calls import ProgressFn
 from toolatlas.config import Upstream
 from toolatlas.errors import ToolatlasError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from toolatlas.upstream.outputs import harden
 
 _CLIENT_INFO = mcp_types.Implementation(name="toolatlas", version="0.1.0")
 # Seconds a teardown may take (stdio escalation is bounded below this on its own).
@@ -181,6 +182,15 @@ async def _no_caller(
 ConnectMode = Literal["legacy", "auto"] | str
 
 
+class _Client(Client):
+    """The SDK client whose session checks results against output schemas safely (outputs.py)."""
+
+    async def __aenter__(self) -> _Client:
+        await super().__aenter__()
+        harden(self.session)
+        return self
+
+
 def make_client(
     transport: Transport, *, mode: ConnectMode, message_handler: MessageHandlerFnT | None = None,
     elicitation_callback: ElicitationFnT | None = None,
@@ -188,7 +198,7 @@ def make_client(
     """The SDK client over an unentered `transport`; enter and exit it in one task."""
     # The elicitation callback declares the capability (upstreams check it before asking);
     # the session's `Inbound.elicit` relays each question to the caller that asked it.
-    return Client(
+    return _Client(
         transport,
         mode=mode,
         message_handler=message_handler,

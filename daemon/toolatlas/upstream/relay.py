@@ -9,7 +9,7 @@ JSON-RPC model, validates the result against the protocol version and again as a
 back (`Pending.take`), decoded once, with progress notifications for its token. What the SDK
 checks on the way stays: the result is validated against the upstream's protocol version
 (`validate_server_result`), a later revision's fields are dropped, structured content is
-checked against the tool's output schema (`validate_tool_result`), errors are the SDK's
+checked against the tool's output schema (the session's check, outputs.py), errors are the SDK's
 own `MCPError`s (JSON-RPC errors, `Connection closed`), so `requests.bounded` maps them as
 before, and an abandoned call sends the courtesy `notifications/cancelled`. An
 `input_required` for a caller that cannot take one is left to the SDK's driver (the call is
@@ -35,6 +35,7 @@ from toolatlas.config import Upstream
 from toolatlas.jsonlines import Oversized
 from toolatlas.upstream.bounded import refusal, too_many_blocks
 from toolatlas.upstream.inbound import Inbound
+from toolatlas.upstream.outputs import harden
 
 logger = logging.getLogger(__name__)
 
@@ -241,19 +242,9 @@ async def relay_call(client: Client, pending: Pending, send: Any, call: Upstream
 
 
 async def _check_output(session: Any, tool: str, result: dict[str, Any]) -> None:
-    """The SDK client's `validate_tool_result` (structured content against the tool's output
-    schema), with its compiled validator's `is_valid` first: the model and the best-match
-    error report are built only when that fails, so the error is the SDK's own."""
-    schemas = session._tool_output_schemas  # noqa: SLF001 (mcp==2.3.0)
-    if tool in schemas and schemas[tool] is None:
-        return
-    if tool in schemas and result.get("structuredContent") is not None:
-        try:
-            if session._output_schema_validator(tool, schemas[tool]).is_valid(result["structuredContent"]):  # noqa: SLF001
-                return
-        except Exception:  # noqa: BLE001 - a bad schema or ref: the SDK's call below says which
-            pass
-    await session.validate_tool_result(tool, mcp_types.CallToolResult.model_validate(result, by_name=False))
+    """The session's structured-content check (outputs.py: the SDK's decisions and messages,
+    hostile schemas handled), on the result as it came."""
+    await harden(session).check(tool, result.get("structuredContent"), "structuredContent" in result)
 
 
 __all__ = ["ID_PREFIX", "Pending", "relay_call", "resource_uris"]

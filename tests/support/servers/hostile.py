@@ -2,10 +2,12 @@
 Self-contained: run it as a script.
 
     python hostile.py [--ref-url http://127.0.0.1:P/x --ref-file /path/schema.json]
-        [--tools N] [--description-bytes B] [--schema-bytes B] [--malformed]
+        [--tools N] [--description-bytes B] [--schema-bytes B] [--malformed] [--outputs]
 
 - `--ref-url`/`--ref-file`: tools whose inputSchemas carry a remote `$ref`, a `file://` `$ref`,
   a `$ref` cycle and a catastrophic `pattern`.
+- `--outputs`: tools whose results meet their outputSchema, break it, or meet a catastrophic
+  `pattern` in it (`OUTPUTS`).
 - `--malformed`: tools whose schemas the meta-schema rejects (`MALFORMED`), next to a good one.
 - Outsized things: `--tools N` lists N more tools (`many_00000` ...: distinct names in a few
   families, short texts); `--description-bytes B` adds `huge_doc`, whose description is B
@@ -42,6 +44,16 @@ def schemas(ref_url: str, ref_file: str) -> dict[str, dict[str, Any]]:
     }
 
 
+# tool -> (outputSchema, the structured content its call returns)
+OUTPUTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "evil_output": ({"type": "object", "properties": {"s": {"type": "string", "pattern": EVIL_PATTERN}}},
+                    {"s": "a" * 34 + "!"}),
+    "bad_output": ({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+                   {"n": "not an integer"}),
+    "good_output": ({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}, {"n": 1}),
+}
+
+
 FAMILIES = ("fetch", "store", "parse", "render", "sync", "audit", "index", "notify")
 
 
@@ -66,19 +78,25 @@ def huge_schema(size: int) -> dict[str, Any]:
 
 class HostileServer(MCPServer):
     advertised: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     extra: list[types.Tool] = []
     many = 0
     generation = 0
 
     async def list_tools(self) -> list[Any]:
         tools = await super().list_tools()
-        own = [t.model_copy(update={"input_schema": self.advertised.get(t.name, t.input_schema)}) for t in tools]
+        own = [t.model_copy(update={"input_schema": self.advertised.get(t.name, t.input_schema),
+                                    "output_schema": self.outputs[t.name][0] if t.name in self.outputs else t.output_schema})
+               for t in tools]
         return own + self.extra + many_tools(self.many, self.generation)
 
     async def _handle_call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> Any:
         if params.name == "blocks":  # built here: the SDK's result conversion of 400,000 blocks takes minutes
             n = int((params.arguments or {}).get("n", 1))
             return types.CallToolResult(content=[types.TextContent(type="text", text="x")] * n)
+        if params.name in self.outputs:  # built here: the SDK's own output check would run `re`
+            return types.CallToolResult(content=[types.TextContent(type="text", text="called")],
+                                        structured_content=self.outputs[params.name][1])
         return await super()._handle_call_tool(ctx, params)
 
 
@@ -92,10 +110,12 @@ MALFORMED: dict[str, dict[str, Any]] = {
 
 
 def build(ref_url: str | None = None, ref_file: str | None = None, *, tools: int = 0,
-          description_bytes: int = 0, schema_bytes: int = 0, malformed: bool = False) -> HostileServer:
+          description_bytes: int = 0, schema_bytes: int = 0, malformed: bool = False,
+          outputs: bool = False) -> HostileServer:
     server = HostileServer("hostile")
     server.advertised = MALFORMED if malformed else schemas(ref_url, ref_file) if ref_url and ref_file else {}
-    for name in server.advertised:
+    server.outputs = OUTPUTS if outputs else {}
+    for name in [*server.advertised, *server.outputs]:
         server.add_tool(_accept_anything, name=name, description=f"hostile schema: {name.replace('_', ' ')}")
     server.many = tools
     server.extra = []
@@ -135,9 +155,10 @@ def main() -> None:
     parser.add_argument("--description-bytes", type=int, default=0)
     parser.add_argument("--schema-bytes", type=int, default=0)
     parser.add_argument("--malformed", action="store_true", help="offer the MALFORMED tools")
+    parser.add_argument("--outputs", action="store_true", help="offer the OUTPUTS tools")
     args = parser.parse_args()
     server = build(args.ref_url, args.ref_file, tools=args.tools, description_bytes=args.description_bytes,
-                   schema_bytes=args.schema_bytes, malformed=args.malformed)
+                   schema_bytes=args.schema_bytes, malformed=args.malformed, outputs=args.outputs)
     anyio.run(server.run_stdio_async)
 
 
