@@ -171,6 +171,18 @@ class _Compiled:
         self.full = jsonschema.validators.extend(base, _SAFE)(schema, registry=_REGISTRY)
 
 
+def _prepared(schema: Any, what: str) -> tuple[Any, bool]:
+    """(`schema` sanitised, whether it has patterns), its removed refs logged under `what`
+    and its patterns compiled on `regex` (one the engine rejects raises here)."""
+    clean, removed, patterns = sanitise(schema)
+    if removed:
+        log.warning("%s has non-local $ref %s: never fetched; that part is not checked",
+                    what, ", ".join(repr(r) for r in removed[:5]))
+    for p in _pattern_strings(clean):
+        _compiled(p)
+    return clean, patterns
+
+
 class ArgumentValidator:
     """Compiled validators cached by tool content hash (a changed schema recompiles)."""
 
@@ -187,12 +199,7 @@ class ArgumentValidator:
                 return self._compiled[key]
         got: _Compiled | None
         try:
-            schema, removed, patterns = sanitise(rec.input_schema)
-            if removed:
-                log.warning("inputSchema of %s has non-local $ref %s: never fetched; that part is not checked",
-                            rec.name, ", ".join(repr(r) for r in removed[:5]))
-            for p in _pattern_strings(schema):
-                _compiled(p)
+            schema, patterns = _prepared(rec.input_schema, f"inputSchema of {rec.name}")
             fast = None if patterns else fastjsonschema.compile(schema, handlers=_HANDLERS)
             got = _Compiled(schema, fast)
         except (Exception, RecursionError) as exc:  # any schema error: do not enforce, say so once
@@ -299,12 +306,7 @@ class OutputValidator:
             got = f"Invalid schema for tool {tool}: {exc}"
         else:
             try:
-                clean, removed, patterns = sanitise(schema)
-                if removed:
-                    log.warning("outputSchema of %s has non-local $ref %s: never fetched; that part is not checked",
-                                tool, ", ".join(repr(r) for r in removed[:5]))
-                for p in _pattern_strings(clean):
-                    _compiled(p)
+                clean, patterns = _prepared(schema, f"outputSchema of {tool}")
                 fast = None
                 if not patterns:
                     try:
