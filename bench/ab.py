@@ -16,7 +16,13 @@ synthetic catalog upstream) and the clients are this tree's, the same for both.
 * search (what `bench/search_latency.py --skip-engine --skip-cold` measures): per size, both
   daemons index the same synthetic catalog (real ONNX embeddings); each query is sent to A
   and B back to back, in alternating order: cache misses (distinct queries), then the same
-  queries again (result-cache hits).
+  queries again (result-cache hits). `--gap-ms G` pauses G ms after each pair. Without it
+  each daemon's query starts right after the other's, and the query embedder's spinning rule
+  (retrieval/hostload.py: other processes' CPU over the last >= 0.25 s) counts the other
+  daemon's query as load and embeds on one thread, where a lone daemon (what
+  `search_latency.py` runs) spins two; a pause longer than that window lets each side see the
+  host as a lone daemon does. Trees from before the rule always spin, so without the pause the
+  miss ratio against them measures the rule, not the code.
 
 Prints JSON (also bench/out/ab.json): every side's median and p95, and after/before ratios
 of those figures. A ratio's noise is estimated by splitting the samples into two halves
@@ -134,7 +140,8 @@ def bench_calls(tmp: Path, trees: dict[str, Path], n: int) -> dict[str, Any]:
             d.__exit__(None, None, None)
 
 
-def bench_search(tmp: Path, trees: dict[str, Path], size: int, queries: list[str], hit_passes: int = 1) -> dict[str, Any]:
+def bench_search(tmp: Path, trees: dict[str, Path], size: int, queries: list[str], hit_passes: int = 1,
+                 gap_s: float = 0.0) -> dict[str, Any]:
     from catalog_upstream import upstream_block
 
     block = upstream_block("cat00", size, 0, 1, "relist_interval = 0\n")
@@ -156,6 +163,8 @@ def bench_search(tmp: Path, trees: dict[str, Path], size: int, queries: list[str
                         r = clients[side].call_tool("tool_search", {"query": q, "top_k": 5})
                         times[f"{kind}_{side}"].append(time.perf_counter() - t0)
                         assert len((r.get("structuredContent") or {}).get("matches") or []) == 5, r
+                    if gap_s:
+                        time.sleep(gap_s)
         finally:
             for c in clients.values():
                 c.close()
@@ -175,6 +184,8 @@ def main() -> int:
     p.add_argument("--queries", type=int, default=300)
     p.add_argument("--hit-passes", type=int, default=1, help="ask the cached queries this many times (more hit samples)")
     p.add_argument("--sizes", default="500,2000")
+    p.add_argument("--gap-ms", type=float, default=0.0,
+                   help="pause after each pair of searches (> 250 ms: each daemon sees a host as quiet as a lone daemon's)")
     p.add_argument("--skip-calls", action="store_true")
     p.add_argument("--skip-search", action="store_true")
     a = p.parse_args()
@@ -183,7 +194,7 @@ def main() -> int:
     dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "daemon"], capture_output=True, text=True).stdout.strip())
     out: dict[str, Any] = {"bench": "ab", "before": a.before, "after": head + ("+dirty" if dirty else ""),
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                           "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
+                           "gap_ms": a.gap_ms, "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
     tmp = Path(tempfile.mkdtemp(prefix="toolatlas-ab-"))
     try:
         if not a.skip_calls:
@@ -195,7 +206,8 @@ def main() -> int:
             queries = bench_queries(a.queries)
             out["search"] = {}
             for size in a.sizes.split(","):
-                out["search"][size] = bench_search(tmp, trees, int(size), queries, a.hit_passes)
+                out["search"][size] = bench_search(tmp, trees, int(size), queries, a.hit_passes,
+                                                     a.gap_ms / 1000)
                 print(f"search {size}: {json.dumps(out['search'][size])}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
