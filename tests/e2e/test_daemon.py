@@ -89,43 +89,58 @@ async def test_search_then_execute_over_the_socket(gateway: Daemon, mode: str) -
             await _search_then_execute(client)
 
 
+def _cache_epoch(d: Daemon) -> tuple[object, ...]:
+    """What clears the daemon's result cache when it changes: the index version (a catalog
+    commit), the dense branch coming up, a newly published learned state."""
+    s = d.status()
+    return s["index_version"], s["index"]["model"].get("phase"), s["index"]["embedder"], s["learning"]["events"]
+
+
 def test_tool_search_takes_the_fast_lane_with_the_sdks_answers(gateway: Daemon) -> None:
     """The socket serves tool_search itself (surface.server.fast_lane); its replies must be
     the ones the SDK pipeline gives, and what it does not take (here: a request with a
-    progress token) must still reach the SDK."""
-    args = {"query": "fast lane probe: add two numbers", "top_k": 3}
-    through_sdk: dict[str, dict] = {}
-    fast: dict[str, dict] = {}
-    cases = {
-        "hit": args,
-        "miss": {"query": "fast lane probe: echo a message back", "top_k": 2},
-        "unknown server": {**args, "servers": ["nope"]},
-        "bad top_k": {**args, "top_k": "three"},
-        "empty query": {"query": " "},
-    }
-    before = gateway.status()["cache"]
-    with gateway.client() as c:
-        # A connection's first call goes to the SDK: its handler records the negotiated
-        # protocol version, which the lane needs to know before it takes a request.
-        first = c.call_tool("tool_search", args)
-        for name, a in cases.items():
-            fast[name] = c.call_tool("tool_search", a)
-            through_sdk[name] = c.request(
-                "tools/call", {"name": "tool_search", "arguments": a, "_meta": {"progressToken": name}}
-            )
-    after = gateway.status()["cache"]
-    assert fast == through_sdk
-    assert first == fast["hit"]
-    hit = fast["hit"]
-    assert len(hit["structuredContent"]["matches"]) == 3 and not hit["isError"]
-    assert len(fast["miss"]["structuredContent"]["matches"]) == 2
-    assert json.loads(hit["content"][0]["text"]) == hit["structuredContent"]
-    assert after["fast_lane"] - before["fast_lane"] == len(cases)
-    assert after["hits"] - before["hits"] == 3 and after["misses"] - before["misses"] == 2
-    assert "unknown server(s) nope" in fast["unknown server"]["content"][0]["text"]
-    assert "top_k must be an integer" in fast["bad top_k"]["content"][0]["text"]
-    assert "non-empty string `query`" in fast["empty query"]["content"][0]["text"]
-    assert all(fast[k]["isError"] for k in ("unknown server", "bad top_k", "empty query"))
+    progress token) must still reach the SDK. The answers and the hit and miss counts hold
+    only if nothing cleared the result cache meanwhile (the module's daemon may still be
+    publishing an earlier test's learning or its dense branch on a loaded machine): such an
+    attempt is repeated with new queries, at most three times."""
+    for attempt in range(3):
+        args = {"query": f"fast lane probe {attempt}: add two numbers", "top_k": 3}
+        through_sdk: dict[str, dict] = {}
+        fast: dict[str, dict] = {}
+        cases = {
+            "hit": args,
+            "miss": {"query": f"fast lane probe {attempt}: echo a message back", "top_k": 2},
+            "unknown server": {**args, "servers": ["nope"]},
+            "bad top_k": {**args, "top_k": "three"},
+            "empty query": {"query": " "},
+        }
+        epoch, before = _cache_epoch(gateway), gateway.status()["cache"]
+        with gateway.client() as c:
+            # A connection's first call goes to the SDK: its handler records the negotiated
+            # protocol version, which the lane needs to know before it takes a request.
+            first = c.call_tool("tool_search", args)
+            for name, a in cases.items():
+                fast[name] = c.call_tool("tool_search", a)
+                through_sdk[name] = c.request(
+                    "tools/call", {"name": "tool_search", "arguments": a, "_meta": {"progressToken": name}}
+                )
+        after = gateway.status()["cache"]
+        if _cache_epoch(gateway) != epoch:
+            continue  # the answers may differ across that change too (BM25's, then hybrid)
+        assert fast == through_sdk
+        assert first == fast["hit"]
+        hit = fast["hit"]
+        assert len(hit["structuredContent"]["matches"]) == 3 and not hit["isError"]
+        assert len(fast["miss"]["structuredContent"]["matches"]) == 2
+        assert json.loads(hit["content"][0]["text"]) == hit["structuredContent"]
+        assert after["fast_lane"] - before["fast_lane"] == len(cases)
+        assert "unknown server(s) nope" in fast["unknown server"]["content"][0]["text"]
+        assert "top_k must be an integer" in fast["bad top_k"]["content"][0]["text"]
+        assert "non-empty string `query`" in fast["empty query"]["content"][0]["text"]
+        assert all(fast[k]["isError"] for k in ("unknown server", "bad top_k", "empty query"))
+        assert (after["hits"] - before["hits"], after["misses"] - before["misses"]) == (3, 2)
+        return
+    pytest.fail("the result cache was cleared during each of three attempts")
 
 
 async def test_the_sdk_client_accepts_fast_lane_answers(gateway: Daemon) -> None:
