@@ -17,12 +17,13 @@ synthetic catalog upstream) and the clients are this tree's, the same for both.
   daemons index the same synthetic catalog (real ONNX embeddings); each query is sent to A
   and B back to back, in alternating order: cache misses (distinct queries), then the same
   queries again (result-cache hits). `--gap-ms G` pauses G ms after each pair of misses.
-  Without it each daemon's query starts right after the other's, and the query embedder's spinning rule
-  (retrieval/hostload.py: other processes' CPU over the last >= 0.25 s) counts the other
-  daemon's query as load and embeds on one thread, where a lone daemon (what
-  `search_latency.py` runs) spins two; a pause longer than that window lets each side see the
-  host as a lone daemon does. Trees from before the rule always spin, so without the pause the
-  miss ratio against them measures the rule, not the code.
+  Without it each daemon's query starts right after the other's, and the query embedder's
+  spinning rule (retrieval/hostload.py: other processes' CPU over the last >= 0.25 s) counts
+  the other daemon's query as load and embeds on one thread, where a lone daemon (what
+  `search_latency.py` runs) spins two; a pause longer than that window lets each side see
+  the host as a lone daemon does. Trees from before the rule always spin, so without the
+  pause the miss ratio against them measures the rule, not the code. With it every miss is
+  cold and the side asked first after the pause is the slower (bench/README.md, stop 36).
 
 Prints JSON (also bench/out/ab.json): every side's median and p95, and after/before ratios
 of those figures. A ratio's noise is estimated by splitting the samples into two halves
