@@ -16,14 +16,15 @@ synthetic catalog upstream) and the clients are this tree's, the same for both.
 * search (what `bench/search_latency.py --skip-engine --skip-cold` measures): per size, both
   daemons index the same synthetic catalog (real ONNX embeddings); each query is sent to A
   and B back to back, in alternating order: cache misses (distinct queries), then the same
-  queries again (result-cache hits). `--gap-ms G` pauses G ms after each pair of misses.
+  queries again (result-cache hits). `--gap-ms G` pauses G ms before every miss.
   Without it each daemon's query starts right after the other's, and the query embedder's
   spinning rule (retrieval/hostload.py: other processes' CPU over the last >= 0.25 s) counts
   the other daemon's query as load and embeds on one thread, where a lone daemon (what
   `search_latency.py` runs) spins two; a pause longer than that window lets each side see
   the host as a lone daemon does. Trees from before the rule always spin, so without the
-  pause the miss ratio against them measures the rule, not the code. With it every miss is
-  cold and the side asked first after the pause is the slower (bench/README.md, stop 36).
+  pause the miss ratio against them measures the rule, not the code. A pause only after each
+  pair made the side asked first after it the slower by ~3x (bench/README.md, stop 36); before
+  every miss, both sides start each query from the same idle machine.
 
 Prints JSON (also bench/out/ab.json): every side's median and p95, and after/before ratios
 of those figures. A ratio's noise is estimated by splitting the samples into two halves
@@ -160,12 +161,12 @@ def bench_search(tmp: Path, trees: dict[str, Path], size: int, queries: list[str
             for kind, passes in (("miss", 1), ("hit", hit_passes)):
                 for i, q in enumerate(queries * passes):
                     for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
+                        if gap_s and kind == "miss":
+                            time.sleep(gap_s)  # before every miss: each side starts from the same idle
                         t0 = time.perf_counter()
                         r = clients[side].call_tool("tool_search", {"query": q, "top_k": 5})
                         times[f"{kind}_{side}"].append(time.perf_counter() - t0)
                         assert len((r.get("structuredContent") or {}).get("matches") or []) == 5, r
-                    if gap_s and kind == "miss":
-                        time.sleep(gap_s)
         finally:
             for c in clients.values():
                 c.close()
@@ -186,7 +187,7 @@ def main() -> int:
     p.add_argument("--hit-passes", type=int, default=1, help="ask the cached queries this many times (more hit samples)")
     p.add_argument("--sizes", default="500,2000")
     p.add_argument("--gap-ms", type=float, default=0.0,
-                   help="pause after each pair of misses (> 250 ms: each daemon sees a host as quiet as a lone daemon's)")
+                   help="pause before every miss (> 250 ms: each daemon sees a host as quiet as a lone daemon's)")
     p.add_argument("--skip-calls", action="store_true")
     p.add_argument("--skip-search", action="store_true")
     a = p.parse_args()
