@@ -89,10 +89,9 @@ async def test_search_then_execute_over_the_socket(gateway: Daemon, mode: str) -
             await _search_then_execute(client)
 
 
-def _cache_epoch(d: Daemon) -> tuple[object, ...]:
-    """What clears the daemon's result cache when it changes: the index version (a catalog
-    commit), the dense branch coming up, a newly published learned state."""
-    s = d.status()
+def _cache_epoch(s: dict) -> tuple[object, ...]:
+    """What in a catalog_status clears the daemon's result cache when it changes: the index
+    version (a catalog commit), the dense branch coming up, a newly published learned state."""
     return s["index_version"], s["index"]["model"].get("phase"), s["index"]["embedder"], s["learning"]["events"]
 
 
@@ -114,7 +113,7 @@ def test_tool_search_takes_the_fast_lane_with_the_sdks_answers(gateway: Daemon) 
             "bad top_k": {**args, "top_k": "three"},
             "empty query": {"query": " "},
         }
-        epoch, before = _cache_epoch(gateway), gateway.status()["cache"]
+        start = gateway.status()
         with gateway.client() as c:
             # A connection's first call goes to the SDK: its handler records the negotiated
             # protocol version, which the lane needs to know before it takes a request.
@@ -124,9 +123,10 @@ def test_tool_search_takes_the_fast_lane_with_the_sdks_answers(gateway: Daemon) 
                 through_sdk[name] = c.request(
                     "tools/call", {"name": "tool_search", "arguments": a, "_meta": {"progressToken": name}}
                 )
-        after = gateway.status()["cache"]
-        if _cache_epoch(gateway) != epoch:
+        end = gateway.status()
+        if _cache_epoch(end) != _cache_epoch(start):
             continue  # the answers may differ across that change too (BM25's, then hybrid)
+        before, after = start["cache"], end["cache"]
         assert fast == through_sdk
         assert first == fast["hit"]
         hit = fast["hit"]
