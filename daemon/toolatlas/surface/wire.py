@@ -9,6 +9,9 @@ off its start. None of them ends the connection; an empty line is skipped.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import logging
 import math
 import time
@@ -98,27 +101,38 @@ async def ndjson_streams(
         log.debug("bad client message: %s", refusal.message)
         await send_if_open(refusal.line())
 
-    lane_calls: dict[Any, anyio.CancelScope] = {}  # lane requests in flight, by id
+    # Lane requests in flight: plain asyncio tasks, not the task group's. anyio's start_soon
+    # builds a task handle, a cancel scope and an event per task, about a tenth of the
+    # daemon's CPU for a relayed call; nothing here needs them. A client's
+    # notifications/cancelled cancels its request's task; the connection's end, every one.
+    lane_tasks: set[asyncio.Task[None]] = set()
+    lane_calls: dict[Any, asyncio.Task[None]] = {}  # by id: the first of a reused id in flight
 
     async def finish(id_: Any, pending: Awaitable[dict[str, Any]], what: str = "the search") -> None:
-        scope = anyio.CancelScope()
-        lane_calls.setdefault(id_, scope)  # a reused id in flight: the first one is cancellable
-        line: bytes | None = None
         try:
-            with scope:
-                try:
-                    line = _encode(await pending) + b"\n"
-                except Exception:  # as the SDK answers a handler that raised
-                    log.exception("request %r failed", id_)
-                    line = Refusal(INTERNAL_ERROR, f"internal error: {what} failed; the daemon's log has the details",
-                                   id_).line()
-        finally:
-            if lane_calls.get(id_) is scope:
-                del lane_calls[id_]
-        if scope.cancelled_caught:
-            log.debug("request %r cancelled by the client; no response", id_)
-        elif line is not None:
-            await send_if_open(line)  # whole, never cut by a late cancel
+            line = _encode(await pending) + b"\n"
+        except Exception:  # as the SDK answers a handler that raised
+            log.exception("request %r failed", id_)
+            line = Refusal(INTERNAL_ERROR, f"internal error: {what} failed; the daemon's log has the details", id_).line()
+        if lane_calls.get(id_) is asyncio.current_task():
+            del lane_calls[id_]  # sent whole from here on: a late cancel finds nothing to cut
+        await send_if_open(line)
+
+    def lane_done(task: asyncio.Task[None], id_: Any, pending: Awaitable[dict[str, Any]]) -> None:
+        lane_tasks.discard(task)
+        if lane_calls.get(id_) is task:
+            del lane_calls[id_]
+        if task.cancelled():
+            if inspect.iscoroutine(pending):
+                pending.close()  # cancelled before it started: never awaited, and no warning
+        elif (exc := task.exception()) is not None:  # the send itself failed: a bug
+            log.error("request %r: sending its response failed", id_, exc_info=exc)
+
+    def start(id_: Any, pending: Awaitable[dict[str, Any]], what: str = "the search") -> None:
+        task = asyncio.get_running_loop().create_task(finish(id_, pending, what))
+        lane_tasks.add(task)
+        lane_calls.setdefault(id_, task)
+        task.add_done_callback(functools.partial(lane_done, id_=id_, pending=pending))
 
     def cancelled(line: bytes) -> None:
         """A client's notifications/cancelled for a lane request cancels its task."""
@@ -128,9 +142,10 @@ async def ndjson_streams(
             return
         params = msg.get("params") if isinstance(msg, dict) else None
         if isinstance(params, dict) and msg.get("method") == "notifications/cancelled":
-            scope = lane_calls.get(params.get("requestId"))
-            if scope is not None:
-                scope.cancel()
+            task = lane_calls.pop(params.get("requestId"), None)
+            if task is not None:
+                task.cancel()
+                log.debug("request %r cancelled by the client; no response", params.get("requestId"))
 
     async def fast(line: bytes) -> bool:
         """Whether `fast_lane` took this line (a failure to parse it leaves it to the SDK)."""
@@ -146,7 +161,7 @@ async def ndjson_streams(
         if isinstance(reply, dict):
             await send_if_open(_encode(reply) + b"\n")
         else:  # work to await (a search to run): its own task, so this reader goes on reading
-            tg.start_soon(finish, msg.get("id"), reply)
+            start(msg.get("id"), reply)
         return True
 
     async def handle_line(line: bytes | Oversized) -> None:
@@ -166,7 +181,7 @@ async def ndjson_streams(
             return
         assert message is not None  # screen gives one of the two
         if admin is not None and isinstance(message, types.JSONRPCRequest) and message.method.startswith(ADMIN_PREFIX):
-            tg.start_soon(finish, message.id, admin(message.id, message.method, message.params), "the command")
+            start(message.id, admin(message.id, message.method, message.params), "the command")
             return
         await read_writer.send(SessionMessage(message))
 
@@ -245,3 +260,8 @@ async def ndjson_streams(
             yield read_stream, write_stream
         finally:
             tg.cancel_scope.cancel()
+            for task in lane_tasks:
+                task.cancel()
+            if lane_tasks:  # each unwinds at once (a relayed call's courtesy cancel is bounded)
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait(set(lane_tasks))
