@@ -61,3 +61,39 @@ async def test_a_server_whose_session_is_down_is_still_refused() -> None:
     with anyio.fail_after(10), pytest.raises(UpstreamUnavailable, match="not available right now"):
         await calls.execute(CallRequest("fast__echo", {"message": "x"}), Connection(id=1))
     assert routed == []
+
+
+async def test_a_drain_waits_for_the_calls_in_flight_and_no_longer() -> None:
+    """`wait_idle` (the drain on shutdown) returns at once with no call in flight, waits for
+    each call in flight to end, and gives up at its timeout while one hangs."""
+    release = anyio.Event()
+
+    async def route(call: UpstreamCall) -> UpstreamReply:
+        await release.wait()
+        return UpstreamReply(payload={"content": [{"type": "text", "text": "done"}]})
+
+    visibility: Any = SimpleNamespace(allowed_servers=lambda conn: {"fast"}, configured=lambda s: s == "fast")
+    view = plan_listing(CatalogView(), "fast", TOOLS, AttestResult({t.tool: (t.description, "", ()) for t in TOOLS},
+                                                                     {}, "unattested")).final
+    calls = CallService(SimpleNamespace(view=view), visibility, route, lambda s: "ready",  # type: ignore[arg-type]
+                        metrics=Metrics(), events=ev.Events(io.StringIO()))
+    with anyio.fail_after(10):
+        await calls.wait_idle(30)  # idle: returns at once (the fail_after above would say otherwise)
+        drained: list[int] = []
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(calls.execute, CallRequest("fast__echo", {}), Connection(id=1))
+            while calls.inflight < 2:
+                await anyio.sleep(0.01)
+            await calls.wait_idle(0.05)  # both still in flight: the timeout ends the wait
+            assert calls.inflight == 2
+
+            async def drain() -> None:
+                await calls.wait_idle(30)
+                drained.append(calls.inflight)
+
+            tg.start_soon(drain)
+            await anyio.sleep(0.05)
+            assert drained == []  # still waiting for the two calls
+            release.set()
+        assert drained == [0]

@@ -75,13 +75,15 @@ class CallService:
         self.draining = False
         # Hears how each call ended: (connection, tool name, ok: no error, no isError). Set by the gateway (learning).
         self.on_done: Callable[[Connection, str, bool], None] | None = None
-        self._idle = anyio.Event()
-        self._idle.set()
+        self._idle: anyio.Event | None = None  # made by a drain that waits, set by the last call out
 
     async def wait_idle(self, timeout: float) -> None:
         """Wait (bounded) until no call is in flight."""
         with anyio.move_on_after(timeout):
-            await self._idle.wait()
+            while self.inflight:
+                if self._idle is None:
+                    self._idle = anyio.Event()
+                await self._idle.wait()
 
     async def execute(self, call: CallRequest, conn: Connection) -> CallOutcome:
         """Route `call` to the owning upstream. For 2026-07-28 callers an upstream's
@@ -185,8 +187,6 @@ class CallService:
             request_state=upstream_state, elicit=exchange.ask if exchange is not None else call.elicit,
             log=call.log, log_level=call.log_level, raw=call.raw,
         )
-        if self.inflight == 0:
-            self._idle = anyio.Event()
         self.inflight += 1
         try:
             if exchange is not None and spawn is not None:
@@ -195,8 +195,9 @@ class CallService:
             reply = await self._route(routed)
         finally:
             self.inflight -= 1
-            if self.inflight == 0:
+            if self.inflight == 0 and self._idle is not None:
                 self._idle.set()
+                self._idle = None
         if reply.input_required is not None:
             sealed = self._sealer.seal(upstream=rec.server, tool=rec.name, principal=conn.principal,
                                        upstream_state=reply.input_required.request_state)

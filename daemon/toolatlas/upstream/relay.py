@@ -140,7 +140,8 @@ class Pending:
                 raise MCPError(code=mcp_types.CONNECTION_CLOSED, message="Connection closed") from None
             while True:
                 await waiter.event.wait()
-                waiter.event = anyio.Event()
+                if waiter.reply is None:  # progress came first: wait again on a new event
+                    waiter.event = anyio.Event()
                 while waiter.progress and progress is not None:
                     p = waiter.progress.pop(0)
                     await _report(progress, p)

@@ -51,9 +51,12 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
     cancelled request leaves the session usable."""
     t0 = time.perf_counter()
     try:
-        with anyio.fail_after(seconds):
+        # anyio.fail_after's rule without its two generator context managers (per call).
+        with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
             async with session.sem:
                 result = await fn(client)
+        if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
+            raise TimeoutError
         session.observe("call", operation=operation, seconds=time.perf_counter() - t0, outcome="ok")
         return result
     except TimeoutError:
