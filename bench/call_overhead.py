@@ -4,12 +4,19 @@
 
 Upstream: the project's test server over stdio (`echo`). Every path uses the same MCP SDK
 client, so the difference is the gateway: socket hop, routing, the warm upstream session.
-Prints JSON; the goal is gateway_overhead_ms (median socket - median direct) <= 1.5.
+The three warm paths are interleaved (since stop 37; before, each ran as a block, so a
+phase of this shared VM could fall on one path only): each round makes one call on each, in
+a shuffled order. `*_overhead_ms` is the median of the per-round differences to the direct
+call (issue 19: socket <= 0.5 ms, shim <= 1.0 ms, socket / direct medians <= 1.15);
+`*_median_diff_ms` is the difference of the medians (what the block runs reported).
+Prints JSON; #2's goal was the socket overhead <= 1.5 ms.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import random
 import sys
 import tempfile
 import time
@@ -18,34 +25,38 @@ from pathlib import Path
 import anyio
 from mcp import Client, StdioServerParameters
 
-from _common import Daemon, emit, stdio_testserver, summary
+from _common import Daemon, emit, pct_ms, stdio_testserver, summary
 from tests.support.servers import testserver_args
 from toolatlas.surface.unix import unix_client
 
 UPSTREAM = StdioServerParameters(command=sys.executable, args=testserver_args())
 
 
-async def timed_calls(client: Client, n: int, name: str, args: dict) -> list[float]:
+async def interleaved(paths: dict[str, tuple[Client, str, dict]], n: int) -> dict[str, list[float]]:
+    """Seconds per call on each path: `n` rounds of one call each, in a shuffled order."""
     for _ in range(10):  # warm-up
-        await client.call_tool(name, args)
-    out = []
+        for client, name, args in paths.values():
+            await client.call_tool(name, args)
+    order, rng = list(paths), random.Random(1)
+    times: dict[str, list[float]] = {k: [] for k in paths}
     for _ in range(n):
-        t0 = time.perf_counter()
-        r = await client.call_tool(name, args)
-        out.append(time.perf_counter() - t0)
-        assert not r.is_error, r
-    return out
+        rng.shuffle(order)
+        for k in order:
+            client, name, args = paths[k]
+            t0 = time.perf_counter()
+            r = await client.call_tool(name, args)
+            times[k].append(time.perf_counter() - t0)
+            assert not r.is_error, (k, r)
+    return times
 
 
 async def run(calls: int, oneshot_calls: int, sock: str) -> dict:
     via = {"name": "bench__echo", "arguments": {"message": "hi"}}
-    async with Client(UPSTREAM) as direct:
-        direct_s = await timed_calls(direct, calls, "echo", {"message": "hi"})
-    async with Client(unix_client(sock)) as gw:
-        socket_s = await timed_calls(gw, calls, "execute_tool", via)
     shim = StdioServerParameters(command=sys.executable, args=["-m", "toolatlas", "shim", "--socket", sock])
-    async with Client(shim) as gw:
-        shim_s = await timed_calls(gw, calls, "execute_tool", via)
+    async with Client(UPSTREAM) as direct, Client(unix_client(sock)) as gw, Client(shim) as via_shim:
+        times = await interleaved({"direct": (direct, "echo", {"message": "hi"}), "socket": (gw, "execute_tool", via),
+                                   "shim": (via_shim, "execute_tool", via)}, calls)
+    direct_s, socket_s, shim_s = times["direct"], times["socket"], times["shim"]
     oneshot_s = []
     for _ in range(oneshot_calls):
         t0 = time.perf_counter()
@@ -62,10 +73,14 @@ async def run(calls: int, oneshot_calls: int, sock: str) -> dict:
         "gateway_socket": s,
         "gateway_shim": h,
         "oneshot_fresh_session": o,
-        "gateway_overhead_ms": round(s["median_ms"] - d["median_ms"], 3),
-        "gateway_shim_overhead_ms": round(h["median_ms"] - d["median_ms"], 3),
+        "gateway_overhead_ms": pct_ms([x - y for x, y in zip(socket_s, direct_s)], 50),
+        "gateway_shim_overhead_ms": pct_ms([x - y for x, y in zip(shim_s, direct_s)], 50),
+        "gateway_median_diff_ms": round(s["median_ms"] - d["median_ms"], 3),
+        "gateway_shim_median_diff_ms": round(h["median_ms"] - d["median_ms"], 3),
+        "gateway_over_direct": round(s["median_ms"] / d["median_ms"], 3),
         "oneshot_over_gateway_ratio": round(o["median_ms"] / s["median_ms"], 1),
-        "goal": "gateway_overhead_ms <= 1.5",
+        "goal": "#19: gateway_overhead_ms <= 0.5, gateway_over_direct <= 1.15, gateway_shim_overhead_ms <= 1.0",
+        "load_1m": round(os.getloadavg()[0], 2),
     }
 
 
