@@ -28,6 +28,7 @@ from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection
 from toolatlas.backoff import backoff_delay
 from toolatlas.surface.admin import AdminLane
 from toolatlas.surface.server import CONNECTION, Connections, init_options
+from toolatlas.surface.sockstream import TransportStream
 from toolatlas.surface.rpccheck import Refusal
 from toolatlas.surface.wire import ndjson_streams
 
@@ -210,7 +211,7 @@ class UnixServer:
             if self.listen_socket is None:
                 Path(self.path).unlink(missing_ok=True)
 
-    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:  # anyio's UNIXSocketStream
         raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
         creds = peer_credentials(raw)
         conn = Connection(id=next(_ids), endpoint=self.endpoint)
@@ -228,8 +229,9 @@ class UnixServer:
         token = CONNECTION.set(conn)
         log.debug("client connected: %s", conn)
         try:
-            async with stream, ndjson_streams(
-                stream, max_bytes=self.max_message_bytes, on_bad_message=self.on_bad_message,
+            moved = await TransportStream.adopt(stream)  # per message: no loop trips, no poll handles
+            async with moved, ndjson_streams(
+                moved, max_bytes=self.max_message_bytes, on_bad_message=self.on_bad_message,
                 fast_lane=self.fast_lane, message_timeout=self.message_timeout,
                 idle_timeout=self.idle_timeout,
                 admin=functools.partial(self.admin, conn) if self.admin is not None else None,
@@ -268,6 +270,6 @@ class UnixServer:
 @asynccontextmanager
 async def unix_client(path: str, *, max_bytes: int = 64 * 1024 * 1024) -> AsyncIterator[tuple[Any, Any]]:
     """A transport for `mcp.Client(unix_client(path))`."""
-    stream = await anyio.connect_unix(path)
+    stream = await TransportStream.adopt(await anyio.connect_unix(path))
     async with stream, ndjson_streams(stream, max_bytes=max_bytes) as streams:
         yield streams
