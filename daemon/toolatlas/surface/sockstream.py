@@ -108,23 +108,23 @@ class TransportStream(anyio.abc.ByteStream):
         except BaseException:
             sock.close()
             raise
-        return cls(cast(asyncio.Transport, transport), proto)
+        return cls(transport, proto)
 
-    async def _wait_readable(self) -> None:
+    async def _wait(self, reading: bool) -> None:
+        """Until the protocol wakes the reader (`reading`) or the writer."""
         proto = self._protocol
-        fut = proto.read_waiter = asyncio.get_running_loop().create_future()
+        fut = asyncio.get_running_loop().create_future()
+        if reading:
+            proto.read_waiter = fut
+        else:
+            proto.write_waiter = fut
         try:
             await fut
         finally:
-            proto.read_waiter = None
-
-    async def _wait_writable(self) -> None:
-        proto = self._protocol
-        fut = proto.write_waiter = asyncio.get_running_loop().create_future()
-        try:
-            await fut
-        finally:
-            proto.write_waiter = None
+            if reading:
+                proto.read_waiter = None
+            else:
+                proto.write_waiter = None
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         if max_bytes < 1:
@@ -139,7 +139,7 @@ class TransportStream(anyio.abc.ByteStream):
                 if proto.error is not None:
                     raise anyio.BrokenResourceError from proto.error
                 raise anyio.EndOfStream
-            await self._wait_readable()
+            await self._wait(reading=True)
         data = proto.chunks.popleft()
         if len(data) > max_bytes:
             proto.chunks.appendleft(data[max_bytes:])
@@ -158,7 +158,7 @@ class TransportStream(anyio.abc.ByteStream):
             raise anyio.BrokenResourceError from proto.error
         self._transport.write(item)
         while not proto.writable and not proto.lost and not self._closing:
-            await self._wait_writable()
+            await self._wait(reading=False)
 
     async def send_eof(self) -> None:
         if self._closing:
