@@ -2,11 +2,12 @@
 
 anyio's own Unix socket stream reads a raw socket: each `receive` first yields to the event
 loop, tries recv(2), and on EAGAIN registers the socket with the loop, waits on a future,
-then unregisters it; each `send` yields first too. Per JSON-RPC message that is two extra
-loop iterations, a failed recv(2) and a poll handle made and dropped (uvloop), about 80 us
-of CPU per request/response pair on this machine against 16 us for a transport, which
-keeps reading and hands data over as it comes (bench/README.md, stop 37). Here the loop's
-transport owns the socket and a small protocol buffers what it reads:
+then unregisters it; each `send` yields first too: for a request and its reply, two extra
+loop iterations, a failed recv(2) and a poll handle made and dropped (uvloop). A transport
+keeps reading and hands data over as it comes: a request/response round over a socket pair
+cost 81-97 us of CPU with anyio's stream and 26-31 us with this one (bench/socket_stream.py,
+bench/README.md stop 37). Here the loop's transport owns the socket and a small protocol
+buffers what it reads:
 
 - reading pauses while more than READ_HIGH bytes wait to be received (the peer then meets
   the kernel's buffer, as before) and resumes below READ_LOW;
