@@ -7,6 +7,7 @@ different scripts (and `toolatlas eval`) mean the same thing."""
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import sys
 import time
@@ -92,3 +93,23 @@ def emit(result: dict[str, Any], name: str) -> None:
 
 __all__ = ["Daemon", "OUT", "REPO", "descendants", "emit", "median", "pct_ms", "proc_mem_mb", "start_server",
            "stdio_testserver", "summary", "wait_settled"]
+
+
+async def interleaved(paths: dict[str, tuple[Any, str, dict[str, Any]]], n: int, warmup: int = 10) -> dict[str, list[float]]:
+    """Seconds per call on each path (an MCP client, a tool, its arguments): `warmup` rounds
+    untimed, then `n` rounds of one call on every path in a shuffled order (seeded), so a
+    phase of the machine falls on every path alike. A call that returns isError fails."""
+    for _ in range(warmup):
+        for client, name, args in paths.values():
+            await client.call_tool(name, args)
+    order, rng = list(paths), random.Random(1)
+    times: dict[str, list[float]] = {k: [] for k in paths}
+    for _ in range(n):
+        rng.shuffle(order)
+        for k in order:
+            client, name, args = paths[k]
+            t0 = time.perf_counter()
+            res = await client.call_tool(name, args)
+            times[k].append(time.perf_counter() - t0)
+            assert not res.is_error, (k, res)
+    return times

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -49,7 +48,7 @@ from typing import Any
 import anyio
 from mcp import Client, StdioServerParameters
 
-from _common import REPO, Daemon, emit, pct_ms, stdio_testserver, wait_settled
+from _common import REPO, Daemon, emit, interleaved, pct_ms, stdio_testserver, wait_settled
 from tests.support.servers import testserver_args
 from toolatlas.surface.rawclient import RawClient
 from toolatlas.surface.unix import unix_client
@@ -92,7 +91,6 @@ def ratios(before: list[float], after: list[float]) -> dict[str, Any]:
 async def _calls(n: int, sockets: dict[str, str], envs: dict[str, dict[str, str]]) -> dict[str, Any]:
     upstream = StdioServerParameters(command=sys.executable, args=testserver_args())
     via = {"name": "bench__echo", "arguments": {"message": "hi"}}
-    times: dict[str, list[float]] = {}
     async with Client(upstream) as direct, Client(unix_client(sockets["before"])) as sock_b, \
             Client(unix_client(sockets["after"])) as sock_a, \
             Client(StdioServerParameters(command=sys.executable, args=["-m", "toolatlas", "shim", "--socket", sockets["before"]],
@@ -104,20 +102,7 @@ async def _calls(n: int, sockets: dict[str, str], envs: dict[str, dict[str, str]
             "socket_before": (sock_b, "execute_tool", via), "socket_after": (sock_a, "execute_tool", via),
             "shim_before": (shim_b, "execute_tool", via), "shim_after": (shim_a, "execute_tool", via),
         }
-        order = list(paths)
-        rng = random.Random(1)
-        for _ in range(20):  # warm-up
-            for client, name, args in paths.values():
-                await client.call_tool(name, args)
-        times = {k: [] for k in paths}
-        for _ in range(n):
-            rng.shuffle(order)
-            for k in order:
-                client, name, args = paths[k]
-                t0 = time.perf_counter()
-                res = await client.call_tool(name, args)
-                times[k].append(time.perf_counter() - t0)
-                assert not res.is_error, (k, res)
+        times = await interleaved(paths, n, warmup=20)
     d = times["direct"]
     out: dict[str, Any] = {k: figures(v) for k, v in times.items()}
     for path in ("socket", "shim"):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import tempfile
 import time
@@ -25,29 +24,11 @@ from pathlib import Path
 import anyio
 from mcp import Client, StdioServerParameters
 
-from _common import Daemon, emit, pct_ms, stdio_testserver, summary
+from _common import Daemon, emit, interleaved, pct_ms, stdio_testserver, summary
 from tests.support.servers import testserver_args
 from toolatlas.surface.unix import unix_client
 
 UPSTREAM = StdioServerParameters(command=sys.executable, args=testserver_args())
-
-
-async def interleaved(paths: dict[str, tuple[Client, str, dict]], n: int) -> dict[str, list[float]]:
-    """Seconds per call on each path: `n` rounds of one call each, in a shuffled order."""
-    for _ in range(10):  # warm-up
-        for client, name, args in paths.values():
-            await client.call_tool(name, args)
-    order, rng = list(paths), random.Random(1)
-    times: dict[str, list[float]] = {k: [] for k in paths}
-    for _ in range(n):
-        rng.shuffle(order)
-        for k in order:
-            client, name, args = paths[k]
-            t0 = time.perf_counter()
-            r = await client.call_tool(name, args)
-            times[k].append(time.perf_counter() - t0)
-            assert not r.is_error, (k, r)
-    return times
 
 
 async def run(calls: int, oneshot_calls: int, sock: str) -> dict:
