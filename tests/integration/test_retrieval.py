@@ -566,7 +566,7 @@ def test_hnsw_searches_run_during_a_save_and_wait_for_an_insert(tmp_path: Path) 
     done = threading.Event()
 
     def search() -> None:
-        assert len(store.query(vecs[0], 5, 32)) == 5
+        assert len(store.search(vecs[0], 5, 32)[0]) == 5
         done.set()
 
     # shared (what save() holds while writing the file): a search goes ahead

@@ -58,7 +58,7 @@ def test_large_snapshot_stores_float16_and_scores_in_float32(monkeypatch: pytest
     assert np.allclose(some, full[[5, 1, 30]])
     assert big.rows().dtype == np.float32 and np.abs(big.rows() - vecs).max() < 1e-3
     assert int(np.argmax(full)) == 3
-    assert big.centroids is not None and np.abs(big.centroids - small.centroids).max() < 1e-3  # type: ignore[operator]
+    assert big.centroids is not None and np.array_equal(big.centroids, small.centroids)  # from the float32 vectors
 
 
 def test_embedding_file_is_mapped_checked_and_rewritten(tmp_path: Path) -> None:
@@ -96,14 +96,69 @@ def test_remap_leaves_only_live_and_unwritten_vectors_on_the_heap(tmp_path: Path
     b = IndexBuilder({"embeddings_computed": 0, "embeddings_cached": 0, "embeddings_shared": 0})
     docs = _docs(3)
     entries, vec_of = _labelled(docs, _unit(3))
-    b.entries = entries  # type: ignore[assignment]
     old = {bytes([200 + i]) * 32: _unit(1, i)[0] for i in range(3)}  # no longer live, heap copies
     b.vec_of = {**old, **vec_of}
+    snap, _ = b.commit(entries, [], 1, None, DIM)  # type: ignore[arg-type]
+    assert snap.vecs is not None and snap.vecs.dtype == np.float32
+    live_rows = {k: b.vec_of[k] for k in vec_of}
     written = persist.save_embeddings(tmp_path, "m", {k: b.vec_of[k] for k in [*list(old)[1:], *vec_of]})
     b.remap(written)
     assert list(old)[0] not in b.vec_of  # the file no longer keeps it: gone from memory too
     assert all(persist.is_mapped(b.vec_of[k]) for k in list(old)[1:])
-    assert all(b.vec_of[k] is vec_of[k] for k in vec_of)  # live ones untouched
+    assert all(b.vec_of[k] is live_rows[k] and b.vec_of[k].base is snap.vecs for k in vec_of)  # rows untouched
+
+
+def test_float16_snapshot_keeps_exact_vectors_in_the_file_not_on_the_heap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = IndexBuilder({"embeddings_computed": 0, "embeddings_cached": 0, "embeddings_shared": 0})
+    docs = _docs(30)
+    vecs = _unit(30)
+    entries, vec_of = _labelled(docs, vecs)
+    b.vec_of = dict(vec_of)
+    small, _ = b.commit(dict(list(entries.items())[:20]), [], 1, None, DIM)  # type: ignore[arg-type]
+    assert small.vecs is not None and small.vecs.dtype == np.float32
+    assert all(b.vec_of[e.key].base is small.vecs for e in b.entries.values())
+    monkeypatch.setattr(index, "HALF_ABOVE", 25)
+    big, _ = b.commit(entries, [], 2, None, DIM)  # type: ignore[arg-type]  # the catalog grew past it
+    assert big.vecs is not None and big.vecs.dtype == np.float16
+    for i, e in enumerate(b.entries.values()):
+        got = b.vec_of[e.key]
+        assert got.dtype == np.float32 and np.array_equal(got, vecs[i])  # the originals, not rounded rows
+        assert got.base is not small.vecs  # the old float32 matrix is not kept alive by a view
+    written = persist.save_embeddings(tmp_path, "m", dict(b.vec_of))
+    b.remap(written)
+    assert all(persist.is_mapped(b.vec_of[e.key]) for e in b.entries.values())  # heap copies gone
+    back = persist.load_embeddings(tmp_path, "m", DIM)
+    assert np.array_equal(np.stack([back[e.key] for e in b.entries.values()]), vecs)  # the file stays exact
+
+
+def test_float16_snapshot_ranks_hnsw_candidates_by_hnswlibs_float32_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolatlas.retrieval import rank
+    from toolatlas.retrieval.hnsw import HnswStore
+
+    n = 300
+    docs, vecs = _docs(n), _unit(n, seed=5)
+    entries, vec_of = _labelled(docs, vecs)
+    store_ = HnswStore(DIM, capacity=n)
+    labels = store_.add(vecs)
+    assert list(labels) == list(range(n))
+    monkeypatch.setattr(index, "HALF_ABOVE", 10)
+    monkeypatch.setattr(rank, "HNSW_MIN", 50)
+    snap = build_snapshot(1, entries, vec_of, DIM, store_)  # type: ignore[arg-type]
+    assert snap.vecs is not None and snap.vecs.dtype == np.float16
+    q = vecs[17]
+    pos, sims = rank.dense(snap, q, 20, None, None)
+    exact = vecs[pos] @ q
+    assert pos[0] == 17 and np.abs(sims - exact).max() < 1e-5  # float16 rows are off by ~1e-3 here
+    assert np.abs(snap.sims(q, pos) - exact).max() > 1e-5
+    # a query no document's words match: the fused candidates are hnswlib's, scored as a
+    # float32 snapshot scores them
+    monkeypatch.setattr(index, "HALF_ABOVE", None)
+    exact_snap = build_snapshot(1, entries, vec_of, DIM, store_)  # type: ignore[arg-type]
+    got = rank.fused_scores(rank.QueryScores(snap, "zzzz", q, None), None, "z")
+    want = rank.fused_scores(rank.QueryScores(exact_snap, "zzzz", q, None), None, "z")
+    assert np.array_equal(got[0], want[0]) and np.abs(got[1] - want[1]).max() < 1e-4
 
 
 def test_snapshot_share_moves_live_keys_last_and_keeps_mapped_views(tmp_path: Path) -> None:

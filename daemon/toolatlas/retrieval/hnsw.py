@@ -135,12 +135,6 @@ class HnswStore:
         self.deleted += len(labels)
         self.live -= len(labels)
 
-    def query(
-        self, vector: np.ndarray, k: int, ef: int, filter: Callable[[int], bool] | None = None
-    ) -> np.ndarray:
-        """Labels of up to `k` approximate nearest neighbours (fewer if the index is small)."""
-        return self.search(vector, k, ef, filter)[0]
-
     def search(
         self, vector: np.ndarray, k: int, ef: int, filter: Callable[[int], bool] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:

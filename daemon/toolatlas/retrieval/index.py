@@ -35,14 +35,16 @@ log = logging.getLogger(__name__)
 
 EMBED_BATCH = 256  # texts per embedder call while indexing
 _SCOPE_CACHE_MAX = 256
-# A snapshot of more than HALF_ABOVE documents keeps its vectors in float16 (half the memory:
-# hnswlib holds its own float32 copy for the approximate search); every use converts the rows
-# it reads back to float32. Off (None) by default: with every snapshot float16, ToolLens test
-# hybrid nDCG@5 moved 0.3649 -> 0.3648 and MRR 0.5533 -> 0.5531 (MCPToolBench++ unchanged),
-# and issue 19 allows float16 only where ranking is unchanged to the fourth decimal. At
-# 100,000 tools it saves 77 MB (bench/README.md "Issue 19 item 3"). Small catalogs should stay
-# float32 anyway: their searches scan every row and numpy has no float16 BLAS.
-HALF_ABOVE: int | None = None
+# A snapshot of more than HALF_ABOVE documents keeps its vectors in float16: half the memory
+# (77 MB at 100,000 tools), and hnswlib holds the float32 copy its searches read. Its rankers
+# take the dense scores of hnswlib's candidates from hnswlib (float32, exact); only the scans
+# of a scoped search and the candidates that only BM25 found read the float16 rows (cosine
+# off by at most ~4e-5). The embedding cache keeps the float32 originals on disk (mapped, not
+# resident), never these rows. Equal to rank.HNSW_MIN: at or below it a search scans every
+# row, and that scan stays float32 (numpy has no float16 BLAS; every ranking of a catalog
+# that small, both dev sets included, is unchanged). With every snapshot float16, ToolLens
+# test hybrid nDCG@5 moved 0.3649 -> 0.3648 (bench/README.md "Issue 19 item 3").
+HALF_ABOVE: int | None = 4096
 _SCAN_CHUNK = 8192  # rows converted at a time by a float16 scan
 
 # scope (sorted server names) -> (allowed positions, their hnsw labels once asked for)
@@ -143,13 +145,13 @@ def build_snapshot(
     label_pos: dict[int, int] = {}
     if vec_of is not None and ents and all(e.label >= 0 for e in ents):
         vecs = np.empty((len(ents), dim), dtype=np.float16 if HALF_ABOVE is not None and len(ents) > HALF_ABOVE else np.float32)
-        for i, e in enumerate(ents):
-            vecs[i] = vec_of[e.key]
+        sums = np.zeros((len(servers), dim), dtype=np.float32)
+        for s in range(0, len(ents), _SCAN_CHUNK):  # centroids from the float32 vectors, whatever `vecs` keeps
+            chunk = np.stack([vec_of[e.key] for e in ents[s : s + _SCAN_CHUNK]]).astype(np.float32, copy=False)
+            vecs[s : s + chunk.shape[0]] = chunk
+            np.add.at(sums, doc_server[s : s + chunk.shape[0]], chunk)
         labels = np.fromiter((e.label for e in ents), dtype=np.int64, count=len(ents))
         label_pos = {int(lab): i for i, lab in enumerate(labels)}
-        sums = np.zeros((len(servers), dim), dtype=np.float32)
-        for s in range(0, len(ents), _SCAN_CHUNK):
-            np.add.at(sums, doc_server[s : s + _SCAN_CHUNK], vecs[s : s + _SCAN_CHUNK].astype(np.float32))
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         norms[norms == 0] = 1.0
         centroids = sums / norms
@@ -210,6 +212,7 @@ class IndexBuilder:
         self._counts = counts
         self._queue: list[Entry] = []  # entries waiting for a vector, longest first (see pending)
         self._queue_for: dict[str, Entry] | None = None  # the entries dict `_queue` was made from
+        self._mat: np.ndarray | None = None  # the float32 snapshot matrix live cache entries view
 
     def fetch_shared(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
         """Vectors of `keys` another replica embedded ({} without a shared cache). Does not
@@ -329,38 +332,46 @@ class IndexBuilder:
         self.deferred = None
 
     def _share(self, snap: Snapshot) -> None:
-        """Keep one copy of each live vector: the cache's entry for a live document becomes a
-        row of the snapshot's matrix (a view), so the cache no longer holds its own array
-        beside it. A cached vector no longer live that still views an older matrix is copied
-        out, so that matrix can go; one that views the mapped embedding file stays a view
-        (page cache, not heap: see persist.load_embeddings). Live keys move to the end of
-        the cache's order, which is its recency order (store.vectors_to_keep)."""
+        """Keep one copy of each live vector in memory. Under a float32 snapshot the cache's
+        entry for a live document becomes a row of the snapshot's matrix (a view), so the
+        cache no longer holds its own array beside it. Under a float16 one the cache keeps
+        the float32 original (the file's view, or a heap array until `remap` maps it after
+        the next write): the snapshot's rows are rounded, and the file must stay exact. A
+        cached vector no longer live that still views an older matrix is copied out, so that
+        matrix can go; one that views the mapped embedding file stays a view (page cache, not
+        heap: see persist.load_embeddings). Live keys move to the end of the cache's order,
+        which is its recency order (store.vectors_to_keep)."""
         assert snap.vecs is not None
         live: dict[bytes, int] = {}
         for i, e in enumerate(self.entries.values()):
             live.setdefault(e.key, i)
         vec_of, mat = self.vec_of, snap.vecs
+        exact = mat.dtype == np.float32
         for key, vec in vec_of.items():
-            if key not in live and vec.base is not None and not persist.is_mapped(vec):
+            if vec.base is None or persist.is_mapped(vec):
+                continue
+            if key not in live or (not exact and vec.base is self._mat):
                 vec_of[key] = vec.copy()
         for key, i in live.items():
-            vec_of.pop(key, None)
-            vec_of[key] = mat[i]
+            vec = vec_of.pop(key)
+            vec_of[key] = mat[i] if exact else vec
+        self._mat = mat if exact else None
 
     def remap(self, on_disk: dict[bytes, np.ndarray]) -> None:
         """The embedding cache was written: `on_disk` is what the file holds, as views of it.
         A vector no longer live is replaced by its view of the file (its heap copy goes) or,
         if the file no longer keeps it, dropped; so the heap holds only live vectors and
-        those not written yet, and the file (bounded, store.vectors_to_keep) the rest."""
+        those not written yet, and the file (bounded, store.vectors_to_keep) the rest. Under
+        a float16 snapshot the live vectors become views of the file too (see `_share`)."""
         live = {e.key for e in self.entries.values()}
         for key in list(self.vec_of):
-            if key in live:
-                continue
+            if key in live and self._mat is not None:
+                continue  # a row of the float32 snapshot
             got = on_disk.get(key)
-            if got is None:
-                del self.vec_of[key]
-            else:
+            if got is not None:
                 self.vec_of[key] = got
+            elif key not in live:
+                del self.vec_of[key]
 
     def _embed_missing(self, emb: Embedder, ents: Sequence[Entry]) -> None:
         missing: dict[bytes, str] = {}

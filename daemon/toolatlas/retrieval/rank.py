@@ -202,9 +202,12 @@ def fused_scores(qs: QueryScores, scope: tuple[str, ...] | None, fusion_kind: st
             return np.arange(snap.n, dtype=np.int64), fusion.weighted(lex, qs.allowed_sims, ALPHA, fusion_kind)
         return allowed, fusion.weighted(lex[allowed], qs.allowed_sims, ALPHA, fusion_kind)
     lex_top = fusion.top_indices(lex, FUSION_POOL, allowed, positive=True)
-    dense_top, _ = dense(snap, qvec, FUSION_POOL, scope, allowed)
+    dense_top, dense_sims = dense(snap, qvec, FUSION_POOL, scope, allowed)
     cand = np.union1d(lex_top, dense_top)
-    return cand, fusion.weighted(lex[cand], snap.sims(qvec, cand), ALPHA, fusion_kind)
+    sims = snap.sims(qvec, cand)
+    if snap.vecs.dtype != np.float32:  # the dense candidates keep the exact scores `dense` gave them
+        sims[np.searchsorted(cand, dense_top)] = dense_sims
+    return cand, fusion.weighted(lex[cand], sims, ALPHA, fusion_kind)
 
 
 def dense(
@@ -225,12 +228,14 @@ def dense(
         elif allowed is not None:
             labels_ok = frozenset(int(x) for x in snap.labels[allowed])
             filt = labels_ok.__contains__
-        labels = hnsw.query(qvec, k, ef=max(64, 2 * k), filter=filt)
-        pos = np.fromiter(
-            (p for p in (snap.label_pos.get(int(lab)) for lab in labels) if p is not None), dtype=np.int64
-        )
+        labels, dists = hnsw.search(qvec, k, ef=max(64, 2 * k), filter=filt)
+        got = [(p, i) for i, p in enumerate(snap.label_pos.get(int(lab)) for lab in labels) if p is not None]
+        pos = np.fromiter((p for p, _ in got), dtype=np.int64, count=len(got))
         if pos.shape[0] >= min(k, n_allowed):
-            sims = snap.sims(qvec, pos)
+            if snap.vecs.dtype == np.float32:
+                sims = snap.sims(qvec, pos)
+            else:  # a float16 snapshot: hnswlib's cosine over its float32 copy is the exact score
+                sims = 1.0 - dists[np.fromiter((i for _, i in got), dtype=np.int64, count=len(got))]
             order = np.lexsort((pos, -sims))
             return pos[order], sims[order]
     if allowed is None:
