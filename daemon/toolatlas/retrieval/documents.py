@@ -40,13 +40,13 @@ class ToolDoc(msgspec.Struct, frozen=True, kw_only=True):
     tags: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Entry:
     """A ToolDoc with what indexing it needs; `label` is set once its vector is in hnswlib."""
 
     doc: ToolDoc
     key: bytes  # sha256 of `text`: the embedding cache key
-    tokens: list[str]  # field-weighted BM25 tokens
+    tokens: tuple[str, ...]  # field-weighted BM25 tokens (a tuple: no list over-allocation, 100,000 of them)
     label: int = -1  # hnsw label, -1 if not in the dense index
 
     @property
@@ -67,4 +67,4 @@ def make_entry(doc: ToolDoc) -> Entry:
         # interned: a catalog's vocabulary is a few thousand words, its tokens millions
         # (100,000 tools held ~60 token strings each, one object per occurrence)
         tokens.extend([sys.intern(t) for t in toks] * FIELD_WEIGHTS.get(fname, 1))
-    return Entry(doc=doc, key=hashlib.sha256(text.encode()).digest(), tokens=tokens)
+    return Entry(doc=doc, key=hashlib.sha256(text.encode()).digest(), tokens=tuple(tokens))
