@@ -40,11 +40,14 @@ _SCOPE_CACHE_MAX = 256
 # take the dense scores of hnswlib's candidates from hnswlib (float32, exact); only the scans
 # of a scoped search and the candidates that only BM25 found read the float16 rows (cosine
 # off by at most ~4e-5). The embedding cache keeps the float32 originals on disk (mapped, not
-# resident), never these rows. Equal to rank.HNSW_MIN: at or below it a search scans every
-# row, and that scan stays float32 (numpy has no float16 BLAS; every ranking of a catalog
-# that small, both dev sets included, is unchanged). With every snapshot float16, ToolLens
-# test hybrid nDCG@5 moved 0.3649 -> 0.3648 (bench/README.md "Issue 19 item 3").
-HALF_ABOVE: int | None = 4096
+# resident), never these rows. Forced on both dev catalogs (every snapshot float16, every
+# search through hnswlib), `toolatlas eval --mode all` gave identical figures.
+# Off (None): numpy converts float16 at ~1.2 ns an element here, so a scoped search's scan
+# pays for it. 20,000 tools in five servers, in process (bench/README.md, stop 38): one
+# server's scan 1.43 -> 3.62 ms a query, unscoped 2.46 -> 2.67 ms; 77-100 MB at 100,000
+# tools does not bring issue 19's 600 MB within reach (792-819 MB with it on), so search
+# speed wins. Small catalogs would stay float32 anyway: their searches scan every row.
+HALF_ABOVE: int | None = None
 _SCAN_CHUNK = 8192  # rows converted at a time by a float16 scan
 
 # scope (sorted server names) -> (allowed positions, their hnsw labels once asked for)
