@@ -29,6 +29,30 @@ from tests.support.postgres import PgServer, bindir
 from tests.support.servers import RunningServer, ServerFactory
 
 
+# The longest test files (by `make test`'s --durations), longest first, go first: with
+# `--dist loadfile` a worker takes whole files in collection order, and one of these taken
+# last runs alone at the end while the other workers idle. The rest keep their order.
+LONG_FILES = (
+    "e2e/test_fresh_start.py", "unit/test_eval.py", "e2e/test_crash_recovery.py", "integration/test_retrieval.py",
+    "e2e/test_replicas.py", "e2e/test_federation.py", "e2e/test_fuzz.py", "e2e/test_cards.py",
+    "integration/test_systemd_units.py", "e2e/test_learning.py", "integration/test_engine_warmup.py",
+    "integration/test_rift.py",
+)
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = {name: i for i, name in enumerate(LONG_FILES)}
+
+    def order(item: pytest.Item) -> int:
+        try:
+            return first.get(item.path.resolve().relative_to(_TESTS).as_posix(), len(first))
+        except ValueError:  # not under tests/
+            return len(first)
+
+    items.sort(key=order)  # stable: a file's tests stay together and in order
+
+
 @pytest.fixture
 def free_port() -> int:
     return ports.free_port()
