@@ -229,13 +229,14 @@ def dense(
             labels_ok = frozenset(int(x) for x in snap.labels[allowed])
             filt = labels_ok.__contains__
         labels, dists = hnsw.search(qvec, k, ef=max(64, 2 * k), filter=filt)
-        got = [(p, i) for i, p in enumerate(snap.label_pos.get(int(lab)) for lab in labels) if p is not None]
-        pos = np.fromiter((p for p, _ in got), dtype=np.int64, count=len(got))
+        mapped = np.fromiter((snap.label_pos.get(int(lab), -1) for lab in labels), dtype=np.int64, count=labels.shape[0])
+        known = mapped >= 0  # labels this snapshot has (a newer one's are skipped)
+        pos = mapped[known]
         if pos.shape[0] >= min(k, n_allowed):
             if snap.vecs.dtype == np.float32:
                 sims = snap.sims(qvec, pos)
             else:  # a float16 snapshot: hnswlib's cosine over its float32 copy is the exact score
-                sims = 1.0 - dists[np.fromiter((i for _, i in got), dtype=np.int64, count=len(got))]
+                sims = 1.0 - dists[known]
             order = np.lexsort((pos, -sims))
             return pos[order], sims[order]
     if allowed is None:
