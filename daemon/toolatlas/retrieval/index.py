@@ -66,7 +66,7 @@ class Snapshot:
     bm25: Bm25Index
     vecs: np.ndarray | None  # (n, dim) normalised (float16 above HALF_ABOVE rows, if set); None when bm25-only
     labels: np.ndarray | None  # hnsw label per position
-    label_pos: dict[int, int]
+    label_pos: np.ndarray  # position per hnsw label below its length (-1: not in this snapshot)
     centroids: np.ndarray | None  # (len(servers), dim)
     hnsw: HnswStore | None = None  # the shared dense index the labels point into
     scope_cache: ScopeCache = field(default_factory=dict)
@@ -145,7 +145,7 @@ def build_snapshot(
     server_pos = {s: order[bounds[i] : bounds[i + 1]] for i, s in enumerate(servers)}
     bm25 = Bm25Index([e.tokens for e in ents])
     vecs = labels = centroids = None
-    label_pos: dict[int, int] = {}
+    label_pos = np.empty(0, dtype=np.int64)
     if vec_of is not None and ents and all(e.label >= 0 for e in ents):
         vecs = np.empty((len(ents), dim), dtype=np.float16 if HALF_ABOVE is not None and len(ents) > HALF_ABOVE else np.float32)
         sums = np.zeros((len(servers), dim), dtype=np.float32)
@@ -154,7 +154,9 @@ def build_snapshot(
             vecs[s : s + chunk.shape[0]] = chunk
             np.add.at(sums, doc_server[s : s + chunk.shape[0]], chunk)
         labels = np.fromiter((e.label for e in ents), dtype=np.int64, count=len(ents))
-        label_pos = {int(lab): i for i, lab in enumerate(labels)}
+        # an array, not a dict: 0.8 MB at 100,000 tools against ~11 MB of int objects and table
+        label_pos = np.full(int(labels.max()) + 1, -1, dtype=np.int64)
+        label_pos[labels] = np.arange(len(ents), dtype=np.int64)
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         norms[norms == 0] = 1.0
         centroids = sums / norms

@@ -229,7 +229,9 @@ def dense(
             labels_ok = frozenset(int(x) for x in snap.labels[allowed])
             filt = labels_ok.__contains__
         labels, dists = hnsw.search(qvec, k, ef=max(64, 2 * k), filter=filt)
-        mapped = np.fromiter((snap.label_pos.get(int(lab), -1) for lab in labels), dtype=np.int64, count=labels.shape[0])
+        mapped = np.full(labels.shape[0], -1, dtype=np.int64)
+        ours = labels < snap.label_pos.shape[0]
+        mapped[ours] = snap.label_pos[labels[ours]]
         known = mapped >= 0  # labels this snapshot has (a newer one's are skipped)
         pos = mapped[known]
         if pos.shape[0] >= min(k, n_allowed):
