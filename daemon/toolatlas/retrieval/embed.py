@@ -146,6 +146,12 @@ def _onnx_session(path: Path, threads: int, *, spin: bool = False) -> Any:
     # (`spin`, see OnnxEmbedder). Without the arena and memory patterns the process
     # keeps ~55 MB less resident after embedding, at no measurable query cost.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if spin:
+        # ... between the operators of a query, not after it: without this the worker went
+        # on spinning for milliseconds after `run` returned, on the core the answer and the
+        # client need (2,000 tools, 300 misses through the socket: daemon CPU 9.9-12.3 ->
+        # 7.3-8.8 ms a search, wall unchanged; bench/README.md, stop 39).
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
     opts.enable_cpu_mem_arena = False
     opts.enable_mem_pattern = False
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
