@@ -7,6 +7,7 @@ different scripts (and `toolatlas eval`) mean the same thing."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import sys
@@ -58,6 +59,12 @@ def proc_mem_mb(pid: int) -> dict[str, float]:
     return out
 
 
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process `pid` has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_settled(status: Callable[[], dict[str, Any] | None], timeout: float) -> tuple[bool, dict[str, Any]]:
     """Wait until the daemon's background work after a catalog change has finished, so
     what follows times the steady state: the embedding model in and every tool embedded
@@ -91,7 +98,7 @@ def emit(result: dict[str, Any], name: str) -> None:
     print(text)
 
 
-__all__ = ["Daemon", "OUT", "REPO", "descendants", "emit", "median", "pct_ms", "proc_mem_mb", "start_server",
+__all__ = ["Daemon", "OUT", "REPO", "descendants", "emit", "median", "pct_ms", "proc_cpu_s", "proc_mem_mb", "start_server",
            "stdio_testserver", "summary", "wait_settled"]
 
 

@@ -21,7 +21,8 @@ against catalog size into bench/out/search_latency.png.
   daemon's background Rift analysis and token accounting have finished: "miss" = distinct real queries (toollens
   test + mcptoolbenchpp), each a result-cache and query-vector miss, the query embedded by the
   daemon; "hit" = the same queries again (result-cache hits); "narrow_scope_miss" (when there
-  are 2+ upstreams) = `servers` = one upstream, query vectors cached.
+  are 2+ upstreams) = `servers` = one upstream, query vectors cached. `daemon_cpu_ms_per_miss`:
+  the daemon's CPU (user + system, every thread, /proc) over the misses, per miss.
 * engine: the same catalogs and queries through `Engine.search` in this process (miss, hit,
   narrow scope over one of many servers, ranking only with query vectors cached): where the
   time goes, without the socket and the daemon.
@@ -54,7 +55,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog, load_queries  # noqa: E402
 from toolatlas.retrieval.engine import Engine, ToolDoc  # noqa: E402
-from _common import pct_ms, proc_mem_mb, wait_settled  # noqa: E402
+from _common import pct_ms, proc_cpu_s, proc_mem_mb, wait_settled  # noqa: E402
 
 SHARD_TOOLS = 5000  # tools per synthetic upstream in the socket bench
 RIFT_WAIT_S = 120  # at most this long for the daemon's background work (Rift, tokens, snapshot) before timing
@@ -253,7 +254,9 @@ def _socket_size(size: int, queries: list[str], top_k: int, real_max: int) -> di
                         assert not r.get("isError") and len(matches) == top_k, r
                         assert not extra.get("narrow") or {m["server"] for m in matches} == {servers[i % shards]}
 
+                cpu0 = proc_cpu_s(d.proc.pid)
                 run("miss", queries)
+                miss_cpu_ms = (proc_cpu_s(d.proc.pid) - cpu0) * 1000 / len(queries)
                 run("hit", queries)
                 if shards > 1:
                     # a result-cache miss (distinct scope), query vector cached: ranking inside one upstream
@@ -275,6 +278,7 @@ def _socket_size(size: int, queries: list[str], top_k: int, real_max: int) -> di
             "settled_before_timing": settled,
             "daemon_rss_mb": rss,
             **{k: _stats(v) for k, v in timed.items() if v},
+            "daemon_cpu_ms_per_miss": round(miss_cpu_ms, 2),
         }
         if synthetic and row["embeddings_computed"]:
             raise RuntimeError(f"size {size}: the daemon embedded {row['embeddings_computed']} documents; "
