@@ -70,7 +70,8 @@ def wait_settled(status: Callable[[], dict[str, Any] | None], timeout: float) ->
     what follows times the steady state: the embedding model in and every tool embedded
     (`index.degraded` None, or "bm25-only" when the model failed), the Rift analysis (or its
     refusal), the token accounting and the index snapshot write, all for the current index
-    version.
+    version (Rift's report names its index since stop 39; before, a report of an older index
+    passed while the next analysis was due or running).
     Returns (settled, the last catalog_status seen)."""
     deadline = time.monotonic() + timeout
     st: dict[str, Any] = {}
@@ -81,7 +82,10 @@ def wait_settled(status: Callable[[], dict[str, Any] | None], timeout: float) ->
         done = (
             bool(idx)
             and idx.get("degraded") in (None, "bm25-only")
-            and (rift.get("available") or rift.get("reason") not in (None, "not run yet"))
+            # the analysis of this very index (a report of an older one means Rift is due or
+            # running: its n x n matrix would be in the figures), or why there is none
+            and ((rift.get("available") and rift.get("index_version") == idx.get("version"))
+                 or rift.get("reason") not in (None, "not run yet"))
             and (st.get("tokens") or {}).get("index_version") == idx.get("version")
             and idx.get("persisted_version") == idx.get("version")
         )

@@ -34,3 +34,9 @@ def test_rift_runs_after_a_restart_with_an_unchanged_catalog(tmp_path: Path) -> 
     with Daemon(tmp_path, upstream, search_extra='embedder = "onnx"\n') as d:
         assert d.status()["index"]["embeddings_computed"] == 0
         d.wait_for(lambda: d.status()["rift"].get("available"), 60, "rift after a restart")
+        # the report names the index it describes: the current one once Rift has caught up
+        d.wait_for(lambda: (st := d.status())["rift"]["index_version"] == st["index"]["version"], 60,
+                   "rift on the current index")
+        d.tool("crm__add_tool", {"name": "erase_contact", "description": "Erase a contact."})
+        d.wait_for(lambda: (st := d.status())["rift"]["index_version"] == st["index"]["version"]
+                   and st["rift"]["tools"] == st["index"]["tools"], 60, "rift on the changed catalog")

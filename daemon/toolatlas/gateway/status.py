@@ -228,8 +228,10 @@ class StatusService:
         for c in visible:
             if c.risk in counts:
                 counts[c.risk] += 1
+        # index_version: the index the report describes; behind `index.version` while the
+        # analysis of a newer catalog waits for its debounce or runs
         return {"available": True, "tools": n_tools, "clusters": counts,
-                "theta": report.theta, "embedder": report.embedder}
+                "theta": report.theta, "embedder": report.embedder, "index_version": self._rift.version}
 
     def snapshot(self) -> StateSnapshot:
         view = self._catalog.view

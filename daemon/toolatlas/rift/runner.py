@@ -29,6 +29,7 @@ class RiftRunner:
         self._debounce = debounce
         self._max_tools = max_tools
         self.report: RiftReport | None = None
+        self.version: int | None = None  # the index version the last analysis (or refusal) read
         self.error: str | None = None
         self._wanted = anyio.Event()
 
@@ -47,29 +48,30 @@ class RiftRunner:
                 break
             try:
                 self.error = None
-                self.report = await anyio.to_thread.run_sync(self._analyse)
+                self.report, self.version = await anyio.to_thread.run_sync(self._analyse)
             except Exception as exc:  # an analysis failure must never affect serving
                 log.warning("rift analysis failed: %s", exc)
                 self.error = str(exc)
 
-    def _analyse(self) -> RiftReport | None:
+    def _analyse(self) -> tuple[RiftReport | None, int]:
+        """(the report, or None, and the index version it read)."""
         embedder = self._engine.embedder
         version, docs, vecs = self._engine.catalog_vectors()
         if embedder is None or vecs is None or not docs:
-            return None
+            return None, version
         if len(docs) > self._max_tools:
             # Clustering holds an n x n similarity matrix: past this size it belongs in an
             # offline `toolatlas rift` run, not in the daemon's memory.
             self.error = (f"catalog has {len(docs)} tools, above the {self._max_tools} the daemon "
                           "analyses; run `toolatlas rift --config PATH` offline")
-            return None
+            return None, version
         tools, schemas, token_texts = build_inputs([(d, d.description, d.server_summary, d.tags) for d in docs])
         report = analyse(tools, embedder, schemas=schemas, token_texts=token_texts, vectors=vecs)
         memory.settle_heap()  # the analysis held n x n similarities; its report stays
         memory.trim_heap()  # ... and their pages go back to the OS
         log.info("rift: %d clusters over %d tools (index version %d): %s",
                  len(report.clusters), len(docs), version, report.counts())
-        return report
+        return report, version
 
 
 __all__ = ["RIFT_DEBOUNCE_S", "RIFT_MAX_TOOLS", "RiftRunner"]
