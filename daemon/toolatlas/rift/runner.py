@@ -30,6 +30,7 @@ class RiftRunner:
         self._max_tools = max_tools
         self.report: RiftReport | None = None
         self.version: int | None = None  # the index version the last analysis (or refusal) read
+        self.skipped = 0  # requests for an index already analysed
         self.error: str | None = None
         self._wanted = anyio.Event()
 
@@ -46,6 +47,9 @@ class RiftRunner:
                     await self._wanted.wait()
                     continue
                 break
+            if self.report is not None and self.error is None and self.version == self._engine.version:
+                self.skipped += 1  # this index is analysed already (one change can ask twice: its update, its vectors)
+                continue
             try:
                 self.error = None
                 self.report, self.version = await anyio.to_thread.run_sync(self._analyse)
