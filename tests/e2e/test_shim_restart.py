@@ -157,18 +157,21 @@ async def test_sdk_client_goes_on_across_a_daemon_restart(daemon: Daemon, mode: 
 # -- shim --config: the shim starts the daemon ---------------------------------------------------
 
 def _daemons_of(config: Path) -> list[int]:
-    """Pids of `toolatlas serve --config CONFIG` processes, from /proc."""
-    found = []
+    """Pids of `toolatlas serve --config CONFIG` processes, from /proc. A child the daemon is
+    forking (the token counter, an upstream) shows the daemon's argv until it execs: one
+    whose parent matches too is not a daemon (seen once beside a CPU hog)."""
+    found: dict[int, int] = {}  # pid -> parent pid
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
         if b"serve" in argv and str(config).encode() in argv and pid_alive(int(entry)):
-            found.append(int(entry))
-    return found
+            found[int(entry)] = ppid
+    return [pid for pid, ppid in found.items() if ppid not in found]
 
 
 @pytest.fixture
