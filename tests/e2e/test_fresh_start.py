@@ -156,7 +156,9 @@ def test_a_fresh_state_dir_exports_from_spawn_serves_bm25_meanwhile_then_goes_hy
         assert not r.get("isError") and text(r) == "Echo: before"
 
         export_gate.touch()  # the real export runs now, then the model loads and the catalog is embedded
-        st = d.wait_for(lambda: (s := d.status())["index"]["model"]["phase"] == "ready" and s, 600, "hybrid")
+        # ready, then (below rank.HNSW_MIN, served by an exact scan meanwhile) the graph filled
+        st = d.wait_for(lambda: (s := d.status())["index"]["model"]["phase"] == "ready"
+                        and (s["index"]["dense_index"] or {}).get("live") == s["index"]["tools"] and s, 600, "hybrid")
         idx = st["index"]
         assert idx["ready"] and idx["degraded"] is None and st["waiting_for"] == []
         assert idx["tools"] > 0 and idx["dense_index"]["live"] == idx["tools"]
