@@ -23,16 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, Daemon, emit, stdio_testserver
+from _common import REPO, Daemon, emit, proc_cpu_s, stdio_testserver
 from toolatlas.surface.rawclient import RawClient
 
-HZ = os.sysconf("SC_CLK_TCK")
 ARGS = {"query": "echo the message back", "top_k": 5}
-
-
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / HZ
 
 
 def _functions(raw: Path) -> collections.Counter[str]:
@@ -61,10 +55,10 @@ def profile(tree: Path, hits: int, spy: str | None) -> tuple[dict[str, Any], col
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0 if rec is not None else 0)
                 load = os.getloadavg()[0]
-                c0, t0 = _cpu(pid), time.perf_counter()
+                c0, t0 = proc_cpu_s(pid), time.perf_counter()
                 for _ in range(hits):
                     c.call_tool("tool_search", ARGS)
-                wall, cpu = time.perf_counter() - t0, _cpu(pid) - c0
+                wall, cpu = time.perf_counter() - t0, proc_cpu_s(pid) - c0
                 if rec is not None:
                     rec.send_signal(2)
                     rec.wait(60)

@@ -21,7 +21,7 @@ from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from tests.support.daemon import Daemon, stdio_testserver
-from tests.support.processes import descendants, kill_all, pid_alive, wait_gone
+from tests.support.processes import descendants, kill_all, parent_of, pid_alive, wait_gone
 
 PASSTHROUGH = "shim-restart-client"  # sees the upstream's tools, so the daemon announces their changes
 META = ["tool_search", "execute_tool", "catalog_status"]
@@ -166,10 +166,10 @@ def _daemons_of(config: Path) -> list[int]:
             continue
         try:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
-        if b"serve" in argv and str(config).encode() in argv and pid_alive(int(entry)):
+        ppid = parent_of(entry)
+        if b"serve" in argv and str(config).encode() in argv and ppid is not None and pid_alive(int(entry)):
             found[int(entry)] = ppid
     return [pid for pid, ppid in found.items() if ppid not in found]
 

@@ -27,6 +27,12 @@ def _stat_fields(pid: int | str) -> list[str] | None:
     return stat.rsplit(")", 1)[1].split()
 
 
+def parent_of(pid: int | str) -> int | None:
+    """The parent pid of ``pid``, or None when it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields is not None else None
+
+
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     fields = _stat_fields(pid)
