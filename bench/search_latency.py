@@ -195,11 +195,11 @@ def _seed_daemon_embeddings(index_dir: Path, tools: list[dict[str, Any]], server
     from catalog_upstream import shard, tool_docs
     from toolatlas.retrieval import persist
     from toolatlas.retrieval.embed import get_embedder
-    from toolatlas.retrieval.engine import make_entry
+    from toolatlas.retrieval.documents import doc_key, doc_text
 
     emb = get_embedder("onnx", index_dir)
     n_base = max(t["base"] for t in tools) + 1
-    base_vecs = emb.embed([make_entry(d).text for d in tool_docs(tools[:n_base], servers[0])])
+    base_vecs = emb.embed([doc_text(d) for d in tool_docs(tools[:n_base], servers[0])])
     rng = np.random.default_rng(size)
     vec_of: dict[bytes, np.ndarray] = {}
     for k, server in enumerate(servers):
@@ -208,7 +208,7 @@ def _seed_daemon_embeddings(index_dir: Path, tools: list[dict[str, Any]], server
         vecs = vecs + rng.normal(0, 0.02, vecs.shape).astype(np.float32)
         vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
         for doc, vec in zip(tool_docs(part, server), vecs):
-            vec_of[make_entry(doc).key] = vec
+            vec_of[doc_key(doc)] = vec
     persist.save_embeddings(index_dir, emb.name, vec_of)
     return len(vec_of)
 
@@ -301,9 +301,9 @@ def measure_socket(sizes: tuple[int, ...], n_queries: int = 300, top_k: int = 5,
 
 
 def make_text(doc: ToolDoc) -> str:
-    from toolatlas.retrieval.engine import make_entry
+    from toolatlas.retrieval.documents import doc_text
 
-    return make_entry(doc).text
+    return doc_text(doc)
 
 
 def _link_models(state: Path) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from _common import REPO, emit, median
 from catalog_upstream import catalog_tools
 from toolatlas.retrieval import index, rank
-from toolatlas.retrieval.documents import ToolDoc, make_entry
+from toolatlas.retrieval.documents import ToolDoc, Vocab, make_entry
 from toolatlas.retrieval.hnsw import HnswStore
 
 DIM = 384
@@ -43,8 +43,9 @@ def run(n: int, n_queries: int) -> dict[str, Any]:
     labels = store.add(vecs)
     store.index.set_num_threads(1)
     entries, vec_of = {}, {}
+    vocab = Vocab()
     for d, v, lab in zip(docs, vecs, labels):
-        e = dataclasses.replace(make_entry(d), label=int(lab))
+        e = dataclasses.replace(make_entry(d, vocab), label=int(lab))
         entries[d.name] = e
         vec_of[e.key] = v
     snaps = {}

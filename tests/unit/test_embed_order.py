@@ -16,7 +16,7 @@ def _doc(i: int, words: int) -> ToolDoc:
 
 def _builder(docs: list[ToolDoc]) -> IndexBuilder:
     b = IndexBuilder({"embeddings_computed": 0, "embeddings_cached": 0, "embeddings_shared": 0})
-    b.entries, _ = plan_update({}, docs, [])
+    b.entries, _ = plan_update({}, docs, [], b.vocab)
     return b
 
 
@@ -40,7 +40,7 @@ def test_pending_is_shortest_first_and_skips_what_has_a_vector() -> None:
 def test_pending_follows_a_new_entries_dict() -> None:
     b = _builder([_doc(i, 5) for i in range(4)])
     assert len(b.pending(10)) == 4
-    b.entries, _ = plan_update(b.entries, [_doc(9, 1)], ["s__t0", "s__t1"])
+    b.entries, _ = plan_update(b.entries, [_doc(9, 1)], ["s__t0", "s__t1"], b.vocab)
     texts = list(b.pending(10).values())
     assert len(texts) == 3 and texts[0] == b.entries["s__t9"].text  # the new, shortest one first
     assert b.entries.get("s__t0") is None

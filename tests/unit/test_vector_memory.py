@@ -14,7 +14,7 @@ import pytest
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.schemas import intern_schema, pooled_schemas
 from toolatlas.retrieval import index, persist, store
-from toolatlas.retrieval.documents import ToolDoc, make_entry
+from toolatlas.retrieval.documents import ToolDoc, Vocab, make_entry
 from toolatlas.retrieval.index import IndexBuilder, build_snapshot
 
 DIM = 8
@@ -34,8 +34,9 @@ def _unit(n: int, seed: int = 1) -> np.ndarray:
 def _labelled(docs: list[ToolDoc], vecs: np.ndarray) -> tuple[dict[str, object], dict[bytes, np.ndarray]]:
     entries = {}
     vec_of = {}
+    vocab = Vocab()
     for i, (d, v) in enumerate(zip(docs, vecs)):
-        e = dataclasses.replace(make_entry(d), label=i)
+        e = dataclasses.replace(make_entry(d, vocab), label=i)
         entries[d.name] = e
         vec_of[e.key] = v
     return entries, vec_of
@@ -205,5 +206,6 @@ def test_restored_documents_share_strings_and_schemas_with_records(tmp_path: Pat
     assert got is not None
     back = got.docs[0]
     assert back == doc and back.input_schema is rec.input_schema and back.description is rec.description
-    e1, e2 = make_entry(doc), make_entry(back)
-    assert e1.tokens == e2.tokens and all(x is y for x, y in zip(e1.tokens, e2.tokens))
+    vocab = Vocab()
+    e1, e2 = make_entry(doc, vocab), make_entry(back, vocab)
+    assert e1.terms == e2.terms and e1.tokens == e2.tokens and len(vocab) == len(set(e1.tokens))

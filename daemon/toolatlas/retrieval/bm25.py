@@ -7,47 +7,64 @@ loop and swapped in with the rest of a snapshot. A query scores every document a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from toolatlas.retrieval.documents import Vocab
 
 K1 = 1.2
 B = 0.5
 
 
 class Bm25Index:
-    """BM25 (Lucene idf, k1=1.2, b=0.5) over `docs`, a list of token lists."""
+    """BM25 (Lucene idf, k1=1.2, b=0.5) over `docs`, a list of token lists (or, with
+    `of_terms`, of term-id byte strings: documents.Entry.terms)."""
 
-    __slots__ = ("n_docs", "vocab", "_indptr", "_docs", "_weights", "n_unique", "idf", "k1", "max_idf")
+    __slots__ = ("n_docs", "vocab", "n_terms", "_indptr", "_docs", "_weights", "n_unique", "idf", "k1", "max_idf")
 
     def __init__(self, docs: Sequence[Sequence[str]], *, k1: float = K1, b: float = B) -> None:
-        n = len(docs)
-        self.n_docs = n
         vocab: dict[str, int] = {}
-        tids: list[int] = []
-        lengths = np.empty(n, dtype=np.int64)
-        for i, toks in enumerate(docs):
-            lengths[i] = len(toks)
-            tids.extend(vocab.setdefault(t, len(vocab)) for t in toks)
+        tids = [vocab.setdefault(t, len(vocab)) for toks in docs for t in toks]
+        lengths = np.fromiter((len(toks) for toks in docs), dtype=np.int64, count=len(docs))
+        self._build(np.asarray(tids, dtype=np.int64), lengths, vocab, len(vocab), k1, b)
+
+    @classmethod
+    def of_terms(cls, terms: Sequence[bytes], vocab: Vocab, *, k1: float = K1, b: float = B) -> Bm25Index:
+        """Over documents given as uint32 ids of `vocab`, 4 bytes a token. Ids `vocab` gives
+        out after this (to later documents) are unknown words here."""
+        self = cls.__new__(cls)
+        n_terms = len(vocab)  # every id in `terms` is below it: they were encoded before
+        lengths = np.fromiter((len(t) for t in terms), dtype=np.int64, count=len(terms)) // 4
+        term = np.frombuffer(b"".join(terms), dtype=np.uint32).astype(np.int64)
+        self._build(term, lengths, vocab.ids, n_terms, k1, b)
+        return self
+
+    def _build(self, term: np.ndarray, lengths: np.ndarray, vocab: Mapping[str, int], n_terms: int,
+               k1: float, b: float) -> None:
+        """`term`: every document's term ids, concatenated; `lengths`: tokens per document."""
+        n = lengths.shape[0]
+        self.n_docs = n
         self.vocab = vocab
+        self.n_terms = n_terms
         self.k1 = k1
-        n_terms = len(vocab)
         # idf of a term no document contains: the ceiling for unknown query words
         self.max_idf = float(np.log1p((n + 0.5) / 0.5))
         self.idf = np.zeros(n_terms, dtype=np.float32)
         self.n_unique = np.zeros(n, dtype=np.int64)
-        if n == 0 or not tids:
+        if n == 0 or not term.shape[0]:
             self._indptr = np.zeros(n_terms + 1, dtype=np.int64)
             self._docs = np.empty(0, dtype=np.int32)
             self._weights = np.empty(0, dtype=np.float32)
             return
-        term = np.asarray(tids, dtype=np.int64)
         doc = np.repeat(np.arange(n, dtype=np.int64), lengths)
         keys, tf = np.unique(term * n + doc, return_counts=True)  # sorted: term-major
         t_of = keys // n
         d_of = keys % n
         df = np.bincount(t_of, minlength=n_terms)
-        idf = np.log1p((n - df + 0.5) / (df + 0.5))
+        idf = np.log1p((n - df + 0.5) / (df + 0.5))  # a term in no document: max_idf
         self.idf = idf.astype(np.float32)
         avgdl = max(float(lengths.mean()), 1e-9)
         norm = k1 * (1.0 - b + b * lengths[d_of] / avgdl)
@@ -59,12 +76,17 @@ class Bm25Index:
         self._weights = w.astype(np.float32)
         self.n_unique = np.bincount(d_of, minlength=n)
 
+    @property
+    def live_terms(self) -> int:
+        """Terms at least one document has."""
+        return int(np.count_nonzero(np.diff(self._indptr)))
+
     def query_ids(self, tokens: Sequence[str]) -> list[int]:
         """Known term ids of the query tokens, each once."""
         seen: dict[int, None] = {}
         for t in tokens:
             tid = self.vocab.get(t)
-            if tid is not None:
+            if tid is not None and tid < self.n_terms:
                 seen[tid] = None
         return list(seen)
 
@@ -91,5 +113,5 @@ class Bm25Index:
         total = 0.0
         for t in set(tokens):
             tid = self.vocab.get(t)
-            total += float(self.idf[tid]) if tid is not None else self.max_idf
+            total += float(self.idf[tid]) if tid is not None and tid < self.n_terms else self.max_idf
         return total * (self.k1 + 1.0)

@@ -36,7 +36,7 @@ import numpy as np
 
 from toolatlas.retrieval import rank, store
 from toolatlas.retrieval.cache import QueryVectors, TtlLru
-from toolatlas.retrieval.documents import FIELD_WEIGHTS, Entry, ToolDoc, make_entry
+from toolatlas.retrieval.documents import FIELD_WEIGHTS, Entry, ToolDoc
 from toolatlas.retrieval.embed import DIM, QUERY_THREADS, Embedder, document_space, limit_blas_threads
 from toolatlas.retrieval.index import EMBED_BATCH, IndexBuilder, Snapshot, plan_update
 from toolatlas.retrieval.shared import SharedVectors
@@ -47,7 +47,7 @@ from toolatlas.retrieval.text import normalise_query
 
 __all__ = [
     "DENSE_MODES", "FIELD_WEIGHTS", "FUSION", "FUSIONS", "INLINE_EMBED_MAX", "MODES", "Engine", "Hit", "ModelPhase",
-    "SearchOutcome", "ToolDoc", "make_entry",
+    "SearchOutcome", "ToolDoc",
 ]
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ class Engine:
             self.restore() if self.background else self.load()
         with self._update_lock:
             t0 = time.perf_counter()
-            entries, stale = plan_update(self._index.entries, upserts, removes)
+            entries, stale = plan_update(self._index.entries, upserts, removes, self._index.vocab)
             version = self.version + 1
             inline = True
             if self.background and self.embedder_kind != "none":

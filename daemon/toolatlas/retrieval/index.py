@@ -24,7 +24,7 @@ import numpy as np
 
 from toolatlas.retrieval import persist
 from toolatlas.retrieval.bm25 import Bm25Index
-from toolatlas.retrieval.documents import Entry, ToolDoc, make_entry
+from toolatlas.retrieval.documents import Entry, ToolDoc, Vocab, doc_key, in_vocab, make_entry
 
 if TYPE_CHECKING:
     from toolatlas.retrieval.embed import Embedder
@@ -49,6 +49,11 @@ _SCOPE_CACHE_MAX = 256
 # speed wins. Small catalogs would stay float32 anyway: their searches scan every row.
 HALF_ABOVE: int | None = None
 _SCAN_CHUNK = 8192  # rows converted at a time by a float16 scan
+# The builder starts a new BM25 vocabulary (documents.Vocab) when the one its entries use has
+# more than this many terms and more than twice those any entry has: ids are never reused,
+# so a catalog whose texts keep changing words would otherwise grow it for as long as the
+# daemon runs. 100,000 bench tools have 4,067 terms; the rebuild encodes every entry again.
+VOCAB_RENEW_MIN = 50_000
 
 # scope (sorted server names) -> (allowed positions, their hnsw labels once asked for)
 ScopeCache = dict[tuple[str, ...], tuple[np.ndarray, frozenset[int] | None]]
@@ -134,7 +139,8 @@ def build_snapshot(
     hnsw: HnswStore | None = None,
 ) -> Snapshot:
     """The snapshot of `entries` (in their order). Dense parts only when `vec_of` is given
-    and every entry is in the dense index; else a bm25-only snapshot."""
+    and every entry is in the dense index; else a bm25-only snapshot. BM25 reads the terms
+    in the first entry's vocabulary (an entry of another is encoded again)."""
     ents = list(entries.values())
     docs = tuple(e.doc for e in ents)
     servers = tuple(sorted({d.server for d in docs}))
@@ -143,7 +149,8 @@ def build_snapshot(
     order = np.argsort(doc_server, kind="stable")
     bounds = np.searchsorted(doc_server[order], np.arange(len(servers) + 1))
     server_pos = {s: order[bounds[i] : bounds[i + 1]] for i, s in enumerate(servers)}
-    bm25 = Bm25Index([e.tokens for e in ents])
+    vocab = ents[0].vocab if ents else Vocab()
+    bm25 = Bm25Index.of_terms([in_vocab(e, vocab).terms for e in ents], vocab)
     vecs = labels = centroids = None
     label_pos = np.empty(0, dtype=np.int64)
     if vec_of is not None and ents and all(e.label >= 0 for e in ents):
@@ -176,11 +183,12 @@ def build_snapshot(
 
 
 def plan_update(
-    entries: dict[str, Entry], upserts: Sequence[ToolDoc], removes: Sequence[str]
+    entries: dict[str, Entry], upserts: Sequence[ToolDoc], removes: Sequence[str], vocab: Vocab
 ) -> tuple[dict[str, Entry], list[int]]:
-    """The entries after a change, and the hnsw labels it makes stale. Pure: `entries` is
-    not modified. An upserted document whose text is unchanged keeps its label (no embedding,
-    no hnsw write); a changed one is re-embedded and its old label goes stale."""
+    """The entries after a change, and the hnsw labels it makes stale. `entries` is not
+    modified (`vocab`, where new entries put their terms, may gain words). An upserted
+    document whose text is unchanged keeps its label (no embedding, no hnsw write); a
+    changed one is re-embedded and its old label goes stale."""
     entries = dict(entries)
     stale: list[int] = []
     for name in removes:
@@ -188,7 +196,7 @@ def plan_update(
         if old is not None and old.label >= 0:
             stale.append(old.label)
     for doc in upserts:
-        new = make_entry(doc)
+        new = make_entry(doc, vocab)
         old = entries.get(doc.name)
         if old is not None and old.label >= 0:
             if old.key == new.key:
@@ -208,6 +216,7 @@ class IndexBuilder:
 
     def __init__(self, counts: dict[str, int]) -> None:
         self.entries: dict[str, Entry] = {}
+        self.vocab = Vocab()  # the BM25 term ids of `entries`
         self.vec_of: dict[bytes, np.ndarray] = {}  # sha256 of a document text -> its vector
         self.vec_dirty = False  # vec_of holds vectors not yet on disk
         self.hnsw: HnswStore | None = None  # created with the first vectors
@@ -247,7 +256,7 @@ class IndexBuilder:
         if vectors.shape[0] != len(docs):
             raise ValueError(f"{len(docs)} docs but {vectors.shape[0]} vectors")
         for doc, vec in zip(docs, np.asarray(vectors, dtype=np.float32)):
-            self.vec_of[make_entry(doc).key] = vec
+            self.vec_of[doc_key(doc)] = vec
         self.vec_dirty = True
 
     def pending(self, limit: int) -> dict[bytes, str]:
@@ -328,7 +337,16 @@ class IndexBuilder:
         self.entries = entries
         if snap.vecs is not None:
             self._share(snap)
+        if len(self.vocab) > VOCAB_RENEW_MIN and len(self.vocab) > 2 * snap.bm25.live_terms:
+            self.renew_vocab()
         return snap, failure
+
+    def renew_vocab(self) -> None:
+        """Encode every entry's terms in a new vocabulary holding only their words; the
+        published snapshots keep the old one, theirs."""
+        vocab = Vocab()
+        self.entries = {name: in_vocab(e, vocab) for name, e in self.entries.items()}
+        self.vocab = vocab
 
     def insert_deferred(self) -> None:
         """Insert the vectors a `commit(defer_graph=True)` left out of hnswlib."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from toolatlas.retrieval import persist
-from toolatlas.retrieval.documents import Entry, make_entry
+from toolatlas.retrieval.documents import Entry, Vocab, make_entry
 from toolatlas.retrieval.index import IndexBuilder, Snapshot
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def restore(state_dir: Path, space: str | None, dim: int, builder: IndexBuilder)
         builder.vec_dirty = True
     if disk.snapshot is None:
         return RestoreResult(None, 0, False, disk.corrupt)
-    revived = revive(disk.snapshot, builder.vec_of, dim)
+    revived = revive(disk.snapshot, builder.vec_of, dim, builder.vocab)
     builder.hnsw = revived.hnsw
     return RestoreResult(revived.entries, disk.snapshot.version, revived.hnsw is not None, disk.corrupt + revived.corrupt)
 
@@ -109,13 +109,13 @@ def read(state_dir: Path, space: str | None, dim: int) -> OnDisk:
     return OnDisk(vec_of=vec_of, vectors_corrupt=vectors_corrupt, snapshot=snapshot, corrupt=corrupt)
 
 
-def revive(restored: persist.Restored, vec_of: dict[bytes, np.ndarray], dim: int) -> Revived:
-    """Entries for the restored documents; with the hnswlib file when it is on disk and
+def revive(restored: persist.Restored, vec_of: dict[bytes, np.ndarray], dim: int, vocab: Vocab) -> Revived:
+    """Entries for the restored documents (their terms in `vocab`); with the hnswlib file when it is on disk and
     every document's vector is in the embedding cache. A file hnswlib cannot load is
     counted corrupt and the dense index is rebuilt from the cache."""
     entries: dict[str, Entry] = {}
     for doc in restored.docs:
-        entries[doc.name] = make_entry(doc)
+        entries[doc.name] = make_entry(doc, vocab)
     if not dim or restored.hnsw_path is None or not all(e.key in vec_of for e in entries.values()):
         return Revived(entries=entries, hnsw=None, corrupt=0)
     from toolatlas.retrieval.hnsw import HnswStore
