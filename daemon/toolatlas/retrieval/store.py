@@ -110,9 +110,9 @@ def read(state_dir: Path, space: str | None, dim: int) -> OnDisk:
 
 
 def revive(restored: persist.Restored, vec_of: dict[bytes, np.ndarray], dim: int, vocab: Vocab) -> Revived:
-    """Entries for the restored documents (their terms in `vocab`); with the hnswlib file when it is on disk and
-    every document's vector is in the embedding cache. A file hnswlib cannot load is
-    counted corrupt and the dense index is rebuilt from the cache."""
+    """Entries for the restored documents (their terms in `vocab`); with the hnswlib file
+    when it is on disk and every document's vector is in the embedding cache. A file hnswlib
+    cannot load is counted corrupt and the dense index is rebuilt from the cache."""
     entries: dict[str, Entry] = {}
     for doc in restored.docs:
         entries[doc.name] = make_entry(doc, vocab)
