@@ -187,3 +187,44 @@ def test_without_top_k_the_answer_is_adaptive_and_says_when_nothing_fits(tmp_pat
         assert none["matches"] == [] and "notes, units, weather" in none["note"], none
         # asked for a number, the caller gets the closest tools anyway
         assert len(d.meta("tool_search", {"query": "book a flight to Rome", "top_k": 3})["matches"]) == 3
+
+
+def _learn_once(d: Daemon) -> None:
+    """A search and a successful execute of its first result, on one connection."""
+    with d.client() as c:
+        found = [m["name"] for m in c.call_tool("tool_search", {"query": QUERY})["structuredContent"]["matches"]]
+        assert found and all(n.startswith("t__") for n in found), found
+        assert not c.call_tool("execute_tool", {"name": found[0], "arguments": {"value": "x"}}).get("isError")
+
+
+def test_an_unusable_usage_store_never_stops_the_daemon(tmp_path: Path) -> None:
+    """A usage store that is not a database is moved aside and learning starts again from no
+    events; one that cannot be opened at all is retried while searches rank zero-shot, and
+    learning resumes once it opens."""
+    state = tmp_path / "state"
+    state.mkdir()
+    store = state / "learning.sqlite3"
+    store.write_bytes(b"this is not an SQLite database. " * 256)
+    cfg = stdio_testserver("t", "--tools", str(N_GEN))
+    with Daemon(tmp_path, cfg) as d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 60, "upstreams ready")
+        aside = list(state.glob("learning.sqlite3.corrupt-*"))
+        assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not an SQLite database."), aside
+        assert "is unreadable" in d.log.read_text() and "SQLITE_NOTADB" in d.log.read_text()
+        assert "error" not in d.status()["learning"]
+        _learn_once(d)
+        d.wait_for(lambda: _events(d) == 1, 30, "one usage event in the new store")
+        assert d.stop() == 0
+    for side in state.glob("learning.sqlite3*"):
+        side.unlink()
+    store.mkdir()  # nothing can open this as a file
+    with Daemon(tmp_path, cfg) as d:
+        d.wait_for(lambda: "error" in d.status()["learning"], 30, "the failed open reported")
+        error = d.status()["learning"]["error"]
+        assert "learning.sqlite3" in error and "trying again in" in error, error
+        assert d.search(QUERY)  # searches go on, zero-shot
+        store.rmdir()
+        d.wait_for(lambda: "error" not in d.status()["learning"], 60, "the store opened on a retry")
+        _learn_once(d)
+        d.wait_for(lambda: _events(d) == 1, 30, "a usage event once the store opened")
+        assert d.stop() == 0

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,13 @@ import anyio
 import anyio.abc
 
 from toolatlas import memory
+from toolatlas.backoff import backoff_delay
 from toolatlas.config import LearningSection
 from toolatlas.gateway.ports import Connection
 from toolatlas.metrics import Metrics
 from toolatlas.retrieval.engine import Engine, query_vectors
 from toolatlas.retrieval.learned import LearningIndex
+from toolatlas.retrieval.usage import FILENAME as USAGE_FILENAME
 from toolatlas.retrieval.usage import UsageEvent, UsageStore, open_store
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,8 @@ class LearningService:
         self._index = LearningIndex()
         self._lock = threading.Lock()  # the index: the writer's and the poller's threads
         self._pruned = -math.inf
+        self.error: str | None = None  # why the usage store failed (it is being opened again), else None
+        self._unsaved: list[UsageEvent] = []  # a batch the store failed to take
         # Hear each usage event recorded here (the shared store's wiring passes them on to the
         # other replicas, which `ingest` them).
         self.on_recorded: list[Callable[[UsageEvent], None]] = []
@@ -138,29 +143,58 @@ class LearningService:
             "events": state.events if state is not None else 0,
             "tools_with_feedback": len(state.tools) if state is not None else 0,
             "updated_at": (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(updated)) if updated else None),
+            **({"error": self.error} if self.error is not None else {}),
         }
 
     # -- the worker ------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Open the store, load its events, then persist new ones and publish states."""
+        """Open the store, load its events, then persist new ones and publish states. A
+        failing store never stops the daemon: the last learned state serves (zero-shot
+        before the first), `catalog_status.learning.error` says why, the store is opened
+        again with backoff, and events wait in the writer's queue (up to its bound) or, a
+        batch the store refused, in `_unsaved`. A file that is not an SQLite database, or a
+        corrupt one, is moved aside (`_move_aside`) and learning starts again from no events."""
         if not self.enabled:
             task_status.started()
             return
         self._engine.learning = True
-        if self._store is None:
-            assert self._state_dir is not None
-            self._store = await anyio.to_thread.run_sync(open_store, self._state_dir)
-        store = self._store
-        task_status.started()
-        try:
-            await anyio.to_thread.run_sync(self._reload, store)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._write_loop, store)
-                tg.start_soon(self._poll_loop, store)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(store.close)
+        task_status.started()  # the store opens in the background: nothing else waits for it
+        attempt = 0
+        while True:
+            failure: list[BaseException] = []
+            try:
+                if self._store is None:
+                    assert self._state_dir is not None
+                    self._store = await anyio.to_thread.run_sync(open_store, self._state_dir)
+                store = self._store
+                await anyio.to_thread.run_sync(self._reload, store)
+                if attempt:
+                    log.info("learning: the usage store works again after %d failed attempt(s)", attempt)
+                attempt, self.error = 0, None
+                async with anyio.create_task_group() as tg:
+                    for loop in (self._write_loop, self._poll_loop):
+                        tg.start_soon(_guarded, loop, store, failure, tg.cancel_scope)
+            except (sqlite3.Error, OSError) as exc:
+                failure.append(exc)
+            finally:
+                if not failure and self._store is not None:
+                    with anyio.CancelScope(shield=True):  # cancelled: the daemon is stopping
+                        await anyio.to_thread.run_sync(self._store.close)
+            if not failure:
+                return
+            err = failure[0]
+            attempt += 1
+            delay = backoff_delay(attempt, base=1.0, cap=60.0)
+            if self._state_dir is not None:  # a store of our own: closed, opened again
+                failed, self._store = self._store, None
+                await _close_quietly(failed)
+                if _unreadable(err):
+                    await anyio.to_thread.run_sync(_move_aside, self._state_dir / USAGE_FILENAME, err)
+                    delay = 0.0 if attempt == 1 else delay
+            self.error = f"usage store failed: {_describe(err)}; trying again in {delay:.0f} s"
+            log.warning("learning: %s (the last learned state serves meanwhile)", self.error)
+            await anyio.sleep(delay)
 
     def _retention_start(self) -> float:
         return self._clock() - self._cfg().retention_days * 86400.0
@@ -198,8 +232,9 @@ class LearningService:
     async def _write_loop(self, store: UsageStore) -> None:
         last_publish = -math.inf
         while True:
-            first = await self._receive.receive()
-            batch = [first]
+            batch, self._unsaved = self._unsaved, []  # what a failed store did not take, first
+            if not batch:
+                batch = [await self._receive.receive()]
             while True:
                 try:
                     batch.append(self._receive.receive_nowait())
@@ -215,7 +250,11 @@ class LearningService:
     def _persist(self, store: UsageStore, batch: list[UsageEvent]) -> None:
         """Store the events, then embed their queries (the store first: a slow model must
         not widen what a crash can lose), then add them to the index. Blocking."""
-        ids = store.add(batch)
+        try:
+            ids = store.add(batch)
+        except BaseException:
+            self._unsaved = batch  # none of it stored: written once the store works again
+            raise
         vecs = query_vectors(self._engine, [e.query for e in batch])
         space = self._engine.space
         if vecs is not None and space is not None:
@@ -263,6 +302,52 @@ def _without_vector(e: UsageEvent) -> UsageEvent:
 def _with(e: UsageEvent, id: int, vector: Any, space: str | None) -> UsageEvent:
     return UsageEvent(query=e.query, tool=e.tool, principal=e.principal, at=e.at, index_version=e.index_version,
                       vector=vector, space=space, id=id)
+
+
+async def _guarded(loop: Callable[[UsageStore], Awaitable[None]], store: UsageStore,
+                   failure: list[BaseException], scope: anyio.CancelScope) -> None:
+    """Run `loop`; a store failure ends it and its sibling (`run` opens the store again)."""
+    try:
+        await loop(store)
+    except (sqlite3.Error, OSError) as exc:
+        failure.append(exc)
+        scope.cancel()
+
+
+async def _close_quietly(store: UsageStore | None) -> None:
+    if store is not None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(store.close)
+            except (sqlite3.Error, OSError) as exc:
+                log.debug("learning: closing a failed usage store: %s", exc)
+
+
+def _move_aside(path: Path, exc: BaseException) -> None:
+    """Rename an unreadable usage store (with its -wal and -shm) to `<name>.corrupt-<unix
+    time>`, so the next open makes a new one. Blocking."""
+    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            side = Path(str(path) + suffix)
+            if side.exists():
+                side.rename(Path(str(aside) + suffix))
+    except OSError as err:
+        log.warning("learning: usage store %s is unreadable (%s) and could not be moved aside: %s",
+                    path, _describe(exc), err)
+        return
+    log.warning("learning: usage store %s is unreadable (%s): moved to %s; learning starts again from no events",
+                path, _describe(exc), aside)
+
+
+def _describe(exc: BaseException) -> str:
+    name = getattr(exc, "sqlite_errorname", None)
+    return f"{exc} ({name or type(exc).__name__})"
+
+
+def _unreadable(exc: BaseException) -> bool:
+    """SQLite says the file is not a database, or a corrupt one: no retry will read it."""
+    return getattr(exc, "sqlite_errorname", None) in ("SQLITE_NOTADB", "SQLITE_CORRUPT")
 
 
 __all__ = ["LearningService"]

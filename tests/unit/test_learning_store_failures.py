@@ -1,0 +1,65 @@
+"""The learning service when its usage store fails (the daemon must stay up): a write the
+store refuses is kept and written once it works again. The real SQLite store, with one
+`add` made to fail as a full or failing disk does; the service is the unit under test."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+
+from toolatlas.config import LearningSection
+from toolatlas.gateway.learning import LearningService
+from toolatlas.metrics import Metrics
+from toolatlas.retrieval.engine import Engine
+from toolatlas.retrieval.usage import SqliteUsageStore, UsageEvent
+
+
+class FailingOnce(SqliteUsageStore):
+    """The real store; its first `add` fails as SQLite does on a failing disk."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.failures = 0
+
+    def add(self, events: Sequence[UsageEvent]) -> list[int]:
+        if self.failures == 0:
+            self.failures += 1
+            raise sqlite3.OperationalError("disk I/O error")
+        return super().add(events)
+
+
+async def _until(check: object, what: str, timeout: float = 30.0) -> None:
+    with anyio.fail_after(timeout):
+        while not check():  # type: ignore[operator]
+            await anyio.sleep(0.02)
+
+
+async def test_a_write_the_store_refuses_is_written_once_it_works_again(tmp_path: Path) -> None:
+    path = tmp_path / "learning.sqlite3"
+    store = FailingOnce(path)
+    engine = Engine(state_dir=None, embedder="none", mode="bm25")
+    svc = LearningService(lambda: LearningSection(), engine, None, metrics=Metrics(), store=store)
+    event = UsageEvent(query="read a file from disk", tool="fs__read_file", principal="uid:1", at=time.time(),
+                       index_version=1)
+    async with anyio.create_task_group() as tg:
+        await tg.start(svc.run)
+        assert svc.ingest(event)
+        await _until(lambda: svc.error is not None, "the failure reported")
+        error = svc.error
+        assert error is not None and "disk I/O error" in error and "trying again in" in error
+        assert svc.status()["error"] == error
+        await _until(lambda: svc.status()["events"] == 1 and svc.error is None, "the event written on a retry")
+        assert "error" not in svc.status()
+        tg.cancel_scope.cancel()
+    svc._send.close()  # the event queue lives as long as a daemon; here, as long as the test
+    svc._receive.close()
+    assert store.failures == 1
+    again = SqliteUsageStore(path)
+    try:
+        assert [(e.query, e.tool) for e in again.events()] == [(event.query, event.tool)]  # once, not lost
+    finally:
+        again.close()
