@@ -208,10 +208,12 @@ def test_an_unusable_usage_store_never_stops_the_daemon(tmp_path: Path) -> None:
     cfg = stdio_testserver("t", "--tools", str(N_GEN))
     with Daemon(tmp_path, cfg) as d:
         d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 60, "upstreams ready")
+        # the store opens in the background: wait for the move and the new store
+        d.wait_for(lambda: list(state.glob("learning.sqlite3.corrupt-*")) and store.exists()
+                   and "error" not in d.status()["learning"], 30, "the unreadable store moved aside, a new one open")
         aside = list(state.glob("learning.sqlite3.corrupt-*"))
         assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not an SQLite database."), aside
         assert "is unreadable" in d.log.read_text() and "SQLITE_NOTADB" in d.log.read_text()
-        assert "error" not in d.status()["learning"]
         _learn_once(d)
         d.wait_for(lambda: _events(d) == 1, 30, "one usage event in the new store")
         assert d.stop() == 0
