@@ -59,10 +59,16 @@ def proc_mem_mb(pid: int) -> dict[str, float]:
     return out
 
 
+def cpu_times_s(stat: str) -> tuple[float, float]:
+    """(user, system) CPU seconds from the text of a /proc/PID[/task/TID]/stat file."""
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
+    hz = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / hz, int(fields[12]) / hz
+
+
 def proc_cpu_s(pid: int) -> float:
     """CPU seconds (user + system, all threads) process `pid` has used, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(cpu_times_s(Path(f"/proc/{pid}/stat").read_text()))
 
 
 def wait_settled(status: Callable[[], dict[str, Any] | None], timeout: float) -> tuple[bool, dict[str, Any]]:
@@ -102,8 +108,8 @@ def emit(result: dict[str, Any], name: str) -> None:
     print(text)
 
 
-__all__ = ["Daemon", "OUT", "REPO", "descendants", "emit", "median", "pct_ms", "proc_cpu_s", "proc_mem_mb", "start_server",
-           "stdio_testserver", "summary", "wait_settled"]
+__all__ = ["Daemon", "OUT", "REPO", "cpu_times_s", "descendants", "emit", "median", "pct_ms", "proc_cpu_s", "proc_mem_mb",
+           "start_server", "stdio_testserver", "summary", "wait_settled"]
 
 
 async def interleaved(paths: dict[str, tuple[Any, str, dict[str, Any]]], n: int, warmup: int = 10) -> dict[str, list[float]]:

@@ -24,27 +24,19 @@ from pathlib import Path
 import anyio
 from mcp import Client, StdioServerParameters
 
-from _common import Daemon, descendants, emit, stdio_testserver
+from _common import Daemon, cpu_times_s, descendants, emit, stdio_testserver
 from tests.support.servers import testserver_args
 from toolatlas.surface.unix import unix_client
 
-HZ = os.sysconf("SC_CLK_TCK")
-
-
-def _ticks(stat: str) -> tuple[float, float]:
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[11]) / HZ, int(fields[12]) / HZ  # utime, stime
-
-
 def proc_cpu(pid: int) -> tuple[float, float]:
-    return _ticks(Path(f"/proc/{pid}/stat").read_text())
+    return cpu_times_s(Path(f"/proc/{pid}/stat").read_text())  # utime, stime
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         stat = (task / "stat").read_text()
-        out[f"{task.name}:{stat[stat.index('(') + 1:stat.rindex(')')]}"] = sum(_ticks(stat))
+        out[f"{task.name}:{stat[stat.index('(') + 1:stat.rindex(')')]}"] = sum(cpu_times_s(stat))
     return out
 
 
@@ -106,7 +98,7 @@ def main() -> None:
         assert d.proc is not None
         result = anyio.run(run, d.socket, d.proc.pid, a.calls)
     emit({"bench": "relay_cpu", "calls": a.calls, "load_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
-          "clock_ticks_per_s": HZ, **result}, "relay_cpu")
+          "clock_ticks_per_s": os.sysconf("SC_CLK_TCK"), **result}, "relay_cpu")
 
 
 if __name__ == "__main__":
