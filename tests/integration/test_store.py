@@ -20,6 +20,7 @@ from toolatlas.store.replica import Replica
 from toolatlas.store.schema import MIGRATIONS
 
 from tests.support.postgres import PgServer
+from tests.support.waits import until
 
 FAST = dict(catchup_interval=0.5, retry_interval=0.2, connect_timeout=2.0)
 
@@ -44,12 +45,6 @@ def heard(replica: Replica, kind: str) -> list[Change]:
 
     replica.subscribe(kind, handler)
     return got
-
-
-async def until(predicate: Any, what: str, timeout: float = 15.0) -> None:
-    with anyio.fail_after(timeout, shield=False):
-        while not predicate():
-            await anyio.sleep(0.02)
 
 
 async def test_two_replicas_starting_together_migrate_once(pg_url: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import anyio
 
+from tests.support.waits import until
 from toolatlas.config import LearningSection
 from toolatlas.gateway.learning import LearningService
 from toolatlas.metrics import Metrics
@@ -32,12 +33,6 @@ class FailingOnce(SqliteUsageStore):
         return super().add(events)
 
 
-async def _until(check: object, what: str, timeout: float = 30.0) -> None:
-    with anyio.fail_after(timeout):
-        while not check():  # type: ignore[operator]
-            await anyio.sleep(0.02)
-
-
 async def test_a_write_the_store_refuses_is_written_once_it_works_again(tmp_path: Path) -> None:
     path = tmp_path / "learning.sqlite3"
     store = FailingOnce(path)
@@ -48,11 +43,11 @@ async def test_a_write_the_store_refuses_is_written_once_it_works_again(tmp_path
     async with anyio.create_task_group() as tg:
         await tg.start(svc.run)
         assert svc.ingest(event)
-        await _until(lambda: svc.error is not None, "the failure reported")
+        await until(lambda: svc.error is not None, "the failure reported", 30)
         error = svc.error
         assert error is not None and "disk I/O error" in error and "trying again in" in error
         assert svc.status()["error"] == error
-        await _until(lambda: svc.status()["events"] == 1 and svc.error is None, "the event written on a retry")
+        await until(lambda: svc.status()["events"] == 1 and svc.error is None, "the event written on a retry", 30)
         assert "error" not in svc.status()
         tg.cancel_scope.cancel()
     svc._send.close()  # the event queue lives as long as a daemon; here, as long as the test
