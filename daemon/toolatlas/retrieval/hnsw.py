@@ -73,10 +73,13 @@ class SharedLock:
 
 
 class HnswStore:
-    def __init__(self, dim: int, capacity: int = 1024, *, ef_construction: int = EF_CONSTRUCTION) -> None:
+    def __init__(self, dim: int, capacity: int = 1024, *, ef_construction: int = EF_CONSTRUCTION,
+                 space: str = "cosine") -> None:
+        """`space`: "cosine" (vectors normalised by hnswlib) or "ip" (distance 1 - dot product,
+        vectors kept as given)."""
         self.dim = dim
         self.lock = SharedLock()
-        self.index = hnswlib.Index(space="cosine", dim=dim)
+        self.index = hnswlib.Index(space=space, dim=dim)
         self.index.init_index(
             max_elements=max(capacity, 16), ef_construction=ef_construction, M=M, allow_replace_deleted=True
         )
@@ -138,8 +141,8 @@ class HnswStore:
     def search(
         self, vector: np.ndarray, k: int, ef: int, filter: Callable[[int], bool] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(labels, cosine distances) of up to `k` approximate nearest neighbours, nearest
-        first (fewer if the index is small)."""
+        """(labels, distances: 1 - cosine, or 1 - dot product in the "ip" space) of up to `k`
+        approximate nearest neighbours, nearest first (fewer if the index is small)."""
         k = min(k, self.live)
         if k <= 0:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
@@ -155,14 +158,6 @@ class HnswStore:
         found: np.ndarray = labels[0].astype(np.int64)  # hnswlib is untyped
         dist: np.ndarray = dists[0].astype(np.float32)
         return found, dist
-
-    def vectors(self, labels: np.ndarray) -> np.ndarray:
-        """The stored (normalised, float32) vectors of `labels`, one row each."""
-        if labels.shape[0] == 0:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        with self.lock.shared():
-            got = self.index.get_items(labels.tolist(), return_type="numpy")
-        return np.asarray(got, dtype=np.float32).reshape(labels.shape[0], self.dim)
 
     def native_bytes(self) -> int:
         """What hnswlib holds in native memory for this index (its layout: per slot of

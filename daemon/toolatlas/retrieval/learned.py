@@ -4,8 +4,10 @@ A `LearnedState` is built from usage events (usage.py) and is immutable once pub
 a `Snapshot`. It holds two signals for a query:
 
 - a kNN vote: the `KNN` past queries nearest the query's vector (one row per distinct query
-  of a principal; hnswlib above `HNSW_MIN_EVENTS` rows, an exact scan below) vote for the
-  tools executed after them, each with weight similarity x decay;
+  of a principal; an exact scan below `HNSW_MIN_EVENTS` rows; above, hnswlib finds
+  candidates in a `PROJ_DIMS`-coordinate principal-component basis and the best `RESCORE`
+  are scored on 8-bit copies of the whole vectors) vote for the tools executed after them,
+  each with weight similarity x decay;
 - a lexical match against the tool's past queries (BM25 over one document per tool made of
   the queries that led to it).
 
@@ -26,6 +28,7 @@ the allowed positions.
 from __future__ import annotations
 
 import sys
+from array import array
 from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -35,12 +38,20 @@ import numpy as np
 from toolatlas.retrieval import fusion
 from toolatlas.retrieval.bm25 import Bm25Index
 from toolatlas.retrieval.hnsw import HnswStore
+from toolatlas.retrieval.pastqueries import Asked, RowTools, grown, principal_basis
 from toolatlas.retrieval.text import tokenize
 from toolatlas.retrieval.usage import UsageEvent
 
 KNN = 20  # past queries that vote
 HNSW_MIN_EVENTS = 2048  # below this an exact scan is as fast and exact
 HNSW_EF_CONSTRUCTION = 64
+# Above HNSW_MIN_EVENTS a past query's 384 float32 coordinates (1.5 KB) are held as 8 bits
+# each plus a scale, and hnswlib gets only its first PROJ_DIMS principal components; the
+# RESCORE candidates hnswlib finds there are scored on the 8-bit rows (cosines within 0.002).
+# ToolLens train (16,893 rows), its test queries: recall of the exact 20 nearest 0.9895,
+# as with hnswlib over the whole float32 vectors (bench/README.md, "Stop 41").
+PROJ_DIMS = 128
+RESCORE = 160
 KNN_WEIGHT = 40.0  # weight of the vote share (0..1) against z-scored zero-shot scores
 LEX_WEIGHT = 20.0  # weight of the past-query lexical coverage (0..1)
 SIM_FLOOR = 0.3  # a past query less similar than this does not vote
@@ -61,15 +72,18 @@ class LearnedState:
     version: int
     tools: tuple[str, ...]  # tools with feedback (names); the arrays index into this
     vecs: np.ndarray  # (m, dim) past query vectors for the exact scan; (0, dim) when in `hnsw`
-    row_tools: tuple[dict[int, int], ...]  # per row (a principal's distinct query): tool -> events
+    row_tools: RowTools  # per row (a principal's distinct query): tool -> events
     ev_principal: np.ndarray  # (m,) index into principals
     weight: np.ndarray  # (m,) decay weight
     principals: dict[str, int]
     words: tuple[dict[int, dict[str, int]], ...]  # per tool: principal -> word -> events using it
-    asked: dict[int, dict[int, tuple[int, ...]]]  # a past query's `words_key` -> tool -> principals
+    asked: Asked  # which principals asked a query with these words, then used a tool
     events: int
     updated_at: float | None
-    hnsw: HnswStore | None = None  # the past query vectors, labels = rows (shared; see neighbours)
+    hnsw: HnswStore | None = None  # the rows' `proj` coordinates, labels = rows (shared; see neighbours)
+    proj: np.ndarray | None = None  # (dim, PROJ_DIMS) basis of the hnswlib coordinates
+    q8: np.ndarray | None = None  # (>= rows, dim) int8 rows when in `hnsw` (a row = q8 x scale)
+    scale: np.ndarray | None = None  # (>= rows,) float32
     rows: int = 0  # vector rows of this state
     dim: int = 0  # their dimension
     _pos_cache: dict[int, np.ndarray] = field(default_factory=dict)
@@ -118,9 +132,9 @@ class LearnedState:
 
 def empty_state(version: int = 0) -> LearnedState:
     return LearnedState(
-        version=version, tools=(), vecs=np.zeros((0, 0), dtype=np.float32), row_tools=(),
+        version=version, tools=(), vecs=np.zeros((0, 0), dtype=np.float32), row_tools=RowTools.empty(),
         ev_principal=np.zeros(0, dtype=np.int64), weight=np.zeros(0, dtype=np.float32), principals={},
-        words=(), asked={}, events=0, updated_at=None,
+        words=(), asked=Asked.empty(), events=0, updated_at=None,
     )
 
 
@@ -131,10 +145,12 @@ class LearningIndex:
     store it shares with published states has its own lock (hnsw.HnswStore).
 
     Memory (issue 17's cost row): the events themselves are not kept (counts only); a past
-    query's vector lives in one place, the exact-scan array below `HNSW_MIN_EVENTS` rows and
-    only the hnswlib index above; and a state shares the per-row and per-tool dicts with the
-    index, copy on write: `add` copies a dict a published state holds before changing it
-    (once per publish), so publishing costs pointers, not a second copy of everything."""
+    query's vector is a float32 row of the exact-scan array below `HNSW_MIN_EVENTS` rows, and
+    above, an int8 row plus PROJ_DIMS float32 coordinates in hnswlib; who asked what and each
+    row's tools are arrays (pastqueries.py) merged with what `add` collected at each
+    `state()`; and a state shares the per-tool word dicts with the index, copy on write: `add`
+    copies a dict a published state holds before changing it (once per publish), so
+    publishing costs pointers, not a second copy of everything."""
 
     def __init__(self, half_life_days: float = HALF_LIFE_DAYS) -> None:
         self.half_life_days = half_life_days
@@ -147,21 +163,23 @@ class LearningIndex:
         self._tools: dict[str, int] = {}
         self._principals: dict[str, int] = {}
         self._words: list[dict[int, dict[str, int]]] = []  # per tool: principal -> word -> events
-        self._asked: dict[int, dict[int, tuple[int, ...]]] = {}  # query words_key -> tool -> principals
-        self._asked_published: dict[int, dict[int, tuple[int, ...]]] | None = None  # None: changed since
-        # one vector row per (principal, query text), by hash((principal, text)): its tools and
-        # their event counts
+        self._asked = Asked.empty()  # as of the last state()
+        self._asked_new = array("q")  # (words_key, tool, principal) triples added since, flat
+        # one vector row per (principal, query text), by hash((principal, text)); its tools and
+        # their event counts as of the last state(), and the (row, tool) uses added since, flat
         self._row_of: dict[int, int] = {}
-        self._rows_tool: list[dict[int, int]] = []
+        self._rows_tool = RowTools.empty()
+        self._row_uses = array("q")
         self._rows_principal: list[int] = []
         self._rows_at: list[float] = []
         # copy on write: the dicts created or copied since the last state() (the others are
         # shared with published states and never changed in place)
         self._own_words: set[int] = set()
         self._own_counts: set[tuple[int, int]] = set()
-        self._own_asked: set[int] = set()  # words_key
-        self._own_rows: set[int] = set()
         self._vecs = np.zeros((0, 0), dtype=np.float32)  # exact-scan rows; empty once in hnswlib
+        self._proj: np.ndarray | None = None
+        self._q8 = np.zeros((0, 0), dtype=np.int8)
+        self._scale = np.zeros(0, dtype=np.float32)
         self._dim = 0
         self._n_rows = 0
         self._hnsw: HnswStore | None = None
@@ -180,10 +198,7 @@ class LearningIndex:
                 self._own_words.add(t)
             words = frozenset(sys.intern(w) for w in tokenize(e.query))  # one copy of each word
             key = words_key(words)
-            who = self._asked.get(key, {}).get(t, ())
-            if p not in who:
-                self._owned(self._asked, key, self._own_asked)[t] = (*who, p)
-                self._asked_published = None
+            self._asked_new.extend((key, t, p))
             per = self._owned(self._words, t, self._own_words)
             counts = self._owned(per, p, self._own_counts, (t, p))
             for w in words:
@@ -194,16 +209,13 @@ class LearningIndex:
             row_key = hash((p, e.query))
             r = self._row_of.get(row_key)
             if r is None:
-                self._row_of[row_key] = len(self._rows_tool)
-                self._own_rows.add(len(self._rows_tool))
+                r = self._row_of[row_key] = len(self._rows_principal)
                 new_vecs.append(np.asarray(e.vector, dtype=np.float32))
-                self._rows_tool.append({t: 1})
                 self._rows_principal.append(p)
                 self._rows_at.append(e.at)
             else:
-                row = self._owned(self._rows_tool, r, self._own_rows)
-                row[t] = row.get(t, 0) + 1
                 self._rows_at[r] = max(self._rows_at[r], e.at)
+            self._row_uses.extend((r, t))
         if new_vecs:
             self._append_vectors(np.stack(new_vecs))
         self.version += 1
@@ -226,23 +238,33 @@ class LearningIndex:
     def _append_vectors(self, vecs: np.ndarray) -> None:
         self._dim = vecs.shape[1]
         if self._hnsw is not None:
-            self._hnsw.add(vecs)  # labels are row numbers: added in row order, never deleted
+            assert self._proj is not None
+            self._append_q8(vecs, self._n_rows)
+            self._hnsw.add(vecs @ self._proj)  # labels are row numbers: added in row order, never deleted
         elif self._n_rows + vecs.shape[0] >= HNSW_MIN_EVENTS:
-            # past queries cluster tightly (repeats, paraphrases): a cheaper build loses no recall
             held = np.concatenate([self._vecs[: self._n_rows], vecs]) if self._n_rows else vecs
-            self._hnsw = HnswStore(vecs.shape[1], capacity=held.shape[0], ef_construction=HNSW_EF_CONSTRUCTION)
-            self._hnsw.add(held)
+            self._proj = principal_basis(held, PROJ_DIMS)
+            self._append_q8(held, 0)
+            # past queries cluster tightly (repeats, paraphrases): a cheaper build loses no recall
+            self._hnsw = HnswStore(self._proj.shape[1], capacity=held.shape[0],
+                                   ef_construction=HNSW_EF_CONSTRUCTION, space="ip")
+            self._hnsw.add(held @ self._proj)
             self._vecs = np.zeros((0, vecs.shape[1]), dtype=np.float32)  # published states keep theirs
         else:
-            if self._n_rows == 0:
-                self._vecs = np.zeros((max(1024, vecs.shape[0]), vecs.shape[1]), dtype=np.float32)
-            elif self._n_rows + vecs.shape[0] > self._vecs.shape[0]:
-                grown = np.zeros((max(2 * self._vecs.shape[0], self._n_rows + vecs.shape[0]), self._vecs.shape[1]),
-                                 dtype=np.float32)
-                grown[: self._n_rows] = self._vecs[: self._n_rows]
-                self._vecs = grown  # published states keep their own (old) array
+            self._vecs = grown(self._vecs, self._n_rows, vecs.shape[0], vecs.shape[1:])
             self._vecs[self._n_rows : self._n_rows + vecs.shape[0]] = vecs
         self._n_rows += vecs.shape[0]
+
+    def _append_q8(self, vecs: np.ndarray, n: int) -> None:
+        """Rows n.. of the int8 copy (row i = q8[i] x scale[i])."""
+        add = vecs.shape[0]
+        self._q8 = grown(self._q8, n, add, vecs.shape[1:])
+        self._scale = grown(self._scale, n, add, ())
+        for s in range(0, add, 4096):  # in slices: no float copy of every row at once
+            part = vecs[s : s + 4096]
+            scale = np.maximum(np.abs(part).max(axis=1), 1e-12) / 127.0
+            self._q8[n + s : n + s + part.shape[0]] = np.rint(part / scale[:, None])
+            self._scale[n + s : n + s + part.shape[0]] = scale
 
     def state(self, now: float) -> LearnedState:
         """The immutable state of the events held, their weights decayed to `now`."""
@@ -252,18 +274,23 @@ class LearningIndex:
         age_days = np.maximum(0.0, now - np.asarray(self._rows_at, dtype=np.float64)) / 86400.0
         self._own_words.clear()
         self._own_counts.clear()
-        self._own_asked.clear()
-        self._own_rows.clear()
-        if self._asked_published is None:
-            self._asked_published = dict(self._asked)
+        if self._row_uses:
+            uses = np.frombuffer(self._row_uses, dtype=np.int64).reshape(-1, 2)
+            self._rows_tool = self._rows_tool.merged(uses, len(self._rows_principal))
+            self._row_uses = array("q")
+        if self._asked_new:
+            self._asked = self._asked.merged(np.frombuffer(self._asked_new, dtype=np.int64).reshape(-1, 3))
+            self._asked_new = array("q")
         return LearnedState(
             version=self.version, tools=tuple(self._tools),
             vecs=self._vecs[:n] if self._hnsw is None else self._vecs, dim=self._dim,
-            row_tools=tuple(self._rows_tool),
+            row_tools=self._rows_tool,
             ev_principal=np.asarray(self._rows_principal, dtype=np.int64),
             weight=np.power(0.5, age_days / self.half_life_days).astype(np.float32),
-            principals=dict(self._principals), words=tuple(self._words), asked=self._asked_published,
+            principals=dict(self._principals), words=tuple(self._words), asked=self._asked,
             events=self.n_events, updated_at=self._last_at, hnsw=self._hnsw, rows=n,
+            proj=self._proj, q8=self._q8 if self._hnsw is not None else None,
+            scale=self._scale if self._hnsw is not None else None,
         )
 
 
@@ -286,19 +313,22 @@ def neighbours(state: LearnedState, qvec: np.ndarray, k: int = KNN) -> tuple[np.
     if m == 0 or state.dim != qvec.shape[0]:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
     k = min(k, m)
-    vecs = state.vecs
-    if state.hnsw is not None:
-        # rows added after this state was published are filtered out (the store is shared)
-        newer = state.hnsw.next_label > m
-        rows, dist = state.hnsw.search(qvec, k, ef=max(64, 2 * k), filter=(lambda label: label < m) if newer else None)
-        if rows.shape[0]:
-            sims = (1.0 - dist).astype(np.float32)  # hnswlib's cosine distance
-            order = np.lexsort((rows, -sims))
-            return rows[order], sims[order]
-        vecs = state.hnsw.vectors(np.arange(m, dtype=np.int64))  # fewer than k reachable: scan them all
-    sims = vecs @ qvec
+    if state.hnsw is None:
+        sims = state.vecs @ qvec
+        top = fusion.top_indices(sims, k)
+        return top, sims[top]
+    assert state.proj is not None and state.q8 is not None and state.scale is not None
+    # rows added after this state was published are filtered out (the store is shared)
+    newer = state.hnsw.next_label > m
+    cand, _ = state.hnsw.search(qvec @ state.proj, max(RESCORE, k), ef=max(RESCORE, k),
+                                filter=(lambda label: label < m) if newer else None)
+    if cand.shape[0] < k:  # fewer than k reachable: score them all
+        cand = np.arange(m, dtype=np.int64)
+    sims = np.minimum((state.q8[cand] @ qvec) * state.scale[cand], 1.0)  # rounding can pass 1
     top = fusion.top_indices(sims, k)
-    return top, sims[top]
+    rows, sims = cand[top], sims[top].astype(np.float32)
+    order = np.lexsort((rows, -sims))
+    return rows[order], sims[order]
 
 
 def signals(
@@ -311,28 +341,30 @@ def signals(
     own = state.principals.get(principal, -1) if principal is not None else -1
     vote = np.zeros(n, dtype=np.float32)
     repeat = np.zeros(n, dtype=bool)
-    for t, who in state.asked.get(words_key(tokens), {}).items():
+    for t, who in state.asked.of(words_key(tokens)).items():
         if own in who or len(who) >= MIN_PRINCIPALS:
             repeat[t] = True
     if qvec is not None and state.rows:
         rows, sims = neighbours(state, qvec, KNN)
+        vote_ = sims >= SIM_FLOOR
+        rows, sims = rows[vote_], sims[vote_]
         # accumulated in Python floats, written to the arrays once (numpy item updates cost
         # more than the rest of this loop)
         acc: dict[int, float] = {}
         strong: set[int] = set()
         best: dict[tuple[int, int], float] = {}
-        for r, s in zip(rows.tolist(), sims.tolist()):
-            if s < SIM_FLOOR:
-                continue
-            w = float(state.weight[r]) * (s - SIM_FLOOR) / (1.0 - SIM_FLOOR)
-            p = int(state.ev_principal[r])
-            for t, count in state.row_tools[r].items():
+        ends, tools, counts = state.row_tools.of_rows(rows)
+        begin = 0
+        for s, weight, p, end in zip(sims.tolist(), state.weight[rows].tolist(), state.ev_principal[rows].tolist(), ends):
+            w = weight * (s - SIM_FLOOR) / (1.0 - SIM_FLOOR)
+            for t, count in zip(tools[begin:end], counts[begin:end]):
                 if p == own:
                     acc[t] = acc.get(t, 0.0) + w * count
                     if s >= STRONG_SIM:
                         strong.add(t)
                 else:  # another principal: its best neighbour per tool, once
                     best[(p, t)] = max(best.get((p, t), 0.0), w)
+            begin = end
         agree: dict[int, int] = {}
         for _, t in best:
             agree[t] = agree.get(t, 0) + 1

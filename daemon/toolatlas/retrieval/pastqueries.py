@@ -1,0 +1,114 @@
+"""Compact parts of the learned state (learned.py), arrays rather than a Python object per
+past query: who asked what (`Asked`), the tools used after each past query (`RowTools`),
+and the helpers behind the past query vectors' 8-bit rows and principal coordinates.
+
+At ToolLens train's 16,893 past queries (44,865 events) the dicts and tuples these replace
+held 11 MB; the arrays hold 1.2 MB (bench/learning.py --only cost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class Asked:
+    """Which principals asked a query with given words (its `words_key`) and then used a
+    tool: the distinct (words_key, tool, principal) triples, sorted, as three arrays (as a
+    dict of dicts of tuples they took 7.5 MB at ToolLens train's 16,893 queries; so, 0.7 MB)."""
+
+    key: np.ndarray  # (n,) int64, ascending
+    tool: np.ndarray  # (n,) int32
+    principal: np.ndarray  # (n,) int32
+
+    @classmethod
+    def empty(cls) -> Asked:
+        return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32))
+
+    def of(self, key: int) -> dict[int, list[int]]:
+        """tool -> the principals who used it after a query with words `key`."""
+        lo, hi = int(np.searchsorted(self.key, key, "left")), int(np.searchsorted(self.key, key, "right"))
+        out: dict[int, list[int]] = {}
+        for t, p in zip(self.tool[lo:hi].tolist(), self.principal[lo:hi].tolist()):
+            out.setdefault(t, []).append(p)
+        return out
+
+    def merged(self, triples: np.ndarray) -> Asked:
+        """A new Asked with the (m, 3) int64 `triples` (words_key, tool, principal) added."""
+        key = np.concatenate([self.key, triples[:, 0]])
+        tool = np.concatenate([self.tool, triples[:, 1].astype(np.int32)])
+        principal = np.concatenate([self.principal, triples[:, 2].astype(np.int32)])
+        order = np.lexsort((principal, tool, key))
+        key, tool, principal = key[order], tool[order], principal[order]
+        first = np.ones(key.shape[0], dtype=bool)
+        first[1:] = (key[1:] != key[:-1]) | (tool[1:] != tool[:-1]) | (principal[1:] != principal[:-1])
+        return Asked(key[first], tool[first], principal[first])
+
+
+@dataclass(frozen=True, eq=False)
+class RowTools:
+    """The tools used after each vector row (a principal's distinct query), with their event
+    counts: row r's are `tool[start[r]:start[r + 1]]` (a dict per row took 3.7 MB at
+    ToolLens train's 16,893 rows; so, 0.5 MB)."""
+
+    start: np.ndarray  # (rows + 1,) int64
+    tool: np.ndarray  # int32, ascending within a row
+    count: np.ndarray  # int32
+
+    @classmethod
+    def empty(cls) -> RowTools:
+        return cls(np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32))
+
+    def of(self, r: int) -> Iterable[tuple[int, int]]:
+        """(tool, events) of row `r`."""
+        lo, hi = self.start[r], self.start[r + 1]
+        return zip(self.tool[lo:hi].tolist(), self.count[lo:hi].tolist())
+
+    def of_rows(self, rows: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+        """The tools and event counts of `rows` in one gather: (where each row's part of
+        the lists ends, tools, counts)."""
+        lo = self.start[rows]
+        lens = self.start[rows + 1] - lo
+        ends = np.cumsum(lens)
+        at = np.arange(int(ends[-1]) if ends.shape[0] else 0) + np.repeat(lo - (ends - lens), lens)
+        return ends.tolist(), self.tool[at].tolist(), self.count[at].tolist()
+
+    def merged(self, uses: np.ndarray, rows: int) -> RowTools:
+        """A new RowTools of `rows` rows with the (m, 2) int64 (row, tool) `uses` counted in."""
+        row = np.concatenate([np.repeat(np.arange(self.start.shape[0] - 1), np.diff(self.start)), uses[:, 0]])
+        tool = np.concatenate([self.tool, uses[:, 1].astype(np.int32)])
+        count = np.concatenate([self.count, np.ones(uses.shape[0], dtype=np.int32)])
+        order = np.lexsort((tool, row))
+        row, tool, count = row[order], tool[order], count[order]
+        first = np.ones(row.shape[0], dtype=bool)
+        first[1:] = (row[1:] != row[:-1]) | (tool[1:] != tool[:-1])
+        at = np.flatnonzero(first)
+        count = np.add.reduceat(count, at).astype(np.int32) if at.shape[0] else count
+        row, tool = row[first], tool[first]
+        return RowTools(np.searchsorted(row, np.arange(rows + 1)).astype(np.int64), tool, count)
+
+
+def grown(arr: np.ndarray, used: int, add: int, row_shape: tuple[int, ...]) -> np.ndarray:
+    """`arr` (its first `used` rows kept) with room for `add` more rows of `row_shape`: itself
+    when it has room, else a new array of at least twice the rows (published states keep the
+    old one)."""
+    if used + add <= arr.shape[0] and arr.shape[1:] == row_shape:
+        return arr
+    grown = np.zeros((max(1024, 2 * arr.shape[0], used + add), *row_shape), dtype=arr.dtype)
+    if used:
+        grown[:used] = arr[:used]
+    return grown
+
+
+def principal_basis(vecs: np.ndarray, dims: int) -> np.ndarray:
+    """(dim, min(dims, dim)) float32: the leading eigenvectors of the rows' second moment
+    (uncentred: dot products, not variances, are what the coordinates must keep)."""
+    vals, basis = np.linalg.eigh((vecs.T @ vecs).astype(np.float64))
+    keep = np.argsort(-vals, kind="stable")[: min(dims, vecs.shape[1])]
+    return np.ascontiguousarray(basis[:, keep], dtype=np.float32)
+
+
+__all__ = ["Asked", "RowTools", "grown", "principal_basis"]

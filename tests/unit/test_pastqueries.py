@@ -1,0 +1,79 @@
+"""The learned state's compact parts (retrieval/pastqueries.py) and the past query vectors
+above HNSW_MIN_EVENTS: 8-bit rows, principal coordinates in hnswlib, growth past the first
+allocation with earlier states still reading their own rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from toolatlas.retrieval import learned as L
+from toolatlas.retrieval.pastqueries import Asked, RowTools, grown, principal_basis
+from toolatlas.retrieval.usage import UsageEvent
+
+
+def test_asked_keeps_each_triple_once_and_finds_a_key_among_many() -> None:
+    asked = Asked.empty().merged(np.array([[7, 1, 0], [-3, 2, 1], [7, 1, 0], [7, 4, 2]], dtype=np.int64))
+    asked = asked.merged(np.array([[7, 1, 3], [2**62, 0, 0], [7, 4, 2]], dtype=np.int64))
+    assert asked.of(7) == {1: [0, 3], 4: [2]}
+    assert asked.of(-3) == {2: [1]} and asked.of(2**62) == {0: [0]} and asked.of(5) == {}
+    assert asked.key.tolist() == sorted(asked.key.tolist()) and asked.key.shape[0] == 5
+
+
+def test_row_tools_count_repeats_and_keep_empty_rows() -> None:
+    first = RowTools.empty().merged(np.array([[0, 3], [2, 1], [0, 3], [0, 1]], dtype=np.int64), 3)
+    assert [dict(first.of(r)) for r in range(3)] == [{1: 1, 3: 2}, {}, {1: 1}]
+    second = first.merged(np.array([[1, 5], [0, 3], [3, 0]], dtype=np.int64), 4)
+    assert [dict(second.of(r)) for r in range(4)] == [{1: 1, 3: 3}, {5: 1}, {1: 1}, {0: 1}]
+    assert [dict(first.of(r)) for r in range(3)] == [{1: 1, 3: 2}, {}, {1: 1}]  # unchanged
+    ends, tools, counts = second.of_rows(np.array([3, 0, 1], dtype=np.int64))
+    assert (ends, tools, counts) == ([1, 3, 4], [0, 1, 3, 5], [1, 1, 3, 1])
+    assert second.of_rows(np.zeros(0, dtype=np.int64)) == ([], [], [])
+
+
+def test_grown_keeps_the_rows_and_leaves_the_old_array_alone() -> None:
+    a = grown(np.zeros((0, 0), dtype=np.float32), 0, 3, (2,))
+    assert a.shape == (1024, 2)
+    a[:3] = 1.0
+    assert grown(a, 3, 1000, (2,)) is a
+    b = grown(a, 3, 1022, (2,))
+    assert b.shape == (2048, 2) and b[:3].tolist() == [[1.0, 1.0]] * 3 and b is not a
+    b[0] = 5.0
+    assert a[0].tolist() == [1.0, 1.0]
+
+
+def test_a_full_principal_basis_keeps_dot_products() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 8)).astype(np.float32)
+    p = principal_basis(x, 32)
+    assert p.shape == (8, 8)
+    assert np.allclose((x @ p) @ (x[0] @ p), x @ x[0], atol=1e-3)
+    lead = principal_basis(x, 2)  # the two directions of the largest second moment
+    assert np.allclose(np.abs(lead.T @ p[:, :2]), np.eye(2), atol=1e-5)
+
+
+def test_neighbours_stay_right_as_the_8_bit_rows_grow_past_their_first_allocation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(L, "HNSW_MIN_EVENTS", 64)
+    rng = np.random.default_rng(5)  # 160 dimensions: hnswlib holds PROJ_DIMS (128) coordinates of each
+    vecs = rng.normal(size=(2600, 160)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    idx = L.LearningIndex()
+    states = []
+    for lo, hi in [(0, 100), (100, 900), (900, 2600)]:
+        idx.add([UsageEvent(query=f"q{i}", tool=f"t{i % 5}", principal="p", at=0.0, vector=vecs[i])
+                 for i in range(lo, hi)])
+        states.append((idx.state(0.0), hi))
+    assert states[0][0].q8 is not None and states[2][0].q8 is not None
+    assert states[2][0].q8 is not states[0][0].q8  # grown: the older states keep theirs
+    for state, rows in states:
+        assert state.rows == rows
+        for q in vecs[::97]:
+            got, sims = L.neighbours(state, q, 10)
+            exact = vecs[:rows] @ q
+            want = np.sort(exact)[::-1][:10]
+            assert got.max() < rows
+            # hnswlib's candidates are approximate: nearly all of the exact ten, scored right
+            assert len(set(got.tolist()) & set(np.argsort(-exact)[:10].tolist())) >= 8
+            assert np.abs(sims - exact[got]).max() < 0.005 and sims[0] >= want[0] - 0.005
