@@ -77,3 +77,25 @@ def test_neighbours_stay_right_as_the_8_bit_rows_grow_past_their_first_allocatio
             # hnswlib's candidates are approximate: nearly all of the exact ten, scored right
             assert len(set(got.tolist()) & set(np.argsort(-exact)[:10].tolist())) >= 8
             assert np.abs(sims - exact[got]).max() < 0.005 and sims[0] >= want[0] - 0.005
+
+
+def test_a_few_merged_in_give_the_arrays_a_full_sort_gives() -> None:
+    # a publish merges a few new items into many by insertion: the same arrays as sorting
+    # everything again, repeats of held items and of each other included
+    rng = np.random.default_rng(9)
+    keys = rng.integers(-(2**62), 2**62, 300)
+    triples = np.stack([rng.choice(keys, 4000), rng.integers(0, 40, 4000), rng.integers(0, 4, 4000)], axis=1)
+    uses = np.stack([np.sort(rng.integers(0, 900, 4000)), rng.integers(0, 40, 4000)], axis=1)
+    asked, rows = Asked.empty().merged(triples[:3000]), RowTools.empty().merged(uses[:3000], int(uses[2999, 0]) + 1)
+    for lo in range(3000, 4000, 50):
+        few = np.concatenate([triples[lo : lo + 50], triples[lo - 7 : lo - 4]])  # some held already
+        asked = asked.merged(few)
+        more = np.concatenate([uses[lo : lo + 50], uses[lo - 3 : lo]])
+        rows = rows.merged(more, int(uses[lo + 49, 0]) + 1)
+    whole = Asked.empty().merged(triples)
+    for got, want in [(asked.key, whole.key), (asked.tool, whole.tool), (asked.principal, whole.principal)]:
+        assert got.tolist() == want.tolist()
+    dup = np.concatenate([uses[:3000]] + [uses[lo - 3 : lo] for lo in range(3000, 4000, 50)] + [uses[3000:]])
+    full = RowTools.empty().merged(dup, int(uses[-1, 0]) + 1)
+    assert rows.start.tolist() == full.start.tolist() and rows.tool.tolist() == full.tool.tolist()
+    assert rows.count.tolist() == full.count.tolist()

@@ -46,8 +46,10 @@ KNN = 20  # past queries that vote
 HNSW_MIN_EVENTS = 2048  # below this an exact scan is as fast and exact
 HNSW_EF_CONSTRUCTION = 64
 # Above HNSW_MIN_EVENTS a past query's 384 float32 coordinates (1.5 KB) are held as 8 bits
-# each plus a scale, and hnswlib gets only its first PROJ_DIMS principal components; the
-# RESCORE candidates hnswlib finds there are scored on the 8-bit rows (cosines within 0.002).
+# each plus a scale, and hnswlib gets only its first PROJ_DIMS principal components (of the
+# rows held when hnswlib is built: at HNSW_MIN_EVENTS, and all of them at each reload, i.e.
+# at start and at each hourly prune); the RESCORE candidates hnswlib finds there are scored
+# on the 8-bit rows (cosines within 0.002).
 # ToolLens train (16,893 rows), its test queries: recall of the exact 20 nearest 0.9895,
 # as with hnswlib over the whole float32 vectors (bench/README.md, "Stop 41").
 PROJ_DIMS = 128

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+INSERT_BELOW = 8  # merge by insertion while the new items are under 1/8 of those held
+
 
 @dataclass(frozen=True, eq=False)
 class Asked:
@@ -37,7 +39,11 @@ class Asked:
         return out
 
     def merged(self, triples: np.ndarray) -> Asked:
-        """A new Asked with the (m, 3) int64 `triples` (words_key, tool, principal) added."""
+        """A new Asked with the (m, 3) int64 `triples` (words_key, tool, principal) added:
+        a few into many are inserted (a publish every half second must not re-sort them
+        all), else everything is sorted again."""
+        if triples.shape[0] * INSERT_BELOW < self.key.shape[0]:
+            return self._inserted(triples)
         key = np.concatenate([self.key, triples[:, 0]])
         tool = np.concatenate([self.tool, triples[:, 1].astype(np.int32)])
         principal = np.concatenate([self.principal, triples[:, 2].astype(np.int32)])
@@ -46,6 +52,25 @@ class Asked:
         first = np.ones(key.shape[0], dtype=bool)
         first[1:] = (key[1:] != key[:-1]) | (tool[1:] != tool[:-1]) | (principal[1:] != principal[:-1])
         return Asked(key[first], tool[first], principal[first])
+
+    def _inserted(self, triples: np.ndarray) -> Asked:
+        """`merged` for a few triples: each new one goes where the full sort would put it."""
+        at: list[int] = []
+        adds: list[tuple[int, int, int]] = []
+        seen: set[tuple[int, int, int]] = set()
+        for k, t, p in sorted(set(map(tuple, triples.tolist()))):
+            lo, hi = int(np.searchsorted(self.key, k, "left")), int(np.searchsorted(self.key, k, "right"))
+            held = list(zip(self.tool[lo:hi].tolist(), self.principal[lo:hi].tolist()))
+            if (t, p) in held or (k, t, p) in seen:
+                continue
+            seen.add((k, t, p))
+            at.append(lo + sum(1 for pair in held if pair < (t, p)))
+            adds.append((k, t, p))
+        if not adds:
+            return self
+        new = np.array(adds, dtype=np.int64)
+        return Asked(np.insert(self.key, at, new[:, 0]), np.insert(self.tool, at, new[:, 1].astype(np.int32)),
+                     np.insert(self.principal, at, new[:, 2].astype(np.int32)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,7 +102,10 @@ class RowTools:
         return ends.tolist(), self.tool[at].tolist(), self.count[at].tolist()
 
     def merged(self, uses: np.ndarray, rows: int) -> RowTools:
-        """A new RowTools of `rows` rows with the (m, 2) int64 (row, tool) `uses` counted in."""
+        """A new RowTools of `rows` rows with the (m, 2) int64 (row, tool) `uses` counted in
+        (a few into many by insertion, as `Asked.merged`)."""
+        if uses.shape[0] * INSERT_BELOW < self.tool.shape[0]:
+            return self._inserted(uses, rows)
         row = np.concatenate([np.repeat(np.arange(self.start.shape[0] - 1), np.diff(self.start)), uses[:, 0]])
         tool = np.concatenate([self.tool, uses[:, 1].astype(np.int32)])
         count = np.concatenate([self.count, np.ones(uses.shape[0], dtype=np.int32)])
@@ -89,6 +117,35 @@ class RowTools:
         count = np.add.reduceat(count, at).astype(np.int32) if at.shape[0] else count
         row, tool = row[first], tool[first]
         return RowTools(np.searchsorted(row, np.arange(rows + 1)).astype(np.int64), tool, count)
+
+    def _inserted(self, uses: np.ndarray, rows: int) -> RowTools:
+        """`merged` for a few uses: counts of held (row, tool) pairs go up in a copy, new
+        pairs are inserted in their row, tools ascending."""
+        held_rows = self.start.shape[0] - 1
+        count = self.count.copy()
+        lens = np.zeros(rows, dtype=np.int64)
+        lens[:held_rows] = np.diff(self.start)
+        at: list[int] = []
+        adds: list[tuple[int, int]] = []  # (tool, events), in the order of `at`
+        tally: dict[tuple[int, int], int] = {}
+        for r, t in uses.tolist():
+            tally[(r, t)] = tally.get((r, t), 0) + 1
+        for (r, t), n in sorted(tally.items()):
+            lo = int(self.start[min(r, held_rows)])
+            hi = int(self.start[r + 1]) if r < held_rows else lo
+            j = lo + int(np.searchsorted(self.tool[lo:hi], t))
+            if j < hi and self.tool[j] == t:
+                count[j] += n
+                continue
+            at.append(j)
+            adds.append((t, n))
+            lens[r] += 1
+        start = np.zeros(rows + 1, dtype=np.int64)
+        np.cumsum(lens, out=start[1:])
+        if not adds:
+            return RowTools(start, self.tool, count)
+        new = np.array(adds, dtype=np.int32)
+        return RowTools(start, np.insert(self.tool, at, new[:, 0]), np.insert(count, at, new[:, 1]))
 
 
 def grown(arr: np.ndarray, used: int, add: int, row_shape: tuple[int, ...]) -> np.ndarray:
@@ -111,4 +168,4 @@ def principal_basis(vecs: np.ndarray, dims: int) -> np.ndarray:
     return np.ascontiguousarray(basis[:, keep], dtype=np.float32)
 
 
-__all__ = ["Asked", "RowTools", "grown", "principal_basis"]
+__all__ = ["INSERT_BELOW", "Asked", "RowTools", "grown", "principal_basis"]
