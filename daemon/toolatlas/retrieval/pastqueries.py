@@ -57,13 +57,11 @@ class Asked:
         """`merged` for a few triples: each new one goes where the full sort would put it."""
         at: list[int] = []
         adds: list[tuple[int, int, int]] = []
-        seen: set[tuple[int, int, int]] = set()
         for k, t, p in sorted(set(map(tuple, triples.tolist()))):
             lo, hi = int(np.searchsorted(self.key, k, "left")), int(np.searchsorted(self.key, k, "right"))
             held = list(zip(self.tool[lo:hi].tolist(), self.principal[lo:hi].tolist()))
-            if (t, p) in held or (k, t, p) in seen:
+            if (t, p) in held:
                 continue
-            seen.add((k, t, p))
             at.append(lo + sum(1 for pair in held if pair < (t, p)))
             adds.append((k, t, p))
         if not adds:
@@ -154,10 +152,10 @@ def grown(arr: np.ndarray, used: int, add: int, row_shape: tuple[int, ...]) -> n
     old one)."""
     if used + add <= arr.shape[0] and arr.shape[1:] == row_shape:
         return arr
-    grown = np.zeros((max(1024, 2 * arr.shape[0], used + add), *row_shape), dtype=arr.dtype)
+    out = np.zeros((max(1024, 2 * arr.shape[0], used + add), *row_shape), dtype=arr.dtype)
     if used:
-        grown[:used] = arr[:used]
-    return grown
+        out[:used] = arr[:used]
+    return out
 
 
 def principal_basis(vecs: np.ndarray, dims: int) -> np.ndarray:
