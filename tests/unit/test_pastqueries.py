@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from toolatlas.retrieval import learned as L
-from toolatlas.retrieval.pastqueries import Asked, RowTools, grown, principal_basis
+from toolatlas.retrieval.pastqueries import Asked, RowTools, grown
 from toolatlas.retrieval.usage import UsageEvent
 
 
@@ -40,16 +40,6 @@ def test_grown_keeps_the_rows_and_leaves_the_old_array_alone() -> None:
     assert b.shape == (2048, 2) and b[:3].tolist() == [[1.0, 1.0]] * 3 and b is not a
     b[0] = 5.0
     assert a[0].tolist() == [1.0, 1.0]
-
-
-def test_a_full_principal_basis_keeps_dot_products() -> None:
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(300, 8)).astype(np.float32)
-    p = principal_basis(x, 32)
-    assert p.shape == (8, 8)
-    assert np.allclose((x @ p) @ (x[0] @ p), x @ x[0], atol=1e-3)
-    lead = principal_basis(x, 2)  # the two directions of the largest second moment
-    assert np.allclose(np.abs(lead.T @ p[:, :2]), np.eye(2), atol=1e-5)
 
 
 def test_neighbours_stay_right_as_the_8_bit_rows_grow_past_their_first_allocation(

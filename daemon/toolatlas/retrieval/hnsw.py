@@ -13,6 +13,11 @@ or a delete. So searches and `save` (which only reads) share the index; `add`, `
 Internal slots of deleted vectors are reused (`allow_replace_deleted=True` and
 `add_items(..., replace_deleted=True)`); external labels are handed out monotonically, never
 twice, because hnswlib re-labels a reused slot and an older snapshot may still hold the old label.
+
+With a `basis` (dim x d, d < dim) the store holds each vector's d coordinates in that basis
+(hnswlib's "ip" space) instead of the vector: the caller asks for more candidates than it
+needs and scores them exactly on its own copy of the vectors. A vector of 384 float32 takes
+1,536 bytes in hnswlib, its 128 coordinates 512; links and bookkeeping add ~190 either way.
 """
 
 from __future__ import annotations
@@ -74,12 +79,14 @@ class SharedLock:
 
 class HnswStore:
     def __init__(self, dim: int, capacity: int = 1024, *, ef_construction: int = EF_CONSTRUCTION,
-                 space: str = "cosine") -> None:
+                 space: str = "cosine", basis: np.ndarray | None = None) -> None:
         """`space`: "cosine" (vectors normalised by hnswlib) or "ip" (distance 1 - dot product,
-        vectors kept as given)."""
+        vectors kept as given). `basis`: (dim, d) float32; the store then holds `vector @ basis`
+        in the "ip" space (its distances are not the vectors' cosines)."""
         self.dim = dim
+        self.basis = _checked_basis(basis, dim)
         self.lock = SharedLock()
-        self.index = hnswlib.Index(space=space, dim=dim)
+        self.index = hnswlib.Index(space="ip" if self.basis is not None else space, dim=self.held_dim)
         self.index.init_index(
             max_elements=max(capacity, 16), ef_construction=ef_construction, M=M, allow_replace_deleted=True
         )
@@ -88,12 +95,20 @@ class HnswStore:
         self.live = 0
         self.deleted = 0
 
+    @property
+    def held_dim(self) -> int:
+        """The dimension hnswlib holds: the basis's, else the vectors'."""
+        return self.basis.shape[1] if self.basis is not None else self.dim
+
     @classmethod
-    def load(cls, path: Path, dim: int, next_label: int, live: int) -> "HnswStore":
+    def load(cls, path: Path, dim: int, next_label: int, live: int, basis: np.ndarray | None = None) -> "HnswStore":
         store = cls.__new__(cls)
         store.dim = dim
+        store.basis = _checked_basis(basis, dim)
         store.lock = SharedLock()
-        idx = hnswlib.Index(space="cosine", dim=dim)
+        idx = hnswlib.Index(space="ip" if store.basis is not None else "cosine", dim=store.held_dim)
+        # the file does not say its dimension: the snapshot that names it (and its checksum)
+        # carries the basis it was written with (persist.save_snapshot)
         idx.load_index(str(path), allow_replace_deleted=True)
         idx.set_num_threads(1)
         store.index = idx
@@ -125,9 +140,11 @@ class HnswStore:
             cap = self.index.get_max_elements()
             if needed > cap:
                 self.index.resize_index(max(needed, 2 * cap))
+        basis = self.basis
         for s in range(0, n, _CHUNK):
+            part = vectors[s : s + _CHUNK] if basis is None else vectors[s : s + _CHUNK] @ basis
             with self.lock.exclusive():
-                self.index.add_items(vectors[s : s + _CHUNK], labels[s : s + _CHUNK], replace_deleted=True)
+                self.index.add_items(part, labels[s : s + _CHUNK], replace_deleted=True)
         self.deleted -= reusable
         self.live += n
 
@@ -141,11 +158,14 @@ class HnswStore:
     def search(
         self, vector: np.ndarray, k: int, ef: int, filter: Callable[[int], bool] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(labels, distances: 1 - cosine, or 1 - dot product in the "ip" space) of up to `k`
-        approximate nearest neighbours, nearest first (fewer if the index is small)."""
+        """(labels, distances: 1 - cosine, or 1 - dot product in the "ip" space or the basis's
+        coordinates) of up to `k` approximate nearest neighbours, nearest first (fewer if the
+        index is small)."""
         k = min(k, self.live)
         if k <= 0:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+        if self.basis is not None:
+            vector = vector @ self.basis
         with self.lock.shared():
             # ef is one field of the index, shared by concurrent searches: one may run with
             # another's ef. hnswlib searches with max(ef, k), so each still gets k results.
@@ -166,10 +186,35 @@ class HnswStore:
         cap = self.index.get_max_elements()
         count = self.index.get_current_count()
         m0 = 2 * self.index.M
-        level0 = m0 * 4 + 4 + self.dim * 4 + 8
+        level0 = m0 * 4 + 4 + self.held_dim * 4 + 8
         upper = (self.index.M * 4 + 4) * count // max(1, self.index.M - 1)  # 1/(M-1) levels above 0 on average
         return int(cap * (level0 + 40 + 4 + 8) + count * 48 + upper)
+
+    def rebased(self, basis: np.ndarray, vectors: np.ndarray, labels: np.ndarray) -> "HnswStore":
+        """A new store holding `vectors` (every live one, under its label here) in `basis`,
+        with this store's label counter: labels stay valid and are never handed out twice.
+        This store is left as it is for the snapshots that still search it."""
+        store = HnswStore(self.dim, capacity=max(1024, 2 * vectors.shape[0]), basis=basis)
+        store.next_label = self.next_label
+        store.insert(vectors, labels)
+        return store
 
     def save(self, path: Path) -> None:
         with self.lock.shared():  # reads only: searches go on while it writes
             self.index.save_index(str(path))
+
+
+def _checked_basis(basis: np.ndarray | None, dim: int) -> np.ndarray | None:
+    if basis is None:
+        return None
+    if basis.ndim != 2 or basis.shape[0] != dim or not 0 < basis.shape[1] <= dim:
+        raise ValueError(f"a basis for {dim}-dimension vectors must be ({dim}, d); got {basis.shape}")
+    return np.ascontiguousarray(basis, dtype=np.float32)
+
+
+def principal_basis(vecs: np.ndarray, dims: int) -> np.ndarray:
+    """(dim, min(dims, dim)) float32: the leading eigenvectors of the rows' second moment
+    (uncentred: dot products, not variances, are what the coordinates must keep)."""
+    vals, basis = np.linalg.eigh((vecs.T @ vecs).astype(np.float64))
+    keep = np.argsort(-vals, kind="stable")[: min(dims, vecs.shape[1])]
+    return np.ascontiguousarray(basis[:, keep], dtype=np.float32)

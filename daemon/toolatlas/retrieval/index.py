@@ -55,6 +55,14 @@ _SCAN_CHUNK = 8192  # rows converted at a time by a float16 scan
 # daemon runs. 100,000 bench tools have 4,067 terms; the rebuild encodes every entry again.
 VOCAB_RENEW_MIN = 50_000
 
+# From PROJECT_MIN documents (rank.HNSW_MIN's value: below it no search reads hnswlib) hnswlib
+# holds each vector's first PROJECT_DIMS coordinates in the principal basis of the vectors it
+# was built from, not the vector (hnsw.py): the snapshot's float32 rows are the one full copy,
+# and rank.dense scores twice the candidates it keeps on them. ~100 MB less at 100,000 tools;
+# recall of the dense pool as before on real texts (bench/README.md, stop 42).
+PROJECT_MIN = 4096
+PROJECT_DIMS = 128
+
 # scope (sorted server names) -> (allowed positions, their hnsw labels once asked for)
 ScopeCache = dict[tuple[str, ...], tuple[np.ndarray, frozenset[int] | None]]
 
@@ -318,11 +326,12 @@ class IndexBuilder:
                     failure = exc
                     emb = None
             if emb is not None and need:
-                from toolatlas.retrieval.hnsw import HnswStore
+                from toolatlas.retrieval.hnsw import HnswStore, principal_basis
 
-                if self.hnsw is None:
-                    self.hnsw = HnswStore(emb.dim, capacity=max(1024, 2 * len(entries)))
                 vecs = np.stack([self.vec_of[entries[n].key] for n in need]).astype(np.float32, copy=False)
+                if self.hnsw is None:
+                    basis = principal_basis(vecs, PROJECT_DIMS) if len(entries) >= PROJECT_MIN else None
+                    self.hnsw = HnswStore(emb.dim, capacity=max(1024, 2 * len(entries)), basis=basis)
                 if defer_graph:
                     labels = self.hnsw.reserve(len(need))
                     self.deferred = (vecs, labels)
@@ -332,6 +341,8 @@ class IndexBuilder:
                     entries[name] = dataclasses.replace(entries[name], label=int(label))
         if self.hnsw is not None and stale:
             self.hnsw.delete(stale)  # ... then delete
+        if self.hnsw is not None and self.hnsw.basis is None and len(entries) >= PROJECT_MIN:
+            self._rebase(entries)
         dim = emb.dim if emb is not None else dim
         snap = build_snapshot(version, entries, self.vec_of if dim else None, dim, self.hnsw)
         self.entries = entries
@@ -347,6 +358,25 @@ class IndexBuilder:
         vocab = Vocab()
         self.entries = {name: in_vocab(e, vocab) for name, e in self.entries.items()}
         self.vocab = vocab
+
+    def _rebase(self, entries: dict[str, Entry]) -> None:
+        """A store that grew past PROJECT_MIN (or was written before stores had a basis) is
+        built again in the principal basis of its live vectors, their labels kept; published
+        snapshots keep searching the old one. Vectors left out by `defer_graph` go in too."""
+        assert self.hnsw is not None
+        live = [e for e in entries.values() if e.label >= 0]
+        if not live or any(e.key not in self.vec_of for e in live):
+            return  # not every live vector at hand: stay as it is
+        from toolatlas.retrieval.hnsw import principal_basis
+
+        t0 = time.perf_counter()
+        vecs = np.stack([self.vec_of[e.key] for e in live]).astype(np.float32, copy=False)
+        labels = np.fromiter((e.label for e in live), dtype=np.int64, count=len(live))
+        self.hnsw = self.hnsw.rebased(principal_basis(vecs, PROJECT_DIMS), vecs, labels)
+        self.deferred = None
+        self.timings["hnsw_rebase_s"] = time.perf_counter() - t0
+        log.info("retrieval.hnsw_rebased vectors=%d dims=%d seconds=%.2f", len(live), PROJECT_DIMS,
+                 self.timings["hnsw_rebase_s"])
 
     def insert_deferred(self) -> None:
         """Insert the vectors a `commit(defer_graph=True)` left out of hnswlib."""

@@ -37,8 +37,8 @@ import numpy as np
 
 from toolatlas.retrieval import fusion
 from toolatlas.retrieval.bm25 import Bm25Index
-from toolatlas.retrieval.hnsw import HnswStore
-from toolatlas.retrieval.pastqueries import Asked, RowTools, grown, principal_basis
+from toolatlas.retrieval.hnsw import HnswStore, principal_basis
+from toolatlas.retrieval.pastqueries import Asked, RowTools, grown
 from toolatlas.retrieval.text import tokenize
 from toolatlas.retrieval.usage import UsageEvent
 
@@ -82,8 +82,7 @@ class LearnedState:
     asked: Asked  # which principals asked a query with these words, then used a tool
     events: int
     updated_at: float | None
-    hnsw: HnswStore | None = None  # the rows' `proj` coordinates, labels = rows (shared; see neighbours)
-    proj: np.ndarray | None = None  # (dim, PROJ_DIMS) basis of the hnswlib coordinates
+    hnsw: HnswStore | None = None  # the rows' principal coordinates, labels = rows (shared; see neighbours)
     q8: np.ndarray | None = None  # (>= rows, dim) int8 rows when in `hnsw` (a row = q8 x scale)
     scale: np.ndarray | None = None  # (>= rows,) float32
     rows: int = 0  # vector rows of this state
@@ -179,7 +178,6 @@ class LearningIndex:
         self._own_words: set[int] = set()
         self._own_counts: set[tuple[int, int]] = set()
         self._vecs = np.zeros((0, 0), dtype=np.float32)  # exact-scan rows; empty once in hnswlib
-        self._proj: np.ndarray | None = None
         self._q8 = np.zeros((0, 0), dtype=np.int8)
         self._scale = np.zeros(0, dtype=np.float32)
         self._dim = 0
@@ -240,17 +238,15 @@ class LearningIndex:
     def _append_vectors(self, vecs: np.ndarray) -> None:
         self._dim = vecs.shape[1]
         if self._hnsw is not None:
-            assert self._proj is not None
             self._append_q8(vecs, self._n_rows)
-            self._hnsw.add(vecs @ self._proj)  # labels are row numbers: added in row order, never deleted
+            self._hnsw.add(vecs)  # labels are row numbers: added in row order, never deleted
         elif self._n_rows + vecs.shape[0] >= HNSW_MIN_EVENTS:
             held = np.concatenate([self._vecs[: self._n_rows], vecs]) if self._n_rows else vecs
-            self._proj = principal_basis(held, PROJ_DIMS)
             self._append_q8(held, 0)
             # past queries cluster tightly (repeats, paraphrases): a cheaper build loses no recall
-            self._hnsw = HnswStore(self._proj.shape[1], capacity=held.shape[0],
-                                   ef_construction=HNSW_EF_CONSTRUCTION, space="ip")
-            self._hnsw.add(held @ self._proj)
+            self._hnsw = HnswStore(held.shape[1], capacity=held.shape[0], ef_construction=HNSW_EF_CONSTRUCTION,
+                                   basis=principal_basis(held, PROJ_DIMS))
+            self._hnsw.add(held)
             self._vecs = np.zeros((0, vecs.shape[1]), dtype=np.float32)  # published states keep theirs
         else:
             self._vecs = grown(self._vecs, self._n_rows, vecs.shape[0], vecs.shape[1:])
@@ -291,7 +287,7 @@ class LearningIndex:
             weight=np.power(0.5, age_days / self.half_life_days).astype(np.float32),
             principals=dict(self._principals), words=tuple(self._words), asked=self._asked,
             events=self.n_events, updated_at=self._last_at, hnsw=self._hnsw, rows=n,
-            proj=self._proj, q8=self._q8 if self._hnsw is not None else None,
+            q8=self._q8 if self._hnsw is not None else None,
             scale=self._scale if self._hnsw is not None else None,
         )
 
@@ -319,10 +315,10 @@ def neighbours(state: LearnedState, qvec: np.ndarray, k: int = KNN) -> tuple[np.
         sims = state.vecs @ qvec
         top = fusion.top_indices(sims, k)
         return top, sims[top]
-    assert state.proj is not None and state.q8 is not None and state.scale is not None
+    assert state.q8 is not None and state.scale is not None
     # rows added after this state was published are filtered out (the store is shared)
     newer = state.hnsw.next_label > m
-    cand, _ = state.hnsw.search(qvec @ state.proj, max(RESCORE, k), ef=max(RESCORE, k),
+    cand, _ = state.hnsw.search(qvec, max(RESCORE, k), ef=max(RESCORE, k),
                                 filter=(lambda label: label < m) if newer else None)
     if cand.shape[0] < k:  # fewer than k reachable: score them all
         cand = np.arange(m, dtype=np.int64)

@@ -1,6 +1,6 @@
 """Compact parts of the learned state (learned.py), arrays rather than a Python object per
 past query: who asked what (`Asked`), the tools used after each past query (`RowTools`),
-and the helpers behind the past query vectors' 8-bit rows and principal coordinates.
+and the growth of the past query vectors' 8-bit rows.
 
 At ToolLens train's 16,893 past queries (44,865 events) the dicts and tuples these replace
 held 11 MB; the arrays hold 1.2 MB (bench/learning.py --only cost).
@@ -158,12 +158,4 @@ def grown(arr: np.ndarray, used: int, add: int, row_shape: tuple[int, ...]) -> n
     return out
 
 
-def principal_basis(vecs: np.ndarray, dims: int) -> np.ndarray:
-    """(dim, min(dims, dim)) float32: the leading eigenvectors of the rows' second moment
-    (uncentred: dot products, not variances, are what the coordinates must keep)."""
-    vals, basis = np.linalg.eigh((vecs.T @ vecs).astype(np.float64))
-    keep = np.argsort(-vals, kind="stable")[: min(dims, vecs.shape[1])]
-    return np.ascontiguousarray(basis[:, keep], dtype=np.float32)
-
-
-__all__ = ["INSERT_BELOW", "Asked", "RowTools", "grown", "principal_basis"]
+__all__ = ["INSERT_BELOW", "Asked", "RowTools", "grown"]

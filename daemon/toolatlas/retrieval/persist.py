@@ -266,6 +266,7 @@ class Restored:
     labels: list[int]
     next_label: int
     hnsw_path: Path | None  # None when there is no usable dense index on disk
+    basis: np.ndarray | None = None  # the hnswlib file's basis (HnswStore), None: it holds the vectors
 
 
 def _snap_paths(state_dir: Path, model: str) -> tuple[Path, Path]:
@@ -300,8 +301,11 @@ def save_snapshot(
             if tmp.exists():
                 tmp.unlink()
         next_label = hnsw.next_label
-    body = msgspec.msgpack.encode({"docs": docs, "labels": labels})
-    header = {"model": model, "version": version, "next_label": next_label, "hnsw_sha256": hnsw_sha}
+    basis = hnsw.basis if hnsw is not None else None
+    body = msgspec.msgpack.encode({"docs": docs, "labels": labels,
+                                   "basis": basis.tobytes() if basis is not None else None})
+    header = {"model": model, "version": version, "next_label": next_label, "hnsw_sha256": hnsw_sha,
+              "basis_shape": list(basis.shape) if basis is not None else None}
     atomic_write(snap_path, _pack(_SNAP_MAGIC, header, [body]))
 
 
@@ -330,7 +334,8 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         raw = msgspec.msgpack.decode(body)
         docs = [_interned(d) for d in msgspec.convert(raw["docs"], list[ToolDoc])]
         labels = msgspec.convert(raw["labels"], list[int])
-    except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError) as exc:
+        basis = _basis(raw.get("basis"), header.get("basis_shape"))
+    except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError) as exc:
         raise CorruptFile(f"{snap_path} has an undecodable body") from exc
     if len(docs) != len(labels):
         raise CorruptFile(f"{snap_path} is inconsistent")
@@ -353,4 +358,15 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         labels=labels,
         next_label=int(header.get("next_label", 0)),
         hnsw_path=usable,
+        basis=basis,
     )
+
+
+def _basis(raw: object, shape: object) -> np.ndarray | None:
+    """The snapshot's hnswlib basis (float32, `shape`); None for a file written without one."""
+    if raw is None:
+        return None
+    if not isinstance(raw, bytes) or not (isinstance(shape, list) and len(shape) == 2):
+        raise ValueError("a malformed basis")
+    rows, cols = (int(x) for x in shape)
+    return np.frombuffer(raw, dtype=np.float32).reshape(rows, cols).copy()

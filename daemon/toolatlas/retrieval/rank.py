@@ -30,6 +30,7 @@ FUSION = "z"
 ALPHA = 0.5  # dense weight in score fusion
 FUSION_POOL = 200  # above HNSW_MIN allowed documents: candidates per branch (fixed, not k-scaled)
 FETCH_MULT = 3  # per-branch over-fetch for RRF (the baseline): 3 * top_k, k = 60
+PROJECTED_MIN = 100  # fewest hnswlib candidates re-scored when it holds principal coordinates
 HNSW_MIN = 4096  # below this many candidate docs the dense branch is an exact numpy scan:
 # faster there (2,000 docs: a scan 60 us, an hnswlib query for 50 plus mapping ~250 us) and exact
 
@@ -228,18 +229,21 @@ def dense(
         elif allowed is not None:
             labels_ok = frozenset(int(x) for x in snap.labels[allowed])
             filt = labels_ok.__contains__
-        labels, dists = hnsw.search(qvec, k, ef=max(64, 2 * k), filter=filt)
+        # principal coordinates: more candidates, scored exactly (at least PROJECTED_MIN: a top 1
+        # or 10 from 2k of them missed some of the exact ones; ToolLens's dense mode, forced)
+        want = k if hnsw.basis is None else max(2 * k, PROJECTED_MIN)
+        labels, dists = hnsw.search(qvec, want, ef=max(64, 2 * want), filter=filt)
         mapped = np.full(labels.shape[0], -1, dtype=np.int64)
         ours = labels < snap.label_pos.shape[0]
         mapped[ours] = snap.label_pos[labels[ours]]
         known = mapped >= 0  # labels this snapshot has (a newer one's are skipped)
         pos = mapped[known]
         if pos.shape[0] >= min(k, n_allowed):
-            if snap.vecs.dtype == np.float32:
+            if snap.vecs.dtype == np.float32 or hnsw.basis is not None:
                 sims = snap.sims(qvec, pos)
             else:  # a float16 snapshot: hnswlib's cosine over its float32 copy is the exact score
                 sims = 1.0 - dists[known]
-            order = np.lexsort((pos, -sims))
+            order = np.lexsort((pos, -sims))[:k]
             return pos[order], sims[order]
     if allowed is None:
         sims = snap.sims(qvec)
