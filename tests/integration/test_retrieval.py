@@ -427,6 +427,36 @@ def test_restart_computes_zero_new_embeddings(mcp_docs: list[ToolDoc], tmp_path:
     assert again.search("take a screenshot", 5).hits == before.hits
 
 
+def test_a_dense_index_from_before_principal_coordinates_is_rebuilt_once(
+    mcp_docs: list[ToolDoc], tmp_path: Path, shared_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolatlas.retrieval import index
+
+    monkeypatch.setattr(rank_mod, "HNSW_MIN", 0)  # every dense search through hnswlib
+    state = _state_dir(tmp_path, shared_models)
+    query = "read the contents of a text file"
+    old = Engine(state_dir=state)  # a store on float32 vectors, as written before index.PROJECT_MIN
+    old.load()
+    old.update(mcp_docs, [])
+    assert old._index.hnsw is not None and old._index.hnsw.basis is None
+    before = [h.name for h in old.search(query, 10, mode="dense").hits]
+
+    monkeypatch.setattr(index, "PROJECT_MIN", 20)
+    monkeypatch.setattr(index, "PROJECT_DIMS", 32)
+    upgraded = Engine(state_dir=state)
+    upgraded.load()  # restores the snapshot: the store is built again on a basis, and written
+    assert upgraded._index.hnsw is not None and upgraded._index.hnsw.basis is not None
+    assert "hnsw_rebase_s" in upgraded.stats()["timings"]
+    assert [h.name for h in upgraded.search(query, 10, mode="dense").hits] == before
+    again = Engine(state_dir=state)
+    again.load()  # loads that store with its basis: nothing rebuilt
+    assert again._index.hnsw is not None and again._index.hnsw.basis is not None
+    assert np.array_equal(again._index.hnsw.basis, upgraded._index.hnsw.basis)
+    st = again.stats()
+    assert "hnsw_rebase_s" not in st["timings"] and st["cache_corrupt"] == 0 and st["embeddings_computed"] == 0
+    assert [h.name for h in again.search(query, 10, mode="dense").hits] == before
+
+
 def test_corrupt_embedding_cache_is_detected_and_rebuilt(mcp_docs: list[ToolDoc], tmp_path: Path, shared_models: Path) -> None:
     state = _state_dir(tmp_path, shared_models)
     eng = Engine(state_dir=state)

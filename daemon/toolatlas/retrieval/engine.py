@@ -263,14 +263,17 @@ class Engine:
                 embed: bool = True, defer_graph: bool = False) -> None:
         """Embed what is missing (unless `embed` is False), insert, then delete, then
         publish. Holds _update_lock. `defer_graph`: see IndexBuilder.commit (the caller
-        inserts and persists after)."""
+        inserts and persists after). A store the commit built again on principal coordinates
+        (index.PROJECT_MIN) is written at once, so a restart loads it instead of rebuilding."""
+        before = self._index.hnsw
         snap, failure = self._index.commit(entries, stale, version, self._embedder if embed else None, self._dim,
                                            defer_graph=defer_graph)
         if failure is not None:
             self._fail(failure, "update")
         self._snap = snap  # the atomic publish
         self._cache.clear()
-        _persist(self, snap, persist_now and not defer_graph)
+        rebuilt = before is not None and self._index.hnsw is not before
+        _persist(self, snap, (persist_now or rebuilt) and not defer_graph)
 
     def set_learned(self, state: LearnedState | None) -> None:
         """Publish the learned stage's state (one assignment): for "learned" searches, and "hybrid" ones while `learning` is set."""
