@@ -138,9 +138,10 @@ def test_the_basis_is_kept_with_the_snapshot_and_a_file_without_one_still_loads(
     assert store.write(tmp_path, "m", b, snap)
     restored = persist.load_snapshot(tmp_path, "m")
     assert restored is not None and restored.basis is not None
-    assert np.array_equal(restored.basis, snap.hnsw.basis)
+    assert np.array_equal(restored.basis, snap.hnsw.basis) and restored.basis_energy == snap.hnsw.fit_energy < 1.0
     revived = store.revive(restored, dict(b.vec_of), DIM, Vocab())
     assert revived.corrupt == 0 and revived.hnsw is not None and revived.hnsw.basis is not None
+    assert revived.hnsw.fit_energy == snap.hnsw.fit_energy and revived.hnsw.added == 0
     assert np.array_equal(revived.hnsw.search(vecs[9], 4, ef=64)[0], snap.hnsw.search(vecs[9], 4, ef=64)[0])
     # a snapshot from before stores had a basis: its file holds the vectors
     small = _builder(docs[:50], vecs[:50])
@@ -155,3 +156,36 @@ def test_the_basis_is_kept_with_the_snapshot_and_a_file_without_one_still_loads(
     wrong = persist.Restored(version=1, docs=restored.docs, labels=restored.labels, next_label=restored.next_label,
                              hnsw_path=restored.hnsw_path, basis=np.zeros((DIM - 1, 4), dtype=np.float32))
     assert store.revive(wrong, dict(small.vec_of), DIM, Vocab()).corrupt == 1
+
+
+def _subspace(n: int, seed: int, dirs: np.ndarray) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    v = rng.normal(size=(n, dirs.shape[0])) @ dirs + rng.normal(0, 0.05, size=(n, DIM))
+    out: np.ndarray = (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+    return out
+
+
+def test_a_basis_that_no_longer_fits_what_arrives_is_fitted_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(index, "PROJECT_MIN", 1000)
+    monkeypatch.setattr(index, "PROJECT_DIMS", 24)
+    axes = np.linalg.qr(np.random.default_rng(9).normal(size=(DIM, DIM)))[0].T.astype(np.float32)
+    a, b = axes[:12], axes[12:24]  # two kinds of text, in orthogonal directions
+    docs = _docs(5200)
+    vecs = np.concatenate([_subspace(2000, 1, a), _subspace(1100, 2, a), _subspace(2100, 3, b)])
+    builder = _builder(docs, vecs)
+    first, _ = builder.commit(_entries(builder, docs[:2000]), [], 1, EMB)  # type: ignore[arg-type]
+    store_a = first.hnsw
+    assert store_a is not None and store_a.basis is not None and store_a.fit_energy > 0.95
+    # more of the same kind: kept in the basis as well as the first, no new store
+    same, _ = builder.commit(_entries(builder, docs[:3100]), [], 2, EMB)  # type: ignore[arg-type]
+    assert same.hnsw is store_a and store_a.added == 1100 and not store_a.drifted(index.BASIS_SLACK)
+    # another kind arrives (a quarter and more of the catalog): the basis is fitted on all of it
+    other, _ = builder.commit(_entries(builder, docs), [], 3, EMB)  # type: ignore[arg-type]
+    assert store_a.added_energy / store_a.added < 0.8  # what it measured for the new vectors
+    store_ab = other.hnsw
+    assert store_ab is not None and store_ab is not store_a and store_ab.added == 0
+    assert "hnsw_rebase_s" in builder.timings
+    q = vecs[4000]  # a vector of the new kind: found through the new basis
+    pos, _ = rank.dense(other, q, 5, None, None)
+    assert other.docs[pos[0]].name == docs[4000].name
+    assert store_ab.fit_energy > 0.95  # both kinds in its 24 coordinates

@@ -94,6 +94,26 @@ class HnswStore:
         self.next_label = 0
         self.live = 0
         self.deleted = 0
+        self._energy_reset(1.0)
+
+    def _energy_reset(self, fit_energy: float) -> None:
+        self.fit_energy = fit_energy  # mean squared norm of the coordinates of the vectors the basis came from
+        self.added = 0  # vectors inserted since, and the sum of their coordinates' squared norms
+        self.added_energy = 0.0
+
+    def settle(self) -> None:
+        """The vectors held now are those the basis was fitted on: their coordinates' mean
+        squared norm (the share of a unit vector the basis keeps) is what later ones are
+        compared with (`drifted`)."""
+        self._energy_reset(self.added_energy / self.added if self.added else 1.0)
+
+    def drifted(self, slack: float) -> bool:
+        """The vectors inserted since `settle`, a quarter of those live and at least 1,024,
+        keep `slack` less of themselves in the basis than the ones it came from: texts
+        unlike them arrived, and candidates found in these coordinates miss more."""
+        if self.basis is None or self.added < max(1024, self.live // 4):
+            return False
+        return self.added_energy / self.added < self.fit_energy - slack
 
     @property
     def held_dim(self) -> int:
@@ -101,7 +121,8 @@ class HnswStore:
         return self.basis.shape[1] if self.basis is not None else self.dim
 
     @classmethod
-    def load(cls, path: Path, dim: int, next_label: int, live: int, basis: np.ndarray | None = None) -> "HnswStore":
+    def load(cls, path: Path, dim: int, next_label: int, live: int, basis: np.ndarray | None = None,
+             fit_energy: float = 1.0) -> "HnswStore":
         store = cls.__new__(cls)
         store.dim = dim
         store.basis = _checked_basis(basis, dim)
@@ -115,6 +136,7 @@ class HnswStore:
         store.next_label = next_label
         store.live = live
         store.deleted = idx.get_current_count() - live
+        store._energy_reset(fit_energy)
         return store
 
     def add(self, vectors: np.ndarray) -> np.ndarray:
@@ -143,10 +165,13 @@ class HnswStore:
         basis = self.basis
         for s in range(0, n, _CHUNK):
             part = vectors[s : s + _CHUNK] if basis is None else vectors[s : s + _CHUNK] @ basis
+            if basis is not None:
+                self.added_energy += float(np.einsum("ij,ij->", part, part))
             with self.lock.exclusive():
                 self.index.add_items(part, labels[s : s + _CHUNK], replace_deleted=True)
         self.deleted -= reusable
         self.live += n
+        self.added += n
 
     def delete(self, labels: Sequence[int]) -> None:
         with self.lock.exclusive():
@@ -197,6 +222,7 @@ class HnswStore:
         store = HnswStore(self.dim, capacity=max(1024, 2 * vectors.shape[0]), basis=basis)
         store.next_label = self.next_label
         store.insert(vectors, labels)
+        store.settle()
         return store
 
     def save(self, path: Path) -> None:

@@ -35,18 +35,11 @@ log = logging.getLogger(__name__)
 
 EMBED_BATCH = 256  # texts per embedder call while indexing
 _SCOPE_CACHE_MAX = 256
-# A snapshot of more than HALF_ABOVE documents keeps its vectors in float16: half the memory
-# (77 MB at 100,000 tools), and hnswlib holds the float32 copy its searches read. Its rankers
-# take the dense scores of hnswlib's candidates from hnswlib (float32, exact); only the scans
-# of a scoped search and the candidates that only BM25 found read the float16 rows (cosine
-# off by at most ~4e-5). The embedding cache keeps the float32 originals on disk (mapped, not
-# resident), never these rows. Forced on both dev catalogs (every snapshot float16, every
-# search through hnswlib), `toolatlas eval --mode all` gave identical figures.
-# Off (None): numpy converts float16 at ~1.2 ns an element here, so a scoped search's scan
-# pays for it. 20,000 tools in five servers, in process (bench/README.md, stop 38): one
-# server's scan 1.43 -> 3.62 ms a query, unscoped 2.46 -> 2.67 ms; 77-100 MB at 100,000
-# tools does not bring issue 19's 600 MB within reach (792-819 MB with it on), so search
-# speed wins. Small catalogs would stay float32 anyway: their searches scan every row.
+# A snapshot of more than HALF_ABOVE documents keeps its vectors in float16 (77 MB less at
+# 100,000 tools; cosines off by at most ~4e-5; the embedding cache keeps the float32 originals
+# on disk). Off (None): numpy converts float16 at ~1.2 ns an element, so a scoped search's
+# scan pays for it (one server of 20,000 tools in five: 1.43 -> 3.62 ms a query), and it does
+# not bring issue 19's 600 MB within reach (bench/README.md, stop 38).
 HALF_ABOVE: int | None = None
 _SCAN_CHUNK = 8192  # rows converted at a time by a float16 scan
 # The builder starts a new BM25 vocabulary (documents.Vocab) when the one its entries use has
@@ -62,6 +55,9 @@ VOCAB_RENEW_MIN = 50_000
 # recall of the dense pool as before on real texts (bench/README.md, stop 42).
 PROJECT_MIN = 4096
 PROJECT_DIMS = 128
+# HnswStore.drifted: a basis keeps ~0.86 of its own texts' vectors; of other texts 0.67 and
+# the pool's recall falls to 0.947; 0.83 still gives 0.998 (bench/README.md, stop 42)
+BASIS_SLACK = 0.05
 
 # scope (sorted server names) -> (allowed positions, their hnsw labels once asked for)
 ScopeCache = dict[tuple[str, ...], tuple[np.ndarray, frozenset[int] | None]]
@@ -329,6 +325,7 @@ class IndexBuilder:
                 from toolatlas.retrieval.hnsw import HnswStore, principal_basis
 
                 vecs = np.stack([self.vec_of[entries[n].key] for n in need]).astype(np.float32, copy=False)
+                fresh = self.hnsw is None
                 if self.hnsw is None:
                     basis = principal_basis(vecs, PROJECT_DIMS) if len(entries) >= PROJECT_MIN else None
                     self.hnsw = HnswStore(emb.dim, capacity=max(1024, 2 * len(entries)), basis=basis)
@@ -337,11 +334,15 @@ class IndexBuilder:
                     self.deferred = (vecs, labels)
                 else:
                     labels = self.hnsw.add(vecs)  # insert first ...
+                    if fresh:
+                        self.hnsw.settle()
                 for name, label in zip(need, labels):
                     entries[name] = dataclasses.replace(entries[name], label=int(label))
         if self.hnsw is not None and stale:
             self.hnsw.delete(stale)  # ... then delete
-        if self.hnsw is not None and self.hnsw.basis is None and len(entries) >= PROJECT_MIN:
+        if self.hnsw is not None and (
+            (self.hnsw.basis is None and len(entries) >= PROJECT_MIN) or self.hnsw.drifted(BASIS_SLACK)
+        ):
             self._rebase(entries)
         dim = emb.dim if emb is not None else dim
         snap = build_snapshot(version, entries, self.vec_of if dim else None, dim, self.hnsw)
@@ -360,8 +361,9 @@ class IndexBuilder:
         self.vocab = vocab
 
     def _rebase(self, entries: dict[str, Entry]) -> None:
-        """A store that grew past PROJECT_MIN (or was written before stores had a basis) is
-        built again in the principal basis of its live vectors, their labels kept; published
+        """A store that grew past PROJECT_MIN (or was written before stores had a basis), or
+        whose basis no longer fits what was inserted since (HnswStore.drifted), is built
+        again in the principal basis of its live vectors, their labels kept; published
         snapshots keep searching the old one. Vectors left out by `defer_graph` go in too."""
         assert self.hnsw is not None
         live = [e for e in entries.values() if e.label >= 0]

@@ -267,6 +267,7 @@ class Restored:
     next_label: int
     hnsw_path: Path | None  # None when there is no usable dense index on disk
     basis: np.ndarray | None = None  # the hnswlib file's basis (HnswStore), None: it holds the vectors
+    basis_energy: float = 1.0  # HnswStore.fit_energy of that basis
 
 
 def _snap_paths(state_dir: Path, model: str) -> tuple[Path, Path]:
@@ -305,7 +306,8 @@ def save_snapshot(
     body = msgspec.msgpack.encode({"docs": docs, "labels": labels,
                                    "basis": basis.tobytes() if basis is not None else None})
     header = {"model": model, "version": version, "next_label": next_label, "hnsw_sha256": hnsw_sha,
-              "basis_shape": list(basis.shape) if basis is not None else None}
+              "basis_shape": list(basis.shape) if basis is not None else None,
+              "basis_energy": hnsw.fit_energy if hnsw is not None else None}
     atomic_write(snap_path, _pack(_SNAP_MAGIC, header, [body]))
 
 
@@ -335,6 +337,7 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         docs = [_interned(d) for d in msgspec.convert(raw["docs"], list[ToolDoc])]
         labels = msgspec.convert(raw["labels"], list[int])
         basis = _basis(raw.get("basis"), header.get("basis_shape"))
+        basis_energy = float(header.get("basis_energy") or 1.0)
     except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError) as exc:
         raise CorruptFile(f"{snap_path} has an undecodable body") from exc
     if len(docs) != len(labels):
@@ -359,6 +362,7 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         next_label=int(header.get("next_label", 0)),
         hnsw_path=usable,
         basis=basis,
+        basis_energy=basis_energy,
     )
 
 

@@ -121,7 +121,8 @@ def revive(restored: persist.Restored, vec_of: dict[bytes, np.ndarray], dim: int
     from toolatlas.retrieval.hnsw import HnswStore
 
     try:
-        hnsw = HnswStore.load(restored.hnsw_path, dim, restored.next_label, live=len(entries), basis=restored.basis)
+        hnsw = HnswStore.load(restored.hnsw_path, dim, restored.next_label, live=len(entries), basis=restored.basis,
+                              fit_energy=restored.basis_energy)
     except (RuntimeError, OSError, ValueError) as exc:
         log.warning("retrieval.hnsw_load_failed %s; rebuilding the dense index", exc)
         return Revived(entries=entries, hnsw=None, corrupt=1)
