@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import pytest
 
 from toolatlas.config import StdioUpstream, Upstream
 
-from tests.support import configs, ports
+from tests.support import TEST_CACHE_HOME, configs, ports
 from tests.support.postgres import PgServer, bindir
 from tests.support.servers import RunningServer, ServerFactory
 
@@ -39,6 +40,11 @@ LONG_FILES = (
     "integration/test_rift.py",
 )
 _TESTS = Path(__file__).resolve().parent
+
+# What reads the user cache (an engine with no state dir, `toolatlas eval` and `rift` without
+# one, the ONNX runtime) reads the suite's own: one export of the model for the whole suite
+# (tests.support.daemon.shared_onnx_models), none written into the real home directory.
+os.environ["XDG_CACHE_HOME"] = str(TEST_CACHE_HOME)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -122,9 +122,11 @@ def mcp_docs() -> list[ToolDoc]:
 
 @pytest.fixture(scope="module")
 def shared_models() -> Path:
-    """The ONNX export, made once into the user cache (the subprocess imports torch, not us)."""
-    ensure_onnx_export(None)
-    return models_dir(None)
+    """The suite's ONNX export (the subprocess imports torch, not us): the user cache's, under
+    the suite's XDG_CACHE_HOME, where an engine with no state dir reads it."""
+    models = shared_onnx_models()
+    assert models == models_dir(None)
+    return models
 
 
 def _state_dir(tmp_path: Path, shared_models: Path) -> Path:

@@ -13,6 +13,12 @@ The repository root must be on sys.path (pytest puts it there: ``tests`` is a pa
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The suite's XDG_CACHE_HOME (tests/conftest.py sets it for the tests and what they start):
+# the ONNX export of the embedding model is made here once per machine, and nothing a test
+# runs writes into the home directory of whoever runs it.
+TEST_CACHE_HOME = Path(tempfile.gettempdir()) / f"toolatlas-test-cache-{os.getuid()}"

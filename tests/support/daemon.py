@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support import REPO
+from tests.support import REPO, TEST_CACHE_HOME
 from tests.support.processes import descendants, die_with_parent, kill_all
 from tests.support.servers import EVERYTHING_BIN, HOSTILE, testserver_args
 
@@ -42,13 +42,13 @@ def url_upstream(name: str, transport: str, url: str, extra: str = "") -> str:
 
 
 def shared_onnx_models() -> Path:
-    """A folder with the ONNX export of the embedding model, made once per machine for the
-    test suite (the export itself is what toolatlas does on first start; atomic, locked)."""
-    import tempfile
-
+    """The folder holding the ONNX export of the embedding model, made once per machine for the
+    test suite (the export itself is what toolatlas does on first start; atomic, locked). It is
+    the user cache's `toolatlas/models` under the suite's XDG_CACHE_HOME, so an engine with no
+    state dir finds the same export."""
     from toolatlas.retrieval.embed import ensure_onnx_export
 
-    root = Path(tempfile.gettempdir()) / f"toolatlas-test-models-{os.getuid()}"
+    root = TEST_CACHE_HOME / "toolatlas"
     ensure_onnx_export(root)
     return root / "models"
 
