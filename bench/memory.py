@@ -17,6 +17,9 @@ reads VmRSS / VmHWM from /proc and asks the probe (bench/memprobe/sitecustomize.
 the daemon's PYTHONPATH) for smaps_rollup, resident MB per mapping, pymalloc's statistics
 and, with `--trace N`, tracemalloc's top allocation sites (slow: diagnostics only).
 Prints JSON and writes bench/out/memory-<tools>.json.
+
+Another tree's daemon: `PYTHONPATH=/path/to/tree/daemon .venv/bin/python bench/memory.py ...`
+(the caller's PYTHONPATH goes before this tree's `daemon/` on the daemon's).
 """
 
 from __future__ import annotations
@@ -53,7 +56,9 @@ def one_start(d: Any, n: int, tag: str, trace: int, timeout: float) -> dict[str,
     from startup import bench_queries
 
     probe_out = d.tmp / f"probe-{tag}.json"
-    env = {"PYTHONPATH": os.pathsep.join([str(PROBE), str(REPO / "daemon"), os.environ.get("PYTHONPATH", "")]),
+    # the caller's PYTHONPATH before this tree's daemon/: `PYTHONPATH=/other/tree/daemon` measures that tree's code
+    caller = [str(Path(x).resolve()) for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
+    env = {"PYTHONPATH": os.pathsep.join([str(PROBE), *caller, str(REPO / "daemon")]),
            "TOOLATLAS_MEMPROBE_OUT": str(probe_out)}
     if trace:
         env["TOOLATLAS_MEMPROBE_TRACE"] = str(trace)
