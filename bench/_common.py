@@ -100,6 +100,13 @@ def wait_settled(status: Callable[[], dict[str, Any] | None], timeout: float) ->
         time.sleep(0.25)
 
 
+def caller_pythonpath() -> list[str]:
+    """This process's PYTHONPATH entries, resolved (a relative `daemon` works from any cwd),
+    empty ones dropped: what a script puts on a daemon's PYTHONPATH ahead of its own entries,
+    so `PYTHONPATH=/other/tree/daemon` runs that tree's code."""
+    return [str(Path(x).resolve()) for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
+
+
 def emit(result: dict[str, Any], name: str) -> None:
     """Print the JSON result and keep a copy in bench/out/NAME.json."""
     OUT.mkdir(parents=True, exist_ok=True)
@@ -108,7 +115,7 @@ def emit(result: dict[str, Any], name: str) -> None:
     print(text)
 
 
-__all__ = ["Daemon", "OUT", "REPO", "cpu_times_s", "descendants", "emit", "median", "pct_ms", "proc_cpu_s", "proc_mem_mb",
+__all__ = ["Daemon", "OUT", "REPO", "caller_pythonpath", "cpu_times_s", "descendants", "emit", "median", "pct_ms", "proc_cpu_s", "proc_mem_mb",
            "start_server", "stdio_testserver", "summary", "wait_settled"]
 
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import OUT, REPO, proc_mem_mb, wait_settled
+from _common import OUT, REPO, caller_pythonpath, proc_mem_mb, wait_settled
 from catalog_upstream import catalog_tools, upstream_block
 
 PROBE = Path(__file__).resolve().parent / "memprobe"
@@ -57,8 +57,7 @@ def one_start(d: Any, n: int, tag: str, trace: int, timeout: float) -> dict[str,
 
     probe_out = d.tmp / f"probe-{tag}.json"
     # the caller's PYTHONPATH before this tree's daemon/: `PYTHONPATH=/other/tree/daemon` measures that tree's code
-    caller = [str(Path(x).resolve()) for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
-    env = {"PYTHONPATH": os.pathsep.join([str(PROBE), *caller, str(REPO / "daemon")]),
+    env = {"PYTHONPATH": os.pathsep.join([str(PROBE), *caller_pythonpath(), str(REPO / "daemon")]),
            "TOOLATLAS_MEMPROBE_OUT": str(probe_out)}
     if trace:
         env["TOOLATLAS_MEMPROBE_TRACE"] = str(trace)

@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import Daemon, emit, median, pct_ms, start_server, wait_settled
+from _common import Daemon, caller_pythonpath, emit, median, pct_ms, start_server, wait_settled
 from catalog_upstream import upstream_block
 from startup import bench_queries, try_status
 
@@ -390,8 +390,7 @@ def search_twins(tmp: Path, url: str, source: Path, args: argparse.Namespace) ->
     sample_out = tmp / "sample.json"
     env = None
     if args.profile:
-        paths = [str(SAMPLER), *(str(Path(x).resolve()) for x in os.environ.get("PYTHONPATH", "").split(":") if x)]
-        env = {"PYTHONPATH": ":".join(paths), "TA_SAMPLE_OUT": str(sample_out)}
+        env = {"PYTHONPATH": os.pathsep.join([str(SAMPLER), *caller_pythonpath()]), "TA_SAMPLE_OUT": str(sample_out)}
     rows: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
     for part, (with_store, without) in enumerate((("twin_x", "twin_y"), ("twin_y", "twin_x"))):
