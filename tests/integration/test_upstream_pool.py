@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -320,6 +321,39 @@ async def test_silent_stdio_child_times_out_connect_and_is_not_left_behind(tmp_p
             child = int(pidfile.read_text())
         assert not pid_alive(child)
         assert child not in children_of(os.getpid())
+
+
+async def test_a_listing_converted_slower_than_its_timeout_still_connects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`timeouts.list_tools` bounds the upstream's answer, not this daemon's own work on it.
+    Converting 20,000 listed tools takes seconds on a busy host; when that outlasted the
+    connect deadline, whose scope also holds the transport, the deadline closed the child's
+    stdin mid-conversion, the session went READY for an instant and was then lost as "stdio
+    child exited with code 0", on every attempt; a re-list that took as long was lost too.
+    Here the conversion is slowed (the real converter behind a sleep) to twice the timeout:
+    the first connection stays up and a re-list after a change is kept."""
+    from toolatlas.upstream import listing
+
+    real = listing.records
+
+    def slow_records(up: Any, tools: Any) -> Any:
+        time.sleep(4.0)  # in the worker thread the conversion runs in
+        return real(up, tools)
+
+    monkeypatch.setattr(listing, "records", slow_records)
+    up = replace(stdio_testserver("bulky"), timeouts=Timeouts(connect=20.0, list_tools=2.0, call=20.0, ping=10.0))
+    rec = Recorder()
+    with anyio.fail_after(60):
+        async with running(Pool([up], rec, backoff=no_backoff)) as pool:
+            await pool.wait_settled(30)
+            st = pool.get("bulky")
+            assert st is not None and st.state is READY and st.reconnects == 0, st
+            assert rec.latest["bulky"] and "echo" in rec.latest["bulky"]
+            assert text(await pool_call(pool, "bulky", "pid", {})) == str(st.pid)
+            # a re-list (on the change this call announces) converts slowly too, and is kept
+            await pool_call(pool, "bulky", "add_tool", {"name": "late_tool", "description": "Listed on a change."})
+            await rec.wait(lambda: "late_tool" in (rec.latest.get("bulky") or []), timeout=30)
+            after = pool.get("bulky")
+            assert after is not None and after.state is READY and after.reconnects == 0 and after.pid == st.pid
 
 
 async def test_shutdown_leaves_no_child_processes(testserver_http_url: str) -> None:

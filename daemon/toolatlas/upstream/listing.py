@@ -145,7 +145,12 @@ async def _absorb(client: Client, tools: list[mcp_types.Tool]) -> list[mcp_types
     return kept
 
 
-async def list_records(client: Client, up: Upstream) -> list[ToolRecord]:
-    """`list_all_tools` as the gateway's records (converted in a worker thread)."""
-    tools = await list_all_tools(client, up.name)
+async def converted(up: Upstream, tools: list[mcp_types.Tool]) -> list[ToolRecord]:
+    """`tools` as the gateway's records, converted in a worker thread (20,000 tools take
+    seconds). The daemon's own work: callers bound the upstream's answer, not this."""
     return await anyio.to_thread.run_sync(records, up, tools)
+
+
+async def list_records(client: Client, up: Upstream) -> list[ToolRecord]:
+    """`list_all_tools` as the gateway's records."""
+    return await converted(up, await list_all_tools(client, up.name))

@@ -34,11 +34,10 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamUnavailable
 from toolatlas.backoff import backoff_delay
-from toolatlas.upstream.client import AuthWatch, Loss, LossReason, classify, make_client
-from toolatlas.upstream.client import begin_teardown, timeout_loss
+from toolatlas.upstream.client import AuthWatch, Loss, LossReason, begin_teardown, classify, make_client, timeout_loss
 from toolatlas.upstream.federation import capabilities, set_log_level
 from toolatlas.upstream.inbound import Inbound
-from toolatlas.upstream.listing import list_records
+from toolatlas.upstream.listing import converted, list_all_tools
 from toolatlas.upstream.relay import relay_call
 from toolatlas.upstream.requests import bounded, call_tool
 from toolatlas.upstream.state import Action, Event, UpstreamState, decide
@@ -188,11 +187,15 @@ class Connection:
                 await tg.start(self.supervision.listen, client)
             phase.name, phase.seconds = "tools/list", up.timeouts.list_tools
             deadline.deadline = anyio.current_time() + up.timeouts.list_tools
-            tools = await list_records(client, self.upstream)
+            listed = await list_all_tools(client, up.name)
             if s.log_level is not None and "logging" in s.capabilities and not modern:
                 with contextlib.suppress(Exception):  # best effort: never a reason to fail the connection
                     await set_log_level(client, s.log_level)
+            # Converting is our own work, and the deadline's scope holds the transport; one that
+            # fired before this ends the attempt as a timeout at the checkpoint, never after READY.
             deadline.deadline = math.inf
+            tools = await converted(up, listed)
+            await anyio.sleep(0)
             self.client = client
             s.went_ready()
             self.reached_ready = True
@@ -303,10 +306,7 @@ class UpstreamSession:
         self.since = time.time()
         self._ready_at = time.monotonic() if d.state is UpstreamState.READY else None
         if d.state is not old:
-            if reason:
-                logger.info("upstream %s: %s -> %s (%s)", self.name, old.value, d.state.value, reason)
-            else:
-                logger.info("upstream %s: %s -> %s", self.name, old.value, d.state.value)
+            logger.info("upstream %s: %s -> %s%s", self.name, old.value, d.state.value, f" ({reason})" if reason else "")
             self.observe("state", old=old.value, new=d.state.value, reason=reason)
         return d.actions
 

@@ -35,7 +35,7 @@ from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout
 from toolatlas.backoff import backoff_delay
 from toolatlas.upstream.client import Loss, LossReason, timeout_loss
-from toolatlas.upstream.listing import list_records
+from toolatlas.upstream.listing import converted, list_all_tools
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +228,9 @@ class Supervision:
             seq = self._started
             try:
                 with anyio.fail_after(s.upstream.timeouts.list_tools):
-                    tools = await list_records(client, s.upstream)
+                    listed = await list_all_tools(client, s.upstream.name)
+                # the upstream answered: converting is this daemon's own work, not bounded by its timeout
+                tools = await converted(s.upstream, listed)
                 excused = False
             except TimeoutError:
                 loss = timeout_loss(s.name, "tools/list", s.upstream.timeouts.list_tools)
