@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -354,6 +356,35 @@ async def test_a_listing_converted_slower_than_its_timeout_still_connects(monkey
             await rec.wait(lambda: "late_tool" in (rec.latest.get("bulky") or []), timeout=30)
             after = pool.get("bulky")
             assert after is not None and after.state is READY and after.reconnects == 0 and after.pid == st.pid
+
+
+async def test_no_sdk_tool_model_outlives_its_listing(tmp_path: Any) -> None:
+    """The records are the one copy of a listing (issue 19): once converted, the SDK's Tool
+    models of the first listing and of a re-list are garbage, not held by the owner task's
+    frame for the session's life or by the re-list worker until the next re-list."""
+    marker = f"Echo, as listed for {uuid.uuid4().hex}."
+    (tmp_path / "echo.txt").write_text(marker)
+    late = f"late_{uuid.uuid4().hex[:8]}"
+    rec = Recorder()
+
+    async def none_live() -> bool:  # polled: the SDK may hold its last response for a moment
+        with anyio.move_on_after(10):
+            while True:
+                gc.collect()
+                if not any(type(o) is mcp_types.Tool and o.description == marker for o in gc.get_objects()):
+                    return True
+                await anyio.sleep(0.05)
+        return False
+
+    with anyio.fail_after(60):
+        async with running(Pool([stdio_testserver("once", "--echo-description-file", str(tmp_path / "echo.txt"))],
+                                rec, backoff=no_backoff)) as pool:
+            await pool.wait_settled(30)
+            assert pool.get("once").state is READY  # type: ignore[union-attr]
+            assert await none_live()  # the first listing's
+            await pool_call(pool, "once", "add_tool", {"name": late, "description": marker})
+            await rec.wait(lambda: late in (rec.latest.get("once") or []), timeout=30)
+            assert await none_live()  # the re-list's (echo and the new tool)
 
 
 async def test_shutdown_leaves_no_child_processes(testserver_http_url: str) -> None:

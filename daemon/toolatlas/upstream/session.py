@@ -173,8 +173,7 @@ class Connection:
     async def _serve(self, client: Client, deadline: anyio.CancelScope, phase: _Phase) -> None:
         """Inside the entered client: subscribe, list, go READY, supervise until lost.
 
-        ``phase`` tracks which bounded step is running, for the timeout message. Returns
-        when the session was lost.
+        ``phase``: the bounded step now running, for the timeout message. Returns once lost.
         """
         up, s = self.upstream, self._s
         s.protocol_version, s.capabilities = client.protocol_version, capabilities(client)
@@ -195,6 +194,7 @@ class Connection:
             # fired before this ends the attempt as a timeout at the checkpoint, never after READY.
             deadline.deadline = math.inf
             tools = await converted(up, listed)
+            del listed  # the SDK's models, which this frame would keep for the session's life
             await anyio.sleep(0)
             self.client = client
             s.went_ready()

@@ -231,6 +231,7 @@ class Supervision:
                     listed = await list_all_tools(client, s.upstream.name)
                 # the upstream answered: converting is this daemon's own work, not bounded by its timeout
                 tools = await converted(s.upstream, listed)
+                del listed  # the SDK's models: not kept until the next re-list
                 excused = False
             except TimeoutError:
                 loss = timeout_loss(s.name, "tools/list", s.upstream.timeouts.list_tools)
