@@ -330,9 +330,9 @@ async def test_a_listing_converted_slower_than_its_timeout_still_connects(monkey
     Converting 20,000 listed tools takes seconds on a busy host; when that outlasted the
     connect deadline, whose scope also holds the transport, the deadline closed the child's
     stdin mid-conversion, the session went READY for an instant and was then lost as "stdio
-    child exited with code 0", on every attempt; a re-list that took as long was lost too.
-    Here the conversion is slowed (the real converter behind a sleep) to twice the timeout:
-    the first connection stays up and a re-list after a change is kept."""
+    child exited with code 0", on every attempt. Here the conversion is slowed (the real
+    converter behind a sleep) to twice the timeout: the first connection stays up, and a
+    re-list after a change, which converts outside its timeout too, is kept."""
     from toolatlas.upstream import listing
 
     real = listing.records
