@@ -149,10 +149,12 @@ class SearchSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
 class LearningSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Retrieval that learns from use: a search followed, within `window` seconds on the same
     connection, by a successful call of one of its results is a usage event (query, tool,
-    principal) kept `retention_days` in state_dir/learning.sqlite3 (0600)."""
+    principal) kept `retention_days` in state_dir/learning.sqlite3 (0600), the newest
+    `max_events` of them at most (memory and the cost of each learned state grow with them)."""
     enabled: bool = True
     window: Seconds = 600.0
     retention_days: Annotated[float, msgspec.Meta(gt=0)] = 180.0
+    max_events: Annotated[int, msgspec.Meta(gt=0)] = 50_000
 
 
 class CardsLlmSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -61,6 +61,7 @@ def test_good_config_parses_with_expansion_and_relative_paths(tmp_path: Path) ->
          "Expected `int` >= 256 at [upstream 'a' (upstream[0].max_description_chars)]"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_schema_bytes=0\n", "upstream[0].max_schema_bytes"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_result_blocks=0\n", "upstream[0].max_result_blocks"),
+        ("[learning]\nmax_events = 0\n", "Expected `int` >= 1 at [learning.max_events]"),
     ],
 )
 def test_bad_configs_name_the_key(text: str, needle: str) -> None:

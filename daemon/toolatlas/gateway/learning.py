@@ -41,6 +41,11 @@ CONNECTIONS_TRACKED = 4096  # connections with recent searches (least recent for
 PUBLISH_EVERY_S = 0.5  # at most this often a new learned state
 POLL_S = 1.0  # how often the store is checked for changes by another writer (the CLI)
 PRUNE_EVERY_S = 3600.0  # events past retention are deleted this often (and at start)
+# A learned state costs time in proportion to the events held (at 50,000 distinct queries,
+# tens of ms for the state and ~0.2 s for each principal's lexical index, nine of them built
+# at each publish): the next publish waits at least this many times the last one's cost, so
+# publishing takes at most about a tenth of a core however busy the daemon is.
+PUBLISH_COST_FACTOR = 10.0
 EMBED_BATCH = 256
 PREBUILT_PRINCIPALS = 8
 
@@ -67,6 +72,7 @@ class LearningService:
         self._pruned = -math.inf
         self.error: str | None = None  # why the usage store failed (it is being opened again), else None
         self._unsaved: list[UsageEvent] = []  # a batch the store failed to take
+        self._dirty = anyio.Event()  # events were added since the last learned state
         # Hear each usage event recorded here (the shared store's wiring passes them on to the
         # other replicas, which `ingest` them).
         self.on_recorded: list[Callable[[UsageEvent], None]] = []
@@ -173,7 +179,7 @@ class LearningService:
                     log.info("learning: the usage store works again after %d failed attempt(s)", attempt)
                 attempt, self.error = 0, None
                 async with anyio.create_task_group() as tg:
-                    for loop in (self._write_loop, self._poll_loop):
+                    for loop in (self._write_loop, self._publish_loop, self._poll_loop):
                         tg.start_soon(_guarded, loop, store, failure, tg.cancel_scope)
             except (sqlite3.Error, OSError) as exc:
                 failure.append(exc)
@@ -203,6 +209,9 @@ class LearningService:
         """Every event in the store (after pruning those past retention) into a fresh index;
         vectors of another model are re-embedded once one is loaded. Blocking."""
         store.prune(self._retention_start())
+        cap = self._cfg().max_events
+        if trimmed := store.trim(cap):
+            log.info("learning: the %d oldest usage events deleted (max_events = %d)", trimmed, cap)
         self._pruned = time.monotonic()
         events = store.events()
         space = self._engine.space
@@ -230,7 +239,8 @@ class LearningService:
             self._publish()
 
     async def _write_loop(self, store: UsageStore) -> None:
-        last_publish = -math.inf
+        """Persist events as they come (never waiting for a publish: that bounds what a crash
+        loses), then tell the publisher."""
         while True:
             batch, self._unsaved = self._unsaved, []  # what a failed store did not take, first
             if not batch:
@@ -241,11 +251,16 @@ class LearningService:
                 except anyio.WouldBlock:
                     break
             await anyio.to_thread.run_sync(self._persist, store, batch)
-            wait = PUBLISH_EVERY_S - (time.monotonic() - last_publish)
-            if wait > 0:
-                await anyio.sleep(wait)
-            last_publish = time.monotonic()
+            self._dirty.set()
+
+    async def _publish_loop(self, store: UsageStore) -> None:
+        """Publish a new learned state when events were added, then rest `publish_rest`."""
+        while True:
+            await self._dirty.wait()
+            self._dirty = anyio.Event()
+            began = time.monotonic()
             await anyio.to_thread.run_sync(self._publish_locked)
+            await anyio.sleep(publish_rest(time.monotonic() - began))
 
     def _persist(self, store: UsageStore, batch: list[UsageEvent]) -> None:
         """Store the events, then embed their queries (the store first: a slow model must
@@ -275,10 +290,17 @@ class LearningService:
                 missing = self._engine.embedder is not None and self._index.missing > 0
             if missing and await anyio.to_thread.run_sync(self._embed_missing, store):
                 reload = True
-            if time.monotonic() - self._pruned > PRUNE_EVERY_S:
+            if time.monotonic() - self._pruned > PRUNE_EVERY_S or self._over_cap():
                 reload = True
             if reload:
                 await anyio.to_thread.run_sync(self._reload, store)
+
+    def _over_cap(self) -> bool:
+        """More events held than `max_events` and its slack: the next reload trims the oldest
+        (not at every event: a reload rebuilds the learned index from the store)."""
+        cap = self._cfg().max_events
+        with self._lock:
+            return self._index.n_events > cap + max(1, cap // 20)
 
     def _embed_missing(self, store: UsageStore) -> bool:
         """Embed stored events that lack a vector of the current model; whether any got one."""
@@ -293,6 +315,11 @@ class LearningService:
             store.set_vectors([e.id for e in chunk], vecs, space)
             done = True
         return done
+
+
+def publish_rest(cost: float) -> float:
+    """Seconds between a learned state that took `cost` seconds to build and the next."""
+    return max(PUBLISH_EVERY_S, PUBLISH_COST_FACTOR * cost)
 
 
 def _without_vector(e: UsageEvent) -> UsageEvent:

@@ -67,6 +67,10 @@ class UsageStore(Protocol):
         """Delete events older than `before` (Unix time); how many."""
         ...
 
+    def trim(self, keep: int) -> int:
+        """Delete all but the `keep` newest events (the highest ids); how many."""
+        ...
+
     def reset(self) -> int:
         """Delete every event; how many."""
         ...
@@ -161,6 +165,10 @@ class SqliteUsageStore:
     def prune(self, before: float) -> int:
         return self._tx("DELETE FROM events WHERE at < ?", [(before,)])
 
+    def trim(self, keep: int) -> int:
+        return self._tx("DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                        [(keep,)])
+
     def reset(self) -> int:
         return self._tx("DELETE FROM events")
 
@@ -209,6 +217,11 @@ class MemoryUsageStore:
     def prune(self, before: float) -> int:
         n = len(self._events)
         self._events = [e for e in self._events if e.at >= before]
+        return n - len(self._events)
+
+    def trim(self, keep: int) -> int:
+        n = len(self._events)
+        self._events = self._events[max(0, n - keep):]
         return n - len(self._events)
 
     def reset(self) -> int:
