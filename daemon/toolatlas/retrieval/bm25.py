@@ -42,9 +42,22 @@ class Bm25Index:
         self._build(term, lengths, vocab.ids, n_terms, k1, b)
         return self
 
+    @classmethod
+    def of_counts(cls, doc: np.ndarray, term: np.ndarray, tf: np.ndarray, n_docs: int, vocab: Mapping[str, int],
+                  *, k1: float = K1, b: float = B) -> Bm25Index:
+        """Over documents given as (document, term id, count) triples, each pair once, every
+        count above 0 and every id of `vocab` in some document: the index of the documents
+        that repeat each term `count` times (the same weights to the last bit)."""
+        self = cls.__new__(cls)
+        lengths = np.bincount(doc, weights=tf, minlength=n_docs).astype(np.int64)
+        order = np.lexsort((doc, term))  # term-major, as the postings are
+        self._build(term[order], lengths, vocab, len(vocab), k1, b, doc=doc[order], tf=tf[order])
+        return self
+
     def _build(self, term: np.ndarray, lengths: np.ndarray, vocab: Mapping[str, int], n_terms: int,
-               k1: float, b: float) -> None:
-        """`term`: every document's term ids, concatenated; `lengths`: tokens per document."""
+               k1: float, b: float, *, doc: np.ndarray | None = None, tf: np.ndarray | None = None) -> None:
+        """`term`: every document's term ids, concatenated; `lengths`: tokens per document.
+        With `doc` and `tf`: each (term, document) pair once, term-major, and its count."""
         n = lengths.shape[0]
         self.n_docs = n
         self.vocab = vocab
@@ -59,10 +72,12 @@ class Bm25Index:
             self._docs = np.empty(0, dtype=np.int32)
             self._weights = np.empty(0, dtype=np.float32)
             return
-        doc = np.repeat(np.arange(n, dtype=np.int64), lengths)
-        keys, tf = np.unique(term * n + doc, return_counts=True)  # sorted: term-major
-        t_of = keys // n
-        d_of = keys % n
+        if doc is None or tf is None:
+            doc = np.repeat(np.arange(n, dtype=np.int64), lengths)
+            keys, tf = np.unique(term * n + doc, return_counts=True)  # sorted: term-major
+            t_of, d_of = keys // n, keys % n
+        else:
+            t_of, d_of = term, doc
         df = np.bincount(t_of, minlength=n_terms)
         idf = np.log1p((n - df + 0.5) / (df + 0.5))  # a term in no document: max_idf
         self.idf = idf.astype(np.float32)

@@ -39,6 +39,7 @@ from toolatlas.retrieval import fusion
 from toolatlas.retrieval.bm25 import Bm25Index
 from toolatlas.retrieval.hnsw import HnswStore, principal_basis
 from toolatlas.retrieval.pastqueries import Asked, RowTools, grown
+from toolatlas.retrieval.pastwords import PastWords
 from toolatlas.retrieval.text import tokenize
 from toolatlas.retrieval.usage import UsageEvent
 
@@ -89,31 +90,26 @@ class LearnedState:
     dim: int = 0  # their dimension
     _pos_cache: dict[int, np.ndarray] = field(default_factory=dict)
     _lex_cache: dict[int, Bm25Index] = field(default_factory=dict)
+    _past: list[PastWords] = field(default_factory=list)  # memo (at most one) until every index is built
 
     def lexical(self, own: int) -> Bm25Index:
         """BM25 over one document per tool: the words of principal `own`'s past queries
         (as often as its events used them) plus those of other principals where at least
         MIN_PRINCIPALS of them used the word for that tool (as often as each one's events
-        used it, up to OTHER_WORD_CAP). Memoised."""
+        used it, up to OTHER_WORD_CAP). Memoised (pastwords.py: the sums over all
+        principals once per state, then `own`'s words only)."""
         got = self._lex_cache.get(own)
         if got is None:
-            docs: list[list[str]] = []
-            for per in self.words:
-                others: dict[str, int] = {}  # word -> principals using it
-                tf: dict[str, int] = {}  # word -> events using it, at most OTHER_WORD_CAP per principal
-                for p, ws in per.items():
-                    if p != own:
-                        for w, c in ws.items():
-                            others[w] = others.get(w, 0) + 1
-                            tf[w] = tf.get(w, 0) + min(c, OTHER_WORD_CAP)
-                doc = [w for w, n in others.items() if n >= MIN_PRINCIPALS for _ in range(tf[w])]
-                for w, n in per.get(own, {}).items():
-                    doc.extend([w] * n)
-                docs.append(sorted(doc))
-            got = Bm25Index(docs)
+            past = next(iter(self._past), None)  # one step: searches run in several threads
+            if past is None:
+                past = PastWords(self.words, cap=OTHER_WORD_CAP, min_principals=MIN_PRINCIPALS)
+                self._past[:] = [past]
+            got = past.index(own)
             if len(self._lex_cache) > 64:
                 self._lex_cache.clear()
             self._lex_cache[own] = got
+            if len(self._lex_cache) > len(self.principals):  # every index this state can need
+                self._past.clear()
         return got
 
     @property
