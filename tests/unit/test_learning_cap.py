@@ -57,7 +57,7 @@ async def test_events_past_max_events_are_deleted_from_the_store_and_the_learned
 
     async def check() -> None:
         for e in _events(12, time.time()):
-            assert svc.ingest(e)
+            assert await svc.ingest(e)
         # 12 held > 5 + slack: the next poll trims to the newest 5 and publishes them
         await until(lambda: svc.status()["events"] == 5, "the learned state trimmed to max_events", 30)
 
@@ -91,3 +91,29 @@ async def test_a_store_over_max_events_is_trimmed_when_learning_starts(tmp_path:
 def test_a_costly_learned_state_is_followed_by_a_rest_in_proportion() -> None:
     assert publish_rest(0.001) == PUBLISH_EVERY_S  # a small state: as often as before
     assert publish_rest(2.0) == pytest.approx(2.0 * PUBLISH_COST_FACTOR)  # a big one: a tenth of a core at most
+
+
+async def test_a_replica_catching_up_hands_over_more_events_than_the_queue_holds_and_none_is_lost(
+    tmp_path: Path,
+) -> None:
+    """A replica back after a while reads the other replicas' feedback in batches and ingests
+    each event without pausing in between: past the writer's queue (10,000) they used to be
+    dropped, and the replica's event cursor moved past them for good."""
+    path = tmp_path / "learning.sqlite3"
+    store = SqliteUsageStore(path)
+    svc = _service(store, 50_000)
+    n = 12_000
+    taken: list[bool] = []
+
+    async def check() -> None:
+        for e in _events(n, time.time() - n):
+            taken.append(await svc.ingest(e))
+        await until(lambda: svc.status()["events"] == n, "every shared event learned", 60)
+
+    await _serve(svc, check)
+    assert all(taken)
+    again = SqliteUsageStore(path)
+    try:
+        assert len(again.events()) == n
+    finally:
+        again.close()

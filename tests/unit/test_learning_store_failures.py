@@ -42,7 +42,7 @@ async def test_a_write_the_store_refuses_is_written_once_it_works_again(tmp_path
                        index_version=1)
     async with anyio.create_task_group() as tg:
         await tg.start(svc.run)
-        assert svc.ingest(event)
+        assert await svc.ingest(event)
         await until(lambda: svc.error is not None, "the failure reported", 30)
         error = svc.error
         assert error is not None and "disk I/O error" in error and "trying again in" in error

@@ -48,6 +48,7 @@ PRUNE_EVERY_S = 3600.0  # events past retention are deleted this often (and at s
 # about a tenth of a core however busy the daemon is.
 PUBLISH_COST_FACTOR = 10.0
 EMBED_BATCH = 256
+INGEST_WAIT_S = 30.0  # how long a shared event waits for room in the writer's queue
 PREBUILT_PRINCIPALS = 8
 
 
@@ -128,18 +129,19 @@ class LearningService:
                 hear(event)
             return
 
-    def ingest(self, event: UsageEvent) -> bool:
+    async def ingest(self, event: UsageEvent) -> bool:
         """A usage event recorded by another replica: stored, embedded and learned from as
-        one of this replica's own (it is not passed on again). False when learning is off or
-        the writer is far behind (the event is dropped, as a local one would be)."""
+        one of this replica's own (it is not passed on again). A replica catching up after
+        a while away hands over thousands at once: this waits (up to INGEST_WAIT_S) for the
+        writer to make room rather than dropping them. False when learning is off or the
+        writer made no room in time (the event is dropped, as a local one would be)."""
         if not self.enabled:
             return False
-        try:
-            self._send.send_nowait(event)
-        except anyio.WouldBlock:
-            log.warning("learning: the usage writer is behind; a shared event for %s was dropped", event.tool)
-            return False
-        return True
+        with anyio.move_on_after(INGEST_WAIT_S):
+            await self._send.send(event)
+            return True
+        log.warning("learning: the usage writer is behind; a shared event for %s was dropped", event.tool)
+        return False
 
     def status(self) -> dict[str, Any]:
         """catalog_status's `learning` section."""

@@ -159,7 +159,7 @@ class Sharing:
         except (KeyError, ValueError, TypeError) as exc:
             log.warning("store: a usage event from %s is malformed (%s); ignored", change.origin, exc)
             return
-        self._gw.learning.ingest(event)
+        await self._gw.learning.ingest(event)
 
     async def _sync(self) -> None:
         """Announce the approvals, listings and verified cards that changed here since the
