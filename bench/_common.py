@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import time
@@ -100,6 +101,17 @@ def wait_settled(status: Callable[[], dict[str, Any] | None], timeout: float) ->
         time.sleep(0.25)
 
 
+def memprobe_report(d: Any, out: Path, timeout: float = 300.0) -> dict[str, Any]:
+    """Ask the memory probe (bench/memprobe, on daemon `d`'s PYTHONPATH, writing to `out`) for
+    its report: SIGUSR2, then wait up to `timeout` s for the file."""
+    out.unlink(missing_ok=True)
+    os.kill(d.proc.pid, signal.SIGUSR2)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not out.exists():
+        time.sleep(0.1)
+    return json.loads(out.read_text()) if out.exists() else {"error": f"no probe report within {timeout} s"}
+
+
 def caller_pythonpath() -> list[str]:
     """This process's PYTHONPATH entries, resolved (a relative `daemon` works from any cwd),
     empty ones dropped: what a script puts on a daemon's PYTHONPATH ahead of its own entries,
@@ -115,8 +127,8 @@ def emit(result: dict[str, Any], name: str) -> None:
     print(text)
 
 
-__all__ = ["Daemon", "OUT", "REPO", "caller_pythonpath", "cpu_times_s", "descendants", "emit", "median", "pct_ms", "proc_cpu_s", "proc_mem_mb",
-           "start_server", "stdio_testserver", "summary", "wait_settled"]
+__all__ = ["Daemon", "OUT", "REPO", "caller_pythonpath", "cpu_times_s", "descendants", "emit", "median", "memprobe_report",
+           "pct_ms", "proc_cpu_s", "proc_mem_mb", "start_server", "stdio_testserver", "summary", "wait_settled"]
 
 
 async def interleaved(paths: dict[str, tuple[Any, str, dict[str, Any]]], n: int, warmup: int = 10) -> dict[str, list[float]]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -35,21 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import OUT, REPO, caller_pythonpath, proc_mem_mb, wait_settled
+from _common import OUT, REPO, caller_pythonpath, memprobe_report, proc_mem_mb, wait_settled
 from catalog_upstream import catalog_tools, upstream_block
 
 PROBE = Path(__file__).resolve().parent / "memprobe"
 SHARD_TOOLS = 5000
 REAL_EMBED_MAX = 2000
-
-
-def _probe(d: Any, out: Path, timeout: float = 300.0) -> dict[str, Any]:
-    out.unlink(missing_ok=True)
-    os.kill(d.proc.pid, signal.SIGUSR2)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not out.exists():
-        time.sleep(0.1)
-    return json.loads(out.read_text()) if out.exists() else {"error": f"no probe report within {timeout} s"}
 
 
 def one_start(d: Any, n: int, tag: str, trace: int, timeout: float) -> dict[str, Any]:
@@ -85,7 +75,7 @@ def one_start(d: Any, n: int, tag: str, trace: int, timeout: float) -> dict[str,
             d.search(q)
             lat.append(time.perf_counter() - t)
         mem = proc_mem_mb(d.proc.pid)
-        probe = _probe(d, probe_out)
+        probe = memprobe_report(d, probe_out)
         idx = d.status()["index"]
     finally:
         done.set()

@@ -3,9 +3,10 @@
 verified cards, its tool count) and the environment label.
 
 Rendered per caller, since the text names servers (a caller never reads the name of a server
-its access rules hide), and cached per (guidance, catalog view, servers): a tools/list costs
-a dictionary lookup. The fingerprint tells the surface whether a client's meta-tools changed
-since it listed them (a reload with new templates, a card that brings new domains).
+its access rules hide), and cached per (guidance, catalog view, servers) for the current view
+only: a tools/list costs a dictionary lookup. The fingerprint tells the surface whether a
+client's meta-tools changed since it listed them (a reload with new templates, a card that
+brings new domains).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class SurfaceText:
         self._configured = configured
         # The guidance and view are kept in the value: an id() is reused once its object is gone.
         self._cache: OrderedDict[tuple[int, int, frozenset[str]], tuple[Guidance, CatalogView, MetaTools, str]] = OrderedDict()
+        self._cached_view: CatalogView | None = None  # the view every cached rendering is of
 
     def meta_tools(self, conn: Connection) -> MetaTools:
         return self._render(conn)[2]
@@ -58,6 +60,12 @@ class SurfaceText:
         if hit is not None and hit[0] is guidance and hit[1] is view:
             self._cache.move_to_end(key)
             return hit
+        if view is not self._cached_view:
+            # A replaced view never comes back, so its renderings can never be served again,
+            # yet each holds the whole catalog of its day: drop them (up to CACHE_ENTRIES
+            # superseded catalogs were kept alive otherwise).
+            self._cache.clear()
+            self._cached_view = view
         servers = [name for name in self._configured() if name in allowed]
         domains = []
         for name in servers:
