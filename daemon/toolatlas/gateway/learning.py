@@ -130,11 +130,9 @@ class LearningService:
             return
 
     async def ingest(self, event: UsageEvent) -> bool:
-        """A usage event recorded by another replica: stored, embedded and learned from as
-        one of this replica's own (it is not passed on again). A replica catching up after
-        a while away hands over thousands at once: this waits (up to INGEST_WAIT_S) for the
-        writer to make room rather than dropping them. False when learning is off or the
-        writer made no room in time (the event is dropped, as a local one would be)."""
+        """Another replica's usage event, learned from as one of ours (not passed on again).
+        Waits up to INGEST_WAIT_S for room (a replica catching up hands over thousands);
+        False when learning is off or no room came (dropped, as a local one would be)."""
         if not self.enabled:
             return False
         with anyio.move_on_after(INGEST_WAIT_S):
@@ -205,13 +203,10 @@ class LearningService:
             log.warning("learning: %s (the last learned state serves meanwhile)", self.error)
             await anyio.sleep(delay)
 
-    def _retention_start(self) -> float:
-        return self._clock() - self._cfg().retention_days * 86400.0
-
     def _reload(self, store: UsageStore) -> None:
         """Every event in the store (after pruning those past retention) into a fresh index;
         vectors of another model are re-embedded once one is loaded. Blocking."""
-        store.prune(self._retention_start())
+        store.prune(self._clock() - self._cfg().retention_days * 86400.0)
         cap = self._cfg().max_events
         if trimmed := store.trim(cap):
             log.info("learning: the %d oldest usage events deleted (max_events = %d)", trimmed, cap)
@@ -291,7 +286,7 @@ class LearningService:
             reload = await anyio.to_thread.run_sync(store.changed_elsewhere)
             with self._lock:
                 missing = self._engine.embedder is not None and self._index.missing > 0
-            if missing and await anyio.to_thread.run_sync(self._embed_missing, store):
+            if missing and await anyio.to_thread.run_sync(_embed_missing, self._engine, store):
                 reload = True
             if time.monotonic() - self._pruned > PRUNE_EVERY_S or self._over_cap():
                 reload = True
@@ -299,25 +294,24 @@ class LearningService:
                 await anyio.to_thread.run_sync(self._reload, store)
 
     def _over_cap(self) -> bool:
-        """More events held than `max_events` and its slack: the next reload trims the oldest
-        (not at every event: a reload rebuilds the learned index from the store)."""
-        cap = self._cfg().max_events
+        """More events held than `max_events` and its slack (a reload, which trims, rebuilds
+        the learned index from the store: not at every event)."""
         with self._lock:
-            return self._index.n_events > cap + max(1, cap // 20)
+            return self._index.n_events > (cap := self._cfg().max_events) + max(1, cap // 20)
 
-    def _embed_missing(self, store: UsageStore) -> bool:
-        """Embed stored events that lack a vector of the current model; whether any got one."""
-        todo = [e for e in store.events() if e.vector is None or e.space != self._engine.space]
-        space = self._engine.space
-        done = False
-        for s in range(0, len(todo), EMBED_BATCH):
-            chunk = todo[s : s + EMBED_BATCH]
-            vecs = query_vectors(self._engine, [e.query for e in chunk])
-            if vecs is None or space is None:
-                break
-            store.set_vectors([e.id for e in chunk], vecs, space)
-            done = True
-        return done
+def _embed_missing(engine: Engine, store: UsageStore) -> bool:
+    """Embed stored events that lack a vector of the engine's model; whether any got one."""
+    todo = [e for e in store.events() if e.vector is None or e.space != engine.space]
+    space = engine.space
+    done = False
+    for s in range(0, len(todo), EMBED_BATCH):
+        chunk = todo[s : s + EMBED_BATCH]
+        vecs = query_vectors(engine, [e.query for e in chunk])
+        if vecs is None or space is None:
+            break
+        store.set_vectors([e.id for e in chunk], vecs, space)
+        done = True
+    return done
 
 
 def publish_rest(cost: float) -> float:
