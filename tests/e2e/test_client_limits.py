@@ -96,3 +96,53 @@ def test_caps_per_uid_and_timeouts_for_stalled_peers(tmp_path: Path) -> None:
         err = _error(rest)
         assert err["code"] == -32600 and "idle_timeout" in err["message"], err
         quiet.close()
+
+
+def _lines(s: socket.socket, count: int) -> list[dict]:
+    """The next `count` JSON lines from `s` (each recv bounded by the socket's timeout)."""
+    buf, out = b"", []
+    for _ in range(10_000):
+        while b"\n" in buf and len(out) < count:
+            line, buf = buf.split(b"\n", 1)
+            out.append(json.loads(line))
+        if len(out) == count:
+            return out
+        chunk = s.recv(65536)
+        assert chunk, f"closed after {out}"
+        buf += chunk
+    raise AssertionError(f"only {out}")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("path", ["relay", "sdk"])
+def test_requests_in_flight_on_one_connection_are_bounded(tmp_path: Path, path: str) -> None:
+    """A peer that pipelines requests without their replies coming back (here: calls that hang)
+    cannot pile up work without bound: past MAX_IN_FLIGHT a request is refused at once, saying
+    why, and a cancel frees a place. `sdk`: a client that declared elicitation, whose calls the
+    SDK serves (the relay lane leaves them to it); `relay`: the socket's own call lane."""
+    from toolatlas.surface.wire import MAX_IN_FLIGHT
+
+    with Daemon(tmp_path, stdio_testserver("one")) as d:
+        s = _unix(d.socket)
+        caps = {"elicitation": {}} if path == "sdk" else {}
+        s.sendall(json.dumps({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": caps,
+            "clientInfo": {"name": "pipeliner", "version": "1"}}}).encode() + b"\n")
+        assert "result" in _lines(s, 1)[0]
+        s.sendall(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        hang = [{"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                 "params": {"name": "execute_tool", "arguments": {"name": "one__hang", "arguments": {}}}}
+                for i in range(1, MAX_IN_FLIGHT + 1)]
+        s.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in hang))
+        s.sendall(b'{"jsonrpc": "2.0", "id": "one-more", "method": "ping"}\n')
+        (refused,) = _lines(s, 1)
+        assert refused["id"] == "one-more" and refused["error"]["code"] == -32000, refused
+        assert "in flight" in refused["error"]["message"], refused
+        # a cancel is always read, and frees a place
+        s.sendall(b'{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}\n')
+        s.sendall(b'{"jsonrpc": "2.0", "id": "after-cancel", "method": "ping"}\n')
+        (answered,) = _lines(s, 1)
+        assert answered == {"jsonrpc": "2.0", "id": "after-cancel", "result": {}}, answered
+        assert "requests in flight on one connection" in d.log.read_text()
+        s.close()
+        d.wait_for(lambda: d.status()["clients"] <= 1, 60, "the pipelining connection gone")
