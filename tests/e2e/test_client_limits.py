@@ -5,6 +5,7 @@ One daemon; every wait polls with a deadline (no timing is asserted)."""
 from __future__ import annotations
 
 import json
+import select
 import signal
 import socket
 from pathlib import Path
@@ -55,6 +56,14 @@ def test_caps_per_uid_and_timeouts_for_stalled_peers(tmp_path: Path) -> None:
             err = _error(_read_to_eof(refused))
             assert err["code"] == -32000 and "max_clients_per_uid" in err["message"], err
             refused.close()
+            # A client writes its initialize as soon as it connects, and still reads why it was
+            # refused: the daemon reads it (not EPIPE on that write, nor a reset losing the line).
+            eager = _unix(d.socket)
+            assert select.select([eager], [], [], 30)[0], "no refusal written"
+            eager.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}).encode() + b"\n")
+            err = _error(_read_to_eof(eager))
+            assert err["code"] == -32000 and "max_clients_per_uid" in err["message"], err
+            eager.close()
             for _ in range(20):  # a peer hammering the full share: refused each time, logged once
                 again = _unix(d.socket)
                 assert _error(_read_to_eof(again))["code"] == -32000

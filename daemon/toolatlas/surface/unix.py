@@ -42,6 +42,9 @@ ACCEPT_RETRY_BASE_S = 0.05
 ACCEPT_RETRY_CAP_S = 2.0
 # Seconds between log lines about refused connections (a cap reached).
 REFUSAL_LOG_INTERVAL = 10.0
+# A refused connection is kept this long at most, and this many reads, for its peer to close.
+REFUSAL_LINGER_S = 2.0
+REFUSAL_READS = 16
 
 _ids = itertools.count(1)
 
@@ -220,10 +223,7 @@ class UnixServer:
         refusal = self._over_cap(conn)
         if refusal is not None:
             self._log_refusal(conn, refusal)
-            with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                async with stream:
-                    with anyio.move_on_after(1):
-                        await stream.send(Refusal(-32000, refusal).line())
+            await _refuse(stream, Refusal(-32000, refusal).line())
             return
         self.connections.add(conn)
         token = CONNECTION.set(conn)
@@ -265,6 +265,19 @@ class UnixServer:
             return (f"uid {conn.uid} already has {self.max_clients_per_uid} connections open "
                     "([daemon] max_clients_per_uid); close one and retry")
         return None
+
+
+async def _refuse(stream: anyio.abc.SocketStream, line: bytes) -> None:
+    """Send `line` and close, reading what the peer sends meanwhile (for REFUSAL_LINGER_S at
+    most). A client writes its initialize as soon as it connects: closed at once, the socket
+    would meet that write with EPIPE, or be reset with it unread and lose `line` on its way."""
+    with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+        async with stream:
+            with anyio.move_on_after(REFUSAL_LINGER_S):
+                await stream.send(line)
+                await stream.send_eof()
+                for _ in range(REFUSAL_READS):
+                    await stream.receive()  # dropped; EndOfStream once the peer has read and closed
 
 
 @asynccontextmanager
