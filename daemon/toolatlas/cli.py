@@ -17,6 +17,8 @@ from toolatlas.paths import client_socket
 
 EX_CONFIG = 78
 EX_TEMPFAIL = 75  # `search` while the daemon is still starting and found nothing: try again
+# Seconds search, call and status wait for each reply of the daemon.
+ANSWER_TIMEOUT_S = 120.0
 
 # Subcommands implemented in their own modules: `toolatlas WORD ...` -> module.main(argv).
 _DELEGATED = {
@@ -145,8 +147,8 @@ def _client_command(args: Any, path: str) -> int:
     from toolatlas.surface.rawclient import RawClient, RpcError
 
     try:
-        client = RawClient(path)
-    except ConnectionError as exc:
+        client = RawClient(path, timeout=ANSWER_TIMEOUT_S)
+    except OSError as exc:  # ConnectionError: unreachable, or refused (a connection cap); or no answer
         print(f"toolatlas: {exc}", file=sys.stderr)
         return 69
     with client:

@@ -8,6 +8,8 @@ import json
 import select
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,10 @@ def test_caps_per_uid_and_timeouts_for_stalled_peers(tmp_path: Path) -> None:
             err = _error(_read_to_eof(eager))
             assert err["code"] == -32000 and "max_clients_per_uid" in err["message"], err
             eager.close()
+            # the CLI says so too, and exits 69 (unavailable)
+            cli = subprocess.run([sys.executable, "-m", "toolatlas", "status", "--socket", d.socket],
+                                 capture_output=True, text=True, timeout=60, check=False)
+            assert cli.returncode == 69 and "max_clients_per_uid" in cli.stderr, (cli.returncode, cli.stderr)
             for _ in range(20):  # a peer hammering the full share: refused each time, logged once
                 again = _unix(d.socket)
                 assert _error(_read_to_eof(again))["code"] == -32000
