@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+import numpy as np
 
 from tests.support.waits import until
 from toolatlas.config import LearningSection
@@ -58,3 +59,33 @@ async def test_a_write_the_store_refuses_is_written_once_it_works_again(tmp_path
         assert [(e.query, e.tool) for e in again.events()] == [(event.query, event.tool)]  # once, not lost
     finally:
         again.close()
+
+
+
+def _full(store: SqliteUsageStore) -> None:
+    """No page more for `store`, as on a full disk (SQLite fails the same way: SQLITE_FULL)."""
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_a_full_disk_is_reported_as_such(tmp_path: Path) -> None:
+    """SQLite rolls a transaction back by itself on SQLITE_FULL (a full disk): the store's own
+    ROLLBACK must not then fail and hide why ("cannot rollback - no transaction is active"),
+    so the operator reads "database or disk is full", and the store works once there is room."""
+    store = SqliteUsageStore(tmp_path / "learning.sqlite3")
+    try:
+        events = [UsageEvent(query="q" * 8000, tool=f"fs__tool{i}", principal="uid:1", at=time.time(),
+                             index_version=1) for i in range(4)]
+        ids = store.add(events[:1])
+        _full(store)
+        for write in (lambda: store.add(events), lambda: store.set_vectors(ids, np.ones((1, 8192), np.float32), "x")):
+            try:
+                write()
+            except sqlite3.Error as exc:
+                assert getattr(exc, "sqlite_errorname", None) == "SQLITE_FULL" and "full" in str(exc), repr(exc)
+            else:
+                raise AssertionError("a write went through a full database")
+        store._db.execute("PRAGMA max_page_count = 1000000")  # room again
+        assert len(store.add(events)) == 4 and len(store.events()) == 5
+    finally:
+        store.close()

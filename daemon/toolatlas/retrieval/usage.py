@@ -79,6 +79,14 @@ class UsageStore(Protocol):
     def close(self) -> None: ...
 
 
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back the transaction a failed write left open. SQLite has rolled it back itself
+    after some errors (SQLITE_FULL: a full disk; SQLITE_IOERR): a ROLLBACK then would fail
+    with "no transaction is active" and hide the error that says what is wrong."""
+    if db.in_transaction:
+        db.execute("ROLLBACK")
+
+
 class SqliteUsageStore:
     """`UsageStore` over one SQLite file (see the module docstring)."""
 
@@ -117,7 +125,7 @@ class SqliteUsageStore:
                 n = cur.rowcount
                 cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                _rollback(self._db)
                 raise
             return int(n)
 
@@ -136,7 +144,7 @@ class SqliteUsageStore:
                     ids.append(int(cur.lastrowid or 0))
                 cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                _rollback(self._db)
                 raise
             return ids
 
