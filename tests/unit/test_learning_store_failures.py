@@ -89,3 +89,25 @@ def test_a_full_disk_is_reported_as_such(tmp_path: Path) -> None:
         assert len(store.add(events)) == 4 and len(store.events()) == 5
     finally:
         store.close()
+
+
+async def test_a_store_that_keeps_failing_is_retried_with_growing_delays(tmp_path: Path) -> None:
+    """A full disk stays full: the store opens, then refuses the write again at once. Each
+    such round counts as a failed attempt, so the retries back off (1 s, 2 s, ... up to 60 s)
+    instead of reopening and reloading every event, and logging, once a second for good."""
+    store = SqliteUsageStore(tmp_path / "learning.sqlite3")
+    _full(store)
+    engine = Engine(state_dir=None, embedder="none", mode="bm25")
+    svc = LearningService(lambda: LearningSection(), engine, None, metrics=Metrics(), store=store)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(svc.run)
+            assert svc.ingest(UsageEvent(query="q" * 20000, tool="fs__read_file", principal="uid:1", at=time.time(),
+                                         index_version=1))
+            await until(lambda: "SQLITE_FULL" in (svc.error or ""), "the failure reported", 30)
+            await until(lambda: "trying again in 2 s" in (svc.error or ""), "a longer delay after a second failure", 15)
+            tg.cancel_scope.cancel()
+    finally:
+        svc._send.close()
+        svc._receive.close()
+        store.close()

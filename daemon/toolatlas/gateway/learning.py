@@ -43,6 +43,9 @@ POLL_S = 1.0  # how often the store is checked for changes by another writer (th
 PRUNE_EVERY_S = 3600.0  # events past retention are deleted this often (and at start)
 EMBED_BATCH = 256
 PREBUILT_PRINCIPALS = 8
+# A store failing after it served this long starts the retry delays afresh (1 s); one that fails
+# sooner (a full disk refuses the first write after each reopen) backs off further, up to 60 s.
+HEALTHY_S = 60.0
 
 
 class LearningService:
@@ -163,6 +166,7 @@ class LearningService:
         attempt = 0
         while True:
             failure: list[BaseException] = []
+            opened = math.inf  # when the store last opened: a failure this soon after counts as one more in a row
             try:
                 if self._store is None:
                     assert self._state_dir is not None
@@ -170,8 +174,8 @@ class LearningService:
                 store = self._store
                 await anyio.to_thread.run_sync(self._reload, store)
                 if attempt:
-                    log.info("learning: the usage store works again after %d failed attempt(s)", attempt)
-                attempt, self.error = 0, None
+                    log.info("learning: the usage store opened again after %d failed attempt(s)", attempt)
+                self.error, opened = None, time.monotonic()
                 async with anyio.create_task_group() as tg:
                     for loop in (self._write_loop, self._poll_loop):
                         tg.start_soon(_guarded, loop, store, failure, tg.cancel_scope)
@@ -184,7 +188,7 @@ class LearningService:
             if not failure:
                 return
             err = failure[0]
-            attempt += 1
+            attempt = 1 if time.monotonic() - opened > HEALTHY_S else attempt + 1
             delay = backoff_delay(attempt, base=1.0, cap=60.0)
             if self._state_dir is not None:  # a store of our own: closed, opened again
                 failed, self._store = self._store, None
