@@ -96,6 +96,13 @@ def test_caps_per_uid_and_timeouts_for_stalled_peers(tmp_path: Path) -> None:
             tcp.sendall(opening)
             assert _read_to_eof(tcp) == b""
             tcp.close()
+        # ... and so is one whose request body stops coming after its headers (answered 408)
+        tcp = socket.create_connection(("127.0.0.1", port), timeout=30)
+        tcp.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                    "Accept: application/json, text/event-stream\r\nContent-Length: 200\r\n\r\n{\"jsonrpc\"".encode())
+        answer = _read_to_eof(tcp)
+        tcp.close()
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"message_timeout" in answer, answer
         assert d.status()["servers"][0]["state"] == "ready"  # and the daemon goes on
         assert "no complete request headers" in d.log.read_text()
 
