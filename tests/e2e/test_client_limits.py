@@ -5,6 +5,7 @@ One daemon; every wait polls with a deadline (no timing is asserted)."""
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import socket
@@ -66,6 +67,16 @@ def test_caps_per_uid_and_timeouts_for_stalled_peers(tmp_path: Path) -> None:
             err = _error(_read_to_eof(eager))
             assert err["code"] == -32000 and "max_clients_per_uid" in err["message"], err
             eager.close()
+            # ... but refused peers that stay open hold few of the daemon's descriptors meanwhile
+            from toolatlas.surface.unix import REFUSALS_LINGERING
+            pid = d.proc.pid  # type: ignore[union-attr]
+            base = len(os.listdir(f"/proc/{pid}/fd"))
+            stay = [_unix(d.socket) for _ in range(REFUSALS_LINGERING + 60)]
+            for s in stay:  # each refused (its line written) before the count
+                assert select.select([s], [], [], 30)[0], "no refusal written"
+            assert len(os.listdir(f"/proc/{pid}/fd")) <= base + REFUSALS_LINGERING + 5
+            for s in stay:
+                s.close()
             # the CLI says so too, and exits 69 (unavailable)
             cli = subprocess.run([sys.executable, "-m", "toolatlas", "status", "--socket", d.socket],
                                  capture_output=True, text=True, timeout=60, check=False)
