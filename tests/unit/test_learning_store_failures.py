@@ -4,6 +4,7 @@ store refuses is kept and written once it works again. The real SQLite store, wi
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -110,4 +111,30 @@ async def test_a_store_that_keeps_failing_is_retried_with_growing_delays(tmp_pat
     finally:
         svc._send.close()
         svc._receive.close()
+        store.close()
+
+
+def test_a_store_deleted_under_the_daemon_is_written_back(tmp_path: Path) -> None:
+    """state_dir removed while the daemon runs (rm -rf): SQLite would go on writing into the
+    unlinked file, and every event would be gone at the next start. The check the daemon
+    makes each second (`changed_elsewhere`) writes the open store back to its path."""
+    state = tmp_path / "state"
+    store = SqliteUsageStore(state / "learning.sqlite3")
+    try:
+        event = UsageEvent(query="read a file", tool="fs__read_file", principal="uid:1", at=time.time(), index_version=1)
+        store.add([event, event])
+        assert not store.changed_elsewhere()
+        shutil.rmtree(state)
+        store.add([event])  # into the unlinked file, as the daemon's writer would
+        assert not store.changed_elsewhere()  # the same events: nothing to reload
+        store.add([event])
+        again = SqliteUsageStore(state / "learning.sqlite3")
+        try:
+            assert len(again.events()) == 4  # on disk: the events before and after the deletion
+        finally:
+            again.close()
+        assert (state / "learning.sqlite3").stat().st_mode & 0o777 == 0o600
+        store.add([event])  # and it goes on in the file written back
+        assert len(store.events()) == 5 and not store.changed_elsewhere()
+    finally:
         store.close()

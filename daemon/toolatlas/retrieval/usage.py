@@ -15,6 +15,7 @@ it lives in, so a restart re-embeds only events whose vector is missing or from 
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -26,6 +27,8 @@ from typing import Protocol
 import numpy as np
 
 FILENAME = "learning.sqlite3"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,9 @@ class UsageStore(Protocol):
 
     def changed_elsewhere(self) -> bool:
         """Whether another writer (`toolatlas learning forget|reset` while the daemon runs)
-        changed the store since the last call: the daemon then reloads its events."""
+        changed the store since the last call: the daemon then reloads its events. Called
+        every second: a store may check its storage here (the SQLite one: see
+        `_restore_if_deleted`)."""
         ...
 
     def close(self) -> None: ...
@@ -91,14 +96,17 @@ class SqliteUsageStore:
     """`UsageStore` over one SQLite file (see the module docstring)."""
 
     def __init__(self, path: Path) -> None:
-        path = Path(path)
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        path = self.path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Create it 0600 before sqlite opens it: the queries in it are the users' words.
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         os.close(fd)
         os.chmod(path, 0o600)
-        self.path = path
-        self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -178,9 +186,24 @@ class SqliteUsageStore:
     def changed_elsewhere(self) -> bool:
         # data_version moves only when another connection commits
         with self._lock:
+            self._restore_if_deleted()
             now = self._version()
         changed, self._data_version = now != self._data_version, now
         return changed
+
+    def _restore_if_deleted(self) -> None:
+        """A store file deleted under the daemon (rm -rf of state_dir) is written back from
+        the open database, which SQLite would otherwise go on filling unlinked: every event
+        lost at the next start. (The open connection is closed before the new file is opened:
+        closing it unlinks `path`-wal and -shm by name.)"""
+        if os.path.exists(self.path):
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        self._db.execute("VACUUM INTO ?", (str(self.path),))  # into that empty 0600 file
+        log.warning("learning: the usage store %s was deleted while the daemon ran; written back", self.path)
+        self._db.close()
+        self._open()
 
     def close(self) -> None:
         with self._lock:
