@@ -258,8 +258,24 @@ def main(argv: list[str] | None = None) -> int:
         return EX_BROKEN_PIPE
 
 
+class EarlyHangup:
+    """The SIGHUP handler of `serve` until the daemon takes SIGHUP itself (app.serve): its
+    default action would end the daemon while it starts; `count` tells app.serve to reload
+    once it can (the config may have changed after it was read)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, _signum: int, _frame: object) -> None:
+        self.count += 1
+
+
 def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        import signal
+
+        signal.signal(signal.SIGHUP, EarlyHangup())
     if argv and argv[0] in _DELEGATED:
         import importlib
 
