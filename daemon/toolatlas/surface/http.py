@@ -389,11 +389,16 @@ def _bounded_h11(timeout: Callable[[], float]) -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class BoundedH11Protocol(H11Protocol):
+        _body_timer: asyncio.TimerHandle | None = None
+
         def handle_events(self) -> None:
             cycle = self.cycle
             super().handle_events()
+            if self._body_timer is not None and (self.cycle is not cycle or self.conn.their_state is not h11.SEND_BODY):
+                self._body_timer.cancel()  # the body is in: the timer (and the request it holds) goes
+                self._body_timer = None
             if self.cycle is not cycle and self.conn.their_state is h11.SEND_BODY:  # a request, its body to come
-                self.loop.call_later(timeout(), self._body_deadline, self.cycle)
+                self._body_timer = self.loop.call_later(timeout(), self._body_deadline, self.cycle)
 
         def _body_deadline(self, cycle: Any) -> None:
             if cycle is not self.cycle or self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
