@@ -268,6 +268,7 @@ async def serve(
     activated = listen_fds()
     daemon = Daemon(cfg, listen_socket=activated[0] if activated else None, redactor=redactor, notifier=notifier)
     gw = daemon.gateway
+    early = signal.getsignal(signal.SIGHUP)  # cli.EarlyHangup: SIGHUPs while the daemon started
     # The signal receiver encloses the whole task tree: a second Ctrl-C or SIGTERM while the
     # tree drains and tears down is queued and logged, never the default action (a
     # KeyboardInterrupt traceback or death by SIGTERM); once the tree is gone, both are ignored.
@@ -281,6 +282,9 @@ async def serve(
                 except MetricsBindError as exc:  # a busy port: one clear line, not a traceback
                     raise ConfigError(str(exc)) from None
             await tg.start(daemon.run)
+            if getattr(early, "count", 0):
+                log.info("SIGHUP arrived while the daemon started: reloading the config now")
+                await daemon.reload_config()
 
             async def announce_ready() -> None:
                 await gw.index_ready.wait()
@@ -315,7 +319,7 @@ async def serve(
             await gw.close_upstreams()
             gw.close_audit()
             tg.cancel_scope.cancel()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the receiver restored the defaults on its exit
     log.info("stopped")
 

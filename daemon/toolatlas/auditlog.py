@@ -152,6 +152,33 @@ class AuditFile(SyncedAppender):
         finally:
             os.close(dfd)
 
+    def _follow_path(self) -> None:
+        """Under the lock: when `path` no longer names the file written (deleted, or renamed by
+        logrotate or a person), open a new file there. Lines written since went to the old one."""
+        try:
+            here = os.stat(self.path)
+        except FileNotFoundError:
+            here = None
+        except OSError:
+            return
+        mine = os.fstat(self._fd)
+        if here is not None and (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = self._open()
+        except OSError as exc:  # the lines go on to the old file meanwhile
+            now = time.monotonic()
+            if now - self._failure_logged_at >= FAILURE_LOG_INTERVAL_S:
+                self._failure_logged_at = now
+                log.warning("audit file %s was moved or deleted and cannot be created again (%s); "
+                            "writing on to the old file", self.path, exc.strerror or exc)
+            return
+        old, self._fd, self._size = self._fd, fd, os.fstat(fd).st_size
+        fsync_close(old, f"audit file {self.path} (the one moved or deleted)")
+        log.warning("audit file %s was %s while the daemon ran; writing to a new file there", self.path,
+                    "deleted or moved away" if here is None else "replaced by another file")
+
     def _failed(self, exc: OSError) -> None:
         self.failures += 1
         if self._fd < 0:  # a failed rotation: try to go on writing to a fresh file
@@ -167,8 +194,11 @@ class AuditFile(SyncedAppender):
                         exc.strerror or exc, self.failures)
 
     def sync(self) -> None:
-        """fsync now if lines were added since the last sync."""
+        """fsync now if lines were added since the last sync; first, a file deleted or moved
+        away from `path` (an outside rotation) is replaced by a new one there (`_follow_path`)."""
         with self._lock:
+            if self._fd >= 0:
+                self._follow_path()
             if self._fd < 0 or not self._dirty:
                 return
             self._dirty = False

@@ -17,6 +17,8 @@ from toolatlas.paths import client_socket
 
 EX_CONFIG = 78
 EX_TEMPFAIL = 75  # `search` while the daemon is still starting and found nothing: try again
+# Seconds search, call and status wait for each reply of the daemon.
+ANSWER_TIMEOUT_S = 120.0
 
 # Subcommands implemented in their own modules: `toolatlas WORD ...` -> module.main(argv).
 _DELEGATED = {
@@ -145,8 +147,8 @@ def _client_command(args: Any, path: str) -> int:
     from toolatlas.surface.rawclient import RawClient, RpcError
 
     try:
-        client = RawClient(path)
-    except ConnectionError as exc:
+        client = RawClient(path, timeout=ANSWER_TIMEOUT_S)
+    except OSError as exc:  # ConnectionError: unreachable, or refused (a connection cap); or no answer
         print(f"toolatlas: {exc}", file=sys.stderr)
         return 69
     with client:
@@ -256,8 +258,24 @@ def main(argv: list[str] | None = None) -> int:
         return EX_BROKEN_PIPE
 
 
+class EarlyHangup:
+    """The SIGHUP handler of `serve` until the daemon takes SIGHUP itself (app.serve): its
+    default action would end the daemon while it starts; `count` tells app.serve to reload
+    once it can (the config may have changed after it was read)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, _signum: int, _frame: object) -> None:
+        self.count += 1
+
+
 def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        import signal
+
+        signal.signal(signal.SIGHUP, EarlyHangup())
     if argv and argv[0] in _DELEGATED:
         import importlib
 

@@ -10,12 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from toolatlas.retrieval.usage import SqliteUsageStore
 
 EX_CONFIG = 78
+EX_IOERR = 74  # the usage store cannot be opened or written
 SHOWN = 20
 
 
@@ -48,22 +54,30 @@ def main(argv: list[str]) -> int:
             {"tool": args.tool, "forgotten": 0}
         _print(out, args.json)
         return 0
-    store = open_store(state_dir)
     try:
-        if args.action == "reset":
-            _print({"reset": store.reset(), "store": str(store.path)}, args.json)
-        elif args.action == "forget":
-            _print({"tool": args.tool, "forgotten": store.forget_tool(args.tool)}, args.json)
-        else:
-            events = [e for e in store.events() if e.tool == args.tool]
-            counts = Counter(e.query for e in events)
-            last = {e.query: e.at for e in events}
-            rows = [{"query": q, "count": n, "last": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last[q]))}
-                    for q, n in counts.most_common(SHOWN)]
-            _print({"tool": args.tool, "events": len(events), "queries": rows}, args.json)
-    finally:
-        store.close()
+        store = open_store(state_dir)
+        try:
+            out = _act(args, store)
+        finally:
+            store.close()
+    except (sqlite3.Error, OSError) as exc:  # not a database, a directory, a read-only or full disk, locked
+        print(f"toolatlas learning: cannot use the usage store {state_dir / FILENAME}: {exc}", file=sys.stderr)
+        return EX_IOERR
+    _print(out, args.json)
     return 0
+
+
+def _act(args: argparse.Namespace, store: SqliteUsageStore) -> dict[str, object]:
+    if args.action == "reset":
+        return {"reset": store.reset(), "store": str(store.path)}
+    if args.action == "forget":
+        return {"tool": args.tool, "forgotten": store.forget_tool(args.tool)}
+    events = [e for e in store.events() if e.tool == args.tool]
+    counts = Counter(e.query for e in events)
+    last = {e.query: e.at for e in events}
+    rows = [{"query": q, "count": n, "last": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last[q]))}
+            for q, n in counts.most_common(SHOWN)]
+    return {"tool": args.tool, "events": len(events), "queries": rows}
 
 
 def _print(obj: dict[str, object], as_json: bool) -> None:

@@ -178,6 +178,8 @@ def daemon_path(config: str, key: str) -> str:
             table = tomllib.load(fh).get("daemon", {})
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read the {key} from {config!r}: {exc}") from exc
+    except UnicodeDecodeError as exc:  # tomllib decodes the bytes itself: a ValueError, not a TOMLDecodeError
+        raise ConfigError(f"cannot read the {key} from {config!r}: it is not UTF-8 text") from exc
     raw = table.get(key, "") if isinstance(table, dict) else ""
     if not isinstance(raw, str):
         raise ConfigError(f"{config}: [daemon] {key} must be a string, got {raw!r}")

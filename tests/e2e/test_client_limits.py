@@ -5,8 +5,12 @@ One daemon; every wait polls with a deadline (no timing is asserted)."""
 from __future__ import annotations
 
 import json
+import os
+import select
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,6 +59,28 @@ def test_caps_per_uid_and_timeouts_for_stalled_peers(tmp_path: Path) -> None:
             err = _error(_read_to_eof(refused))
             assert err["code"] == -32000 and "max_clients_per_uid" in err["message"], err
             refused.close()
+            # A client writes its initialize as soon as it connects, and still reads why it was
+            # refused: the daemon reads it (not EPIPE on that write, nor a reset losing the line).
+            eager = _unix(d.socket)
+            assert select.select([eager], [], [], 30)[0], "no refusal written"
+            eager.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}).encode() + b"\n")
+            err = _error(_read_to_eof(eager))
+            assert err["code"] == -32000 and "max_clients_per_uid" in err["message"], err
+            eager.close()
+            # ... but refused peers that stay open hold few of the daemon's descriptors meanwhile
+            from toolatlas.surface.unix import REFUSALS_LINGERING
+            pid = d.proc.pid  # type: ignore[union-attr]
+            base = len(os.listdir(f"/proc/{pid}/fd"))
+            stay = [_unix(d.socket) for _ in range(REFUSALS_LINGERING + 60)]
+            for s in stay:  # each refused (its line written) before the count
+                assert select.select([s], [], [], 30)[0], "no refusal written"
+            assert len(os.listdir(f"/proc/{pid}/fd")) <= base + REFUSALS_LINGERING + 5
+            for s in stay:
+                s.close()
+            # the CLI says so too, and exits 69 (unavailable)
+            cli = subprocess.run([sys.executable, "-m", "toolatlas", "status", "--socket", d.socket],
+                                 capture_output=True, text=True, timeout=60, check=False)
+            assert cli.returncode == 69 and "max_clients_per_uid" in cli.stderr, (cli.returncode, cli.stderr)
             for _ in range(20):  # a peer hammering the full share: refused each time, logged once
                 again = _unix(d.socket)
                 assert _error(_read_to_eof(again))["code"] == -32000
@@ -81,6 +107,13 @@ def test_caps_per_uid_and_timeouts_for_stalled_peers(tmp_path: Path) -> None:
             tcp.sendall(opening)
             assert _read_to_eof(tcp) == b""
             tcp.close()
+        # ... and so is one whose request body stops coming after its headers (answered 408)
+        tcp = socket.create_connection(("127.0.0.1", port), timeout=30)
+        tcp.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                    "Accept: application/json, text/event-stream\r\nContent-Length: 200\r\n\r\n{\"jsonrpc\"".encode())
+        answer = _read_to_eof(tcp)
+        tcp.close()
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"message_timeout" in answer, answer
         assert d.status()["servers"][0]["state"] == "ready"  # and the daemon goes on
         assert "no complete request headers" in d.log.read_text()
 
@@ -96,3 +129,53 @@ def test_caps_per_uid_and_timeouts_for_stalled_peers(tmp_path: Path) -> None:
         err = _error(rest)
         assert err["code"] == -32600 and "idle_timeout" in err["message"], err
         quiet.close()
+
+
+def _lines(s: socket.socket, count: int) -> list[dict]:
+    """The next `count` JSON lines from `s` (each recv bounded by the socket's timeout)."""
+    buf, out = b"", []
+    for _ in range(10_000):
+        while b"\n" in buf and len(out) < count:
+            line, buf = buf.split(b"\n", 1)
+            out.append(json.loads(line))
+        if len(out) == count:
+            return out
+        chunk = s.recv(65536)
+        assert chunk, f"closed after {out}"
+        buf += chunk
+    raise AssertionError(f"only {out}")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("path", ["relay", "sdk"])
+def test_requests_in_flight_on_one_connection_are_bounded(tmp_path: Path, path: str) -> None:
+    """A peer that pipelines requests without their replies coming back (here: calls that hang)
+    cannot pile up work without bound: past MAX_IN_FLIGHT a request is refused at once, saying
+    why, and a cancel frees a place. `sdk`: a client that declared elicitation, whose calls the
+    SDK serves (the relay lane leaves them to it); `relay`: the socket's own call lane."""
+    from toolatlas.surface.wire import MAX_IN_FLIGHT
+
+    with Daemon(tmp_path, stdio_testserver("one")) as d:
+        s = _unix(d.socket)
+        caps = {"elicitation": {}} if path == "sdk" else {}
+        s.sendall(json.dumps({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": caps,
+            "clientInfo": {"name": "pipeliner", "version": "1"}}}).encode() + b"\n")
+        assert "result" in _lines(s, 1)[0]
+        s.sendall(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        hang = [{"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                 "params": {"name": "execute_tool", "arguments": {"name": "one__hang", "arguments": {}}}}
+                for i in range(1, MAX_IN_FLIGHT + 1)]
+        s.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in hang))
+        s.sendall(b'{"jsonrpc": "2.0", "id": "one-more", "method": "ping"}\n')
+        (refused,) = _lines(s, 1)
+        assert refused["id"] == "one-more" and refused["error"]["code"] == -32000, refused
+        assert "in flight" in refused["error"]["message"], refused
+        # a cancel is always read, and frees a place
+        s.sendall(b'{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}\n')
+        s.sendall(b'{"jsonrpc": "2.0", "id": "after-cancel", "method": "ping"}\n')
+        (answered,) = _lines(s, 1)
+        assert answered == {"jsonrpc": "2.0", "id": "after-cancel", "result": {}}, answered
+        assert "requests in flight on one connection" in d.log.read_text()
+        s.close()
+        d.wait_for(lambda: d.status()["clients"] <= 1, 60, "the pipelining connection gone")

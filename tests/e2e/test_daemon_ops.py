@@ -164,3 +164,31 @@ def test_metrics_endpoint_and_token_figures(tmp_path: Path) -> None:
         # counted by a child process: the tokenizer's ~33 MB vocabulary never enters the daemon
         maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
         assert "anthropic_tokenizer" not in maps and "msgspec/_core" in maps
+
+
+def test_sighup_while_the_daemon_starts_is_a_reload_not_its_death(tmp_path: Path) -> None:
+    """SIGHUP's default action ends a process: until the daemon took SIGHUP over (late in its
+    start, after the heavy imports), one killed it without a word. It is noted from the start
+    and becomes one reload once the daemon serves."""
+    import subprocess
+    import sys
+
+    from tests.support.processes import descendants
+
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    d._logfh = open(d.log, "wb")
+    d.proc = subprocess.Popen([sys.executable, "-m", "toolatlas", "serve", "--config", str(d.config)],
+                              stdout=d._logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        # its stdio child is started early (prespawn), while the daemon itself is still importing
+        deadline = time.monotonic() + 60
+        while not descendants(d.proc.pid) and d.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for(lambda: d.proc is not None and d.proc.poll() is None and d.status()["index"]["ready"], 60,
+                   "the daemon serving after a SIGHUP during its start")
+        assert "SIGHUP arrived while the daemon started" in d.log.read_text()
+    finally:
+        d._halt(signal.SIGTERM)
+    assert d.proc.returncode == 0, (d.proc.returncode, d.log.read_text()[-2000:])

@@ -38,6 +38,12 @@ def test_stubs_from_server_everything_type_check_and_call_echo(tmp_path: Path) -
         denied = _stubs(d, tmp_path / "denied_tools", "--servers", "vault")
         assert denied.returncode == 1 and "unknown server(s) vault" in denied.stderr, denied
         assert not (tmp_path / "denied_tools").exists()
+        # a folder that cannot be written: one line saying so, exit 73, no traceback
+        (tmp_path / "a_file").write_text("not a folder\n")
+        blocked = _stubs(d, tmp_path / "a_file" / "atlas_tools")
+        assert blocked.returncode == 73 and "Traceback" not in blocked.stderr, blocked
+        assert blocked.stderr.startswith(f"toolatlas: cannot write the stubs into {tmp_path / 'a_file' / 'atlas_tools'}: "
+                                         "Not a directory"), blocked.stderr
 
         mypy = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / ".mypy"),
                                "atlas_tools"], cwd=tmp_path, capture_output=True, text=True, timeout=300)

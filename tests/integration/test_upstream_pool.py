@@ -532,3 +532,34 @@ async def test_stdout_garbage_is_logged_a_bounded_number_of_times(caplog: pytest
     shown = sum("ignoring a stdout line" in w for w in warnings)
     counted = sum(int(m.group(1)) for w in warnings if (m := re.search(r"ignored (\d+) more", w)))
     assert shown >= 1 and shown + counted == lines, warnings
+
+
+async def test_a_call_while_a_reload_restarts_its_upstream_says_it_is_closing() -> None:
+    """Between a reload's stop() of a changed upstream and its new session, a call fails at
+    once (the new session is not there yet); its error says the session is closing and to
+    retry, never "upstream 'one' is ready" (READY while the old session tears down) or "is
+    closed: closed" (torn down, the new session not yet in its place)."""
+    one = stdio_testserver("one")
+    with anyio.fail_after(90):
+        async with running(Pool([one], Recorder())) as pool:
+            await pool.wait_settled(30)
+            messages: list[str] = []
+            async with anyio.create_task_group() as tg:
+                done = anyio.Event()
+
+                async def reload() -> None:
+                    await pool.reconcile([replace(one, args=[*one.args, "--tools", "2"])])
+                    done.set()
+
+                tg.start_soon(reload)
+                for _ in range(1_000_000):  # bounded: ends with the reconcile (its teardown is bounded)
+                    if done.is_set():
+                        break
+                    try:
+                        await pool_call(pool, "one", "echo", {"message": "x"})
+                    except UpstreamUnavailable as exc:
+                        messages.append(str(exc))
+                    await anyio.sleep(0)
+            await wait_status(pool, "one", lambda s: s.state is READY)  # the new session, before the pool closes
+            assert not [m for m in messages if m.endswith((" is ready", " is closed: closed"))], sorted(set(messages))
+            assert any("closing its session" in m and "retry" in m for m in messages), sorted(set(messages))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from toolatlas.auditlog import AuditFile
@@ -58,3 +60,36 @@ def test_keep_zero_keeps_only_the_live_file(tmp_path: Path) -> None:
     sink.close()
     assert [p.name for p in tmp_path.iterdir()] == ["audit.jsonl"]
     assert json.loads(path.read_text().splitlines()[-1])["n"] == 199
+
+
+def test_a_file_deleted_or_moved_away_is_opened_again_at_its_path(tmp_path: Path) -> None:
+    """Someone removes the audit file, or rotates it from outside (mv, as logrotate does),
+    while the daemon runs: within the flusher's interval the path is a file again and the
+    next lines go there, not into an unlinked or renamed inode where no one finds them."""
+    path = tmp_path / "audit.jsonl"
+    sink = AuditFile(path, max_bytes=1 << 20, keep=1, fsync_interval=0.02)
+    try:
+        sink.append({}, '{"n": 1}')
+        path.unlink()
+        assert until_sync(lambda: path.exists()), "the deleted audit file was not created again"
+        sink.append({}, '{"n": 2}')
+        assert [json.loads(x) for x in path.read_text().splitlines()] == [{"n": 2}]
+        assert _mode(path) == 0o600
+        moved = tmp_path / "audit.jsonl.outside"
+        path.rename(moved)
+        assert until_sync(lambda: path.exists()), "the moved audit file was not created again"
+        sink.append({}, '{"n": 3}')
+        assert [json.loads(x) for x in moved.read_text().splitlines()] == [{"n": 2}]
+        assert [json.loads(x) for x in path.read_text().splitlines()] == [{"n": 3}]
+    finally:
+        sink.close()
+
+
+def until_sync(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll `pred` (the flusher thread acts on its own schedule) until true or the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False

@@ -4,12 +4,14 @@ store refuses is kept and written once it works again. The real SQLite store, wi
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+import numpy as np
 
 from tests.support.waits import until
 from toolatlas.config import LearningSection
@@ -58,3 +60,81 @@ async def test_a_write_the_store_refuses_is_written_once_it_works_again(tmp_path
         assert [(e.query, e.tool) for e in again.events()] == [(event.query, event.tool)]  # once, not lost
     finally:
         again.close()
+
+
+
+def _full(store: SqliteUsageStore) -> None:
+    """No page more for `store`, as on a full disk (SQLite fails the same way: SQLITE_FULL)."""
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_a_full_disk_is_reported_as_such(tmp_path: Path) -> None:
+    """SQLite rolls a transaction back by itself on SQLITE_FULL (a full disk): the store's own
+    ROLLBACK must not then fail and hide why ("cannot rollback - no transaction is active"),
+    so the operator reads "database or disk is full", and the store works once there is room."""
+    store = SqliteUsageStore(tmp_path / "learning.sqlite3")
+    try:
+        events = [UsageEvent(query="q" * 8000, tool=f"fs__tool{i}", principal="uid:1", at=time.time(),
+                             index_version=1) for i in range(4)]
+        ids = store.add(events[:1])
+        _full(store)
+        for write in (lambda: store.add(events), lambda: store.set_vectors(ids, np.ones((1, 8192), np.float32), "x")):
+            try:
+                write()
+            except sqlite3.Error as exc:
+                assert getattr(exc, "sqlite_errorname", None) == "SQLITE_FULL" and "full" in str(exc), repr(exc)
+            else:
+                raise AssertionError("a write went through a full database")
+        store._db.execute("PRAGMA max_page_count = 1000000")  # room again
+        assert len(store.add(events)) == 4 and len(store.events()) == 5
+    finally:
+        store.close()
+
+
+async def test_a_store_that_keeps_failing_is_retried_with_growing_delays(tmp_path: Path) -> None:
+    """A full disk stays full: the store opens, then refuses the write again at once. Each
+    such round counts as a failed attempt, so the retries back off (1 s, 2 s, ... up to 60 s)
+    instead of reopening and reloading every event, and logging, once a second for good."""
+    store = SqliteUsageStore(tmp_path / "learning.sqlite3")
+    _full(store)
+    engine = Engine(state_dir=None, embedder="none", mode="bm25")
+    svc = LearningService(lambda: LearningSection(), engine, None, metrics=Metrics(), store=store)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(svc.run)
+            assert svc.ingest(UsageEvent(query="q" * 20000, tool="fs__read_file", principal="uid:1", at=time.time(),
+                                         index_version=1))
+            await until(lambda: "SQLITE_FULL" in (svc.error or ""), "the failure reported", 30)
+            await until(lambda: "trying again in 2 s" in (svc.error or ""), "a longer delay after a second failure", 15)
+            tg.cancel_scope.cancel()
+    finally:
+        svc._send.close()
+        svc._receive.close()
+        store.close()
+
+
+def test_a_store_deleted_under_the_daemon_is_written_back(tmp_path: Path) -> None:
+    """state_dir removed while the daemon runs (rm -rf): SQLite would go on writing into the
+    unlinked file, and every event would be gone at the next start. The check the daemon
+    makes each second (`changed_elsewhere`) writes the open store back to its path."""
+    state = tmp_path / "state"
+    store = SqliteUsageStore(state / "learning.sqlite3")
+    try:
+        event = UsageEvent(query="read a file", tool="fs__read_file", principal="uid:1", at=time.time(), index_version=1)
+        store.add([event, event])
+        assert not store.changed_elsewhere()
+        shutil.rmtree(state)
+        store.add([event])  # into the unlinked file, as the daemon's writer would
+        assert not store.changed_elsewhere()  # the same events: nothing to reload
+        store.add([event])
+        again = SqliteUsageStore(state / "learning.sqlite3")
+        try:
+            assert len(again.events()) == 4  # on disk: the events before and after the deletion
+        finally:
+            again.close()
+        assert (state / "learning.sqlite3").stat().st_mode & 0o777 == 0o600
+        store.add([event])  # and it goes on in the file written back
+        assert len(store.events()) == 5 and not store.changed_elsewhere()
+    finally:
+        store.close()

@@ -70,6 +70,14 @@ def test_an_unset_variable_or_bad_toml_is_a_config_error(env: pytest.MonkeyPatch
     bad.write_text("[daemon\n")
     with pytest.raises(ConfigError, match="bad.toml"):
         client_socket(None, str(bad))
+    binary = tmp_path / "binary.toml"  # what `--config` names by mistake: a key, an archive
+    binary.write_bytes(b"\xb2\x00\xff[daemon]\n")
+    with pytest.raises(ConfigError, match=r"binary.toml.*not UTF-8 text"):
+        client_socket(None, str(binary))
+    for argv in (["status"], ["doctor"]):  # one line and exit 78 (doctor: its failed check), no traceback
+        r = subprocess.run([sys.executable, "-m", "toolatlas", *argv, "--config", str(binary)],
+                           capture_output=True, text=True, timeout=60)
+        assert "Traceback" not in r.stderr and r.returncode in (1, 78), (argv, r.returncode, r.stderr)
 
 
 def test_the_cli_command_uses_the_expanded_socket(env: pytest.MonkeyPatch, tmp_path: Path) -> None:

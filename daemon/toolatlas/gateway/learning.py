@@ -50,6 +50,9 @@ PUBLISH_COST_FACTOR = 10.0
 EMBED_BATCH = 256
 INGEST_WAIT_S = 30.0  # how long a shared event waits for room in the writer's queue
 PREBUILT_PRINCIPALS = 8
+# A store failing after it served this long starts the retry delays afresh (1 s); one that fails
+# sooner (a full disk refuses the first write after each reopen) backs off further, up to 60 s.
+HEALTHY_S = 60.0
 
 
 class LearningService:
@@ -170,6 +173,7 @@ class LearningService:
         attempt = 0
         while True:
             failure: list[BaseException] = []
+            opened = math.inf  # when the store last opened: a failure this soon after counts as one more in a row
             try:
                 if self._store is None:
                     assert self._state_dir is not None
@@ -177,8 +181,8 @@ class LearningService:
                 store = self._store
                 await anyio.to_thread.run_sync(self._reload, store)
                 if attempt:
-                    log.info("learning: the usage store works again after %d failed attempt(s)", attempt)
-                attempt, self.error = 0, None
+                    log.info("learning: the usage store opened again after %d failed attempt(s)", attempt)
+                self.error, opened = None, time.monotonic()
                 async with anyio.create_task_group() as tg:
                     for loop in (self._write_loop, self._publish_loop, self._poll_loop):
                         tg.start_soon(_guarded, loop, store, failure, tg.cancel_scope)
@@ -191,7 +195,7 @@ class LearningService:
             if not failure:
                 return
             err = failure[0]
-            attempt += 1
+            attempt = 1 if time.monotonic() - opened > HEALTHY_S else attempt + 1
             delay = backoff_delay(attempt, base=1.0, cap=60.0)
             if self._state_dir is not None:  # a store of our own: closed, opened again
                 failed, self._store = self._store, None

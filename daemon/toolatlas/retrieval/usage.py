@@ -15,6 +15,7 @@ it lives in, so a restart re-embeds only events whose vector is missing or from 
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -26,6 +27,8 @@ from typing import Protocol
 import numpy as np
 
 FILENAME = "learning.sqlite3"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,24 +80,37 @@ class UsageStore(Protocol):
 
     def changed_elsewhere(self) -> bool:
         """Whether another writer (`toolatlas learning forget|reset` while the daemon runs)
-        changed the store since the last call: the daemon then reloads its events."""
+        changed the store since the last call: the daemon then reloads its events. Called
+        every second: a store may check its storage here (the SQLite one: see
+        `_restore_if_deleted`)."""
         ...
 
     def close(self) -> None: ...
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back the transaction a failed write left open. SQLite has rolled it back itself
+    after some errors (SQLITE_FULL: a full disk; SQLITE_IOERR): a ROLLBACK then would fail
+    with "no transaction is active" and hide the error that says what is wrong."""
+    if db.in_transaction:
+        db.execute("ROLLBACK")
 
 
 class SqliteUsageStore:
     """`UsageStore` over one SQLite file (see the module docstring)."""
 
     def __init__(self, path: Path) -> None:
-        path = Path(path)
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        path = self.path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Create it 0600 before sqlite opens it: the queries in it are the users' words.
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         os.close(fd)
         os.chmod(path, 0o600)
-        self.path = path
-        self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -121,7 +137,7 @@ class SqliteUsageStore:
                 n = cur.rowcount
                 cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                _rollback(self._db)
                 raise
             return int(n)
 
@@ -140,7 +156,7 @@ class SqliteUsageStore:
                     ids.append(int(cur.lastrowid or 0))
                 cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                _rollback(self._db)
                 raise
             return ids
 
@@ -178,9 +194,24 @@ class SqliteUsageStore:
     def changed_elsewhere(self) -> bool:
         # data_version moves only when another connection commits
         with self._lock:
+            self._restore_if_deleted()
             now = self._version()
         changed, self._data_version = now != self._data_version, now
         return changed
+
+    def _restore_if_deleted(self) -> None:
+        """A store file deleted under the daemon (rm -rf of state_dir) is written back from
+        the open database, which SQLite would otherwise go on filling unlinked: every event
+        lost at the next start. (The open connection is closed before the new file is opened:
+        closing it unlinks `path`-wal and -shm by name.)"""
+        if os.path.exists(self.path):
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        self._db.execute("VACUUM INTO ?", (str(self.path),))  # into that empty 0600 file
+        log.warning("learning: the usage store %s was deleted while the daemon ran; written back", self.path)
+        self._db.close()
+        self._open()
 
     def close(self) -> None:
         with self._lock:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 EX_CONFIG = 78
 EX_UNAVAILABLE = 69
+EX_CANTCREAT = 73  # the --out folder or a file in it cannot be written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         return EX_UNAVAILABLE
     template = (Path(__file__).parent / "client_template.py").read_text(encoding="utf-8")
     files = render(tools, os.path.abspath(socket), template)
-    changed = write(out, files)
+    try:
+        changed = write(out, files)
+    except OSError as exc:  # a read-only or full disk, a file where a folder must be
+        print(f"toolatlas: cannot write the stubs into {args.out}: {exc.strerror or exc}"
+              + (f" ({exc.filename})" if exc.filename else ""), file=sys.stderr)
+        return EX_CANTCREAT
     servers = sorted({t["server"] for t in tools})
     print(f"{out}: {len(tools)} tools of {len(servers)} servers ({', '.join(servers) or 'none'}); "
           + (f"{len(changed)} files written or removed" if changed else "unchanged"))

@@ -48,7 +48,7 @@ from toolatlas.meta_tools import META_TOOLS
 from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity
 from toolatlas.surface.admin import ADMIN_PREFIX
 from toolatlas.surface.oauth import WELL_KNOWN, OAuthRejected, Validator, challenge, metadata_url
-from toolatlas.surface.rpccheck import Refusal, screen
+from toolatlas.surface.rpccheck import INVALID_REQUEST, Refusal, screen
 from toolatlas.surface.server import CONNECTION, Connections
 
 if TYPE_CHECKING:
@@ -305,25 +305,24 @@ class HttpEndpoint:
         return watching
 
     async def _screen(self, scope: Scope, receive: Receive) -> tuple[Refusal | None, Receive]:
-        """Read a JSON POST body (up to the limit) and screen it as the socket screens a line
+        """Read a POST body (up to the limit) and screen a JSON one as the socket screens a line
         (surface.rpccheck); the SDK then gets the same body, replayed. A body over the limit
-        is left to the SDK, which answers 413."""
+        is left to the SDK, which answers 413. A client gone before its body arrived (it left, or
+        the body timeout closed it) gets a refusal no one reads: the SDK never sees the request."""
         headers = dict(scope.get("headers", []))
-        if not headers.get(b"content-type", b"").lower().startswith(b"application/json"):
-            return None, receive
+        is_json = headers.get(b"content-type", b"").lower().startswith(b"application/json")
         body: list[bytes] = []
         more, size = True, 0
         while more and size <= self.max_message_bytes:
             message = await receive()
             if message["type"] != "http.request":
-                return None, _replay([{"type": "http.request", "body": b"".join(body), "more_body": True}, message],
-                                     receive)
+                return Refusal(INVALID_REQUEST, "the client went away before its request body arrived"), receive
             body.append(message.get("body", b""))
             size += len(body[-1])
             more = message.get("more_body", False)
         data = b"".join(body)
         refusal = None
-        if not more and size <= self.max_message_bytes:
+        if not more and size <= self.max_message_bytes and is_json:
             parsed, refusal = screen(data)
             method = getattr(parsed, "method", None)
             if isinstance(method, str) and method.startswith(ADMIN_PREFIX):
@@ -380,14 +379,39 @@ class HttpEndpoint:
 
 
 def _bounded_h11(timeout: Callable[[], float]) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with a header timeout, which uvicorn lacks: a connection whose
-    request headers have not all arrived `timeout()` seconds after it opened, or after its
-    last response, is closed (a peer that connects and sends nothing, or trickles headers,
-    would otherwise hold it forever). A request being served (an SSE stream) is not cut."""
+    """uvicorn's h11 protocol with header and body timeouts, which uvicorn lacks: a connection
+    whose request headers have not all arrived `timeout()` seconds after it opened, or after
+    its last response, is closed (a peer that connects and sends nothing, or trickles headers,
+    would otherwise hold it forever); so is one whose request body has not all arrived
+    `timeout()` seconds after its headers (answered 408 first when no response has started).
+    A request being served (an SSE stream) is not cut."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class BoundedH11Protocol(H11Protocol):
+        _body_timer: asyncio.TimerHandle | None = None
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self._body_timer is not None and (self.cycle is not cycle or self.conn.their_state is not h11.SEND_BODY):
+                self._body_timer.cancel()  # the body is in: the timer (and the request it holds) goes
+                self._body_timer = None
+            if self.cycle is not cycle and self.conn.their_state is h11.SEND_BODY:  # a request, its body to come
+                self._body_timer = self.loop.call_later(timeout(), self._body_deadline, self.cycle)
+
+        def _body_deadline(self, cycle: Any) -> None:
+            if cycle is not self.cycle or self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
+                return
+            log.info("closing an HTTP connection from %s: its request body did not all arrive within %g s "
+                     "([daemon] message_timeout)", self.client, timeout())
+            if not cycle.response_started:
+                body = Refusal(-32600, f"the request body did not all arrive within {timeout():g} s "
+                               "([daemon] message_timeout); the connection is closed").line()
+                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                                     b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            self.transport.close()
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm_header_timer()

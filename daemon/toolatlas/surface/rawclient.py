@@ -26,6 +26,7 @@ class RawClient:
     def __init__(self, path: str, timeout: float = 120.0) -> None:
         from toolatlas.surface.shim import connect
 
+        self.path, self.timeout = path, timeout
         self.sock = connect(path, wait=1.0)
         self.sock.settimeout(timeout)
         self._lines = BoundedLines(MAX_REPLY_BYTES)
@@ -68,6 +69,9 @@ class RawClient:
             if not line.strip():
                 continue
             reply = json.loads(line)
+            if reply.get("id") is None and isinstance(reply.get("error"), dict):
+                # not tied to a request: the daemon refused the connection (a cap) or ends it
+                raise ConnectionError(f"the daemon ended the connection: {reply['error'].get('message', '')}")
             if reply.get("id") != self._id:
                 continue  # a notification or a reply to someone else
             if "error" in reply:
@@ -76,7 +80,11 @@ class RawClient:
 
     def _next_line(self) -> bytes | Oversized:
         while not self._ready:
-            data = self.sock.recv(65536)
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError as exc:
+                raise TimeoutError(f"the daemon at {self.path} accepted the connection but did not answer "
+                                   f"within {self.timeout:g} s") from exc
             if not data:
                 raise ConnectionError("the daemon closed the connection")
             self._ready = self._lines.feed(data)

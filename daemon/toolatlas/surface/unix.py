@@ -42,6 +42,12 @@ ACCEPT_RETRY_BASE_S = 0.05
 ACCEPT_RETRY_CAP_S = 2.0
 # Seconds between log lines about refused connections (a cap reached).
 REFUSAL_LOG_INTERVAL = 10.0
+# A refused connection is kept this long at most, and this many reads, for its peer to close;
+# past REFUSALS_LINGERING such connections at once, the next ones are closed at once (a peer
+# hammering a full socket must not hold the daemon's descriptors).
+REFUSAL_LINGER_S = 2.0
+REFUSAL_READS = 16
+REFUSALS_LINGERING = 64
 
 _ids = itertools.count(1)
 
@@ -127,6 +133,7 @@ class UnixServer:
         self._stopping = False
         self._refused = 0  # connections refused since the last log line about them
         self._refusal_logged_at = -REFUSAL_LOG_INTERVAL
+        self._lingering = 0  # refused connections waiting for their peer to close (_refuse)
 
     def __repr__(self) -> str:
         return f"<UnixServer {self.path} connections={len(self.connections)}>"
@@ -220,10 +227,11 @@ class UnixServer:
         refusal = self._over_cap(conn)
         if refusal is not None:
             self._log_refusal(conn, refusal)
-            with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                async with stream:
-                    with anyio.move_on_after(1):
-                        await stream.send(Refusal(-32000, refusal).line())
+            self._lingering += 1
+            try:
+                await _refuse(stream, Refusal(-32000, refusal).line(), self._lingering <= REFUSALS_LINGERING)
+            finally:
+                self._lingering -= 1
             return
         self.connections.add(conn)
         token = CONNECTION.set(conn)
@@ -265,6 +273,20 @@ class UnixServer:
             return (f"uid {conn.uid} already has {self.max_clients_per_uid} connections open "
                     "([daemon] max_clients_per_uid); close one and retry")
         return None
+
+
+async def _refuse(stream: anyio.abc.SocketStream, line: bytes, linger: bool) -> None:
+    """Send `line` and close; with `linger`, read what the peer sends meanwhile (for
+    REFUSAL_LINGER_S at most). A client writes its initialize as soon as it connects: closed
+    at once, the socket would meet that write with EPIPE, or be reset with it unread and lose
+    `line` on its way."""
+    with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+        async with stream:
+            with anyio.move_on_after(REFUSAL_LINGER_S if linger else 1):
+                await stream.send(line)
+                await stream.send_eof()
+                for _ in range(REFUSAL_READS if linger else 0):
+                    await stream.receive()  # dropped; EndOfStream once the peer has read and closed
 
 
 @asynccontextmanager

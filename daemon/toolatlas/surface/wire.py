@@ -5,6 +5,11 @@ Every line is screened by surface.rpccheck: a malformed one gets the JSON-RPC er
 earns (-32700, -32600 or -32602, saying what to send instead), and a line over `max_bytes`
 is discarded up to its newline and answered with -32600 naming the limit, with the id read
 off its start. None of them ends the connection; an empty line is skipped.
+
+A connection has at most `max_in_flight` requests read and not yet answered; past that a
+request is answered at once with -32000 saying so. Each request in flight is a task holding
+its answer until the peer reads it: a peer that pipelines requests without reading replies
+would otherwise grow the daemon without bound (100,000 searches held 800 MB).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from toolatlas.surface.rpccheck import INTERNAL_ERROR, INVALID_REQUEST, Refusal,
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+# Requests one connection may have in flight (read, their reply not yet sent) at once.
+MAX_IN_FLIGHT = 256
+SERVER_ERROR = -32000
 _CHUNK = 65536
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -42,6 +50,43 @@ Lane = Callable[[dict[str, Any], Callable[[bytes], Awaitable[None]]],
                 "dict[str, Any] | Awaitable[dict[str, Any]] | None"]
 # admin(id, method, params): the JSON-RPC response to an operator request (surface.admin).
 Admin = Callable[[str | int, str, dict[str, Any] | None], Awaitable[dict[str, Any]]]
+
+
+class _Owed:
+    """Requests handed to the SDK and not yet answered, by id: the SDK answers each once, or
+    not at all once the peer cancels it. "7" and 7 are one id, as the SDK correlates them."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self.count = 0
+
+    def add(self, id_: Any) -> None:
+        key = str(id_)
+        self._ids[key] = self._ids.get(key, 0) + 1
+        self.count += 1
+
+    def settle(self, id_: Any) -> None:
+        key = str(id_)
+        left = self._ids.get(key, 0) - 1
+        if left < 0:
+            return  # a reply to a request already settled (a late cancel), or never counted
+        self.count -= 1
+        if left:
+            self._ids[key] = left
+        else:
+            del self._ids[key]
+
+
+def _request_id(line: bytes) -> tuple[bool, Any]:
+    """(whether `line` is a request, its id): a message with a method and a valid id."""
+    try:
+        msg = _decode(line)
+    except Exception:  # noqa: BLE001 - not JSON: the screen answers it
+        return False, None
+    if not isinstance(msg, dict) or not isinstance(msg.get("method"), str):
+        return False, None
+    id_ = msg.get("id")
+    return isinstance(id_, (str, int)) and not isinstance(id_, bool), id_
 
 
 @asynccontextmanager
@@ -54,6 +99,7 @@ async def ndjson_streams(
     message_timeout: float | None = None,
     idle_timeout: float = 0.0,
     admin: Admin | None = None,
+    max_in_flight: int = MAX_IN_FLIGHT,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Yield `(read_stream, write_stream)` carrying MCP messages over `stream`.
 
@@ -107,6 +153,8 @@ async def ndjson_streams(
     # notifications/cancelled cancels its request's task; the connection's end, every one.
     lane_tasks: set[asyncio.Task[None]] = set()
     lane_calls: dict[Any, asyncio.Task[None]] = {}  # by id: the first of a reused id in flight
+    owed = _Owed()  # the SDK's requests in flight
+    crowded = False  # the in-flight limit was reached on this connection (logged once)
 
     async def finish(id_: Any, pending: Awaitable[dict[str, Any]], what: str = "the search") -> None:
         try:
@@ -164,12 +212,29 @@ async def ndjson_streams(
             start(msg.get("id"), reply)
         return True
 
+    async def over_limit(line: bytes) -> bool:
+        """Whether `line` is a request refused for the requests already in flight."""
+        nonlocal crowded
+        is_request, id_ = _request_id(line)
+        if not is_request:
+            return False  # a notification (a cancel among them) or a reply: always taken
+        if not crowded:
+            crowded = True
+            log.warning("a client has %d requests in flight on one connection; refusing more until "
+                        "replies go out", max_in_flight)
+        await send_if_open(Refusal(SERVER_ERROR, f"too many requests in flight on this connection: {max_in_flight} "
+                                   "sent here are still waiting for their replies; read those replies (or "
+                                   "cancel requests) before sending more", id_).line())
+        return True
+
     async def handle_line(line: bytes | Oversized) -> None:
         if isinstance(line, Oversized):
             await bad(Refusal(INVALID_REQUEST, f"message exceeds the {max_bytes}-byte limit and was discarded; "
                               "send a smaller one", line.request_id))
             return
         if line in (b"", b"\r"):
+            return
+        if len(lane_tasks) + owed.count >= max_in_flight and await over_limit(line):
             return
         if fast_lane is not None and b'"tools/call"' in line and await fast(line):
             return
@@ -180,9 +245,14 @@ async def ndjson_streams(
             await bad(refusal)
             return
         assert message is not None  # screen gives one of the two
-        if admin is not None and isinstance(message, types.JSONRPCRequest) and message.method.startswith(ADMIN_PREFIX):
-            start(message.id, admin(message.id, message.method, message.params), "the command")
-            return
+        if isinstance(message, types.JSONRPCRequest):
+            if admin is not None and message.method.startswith(ADMIN_PREFIX):
+                start(message.id, admin(message.id, message.method, message.params), "the command")
+                return
+            owed.add(message.id)
+        elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled" \
+                and isinstance(message.params, dict) and message.params.get("requestId") is not None:
+            owed.settle(message.params["requestId"])  # the SDK does not answer a cancelled request
         await read_writer.send(SessionMessage(message))
 
     async def reader() -> None:
@@ -244,6 +314,8 @@ async def ndjson_streams(
                 async for msg in write_reader:
                     payload = msg.message.model_dump_json(by_alias=True, exclude_unset=True)
                     await send_raw(payload.encode() + b"\n")
+                    if isinstance(msg.message, (types.JSONRPCResponse, types.JSONRPCError)):
+                        owed.settle(msg.message.id)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         finally:

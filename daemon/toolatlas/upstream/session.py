@@ -199,11 +199,8 @@ class Connection:
             self.client = client
             s.went_ready()
             self.reached_ready = True
-            logger.info(
-                "upstream %s: %d tools, protocol %s%s",
-                self.name, len(tools), s.protocol_version,
-                f", pid {self.proc.pid}" if self.proc is not None else "",
-            )
+            logger.info("upstream %s: %d tools, protocol %s%s", self.name, len(tools), s.protocol_version,
+                        f", pid {self.proc.pid}" if self.proc is not None else "")
             await self.publish(tools)
             await self.supervision.run(client, tg, modern=modern)
             await self.lost.wait()
@@ -422,11 +419,12 @@ class UpstreamSession:
             raise UpstreamUnavailable(self._unavailable_message())
 
     def _unavailable_message(self) -> str:
-        why = f": {self.reason}" if self.reason else ""
         conn = self._conn
+        if self._stop_requested:  # READY while it tears down, then CLOSED: neither says what goes on
+            return f"upstream {self.name!r} is closing its session (a config reload or a restart); retry in a moment"
         if self.state is UpstreamState.READY and conn is not None and conn.loss is not None:
             return f"upstream {self.name!r} lost its session: {conn.loss.text}"
-        return f"upstream {self.name!r} is {self.state.value}{why}"
+        return f"upstream {self.name!r} is {self.state.value}" + (f": {self.reason}" if self.reason else "")
 
     async def request(self, op: str, fn: Callable[[Client], Awaitable[T]], seconds: float | None = None, *,
                       operation: str = "request") -> T:

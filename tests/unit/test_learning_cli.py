@@ -1,0 +1,34 @@
+"""`toolatlas learning show|forget|reset` on a usage store it cannot use: one line saying
+which file and why, exit 74 (EX_IOERR), never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolatlas import learning_cli
+
+
+def _config(tmp_path: Path) -> Path:
+    config = tmp_path / "toolatlas.toml"
+    config.write_text(f'[daemon]\nsocket = "{tmp_path / "s.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+                      'metrics_addr = ""\n')
+    return config
+
+
+@pytest.mark.parametrize("action", [["show", "notes__add_note"], ["forget", "notes__add_note"], ["reset"]])
+@pytest.mark.parametrize("store", ["a directory", "not a database"])
+def test_an_unusable_store_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            action: list[str], store: str) -> None:
+    path = tmp_path / "state" / "learning.sqlite3"
+    if store == "a directory":
+        path.mkdir(parents=True)
+    else:
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"this is not an SQLite database. " * 256)
+    code = learning_cli.main([*action, "--config", str(_config(tmp_path))])
+    err = capsys.readouterr().err
+    assert code == 74, err
+    assert err.startswith(f"toolatlas learning: cannot use the usage store {path}: "), err
+    assert len(err.strip().splitlines()) == 1, err
