@@ -103,7 +103,7 @@ async def test_a_store_that_keeps_failing_is_retried_with_growing_delays(tmp_pat
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(svc.run)
-            assert svc.ingest(UsageEvent(query="q" * 20000, tool="fs__read_file", principal="uid:1", at=time.time(),
+            assert await svc.ingest(UsageEvent(query="q" * 20000, tool="fs__read_file", principal="uid:1", at=time.time(),
                                          index_version=1))
             await until(lambda: "SQLITE_FULL" in (svc.error or ""), "the failure reported", 30)
             await until(lambda: "trying again in 2 s" in (svc.error or ""), "a longer delay after a second failure", 15)
@@ -114,10 +114,12 @@ async def test_a_store_that_keeps_failing_is_retried_with_growing_delays(tmp_pat
         store.close()
 
 
-def test_a_store_deleted_under_the_daemon_is_written_back(tmp_path: Path) -> None:
-    """state_dir removed while the daemon runs (rm -rf): SQLite would go on writing into the
-    unlinked file, and every event would be gone at the next start. The check the daemon
-    makes each second (`changed_elsewhere`) writes the open store back to its path."""
+def test_a_store_deleted_under_the_daemon_is_taken_as_a_wipe_not_filled_unlinked(tmp_path: Path) -> None:
+    """state_dir (or the store file) removed while the daemon runs: SQLite would go on writing
+    into the unlinked file, which vanishes at the next start, while the daemon kept learning
+    from events nobody can see or wipe. The check the daemon makes each second
+    (`changed_elsewhere`) takes the deletion as a wipe: a new empty store at the path, and
+    "changed" so the daemon reloads (and forgets). The deleted events are never written back."""
     state = tmp_path / "state"
     store = SqliteUsageStore(state / "learning.sqlite3")
     try:
@@ -126,15 +128,14 @@ def test_a_store_deleted_under_the_daemon_is_written_back(tmp_path: Path) -> Non
         assert not store.changed_elsewhere()
         shutil.rmtree(state)
         store.add([event])  # into the unlinked file, as the daemon's writer would
-        assert not store.changed_elsewhere()  # the same events: nothing to reload
-        store.add([event])
+        assert store.changed_elsewhere()  # the daemon reloads: no events
+        assert store.events() == [] and (state / "learning.sqlite3").stat().st_mode & 0o777 == 0o600
+        store.add([event])  # and it goes on in the new file
+        assert len(store.events()) == 1 and not store.changed_elsewhere()
         again = SqliteUsageStore(state / "learning.sqlite3")
         try:
-            assert len(again.events()) == 4  # on disk: the events before and after the deletion
+            assert len(again.events()) == 1  # on disk: only what came after the deletion
         finally:
             again.close()
-        assert (state / "learning.sqlite3").stat().st_mode & 0o777 == 0o600
-        store.add([event])  # and it goes on in the file written back
-        assert len(store.events()) == 5 and not store.changed_elsewhere()
     finally:
         store.close()

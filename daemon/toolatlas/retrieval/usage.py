@@ -82,7 +82,7 @@ class UsageStore(Protocol):
         """Whether another writer (`toolatlas learning forget|reset` while the daemon runs)
         changed the store since the last call: the daemon then reloads its events. Called
         every second: a store may check its storage here (the SQLite one: see
-        `_restore_if_deleted`)."""
+        `_renew_if_deleted`)."""
         ...
 
     def close(self) -> None: ...
@@ -194,24 +194,25 @@ class SqliteUsageStore:
     def changed_elsewhere(self) -> bool:
         # data_version moves only when another connection commits
         with self._lock:
-            self._restore_if_deleted()
+            renewed = self._renew_if_deleted()
             now = self._version()
-        changed, self._data_version = now != self._data_version, now
+        changed, self._data_version = renewed or now != self._data_version, now
         return changed
 
-    def _restore_if_deleted(self) -> None:
-        """A store file deleted under the daemon (rm -rf of state_dir) is written back from
-        the open database, which SQLite would otherwise go on filling unlinked: every event
-        lost at the next start. (The open connection is closed before the new file is opened:
-        closing it unlinks `path`-wal and -shm by name.)"""
+    def _renew_if_deleted(self) -> bool:
+        """A store file deleted under the daemon (`rm` of it or of state_dir) is taken as a
+        wipe, like `toolatlas learning reset`: the daemon goes on in a new empty file at the
+        path (its next reload forgets the events) instead of filling the unlinked one, which
+        would vanish at the next start. Never written back: the file holds users' words, and
+        whoever deleted it meant them gone. (Closing the old connection first: closing it
+        unlinks `path`-wal and -shm by name.) Whether it was renewed."""
         if os.path.exists(self.path):
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-        self._db.execute("VACUUM INTO ?", (str(self.path),))  # into that empty 0600 file
-        log.warning("learning: the usage store %s was deleted while the daemon ran; written back", self.path)
+            return False
         self._db.close()
         self._open()
+        log.warning("learning: the usage store %s was deleted while the daemon ran; its events are forgotten "
+                    "(as after `toolatlas learning reset`) and a new store is used", self.path)
+        return True
 
     def close(self) -> None:
         with self._lock:
