@@ -72,18 +72,24 @@ def _innermost(exc: BaseException) -> BaseException:
     return exc
 
 
-def classify(exc: BaseException) -> LossReason:
+def classify(exc: BaseException, *, live: bool = False) -> LossReason:
     """The `LossReason` an exception raised by the SDK or a transport stands for, by type.
 
     A JSON-RPC error is the upstream answering (PROTOCOL), except CONNECTION_CLOSED, which
     the SDK synthesises when the connection ends under a pending request (EOF). Anything
     unknown counts as PROTOCOL: the request failed, the session is not presumed dead.
+
+    CONNECTION_CLOSED is -32000, the first code of JSON-RPC's server-error range, which
+    upstreams use for errors of their own: `live` (the caller knows the connection's read
+    stream has not ended) makes such an error the upstream's answer (PROTOCOL). A connection
+    that really ended reports it before the SDK fails the requests it left pending.
     """
     exc = _innermost(exc)
     if isinstance(exc, TimeoutError):  # before OSError, of which it is a subclass
         return LossReason.TIMEOUT
     if isinstance(exc, MCPError):
-        return LossReason.EOF if exc.error.code == mcp_types.CONNECTION_CLOSED else LossReason.PROTOCOL
+        closed = exc.error.code == mcp_types.CONNECTION_CLOSED and not live
+        return LossReason.EOF if closed else LossReason.PROTOCOL
     if isinstance(exc, (EOFError, anyio.EndOfStream)):
         return LossReason.EOF
     if isinstance(exc, (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)):

@@ -165,7 +165,11 @@ class StdioProcess:
         stdin = self.process.stdin if self.process is not None else None
         if stdin is None:
             raise anyio.ClosedResourceError
-        await stdin.send(data)
+        try:
+            await stdin.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self._on_eof("stdio")  # the child stopped reading: the session is gone, as the SDK's writer finds
+            raise
 
     def _parse_line(self, line: bytes | Oversized) -> SessionMessage | Exception | None:
         """One stdout line as a message; an oversized one becomes an error for its request."""
@@ -218,6 +222,7 @@ class StdioProcess:
         read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
         writer_done = anyio.Event()
+        closing = anyio.Event()  # the session is shutting the child down: its stdout's end is ours
 
         async def stdout_reader() -> None:
             assert process.stdout is not None
@@ -241,6 +246,10 @@ class StdioProcess:
                                 await read_writer.send(item)
                             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                                 return
+                if not closing.is_set():
+                    # stdout ended: said before the relayed calls fail with "Connection closed"
+                    # (below), so they read as a lost session, not as the upstream's own -32000.
+                    self._on_eof("stdio")
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass
             finally:
@@ -276,6 +285,7 @@ class StdioProcess:
                         logger.debug("upstream %s stderr: %s", up.name, line)
 
         async def shutdown() -> None:
+            closing.set()
             read_stream.close()
             write_stream.close()
             with anyio.move_on_after(_WRITER_FLUSH):

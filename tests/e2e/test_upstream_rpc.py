@@ -1,0 +1,67 @@
+"""An upstream's JSON-RPC answers that an SDK server never sends, through a real daemon, on
+both call paths: the raw relay (the default) and the SDK client (`TOOLATLAS_RAW_RELAY=0`).
+The upstream is tests/support/servers/rawrpc.py, plain JSON-RPC lines over stdio."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_relay import LEGACY, Wire
+from tests.support.daemon import Daemon
+from tests.support.servers import RAWRPC
+
+UPSTREAM = (f'[[upstream]]\nname = "raw"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+            f"args = {json.dumps([str(RAWRPC)])}\ntimeouts = {{ call = 10 }}\n")
+
+
+@pytest.fixture(scope="module", params=["relay", "sdk"])
+def daemon(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    relay = request.param == "relay"
+    d = Daemon(tmp_path_factory.mktemp(request.param), UPSTREAM, daemon_extra='log_level = "DEBUG"' if relay else "")
+    with d.start(env={"TOOLATLAS_RAW_RELAY": "1" if relay else "0"}):
+        d.wait_for(lambda: _raw(d)["state"] == "ready", 30, "raw ready")
+        yield d
+
+
+def _raw(d: Daemon) -> dict[str, Any]:
+    return next(s for s in d.status()["servers"] if s["name"] == "raw")
+
+
+def _call(d: Daemon, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One execute_tool on a plain socket (the relay takes it there), as its tool result."""
+    w = Wire(d.socket, LEGACY)
+    try:
+        reply = json.loads(w.request(7, "tools/call", {"name": "execute_tool",
+                                                       "arguments": {"name": f"raw__{tool}", "arguments": arguments}})[-1])
+    finally:
+        w.close()
+    result: dict[str, Any] = reply["result"]
+    return result
+
+
+def test_an_upstream_error_with_code_32000_fails_that_call_and_keeps_the_session(daemon: Daemon) -> None:
+    # -32000 is the first code of JSON-RPC's server-error range, which servers use for their
+    # own errors; the SDK also uses it for "Connection closed". An upstream's own -32000 is
+    # its answer to that call: the session, its child and its tools stay.
+    pid = _call(daemon, "pid", {})["content"][0]["text"]
+    before = _raw(daemon)
+    r = _call(daemon, "error32000", {"message": "quota exceeded: try again in an hour"})
+    assert r["isError"], r
+    assert r["content"][0]["text"] == ("upstream 'raw' answered tools/call error32000 with JSON-RPC error -32000: "
+                                       "quota exceeded: try again in an hour"), r
+    after = _raw(daemon)
+    assert after["state"] == "ready" and after["reconnects"] == before["reconnects"], after
+    assert _call(daemon, "pid", {})["content"][0]["text"] == pid
+    assert _call(daemon, "echo", {"message": "still here"})["content"][0]["text"] == "Echo: still here"
+    _took_its_path(daemon)
+
+
+def _took_its_path(d: Daemon) -> None:
+    """The relay daemon (which logs at DEBUG) relayed the calls; the other did not."""
+    relayed = d.log.read_text().count("tools/call relayed as ta-relay-")
+    assert relayed > 0 if "log_level" in d.config.read_text() else relayed == 0
