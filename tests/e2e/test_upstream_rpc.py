@@ -1,6 +1,7 @@
 """An upstream's JSON-RPC answers that an SDK server never sends, through a real daemon, on
-both call paths: the raw relay (the default) and the SDK client (`TOOLATLAS_RAW_RELAY=0`).
-The upstream is tests/support/servers/rawrpc.py, plain JSON-RPC lines over stdio."""
+both call paths over stdio, the raw relay (the default) and the SDK client
+(`TOOLATLAS_RAW_RELAY=0`), and over SSE. The upstream is tests/support/servers/rawrpc.py,
+plain JSON-RPC messages."""
 
 from __future__ import annotations
 
@@ -12,20 +13,27 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_relay import LEGACY, Wire
-from tests.support.daemon import Daemon
-from tests.support.servers import RAWRPC
+from tests.support.daemon import Daemon, url_upstream
+from tests.support.servers import RAWRPC, start_server
 
 UPSTREAM = (f'[[upstream]]\nname = "raw"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
             f"args = {json.dumps([str(RAWRPC)])}\ntimeouts = {{ call = 10 }}\n")
 
 
-@pytest.fixture(scope="module", params=["relay", "sdk"])
+@pytest.fixture(scope="module", params=["relay", "sdk", "sse"])
 def daemon(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon over rawrpc on stdio, relaying or not (the SDK path), or on SSE (the SDK path)."""
     relay = request.param == "relay"
-    d = Daemon(tmp_path_factory.mktemp(request.param), UPSTREAM, daemon_extra='log_level = "DEBUG"' if relay else "")
-    with d.start(env={"TOOLATLAS_RAW_RELAY": "1" if relay else "0"}):
-        d.wait_for(lambda: _raw(d)["state"] == "ready", 30, "raw ready")
-        yield d
+    web = start_server("rawrpc", "sse") if request.param == "sse" else None
+    upstream = UPSTREAM if web is None else url_upstream("raw", "sse", web.url, "timeouts = { call = 10 }\n")
+    d = Daemon(tmp_path_factory.mktemp(request.param), upstream, daemon_extra='log_level = "DEBUG"' if relay else "")
+    try:
+        with d.start(env={"TOOLATLAS_RAW_RELAY": "1" if relay else "0"}):
+            d.wait_for(lambda: _raw(d)["state"] == "ready", 30, "raw ready")
+            yield d
+    finally:
+        if web is not None:
+            web.stop()
 
 
 def _raw(d: Daemon) -> dict[str, Any]:
@@ -59,6 +67,21 @@ def test_an_upstream_error_with_code_32000_fails_that_call_and_keeps_the_session
     assert _call(daemon, "pid", {})["content"][0]["text"] == pid
     assert _call(daemon, "echo", {"message": "still here"})["content"][0]["text"] == "Echo: still here"
     _took_its_path(daemon)
+
+
+@pytest.mark.parametrize(("tool", "why"), [
+    ("error_without_message", "its error has no `message`"),
+    ("result_not_object", "its result is str, not an object"),
+])
+def test_a_response_that_is_not_json_rpc_fails_its_call_at_once_saying_why(daemon: Daemon, tool: str, why: str) -> None:
+    # Not dropped as garbage, which left the call to wait out its timeout ("did not answer").
+    r = _call(daemon, tool, {})
+    assert r["isError"], r
+    text = r["content"][0]["text"]
+    assert text == (f"upstream 'raw' answered tools/call {tool} with JSON-RPC error -32603: "
+                    f"the upstream's response is not valid JSON-RPC: {why}"), text
+    assert _raw(daemon)["state"] == "ready"
+    assert _call(daemon, "echo", {"message": "after"})["content"][0]["text"] == "Echo: after"
 
 
 def _took_its_path(d: Daemon) -> None:

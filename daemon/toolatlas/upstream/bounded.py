@@ -1,5 +1,6 @@
 """``max_result_bytes`` for the HTTP transports: every reply is counted while it is read;
-``max_result_blocks`` for every transport (``too_many_blocks``, ``blocks_refusal``).
+``max_result_blocks`` for every transport (``too_many_blocks``, ``blocks_refusal``); a reply
+that is not valid JSON-RPC fails the request it names (``invalid_response``, stdio and SSE).
 
 ``limit_hook(up)`` is an httpx2 response hook for an upstream's client. It wraps the body of
 each response before the SDK reads it:
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
 import httpx2
 import mcp_types
 import msgspec
@@ -94,6 +96,51 @@ def too_many_blocks(up: Upstream, line: bytes) -> mcp_types.JSONRPCError | None:
     if content is None or len(content) <= up.max_result_blocks or reply.id is None:
         return None
     return blocks_refusal(up, reply.id, len(content))
+
+
+_decode_plain = msgspec.json.Decoder().decode
+
+
+def response_problem(msg: dict[str, Any]) -> str | None:
+    """What makes `msg`, a decoded JSON-RPC response (an `id`, a `result` or an `error`), not
+    valid JSON-RPC for MCP, or None when it is valid."""
+    error = msg.get("error")
+    if msg.get("jsonrpc") != "2.0":
+        return 'its `jsonrpc` is not "2.0"'
+    if error is None:
+        result = msg.get("result")
+        return None if isinstance(result, dict) else f"its result is {type(result).__name__}, not an object"
+    if not isinstance(error, dict):
+        return f"its error is {type(error).__name__}, not an object"
+    if missing := [f"`{key}`" for key in ("code", "message") if key not in error]:
+        return f"its error has no {' or '.join(missing)}"
+    code, message = error["code"], error["message"]
+    if not isinstance(code, int) or isinstance(code, bool) or not isinstance(message, str):
+        return "its error's `code` is not an integer or its `message` not a string"
+    return None
+
+
+def invalid(request_id: RequestId, problem: str) -> mcp_types.JSONRPCError:
+    """The JSON-RPC error that answers a request whose response was not valid JSON-RPC."""
+    return _error(request_id, f"the upstream's response is not valid JSON-RPC: {problem}")
+
+
+def invalid_response(data: bytes | str) -> mcp_types.JSONRPCError | None:
+    """For a message that failed JSON-RPC validation: the error for the request it answers
+    when it names one (an `id`, a `result` or an `error`, no `method`), else None (it is
+    logged as garbage). Without it the SDK drops the message, and the request waits out its
+    timeout to be told the upstream "did not answer"."""
+    try:
+        msg = _decode_plain(data)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(msg, dict) or "method" in msg or not ("result" in msg or "error" in msg):
+        return None
+    request_id = msg.get("id")
+    if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+        return None
+    problem = response_problem(msg)
+    return None if problem is None else invalid(request_id, problem)
 
 
 def _head(parts: list[bytes]) -> bytes:
@@ -283,4 +330,5 @@ def limit_hook(up: SseUpstream | HttpUpstream) -> Callable[[httpx2.Response], Aw
     return hook
 
 
-__all__ = ["BoundedEvents", "blocks_refusal", "limit_hook", "refusal", "sse_event_limit", "too_many_blocks"]
+__all__ = ["BoundedEvents", "blocks_refusal", "invalid", "invalid_response", "limit_hook", "refusal", "response_problem",
+           "sse_event_limit", "too_many_blocks"]

@@ -33,7 +33,7 @@ from mcp_types import methods as _methods
 from toolatlas.calls import InputRequired, ProgressFn, UpstreamCall, UpstreamReply
 from toolatlas.config import Upstream
 from toolatlas.jsonlines import Oversized
-from toolatlas.upstream.bounded import refusal, too_many_blocks
+from toolatlas.upstream.bounded import invalid, refusal, response_problem, too_many_blocks
 from toolatlas.upstream.inbound import Inbound
 from toolatlas.upstream.outputs import harden
 
@@ -44,7 +44,7 @@ _MARK = f'"{ID_PREFIX}'.encode()  # an id or progress token of ours on a stdout 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 _ids = itertools.count(1)
-_CLOSED = {"error": {"code": mcp_types.CONNECTION_CLOSED, "message": "Connection closed"}}
+_CLOSED = {"jsonrpc": "2.0", "error": {"code": mcp_types.CONNECTION_CLOSED, "message": "Connection closed"}}
 _ABANDON_WRITE_TIMEOUT = 2.0
 
 
@@ -207,10 +207,11 @@ async def relay_call(client: Client, pending: Pending, send: Any, call: Upstream
     message = {"jsonrpc": "2.0", "id": None, **data}
     with inbound.call(call.tool, call.elicit, call.log):
         reply = await pending.request(send, message, call.progress)
+    problem = response_problem(reply)
+    if problem is not None:  # as the stdio transport answers the SDK path's request
+        raise MCPError.from_error_data(invalid(call.tool, problem).error)
     error = reply.get("error")
     if error is not None:
-        if not isinstance(error, dict):
-            raise MCPError(code=mcp_types.INTERNAL_ERROR, message=f"malformed error: {error!r}")
         err = mcp_types.ErrorData.model_validate(error)
         raise MCPError(code=err.code, message=err.message, data=err.data)
     result = reply.get("result")

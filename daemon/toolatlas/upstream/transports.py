@@ -33,7 +33,9 @@ from mcp.shared.message import SessionMessage
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.upstream.children import ChildProcess, spawn, take
-from toolatlas.upstream.bounded import blocks_refusal, limit_hook, refusal, sse_event_limit, too_many_blocks
+from toolatlas.upstream.bounded import (
+    blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit, too_many_blocks,
+)
 from toolatlas.upstream.pages import parse_big_page
 from toolatlas.upstream.relay import Pending
 from toolatlas.upstream.sse import sse_client
@@ -186,6 +188,9 @@ class StdioProcess:
         try:
             return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
         except ValueError as exc:
+            if (answer := invalid_response(line)) is not None:
+                logger.warning("upstream %s: an invalid response to request %r: %.200r", up.name, answer.id, line)
+                return SessionMessage(answer)
             self._garbage.line(line)
             return exc
 

@@ -36,7 +36,7 @@ INJECTED = HERE / "injected.py"  # tools whose texts are the sanitizer's injecti
 INJECTIONS = HERE.parent / "corpus" / "injections.jsonl"
 EVERYTHING_BIN = REPO / "tests" / "npm" / "node_modules" / ".bin" / "mcp-server-everything"
 START_TIMEOUT = 30.0
-_FILES = {"testserver": TESTSERVER, "faultserver": FAULTSERVER}
+_FILES = {"testserver": TESTSERVER, "faultserver": FAULTSERVER, "rawrpc": RAWRPC}
 
 
 def server_command(module: str) -> list[str]:

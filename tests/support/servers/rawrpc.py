@@ -1,9 +1,10 @@
 """A stdio MCP upstream written as plain JSON-RPC lines, for what an SDK server never sends.
 Self-contained (standard library only): run it as a script.
 
-    python rawrpc.py
+    python rawrpc.py [--transport stdio|sse] [--host H] [--port P]
 
-It speaks the 2025-11-25 handshake (`server/discover` gets METHOD_NOT_FOUND, so an `auto`
+Over SSE (the 2024-11-05 transport: a GET stream at /sse, POSTs to /messages) it serves one
+client at a time and prints ``READY <port>``. It speaks the 2025-11-25 handshake (`server/discover` gets METHOD_NOT_FOUND, so an `auto`
 client falls back to `initialize`) and answers `ping` and `tools/list`. A `tools/call`
 answers by the tool's name:
 
@@ -11,20 +12,31 @@ answers by the tool's name:
 - ``pid``: a text result holding this process's pid;
 - ``error32000``: a JSON-RPC error with code -32000, the first code of JSON-RPC's
   implementation-defined server-error range, which servers use for their own errors
-  (``message`` is ``arguments.message``, or a quota message).
+  (``message`` is ``arguments.message``, or a quota message);
+- ``error_without_message``: a JSON-RPC error object with a code and no ``message``;
+- ``result_not_object``: a response whose ``result`` is a string.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import queue
 import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-TOOLS = ("echo", "pid", "error32000")
+TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object")
+
+
+_EVENTS: queue.Queue[str] | None = None  # over SSE: what the GET stream sends next
 
 
 def _send(msg: dict[str, Any]) -> None:
+    if _EVENTS is not None:
+        _EVENTS.put(json.dumps(msg))
+        return
     sys.stdout.write(json.dumps(msg) + "\n")
     sys.stdout.flush()
 
@@ -41,6 +53,10 @@ def _call(id_: Any, name: str, arguments: dict[str, Any]) -> None:
     elif name == "error32000":
         message = arguments.get("message", "quota exceeded: try again in an hour")
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32000, "message": message}})
+    elif name == "error_without_message":
+        _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32001}})
+    elif name == "result_not_object":
+        _send({"jsonrpc": "2.0", "id": id_, "result": "done"})
     else:
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32602, "message": f"unknown tool: {name}"}})
 
@@ -65,10 +81,54 @@ def _handle(msg: dict[str, Any]) -> None:
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32601, "message": f"method not found: {method}"}})
 
 
+class _Sse(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        assert _EVENTS is not None
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        self.wfile.write(b"event: endpoint\ndata: /messages\n\n")
+        self.wfile.flush()
+        while True:
+            try:
+                data = _EVENTS.get(timeout=15)
+            except queue.Empty:
+                data = ""  # a keep-alive
+            try:
+                self.wfile.write(f"event: message\ndata: {data}\n\n".encode())
+                self.wfile.flush()
+            except OSError:
+                return
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(202)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        _handle(json.loads(body))
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 def main() -> None:
-    for line in sys.stdin:
-        if line.strip():
-            _handle(json.loads(line))
+    global _EVENTS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--transport", default="stdio", choices=["stdio", "sse"])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    if args.transport == "stdio":
+        for line in sys.stdin:
+            if line.strip():
+                _handle(json.loads(line))
+        return
+    _EVENTS = queue.Queue()
+    server = ThreadingHTTPServer((args.host, args.port), _Sse)
+    server.daemon_threads = True
+    print(f"READY {server.server_address[1]}", flush=True)
+    server.serve_forever()
 
 
 if __name__ == "__main__":
