@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,3 +89,36 @@ def _took_its_path(d: Daemon) -> None:
     """The relay daemon (which logs at DEBUG) relayed the calls; the other did not."""
     relayed = d.log.read_text().count("tools/call relayed as ta-relay-")
     assert relayed > 0 if "log_level" in d.config.read_text() else relayed == 0
+
+
+def _rawrpc(name: str, *args: str) -> str:
+    return (f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+            f"args = {json.dumps([str(RAWRPC), *args])}\n")
+
+
+@pytest.mark.timeout(120)
+def test_a_broken_tool_in_a_listing_costs_only_that_tool(tmp_path: Path) -> None:
+    # A tool whose inputSchema is a string, `true` or missing, or whose annotations are a list,
+    # failed the SDK's model of the whole page: the upstream went DEGRADED ("ValidationError:
+    # 5 validation errors for ListToolsResult") and none of its tools could be called. Now
+    # each is repaired and reported; what cannot be a tool (no string name) is dropped. The
+    # same on a page the stdio transport parses in slices (`big`: over 256 KiB).
+    upstreams = _rawrpc("small", "--broken-tools") + _rawrpc("big", "--broken-tools", "--many", "1500")
+    with Daemon(tmp_path, upstreams) as d:
+        d.wait_for(lambda: {s["name"]: s["state"] for s in d.status()["servers"]} == {"small": "ready", "big": "ready"},
+                   60, "both ready")
+        for server in ("small", "big"):
+            (status,) = [s for s in d.status()["servers"] if s["name"] == server]
+            assert status["tools"] == 9 + (1500 if server == "big" else 0), status
+            problems = status["problems"]
+            assert set(problems) == {"schema_string", "schema_missing", "schema_true", "annotations_list"}, problems
+            assert problems["schema_string"].startswith("inputSchema is a string, not an object; replaced by an open "
+                                                        "object schema"), problems
+            assert problems["schema_missing"].startswith("inputSchema is missing; replaced"), problems
+            assert "title is a number, not a string; removed" in problems["schema_true"], problems
+            assert problems["annotations_list"] == "annotations is a list, not an object; removed", problems
+            r = d.tool("execute_tool", {"name": f"{server}__schema_string", "arguments": {"x": 1}})
+            assert r["content"][0]["text"] == 'called schema_string with {"x": 1}', r
+            assert d.tool(f"{server}__echo", {"message": "hi"})["content"][0]["text"] == "Echo: hi"
+        log = d.log.read_text()
+        assert "dropped 'not a tool': not a tool object with a string name" in log, log[-3000:]

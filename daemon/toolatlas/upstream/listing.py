@@ -24,6 +24,7 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import MAX_DESCRIPTION_CHARS, MAX_SCHEMA_BYTES, Upstream
 from toolatlas.errors import UpstreamProtocolError
 from toolatlas.upstream.pages import PAGES, SLICE
+from toolatlas.upstream.toolrepair import PROBLEMS
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def record_from_tool(
 ) -> ToolRecord:
     """The gateway's record of `server`'s `tool`, its description and schema bounded."""
     annotations = tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else None
-    problems: list[str] = []
+    problems: list[str] = list(meta.pop(PROBLEMS, ())) if isinstance(meta := tool.meta, dict) else []
     description = tool.description
     if description is not None and len(description) > max_description_chars:
         problems.append(f"description cut from {len(description)} to {max_description_chars} characters "

@@ -39,6 +39,7 @@ from toolatlas.upstream.bounded import (
 from toolatlas.upstream.pages import parse_big_page
 from toolatlas.upstream.relay import Pending
 from toolatlas.upstream.sse import sse_client
+from toolatlas.upstream.toolrepair import repaired
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class EofWatch:
     """A receive stream proxy that calls ``on_eof`` once when the stream ends or closes, and
     answers a result of more than `max_result_blocks` content blocks with a refusal before
     the SDK converts it (SSE and HTTP results are parsed by the SDK; stdio ones are counted
-    earlier, by `too_many_blocks`).
+    earlier, by `too_many_blocks`), and hands a tools/list page's tools to `toolrepair`.
 
     Zero-copy: it delegates to the transport's stream, so no extra task or hop is added to
     the message path. Attributes it does not define (``last_context``, ``close``) pass through.
@@ -82,6 +83,9 @@ class EofWatch:
             raise
         msg = item.message if isinstance(item, SessionMessage) else None
         if isinstance(msg, mcp_types.JSONRPCResponse):
+            tools = msg.result.get("tools")
+            if isinstance(tools, list):  # a tools/list page: one broken tool costs only that tool
+                msg.result["tools"] = repaired(self._up.name, tools)
             content = msg.result.get("content")
             if isinstance(content, list) and len(content) > self._up.max_result_blocks:
                 return SessionMessage(blocks_refusal(self._up, msg.id, len(content)))
@@ -240,7 +244,7 @@ class StdioProcess:
                                 continue
                             big = None
                             if isinstance(line, bytes) and self._listing_ids:
-                                big = await parse_big_page(line, self._listing_ids)
+                                big = await parse_big_page(line, self._listing_ids, up.name)
                             item = SessionMessage(big) if big is not None else self._parse_line(line)
                             if self._listing_ids and isinstance(item, SessionMessage) and isinstance(
                                     item.message, (mcp_types.JSONRPCResponse, mcp_types.JSONRPCError)):

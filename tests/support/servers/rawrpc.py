@@ -1,7 +1,7 @@
 """A stdio MCP upstream written as plain JSON-RPC lines, for what an SDK server never sends.
 Self-contained (standard library only): run it as a script.
 
-    python rawrpc.py [--transport stdio|sse] [--host H] [--port P]
+    python rawrpc.py [--transport stdio|sse] [--host H] [--port P] [--broken-tools] [--many N]
 
 Over SSE (the 2024-11-05 transport: a GET stream at /sse, POSTs to /messages) it serves one
 client at a time and prints ``READY <port>``. It speaks the 2025-11-25 handshake (`server/discover` gets METHOD_NOT_FOUND, so an `auto`
@@ -15,6 +15,10 @@ answers by the tool's name:
   (``message`` is ``arguments.message``, or a quota message);
 - ``error_without_message``: a JSON-RPC error object with a code and no ``message``;
 - ``result_not_object``: a response whose ``result`` is a string.
+
+``--broken-tools`` adds to the listing what the SDK's model of a tool rejects (``BROKEN``);
+``--many N`` adds N plain tools ``filler_00000`` ... (1,500 make a page of over 256 KiB,
+which the stdio transport parses in slices).
 """
 
 from __future__ import annotations
@@ -28,6 +32,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object")
+# Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
+BROKEN: list[Any] = [
+    {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
+    {"name": "schema_missing", "description": "no inputSchema"},
+    {"name": "schema_true", "description": "inputSchema is true", "inputSchema": True, "title": 5},
+    {"name": "annotations_list", "description": "annotations is a list", "inputSchema": {"type": "object"},
+     "annotations": ["readOnly"]},
+    {"description": "no name", "inputSchema": {"type": "object"}},
+    {"name": 7, "description": "a number for a name", "inputSchema": {"type": "object"}},
+    "not a tool",
+]
+_LISTED: list[Any] = []
 
 
 _EVENTS: queue.Queue[str] | None = None  # over SSE: what the GET stream sends next
@@ -53,6 +69,8 @@ def _call(id_: Any, name: str, arguments: dict[str, Any]) -> None:
     elif name == "error32000":
         message = arguments.get("message", "quota exceeded: try again in an hour")
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32000, "message": message}})
+    elif isinstance(name, str) and name.startswith(("schema_", "annotations_")):
+        _send({"jsonrpc": "2.0", "id": id_, "result": _text(f"called {name} with {json.dumps(arguments)}")})
     elif name == "error_without_message":
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32001}})
     elif name == "result_not_object":
@@ -72,8 +90,7 @@ def _handle(msg: dict[str, Any]) -> None:
     elif method == "ping":
         _send({"jsonrpc": "2.0", "id": id_, "result": {}})
     elif method == "tools/list":
-        tools = [{"name": n, "description": f"rawrpc test tool {n}", "inputSchema": {"type": "object"}} for n in TOOLS]
-        _send({"jsonrpc": "2.0", "id": id_, "result": {"tools": tools}})
+        _send({"jsonrpc": "2.0", "id": id_, "result": {"tools": _LISTED}})
     elif method == "tools/call":
         params = msg.get("params") or {}
         _call(id_, params.get("name", ""), params.get("arguments") or {})
@@ -118,7 +135,14 @@ def main() -> None:
     parser.add_argument("--transport", default="stdio", choices=["stdio", "sse"])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--broken-tools", action="store_true")
+    parser.add_argument("--many", type=int, default=0)
     args = parser.parse_args()
+    _LISTED.extend({"name": n, "description": f"rawrpc test tool {n}", "inputSchema": {"type": "object"}} for n in TOOLS)
+    if args.broken_tools:
+        _LISTED.extend(BROKEN)
+    _LISTED.extend({"name": f"filler_{i:05d}", "description": f"filler tool number {i} of a long listing, " * 3,
+                    "inputSchema": {"type": "object", "properties": {"x": {"type": "string"}}}} for i in range(args.many))
     if args.transport == "stdio":
         for line in sys.stdin:
             if line.strip():
