@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 
 from tests.e2e.test_relay import LEGACY, Wire
 from tests.support.daemon import Daemon, url_upstream
-from tests.support.servers import RAWRPC, start_server
+from tests.support.servers import RAWRPC, rawrpc, start_server
 
 UPSTREAM = (f'[[upstream]]\nname = "raw"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
             f"args = {json.dumps([str(RAWRPC)])}\ntimeouts = {{ call = 10 }}\n")
@@ -109,7 +110,7 @@ def test_a_broken_tool_in_a_listing_costs_only_that_tool(tmp_path: Path) -> None
                    60, "both ready")
         for server in ("small", "big"):
             (status,) = [s for s in d.status()["servers"] if s["name"] == server]
-            assert status["tools"] == 9 + (1500 if server == "big" else 0), status
+            assert status["tools"] == len(rawrpc.TOOLS) + 4 + (1500 if server == "big" else 0), status
             problems = status["problems"]
             assert set(problems) == {"schema_string", "schema_missing", "schema_true", "annotations_list"}, problems
             assert problems["schema_string"].startswith("inputSchema is a string, not an object; replaced by an open "
@@ -122,3 +123,31 @@ def test_a_broken_tool_in_a_listing_costs_only_that_tool(tmp_path: Path) -> None
             assert d.tool(f"{server}__echo", {"message": "hi"})["content"][0]["text"] == "Echo: hi"
         log = d.log.read_text()
         assert "dropped 'not a tool': not a tool object with a string name" in log, log[-3000:]
+
+
+@pytest.mark.timeout(180)
+def test_calls_abandoned_on_a_stream_that_never_ends_do_not_pile_up(tmp_path: Path) -> None:
+    # A 2025-11-25 streamable-HTTP upstream whose tool is stuck keeps the call's event stream
+    # open, ignoring the cancel. The SDK kept reading each one after its caller timed out:
+    # the 100 connections of the upstream's pool filled, and the next request's pool timeout
+    # ended the session (DEGRADED, every call on it failed). An abandoned call's stream is
+    # now closed.
+    web = start_server("rawrpc", "http")
+    try:
+        upstream = url_upstream("web", "http", web.url, "timeouts = { call = 0.5, connect = 5 }\nmax_concurrency = 8\n")
+        with Daemon(tmp_path, upstream) as d:
+            d.wait_for(lambda: _raw_named(d, "web")["state"] == "ready", 30, "web ready")
+            for round_ in range(15):
+                with ThreadPoolExecutor(8) as pool:
+                    answers = list(pool.map(lambda _: d.tool("web__hang", {}), range(8)))
+                for r in answers:
+                    assert "did not answer tools/call hang within 0.5 s" in r["content"][0]["text"], (round_, r)
+            assert _raw_named(d, "web")["state"] == "ready" and _raw_named(d, "web")["reconnects"] == 0
+            d.wait_for(lambda: d.tool("web__open_streams", {})["content"][0]["text"] == "0", 30,
+                       "the abandoned streams closed")
+    finally:
+        web.stop()
+
+
+def _raw_named(d: Daemon, name: str) -> dict[str, Any]:
+    return next(s for s in d.status()["servers"] if s["name"] == name)

@@ -34,7 +34,7 @@ from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.upstream.children import ChildProcess, spawn, take
 from toolatlas.upstream.bounded import (
-    blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit, too_many_blocks,
+    Abandon, CancelWatch, blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit, too_many_blocks,
 )
 from toolatlas.upstream.pages import parse_big_page
 from toolatlas.upstream.relay import Pending
@@ -352,12 +352,13 @@ async def stop_process(process: anyio.abc.Process, name: str) -> None:
                     await stream.aclose()
 
 
-def _http_client(up: SseUpstream | HttpUpstream) -> httpx2.AsyncClient:
-    """The upstream's HTTP client; every body it reads is bounded by max_result_bytes."""
+def _http_client(up: SseUpstream | HttpUpstream, streams: Abandon | None = None) -> httpx2.AsyncClient:
+    """The upstream's HTTP client; every body it reads is bounded by max_result_bytes (and
+    with `streams` an abandoned request's event stream is ended)."""
     # Connect bounded by the upstream's connect timeout; reads stay long (SSE streams idle).
     timeout = httpx2.Timeout(up.timeouts.connect, read=max(300.0, up.timeouts.call + 30.0))
     client = create_mcp_http_client(headers=dict(up.headers) or None, timeout=timeout)
-    client.event_hooks["response"].append(limit_hook(up))
+    client.event_hooks["response"].append(limit_hook(up, streams))
     return client
 
 
@@ -392,13 +393,14 @@ async def http_transport(
     up: HttpUpstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None,
     on_response: OnResponse | None = None,
 ) -> AsyncIterator[Streams]:
-    async with _http_client(up) as client:
+    streams = Abandon()
+    async with _http_client(up, streams) as client:
         if on_expired is not None or on_response is not None:
             client.event_hooks["response"].append(_response_hook(on_expired, on_response))
         async with streamable_http_client(
             up.url, http_client=client, max_sse_event_size=sse_event_limit(up)
         ) as (read, write):
-            yield EofWatch(read, on_eof, "http", up), write
+            yield EofWatch(read, on_eof, "http", up), CancelWatch(write, streams)
 
 
 def open_transport(

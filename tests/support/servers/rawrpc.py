@@ -1,10 +1,11 @@
 """A stdio MCP upstream written as plain JSON-RPC lines, for what an SDK server never sends.
 Self-contained (standard library only): run it as a script.
 
-    python rawrpc.py [--transport stdio|sse] [--host H] [--port P] [--broken-tools] [--many N]
+    python rawrpc.py [--transport stdio|sse|http] [--host H] [--port P] [--broken-tools] [--many N]
 
 Over SSE (the 2024-11-05 transport: a GET stream at /sse, POSTs to /messages) it serves one
-client at a time and prints ``READY <port>``. It speaks the 2025-11-25 handshake (`server/discover` gets METHOD_NOT_FOUND, so an `auto`
+client at a time; over streamable HTTP (POSTs to /mcp, JSON answers, no GET stream, no
+session id) any number. Both print ``READY <port>``. It speaks the 2025-11-25 handshake (`server/discover` gets METHOD_NOT_FOUND, so an `auto`
 client falls back to `initialize`) and answers `ping` and `tools/list`. A `tools/call`
 answers by the tool's name:
 
@@ -14,7 +15,11 @@ answers by the tool's name:
   implementation-defined server-error range, which servers use for their own errors
   (``message`` is ``arguments.message``, or a quota message);
 - ``error_without_message``: a JSON-RPC error object with a code and no ``message``;
-- ``result_not_object``: a response whose ``result`` is a string.
+- ``result_not_object``: a response whose ``result`` is a string;
+- ``hang`` (streamable HTTP): answers with an event stream that sends one log message and
+  then only keep-alive comments, never the answer, until the client closes it (a
+  `notifications/cancelled` is ignored, as by a server whose tool is stuck);
+- ``open_streams`` (streamable HTTP): how many ``hang`` streams are open now.
 
 ``--broken-tools`` adds to the listing what the SDK's model of a tool rejects (``BROKEN``);
 ``--many N`` adds N plain tools ``filler_00000`` ... (1,500 make a page of over 256 KiB,
@@ -28,10 +33,12 @@ import json
 import os
 import queue
 import sys
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object")
+TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "hang", "open_streams")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -47,9 +54,15 @@ _LISTED: list[Any] = []
 
 
 _EVENTS: queue.Queue[str] | None = None  # over SSE: what the GET stream sends next
+_REPLY = threading.local()  # over streamable HTTP: the POST's answer (`.msg`)
+_HANGING = [0]  # under _LOCK
+_LOCK = threading.Lock()
 
 
 def _send(msg: dict[str, Any]) -> None:
+    if hasattr(_REPLY, "msg"):
+        _REPLY.msg = msg
+        return
     if _EVENTS is not None:
         _EVENTS.put(json.dumps(msg))
         return
@@ -71,6 +84,8 @@ def _call(id_: Any, name: str, arguments: dict[str, Any]) -> None:
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32000, "message": message}})
     elif isinstance(name, str) and name.startswith(("schema_", "annotations_")):
         _send({"jsonrpc": "2.0", "id": id_, "result": _text(f"called {name} with {json.dumps(arguments)}")})
+    elif name == "open_streams":
+        _send({"jsonrpc": "2.0", "id": id_, "result": _text(str(_HANGING[0]))})
     elif name == "error_without_message":
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32001}})
     elif name == "result_not_object":
@@ -129,10 +144,64 @@ class _Sse(BaseHTTPRequestHandler):
         pass
 
 
+class _Http(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._answer(405, b"no GET stream", "text/plain")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._answer(405, b"no sessions", "text/plain")
+
+    def do_POST(self) -> None:  # noqa: N802
+        msg = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        if msg.get("method") == "tools/call" and (msg.get("params") or {}).get("name") == "hang":
+            return self._hang()
+        _REPLY.msg = None
+        try:
+            _handle(msg)
+            reply = _REPLY.msg
+        finally:
+            del _REPLY.msg
+        if reply is None:
+            return self._answer(202, b"", "text/plain")
+        self._answer(200, json.dumps(reply).encode())
+
+    def _hang(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        log = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "working"}}
+        with _LOCK:
+            _HANGING[0] += 1
+        try:
+            self.wfile.write(f"event: message\ndata: {json.dumps(log)}\n\n".encode())
+            for _ in range(3000):  # ten minutes at most
+                self.wfile.flush()
+                time.sleep(0.2)
+                self.wfile.write(b": still working\n\n")
+        except OSError:
+            pass
+        finally:
+            with _LOCK:
+                _HANGING[0] -= 1
+            self.close_connection = True
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 def main() -> None:
     global _EVENTS
     parser = argparse.ArgumentParser()
-    parser.add_argument("--transport", default="stdio", choices=["stdio", "sse"])
+    parser.add_argument("--transport", default="stdio", choices=["stdio", "sse", "http"])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--broken-tools", action="store_true")
@@ -148,8 +217,9 @@ def main() -> None:
             if line.strip():
                 _handle(json.loads(line))
         return
-    _EVENTS = queue.Queue()
-    server = ThreadingHTTPServer((args.host, args.port), _Sse)
+    if args.transport == "sse":
+        _EVENTS = queue.Queue()
+    server = ThreadingHTTPServer((args.host, args.port), _Sse if args.transport == "sse" else _Http)
     server.daemon_threads = True
     print(f"READY {server.server_address[1]}", flush=True)
     server.serve_forever()
