@@ -11,6 +11,7 @@ worker thread: hashing 20,000 tools held the event loop for a tenth of a second 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -97,7 +98,9 @@ async def follow_pages(
     items; SDK errors propagate. The caller bounds the time."""
     items: list[T] = []
     seen: set[object] = set()
-    seen_cursors: set[str] = set()
+    # Digests, not the cursors: an upstream whose cursor grew 40 KB a page had the daemon
+    # hold 800 MB of cursors (1.6 GB at its peak) before MAX_PAGES ended the listing.
+    seen_cursors: set[bytes] = set()
     cursor: str | None = None
     for _ in range(MAX_PAGES):
         page, cursor = await fetch(cursor)
@@ -113,9 +116,10 @@ async def follow_pages(
             raise UpstreamProtocolError(f"upstream {server!r} lists more than {limit} items in {method}")
         if not cursor:
             return items
-        if cursor in seen_cursors:
+        digest = hashlib.blake2b(cursor.encode(errors="surrogatepass"), digest_size=16).digest()
+        if digest in seen_cursors:
             raise UpstreamProtocolError(f"upstream {server!r} repeated its {method} cursor {cursor[:80]!r}")
-        seen_cursors.add(cursor)
+        seen_cursors.add(digest)
     raise UpstreamProtocolError(f"upstream {server!r} {method} did not end within {MAX_PAGES} pages")
 
 
