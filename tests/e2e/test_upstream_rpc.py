@@ -151,3 +151,18 @@ def test_calls_abandoned_on_a_stream_that_never_ends_do_not_pile_up(tmp_path: Pa
 
 def _raw_named(d: Daemon, name: str) -> dict[str, Any]:
     return next(s for s in d.status()["servers"] if s["name"] == name)
+
+
+@pytest.mark.timeout(120)
+def test_a_child_that_closes_its_stdout_is_not_said_to_have_died_of_toolatlas_s_signal(tmp_path: Path) -> None:
+    # The child closed its stdout and kept running; toolatlas stopped it (SIGTERM, after
+    # the grace for stdin's close). The reason read "stdio child exited with signal 15", as
+    # if something else had killed it.
+    with Daemon(tmp_path, _rawrpc("raw")) as d:
+        d.wait_for(lambda: _raw(d)["state"] == "ready", 30, "raw ready")
+        r = d.tool("raw__close_stdout", {})
+        assert r["isError"] and "lost its session" in r["content"][0]["text"], r
+        why = "stdio child closed its stdout but kept running; toolatlas stopped it (signal 15)"
+        d.wait_for(lambda: f"upstream raw: {why}; reconnect attempt 1" in d.log.read_text(), 30, "the reason logged")
+        assert "exited with signal 15" not in d.log.read_text()
+        d.wait_for(lambda: _raw(d)["state"] == "ready", 30, "raw ready again")

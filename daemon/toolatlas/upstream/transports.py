@@ -159,6 +159,7 @@ class StdioProcess:
         self._on_eof = on_eof or (lambda _what: None)
         self._stack: contextlib.AsyncExitStack | None = None
         self._garbage = GarbageLog(upstream.name)
+        self._stopped_with: int | None = None  # the signal stop_process had to send, if any
         # ids of the tools/list requests sent and not answered yet: a large answer to one is
         # parsed in slices (pages.py), not in one GIL-holding call.
         self._listing_ids: set[int | str] = set()
@@ -206,6 +207,8 @@ class StdioProcess:
         code = self.returncode
         if code is None:
             return "stdio child closed its stdout"
+        if code < 0 and -code == self._stopped_with:  # toolatlas's signal: the child had not exited
+            return f"stdio child closed its stdout but kept running; toolatlas stopped it (signal {-code})"
         how = f"signal {-code}" if code < 0 else f"code {code}"
         last = next((line for line in reversed(self.stderr_tail) if line.strip()), "")
         return f"stdio child exited with {how}" + (f" (stderr: {last[:200]})" if last else "")
@@ -299,7 +302,7 @@ class StdioProcess:
             write_stream.close()
             with anyio.move_on_after(_WRITER_FLUSH):
                 await writer_done.wait()
-            await stop_process(process, up.name)
+            self._stopped_with = await stop_process(process, up.name)
             for s in (read_stream, write_stream, read_writer, write_reader):
                 await s.aclose()
 
@@ -329,8 +332,10 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-async def stop_process(process: anyio.abc.Process, name: str) -> None:
-    """Close stdin, wait, SIGTERM the group, wait, SIGKILL the group. Shielded and bounded."""
+async def stop_process(process: anyio.abc.Process, name: str) -> int | None:
+    """Close stdin, wait, SIGTERM the group, wait, SIGKILL the group. Shielded and bounded.
+    Returns the last signal it had to send the child, or None when it exited by itself."""
+    sent: int | None = None
     with anyio.CancelScope(shield=True):
         pgid = process.pid  # start_new_session: the child leads its own group
         if process.stdin is not None:
@@ -338,10 +343,10 @@ async def stop_process(process: anyio.abc.Process, name: str) -> None:
                 await process.stdin.aclose()
         if not await _wait_exit(process, STDIN_CLOSE_GRACE):
             logger.info("upstream %s: child %d ignored stdin close; sending SIGTERM", name, pgid)
-            _signal_group(pgid, signal.SIGTERM)
+            _signal_group(pgid, sent := signal.SIGTERM)
             if not await _wait_exit(process, SIGTERM_GRACE):
                 logger.warning("upstream %s: child %d ignored SIGTERM; sending SIGKILL", name, pgid)
-                _signal_group(pgid, signal.SIGKILL)
+                _signal_group(pgid, sent := signal.SIGKILL)
                 if not await _wait_exit(process, 2.0):
                     logger.error("upstream %s: child %d survived SIGKILL; abandoning it", name, pgid)
         # Leftover grandchildren in the child's group (npx -> node) must not outlive it.
@@ -350,6 +355,7 @@ async def stop_process(process: anyio.abc.Process, name: str) -> None:
             if stream is not None:
                 with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await stream.aclose()
+    return sent
 
 
 def _http_client(up: SseUpstream | HttpUpstream, streams: Abandon | None = None) -> httpx2.AsyncClient:

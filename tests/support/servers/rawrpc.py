@@ -19,7 +19,9 @@ answers by the tool's name:
 - ``hang`` (streamable HTTP): answers with an event stream that sends one log message and
   then only keep-alive comments, never the answer, until the client closes it (a
   `notifications/cancelled` is ignored, as by a server whose tool is stuck);
-- ``open_streams`` (streamable HTTP): how many ``hang`` streams are open now.
+- ``open_streams`` (streamable HTTP): how many ``hang`` streams are open now;
+- ``close_stdout`` (stdio): closes its stdout without answering and keeps running, deaf to
+  its stdin closing.
 
 ``--broken-tools`` adds to the listing what the SDK's model of a tool rejects (``BROKEN``);
 ``--many N`` adds N plain tools ``filler_00000`` ... (1,500 make a page of over 256 KiB,
@@ -38,7 +40,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "hang", "open_streams")
+TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "hang", "open_streams",
+         "close_stdout")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -84,6 +87,11 @@ def _call(id_: Any, name: str, arguments: dict[str, Any]) -> None:
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32000, "message": message}})
     elif isinstance(name, str) and name.startswith(("schema_", "annotations_")):
         _send({"jsonrpc": "2.0", "id": id_, "result": _text(f"called {name} with {json.dumps(arguments)}")})
+    elif name == "close_stdout":
+        sys.stdout.flush()
+        os.close(1)
+        while True:
+            time.sleep(1)
     elif name == "open_streams":
         _send({"jsonrpc": "2.0", "id": id_, "result": _text(str(_HANGING[0]))})
     elif name == "error_without_message":
