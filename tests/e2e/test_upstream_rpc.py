@@ -86,6 +86,15 @@ def test_a_response_that_is_not_json_rpc_fails_its_call_at_once_saying_why(daemo
     assert _call(daemon, "echo", {"message": "after"})["content"][0]["text"] == "Echo: after"
 
 
+def test_an_invalid_tool_result_is_reported_with_where_it_is_wrong(daemon: Daemon) -> None:
+    # The error said only "ValidationError: 1 validation error for CallToolResult".
+    r = _call(daemon, "content_not_list", {})
+    assert r["isError"], r
+    text = r["content"][0]["text"]
+    assert text.startswith("upstream 'raw' sent an invalid result for tools/call content_not_list: ValidationError: "), text
+    assert text.endswith("CallToolResult: content: Input should be a valid list"), text
+
+
 def _took_its_path(d: Daemon) -> None:
     """The relay daemon (which logs at DEBUG) relayed the calls; the other did not."""
     relayed = d.log.read_text().count("tools/call relayed as ta-relay-")

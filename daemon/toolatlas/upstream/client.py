@@ -104,6 +104,11 @@ def describe(exc: BaseException) -> str:
         return f"JSON-RPC error {exc.error.code}: {exc.error.message}"
     if isinstance(exc, httpx2.HTTPStatusError):
         return f"HTTP {exc.response.status_code} from {exc.request.url}"
+    if isinstance(exc, ValidationError) and (errors := exc.errors()):
+        # Its first line is only a count ("1 validation error for CallToolResult"): say where.
+        where = ".".join(str(part) for part in errors[0]["loc"]) or "the whole value"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return f"ValidationError: {exc.title}: {where}: {errors[0]['msg']}{more}"
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 

@@ -16,6 +16,7 @@ answers by the tool's name:
   (``message`` is ``arguments.message``, or a quota message);
 - ``error_without_message``: a JSON-RPC error object with a code and no ``message``;
 - ``result_not_object``: a response whose ``result`` is a string;
+- ``content_not_list``: a tool result whose ``content`` is a string;
 - ``hang`` (streamable HTTP): answers with an event stream that sends one log message and
   then only keep-alive comments, never the answer, until the client closes it (a
   `notifications/cancelled` is ignored, as by a server whose tool is stuck);
@@ -40,8 +41,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "hang", "open_streams",
-         "close_stdout")
+TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "content_not_list", "hang",
+         "open_streams", "close_stdout")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -87,6 +88,8 @@ def _call(id_: Any, name: str, arguments: dict[str, Any]) -> None:
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32000, "message": message}})
     elif isinstance(name, str) and name.startswith(("schema_", "annotations_")):
         _send({"jsonrpc": "2.0", "id": id_, "result": _text(f"called {name} with {json.dumps(arguments)}")})
+    elif name == "content_not_list":
+        _send({"jsonrpc": "2.0", "id": id_, "result": {"content": "done", "isError": False}})
     elif name == "close_stdout":
         sys.stdout.flush()
         os.close(1)
