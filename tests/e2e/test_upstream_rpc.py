@@ -175,3 +175,44 @@ def test_a_child_that_closes_its_stdout_is_not_said_to_have_died_of_toolatlas_s_
         d.wait_for(lambda: f"upstream raw: {why}; reconnect attempt 1" in d.log.read_text(), 30, "the reason logged")
         assert "exited with signal 15" not in d.log.read_text()
         d.wait_for(lambda: _raw(d)["state"] == "ready", 30, "raw ready again")
+
+
+FLOOD = 300_000
+
+
+def _peak_rss_mb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) // 1024
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("path", ["relay", "sdk"])
+def test_a_progress_flood_to_a_caller_that_is_behind_is_held_within_bounds(tmp_path: Path, path: str) -> None:
+    # 300,000 progress notifications while the caller is not reading: the relay queued each
+    # one (~95 MB more), the SDK path held a task for each (~540 MB more). Now a call's
+    # queue of progress notifications is bounded, the newest always kept.
+    upstream = _rawrpc("raw") + "timeouts = { call = 200 }\n"
+    d = Daemon(tmp_path, upstream, daemon_extra='log_level = "DEBUG"' if path == "relay" else "")
+    with d.start(env={"TOOLATLAS_RAW_RELAY": "1" if path == "relay" else "0"}):
+        d.wait_for(lambda: _raw(d)["state"] == "ready", 30, "raw ready")
+        assert d.proc is not None
+        before = _peak_rss_mb(d.proc.pid)
+        done = tmp_path / "flood.done"
+        w = Wire(d.socket, LEGACY)
+        w.sock.settimeout(200)
+        try:
+            w.send({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+                "name": "raw__progress_flood", "arguments": {"count": FLOOD, "done_file": str(done)},
+                "_meta": {"progressToken": "p"}}})
+            d.wait_for(done.exists, 120, "the upstream sent every notification")
+            grown = _peak_rss_mb(d.proc.pid) - before
+            lines = [json.loads(line) for line in w.until(9, deadline=200)]
+        finally:
+            w.close()
+        assert lines[-1]["result"]["content"][0]["text"] == f"sent {FLOOD}", lines[-1]
+        progress = [m["params"]["progress"] for m in lines[:-1]]
+        assert progress and progress[-1] == FLOOD - 1, progress[-5:]
+        disorder = [(i, a, b) for i, (a, b) in enumerate(zip(progress, progress[1:])) if b < a]
+        assert not disorder, (len(progress), disorder[:5])
+        assert grown < 40, f"the daemon's peak RSS grew {grown} MB while the caller was behind"
+        _took_its_path(d)

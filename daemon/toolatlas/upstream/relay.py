@@ -18,6 +18,7 @@ made again that way: a 2026-07-28 tool asks before it acts).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 from typing import Any
@@ -34,6 +35,7 @@ from toolatlas.calls import InputRequired, ProgressFn, UpstreamCall, UpstreamRep
 from toolatlas.config import Upstream
 from toolatlas.jsonlines import Oversized
 from toolatlas.upstream.bounded import invalid, refusal, response_problem, too_many_blocks
+from toolatlas.upstream.client import MAX_PROGRESS_QUEUED
 from toolatlas.upstream.inbound import Inbound
 from toolatlas.upstream.outputs import harden
 
@@ -56,7 +58,8 @@ class _Waiter:
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.reply: dict[str, Any] | None = None
-        self.progress: list[dict[str, Any]] = []
+        # Bounded: a caller behind an upstream's flood gets the newest MAX_PROGRESS_QUEUED.
+        self.progress: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PROGRESS_QUEUED)
 
 
 class Pending:
@@ -143,8 +146,7 @@ class Pending:
                 if waiter.reply is None:  # progress came first: wait again on a new event
                     waiter.event = anyio.Event()
                 while waiter.progress and progress is not None:
-                    p = waiter.progress.pop(0)
-                    await _report(progress, p)
+                    await _report(progress, waiter.progress.popleft())
                 waiter.progress.clear()
                 if waiter.reply is not None:
                     return waiter.reply

@@ -17,6 +17,9 @@ answers by the tool's name:
 - ``error_without_message``: a JSON-RPC error object with a code and no ``message``;
 - ``result_not_object``: a response whose ``result`` is a string;
 - ``content_not_list``: a tool result whose ``content`` is a string;
+- ``progress_flood`` (stdio): ``arguments.count`` progress notifications for the call's
+  progress token as fast as the pipe takes them, then touches ``arguments.done_file`` and
+  answers;
 - ``hang`` (streamable HTTP): answers with an event stream that sends one log message and
   then only keep-alive comments, never the answer, until the client closes it (a
   `notifications/cancelled` is ignored, as by a server whose tool is stuck);
@@ -41,8 +44,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "content_not_list", "hang",
-         "open_streams", "close_stdout")
+TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "content_not_list",
+         "progress_flood", "hang", "open_streams", "close_stdout")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -78,8 +81,21 @@ def _text(text: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "isError": False}
 
 
-def _call(id_: Any, name: str, arguments: dict[str, Any]) -> None:
-    if name == "echo":
+def _flood(id_: Any, token: Any, arguments: dict[str, Any]) -> None:
+    count = int(arguments.get("count", 1000))
+    for i in range(count):
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                                     "params": {"progressToken": token, "progress": i, "total": count}}) + "\n")
+    sys.stdout.flush()
+    with open(arguments["done_file"], "w", encoding="utf-8") as fh:
+        fh.write("done")
+    _send({"jsonrpc": "2.0", "id": id_, "result": _text(f"sent {count}")})
+
+
+def _call(id_: Any, name: str, arguments: dict[str, Any], token: Any = None) -> None:
+    if name == "progress_flood":
+        _flood(id_, token, arguments)
+    elif name == "echo":
         _send({"jsonrpc": "2.0", "id": id_, "result": _text(f"Echo: {arguments.get('message', '')}")})
     elif name == "pid":
         _send({"jsonrpc": "2.0", "id": id_, "result": _text(str(os.getpid()))})
@@ -119,7 +135,7 @@ def _handle(msg: dict[str, Any]) -> None:
         _send({"jsonrpc": "2.0", "id": id_, "result": {"tools": _LISTED}})
     elif method == "tools/call":
         params = msg.get("params") or {}
-        _call(id_, params.get("name", ""), params.get("arguments") or {})
+        _call(id_, params.get("name", ""), params.get("arguments") or {}, (params.get("_meta") or {}).get("progressToken"))
     else:
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32601, "message": f"method not found: {method}"}})
 
