@@ -216,3 +216,27 @@ def test_a_progress_flood_to_a_caller_that_is_behind_is_held_within_bounds(tmp_p
         assert not disorder, (len(progress), disorder[:5])
         assert grown < 40, f"the daemon's peak RSS grew {grown} MB while the caller was behind"
         _took_its_path(d)
+
+
+@pytest.mark.timeout(240)
+def test_a_client_that_stops_reading_does_not_stall_an_upstream_s_log_messages(tmp_path: Path) -> None:
+    # A 2025-era client sets a log level and stops reading its socket; the upstream logs
+    # 30,000 messages. Each waited up to 2 s on that client in a task of its own: the
+    # daemon held ~125 MB more, the upstream's answer came 9 s late, and a 300,000-message
+    # flood stalled its pipe until the health check ended the session. Now a client's
+    # backlog of log messages is bounded; past it that client's are dropped.
+    with Daemon(tmp_path, _rawrpc("raw") + "timeouts = { call = 200 }\n") as d:
+        d.wait_for(lambda: _raw(d)["state"] == "ready", 30, "raw ready")
+        assert d.proc is not None
+        deaf = Wire(d.socket, LEGACY)
+        try:
+            deaf.request(2, "logging/setLevel", {"level": "info"})
+            before = _peak_rss_mb(d.proc.pid)
+            r = d.tool("raw__log_flood", {"count": 30_000})
+            grown = _peak_rss_mb(d.proc.pid) - before
+        finally:
+            deaf.close()
+        assert r["content"][0]["text"] == "logged 30000", r
+        assert grown < 40, f"the daemon's peak RSS grew {grown} MB for a client that does not read"
+        assert "is not reading: dropping upstream log messages for it" in d.log.read_text()
+        assert _raw(d)["state"] == "ready"

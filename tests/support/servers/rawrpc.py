@@ -20,6 +20,8 @@ answers by the tool's name:
 - ``progress_flood`` (stdio): ``arguments.count`` progress notifications for the call's
   progress token as fast as the pipe takes them, then touches ``arguments.done_file`` and
   answers;
+- ``log_flood`` (stdio): ``arguments.count`` `notifications/message` log messages (level
+  info) as fast as the pipe takes them, then answers;
 - ``hang`` (streamable HTTP): answers with an event stream that sends one log message and
   then only keep-alive comments, never the answer, until the client closes it (a
   `notifications/cancelled` is ignored, as by a server whose tool is stuck);
@@ -45,7 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "content_not_list",
-         "progress_flood", "hang", "open_streams", "close_stdout")
+         "progress_flood", "log_flood", "hang", "open_streams", "close_stdout")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -92,9 +94,19 @@ def _flood(id_: Any, token: Any, arguments: dict[str, Any]) -> None:
     _send({"jsonrpc": "2.0", "id": id_, "result": _text(f"sent {count}")})
 
 
+def _log_flood(id_: Any, count: int) -> None:
+    for i in range(count):
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                                     "params": {"level": "info", "data": f"line {i}"}}) + "\n")
+    sys.stdout.flush()
+    _send({"jsonrpc": "2.0", "id": id_, "result": _text(f"logged {count}")})
+
+
 def _call(id_: Any, name: str, arguments: dict[str, Any], token: Any = None) -> None:
     if name == "progress_flood":
         _flood(id_, token, arguments)
+    elif name == "log_flood":
+        _log_flood(id_, int(arguments.get("count", 1000)))
     elif name == "echo":
         _send({"jsonrpc": "2.0", "id": id_, "result": _text(f"Echo: {arguments.get('message', '')}")})
     elif name == "pid":
@@ -127,7 +139,7 @@ def _handle(msg: dict[str, Any]) -> None:
         return  # a response or a notification
     if method == "initialize":
         _send({"jsonrpc": "2.0", "id": id_, "result": {
-            "protocolVersion": "2025-11-25", "capabilities": {"tools": {"listChanged": False}},
+            "protocolVersion": "2025-11-25", "capabilities": {"tools": {"listChanged": False}, "logging": {}},
             "serverInfo": {"name": "rawrpc", "version": "1"}}})
     elif method == "ping":
         _send({"jsonrpc": "2.0", "id": id_, "result": {}})
