@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 import anyio
@@ -247,10 +248,17 @@ class Abandon:
     the next request's pool timeout ended the whole session. An abandoned stream now ends as
     a broken one (`httpx2.SSEError`), which the SDK settles without reconnecting to it."""
 
+    # Requests given up before their answer's headers came: their stream ends as it starts.
+    EARLY = 256
+
     def __init__(self) -> None:
         self._reading: dict[RequestId, _Bounded] = {}
+        self._early: OrderedDict[RequestId, None] = OrderedDict()
 
     def add(self, request_id: RequestId, body: _Bounded) -> None:
+        if self._early.pop(request_id, 0) is None:
+            body.abandon()
+            return
         self._reading[request_id] = body
 
     def discard(self, request_id: RequestId, body: _Bounded) -> None:
@@ -261,6 +269,10 @@ class Abandon:
         body = self._reading.pop(request_id, None)
         if body is not None:
             body.abandon()
+            return
+        self._early[request_id] = None
+        while len(self._early) > self.EARLY:
+            self._early.popitem(last=False)
 
 
 class CancelWatch:
