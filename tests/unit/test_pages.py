@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.servers.hostile import many_tools
 from toolatlas.upstream import pages
-from toolatlas.upstream.pages import BIG_PAGE_BYTES, META_KEY, PageStash, parse_big_page
+from toolatlas.upstream.pages import BIG_PAGE_BYTES, META_KEY, PAGES, PageStash, parse_big_page
 
 # Part of the hostile suite (#15 item 8): `pytest -m hostile` runs it alone.
 pytestmark = pytest.mark.hostile
@@ -51,13 +51,27 @@ async def test_small_answers_and_answers_to_other_requests_take_the_ordinary_pat
 
 
 async def test_an_invalid_tool_fails_the_request_naming_the_tool() -> None:
+    # Wrong below the tool's top level, where toolrepair does not look.
     doc = json.loads(listing_line(3000, request_id="L1"))
-    del doc["result"]["tools"][1234]["inputSchema"]
+    doc["result"]["tools"][1234]["icons"] = [{"src": 5}]
     pending: set[int | str] = {"L1"}
     answer = await parse_big_page(json.dumps(doc).encode(), pending)
     assert isinstance(answer, mcp_types.JSONRPCError) and answer.id == "L1"
-    assert answer.error.message.startswith("invalid tools/list result: tool 1234: inputSchema"), answer.error.message
+    assert answer.error.message.startswith("invalid tools/list result: tool 1234: icons"), answer.error.message
     assert pending == set()
+
+
+async def test_a_tool_broken_at_its_top_level_is_repaired_or_dropped() -> None:
+    doc = json.loads(listing_line(3000, request_id="L2"))
+    del doc["result"]["tools"][1234]["inputSchema"]
+    doc["result"]["tools"][99] = "not a tool"
+    answer = await parse_big_page(json.dumps(doc).encode(), {"L2"})
+    assert isinstance(answer, mcp_types.JSONRPCResponse), answer
+    tools = PAGES.take(answer.result["_meta"])
+    assert tools is not None and len(tools) == 2999
+    (repaired,) = [t for t in tools if t.name == doc["result"]["tools"][1234]["name"]]
+    assert repaired.input_schema == {"type": "object"} and repaired.meta is not None
+    assert repaired.meta["dev.toolatlas/problems"][0].startswith("inputSchema is missing; replaced"), repaired.meta
 
 
 def test_the_stash_is_bounded_and_ordinary_pages_pass() -> None:

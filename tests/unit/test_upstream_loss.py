@@ -67,6 +67,12 @@ def test_the_message_text_decides_nothing() -> None:
     assert classify(MCPError(mcp_types.CONNECTION_CLOSED, "anything")) is LossReason.EOF
 
 
+def test_a_32000_on_a_live_connection_is_the_upstreams_answer() -> None:
+    # -32000 is also the first code of JSON-RPC's server-error range: an upstream's own error.
+    assert classify(MCPError(mcp_types.CONNECTION_CLOSED, "quota exceeded"), live=True) is LossReason.PROTOCOL
+    assert classify(anyio.EndOfStream(), live=True) is LossReason.EOF
+
+
 def test_timeout_is_not_taken_for_a_transport_error() -> None:
     assert issubclass(TimeoutError, OSError)  # why the order of checks matters
     assert classify(TimeoutError("timed out")) is LossReason.TIMEOUT

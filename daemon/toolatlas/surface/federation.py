@@ -29,6 +29,12 @@ from toolatlas.gateway.ports import LOG_LEVELS, Connection, ElicitFn, GatewayPor
 
 log = logging.getLogger(__name__)
 
+# Upstream log messages being written to one client at once. Each upstream message is
+# handled in a task of its own, which waits (up to 2 s) on a client that does not read:
+# 30,000 messages held ~125 MB of such tasks and delayed the upstream's answer 9 s, and
+# 300,000 stalled its pipe until its health check failed. Past this a client's are dropped.
+MAX_LOG_BACKLOG = 16
+
 RESOURCE_NOT_FOUND = -32002  # the spec's code for resources/read of an unknown URI
 _LIST_HINT = CacheHint(ttl_ms=30_000, scope="private")
 
@@ -121,6 +127,8 @@ class Relays:
         self._gw = gw
         self._connections = connections
         self._publish = publish
+        self._log_backlog: dict[Connection, int] = {}  # log messages being written to a client
+        self._log_dropping: set[Connection] = set()  # clients whose log messages are dropped now
 
     async def lists_changed(self, server: str, kind: str) -> None:
         """Upstream `server`'s resources or prompts changed: tell whoever may use it."""
@@ -151,12 +159,26 @@ class Relays:
                 continue
             if LOG_LEVELS.index(level) < LOG_LEVELS.index(conn.log_level) or not self._gw.may_use(conn, server):
                 continue
+            backlog = self._log_backlog.get(conn, 0)
+            if backlog >= MAX_LOG_BACKLOG:  # dropped for this client, said once until its backlog clears
+                if conn not in self._log_dropping:
+                    self._log_dropping.add(conn)
+                    log.warning("connection %d is not reading: dropping upstream log messages for it while %d wait",
+                                conn.id, MAX_LOG_BACKLOG)
+                continue
+            self._log_backlog[conn] = backlog + 1
             session: Any = conn.session
             try:
                 with anyio.move_on_after(2):
                     await session.send_notification(note)
             except Exception as exc:  # a client that went away must not stop the others
                 log.debug("log message to connection %d failed: %s", conn.id, exc)
+            finally:
+                if (left := self._log_backlog[conn] - 1) > 0:
+                    self._log_backlog[conn] = left
+                else:
+                    del self._log_backlog[conn]
+                    self._log_dropping.discard(conn)
 
 
 def _log_note(server: str, params: dict[str, Any]) -> types.LoggingMessageNotification:

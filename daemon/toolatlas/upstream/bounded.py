@@ -1,5 +1,6 @@
 """``max_result_bytes`` for the HTTP transports: every reply is counted while it is read;
-``max_result_blocks`` for every transport (``too_many_blocks``, ``blocks_refusal``).
+``max_result_blocks`` for every transport (``too_many_blocks``, ``blocks_refusal``); a reply
+that is not valid JSON-RPC fails the request it names (``invalid_response``, stdio and SSE).
 
 ``limit_hook(up)`` is an httpx2 response hook for an upstream's client. It wraps the body of
 each response before the SDK reads it:
@@ -22,10 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+import anyio
 import httpx2
 import mcp_types
 import msgspec
+from mcp.shared._stream_protocols import WriteStream
+from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
+from mcp.shared.message import SessionMessage
 
 from toolatlas.config import HttpUpstream, SseUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized, request_id_of
@@ -94,6 +101,51 @@ def too_many_blocks(up: Upstream, line: bytes) -> mcp_types.JSONRPCError | None:
     if content is None or len(content) <= up.max_result_blocks or reply.id is None:
         return None
     return blocks_refusal(up, reply.id, len(content))
+
+
+_decode_plain = msgspec.json.Decoder().decode
+
+
+def response_problem(msg: dict[str, Any]) -> str | None:
+    """What makes `msg`, a decoded JSON-RPC response (an `id`, a `result` or an `error`), not
+    valid JSON-RPC for MCP, or None when it is valid."""
+    error = msg.get("error")
+    if msg.get("jsonrpc") != "2.0":
+        return 'its `jsonrpc` is not "2.0"'
+    if error is None:
+        result = msg.get("result")
+        return None if isinstance(result, dict) else f"its result is {type(result).__name__}, not an object"
+    if not isinstance(error, dict):
+        return f"its error is {type(error).__name__}, not an object"
+    if missing := [f"`{key}`" for key in ("code", "message") if key not in error]:
+        return f"its error has no {' or '.join(missing)}"
+    code, message = error["code"], error["message"]
+    if not isinstance(code, int) or isinstance(code, bool) or not isinstance(message, str):
+        return "its error's `code` is not an integer or its `message` not a string"
+    return None
+
+
+def invalid(request_id: RequestId, problem: str) -> mcp_types.JSONRPCError:
+    """The JSON-RPC error that answers a request whose response was not valid JSON-RPC."""
+    return _error(request_id, f"the upstream's response is not valid JSON-RPC: {problem}")
+
+
+def invalid_response(data: bytes | str) -> mcp_types.JSONRPCError | None:
+    """For a message that failed JSON-RPC validation: the error for the request it answers
+    when it names one (an `id`, a `result` or an `error`, no `method`), else None (it is
+    logged as garbage). Without it the SDK drops the message, and the request waits out its
+    timeout to be told the upstream "did not answer"."""
+    try:
+        msg = _decode_plain(data)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(msg, dict) or "method" in msg or not ("result" in msg or "error" in msg):
+        return None
+    request_id = msg.get("id")
+    if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+        return None
+    problem = response_problem(msg)
+    return None if problem is None else invalid(request_id, problem)
 
 
 def _head(parts: list[bytes]) -> bytes:
@@ -186,14 +238,100 @@ def _posted_id(request: httpx2.Request) -> RequestId | None:
         return None
 
 
-class _Bounded(httpx2.AsyncByteStream):
-    """A response body read through ``max_result_bytes`` (see the module docstring)."""
+class Abandon:
+    """The event streams answering requests on one upstream client, by the request each answers.
 
-    def __init__(self, up: Upstream, response: httpx2.Response, body: httpx2.AsyncByteStream) -> None:
+    `abandon(id)` ends the one whose caller gave up. The SDK keeps reading a 2025-era POST's
+    stream after it sent the courtesy `notifications/cancelled` (on that revision a closed
+    stream is not a cancel); a server whose tool is stuck ignores the cancel and keeps the
+    stream open, and each such stream held one of the client's 100 pooled connections until
+    the next request's pool timeout ended the whole session. An abandoned stream now ends as
+    a broken one (`httpx2.SSEError`), which the SDK settles without reconnecting to it."""
+
+    # Requests given up before their answer's headers came: their stream ends as it starts.
+    EARLY = 256
+
+    def __init__(self) -> None:
+        self._reading: dict[RequestId, _Bounded] = {}
+        self._early: OrderedDict[RequestId, None] = OrderedDict()
+
+    def add(self, request_id: RequestId, body: _Bounded) -> None:
+        if self._early.pop(request_id, 0) is None:
+            body.abandon()
+            return
+        self._reading[request_id] = body
+
+    def discard(self, request_id: RequestId, body: _Bounded) -> None:
+        if self._reading.get(request_id) is body:
+            del self._reading[request_id]
+
+    def abandon(self, request_id: RequestId) -> None:
+        body = self._reading.pop(request_id, None)
+        if body is not None:
+            body.abandon()
+            return
+        self._early[request_id] = None
+        while len(self._early) > self.EARLY:
+            self._early.popitem(last=False)
+
+
+class CancelWatch:
+    """A session's write stream that tells `Abandon` of each `notifications/cancelled` it sends."""
+
+    def __init__(self, inner: WriteStream[SessionMessage], streams: Abandon) -> None:
+        self._inner, self._streams = inner, streams
+
+    async def send(self, item: SessionMessage, /) -> None:
+        await self._inner.send(item)
+        msg = item.message
+        if isinstance(msg, mcp_types.JSONRPCNotification) and msg.method == "notifications/cancelled":
+            request_id = cancelled_request_id_from_params(msg.params)
+            if request_id is not None:
+                self._streams.abandon(request_id)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> CancelWatch:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _Bounded(httpx2.AsyncByteStream):
+    """A response body read through ``max_result_bytes`` (see the module docstring), and
+    ended early when it answers a request its caller abandoned (`Abandon`)."""
+
+    def __init__(self, up: Upstream, response: httpx2.Response, body: httpx2.AsyncByteStream,
+                 streams: Abandon | None = None) -> None:
         self._up, self._body = up, body
         self._posted = _posted_id(response.request)
         content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
         self._events = content_type == "text/event-stream"
+        self._streams = streams if self._events and self._posted is not None else None
+        self._abandoned = False
+        self._reading: anyio.CancelScope | None = None
+        if self._streams is not None and self._posted is not None:
+            self._streams.add(self._posted, self)
+
+    def abandon(self) -> None:
+        self._abandoned = True
+        if self._reading is not None:
+            self._reading.cancel()
+
+    async def _next(self, chunks: AsyncIterator[bytes]) -> bytes | None:
+        """The next chunk, None at the end; httpx2.SSEError once the request is abandoned."""
+        with anyio.CancelScope() as self._reading:  # never around a yield: only this read
+            if not self._abandoned:
+                try:
+                    return await chunks.__anext__()
+                except StopAsyncIteration:
+                    return None
+        raise httpx2.SSEError(f"toolatlas closed the stream: the caller gave up on request {self._posted!r}")
 
     def _refusal(self, request_id: RequestId | None) -> bytes | None:
         logger.warning("upstream %s: refused a message larger than max_result_bytes (%d bytes)",
@@ -210,6 +348,8 @@ class _Bounded(httpx2.AsyncByteStream):
             async for piece in pieces:
                 yield piece
         finally:
+            if self._streams is not None and self._posted is not None:
+                self._streams.discard(self._posted, self)
             await pieces.aclose()
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
@@ -220,7 +360,7 @@ class _Bounded(httpx2.AsyncByteStream):
 
     async def _event_pieces(self, chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
         events = BoundedEvents(self._up.max_result_bytes)
-        async for chunk in chunks:
+        while (chunk := await self._next(chunks)) is not None:
             for event in events.feed(chunk):
                 if not isinstance(event, Oversized):
                     yield event
@@ -267,8 +407,10 @@ class _Decoded(httpx2.AsyncByteStream):
         await self._response.aclose()
 
 
-def limit_hook(up: SseUpstream | HttpUpstream) -> Callable[[httpx2.Response], Awaitable[None]]:
-    """An httpx2 response hook that reads every body of ``up``'s client through its limit."""
+def limit_hook(up: SseUpstream | HttpUpstream,
+               streams: Abandon | None = None) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """An httpx2 response hook that reads every body of ``up``'s client through its limit
+    (and, with ``streams``, ends the event streams of abandoned requests)."""
 
     async def hook(response: httpx2.Response) -> None:
         body = response.stream
@@ -278,9 +420,10 @@ def limit_hook(up: SseUpstream | HttpUpstream) -> Callable[[httpx2.Response], Aw
             # Count what the SDK will hold, not what came over the wire: decode here, once.
             body = _Decoded(encoding, body)
             del response.headers["content-encoding"]
-        response.stream = _Bounded(up, response, body)
+        response.stream = _Bounded(up, response, body, streams)
 
     return hook
 
 
-__all__ = ["BoundedEvents", "blocks_refusal", "limit_hook", "refusal", "sse_event_limit", "too_many_blocks"]
+__all__ = ["Abandon", "BoundedEvents", "CancelWatch", "blocks_refusal", "invalid", "invalid_response", "limit_hook", "refusal", "response_problem",
+           "sse_event_limit", "too_many_blocks"]

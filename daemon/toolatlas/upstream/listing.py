@@ -11,6 +11,7 @@ worker thread: hashing 20,000 tools held the event loop for a tenth of a second 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import MAX_DESCRIPTION_CHARS, MAX_SCHEMA_BYTES, Upstream
 from toolatlas.errors import UpstreamProtocolError
 from toolatlas.upstream.pages import PAGES, SLICE
+from toolatlas.upstream.toolrepair import PROBLEMS
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ def record_from_tool(
 ) -> ToolRecord:
     """The gateway's record of `server`'s `tool`, its description and schema bounded."""
     annotations = tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else None
-    problems: list[str] = []
+    problems: list[str] = list(meta.pop(PROBLEMS, ())) if isinstance(meta := tool.meta, dict) else []
     description = tool.description
     if description is not None and len(description) > max_description_chars:
         problems.append(f"description cut from {len(description)} to {max_description_chars} characters "
@@ -96,7 +98,9 @@ async def follow_pages(
     items; SDK errors propagate. The caller bounds the time."""
     items: list[T] = []
     seen: set[object] = set()
-    seen_cursors: set[str] = set()
+    # Digests, not the cursors: an upstream whose cursor grew 40 KB a page had the daemon
+    # hold 800 MB of cursors (1.6 GB at its peak) before MAX_PAGES ended the listing.
+    seen_cursors: set[bytes] = set()
     cursor: str | None = None
     for _ in range(MAX_PAGES):
         page, cursor = await fetch(cursor)
@@ -112,9 +116,10 @@ async def follow_pages(
             raise UpstreamProtocolError(f"upstream {server!r} lists more than {limit} items in {method}")
         if not cursor:
             return items
-        if cursor in seen_cursors:
+        digest = hashlib.blake2b(cursor.encode(errors="surrogatepass"), digest_size=16).digest()
+        if digest in seen_cursors:
             raise UpstreamProtocolError(f"upstream {server!r} repeated its {method} cursor {cursor[:80]!r}")
-        seen_cursors.add(cursor)
+        seen_cursors.add(digest)
     raise UpstreamProtocolError(f"upstream {server!r} {method} did not end within {MAX_PAGES} pages")
 
 

@@ -31,6 +31,8 @@ import mcp_types
 import msgspec
 import pydantic
 
+from toolatlas.upstream.toolrepair import repaired
+
 logger = logging.getLogger(__name__)
 
 # An answer longer than this takes the sliced path (a 500-tool page of typical tools is ~150 kB).
@@ -86,10 +88,12 @@ def _request_id(span: msgspec.Raw | None) -> int | str | None:
     return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
 
 
-async def parse_big_page(line: bytes, listing_ids: set[int | str]) -> mcp_types.JSONRPCMessage | None:
+async def parse_big_page(line: bytes, listing_ids: set[int | str],
+                         server: str = "?") -> mcp_types.JSONRPCMessage | None:
     """The stand-in for `line` when it answers one of `listing_ids` (the id is removed from it),
     else None: the caller parses the line the ordinary way. A tool that is not a valid MCP
-    Tool fails the request, as the SDK's own validation would."""
+    Tool is repaired or dropped (toolrepair.py, `server` names the upstream in its log); one
+    that stays invalid fails the request, as the SDK's own validation would."""
     if len(line) <= BIG_PAGE_BYTES or not listing_ids:
         return None
     try:
@@ -107,8 +111,13 @@ async def parse_big_page(line: bytes, listing_ids: set[int | str]) -> mcp_types.
     tools: list[mcp_types.Tool] = []
     try:
         for start in range(0, len(spans), SLICE):
-            tools.extend(mcp_types.Tool.model_validate_json(bytes(span), by_name=False)
-                         for span in spans[start:start + SLICE])
+            for span in spans[start:start + SLICE]:
+                try:
+                    tools.append(mcp_types.Tool.model_validate_json(bytes(span), by_name=False))
+                except pydantic.ValidationError:
+                    # as EofWatch does for a smaller page: repaired, or dropped; else it fails below
+                    tools.extend(mcp_types.Tool.model_validate(t, by_name=False)
+                                 for t in repaired(server, [_plain.decode(span)]))
             await anyio.sleep(0)  # a checkpoint: other clients' requests run between slices
     except pydantic.ValidationError as exc:
         errors = exc.errors()

@@ -18,6 +18,7 @@ made again that way: a 2026-07-28 tool asks before it acts).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 from typing import Any
@@ -33,7 +34,8 @@ from mcp_types import methods as _methods
 from toolatlas.calls import InputRequired, ProgressFn, UpstreamCall, UpstreamReply
 from toolatlas.config import Upstream
 from toolatlas.jsonlines import Oversized
-from toolatlas.upstream.bounded import refusal, too_many_blocks
+from toolatlas.upstream.bounded import invalid, refusal, response_problem, too_many_blocks
+from toolatlas.upstream.client import MAX_PROGRESS_QUEUED
 from toolatlas.upstream.inbound import Inbound
 from toolatlas.upstream.outputs import harden
 
@@ -44,7 +46,7 @@ _MARK = f'"{ID_PREFIX}'.encode()  # an id or progress token of ours on a stdout 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 _ids = itertools.count(1)
-_CLOSED = {"error": {"code": mcp_types.CONNECTION_CLOSED, "message": "Connection closed"}}
+_CLOSED = {"jsonrpc": "2.0", "error": {"code": mcp_types.CONNECTION_CLOSED, "message": "Connection closed"}}
 _ABANDON_WRITE_TIMEOUT = 2.0
 
 
@@ -56,7 +58,8 @@ class _Waiter:
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.reply: dict[str, Any] | None = None
-        self.progress: list[dict[str, Any]] = []
+        # Bounded: a caller behind an upstream's flood gets the newest MAX_PROGRESS_QUEUED.
+        self.progress: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PROGRESS_QUEUED)
 
 
 class Pending:
@@ -143,8 +146,7 @@ class Pending:
                 if waiter.reply is None:  # progress came first: wait again on a new event
                     waiter.event = anyio.Event()
                 while waiter.progress and progress is not None:
-                    p = waiter.progress.pop(0)
-                    await _report(progress, p)
+                    await _report(progress, waiter.progress.popleft())
                 waiter.progress.clear()
                 if waiter.reply is not None:
                     return waiter.reply
@@ -207,10 +209,11 @@ async def relay_call(client: Client, pending: Pending, send: Any, call: Upstream
     message = {"jsonrpc": "2.0", "id": None, **data}
     with inbound.call(call.tool, call.elicit, call.log):
         reply = await pending.request(send, message, call.progress)
+    problem = response_problem(reply)
+    if problem is not None:  # as the stdio transport answers the SDK path's request
+        raise MCPError.from_error_data(invalid(call.tool, problem).error)
     error = reply.get("error")
     if error is not None:
-        if not isinstance(error, dict):
-            raise MCPError(code=mcp_types.INTERNAL_ERROR, message=f"malformed error: {error!r}")
         err = mcp_types.ErrorData.model_validate(error)
         raise MCPError(code=err.code, message=err.message, data=err.data)
     result = reply.get("result")

@@ -109,9 +109,9 @@ class Connection:
             self.lost.set()
 
     def classify(self, exc: BaseException) -> LossReason:
-        """`client.classify`, refined by what the transport saw: after a 404 on our session
-        id every failure of this connection means the session expired."""
-        return LossReason.SESSION_EXPIRED if self._expired else classify(exc)
+        """`client.classify`, refined by what the transport saw: after a 404 on our session id
+        every failure means the session expired; until it is lost, a -32000 is the upstream's answer."""
+        return LossReason.SESSION_EXPIRED if self._expired else classify(exc, live=not self.lost.is_set())
 
     def describe(self, exc: BaseException) -> str:  # an HTTP 401/403 said as an authentication failure
         return self.auth.describe(exc)

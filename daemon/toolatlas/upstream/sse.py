@@ -23,6 +23,8 @@ from mcp.shared._context_streams import create_context_streams
 from mcp.shared._httpx_utils import request_within_origin, sse_within_origin
 from mcp.shared.message import SessionMessage
 
+from toolatlas.upstream.bounded import invalid_response
+
 logger = logging.getLogger(__name__)
 
 
@@ -49,7 +51,8 @@ async def sse_client(url: str, client: httpx2.AsyncClient, max_event_size: int) 
                         try:
                             message = mcp_types.jsonrpc_message_adapter.validate_json(sse.data, by_name=False)
                         except ValueError as exc:
-                            await read_writer.send(exc)
+                            answer = invalid_response(sse.data)
+                            await read_writer.send(exc if answer is None else SessionMessage(answer))
                             continue
                         await read_writer.send(SessionMessage(message))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):

@@ -33,10 +33,13 @@ from mcp.shared.message import SessionMessage
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.upstream.children import ChildProcess, spawn, take
-from toolatlas.upstream.bounded import blocks_refusal, limit_hook, refusal, sse_event_limit, too_many_blocks
+from toolatlas.upstream.bounded import (
+    Abandon, CancelWatch, blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit, too_many_blocks,
+)
 from toolatlas.upstream.pages import parse_big_page
 from toolatlas.upstream.relay import Pending
 from toolatlas.upstream.sse import sse_client
+from toolatlas.upstream.toolrepair import repaired
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ class EofWatch:
     """A receive stream proxy that calls ``on_eof`` once when the stream ends or closes, and
     answers a result of more than `max_result_blocks` content blocks with a refusal before
     the SDK converts it (SSE and HTTP results are parsed by the SDK; stdio ones are counted
-    earlier, by `too_many_blocks`).
+    earlier, by `too_many_blocks`), and hands a tools/list page's tools to `toolrepair`.
 
     Zero-copy: it delegates to the transport's stream, so no extra task or hop is added to
     the message path. Attributes it does not define (``last_context``, ``close``) pass through.
@@ -80,6 +83,9 @@ class EofWatch:
             raise
         msg = item.message if isinstance(item, SessionMessage) else None
         if isinstance(msg, mcp_types.JSONRPCResponse):
+            tools = msg.result.get("tools")
+            if isinstance(tools, list):  # a tools/list page: one broken tool costs only that tool
+                msg.result["tools"] = repaired(self._up.name, tools)
             content = msg.result.get("content")
             if isinstance(content, list) and len(content) > self._up.max_result_blocks:
                 return SessionMessage(blocks_refusal(self._up, msg.id, len(content)))
@@ -153,6 +159,7 @@ class StdioProcess:
         self._on_eof = on_eof or (lambda _what: None)
         self._stack: contextlib.AsyncExitStack | None = None
         self._garbage = GarbageLog(upstream.name)
+        self._stopped_with: int | None = None  # the signal stop_process had to send, if any
         # ids of the tools/list requests sent and not answered yet: a large answer to one is
         # parsed in slices (pages.py), not in one GIL-holding call.
         self._listing_ids: set[int | str] = set()
@@ -165,7 +172,11 @@ class StdioProcess:
         stdin = self.process.stdin if self.process is not None else None
         if stdin is None:
             raise anyio.ClosedResourceError
-        await stdin.send(data)
+        try:
+            await stdin.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self._on_eof("stdio")  # the child stopped reading: the session is gone, as the SDK's writer finds
+            raise
 
     def _parse_line(self, line: bytes | Oversized) -> SessionMessage | Exception | None:
         """One stdout line as a message; an oversized one becomes an error for its request."""
@@ -182,6 +193,9 @@ class StdioProcess:
         try:
             return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
         except ValueError as exc:
+            if (answer := invalid_response(line)) is not None:
+                logger.warning("upstream %s: an invalid response to request %r: %.200r", up.name, answer.id, line)
+                return SessionMessage(answer)
             self._garbage.line(line)
             return exc
 
@@ -193,6 +207,8 @@ class StdioProcess:
         code = self.returncode
         if code is None:
             return "stdio child closed its stdout"
+        if code < 0 and -code == self._stopped_with:  # toolatlas's signal: the child had not exited
+            return f"stdio child closed its stdout but kept running; toolatlas stopped it (signal {-code})"
         how = f"signal {-code}" if code < 0 else f"code {code}"
         last = next((line for line in reversed(self.stderr_tail) if line.strip()), "")
         return f"stdio child exited with {how}" + (f" (stderr: {last[:200]})" if last else "")
@@ -218,6 +234,7 @@ class StdioProcess:
         read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
         writer_done = anyio.Event()
+        closing = anyio.Event()  # the session is shutting the child down: its stdout's end is ours
 
         async def stdout_reader() -> None:
             assert process.stdout is not None
@@ -230,7 +247,7 @@ class StdioProcess:
                                 continue
                             big = None
                             if isinstance(line, bytes) and self._listing_ids:
-                                big = await parse_big_page(line, self._listing_ids)
+                                big = await parse_big_page(line, self._listing_ids, up.name)
                             item = SessionMessage(big) if big is not None else self._parse_line(line)
                             if self._listing_ids and isinstance(item, SessionMessage) and isinstance(
                                     item.message, (mcp_types.JSONRPCResponse, mcp_types.JSONRPCError)):
@@ -241,6 +258,10 @@ class StdioProcess:
                                 await read_writer.send(item)
                             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                                 return
+                if not closing.is_set():
+                    # stdout ended: said before the relayed calls fail with "Connection closed"
+                    # (below), so they read as a lost session, not as the upstream's own -32000.
+                    self._on_eof("stdio")
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass
             finally:
@@ -276,11 +297,12 @@ class StdioProcess:
                         logger.debug("upstream %s stderr: %s", up.name, line)
 
         async def shutdown() -> None:
+            closing.set()
             read_stream.close()
             write_stream.close()
             with anyio.move_on_after(_WRITER_FLUSH):
                 await writer_done.wait()
-            await stop_process(process, up.name)
+            self._stopped_with = await stop_process(process, up.name)
             for s in (read_stream, write_stream, read_writer, write_reader):
                 await s.aclose()
 
@@ -310,8 +332,10 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-async def stop_process(process: anyio.abc.Process, name: str) -> None:
-    """Close stdin, wait, SIGTERM the group, wait, SIGKILL the group. Shielded and bounded."""
+async def stop_process(process: anyio.abc.Process, name: str) -> int | None:
+    """Close stdin, wait, SIGTERM the group, wait, SIGKILL the group. Shielded and bounded.
+    Returns the last signal it had to send the child, or None when it exited by itself."""
+    sent: int | None = None
     with anyio.CancelScope(shield=True):
         pgid = process.pid  # start_new_session: the child leads its own group
         if process.stdin is not None:
@@ -319,10 +343,10 @@ async def stop_process(process: anyio.abc.Process, name: str) -> None:
                 await process.stdin.aclose()
         if not await _wait_exit(process, STDIN_CLOSE_GRACE):
             logger.info("upstream %s: child %d ignored stdin close; sending SIGTERM", name, pgid)
-            _signal_group(pgid, signal.SIGTERM)
+            _signal_group(pgid, sent := signal.SIGTERM)
             if not await _wait_exit(process, SIGTERM_GRACE):
                 logger.warning("upstream %s: child %d ignored SIGTERM; sending SIGKILL", name, pgid)
-                _signal_group(pgid, signal.SIGKILL)
+                _signal_group(pgid, sent := signal.SIGKILL)
                 if not await _wait_exit(process, 2.0):
                     logger.error("upstream %s: child %d survived SIGKILL; abandoning it", name, pgid)
         # Leftover grandchildren in the child's group (npx -> node) must not outlive it.
@@ -331,14 +355,16 @@ async def stop_process(process: anyio.abc.Process, name: str) -> None:
             if stream is not None:
                 with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await stream.aclose()
+    return sent
 
 
-def _http_client(up: SseUpstream | HttpUpstream) -> httpx2.AsyncClient:
-    """The upstream's HTTP client; every body it reads is bounded by max_result_bytes."""
+def _http_client(up: SseUpstream | HttpUpstream, streams: Abandon | None = None) -> httpx2.AsyncClient:
+    """The upstream's HTTP client; every body it reads is bounded by max_result_bytes (and
+    with `streams` an abandoned request's event stream is ended)."""
     # Connect bounded by the upstream's connect timeout; reads stay long (SSE streams idle).
     timeout = httpx2.Timeout(up.timeouts.connect, read=max(300.0, up.timeouts.call + 30.0))
     client = create_mcp_http_client(headers=dict(up.headers) or None, timeout=timeout)
-    client.event_hooks["response"].append(limit_hook(up))
+    client.event_hooks["response"].append(limit_hook(up, streams))
     return client
 
 
@@ -373,13 +399,14 @@ async def http_transport(
     up: HttpUpstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None,
     on_response: OnResponse | None = None,
 ) -> AsyncIterator[Streams]:
-    async with _http_client(up) as client:
+    streams = Abandon()
+    async with _http_client(up, streams) as client:
         if on_expired is not None or on_response is not None:
             client.event_hooks["response"].append(_response_hook(on_expired, on_response))
         async with streamable_http_client(
             up.url, http_client=client, max_sse_event_size=sse_event_limit(up)
         ) as (read, write):
-            yield EofWatch(read, on_eof, "http", up), write
+            yield EofWatch(read, on_eof, "http", up), CancelWatch(write, streams)
 
 
 def open_transport(

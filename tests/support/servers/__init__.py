@@ -31,11 +31,12 @@ HERE = Path(__file__).resolve().parent
 TESTSERVER = HERE / "testserver.py"
 FAULTSERVER = HERE / "faultserver.py"
 HOSTILE = HERE / "hostile.py"
+RAWRPC = HERE / "rawrpc.py"  # plain JSON-RPC lines: what an SDK server never sends
 INJECTED = HERE / "injected.py"  # tools whose texts are the sanitizer's injection corpus
 INJECTIONS = HERE.parent / "corpus" / "injections.jsonl"
 EVERYTHING_BIN = REPO / "tests" / "npm" / "node_modules" / ".bin" / "mcp-server-everything"
 START_TIMEOUT = 30.0
-_FILES = {"testserver": TESTSERVER, "faultserver": FAULTSERVER}
+_FILES = {"testserver": TESTSERVER, "faultserver": FAULTSERVER, "rawrpc": RAWRPC}
 
 
 def server_command(module: str) -> list[str]:
