@@ -25,7 +25,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Self
 import anyio
 import httpx2
 import mcp_types
@@ -275,8 +275,28 @@ class Abandon:
             self._early.popitem(last=False)
 
 
-class CancelWatch:
+class Proxy:
+    """Delegates to `_inner`: `aclose`, `async with`, and every attribute it does not define."""
+
+    _inner: Any
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class CancelWatch(Proxy):
     """A session's write stream that tells `Abandon` of each `notifications/cancelled` it sends."""
+
+    _inner: WriteStream[SessionMessage]
 
     def __init__(self, inner: WriteStream[SessionMessage], streams: Abandon) -> None:
         self._inner, self._streams = inner, streams
@@ -289,17 +309,6 @@ class CancelWatch:
             if request_id is not None:
                 self._streams.abandon(request_id)
 
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> CancelWatch:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 class _Bounded(httpx2.AsyncByteStream):
@@ -425,5 +434,5 @@ def limit_hook(up: SseUpstream | HttpUpstream,
     return hook
 
 
-__all__ = ["Abandon", "BoundedEvents", "CancelWatch", "blocks_refusal", "invalid", "invalid_response", "limit_hook", "refusal", "response_problem",
+__all__ = ["Abandon", "BoundedEvents", "CancelWatch", "Proxy", "blocks_refusal", "invalid", "invalid_response", "limit_hook", "refusal", "response_problem",
            "sse_event_limit", "too_many_blocks"]

@@ -110,8 +110,9 @@ class Connection:
 
     def classify(self, exc: BaseException) -> LossReason:
         """`client.classify`, refined by what the transport saw: after a 404 on our session id
-        every failure means the session expired; until it is lost, a -32000 is the upstream's answer."""
-        return LossReason.SESSION_EXPIRED if self._expired else classify(exc, live=not self.lost.is_set())
+        every failure means the session expired; until it is lost or we close it, a -32000 is the upstream's."""
+        live = not self.lost.is_set() and not self._s._stop_requested  # our own close: "Connection closed" is ours
+        return LossReason.SESSION_EXPIRED if self._expired else classify(exc, live=live)
 
     def describe(self, exc: BaseException) -> str:  # an HTTP 401/403 said as an authentication failure
         return self.auth.describe(exc)

@@ -34,7 +34,8 @@ from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.upstream.children import ChildProcess, spawn, take
 from toolatlas.upstream.bounded import (
-    Abandon, CancelWatch, blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit, too_many_blocks,
+    Abandon, CancelWatch, Proxy, blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit,
+    too_many_blocks,
 )
 from toolatlas.upstream.pages import parse_big_page
 from toolatlas.upstream.relay import Pending
@@ -59,7 +60,7 @@ MAX_PENDING_LISTINGS = 64
 
 Streams = TransportStreams
 Incoming = SessionMessage | Exception
-class EofWatch:
+class EofWatch(Proxy):
     """A receive stream proxy that calls ``on_eof`` once when the stream ends or closes, and
     answers a result of more than `max_result_blocks` content blocks with a refusal before
     the SDK converts it (SSE and HTTP results are parsed by the SDK; stdio ones are counted
@@ -68,6 +69,8 @@ class EofWatch:
     Zero-copy: it delegates to the transport's stream, so no extra task or hop is added to
     the message path. Attributes it does not define (``last_context``, ``close``) pass through.
     """
+
+    _inner: ReadStream[Incoming]
 
     def __init__(self, inner: ReadStream[Incoming], on_eof: Callable[[str], None], what: str, up: Upstream) -> None:
         self._inner = inner
@@ -100,17 +103,6 @@ class EofWatch:
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
 
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> EofWatch:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 class GarbageLog:
