@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -40,6 +40,12 @@ class Oversized(NamedTuple):
 
     size: int
     request_id: str | int | None
+
+
+def is_request_id(value: object) -> TypeGuard[str | int]:
+    """Whether `value` can be a JSON-RPC request id here: a string or an integer, never a
+    boolean (which Python counts as an integer)."""
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
 def request_id_of(head: bytes) -> str | int | None:

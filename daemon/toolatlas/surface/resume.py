@@ -26,7 +26,7 @@ import itertools
 import json
 from typing import Any, NamedTuple
 
-from toolatlas.jsonlines import Refusal
+from toolatlas.jsonlines import Refusal, is_request_id
 
 # -32000..-32099: implementation-defined server errors (the daemon's socket caps use -32000 too).
 UNAVAILABLE = -32000
@@ -106,10 +106,6 @@ def _with_id(line: bytes, new_id: Id) -> bytes:
     return _line(msg)
 
 
-def _hashable_id(value: Any) -> bool:
-    return isinstance(value, (str, int)) and not isinstance(value, bool)
-
-
 class Session:
     """The client's session as the shim has seen it (see the module docstring)."""
 
@@ -160,7 +156,7 @@ class Session:
         return Out([], [self.refusal(id_)])
 
     def _track(self, line: bytes, method: str, id_: Any, params: Any) -> bytes:
-        if _hashable_id(id_):
+        if is_request_id(id_):
             self.pending[id_] = method
             if method in HANDSHAKES and self.handshake is None:
                 self._asking = (id_, line + b"\n")
@@ -185,12 +181,12 @@ class Session:
 
     def _client_response(self, line: bytes, id_: Any) -> Out:
         """The client answers a request of the daemon's (elicitation, sampling, roots)."""
-        if _hashable_id(id_) and id_ in self._stale:
+        if is_request_id(id_) and id_ in self._stale:
             self._stale.discard(id_)  # asked by a daemon that is gone: the new one never asked
             return Out([], [])
         if self.link is not Link.UP:
             return Out([], [])
-        if _hashable_id(id_):
+        if is_request_id(id_):
             self._asked.discard(id_)
         return Out([line + b"\n"], [])
 
@@ -200,14 +196,14 @@ class Session:
         why = f"; {self.down_reason}" if self.down_reason else ""
         message = (f"the toolatlas daemon is {state} (its socket {self.socket_path} does not answer yet){why}; "
                    "this request was not run: retry in a few seconds")
-        return Refusal(UNAVAILABLE, message, id_ if _hashable_id(id_) else None).line()
+        return Refusal(UNAVAILABLE, message, id_ if is_request_id(id_) else None).line()
 
     # -- the daemon's lines -----------------------------------------------------------------
 
     def from_daemon(self, line: bytes) -> Out:
         """What to pass to the client (`Out.daemon` is always empty here)."""
         kind, id_, method, ok = read_daemon_line(line)
-        if kind == "response" and _hashable_id(id_):
+        if kind == "response" and is_request_id(id_):
             if id_ in self._replays:
                 self._replays.discard(id_)
                 return Out([], [])
@@ -217,7 +213,7 @@ class Session:
                 if ok:  # a session worth resuming
                     self.handshake = self._asking[1]
                 self._asking = None
-        elif kind == "request" and _hashable_id(id_):
+        elif kind == "request" and is_request_id(id_):
             self._asked.add(id_)
         elif kind == "notification" and method == ACKNOWLEDGED and self._reacks:
             sid = self._subscription_id(line)

@@ -31,7 +31,7 @@ import msgspec
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
-from toolatlas.jsonlines import BoundedLines, Oversized
+from toolatlas.jsonlines import BoundedLines, Oversized, is_request_id
 from toolatlas.surface.admin import ADMIN_PREFIX
 from toolatlas.surface.rpccheck import INTERNAL_ERROR, INVALID_REQUEST, Refusal, screen
 
@@ -86,7 +86,7 @@ def _request_id(line: bytes) -> tuple[bool, Any]:
     if not isinstance(msg, dict) or not isinstance(msg.get("method"), str):
         return False, None
     id_ = msg.get("id")
-    return isinstance(id_, (str, int)) and not isinstance(id_, bool), id_
+    return is_request_id(id_), id_
 
 
 @asynccontextmanager

@@ -26,6 +26,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Self
+
 import anyio
 import httpx2
 import mcp_types
@@ -35,7 +36,7 @@ from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
 
 from toolatlas.config import HttpUpstream, SseUpstream, Upstream
-from toolatlas.jsonlines import BoundedLines, Oversized, request_id_of
+from toolatlas.jsonlines import BoundedLines, Oversized, is_request_id, request_id_of
 from toolatlas.upstream.client import describe
 
 logger = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ def invalid_response(data: bytes | str) -> mcp_types.JSONRPCError | None:
     if not isinstance(msg, dict) or "method" in msg or not ("result" in msg or "error" in msg):
         return None
     request_id = msg.get("id")
-    if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+    if not is_request_id(request_id):
         return None
     problem = response_problem(msg)
     return None if problem is None else invalid(request_id, problem)
@@ -308,7 +309,6 @@ class CancelWatch(Proxy):
             request_id = cancelled_request_id_from_params(msg.params)
             if request_id is not None:
                 self._streams.abandon(request_id)
-
 
 
 class _Bounded(httpx2.AsyncByteStream):

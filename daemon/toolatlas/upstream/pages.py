@@ -31,6 +31,7 @@ import mcp_types
 import msgspec
 import pydantic
 
+from toolatlas.jsonlines import is_request_id
 from toolatlas.upstream.toolrepair import repaired
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def _request_id(span: msgspec.Raw | None) -> int | str | None:
     if span is None:
         return None
     value = _plain.decode(span)
-    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+    return value if is_request_id(value) else None
 
 
 async def parse_big_page(line: bytes, listing_ids: set[int | str],

@@ -104,7 +104,6 @@ class EofWatch(Proxy):
             raise StopAsyncIteration from None
 
 
-
 class GarbageLog:
     """Warnings about a child's stdout lines that are not JSON-RPC, rate-limited: a server
     printing in a loop (~288 KiB/s of warnings before) must not flood the daemon's log."""
