@@ -61,6 +61,19 @@ def missing_commands(cfg: Config) -> list[str]:
     return out
 
 
+def cards_problem(cfg: Config) -> str | None:
+    """Why the daemon would refuse `cfg`'s [cards] section (a public key it cannot read, or
+    `required` without one), as serve and a reload check it; None when it is fine."""
+    from toolatlas.catalog.attest import Attestor
+    from toolatlas.errors import ConfigError
+
+    try:
+        Attestor(cfg)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def config_path(flag: str | None) -> str | None:
     """--config, else $TOOLATLAS_CONFIG, else the default location when a file is there."""
     path = flag or os.environ.get("TOOLATLAS_CONFIG")
@@ -82,6 +95,9 @@ def _check_config(path: str | None) -> tuple[Check, Config | None]:
         cfg = load(path)
     except ConfigError as exc:
         return Check(FAIL, "config", f"{exc}; fix it and run `toolatlas check-config {path}`"), None
+    problem = cards_problem(cfg)
+    if problem:
+        return Check(FAIL, "config", f"{path}: {problem}; fix it and run `toolatlas check-config {path}`"), cfg
     return Check(OK, "config", f"{path} is valid ({len(cfg.upstream)} upstreams)"), cfg
 
 

@@ -88,6 +88,24 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
     assert "unknown key 'what' in [daemon]" in no.stderr
 
 
+@pytest.mark.parametrize(("cards", "needle"), [
+    ("public_key = 'absent.pub'\n", "[cards] public_key: "),
+    ("required = true\n", "[cards] required = true needs [cards] public_key"),
+])
+def test_check_config_refuses_a_cards_section_the_daemon_would_refuse(tmp_path: Path, cards: str, needle: str) -> None:
+    """check-config must not say OK to a config `serve` (and a reload) refuses with exit 78."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[daemon]\nmetrics_addr = ''\nstate_dir = 'state'\n[cards]\n{cards}")
+    run = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(cfg)], capture_output=True, text=True)
+    assert run.returncode == 78, run.stdout + run.stderr
+    assert needle in run.stderr and str(cfg) in run.stderr and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    doctor = subprocess.run([sys.executable, "-m", "toolatlas", "doctor", "--config", str(cfg)], capture_output=True,
+                            text=True, timeout=60)
+    assert doctor.returncode == 1 and any(line.startswith("FAIL  config: ") and needle in line
+                                          for line in doctor.stdout.splitlines()), doctor.stdout
+
+
 def test_bundled_example_config_is_valid() -> None:
     cfg = load(Path(__file__).resolve().parents[2] / "conf" / "example.toml")
     assert {u.name for u in cfg.upstream} and {type(u).__name__ for u in cfg.upstream} == {
