@@ -291,7 +291,10 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         if key in raw:
             raise ConfigError(f"{source}: unknown key {key!r} in [top level]")
     found: list[str] = []
-    raw = _expand(raw, "", dict(os.environ) if env is None else env, found)
+    try:
+        raw = _expand(raw, "", dict(os.environ) if env is None else env, found)
+    except ConfigError as exc:  # a variable that is not set: the message names the key
+        raise ConfigError(f"{source}: {exc}") from exc
     raw["expanded_secrets"] = tuple(dict.fromkeys(found))
     try:
         cfg = msgspec.convert(raw, Config)
@@ -327,7 +330,10 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
 
     # A bad template fails here, naming file and placeholder (the daemon's and each endpoint's).
     for folder in (cfg.surface.templates, *(ep.templates for ep in cfg.endpoint if ep.templates)):
-        TemplateSet.load(folder)
+        try:
+            TemplateSet.load(folder)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
     return cfg
 
 

@@ -70,6 +70,22 @@ def test_bad_configs_name_the_key(text: str, needle: str) -> None:
     assert needle in str(info.value)
 
 
+@pytest.mark.parametrize(("text", "needle"), [
+    ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nenv={A='${NOPE_UNSET}'}\n",
+     "upstream[0].env.A: environment variable ${NOPE_UNSET} is not set"),
+    ("[daemon]\nsocket='${NOPE_UNSET}/s.sock'\n", "daemon.socket: environment variable ${NOPE_UNSET} is not set"),
+    ("[surface]\ntemplates='no-such-folder'\n", "[surface] templates: folder "),
+])
+def test_every_config_error_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, needle: str) -> None:
+    """Like every other config error, these say which file (systemd's journal, a reload, two configs)."""
+    monkeypatch.delenv("NOPE_UNSET", raising=False)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(cfg)
+    assert str(info.value).startswith(f"{cfg}: ") and needle in str(info.value), str(info.value)
+
+
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config"):
         load(tmp_path / "absent.toml")
