@@ -398,8 +398,9 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
                                    source=source)
 
 
-def load(path: str | os.PathLike[str]) -> Config:
-    """Read and parse a config file; ConfigError if it is missing or invalid."""
+def load(path: str | os.PathLike[str], *, env: dict[str, str] | None = None) -> Config:
+    """Read and parse a config file (`${VAR}` from `env`, default the environment);
+    ConfigError if it is missing or invalid."""
     p = Path(path)
     try:
         text = read_regular(p).decode("utf-8")
@@ -407,7 +408,7 @@ def load(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"cannot read config {str(p)!r}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read config {str(p)!r}: it is not UTF-8 text") from exc
-    return parse(text, source=str(p))
+    return parse(text, source=str(p), env=env)
 
 
 def secrets(cfg: Config) -> list[str]:

@@ -164,7 +164,7 @@ def client_socket(flag: str | None, config: str | None = None) -> str:
     return daemon_path(config, "socket") or default_socket_path()
 
 
-def daemon_path(config: str, key: str) -> str:
+def daemon_path(config: str, key: str, env: Mapping[str, str] | None = None) -> str:
     """The `[daemon] KEY` path (socket, state_dir) of `config`, resolved as the daemon
     resolves it, or "" when unset.
 
@@ -183,7 +183,8 @@ def daemon_path(config: str, key: str) -> str:
     raw = table.get(key, "") if isinstance(table, dict) else ""
     if not isinstance(raw, str):
         raise ConfigError(f"{config}: [daemon] {key} must be a string, got {raw!r}")
-    return resolve_path(expand_vars(raw, os.environ, f"daemon.{key}"), os.path.dirname(os.path.abspath(config)))
+    return resolve_path(expand_vars(raw, os.environ if env is None else env, f"daemon.{key}"),
+                        os.path.dirname(os.path.abspath(config)))
 
 
 def socket_answers(path: str, timeout: float = 1.0) -> bool:
