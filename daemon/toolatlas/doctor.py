@@ -18,6 +18,7 @@ from toolatlas.config import Config, StdioUpstream
 from toolatlas.paths import default_config_path, default_socket_path, default_state_dir
 
 OK, WARN, FAIL = "ok", "WARN", "FAIL"
+DAEMON_ANSWER_S = 15.0  # how long the daemon check waits for each answer
 _ONNX_KINDS = ("onnx", "onnx-fp32", "onnx-int8")
 
 
@@ -156,8 +157,14 @@ def _check_daemon(socket: str, config: str | None) -> tuple[Check, dict[str, Any
     from toolatlas.surface.rawclient import RawClient, RpcError
 
     try:
-        with RawClient(socket, timeout=15) as client:
+        with RawClient(socket, timeout=DAEMON_ANSWER_S) as client:
             result = client.call_tool("catalog_status", {})
+    except TimeoutError:  # something holds the socket: a second daemon is not the fix
+        return Check(FAIL, "daemon", f"{socket} accepts connections but did not answer within {DAEMON_ANSWER_S:g} s: "
+                     "the daemon there is still starting, hung or stopped, or another program holds the socket; "
+                     "see its log and, if it stays so, restart it (`systemctl --user restart toolatlas`, or stop "
+                     "the process and run "
+                     f"`toolatlas serve --config {config or 'PATH'}`)"), None
     except (ConnectionError, OSError, RpcError, ValueError) as exc:
         cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
         reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)

@@ -4,9 +4,12 @@ adopted config), `check-config`'s warning for a command that is not found, and `
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.support.daemon import Daemon, stdio_testserver
 
@@ -53,6 +56,30 @@ def test_doctor_fails_when_no_daemon_answers(tmp_path: Path) -> None:
     assert daemon and f"no answer at {sock} (No such file or directory); start it with `toolatlas serve " \
         f"--config {cfg}`" in daemon[0]
     assert lines[-1] == "1 problem(s) found"
+
+
+def test_doctor_on_a_socket_that_accepts_but_never_answers_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wedged daemon (or a stopped one, or another program on its socket) holds the socket:
+    starting a second daemon there is not the fix, and doctor must not say it is."""
+    from toolatlas import doctor
+
+    sock = tmp_path / "mute.sock"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{sock}"\nstate_dir = "{tmp_path / "state"}"\nmetrics_addr = ""\n'
+                   '[search]\nembedder = "none"\n')
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(str(sock))
+    mute.listen(8)  # accepted by the kernel, never read
+    monkeypatch.setattr(doctor, "DAEMON_ANSWER_S", 0.5, raising=False)
+    try:
+        checks = doctor.run_checks(str(cfg))
+    finally:
+        mute.close()
+    daemon = [c for c in checks if c.what == "daemon"]
+    assert daemon and daemon[0].level == doctor.FAIL
+    assert "accepts connections but did not answer within 0.5 s" in daemon[0].detail, daemon[0].detail
+    assert "start it with" not in daemon[0].detail and "restart" in daemon[0].detail, daemon[0].detail
 
 
 def test_doctor_is_import_light(tmp_path: Path) -> None:
