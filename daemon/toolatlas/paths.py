@@ -152,12 +152,15 @@ def client_socket(flag: str | None, config: str | None = None) -> str:
     `$TOOLATLAS_CONFIG`) resolved exactly as the daemon resolves it, else the default. Only
     that key is read, so a config whose other values need the daemon's environment (an
     unset `${TOKEN}` in an upstream header) still names its socket. Raises ConfigError when
-    the config is not valid TOML or its socket names an unset variable.
+    the config is not valid TOML or its socket names an unset variable, and when `config`
+    (the --config flag; not `$TOOLATLAS_CONFIG`) names no file.
     """
     if flag:
         return flag
     if env := os.environ.get("TOOLATLAS_SOCKET"):
         return env
+    if config and not os.path.exists(config):
+        raise ConfigError(f"--config {config!r}: no such file")
     config = config or os.environ.get("TOOLATLAS_CONFIG")
     if not config or not os.path.exists(config):
         return default_socket_path()
