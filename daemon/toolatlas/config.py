@@ -380,8 +380,12 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
         socket=socket_path(cfg.daemon.socket, base),
         state_dir=resolve_path(cfg.daemon.state_dir, base) or default_state_dir(),
     )
+    # A stdio command's leading `~` is expanded like every configured path (and as check-config
+    # and doctor look for it); a bare name or a relative path is left to PATH and `cwd`.
     ups = [
-        msgspec.structs.replace(u, cwd=resolve_path(u.cwd, base)) if isinstance(u, StdioUpstream) and u.cwd else u
+        msgspec.structs.replace(u, cwd=resolve_path(u.cwd, base) if u.cwd else u.cwd,
+                                command=os.path.expanduser(u.command) if u.command.startswith("~") else u.command)
+        if isinstance(u, StdioUpstream) else u
         for u in cfg.upstream
     ]
     surface = msgspec.structs.replace(cfg.surface, templates=resolve_path(cfg.surface.templates, base) or "")

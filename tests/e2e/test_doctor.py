@@ -3,6 +3,7 @@ adopted config), `check-config`'s warning for a command that is not found, and `
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -80,6 +81,27 @@ def test_doctor_on_a_socket_that_accepts_but_never_answers_says_so(
     assert daemon and daemon[0].level == doctor.FAIL
     assert "accepts connections but did not answer within 0.5 s" in daemon[0].detail, daemon[0].detail
     assert "start it with" not in daemon[0].detail and "restart" in daemon[0].detail, daemon[0].detail
+
+
+def test_a_command_under_home_written_with_a_tilde_is_started(tmp_path: Path) -> None:
+    """`command = "~/bin/..."`: check-config and doctor expand the `~` (as for every other
+    path in the config), so the daemon must start that same file."""
+    from tests.support.servers import testserver_args
+
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "py").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (home / "bin" / "py").chmod(0o755)
+    block = f'[[upstream]]\nname = "t"\ntransport = "stdio"\ncommand = "~/bin/py"\nargs = {json.dumps(testserver_args())}\n'
+    (tmp_path / "d").mkdir()
+    d = Daemon(tmp_path / "d", block)
+    with d.start(env={"HOME": str(home)}):
+        states = d.wait_for(lambda: (s := {x["name"]: x for x in d.status()["servers"]})["t"]["state"] in
+                            ("ready", "degraded") and s, 30, "t ready or degraded")
+        assert states["t"]["state"] == "ready", states["t"]
+        r = subprocess.run([sys.executable, "-m", "toolatlas", "doctor", "--config", str(d.config)],
+                           capture_output=True, text=True, env={**os.environ, "HOME": str(home)}, timeout=60)
+        assert "ok    commands: all 1 stdio upstream commands found" in r.stdout.splitlines(), r.stdout
 
 
 def test_doctor_is_import_light(tmp_path: Path) -> None:
