@@ -123,14 +123,18 @@ def unit_dir() -> Path:
     return Path(base) / "systemd" / "user"
 
 
+def environment_file() -> Path:
+    """The user service's `EnvironmentFile=-%E/toolatlas/environment`."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "toolatlas", "environment")
+
+
 def service_environment() -> dict[str, str]:
     """The environment the service will have, as far as it can be known here: this one with
-    the unit's `EnvironmentFile=-%E/toolatlas/environment` over it (`NAME=value` lines; `#`
-    and `;` comments; a value may be quoted), where the README keeps the config's secrets."""
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    the unit's environment_file() over it (`NAME=value` lines; `#` and `;` comments; a value
+    may be quoted), where the README keeps the config's secrets."""
     env = dict(os.environ)
     try:
-        text = Path(base, "toolatlas", "environment").read_text(encoding="utf-8", errors="replace")
+        text = environment_file().read_text(encoding="utf-8", errors="replace")
     except OSError:
         return env
     for line in text.splitlines():

@@ -104,6 +104,25 @@ def test_a_command_under_home_written_with_a_tilde_is_started(tmp_path: Path) ->
         assert "ok    commands: all 1 stdio upstream commands found" in r.stdout.splitlines(), r.stdout
 
 
+def test_variables_kept_in_the_user_services_environment_file_are_not_a_config_failure(tmp_path: Path) -> None:
+    """README: with `toolatlas install --user`, the config's ${VAR}s go in
+    ~/.config/toolatlas/environment, not the shell. doctor must not call that config broken."""
+    xdg = tmp_path / "xdg"
+    (xdg / "toolatlas").mkdir(parents=True)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "s.sock"}"\nstate_dir = "{tmp_path / "state"}"\nmetrics_addr = ""\n'
+                   '[search]\nembedder = "none"\n[[upstream]]\nname = "web"\ntransport = "http"\n'
+                   'url = "http://127.0.0.1:9/mcp"\nheaders = { Authorization = "Bearer ${TOOLATLAS_T_TOKEN}" }\n')
+    (xdg / "toolatlas" / "environment").write_text("TOOLATLAS_T_TOKEN=s3cret-value\n")
+    env = {k: v for k, v in os.environ.items() if k != "TOOLATLAS_T_TOKEN"}
+    r = subprocess.run([sys.executable, "-m", "toolatlas", "doctor", "--config", str(cfg)], capture_output=True,
+                       text=True, env={**env, "XDG_CONFIG_HOME": str(xdg)}, timeout=60)
+    config = [line for line in r.stdout.splitlines() if line.split()[1:2] == ["config:"]]
+    assert config and config[0].startswith("WARN  config: "), r.stdout
+    assert str(xdg / "toolatlas" / "environment") in config[0] and "s3cret" not in r.stdout, config[0]
+    assert f"FAIL  daemon: no answer at {tmp_path / 's.sock'}" in r.stdout  # the config's socket, not the default
+
+
 def test_doctor_is_import_light(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "none.sock"}"\nstate_dir = "{tmp_path / "state"}"\n')
