@@ -310,7 +310,7 @@ def _main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"toolatlas: config error: {path}: {problem}", file=sys.stderr)
             return EX_CONFIG
-        for problem in missing_commands(cfg):
+        for problem, _advice in missing_commands(cfg):
             print(f"toolatlas: warning: {problem} (the daemon will not be able to start it)", file=sys.stderr)
         print(f"{path}: OK ({len(cfg.upstream)} upstreams; socket {cfg.daemon.socket})")
         return 0

@@ -51,14 +51,20 @@ def command_problem(command: str, env: Mapping[str, str] | None = None, cwd: str
     return None
 
 
-def missing_commands(cfg: Config) -> list[str]:
-    """One sentence per enabled stdio upstream whose command cannot be found."""
+CWD_ADVICE = "create it, or fix `cwd` in the config"
+COMMAND_ADVICE = "install it, or give its absolute path as `command` in the config"
+
+
+def missing_commands(cfg: Config) -> list[tuple[str, str]]:
+    """(sentence, what to do) per enabled stdio upstream the daemon cannot start: its `cwd` is
+    not a folder, or its command cannot be found."""
     out = []
     for up in cfg.upstream:
         if isinstance(up, StdioUpstream) and up.enabled:
-            problem = command_problem(up.command, up.env, up.cwd)
-            if problem:
-                out.append(f"upstream {up.name!r}: {problem}")
+            if up.cwd and not os.path.isdir(up.cwd):
+                out.append((f"upstream {up.name!r}: cwd {up.cwd!r} is not a folder", CWD_ADVICE))
+            elif problem := command_problem(up.command, up.env, up.cwd):
+                out.append((f"upstream {up.name!r}: {problem}", COMMAND_ADVICE))
     return out
 
 
@@ -115,8 +121,8 @@ def _check_config(path: str | None) -> tuple[Check, Config | None]:
 def _check_commands(cfg: Config) -> Iterator[Check]:
     stdio = [u for u in cfg.upstream if isinstance(u, StdioUpstream) and u.enabled]
     problems = missing_commands(cfg)
-    for p in problems:
-        yield Check(FAIL, "command", f"{p}: install it, or give its absolute path as `command` in the config")
+    for p, advice in problems:
+        yield Check(FAIL, "command", f"{p}: {advice}")
     if stdio and not problems:
         yield Check(OK, "commands", f"all {len(stdio)} stdio upstream commands found")
 

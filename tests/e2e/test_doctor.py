@@ -41,6 +41,22 @@ def test_doctor_names_a_missing_command_and_the_upstream_it_breaks(tmp_path: Pat
     assert f"warning: upstream 'ghost': command '{GHOST}' is not found on PATH" in warned.stderr
 
 
+def test_a_cwd_that_is_not_a_folder_is_found_before_the_daemon_fails_on_it(tmp_path: Path) -> None:
+    """The daemon cannot start a stdio upstream whose `cwd` does not exist (FileNotFoundError
+    naming the folder): check-config warns of it and doctor fails it, as for a missing command."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "s.sock"}"\nstate_dir = "{tmp_path / "state"}"\nmetrics_addr = ""\n'
+                   f'[search]\nembedder = "none"\n[[upstream]]\nname = "t"\ntransport = "stdio"\n'
+                   f'command = "{sys.executable}"\ncwd = "{tmp_path / "gone"}"\n')
+    warned = _run("check-config", str(cfg))
+    assert warned.returncode == 0 and f"warning: upstream 't': cwd '{tmp_path / 'gone'}' is not a folder" in warned.stderr, \
+        warned.stderr
+    r = _run("doctor", "--config", str(cfg))
+    assert f"FAIL  command: upstream 't': cwd '{tmp_path / 'gone'}' is not a folder: create it, or fix `cwd` in " \
+           "the config" in r.stdout.splitlines(), r.stdout
+    assert "commands found" not in r.stdout
+
+
 def test_doctor_fails_when_no_daemon_answers(tmp_path: Path) -> None:
     sock = tmp_path / "run" / "none.sock"
     cfg = tmp_path / "c.toml"
