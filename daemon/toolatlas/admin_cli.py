@@ -3,8 +3,9 @@ commands, sent over the daemon's socket as `toolatlas/*` JSON-RPC requests (surf
 The daemon serves them to the user it runs as and to root only.
 
 Exit status: 0 done; 1 it ran and failed (a restart that did not come back, an upstream
-with no session to re-list); 64 an unknown upstream; 69 no daemon on the socket; 77 not the
-daemon's owner; 78 a reload refused (the config is invalid or needs a restart for a key).
+with no session to re-list); 64 an unknown upstream; 69 no daemon on the socket (or none that
+answers the handshake within HANDSHAKE_TIMEOUT_S); 77 not the daemon's owner; 78 a reload
+refused (the config is invalid or needs a restart for a key).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ _FORBIDDEN = -32003
 _INVALID_PARAMS = -32602
 # Seconds the CLI waits for an answer; the daemon bounds every command well inside it.
 ANSWER_TIMEOUT_S = 900.0
+# Seconds it waits for the handshake's answer, which a working daemon gives at once (as long
+# as search/status wait for theirs): a wedged daemon is exit 69 after this, not 15 minutes.
+HANDSHAKE_TIMEOUT_S = 120.0
 
 
 def _client_opts(p: argparse.ArgumentParser) -> None:
@@ -98,7 +102,7 @@ def _run(args: argparse.Namespace, method: str, params: dict[str, Any],
         print(f"toolatlas: config error: {exc}", file=sys.stderr)
         return EX_CONFIG
     try:
-        client = RawClient(path, timeout=ANSWER_TIMEOUT_S)
+        client = RawClient(path, timeout=ANSWER_TIMEOUT_S, handshake_timeout=HANDSHAKE_TIMEOUT_S)
     except (ConnectionError, OSError, RpcError) as exc:
         print(f"toolatlas: {exc}", file=sys.stderr)
         return EX_UNAVAILABLE

@@ -304,9 +304,13 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"toolatlas: config error: {exc}", file=sys.stderr)
         return EX_CONFIG
     if args.cmd == "check-config":
-        from toolatlas.doctor import missing_commands
+        from toolatlas.doctor import cards_problem, missing_commands
 
-        for problem in missing_commands(cfg):
+        problem = cards_problem(cfg)
+        if problem:
+            print(f"toolatlas: config error: {path}: {problem}", file=sys.stderr)
+            return EX_CONFIG
+        for problem, _advice in missing_commands(cfg):
             print(f"toolatlas: warning: {problem} (the daemon will not be able to start it)", file=sys.stderr)
         print(f"{path}: OK ({len(cfg.upstream)} upstreams; socket {cfg.daemon.socket})")
         return 0

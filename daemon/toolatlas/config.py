@@ -291,7 +291,10 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         if key in raw:
             raise ConfigError(f"{source}: unknown key {key!r} in [top level]")
     found: list[str] = []
-    raw = _expand(raw, "", dict(os.environ) if env is None else env, found)
+    try:
+        raw = _expand(raw, "", dict(os.environ) if env is None else env, found)
+    except ConfigError as exc:  # a variable that is not set: the message names the key
+        raise ConfigError(f"{source}: {exc}") from exc
     raw["expanded_secrets"] = tuple(dict.fromkeys(found))
     try:
         cfg = msgspec.convert(raw, Config)
@@ -327,7 +330,10 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
 
     # A bad template fails here, naming file and placeholder (the daemon's and each endpoint's).
     for folder in (cfg.surface.templates, *(ep.templates for ep in cfg.endpoint if ep.templates)):
-        TemplateSet.load(folder)
+        try:
+            TemplateSet.load(folder)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
     return cfg
 
 
@@ -374,8 +380,12 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
         socket=socket_path(cfg.daemon.socket, base),
         state_dir=resolve_path(cfg.daemon.state_dir, base) or default_state_dir(),
     )
+    # A stdio command's leading `~` is expanded like every configured path (and as check-config
+    # and doctor look for it); a bare name or a relative path is left to PATH and `cwd`.
     ups = [
-        msgspec.structs.replace(u, cwd=resolve_path(u.cwd, base)) if isinstance(u, StdioUpstream) and u.cwd else u
+        msgspec.structs.replace(u, cwd=resolve_path(u.cwd, base) if u.cwd else u.cwd,
+                                command=os.path.expanduser(u.command) if u.command.startswith("~") else u.command)
+        if isinstance(u, StdioUpstream) else u
         for u in cfg.upstream
     ]
     surface = msgspec.structs.replace(cfg.surface, templates=resolve_path(cfg.surface.templates, base) or "")
@@ -392,8 +402,9 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
                                    source=source)
 
 
-def load(path: str | os.PathLike[str]) -> Config:
-    """Read and parse a config file; ConfigError if it is missing or invalid."""
+def load(path: str | os.PathLike[str], *, env: dict[str, str] | None = None) -> Config:
+    """Read and parse a config file (`${VAR}` from `env`, default the environment);
+    ConfigError if it is missing or invalid."""
     p = Path(path)
     try:
         text = read_regular(p).decode("utf-8")
@@ -401,7 +412,7 @@ def load(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"cannot read config {str(p)!r}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read config {str(p)!r}: it is not UTF-8 text") from exc
-    return parse(text, source=str(p))
+    return parse(text, source=str(p), env=env)
 
 
 def secrets(cfg: Config) -> list[str]:

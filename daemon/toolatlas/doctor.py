@@ -18,6 +18,7 @@ from toolatlas.config import Config, StdioUpstream
 from toolatlas.paths import default_config_path, default_socket_path, default_state_dir
 
 OK, WARN, FAIL = "ok", "WARN", "FAIL"
+DAEMON_ANSWER_S = 15.0  # how long the daemon check waits for each answer
 _ONNX_KINDS = ("onnx", "onnx-fp32", "onnx-int8")
 
 
@@ -50,15 +51,34 @@ def command_problem(command: str, env: Mapping[str, str] | None = None, cwd: str
     return None
 
 
-def missing_commands(cfg: Config) -> list[str]:
-    """One sentence per enabled stdio upstream whose command cannot be found."""
+CWD_ADVICE = "create it, or fix `cwd` in the config"
+COMMAND_ADVICE = "install it, or give its absolute path as `command` in the config"
+
+
+def missing_commands(cfg: Config) -> list[tuple[str, str]]:
+    """(sentence, what to do) per enabled stdio upstream the daemon cannot start: its `cwd` is
+    not a folder, or its command cannot be found."""
     out = []
     for up in cfg.upstream:
         if isinstance(up, StdioUpstream) and up.enabled:
-            problem = command_problem(up.command, up.env, up.cwd)
-            if problem:
-                out.append(f"upstream {up.name!r}: {problem}")
+            if up.cwd and not os.path.isdir(up.cwd):
+                out.append((f"upstream {up.name!r}: cwd {up.cwd!r} is not a folder", CWD_ADVICE))
+            elif problem := command_problem(up.command, up.env, up.cwd):
+                out.append((f"upstream {up.name!r}: {problem}", COMMAND_ADVICE))
     return out
+
+
+def cards_problem(cfg: Config) -> str | None:
+    """Why the daemon would refuse `cfg`'s [cards] section (a public key it cannot read, or
+    `required` without one), as serve and a reload check it; None when it is fine."""
+    from toolatlas.catalog.attest import Attestor
+    from toolatlas.errors import ConfigError
+
+    try:
+        Attestor(cfg)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def config_path(flag: str | None) -> str | None:
@@ -78,18 +98,31 @@ def _check_config(path: str | None) -> tuple[Check, Config | None]:
         return Check(WARN, "config", "none given (--config PATH or $TOOLATLAS_CONFIG) and none at "
                      f"{default_config_path()}; checking the default socket and state folder. "
                      "`toolatlas adopt CLIENT_CONFIG --out FILE` writes one"), None
+    from toolatlas.install import environment_file, service_environment
+
+    note = ""
     try:
         cfg = load(path)
     except ConfigError as exc:
-        return Check(FAIL, "config", f"{exc}; fix it and run `toolatlas check-config {path}`"), None
+        try:  # the variables the systemd user service gets from its environment file (README)
+            cfg = load(path, env=service_environment())
+        except ConfigError:
+            return Check(FAIL, "config", f"{exc}; fix it and run `toolatlas check-config {path}`"), None
+        note = (f"valid with the variables of {environment_file()} (the `toolatlas install --user` service "
+                f"reads them), not without: {exc}; a daemon that a shim starts has its client's environment")
+    problem = cards_problem(cfg)
+    if problem:
+        return Check(FAIL, "config", f"{path}: {problem}; fix it and run `toolatlas check-config {path}`"), cfg
+    if note:
+        return Check(WARN, "config", note), cfg
     return Check(OK, "config", f"{path} is valid ({len(cfg.upstream)} upstreams)"), cfg
 
 
 def _check_commands(cfg: Config) -> Iterator[Check]:
     stdio = [u for u in cfg.upstream if isinstance(u, StdioUpstream) and u.enabled]
     problems = missing_commands(cfg)
-    for p in problems:
-        yield Check(FAIL, "command", f"{p}: install it, or give its absolute path as `command` in the config")
+    for p, advice in problems:
+        yield Check(FAIL, "command", f"{p}: {advice}")
     if stdio and not problems:
         yield Check(OK, "commands", f"all {len(stdio)} stdio upstream commands found")
 
@@ -140,8 +173,14 @@ def _check_daemon(socket: str, config: str | None) -> tuple[Check, dict[str, Any
     from toolatlas.surface.rawclient import RawClient, RpcError
 
     try:
-        with RawClient(socket, timeout=15) as client:
+        with RawClient(socket, timeout=DAEMON_ANSWER_S) as client:
             result = client.call_tool("catalog_status", {})
+    except TimeoutError:  # something holds the socket: a second daemon is not the fix
+        return Check(FAIL, "daemon", f"{socket} accepts connections but did not answer within {DAEMON_ANSWER_S:g} s: "
+                     "the daemon there is still starting, hung or stopped, or another program holds the socket; "
+                     "see its log and, if it stays so, restart it (`systemctl --user restart toolatlas`, or stop "
+                     "the process and run "
+                     f"`toolatlas serve --config {config or 'PATH'}`)"), None
     except (ConnectionError, OSError, RpcError, ValueError) as exc:
         cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
         reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)

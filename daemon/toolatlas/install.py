@@ -123,6 +123,31 @@ def unit_dir() -> Path:
     return Path(base) / "systemd" / "user"
 
 
+def environment_file() -> Path:
+    """The user service's `EnvironmentFile=-%E/toolatlas/environment`."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "toolatlas", "environment")
+
+
+def service_environment() -> dict[str, str]:
+    """The environment the service will have, as far as it can be known here: this one with
+    the unit's environment_file() over it (`NAME=value` lines; `#` and `;` comments; a value
+    may be quoted), where the README keeps the config's secrets."""
+    env = dict(os.environ)
+    try:
+        text = environment_file().read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return env
+    for line in text.splitlines():
+        name, eq, value = line.strip().partition("=")
+        if not eq or not name or name[0] in "#;":
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[name.strip()] = value
+    return env
+
+
 def _user_manager() -> str | None:
     """None when `systemctl --user` reaches a user manager, else why not."""
     if shutil.which("systemctl") is None:
@@ -151,12 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     config = os.path.abspath(args.config)
     have_config = os.path.exists(config)
+    env = service_environment()
     try:
         if have_config:
             from toolatlas.config import load
 
-            load(config)  # a config the daemon would refuse is reported now, not at its first start
-        socket = (daemon_path(config, "socket") if have_config else "") or default_socket_path()
+            load(config, env=env)  # a config the daemon would refuse is reported now, not at its first start
+        socket = (daemon_path(config, "socket", env) if have_config else "") or default_socket_path()
     except ConfigError as exc:
         print(f"toolatlas install: config error: {exc}", file=sys.stderr)
         return EX_CONFIG

@@ -152,19 +152,22 @@ def client_socket(flag: str | None, config: str | None = None) -> str:
     `$TOOLATLAS_CONFIG`) resolved exactly as the daemon resolves it, else the default. Only
     that key is read, so a config whose other values need the daemon's environment (an
     unset `${TOKEN}` in an upstream header) still names its socket. Raises ConfigError when
-    the config is not valid TOML or its socket names an unset variable.
+    the config is not valid TOML or its socket names an unset variable, and when `config`
+    (the --config flag; not `$TOOLATLAS_CONFIG`) names no file.
     """
     if flag:
         return flag
     if env := os.environ.get("TOOLATLAS_SOCKET"):
         return env
+    if config and not os.path.exists(config):
+        raise ConfigError(f"--config {config!r}: no such file")
     config = config or os.environ.get("TOOLATLAS_CONFIG")
     if not config or not os.path.exists(config):
         return default_socket_path()
     return daemon_path(config, "socket") or default_socket_path()
 
 
-def daemon_path(config: str, key: str) -> str:
+def daemon_path(config: str, key: str, env: Mapping[str, str] | None = None) -> str:
     """The `[daemon] KEY` path (socket, state_dir) of `config`, resolved as the daemon
     resolves it, or "" when unset.
 
@@ -183,7 +186,8 @@ def daemon_path(config: str, key: str) -> str:
     raw = table.get(key, "") if isinstance(table, dict) else ""
     if not isinstance(raw, str):
         raise ConfigError(f"{config}: [daemon] {key} must be a string, got {raw!r}")
-    return resolve_path(expand_vars(raw, os.environ, f"daemon.{key}"), os.path.dirname(os.path.abspath(config)))
+    return resolve_path(expand_vars(raw, os.environ if env is None else env, f"daemon.{key}"),
+                        os.path.dirname(os.path.abspath(config)))
 
 
 def socket_answers(path: str, timeout: float = 1.0) -> bool:

@@ -1,29 +1,51 @@
 """`toolatlas search|call|status` against a socket that accepts but never answers: a clear
-error and exit 69 once the answer timeout runs out, never a traceback."""
+error and exit 69 once the answer timeout runs out, never a traceback. `toolatlas upstream
+...` and `toolatlas reload` likewise, once the handshake wait runs out (not after the long
+wait meant for a restart or a reload the daemon is working on)."""
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from toolatlas import cli
+from toolatlas import admin_cli, cli
+
+
+@pytest.fixture
+def mute(tmp_path: Path) -> Iterator[str]:
+    """A socket path whose connections wait in the backlog: accepted by the kernel, never read."""
+    path = str(tmp_path / "mute.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(8)
+    try:
+        yield path
+    finally:
+        sock.close()
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("argv", [["status"], ["search", "weather"], ["call", "one__echo"]])
 def test_a_daemon_that_never_answers_is_an_error_not_a_traceback(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
-    path = str(tmp_path / "mute.sock")
-    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    mute.bind(path)
-    mute.listen(8)  # connections wait in the backlog: accepted by the kernel, never read
+        mute: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     monkeypatch.setattr(cli, "ANSWER_TIMEOUT_S", 0.5)
-    try:
-        code = cli.main([*argv, "--socket", path])
-    finally:
-        mute.close()
+    code = cli.main([*argv, "--socket", mute])
     err = capsys.readouterr().err
     assert code == 69, err
-    assert f"the daemon at {path} accepted the connection but did not answer within 0.5 s" in err, err
+    assert f"the daemon at {mute} accepted the connection but did not answer within 0.5 s" in err, err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv", [["upstream", "list"], ["upstream", "restart", "a"], ["reload"]])
+def test_a_daemon_that_never_answers_the_handshake_is_an_operator_error_soon(
+        mute: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    monkeypatch.setattr(admin_cli, "ANSWER_TIMEOUT_S", 5.0)  # what a command may take once the daemon answers
+    monkeypatch.setattr(admin_cli, "HANDSHAKE_TIMEOUT_S", 0.5, raising=False)
+    code = cli.main([*argv, "--socket", mute])
+    err = capsys.readouterr().err
+    assert code == 69, err
+    assert f"the daemon at {mute} accepted the connection but did not answer within 0.5 s" in err, err
+    assert "Traceback" not in err

@@ -3,10 +3,14 @@ adopted config), `check-config`'s warning for a command that is not found, and `
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.support.daemon import Daemon, stdio_testserver
 
@@ -37,6 +41,22 @@ def test_doctor_names_a_missing_command_and_the_upstream_it_breaks(tmp_path: Pat
     assert f"warning: upstream 'ghost': command '{GHOST}' is not found on PATH" in warned.stderr
 
 
+def test_a_cwd_that_is_not_a_folder_is_found_before_the_daemon_fails_on_it(tmp_path: Path) -> None:
+    """The daemon cannot start a stdio upstream whose `cwd` does not exist (FileNotFoundError
+    naming the folder): check-config warns of it and doctor fails it, as for a missing command."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "s.sock"}"\nstate_dir = "{tmp_path / "state"}"\nmetrics_addr = ""\n'
+                   f'[search]\nembedder = "none"\n[[upstream]]\nname = "t"\ntransport = "stdio"\n'
+                   f'command = "{sys.executable}"\ncwd = "{tmp_path / "gone"}"\n')
+    warned = _run("check-config", str(cfg))
+    assert warned.returncode == 0 and f"warning: upstream 't': cwd '{tmp_path / 'gone'}' is not a folder" in warned.stderr, \
+        warned.stderr
+    r = _run("doctor", "--config", str(cfg))
+    assert f"FAIL  command: upstream 't': cwd '{tmp_path / 'gone'}' is not a folder: create it, or fix `cwd` in " \
+           "the config" in r.stdout.splitlines(), r.stdout
+    assert "commands found" not in r.stdout
+
+
 def test_doctor_fails_when_no_daemon_answers(tmp_path: Path) -> None:
     sock = tmp_path / "run" / "none.sock"
     cfg = tmp_path / "c.toml"
@@ -53,6 +73,70 @@ def test_doctor_fails_when_no_daemon_answers(tmp_path: Path) -> None:
     assert daemon and f"no answer at {sock} (No such file or directory); start it with `toolatlas serve " \
         f"--config {cfg}`" in daemon[0]
     assert lines[-1] == "1 problem(s) found"
+
+
+def test_doctor_on_a_socket_that_accepts_but_never_answers_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wedged daemon (or a stopped one, or another program on its socket) holds the socket:
+    starting a second daemon there is not the fix, and doctor must not say it is."""
+    from toolatlas import doctor
+
+    sock = tmp_path / "mute.sock"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{sock}"\nstate_dir = "{tmp_path / "state"}"\nmetrics_addr = ""\n'
+                   '[search]\nembedder = "none"\n')
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(str(sock))
+    mute.listen(8)  # accepted by the kernel, never read
+    monkeypatch.setattr(doctor, "DAEMON_ANSWER_S", 0.5, raising=False)
+    try:
+        checks = doctor.run_checks(str(cfg))
+    finally:
+        mute.close()
+    daemon = [c for c in checks if c.what == "daemon"]
+    assert daemon and daemon[0].level == doctor.FAIL
+    assert "accepts connections but did not answer within 0.5 s" in daemon[0].detail, daemon[0].detail
+    assert "start it with" not in daemon[0].detail and "restart" in daemon[0].detail, daemon[0].detail
+
+
+def test_a_command_under_home_written_with_a_tilde_is_started(tmp_path: Path) -> None:
+    """`command = "~/bin/..."`: check-config and doctor expand the `~` (as for every other
+    path in the config), so the daemon must start that same file."""
+    from tests.support.servers import testserver_args
+
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "py").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (home / "bin" / "py").chmod(0o755)
+    block = f'[[upstream]]\nname = "t"\ntransport = "stdio"\ncommand = "~/bin/py"\nargs = {json.dumps(testserver_args())}\n'
+    (tmp_path / "d").mkdir()
+    d = Daemon(tmp_path / "d", block)
+    with d.start(env={"HOME": str(home)}):
+        states = d.wait_for(lambda: (s := {x["name"]: x for x in d.status()["servers"]})["t"]["state"] in
+                            ("ready", "degraded") and s, 30, "t ready or degraded")
+        assert states["t"]["state"] == "ready", states["t"]
+        r = subprocess.run([sys.executable, "-m", "toolatlas", "doctor", "--config", str(d.config)],
+                           capture_output=True, text=True, env={**os.environ, "HOME": str(home)}, timeout=60)
+        assert "ok    commands: all 1 stdio upstream commands found" in r.stdout.splitlines(), r.stdout
+
+
+def test_variables_kept_in_the_user_services_environment_file_are_not_a_config_failure(tmp_path: Path) -> None:
+    """README: with `toolatlas install --user`, the config's ${VAR}s go in
+    ~/.config/toolatlas/environment, not the shell. doctor must not call that config broken."""
+    xdg = tmp_path / "xdg"
+    (xdg / "toolatlas").mkdir(parents=True)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "s.sock"}"\nstate_dir = "{tmp_path / "state"}"\nmetrics_addr = ""\n'
+                   '[search]\nembedder = "none"\n[[upstream]]\nname = "web"\ntransport = "http"\n'
+                   'url = "http://127.0.0.1:9/mcp"\nheaders = { Authorization = "Bearer ${TOOLATLAS_T_TOKEN}" }\n')
+    (xdg / "toolatlas" / "environment").write_text("TOOLATLAS_T_TOKEN=s3cret-value\n")
+    env = {k: v for k, v in os.environ.items() if k != "TOOLATLAS_T_TOKEN"}
+    r = subprocess.run([sys.executable, "-m", "toolatlas", "doctor", "--config", str(cfg)], capture_output=True,
+                       text=True, env={**env, "XDG_CONFIG_HOME": str(xdg)}, timeout=60)
+    config = [line for line in r.stdout.splitlines() if line.split()[1:2] == ["config:"]]
+    assert config and config[0].startswith("WARN  config: "), r.stdout
+    assert str(xdg / "toolatlas" / "environment") in config[0] and "s3cret" not in r.stdout, config[0]
+    assert f"FAIL  daemon: no answer at {tmp_path / 's.sock'}" in r.stdout  # the config's socket, not the default
 
 
 def test_doctor_is_import_light(tmp_path: Path) -> None:

@@ -70,6 +70,22 @@ def test_bad_configs_name_the_key(text: str, needle: str) -> None:
     assert needle in str(info.value)
 
 
+@pytest.mark.parametrize(("text", "needle"), [
+    ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nenv={A='${NOPE_UNSET}'}\n",
+     "upstream[0].env.A: environment variable ${NOPE_UNSET} is not set"),
+    ("[daemon]\nsocket='${NOPE_UNSET}/s.sock'\n", "daemon.socket: environment variable ${NOPE_UNSET} is not set"),
+    ("[surface]\ntemplates='no-such-folder'\n", "[surface] templates: folder "),
+])
+def test_every_config_error_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, needle: str) -> None:
+    """Like every other config error, these say which file (systemd's journal, a reload, two configs)."""
+    monkeypatch.delenv("NOPE_UNSET", raising=False)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(cfg)
+    assert str(info.value).startswith(f"{cfg}: ") and needle in str(info.value), str(info.value)
+
+
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config"):
         load(tmp_path / "absent.toml")
@@ -86,6 +102,24 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
     no = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(bad)], capture_output=True, text=True)
     assert no.returncode == 78
     assert "unknown key 'what' in [daemon]" in no.stderr
+
+
+@pytest.mark.parametrize(("cards", "needle"), [
+    ("public_key = 'absent.pub'\n", "[cards] public_key: "),
+    ("required = true\n", "[cards] required = true needs [cards] public_key"),
+])
+def test_check_config_refuses_a_cards_section_the_daemon_would_refuse(tmp_path: Path, cards: str, needle: str) -> None:
+    """check-config must not say OK to a config `serve` (and a reload) refuses with exit 78."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[daemon]\nmetrics_addr = ''\nstate_dir = 'state'\n[cards]\n{cards}")
+    run = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(cfg)], capture_output=True, text=True)
+    assert run.returncode == 78, run.stdout + run.stderr
+    assert needle in run.stderr and str(cfg) in run.stderr and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    doctor = subprocess.run([sys.executable, "-m", "toolatlas", "doctor", "--config", str(cfg)], capture_output=True,
+                            text=True, timeout=60)
+    assert doctor.returncode == 1 and any(line.startswith("FAIL  config: ") and needle in line
+                                          for line in doctor.stdout.splitlines()), doctor.stdout
 
 
 def test_bundled_example_config_is_valid() -> None:

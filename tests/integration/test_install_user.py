@@ -77,6 +77,25 @@ def test_a_config_the_daemon_refuses_is_refused_now(tmp_path: Path, config: Daem
     assert not (tmp_path / "xdg").exists()
 
 
+def test_variables_from_the_units_environment_file_count_when_checking(tmp_path: Path, config: Daemon) -> None:
+    """The README keeps the config's ${VAR}s in ~/.config/toolatlas/environment (the service
+    unit's EnvironmentFile), out of the shell: install checks the config with them."""
+    config.config.write_text(config.config.read_text() + '\n[[upstream]]\nname = "web"\ntransport = "http"\n'
+                             'url = "http://127.0.0.1:9/mcp"\nheaders = { Authorization = "Bearer ${TOOLATLAS_T_TOKEN}" }\n')
+    xdg = tmp_path / "xdg"
+    (xdg / "toolatlas").mkdir(parents=True)
+    (xdg / "toolatlas" / "environment").write_text("# secrets for toolatlas\nTOOLATLAS_T_TOKEN='s3cret-value'\n")
+    env = {k: v for k, v in os.environ.items() if k != "TOOLATLAS_T_TOKEN"}
+    r = subprocess.run([sys.executable, "-m", "toolatlas", "install", "--user", "--config", str(config.config),
+                        "--dry-run"], capture_output=True, text=True, timeout=120, env={**env, "XDG_CONFIG_HOME": str(xdg)})
+    assert r.returncode == 0, r.stderr
+    assert "[Service]" in r.stdout and "s3cret" not in r.stdout + r.stderr
+    (xdg / "toolatlas" / "environment").unlink()
+    r = subprocess.run([sys.executable, "-m", "toolatlas", "install", "--user", "--config", str(config.config),
+                        "--dry-run"], capture_output=True, text=True, timeout=120, env={**env, "XDG_CONFIG_HOME": str(xdg)})
+    assert r.returncode == 78 and "${TOOLATLAS_T_TOKEN} is not set" in r.stderr, r.stderr
+
+
 def test_without_user_it_says_what_it_does(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "toolatlas", "install"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--user" in r.stderr

@@ -272,6 +272,21 @@ def test_rewriting_a_file_with_comments_keeps_the_comments_outside_the_server_ta
     assert '\n    "servers": {\n      "off": {' in out  # indented where it stands
 
 
+def test_a_file_with_a_byte_order_mark_keeps_it_and_its_comments(tmp_path: Path) -> None:
+    """Notepad and some Windows tools write a UTF-8 BOM; the file is read past it, so the
+    rewrite must edit past it too: the comments outside the server table stay (as the CLI
+    says they do) and the BOM is written back."""
+    text = '{\n  // keep me\n  "mcpServers": {\n    "a": {"command": "x"},\n  },\n  "other": 1,\n}\n'
+    p = tmp_path / "claude_desktop_config.json"
+    p.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    a = adopt(read_client_file(p))
+    new, name = rewritten(a, tmp_path / "c.toml")
+    assert new.startswith(b"\xef\xbb\xbf{\n  // keep me\n"), new[:40]
+    out = new.decode("utf-8-sig")
+    assert '"other": 1,\n}\n' in out
+    assert set(json.loads(strip_jsonc(out)[0])["mcpServers"]) == {name}
+
+
 def test_backup_names_lead_back_to_the_original(tmp_path: Path) -> None:
     assert original_of(tmp_path / "x.json.toolatlas-backup-20261202T101500Z") == tmp_path / "x.json"
     assert original_of(tmp_path / "x.json.toolatlas-backup-20261202T101500Z-2") == tmp_path / "x.json"

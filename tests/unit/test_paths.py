@@ -60,7 +60,21 @@ def test_precedence_flag_env_config_default(env: pytest.MonkeyPatch, tmp_path: P
     assert client_socket(None, f) == "/from/env.sock"
     env.delenv("TOOLATLAS_SOCKET")
     assert client_socket(None, f) == "/from/config.sock"
-    assert client_socket(None, str(tmp_path / "missing.toml")) == default_socket_path()
+    env.setenv("TOOLATLAS_CONFIG", str(tmp_path / "missing.toml"))  # set for every shell, not there (yet)
+    assert client_socket(None) == default_socket_path()
+
+
+def test_a_config_flag_naming_no_file_is_an_error_not_the_default_socket(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`--config` with a typo must not send the command to the default socket (another daemon,
+    or an error about a socket the user never named)."""
+    missing = str(tmp_path / "confg.toml")
+    with pytest.raises(ConfigError, match="confg.toml"):
+        client_socket(None, missing)
+    for argv in (["status"], ["upstream", "list"], ["reload"]):
+        r = subprocess.run([sys.executable, "-m", "toolatlas", *argv, "--config", missing],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 78 and missing in r.stderr, (argv, r.returncode, r.stderr)
+        assert default_socket_path() not in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_an_unset_variable_or_bad_toml_is_a_config_error(env: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ comments elsewhere stay, comments inside those tables go with the entries they d
 
 from __future__ import annotations
 
+import codecs
 import copy
 import datetime as _dt
 import json
@@ -70,13 +71,15 @@ def rewritten(adoption: Adoption, config: Path) -> tuple[bytes, str]:
                 if n not in table)
     table[name] = shim_entry(src.kind, config)
     indent = _indent(src.raw)
+    # A UTF-8 byte order mark (Windows editors write one) was read past: edit past it, keep it.
+    bom = codecs.BOM_UTF8 if src.raw.startswith(codecs.BOM_UTF8) else b""
     if src.had_comments:
         tables = {tuple(w[:-1]) for w in adoption.replaced} | {tuple(src.servers_table)}
-        edited = replace_values(src.raw.decode(), {t: _at(data, t) for t in tables}, indent)
+        edited = replace_values(src.raw[len(bom):].decode(), {t: _at(data, t) for t in tables}, indent)
         if edited is not None:
-            return edited.encode(), name
+            return bom + edited.encode(), name
     text = json.dumps(data, indent=indent, ensure_ascii=False)
-    return (text + ("\n" if src.raw.endswith(b"\n") else "")).encode(), name
+    return bom + (text + ("\n" if src.raw.endswith(b"\n") else "")).encode(), name
 
 
 def _at(data: Any, path: tuple[str, ...]) -> Any:

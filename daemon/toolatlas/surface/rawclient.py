@@ -23,12 +23,14 @@ class RpcError(Exception):
 
 
 class RawClient:
-    def __init__(self, path: str, timeout: float = 120.0) -> None:
+    def __init__(self, path: str, timeout: float = 120.0, handshake_timeout: float | None = None) -> None:
+        """`timeout`: seconds each reply may take; `handshake_timeout` (default: the same) for
+        the answer to `initialize`, which a working daemon gives at once."""
         from toolatlas.surface.shim import connect
 
-        self.path, self.timeout = path, timeout
+        self.path = path
         self.sock = connect(path, wait=1.0)
-        self.sock.settimeout(timeout)
+        self._wait(timeout if handshake_timeout is None else min(timeout, handshake_timeout))
         self._lines = BoundedLines(MAX_REPLY_BYTES)
         self._ready: list[bytes | Oversized] = []
         self._id = 0
@@ -42,6 +44,11 @@ class RawClient:
         except BaseException:  # refused (a connection cap) or gone: never leak the socket
             self.sock.close()
             raise
+        self._wait(timeout)
+
+    def _wait(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.sock.settimeout(timeout)
 
     def _send(self, obj: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(obj).encode() + b"\n")

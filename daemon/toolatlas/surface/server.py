@@ -121,13 +121,20 @@ class Connections:
             self._live.pop(conn, None)
 
     def session(self, session_id: str) -> Connection | None:
-        return self._sessions.get(session_id)
+        conn = self._sessions.get(session_id)
+        if conn is not None:
+            self._sessions.move_to_end(session_id)  # in use: the last to be pushed out
+        return conn
 
     def remember(self, session_id: str, conn: Connection) -> None:
+        """Over max_sessions, the least recently used session with no request in flight is
+        forgotten (one the SDK expired, or abandoned), never one a request (an open event
+        stream) is on, unless every one has."""
         self._sessions[session_id] = conn
         self._sessions.move_to_end(session_id)
         while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
+            idle = next((sid for sid, c in self._sessions.items() if c not in self._live), None)
+            self._sessions.pop(idle if idle is not None else next(iter(self._sessions)))
 
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
