@@ -374,17 +374,25 @@ def metrics_address(cfg: Config) -> tuple[str, int] | None:
     return host_port(cfg.daemon.metrics_addr, key="[daemon] metrics_addr", source=cfg.source)
 
 
+def _stdio_command(command: str, cwd: str | None, base: Path) -> str:
+    """A stdio upstream's command as the daemon starts it: a leading `~` is the home folder
+    (as doctor looks for it); a relative path (`./bin/server`) is from the config file's
+    folder without a `cwd`, from the `cwd` with one (exec's rule); a bare name is on PATH."""
+    command = os.path.expanduser(command) if command.startswith("~") else command
+    if "/" in command and not os.path.isabs(command) and not cwd:
+        return str(base / command)
+    return command
+
+
 def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
     daemon = msgspec.structs.replace(
         cfg.daemon,
         socket=socket_path(cfg.daemon.socket, base),
         state_dir=resolve_path(cfg.daemon.state_dir, base) or default_state_dir(),
     )
-    # A stdio command's leading `~` is expanded like every configured path (and as check-config
-    # and doctor look for it); a bare name or a relative path is left to PATH and `cwd`.
     ups = [
         msgspec.structs.replace(u, cwd=resolve_path(u.cwd, base) if u.cwd else u.cwd,
-                                command=os.path.expanduser(u.command) if u.command.startswith("~") else u.command)
+                                command=_stdio_command(u.command, u.cwd, base))
         if isinstance(u, StdioUpstream) else u
         for u in cfg.upstream
     ]

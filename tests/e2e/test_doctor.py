@@ -120,6 +120,29 @@ def test_a_command_under_home_written_with_a_tilde_is_started(tmp_path: Path) ->
         assert "ok    commands: all 1 stdio upstream commands found" in r.stdout.splitlines(), r.stdout
 
 
+def test_a_relative_command_is_from_the_config_files_folder(tmp_path: Path) -> None:
+    """README: relative paths resolve against the config file's folder. `command =
+    "./bin/py"` without a `cwd` must start the file beside the config, whatever folder the
+    daemon (or doctor) runs in: before, the daemon looked in its own working folder (under
+    systemd, `/`) and doctor in the shell's."""
+    from tests.support.servers import testserver_args
+
+    (tmp_path / "d" / "bin").mkdir(parents=True)
+    (tmp_path / "d" / "bin" / "py").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (tmp_path / "d" / "bin" / "py").chmod(0o755)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    block = f'[[upstream]]\nname = "t"\ntransport = "stdio"\ncommand = "./bin/py"\nargs = {json.dumps(testserver_args())}\n'
+    d = Daemon(tmp_path / "d", block)
+    with d.start(cwd=elsewhere):
+        states = d.wait_for(lambda: (s := {x["name"]: x for x in d.status()["servers"]})["t"]["state"] in
+                            ("ready", "degraded") and s, 30, "t ready or degraded")
+        assert states["t"]["state"] == "ready", states["t"]
+        r = subprocess.run([sys.executable, "-m", "toolatlas", "doctor", "--config", str(d.config)],
+                           capture_output=True, text=True, cwd=elsewhere, timeout=60)
+        assert "ok    commands: all 1 stdio upstream commands found" in r.stdout.splitlines(), r.stdout
+
+
 def test_variables_kept_in_the_user_services_environment_file_are_not_a_config_failure(tmp_path: Path) -> None:
     """README: with `toolatlas install --user`, the config's ${VAR}s go in
     ~/.config/toolatlas/environment, not the shell. doctor must not call that config broken."""

@@ -92,14 +92,16 @@ class Daemon:
         if 'embedder = "onnx"' in search_extra and seed_models:
             seed_shared_models(tmp / "state" / "index")
 
-    def start(self, *, wait_ready: float = 60.0, env: dict[str, str] | None = None, ready: bool = True) -> "Daemon":
-        """Spawn the daemon and wait (up to `wait_ready` s) until its index is ready, or with
-        `ready=False` only until its socket answers catalog_status."""
+    def start(self, *, wait_ready: float = 60.0, env: dict[str, str] | None = None, ready: bool = True,
+              cwd: Path | None = None) -> "Daemon":
+        """Spawn the daemon (in folder `cwd`, default this process's) and wait (up to
+        `wait_ready` s) until its index is ready, or with `ready=False` only until its socket
+        answers catalog_status."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self._logfh = open(self.log, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "toolatlas", "serve", "--config", str(self.config)],
-            stdout=self._logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            stdout=self._logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
             preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + wait_ready
