@@ -175,7 +175,13 @@ class CallService:
         elif call.allow_input_required and call.input_responses:
             raise BadInput("inputResponses need the requestState of the input_required result they answer")
         if park is not None:
-            return await self._converse(self._parked.resume(park, call.input_responses), rec, conn)
+            try:
+                resumed = self._parked.resume(park, call.input_responses)
+            except BadInput:
+                if self._parked.waiting(park) and call.request_state:  # not answered: the call still waits,
+                    self._sealer.release(call.request_state)  # so its state stays good for the retry that answers
+                raise
+            return await self._converse(resumed, rec, conn)
         spawn = self._spawn()
         exchange = None
         if call.allow_input_required and call.elicit is None and spawn is not None and self._asks_mid_call(rec.server):
