@@ -293,8 +293,8 @@ class HttpEndpoint:
         finally:
             self.connections.discard(conn)
             CONNECTION.reset(ctx_token)
-            if session_id and scope.get("method") == "DELETE":
-                self.connections.forget(session_id)
+            if session_id and scope.get("method") == "DELETE" and conn is self.connections.session(session_id):
+                self.connections.forget(session_id)  # the session's own DELETE: another principal's is refused (404)
 
     def _learn_session(self, send: Send, conn: Connection) -> Send:
         """`send`, noting the `Mcp-Session-Id` a response opens a 2025-era session with, so
