@@ -58,6 +58,16 @@ class InputStateSealer:
         upstream, state, _park = self.open_parked(token, tool=tool, principal=principal)
         return upstream, state
 
+    def release(self, token: str) -> None:
+        """Make a token opened by `open_parked` good for one more retry: the retry it came
+        with was refused before it reached the call (its answer was missing)."""
+        try:
+            nonce = str(json.loads(self._unseal(token)).get("n"))
+        except (InvalidTag, binascii.Error, ValueError, TypeError, AttributeError):
+            return
+        with self._lock:
+            self._used.pop(nonce, None)
+
     def open_parked(self, token: str, *, tool: str, principal: str) -> tuple[str, str | None, str | None]:
         """`open`, and the key of the parked call the token answers (None if none)."""
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from toolatlas.errors import BadInput
@@ -127,6 +128,17 @@ def json_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+_PLAIN_NAME = re.compile(r"[\w.$@-]+")
+
+
+def _param(name: str) -> str:
+    """A parameter name as the listing shows it: as is when it is plain word characters, else
+    JSON-quoted with everything but printable ASCII escaped. The name is the publisher's: a
+    line break in it must not start a line of toolatlas's listing (a forged match marked
+    [attested]), nor may an invisible character hide in it."""
+    return name if _PLAIN_NAME.fullmatch(name) else json.dumps(name)
+
+
 def signature(schema: Any) -> str:
     """`query: string, limit?: integer, unit: "km"|"mi"` from an inputSchema: required
     parameters first, optional ones marked `?`."""
@@ -136,7 +148,7 @@ def signature(schema: Any) -> str:
     raw = schema.get("required")
     required: list[Any] = raw if isinstance(raw, list) else []
     order = sorted(props, key=lambda k: (k not in required, list(props).index(k)))
-    return ", ".join(f"{k}{'' if k in required else '?'}: {_type_of(props[k])}" for k in order)
+    return ", ".join(f"{_param(k)}{'' if k in required else '?'}: {_type_of(props[k])}" for k in order)
 
 
 def render_compact(answer: dict[str, Any]) -> str:

@@ -157,3 +157,28 @@ def test_a_killed_daemon_loses_no_written_line_and_queries_need_log_queries(tmp_
     # each line was one write(2) before the answer went out: a killed daemon loses none
     assert [e["query"] for e in searches] == [f"find tool {i}" for i in range(20)]
     assert searches[-1]["request"] == last
+
+
+def test_a_caller_cannot_make_an_audit_line_of_its_own_size(tmp_path: Path) -> None:
+    """What a caller sends is bounded in the audit lines as the message and target are: a
+    megabyte tool name, a megabyte JSON-RPC id and a `servers` list repeating one name do not
+    make megabyte lines (which would rotate the trail away in a few calls)."""
+    audit = tmp_path / "audit" / "audit.jsonl"
+    d = Daemon(tmp_path, f'[events]\naudit_file = "{audit}"\n' + stdio_testserver("one"))
+    big = "x" * 1_000_000
+    with d:
+        with d.client() as c:
+            refused = c.call_tool("execute_tool", {"name": f"one__{big}"})
+            assert refused["isError"]
+            c.sock.sendall(json.dumps({"jsonrpc": "2.0", "id": big, "method": "tools/call", "params": {
+                "name": "execute_tool", "arguments": {"name": "one__echo", "arguments": {"message": "m"}}}}).encode()
+                + b"\n")
+            assert len(c._next_line()) > len(big)  # answered, under its own id
+            found = c.call_tool("tool_search", {"query": "echo", "servers": ["one"] * 100_000, "top_k": 1})
+            assert not found["isError"], found
+        lines = d.wait_for(lambda: [ln for ln in audit.read_text().splitlines() if '"execute_tool_' in ln
+                                    or '"tool_search_completed"' in ln][-3:] if audit.exists() else None, 30, "lines")
+        events = [json.loads(ln) for ln in lines]
+        assert [e["event"] for e in events] == ["execute_tool_failed", "execute_tool_completed", "tool_search_completed"]
+        assert max(len(ln) for ln in lines) < 4096, [len(ln) for ln in lines]
+        assert events[0]["name"].startswith("one__xxx") and events[2]["scope"] == ["one"]

@@ -327,6 +327,34 @@ async def test_a_legacy_upstreams_question_reaches_a_2026_client_as_input_requir
             assert asked and "Please provide inputs" in asked[0]
 
 
+async def test_a_retry_that_leaves_the_question_unanswered_keeps_its_state_good(gw: Daemon) -> None:
+    """A retry whose inputResponses miss the parked question is told which key to answer; the
+    retry that does so, with the same requestState, reaches the waiting upstream call."""
+
+    async def unused(ctx: object, params: types.ElicitRequestParams) -> types.ElicitResult:
+        raise AssertionError("the rounds are driven by hand here")
+
+    answer = types.ElicitResult(action="accept", content={"name": "Grace Hopper", "check": True,
+                                                           "email": "g@example.org"})
+    tool = "everything__trigger-elicitation-request"
+    with anyio.fail_after(60):
+        async with Client(unix_client(gw.socket), elicitation_callback=unused) as c:
+            first = await c.session.call_tool(tool, {}, allow_input_required=True)
+            assert isinstance(first, types.InputRequiredResult) and first.request_state, first
+            (key,) = first.input_requests
+            missed = await c.session.call_tool(tool, {}, allow_input_required=True, input_responses={"other": answer},
+                                               request_state=first.request_state)
+            assert isinstance(missed, types.CallToolResult) and missed.is_error, missed
+            assert f"must answer {key!r}" in _text(missed), _text(missed)
+            done = await c.session.call_tool(tool, {}, allow_input_required=True, input_responses={key: answer},
+                                             request_state=first.request_state)
+            assert isinstance(done, types.CallToolResult) and "Grace Hopper" in _text(done), _text(done)
+            # answered once, the state is spent
+            again = await c.session.call_tool(tool, {}, allow_input_required=True, input_responses={key: answer},
+                                              request_state=first.request_state)
+            assert isinstance(again, types.CallToolResult) and "already used" in _text(again), _text(again)
+
+
 async def test_over_http_questions_and_changes_reach_both_eras(gw: Daemon) -> None:
     url = gw.http_url  # type: ignore[attr-defined]
     with anyio.fail_after(60):

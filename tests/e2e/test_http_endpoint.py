@@ -144,6 +144,31 @@ async def test_a_session_cannot_be_used_with_another_token(gw: Daemon) -> None:
         assert hijack.status_code == 404
 
 
+async def test_another_tokens_delete_does_not_end_the_sessions_connection(gw: Daemon) -> None:
+    """A DELETE of someone else's session is refused (404) and changes nothing for it: the
+    session keeps its connection (the audit lines' `connection`, its log level)."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    mine = {"Authorization": f"Bearer {ALL_TOKEN}"}
+
+    def connections(client: str) -> list[int]:
+        return [e["connection"] for line in gw.log.read_text(errors="replace").splitlines() if line.startswith("{")
+                and (e := json.loads(line))["event"] == "tools_list_served" and e.get("client") == client]
+
+    with anyio.fail_after(30):
+        body = _init_body()
+        body["params"]["clientInfo"]["name"] = "delete-victim"
+        sid = (await _raw(url, body, mine)).headers["mcp-session-id"]
+        session = {"Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-11-25"}
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+        assert (await _raw(url, listing, {**mine, **session})).status_code == 200
+        async with httpx2.AsyncClient(timeout=30) as h:
+            other = await h.delete(url, headers={"Authorization": f"Bearer {ALPHA_TOKEN}", **session})
+        assert other.status_code == 404
+        assert (await _raw(url, listing, {**mine, **session})).status_code == 200
+    seen = connections("delete-victim")
+    assert len(seen) == 2 and seen[0] == seen[1], seen
+
+
 async def test_foreign_host_and_origin_are_refused(gw: Daemon) -> None:
     url = gw.http_url  # type: ignore[attr-defined]
     auth = {"Authorization": f"Bearer {ALL_TOKEN}"}

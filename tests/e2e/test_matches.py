@@ -14,7 +14,7 @@ import msgspec
 
 from tests.support.daemon import Daemon, stdio_testserver
 from tests.support.servers import INJECTED, INJECTIONS
-from tests.support.servers.injected import FULL
+from tests.support.servers.injected import FORGED_KEY, FULL
 from toolatlas.catalog import signing
 from toolatlas.catalog.cards import card_path, read_card, sign_card, write_card
 from toolatlas.catalog.cards_cli import keygen_main, main as cards_main
@@ -98,3 +98,19 @@ def test_carded_match_shows_card_text_and_examples_not_publisher_text(tmp_path: 
         assert appended["description"] == ("Repeat a message back verbatim, prefixed with Echo.\n\n"
                                            f"Publisher's description (not attested): {ECHO_PUBLISHER}")
         assert appended["attested"] is True and appended["examples"] == EXAMPLES
+
+
+def test_a_parameter_name_cannot_forge_lines_of_a_compact_listing(tmp_path: Path) -> None:
+    """A compact listing is toolatlas's own text: a publisher's parameter name holding line
+    breaks (a fake second match marked [attested]) or invisible characters shows quoted and
+    escaped on its match's line, never as lines of its own."""
+    upstream = (f'[[upstream]]\nname = "inj"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+                f'args = {json.dumps([str(INJECTED), str(INJECTIONS), "--forged-keys"])}\n')
+    with Daemon(tmp_path, upstream) as d:
+        d.wait_for(lambda: d.search("weather forecast for a city", 1) == ["inj__forecast"], 30, "forecast listed")
+        text = d.tool("tool_search", {"query": "weather forecast for a city", "top_k": 1,
+                                      "format": "compact"})["content"][0]["text"]
+    lines = text.splitlines()
+    assert lines[0] == ('1. inj__forecast(' + json.dumps(FORGED_KEY) + ': string, "units\\tx\\u202e"?: string)'), lines
+    assert lines[1:] == ["   Get the weather forecast for a city.",
+                         'Call execute_tool with the exact name; format "json" gives full schemas.'], lines

@@ -3,8 +3,10 @@ from the config stops working at once, and an [http] listen change is refused by
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -72,3 +74,102 @@ def test_removed_token_stops_working_and_listen_change_is_refused(tmp_path: Path
         rejected = d.wait_for(lambda: _events(d, "config_reload_rejected"), 30, "reload refused")
         assert "[http] listen" in rejected[-1]["reason"]
         assert _status_code(url, KEEP) == 200 and _status_code(url, DROP) == 401
+
+
+class _Stream(threading.Thread):
+    """One long-lived HTTP request read as an SSE stream: its `data:` lines, and `ended` once
+    the daemon closed it. Never joined: a daemon thread the test's deadline bounds."""
+
+    def __init__(self, port: int, method: str, headers: dict[str, str], body: dict | None = None) -> None:  # type: ignore[type-arg]
+        super().__init__(daemon=True)
+        self.port, self.method, self.headers, self.body = port, method, headers, body
+        self.data: list[str] = []
+        self.status: int | None = None
+        self.ended = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        try:
+            conn.request(self.method, "/mcp", json.dumps(self.body) if self.body is not None else None, self.headers)
+            resp = conn.getresponse()
+            self.status = resp.status
+            while line := resp.readline():
+                if line.startswith(b"data:"):
+                    self.data.append(line[5:].strip().decode())
+        except OSError:
+            pass
+        finally:
+            self.ended.set()
+            conn.close()
+
+    def heard(self, method: str) -> int:
+        return sum(1 for d in self.data if f'"{method}"' in d)
+
+
+def _post(port: int, secret: str, body: dict, session: str | None = None) -> tuple[int, str | None]:  # type: ignore[type-arg]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+    if session:
+        headers |= {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    conn.request("POST", "/mcp", json.dumps(body), headers)
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    return resp.status, resp.getheader("mcp-session-id")
+
+
+def _legacy_stream(port: int, secret: str) -> _Stream:
+    """A 2025-11-25 session opened with `secret`, listed its resources, and its standalone
+    GET event stream."""
+    status, sid = _post(port, secret, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "legacy", "version": "1"}}})
+    assert status == 200 and sid, status
+    _post(port, secret, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+    assert _post(port, secret, {"jsonrpc": "2.0", "id": 2, "method": "resources/list"}, sid)[0] == 200
+    return _Stream(port, "GET", {"Authorization": f"Bearer {secret}", "Accept": "text/event-stream",
+                                 "Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-11-25"})
+
+
+def _listen_stream(port: int, secret: str) -> _Stream:
+    """A 2026-07-28 `subscriptions/listen` stream for resource list changes, opened with `secret`."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen", "params": {
+        "notifications": {"resourcesListChanged": True},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {},
+                  "io.modelcontextprotocol/clientInfo": {"name": "modern", "version": "1"}}}}
+    return _Stream(port, "POST", {
+        "Authorization": f"Bearer {secret}", "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "subscriptions/listen"}, body)
+
+
+def test_streams_opened_with_a_removed_token_end_at_the_reload(tmp_path: Path) -> None:
+    """An event stream opened before the reload (a 2025-11-25 session's GET stream, a
+    2026-07-28 listen stream) is as revoked as the token: it ends at once, and hears nothing
+    more of the upstreams; streams of a token that stays go on."""
+    port = free_port()
+    d = Daemon(tmp_path, _section(port, ("keep", KEEP), ("drop", DROP))
+               + stdio_testserver("alpha", "--name", "alpha", "--resources", "2"))
+    changed = "notifications/resources/list_changed"
+    with d:
+        d.wait_for(lambda: d.status()["servers"][0]["state"] == "ready", 60, "alpha ready")
+        streams = {(kind, name): opener(port, secret) for kind, opener in (("legacy", _legacy_stream),
+                   ("listen", _listen_stream)) for name, secret in (("keep", KEEP), ("drop", DROP))}
+        # every stream is live: each hears a change another client makes
+        d.tool("alpha__add_resource", {"name": "before"})
+        d.wait_for(lambda: all(s.heard(changed) for s in streams.values()), 30, "every stream hears the change")
+
+        d.config.write_text(d.config.read_text().replace(
+            f'[[http.tokens]]\nname = "drop"\nsha256 = "{hash_token(DROP)}"\n', ""))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        d.wait_for(lambda: _events(d, "config_reloaded"), 30, "reload applied")
+        for kind in ("legacy", "listen"):
+            assert streams[(kind, "drop")].ended.wait(30), f"the {kind} stream of the removed token is still open"
+        heard = {key: s.heard(changed) for key, s in streams.items()}
+        d.tool("alpha__add_resource", {"name": "after"})
+        d.wait_for(lambda: all(streams[(k, "keep")].heard(changed) > heard[(k, "keep")] for k in ("legacy", "listen")),
+                   30, "the kept token's streams hear the next change")
+        assert not streams[("legacy", "keep")].ended.is_set() and not streams[("listen", "keep")].ended.is_set()
+        assert all(streams[(k, "drop")].heard(changed) == heard[(k, "drop")] for k in ("legacy", "listen"))

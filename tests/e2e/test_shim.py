@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,39 @@ def test_shim_relays_requests_and_replies_byte_for_byte(tmp_path: Path) -> None:
         proc.stdout.close()
     assert [m["id"] for m in replies] == [1, 2]
     assert sorted(t["name"] for t in replies[1]["result"]["tools"]) == ["catalog_status", "execute_tool", "tool_search"]
+
+
+def test_a_client_that_closes_stdin_gets_the_replies_it_is_owed(tmp_path: Path) -> None:
+    """A client that writes its requests and closes stdin (a pipe) is answered as one that
+    stays: the shim half-closes the socket and waits, and the daemon finishes the calls in
+    flight (the relay's, the SDK's and a search) instead of cutting them off."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    slow = {"name": "s__sleep", "arguments": {"seconds": 1}}
+    lines = [init, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": slow},  # the raw relay
+             {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {**slow, "_meta": {"other": 1}}},  # the SDK
+             {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {
+                 "name": "tool_search", "arguments": {"query": "sleep for a while", "top_k": 1}}}]
+    payload = "".join(json.dumps(m) + "\n" for m in lines).encode()
+    with Daemon(tmp_path, stdio_testserver("s")) as d:
+        r = subprocess.run([sys.executable, "-m", "toolatlas", "shim", "--socket", d.socket],
+                           input=payload, capture_output=True, timeout=60)
+        # A peer that closes its socket is gone, not waiting: its call is cut off at once.
+        gone = socket.socket(socket.AF_UNIX)
+        gone.connect(d.socket)
+        gone.settimeout(30)
+        head, _, rest = payload.partition(b"\n")
+        gone.sendall(head + b"\n")
+        assert b'"id":1' in gone.recv(65536)  # answered: nothing more is written to it before the call ends
+        gone.sendall(rest.replace(b'"seconds": 1', b'"seconds": 600'))
+        seen = b""
+        while b'"id":4' not in seen:  # the search, sent after the two calls: those are in flight now
+            seen += gone.recv(65536) or b"EOF"  # bounded by the socket's timeout
+        gone.close()
+        d.wait_for(lambda: d.status()["clients"] == 1, 30, "the connection of the client that left closed")
+    replies = {m["id"]: m for m in map(json.loads, r.stdout.splitlines())}
+    assert r.returncode == 0 and sorted(replies) == [1, 2, 3, 4], (replies, r.stderr)
+    for i in (2, 3):
+        assert replies[i].get("result", {}).get("content", [{}])[0].get("text") == "slept 1 s", replies[i]
+    assert replies[4]["result"]["structuredContent"]["matches"][0]["name"] == "s__sleep", replies[4]

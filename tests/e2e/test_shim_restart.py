@@ -279,3 +279,18 @@ def test_shim_config_reports_a_daemon_that_will_not_start(no_daemon: Daemon) -> 
     assert "exited with status 78" in message and "daemon.log" in message, message
     assert "no_such_key" in (no_daemon.tmp / "state" / "daemon.log").read_text()
     assert "started the daemon" in err
+
+
+def test_shim_config_answers_a_held_handshake_after_the_client_closes_stdin(no_daemon: Daemon) -> None:
+    """A client that writes its requests and closes stdin while the daemon is still being
+    started is owed the replies, as when the daemon is up: the held initialize is answered
+    (by the daemon once it answers), never dropped in silence."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    lines = json.dumps(init).encode() + b'\n{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
+    proc = subprocess.run([sys.executable, "-m", "toolatlas", "shim", "--config", str(no_daemon.config)],
+                          input=lines, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    replies = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert [r.get("id") for r in replies] == [1], (replies, proc.stderr.decode())
+    assert replies[0]["result"]["serverInfo"]["name"] == "toolatlas", replies

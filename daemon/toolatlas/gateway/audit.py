@@ -12,6 +12,8 @@ from toolatlas.metrics import Metrics
 
 # Client-supplied names and versions are cut to this in audit lines.
 CLIENT_TEXT_CHARS = 128
+# So are a caller's tool names, targets and string request ids, so no line grows with what it sends.
+TEXT_CHARS = 200
 
 
 def who(conn: Connection) -> dict[str, Any]:
@@ -23,6 +25,7 @@ def who(conn: Connection) -> dict[str, Any]:
     else:
         user = None
     request = REQUEST.get()
+    rid = None if request is None else request.id
     return {
         "principal": conn.principal,
         "user": user,
@@ -30,7 +33,7 @@ def who(conn: Connection) -> dict[str, Any]:
         "client_version": _cut(conn.client_version),
         "endpoint": conn.endpoint,
         "connection": conn.id,
-        "request": request.id if request is not None else None,
+        "request": rid[:TEXT_CHARS] if isinstance(rid, str) else rid,
     }
 
 
@@ -44,7 +47,7 @@ def deny(events: ev.Events, metrics: Metrics, conn: Connection, surface: str, ta
          reason: str) -> None:
     """One access denial: the `access_denied` audit event and the access_denials counter."""
     metrics.count_denial(surface)
-    events.emit(ev.ACCESS_DENIED, surface=surface, target=None if target is None else target[:200],
+    events.emit(ev.ACCESS_DENIED, surface=surface, target=None if target is None else target[:TEXT_CHARS],
                 reason=reason[:ev.MESSAGE_CHARS], **who(conn))
 
 
@@ -52,4 +55,4 @@ def _cut(text: str | None) -> str | None:
     return None if text is None else text[:CLIENT_TEXT_CHARS]
 
 
-__all__ = ["deny", "via", "who"]
+__all__ = ["TEXT_CHARS", "deny", "via", "who"]

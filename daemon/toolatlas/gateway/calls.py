@@ -16,7 +16,7 @@ from toolatlas.calls import CallOutcome, CallRequest, InputRequired, UpstreamCal
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.validate import ArgumentValidator
 from toolatlas.errors import BadInput, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
-from toolatlas.gateway.audit import deny, via, who
+from toolatlas.gateway.audit import TEXT_CHARS, deny, via, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.exchange import REQUEST_KEY, Exchange, Parked
 from toolatlas.gateway.ports import Connection
@@ -123,12 +123,12 @@ class CallService:
         latency_ms = round(seconds * 1000, 3)
         if exc is not None:
             self._metrics.count_error(type(exc).__name__)
-            self._events.emit(ev.EXECUTE_TOOL_FAILED, name=name, upstream=upstream, via=via(), outcome=outcome,
-                              error_class=type(exc).__name__, message=str(exc)[: ev.MESSAGE_CHARS],
+            self._events.emit(ev.EXECUTE_TOOL_FAILED, name=name[:TEXT_CHARS], upstream=upstream, via=via(),
+                              outcome=outcome, error_class=type(exc).__name__, message=str(exc)[: ev.MESSAGE_CHARS],
                               latency_ms=latency_ms, **who(conn))
         else:
-            self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name, upstream=upstream, via=via(), outcome=outcome,
-                              latency_ms=latency_ms, **who(conn))
+            self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name[:TEXT_CHARS], upstream=upstream, via=via(),
+                              outcome=outcome, latency_ms=latency_ms, **who(conn))
 
     async def _resolve(self, name: str, allowed: set[str]) -> ToolRecord:
         """The record a caller who may use `allowed` may call by `name`, or BadInput /
@@ -175,7 +175,13 @@ class CallService:
         elif call.allow_input_required and call.input_responses:
             raise BadInput("inputResponses need the requestState of the input_required result they answer")
         if park is not None:
-            return await self._converse(self._parked.resume(park, call.input_responses), rec, conn)
+            try:
+                resumed = self._parked.resume(park, call.input_responses)
+            except BadInput:
+                if self._parked.waiting(park) and call.request_state:  # not answered: the call still waits,
+                    self._sealer.release(call.request_state)  # so its state stays good for the retry that answers
+                raise
+            return await self._converse(resumed, rec, conn)
         spawn = self._spawn()
         exchange = None
         if call.allow_input_required and call.elicit is None and spawn is not None and self._asks_mid_call(rec.server):

@@ -105,6 +105,9 @@ class Parked:
                 old.close()
         self._waiting[ex.key] = ex
 
+    def waiting(self, key: str) -> bool:
+        return key in self._waiting
+
     def resume(self, key: str, responses: Any) -> Exchange:
         """The exchange `key` names, with the answer from `responses` handed to its question;
         BadInput when it is gone or the answer is missing."""

@@ -153,7 +153,7 @@ class SearchService:
         self._events.emit(
             ev.TOOL_SEARCH_COMPLETED, query=query, results=len(matches),
             matched_servers=sorted({m["server"] for m in matches}), latency_ms=round(seconds * 1000, 3),
-            top_k=limit, scope=sorted(servers) if servers else "all", mode=mode,
+            top_k=limit, scope=sorted(set(servers)) if servers else "all", mode=mode,
             cache="hit" if cached else "miss", **who(conn),
         )
         answer: dict[str, Any] = {"query": query, "matches": matches, "degraded": degraded}

@@ -47,6 +47,7 @@ from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
 from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity
 from toolatlas.surface.admin import ADMIN_PREFIX
+from toolatlas.surface.http_open import OpenRequests
 from toolatlas.surface.oauth import WELL_KNOWN, OAuthRejected, Validator, challenge, metadata_url
 from toolatlas.surface.rpccheck import INVALID_REQUEST, Refusal, screen
 from toolatlas.surface.server import CONNECTION, Connections
@@ -159,6 +160,7 @@ class HttpEndpoint:
         # included) is a connected client in catalog_status and the metrics.
         self.connections = connections if connections is not None else Connections()
         self.rejected: dict[int, int] = {}
+        self.open = OpenRequests()  # a reload that removes a credential ends its requests (streams)
         self._manager: StreamableHTTPSessionManager | None = None
         self._uvicorn: Any = None
         if server.get_tool_input_schema is None:
@@ -197,8 +199,9 @@ class HttpEndpoint:
     def reconfigure(self, section: HttpSection, *, max_message_bytes: int, max_clients: int = 1024,
                     message_timeout: float = 30.0) -> None:
         """Apply a reloaded [http] section at once: tokens (a removed token stops working for
-        the next request), the anonymous principal, Host/Origin rules, the body limit, and
-        for new connections the connection cap and header timeout.
+        the next request, and requests in flight with it, such as an event stream, end), the
+        anonymous principal, Host/Origin rules, the body limit, and for new connections the
+        connection cap and header timeout.
         `listen` cannot change while running; the reload is refused before this is called."""
         if section.listen != self.section.listen:
             raise ConfigError(f"[http] listen cannot change from {self.section.listen!r} to {section.listen!r} "
@@ -213,6 +216,7 @@ class HttpEndpoint:
         if self._manager is not None:
             self._manager.max_request_body_size = max_message_bytes
         self._admission_rules()
+        self.open.end_revoked(token_name=self.tokens.name_for, anonymous=section.anonymous, issuers=self.oauth.issuers)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Bind (a bind error raises before started()), serve until cancelled, then close."""
@@ -284,12 +288,13 @@ class HttpEndpoint:
         ctx_token = CONNECTION.set(conn)
         self.connections.add(conn)
         try:
-            await self._manager.handle_request(scope, receive, send)
+            async with self.open.serving(conn, scope, send) as send:
+                await self._manager.handle_request(scope, receive, send)
         finally:
             self.connections.discard(conn)
             CONNECTION.reset(ctx_token)
-            if session_id and scope.get("method") == "DELETE":
-                self.connections.forget(session_id)
+            if session_id and scope.get("method") == "DELETE" and conn is self.connections.session(session_id):
+                self.connections.forget(session_id)  # the session's own DELETE: another principal's is refused (404)
 
     def _learn_session(self, send: Send, conn: Connection) -> Send:
         """`send`, noting the `Mcp-Session-Id` a response opens a 2025-era session with, so

@@ -124,7 +124,9 @@ class Shim:
                             self._flush()
                         if mask & selectors.EVENT_READ and self.sock is not None:
                             self._on_daemon()
-                if self.client_eof and (self.session.link is not Link.UP or not self.session.pending and not self.outbox):
+                # A handshake held for a daemon being started is owed a reply too (_tick bounds it).
+                if self.client_eof and not self.session.held and (
+                        self.session.link is not Link.UP or not self.session.pending and not self.outbox):
                     return 0
                 self._tick(time.monotonic())
         except _ClientGone:

@@ -15,8 +15,8 @@ buffers what it reads:
   above the transport's high-water mark (`pause_writing`), so a peer that does not read
   holds at most that much in the daemon;
 - the peer's EOF is `EndOfStream` after the data before it, and the stream stays open for
-  writing (the shim half-closes and waits for the replies still owed); `send_eof` half-closes
-  ours; a reset is `BrokenResourceError`, a stream closed here `ClosedResourceError`;
+  writing (the shim half-closes and waits for the replies still owed; `peer_closed` tells that
+  from a peer that closed its socket); `send_eof` half-closes ours; a reset is `BrokenResourceError`, a stream closed here `ClosedResourceError`;
 - `aclose` lets the transport flush what it holds, and aborts it after CLOSE_GRACE_S if the
   peer does not take it.
 """
@@ -24,6 +24,7 @@ buffers what it reads:
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 from collections import deque
 from typing import cast
@@ -110,6 +111,16 @@ class TransportStream(anyio.abc.ByteStream):
             sock.close()
             raise
         return cls(transport, proto)
+
+    def peer_closed(self) -> bool:
+        """Whether the peer closed its socket (POLLHUP), not only its sending half as the shim
+        does when its client is done and it waits for the replies still owed."""
+        sock = self._transport.get_extra_info("socket")
+        if sock is None or self._protocol.lost or self._transport.is_closing():
+            return True
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return any(events & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, events in poller.poll(0))
 
     async def _wait(self, reading: bool) -> None:
         """Until the protocol wakes the reader (`reading`) or the writer."""

@@ -128,10 +128,16 @@ async def ndjson_streams(
 
     last_traffic = time.monotonic()
 
+    gone = False  # a write failed: nobody reads this connection any more
+
     async def send_raw(data: bytes) -> None:
-        nonlocal last_traffic
+        nonlocal last_traffic, gone
         async with send_lock:
-            await stream.send(data)
+            try:
+                await stream.send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                gone = True
+                raise
         last_traffic = time.monotonic()
 
     async def send_if_open(data: bytes) -> None:
@@ -154,6 +160,7 @@ async def ndjson_streams(
     lane_tasks: set[asyncio.Task[None]] = set()
     lane_calls: dict[Any, asyncio.Task[None]] = {}  # by id: the first of a reused id in flight
     owed = _Owed()  # the SDK's requests in flight
+    listens: set[str] = set()  # of those, subscriptions/listen streams: answered only when they end
     crowded = False  # the in-flight limit was reached on this connection (logged once)
 
     async def finish(id_: Any, pending: Awaitable[dict[str, Any]], what: str = "the search") -> None:
@@ -250,10 +257,24 @@ async def ndjson_streams(
                 start(message.id, admin(message.id, message.method, message.params), "the command")
                 return
             owed.add(message.id)
+            if message.method == "subscriptions/listen":
+                listens.add(str(message.id))
         elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled" \
                 and isinstance(message.params, dict) and message.params.get("requestId") is not None:
             owed.settle(message.params["requestId"])  # the SDK does not answer a cancelled request
+            listens.discard(str(message.params["requestId"]))
         await read_writer.send(SessionMessage(message))
+
+    async def replies_sent() -> None:
+        """After the peer's EOF: a peer that only half-closed (the shim, its client done) gets
+        the replies to every request it sent, each bounded by its own timeout (a listen stream
+        aside: it ends with the connection). A peer that closed its socket (`peer_closed`) is
+        gone: its requests are cancelled at once, as when it goes away mid-call."""
+        closed = getattr(stream, "peer_closed", None)
+        while not gone and (lane_tasks or owed.count > len(listens)):
+            if closed is None or closed():
+                return
+            await anyio.sleep(0.05)
 
     async def reader() -> None:
         nonlocal last_traffic
@@ -283,7 +304,11 @@ async def ndjson_streams(
                             waited.deadline = anyio.current_time() + wait
                             try:
                                 data = await stream.receive(_CHUNK)
-                            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                            except anyio.EndOfStream:
+                                waited.deadline = math.inf
+                                await replies_sent()  # the peer half-closed: it still reads what it is owed
+                                return
+                            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                                 return
                             waited.deadline = math.inf
                             if waited.cancel_called:  # handled outside, where no await is cancelled
@@ -316,6 +341,7 @@ async def ndjson_streams(
                     await send_raw(payload.encode() + b"\n")
                     if isinstance(msg.message, (types.JSONRPCResponse, types.JSONRPCError)):
                         owed.settle(msg.message.id)
+                        listens.discard(str(msg.message.id))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         finally:

@@ -1,0 +1,87 @@
+"""The HTTP requests being served, by the credential that let each in, so that a reload
+which removes the credential ends them at once.
+
+Every request is admitted anew (surface.http), but a request being served can last: a
+2025-11-25 session's GET event stream, a 2026-07-28 `subscriptions/listen` stream, a long
+tools/call. Without this, such a stream opened with a token the operator then removed (or
+rotated) went on carrying the upstreams' notifications until the client left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Container
+from contextlib import asynccontextmanager
+
+import anyio
+from starlette.responses import JSONResponse
+from starlette.types import Message, Scope, Send
+
+from toolatlas.gateway.ports import Connection
+
+
+class OpenRequests:
+    """The requests in flight, each with the cancel scope that ends it."""
+
+    def __init__(self) -> None:
+        self._open: dict[anyio.CancelScope, tuple[Connection, Scope]] = {}
+
+    @asynccontextmanager
+    async def serving(self, conn: Connection, scope: Scope, send: Send) -> AsyncIterator[Send]:
+        """Serve one request inside this block, through the `send` it yields; `end_revoked`
+        may cancel it. A cancelled response is finished here: a started one (an event stream)
+        ends cleanly, one not yet started is answered 401."""
+        done = {"started": False, "complete": False}
+
+        async def tracking(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                done["started"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                done["complete"] = True
+            await send(message)
+
+        with anyio.CancelScope() as cancel:
+            self._open[cancel] = (conn, scope)
+            try:
+                yield tracking
+            finally:
+                self._open.pop(cancel, None)
+        if not cancel.cancelled_caught or done["complete"]:
+            return
+        if done["started"]:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": REVOKED}}
+            await JSONResponse(body, status_code=401)(scope, _nothing, send)
+
+    def end_revoked(self, *, token_name: Callable[[str], str | None], anonymous: str, issuers: Container[str]) -> int:
+        """Cancel every request whose credential is no longer accepted (`still_admitted`); how many."""
+        ended = [cancel for cancel, (conn, scope) in self._open.items()
+                 if not still_admitted(conn, scope, token_name=token_name, anonymous=anonymous, issuers=issuers)]
+        for cancel in ended:
+            cancel.cancel()
+        return len(ended)
+
+
+def still_admitted(conn: Connection, scope: Scope, *, token_name: Callable[[str], str | None], anonymous: str,
+                   issuers: Container[str]) -> bool:
+    """Whether the credential a request in flight came with is still accepted, as surface.http
+    admits one: its bearer token's name (`token_name`, from the token table) is the one it
+    came in as, or it had no Authorization and is still the `anonymous` principal; for an
+    OAuth token, its issuer is still one of `issuers`."""
+    if conn.oauth is not None:
+        return conn.oauth.issuer in issuers
+    auth = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"authorization"), "")
+    scheme, _, presented = auth.partition(" ")
+    if not scheme:
+        return bool(anonymous) and conn.token == anonymous
+    return scheme.lower() == "bearer" and token_name(presented.strip()) == conn.token
+
+
+REVOKED = "the credential this request was made with was removed from the config by a reload"
+
+
+async def _nothing() -> Message:
+    return {"type": "http.disconnect"}
+
+
+__all__ = ["OpenRequests", "REVOKED", "still_admitted"]
