@@ -16,7 +16,8 @@ buffers what it reads:
   holds at most that much in the daemon;
 - the peer's EOF is `EndOfStream` after the data before it, and the stream stays open for
   writing (the shim half-closes and waits for the replies still owed; `peer_closed` tells that
-  from a peer that closed its socket); `send_eof` half-closes ours; a reset is `BrokenResourceError`, a stream closed here `ClosedResourceError`;
+  from a peer that closed its socket); `send_eof` half-closes ours; a reset is
+  `BrokenResourceError`, a stream closed here `ClosedResourceError`;
 - `aclose` lets the transport flush what it holds, and aborts it after CLOSE_GRACE_S if the
   peer does not take it.
 """
