@@ -10,9 +10,10 @@ where a verified card vouches for it and the publisher's text sanitized where no
 - Otherwise: `attested: false`, the publisher's description sanitized
   (`catalog.sanitize`): hidden characters, markup addressed to the model, unsafe links and
   instruction-like sentences removed, length capped.
-- Either way every `description` inside `inputSchema` is sanitized too (its structure is
-  never changed), and `title`, `outputSchema`, `annotations` are passed as listed, so a
-  client can validate structured results. `score` keeps SCORE_DIGITS significant digits
+- Either way every `description` and `title` inside `inputSchema` is sanitized too, and so
+  are the tool's `title`, the text inside `outputSchema` and `annotations.title`: all of it is
+  publisher text a model reads. No structure is changed (keys, types, hints), so a client
+  can still validate structured results against `outputSchema`. `score` keeps SCORE_DIGITS significant digits
   (the ranker's scale varies with the mode: fused z-scores, RRF, BM25).
 """
 
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
+from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Any
 
 from toolatlas.catalog.attest import AttestResult
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.generators import shown_summary
-from toolatlas.catalog.sanitize import cap, sanitize_schema, sanitize_text
+from toolatlas.catalog.sanitize import PARAM_CHARS, cap, sanitize_schema, sanitize_text
 from toolatlas.gateway.view import CatalogView
 
 SANITIZED_CACHE = 8192  # tools whose sanitized texts are kept (keyed by content hash)
@@ -66,6 +68,18 @@ def _held(ref: weakref.ref[AttestResult] | None) -> object:
     return _GONE if verdict is None else verdict
 
 
+@dataclass(frozen=True, slots=True)
+class _Clean:
+    """A tool definition's publisher text as matches show it (shared between matches: read only)."""
+
+    description: str
+    input_schema: Any
+    title: str | None
+    output_schema: Any
+    annotations: Any
+    source: tuple[Any, ...]  # the listed (title, outputSchema, annotations): the content hash does not cover them
+
+
 class MatchBuilder:
     """Builds matches; sanitizing is cached per tool definition (content hash), and all of a
     match but its score per (record, verdict, publisher_text): a repeated answer builds each
@@ -73,19 +87,25 @@ class MatchBuilder:
     between matches: read them, never change them."""
 
     def __init__(self) -> None:
-        self._clean: OrderedDict[tuple[str, str], tuple[str, Any]] = OrderedDict()
+        self._clean: OrderedDict[tuple[str, str], _Clean] = OrderedDict()
         # (name, content hash, publisher_text) -> (record, verdict, fields before the score, after
         # it). The verdict is held weakly: a card re-check or relist replaces it, and the kept
         # entries of tools nobody searches since must not keep the old ones (and their cards) alive.
         self._parts: OrderedDict[tuple[str, str, str], tuple[ToolRecord, weakref.ref[AttestResult] | None,
                                                               dict[str, Any], dict[str, Any]]] = OrderedDict()
 
-    def sanitized(self, rec: ToolRecord) -> tuple[str, Any]:
-        """(description, inputSchema) of `rec` sanitized."""
+    def sanitized(self, rec: ToolRecord) -> _Clean:
+        """`rec`'s publisher text sanitized (see the module docstring)."""
         key = (rec.name, rec.content_hash)
         hit = self._clean.get(key)
-        if hit is None:
-            hit = self._clean[key] = (sanitize_text(rec.description), sanitize_schema(rec.input_schema))
+        source = (rec.title, rec.output_schema, rec.annotations)
+        if hit is None or hit.source != source:
+            hit = self._clean[key] = _Clean(
+                description=sanitize_text(rec.description), input_schema=sanitize_schema(rec.input_schema),
+                title=sanitize_text(rec.title, PARAM_CHARS) if rec.title else rec.title,
+                output_schema=sanitize_schema(rec.output_schema) if rec.output_schema else rec.output_schema,
+                annotations=sanitize_schema(rec.annotations, PARAM_CHARS) if rec.annotations else rec.annotations,
+                source=source)
             while len(self._clean) > SANITIZED_CACHE:
                 self._clean.popitem(last=False)
         return hit
@@ -107,10 +127,11 @@ class MatchBuilder:
     def _build(self, rec: ToolRecord, verdict: AttestResult | None, publisher_text: str,
                ) -> tuple[dict[str, Any], dict[str, Any]]:
         """A match's fields before its score and after it."""
-        description, schema = self.sanitized(rec)
+        clean = self.sanitized(rec)
+        description = clean.description
         out: dict[str, Any] = {"name": rec.name, "server": rec.server, "tool": rec.tool}
-        if rec.title:
-            out["title"] = rec.title
+        if clean.title:
+            out["title"] = clean.title
         card = verdict.card if verdict is not None and verdict.card_status == "verified" else None
         entry = card.tool(rec.tool) if card is not None else None
         if card is not None and entry is not None:
@@ -120,11 +141,11 @@ class MatchBuilder:
             out["description"] = text
         else:
             out["description"] = description
-        out["inputSchema"] = schema
-        if rec.output_schema:
-            out["outputSchema"] = rec.output_schema
-        if rec.annotations:
-            out["annotations"] = rec.annotations
+        out["inputSchema"] = clean.input_schema
+        if clean.output_schema:
+            out["outputSchema"] = clean.output_schema
+        if clean.annotations:
+            out["annotations"] = clean.annotations
         after: dict[str, Any] = {}
         if card is not None and entry is not None:
             after["attested"] = True
