@@ -33,7 +33,7 @@ from toolatlas.config_sections import (
     check_http,
 )
 from toolatlas.errors import ConfigError
-from toolatlas.paths import default_state_dir, expand_vars, read_regular, resolve_path, socket_path
+from toolatlas.paths import default_state_dir, expand_vars, read_config, resolve_path, socket_path
 from toolatlas.redact import Redactor
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
@@ -415,7 +415,7 @@ def load(path: str | os.PathLike[str], *, env: dict[str, str] | None = None) -> 
     ConfigError if it is missing or invalid."""
     p = Path(path)
     try:
-        text = read_regular(p).decode("utf-8")
+        text = read_config(p)
     except OSError as exc:
         raise ConfigError(f"cannot read config {str(p)!r}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:

@@ -52,6 +52,12 @@ def read_regular(path: str | os.PathLike[str]) -> bytes:
         return fh.read()
 
 
+def read_config(path: str | os.PathLike[str]) -> str:
+    """A config file's text: UTF-8, with the byte order mark some Windows editors put first
+    dropped (tomllib refuses it). UnicodeDecodeError when it is not UTF-8."""
+    return read_regular(path).decode("utf-8-sig")
+
+
 def expand_vars(text: str, env: Mapping[str, str], where: str, found: list[str] | None = None) -> str:
     """`${VAR}` in `text` from `env` (a bare `$VAR` is left alone, as the config documents).
 
@@ -177,11 +183,10 @@ def daemon_path(config: str, key: str, env: Mapping[str, str] | None = None) -> 
     import tomllib
 
     try:
-        with open_regular(config) as fh:
-            table = tomllib.load(fh).get("daemon", {})
+        table = tomllib.loads(read_config(config)).get("daemon", {})
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read the {key} from {config!r}: {exc}") from exc
-    except UnicodeDecodeError as exc:  # tomllib decodes the bytes itself: a ValueError, not a TOMLDecodeError
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read the {key} from {config!r}: it is not UTF-8 text") from exc
     raw = table.get(key, "") if isinstance(table, dict) else ""
     if not isinstance(raw, str):

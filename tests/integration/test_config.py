@@ -91,6 +91,20 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
         load(tmp_path / "absent.toml")
 
 
+def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Some Windows editors save UTF-8 with a byte order mark, which tomllib refuses ("Invalid
+    statement (at line 1, column 1)"): the loader, the CLI's socket lookup and check-config
+    read the file past it."""
+    from toolatlas.paths import daemon_path
+
+    cfg = tmp_path / "bom.toml"
+    cfg.write_bytes(b"\xef\xbb\xbf" + f'[daemon]\nsocket = "{tmp_path / "s.sock"}"\nmetrics_addr = ""\n'.encode())
+    assert load(cfg).daemon.socket == str(tmp_path / "s.sock")
+    assert daemon_path(str(cfg), "socket") == str(tmp_path / "s.sock")
+    ok = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(cfg)], capture_output=True, text=True)
+    assert ok.returncode == 0 and "OK" in ok.stdout, ok.stderr
+
+
 def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
     good = tmp_path / "good.toml"
     good.write_text("[daemon]\nmetrics_addr = ''\n")

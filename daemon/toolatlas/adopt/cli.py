@@ -78,10 +78,10 @@ def _rewrite_notes(a: Adoption) -> None:
 
 def _merged(adoption: Adoption, out: Path) -> tuple[str, list[str]]:
     """The existing config at `out` with the new servers added (see render.merge)."""
-    from toolatlas.paths import read_regular
+    from toolatlas.paths import read_config
 
     try:
-        existing = read_regular(out).decode("utf-8")
+        existing = read_config(out)
     except (OSError, UnicodeDecodeError) as exc:
         raise AdoptError(f"cannot read the existing {out}: {exc}; pass --force to replace it") from exc
     text, added, notes = merge(existing, adoption, str(out))
