@@ -3,9 +3,10 @@ commands, sent over the daemon's socket as `toolatlas/*` JSON-RPC requests (surf
 The daemon serves them to the user it runs as and to root only.
 
 Exit status: 0 done; 1 it ran and failed (a restart that did not come back, an upstream
-with no session to re-list); 64 an unknown upstream; 69 no daemon on the socket (or none that
-answers the handshake within HANDSHAKE_TIMEOUT_S); 77 not the daemon's owner; 78 a reload
-refused (the config is invalid or needs a restart for a key).
+with no session to re-list); 64 an unknown upstream (or approve/reject with require_approval
+off); 69 no daemon on the socket (or none that answers the handshake within
+HANDSHAKE_TIMEOUT_S); 77 not the daemon's owner; 78 a reload refused (the config is invalid
+or needs a restart for a key).
 """
 
 from __future__ import annotations
