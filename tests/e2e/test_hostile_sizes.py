@@ -71,3 +71,16 @@ def test_a_result_of_400000_blocks_fails_that_call_and_the_session_goes_on(daemo
     at_bound = daemon.tool("execute_tool", {"name": "hostile__blocks", "arguments": {"n": 1000}})
     assert not at_bound.get("isError") and len(at_bound["content"]) == 1000
     assert _server(daemon)["reconnects"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_megabyte_tool_name_gets_a_short_error_and_no_suggestion_search(daemon: Daemon) -> None:
+    """No gateway name is over 64 characters: a caller's 1 MB name gets an error of a few
+    hundred characters that says so (it was echoed whole, a 1 MB reply, after a "did you
+    mean" search over its million trigrams: 4.6 s of CPU holding the GIL, per call)."""
+    for name in ("x" * 1_000_000, "hostile__" + "y" * 1_000_000):
+        r = daemon.tool("execute_tool", {"name": name, "arguments": {}})
+        assert r.get("isError"), {k: r[k] for k in r if k != "content"}
+        text = r["content"][0]["text"]
+        assert len(text) < 400 and f"({len(name)} characters; a tool name has at most 64)" in text, text[:500]
+        assert "Did you mean" not in text and text.endswith("Use tool_search to find tools."), text[:500]

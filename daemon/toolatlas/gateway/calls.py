@@ -24,7 +24,7 @@ from toolatlas.gateway.suggest import NameIndex, suggest
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.inputstate import InputStateSealer
 from toolatlas.metrics import Metrics
-from toolatlas.names import split
+from toolatlas.names import MAX_LEN, split
 from toolatlas.redact import Redactor
 
 # The execute_tool outcome label of each error class (first match wins).
@@ -34,6 +34,10 @@ _CALL_OUTCOMES: tuple[tuple[type[ToolatlasError], str], ...] = (
     (UpstreamUnavailable, "unavailable"),
     (ToolatlasError, "error"),
 )
+
+# A name longer than this gets no "did you mean" (a trigram set and difflib over a 1 MB name
+# took 4.6 s of CPU, holding the GIL, per call).
+SUGGEST_MAX_CHARS = 4 * MAX_LEN
 
 Route = Callable[[UpstreamCall], Awaitable[UpstreamReply]]
 # Starts a background task (the gateway's task group); None when the gateway is not running.
@@ -140,10 +144,10 @@ class CallService:
             if parsed and parsed[0] in allowed:
                 reason = view.quarantine_reason(parsed[0], parsed[1])
                 if reason:
-                    raise BadInput(f"tool {name!r} is quarantined: {reason}")
+                    raise BadInput(f"tool {_shown(name)} is quarantined: {reason}")
                 starting = self._not_listed(parsed[0])
                 if starting:
-                    raise UpstreamUnavailable(f"tool {name!r} cannot be called yet: {starting}")
+                    raise UpstreamUnavailable(f"tool {_shown(name)} cannot be called yet: {starting}")
             raise BadInput(await self._unknown_tool_message(name, allowed))
         if not view.server(rec.server).available and not self._session_ready(rec.server):
             # A live session whose listing is still being indexed (the view's interim keeps
@@ -231,6 +235,9 @@ class CallService:
         return reply
 
     async def _unknown_tool_message(self, name: str, allowed: set[str]) -> str:
+        if len(name) > SUGGEST_MAX_CHARS:  # no gateway name is this long: nothing is close to it
+            return f"unknown tool {_shown(name)} ({len(name)} characters; a tool name has at most {MAX_LEN}). " \
+                   "Use tool_search to find tools."
         view = self._catalog.view
         indexes: dict[str, NameIndex] = {}
         for server, entry in view.servers.items():
@@ -244,7 +251,13 @@ class CallService:
         by_name = view.by_name
         close = await anyio.to_thread.run_sync(suggest, name, indexes, lambda n: by_name[n].tool if n in by_name else n)
         hint = f" Did you mean: {', '.join(close)}?" if close else " Use tool_search to find tools."
-        return f"unknown tool {name!r}.{hint}"
+        return f"unknown tool {_shown(name)}.{hint}"
+
+
+def _shown(name: str) -> str:
+    """A caller's tool name as an error quotes it: whole up to TEXT_CHARS characters (every
+    gateway name is), cut past that, so a reply does not grow with what the caller sent."""
+    return repr(name) if len(name) <= TEXT_CHARS else f"{name[:TEXT_CHARS]!r}..."
 
 
 def _arguments(raw: object) -> dict[str, object] | None:
