@@ -287,6 +287,21 @@ def test_a_file_with_a_byte_order_mark_keeps_it_and_its_comments(tmp_path: Path)
     assert set(json.loads(strip_jsonc(out)[0])["mcpServers"]) == {name}
 
 
+@pytest.mark.parametrize("comments", [True, False])
+def test_a_file_with_crlf_line_ends_keeps_them(tmp_path: Path, comments: bool) -> None:
+    """A client file saved on Windows (CRLF): the rewrite keeps its line ends, in the lines it
+    writes too (they came out LF: a mixed file, or an all-LF one without comments)."""
+    text = ('{\r\n' + ('  // keep me\r\n' if comments else '') +
+            '  "mcpServers": {\r\n    "a": {"command": "x"}\r\n  },\r\n  "other": 1\r\n}\r\n')
+    p = tmp_path / "claude_desktop_config.json"
+    p.write_bytes(text.encode())
+    new, name = rewritten(adopt(read_client_file(p)), tmp_path / "c.toml")
+    assert new.count(b"\n") == new.count(b"\r\n") > 5, new
+    assert (b"// keep me\r\n" in new) is comments
+    out = new.decode()
+    assert set(json.loads(strip_jsonc(out)[0])["mcpServers"]) == {name}
+
+
 def test_backup_names_lead_back_to_the_original(tmp_path: Path) -> None:
     assert original_of(tmp_path / "x.json.toolatlas-backup-20261202T101500Z") == tmp_path / "x.json"
     assert original_of(tmp_path / "x.json.toolatlas-backup-20261202T101500Z-2") == tmp_path / "x.json"

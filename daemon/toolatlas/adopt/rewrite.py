@@ -73,13 +73,19 @@ def rewritten(adoption: Adoption, config: Path) -> tuple[bytes, str]:
     indent = _indent(src.raw)
     # A UTF-8 byte order mark (Windows editors write one) was read past: edit past it, keep it.
     bom = codecs.BOM_UTF8 if src.raw.startswith(codecs.BOM_UTF8) else b""
+    # Line ends as the file has them: a file saved with CRLF (Windows) keeps CRLF in what is new.
+    crlf = b"\r\n" in src.raw
+
+    def out(text: str) -> bytes:
+        return bom + (re.sub(r"(?<!\r)\n", "\r\n", text) if crlf else text).encode()
+
     if src.had_comments:
         tables = {tuple(w[:-1]) for w in adoption.replaced} | {tuple(src.servers_table)}
         edited = replace_values(src.raw[len(bom):].decode(), {t: _at(data, t) for t in tables}, indent)
         if edited is not None:
-            return bom + edited.encode(), name
+            return out(edited), name
     text = json.dumps(data, indent=indent, ensure_ascii=False)
-    return bom + (text + ("\n" if src.raw.endswith(b"\n") else "")).encode(), name
+    return out(text + ("\n" if src.raw.endswith(b"\n") else "")), name
 
 
 def _at(data: Any, path: tuple[str, ...]) -> Any:
