@@ -80,6 +80,7 @@ def test_every_entry_is_adopted_or_skipped_with_a_reason(tmp_path: Path) -> None
         "ok": {"command": "npx", "args": ["-y", "pkg", 3]},
         "off": {"command": "x", "disabled": True},
         "ws": {"type": "ws", "url": "ws://127.0.0.1:1"},
+        "wsurl": {"url": "ws://127.0.0.1:9/x"},
         "empty": {"args": ["a"]},
         "list": ["not", "an", "object"],
         "badargs": {"command": "x", "args": "one string"},
@@ -91,6 +92,7 @@ def test_every_entry_is_adopted_or_skipped_with_a_reason(tmp_path: Path) -> None
     assert reasons == {
         "off": "it is disabled in the client",
         "ws": "transport 'ws' is not supported (toolatlas speaks stdio, sse and http)",
+        "wsurl": "its url ws://127.0.0.1:9/x is not http(s) (toolatlas speaks stdio, sse and http)",
         "empty": "it has neither a command nor a url",
         "list": "the entry is a JSON list, not an object",
         "badargs": "args is a JSON str, not a list",
@@ -98,6 +100,7 @@ def test_every_entry_is_adopted_or_skipped_with_a_reason(tmp_path: Path) -> None
         "shim": "it is already the toolatlas shim",
     }
     assert ("mcpServers", "shim") in a.replaced and ("mcpServers", "off") not in a.replaced
+    assert not [n for n in a.notes if "wsurl" in n], a.notes  # not "taken as streamable HTTP", then skipped
 
 
 def test_literal_secrets_become_variables_and_never_reach_the_toml(tmp_path: Path) -> None:

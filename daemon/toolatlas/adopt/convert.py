@@ -130,6 +130,9 @@ def _transport(spec: dict[str, Any], ctx: Context) -> str:
     if "command" in spec:
         return "stdio"
     if url:
+        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", str(url))
+        if scheme and scheme[1].lower() not in ("http", "https"):  # ws://: no transport to guess
+            raise Unsupported(f"its url {shown_url(url)} is not http(s) (toolatlas speaks stdio, sse and http)")
         if "httpUrl" in spec:
             return "http"
         guess = "sse" if str(url).rstrip("/").endswith("/sse") else "http"
