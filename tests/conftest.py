@@ -25,7 +25,7 @@ import pytest
 
 from toolatlas.config import StdioUpstream, Upstream
 
-from tests.support import TEST_CACHE_HOME, configs, ports
+from tests.support import TEST_CACHE_HOME, TEST_CONFIG_HOME, configs, ports
 from tests.support.postgres import PgServer, bindir
 from tests.support.servers import RunningServer, ServerFactory
 
@@ -45,6 +45,7 @@ _TESTS = Path(__file__).resolve().parent
 # one, the ONNX runtime) reads the suite's own: one export of the model for the whole suite
 # (tests.support.daemon.shared_onnx_models), none written into the real home directory.
 os.environ["XDG_CACHE_HOME"] = str(TEST_CACHE_HOME)
+os.environ["XDG_CONFIG_HOME"] = str(TEST_CONFIG_HOME)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -33,7 +33,7 @@ from toolatlas.config_sections import (
     check_http,
 )
 from toolatlas.errors import ConfigError
-from toolatlas.paths import default_state_dir, expand_vars, read_config, resolve_path, socket_path
+from toolatlas.paths import config_environment, default_state_dir, expand_vars, read_config, resolve_path, socket_path
 from toolatlas.redact import Redactor
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
@@ -292,7 +292,7 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
             raise ConfigError(f"{source}: unknown key {key!r} in [top level]")
     found: list[str] = []
     try:
-        raw = _expand(raw, "", dict(os.environ) if env is None else env, found)
+        raw = _expand(raw, "", config_environment() if env is None else env, found)
     except ConfigError as exc:  # a variable that is not set: the message names the key
         raise ConfigError(f"{source}: {exc}") from exc
     raw["expanded_secrets"] = tuple(dict.fromkeys(found))

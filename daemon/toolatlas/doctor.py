@@ -98,23 +98,13 @@ def _check_config(path: str | None) -> tuple[Check, Config | None]:
         return Check(WARN, "config", "none given (--config PATH or $TOOLATLAS_CONFIG) and none at "
                      f"{default_config_path()}; checking the default socket and state folder. "
                      "`toolatlas adopt CLIENT_CONFIG --out FILE` writes one"), None
-    from toolatlas.install import environment_file, service_environment
-
-    note = ""
-    try:
+    try:  # ${VAR}s from the environment, then ~/.config/toolatlas/environment, as the daemon reads them
         cfg = load(path)
     except ConfigError as exc:
-        try:  # the variables the systemd user service gets from its environment file (README)
-            cfg = load(path, env=service_environment())
-        except ConfigError:
-            return Check(FAIL, "config", f"{exc}; fix it and run `toolatlas check-config {path}`"), None
-        note = (f"valid with the variables of {environment_file()} (the `toolatlas install --user` service "
-                f"reads them), not without: {exc}; a daemon that a shim starts has its client's environment")
+        return Check(FAIL, "config", f"{exc}; fix it and run `toolatlas check-config {path}`"), None
     problem = cards_problem(cfg)
     if problem:
         return Check(FAIL, "config", f"{path}: {problem}; fix it and run `toolatlas check-config {path}`"), cfg
-    if note:
-        return Check(WARN, "config", note), cfg
     return Check(OK, "config", f"{path} is valid ({len(cfg.upstream)} upstreams)"), cfg
 
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from toolatlas.errors import ConfigError
-from toolatlas.paths import daemon_path, default_socket_path
+from toolatlas.paths import daemon_path, default_socket_path, read_environment_file
 
 EX_CONFIG = 78
 SOCKET_UNIT = "toolatlas.socket"
@@ -123,29 +123,10 @@ def unit_dir() -> Path:
     return Path(base) / "systemd" / "user"
 
 
-def environment_file() -> Path:
-    """The user service's `EnvironmentFile=-%E/toolatlas/environment`."""
-    return Path(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "toolatlas", "environment")
-
-
 def service_environment() -> dict[str, str]:
     """The environment the service will have, as far as it can be known here: this one with
-    the unit's environment_file() over it (`NAME=value` lines; `#` and `;` comments; a value
-    may be quoted), where the README keeps the config's secrets."""
-    env = dict(os.environ)
-    try:
-        text = environment_file().read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return env
-    for line in text.splitlines():
-        name, eq, value = line.strip().partition("=")
-        if not eq or not name or name[0] in "#;":
-            continue
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        env[name.strip()] = value
-    return env
+    the unit's `EnvironmentFile=-%E/toolatlas/environment` (paths.environment_file) over it."""
+    return {**os.environ, **read_environment_file()}
 
 
 def _user_manager() -> str | None:

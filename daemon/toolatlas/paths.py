@@ -108,6 +108,42 @@ def default_config_path() -> str:
     return os.path.join(base, "toolatlas", "config.toml")
 
 
+def environment_file() -> str:
+    """`~/.config/toolatlas/environment` (under $XDG_CONFIG_HOME): `NAME=value` lines for the
+    config's `${VAR}`s. The user service reads it (`EnvironmentFile=`), the config loader falls
+    back to it for a name the environment does not set (a daemon a shim starts has its GUI
+    client's environment), and `adopt` keeps there the secrets it moves out of a client's
+    file (mode 0600)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return os.path.join(base, "toolatlas", "environment")
+
+
+def read_environment_file(path: str | None = None) -> dict[str, str]:
+    """The variables of an environment file (default `environment_file()`), as systemd reads
+    one: `NAME=value` lines, `#` and `;` comments, a value may be quoted; {} when absent."""
+    try:
+        with open(path or environment_file(), encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        name, eq, value = line.strip().partition("=")
+        if not eq or not name or name[0] in "#;":
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[name.strip()] = value
+    return out
+
+
+def config_environment() -> dict[str, str]:
+    """What a config's `${VAR}` expands from: this process's environment, and for a name it
+    does not set, `environment_file()`."""
+    return {**read_environment_file(), **os.environ}
+
+
 def write_atomic(path: str | os.PathLike[str], chunks: bytes | list[bytes], mode: int | None = None) -> None:
     """Replace `path` with `chunks` at once: a temp file in the same folder, fsync, rename,
     fsync of the folder. Readers see the old bytes or the new ones, never a mix. The file
@@ -191,7 +227,7 @@ def daemon_path(config: str, key: str, env: Mapping[str, str] | None = None) -> 
     raw = table.get(key, "") if isinstance(table, dict) else ""
     if not isinstance(raw, str):
         raise ConfigError(f"{config}: [daemon] {key} must be a string, got {raw!r}")
-    return resolve_path(expand_vars(raw, os.environ if env is None else env, f"daemon.{key}"),
+    return resolve_path(expand_vars(raw, config_environment() if env is None else env, f"daemon.{key}"),
                         os.path.dirname(os.path.abspath(config)))
 
 

@@ -28,6 +28,16 @@ def _tests_entry(**extra: Any) -> dict[str, Any]:
     return {**extra, "command": sys.executable, "args": testserver_args(), "env": {"API_TOKEN": SECRET}}
 
 
+@pytest.fixture(autouse=True)
+def _own_config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's own $XDG_CONFIG_HOME: adopt keeps the secrets it moves out of a client's
+    file in its toolatlas/environment, which must be neither the runner's nor another test's."""
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
+    monkeypatch.delenv("API_TOKEN", raising=False)
+    return xdg
+
+
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "toolatlas", *args], capture_output=True, text=True,
                           env=dict(os.environ, **(env or {})), timeout=60, check=False)
@@ -99,11 +109,11 @@ def test_each_client_format_is_adopted_into_a_valid_config(
     ok = _run("check-config", str(out), env={**env, **exported})
     assert ok.returncode == 0 and "OK" in ok.stdout, ok.stderr
     assert "warning" not in ok.stderr
-    if "API_TOKEN" in exported:  # the secret is read from the environment, not the file
-        bare = {k: v for k, v in os.environ.items() if k != "API_TOKEN"}
+    if "API_TOKEN" in exported:  # the secret is read from the environment (or the environment file), not the config
+        bare = {k: v for k, v in os.environ.items() if k != "API_TOKEN"} | {"XDG_CONFIG_HOME": str(tmp_path / "none")}
         missing = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(out)], env=bare,
                                  capture_output=True, text=True, timeout=60, check=False)
-        assert missing.returncode == 78 and "${API_TOKEN} is not set" in missing.stderr
+        assert missing.returncode == 78 and "is not set" in missing.stderr, missing.stderr
     assert client.read_text() == (content if isinstance(content, str) else json.dumps(content, indent=2) + "\n")
 
 
@@ -229,3 +239,42 @@ def test_a_file_with_nothing_to_adopt_writes_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "c.toml").exists()
     bad = _run("adopt", str(tmp_path / "missing.json"))
     assert bad.returncode == 65 and "cannot read" in bad.stderr
+
+
+def test_secrets_moved_out_of_a_client_are_kept_in_the_environment_file_the_daemon_reads(tmp_path: Path) -> None:
+    """The client's literal secrets become ${VAR}s in the config and NAME=value lines in
+    ~/.config/toolatlas/environment (0600): the daemon, however started (here without the
+    variable in its environment, as a shim started from a GUI client would start it), reads
+    them from there and hands them to the upstream. Adopting again adds nothing; another
+    client's different value under the same name gets a name of its own."""
+    from tests.support.processes import children_of
+
+    xdg = tmp_path / "xdg"
+    envfile = xdg / "toolatlas" / "environment"
+    out = tmp_path / "adopted.toml"
+    d = Daemon(tmp_path, "")
+    sock = {"TOOLATLAS_SOCKET": d.socket}
+    desktop = _write(tmp_path, "claude_desktop_config.json", {"mcpServers": {"tests": _tests_entry()}})
+    r = _run("adopt", str(desktop), "--out", str(out), env=sock)
+    assert r.returncode == 0, r.stderr
+    assert f"kept 1 secret(s) from the client's file in {envfile} (mode 0600), where the daemon reads them: " \
+           "API_TOKEN" in r.stderr, r.stderr
+    assert "still needs" not in r.stderr and SECRET not in r.stderr + out.read_text()
+    assert envfile.read_text() == f"API_TOKEN={SECRET}\n" and stat.S_IMODE(envfile.stat().st_mode) == 0o600
+    assert _run("adopt", str(desktop), "--out", str(out)).returncode == 0
+    assert envfile.read_text() == f"API_TOKEN={SECRET}\n"  # the same value: nothing new
+    other = _write(tmp_path, ".cursor/mcp.json", {"mcpServers": {"other": {
+        "command": sys.executable, "args": [*testserver_args(), "--name", "other"], "env": {"API_TOKEN": "ghp_another one"}}}})
+    r = _run("adopt", str(other), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert envfile.read_text() == f"API_TOKEN={SECRET}\nOTHER_API_TOKEN='ghp_another one'\n", envfile.read_text()
+
+    text = re.sub(r"(?m)^state_dir = .*$", f'state_dir = "{tmp_path / "state"}"', out.read_text())
+    out.write_text(text + '\n[search]\nembedder = "none"\n')
+    d.config = out
+    assert "API_TOKEN" not in os.environ
+    with d.start():
+        d.wait_for(lambda: {s["state"] for s in d.status()["servers"]} == {"ready"}, 60, "adopted upstreams ready")
+        environ = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in children_of(d.proc.pid)]
+        assert sorted(v for e in environ for v in e if v.startswith(b"API_TOKEN")) == \
+            sorted([f"API_TOKEN={SECRET}".encode(), b"API_TOKEN=ghp_another one"]), environ

@@ -294,3 +294,25 @@ def test_shim_config_answers_a_held_handshake_after_the_client_closes_stdin(no_d
     replies = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert [r.get("id") for r in replies] == [1], (replies, proc.stderr.decode())
     assert replies[0]["result"]["serverInfo"]["name"] == "toolatlas", replies
+
+
+def test_a_daemon_the_shim_starts_reads_its_secrets_from_the_environment_file(no_daemon: Daemon, tmp_path: Path) -> None:
+    """`adopt` keeps a client's secrets in ~/.config/toolatlas/environment and the config
+    reads them as ${VAR}; a daemon the shim starts has the GUI client's environment, which
+    does not set them, so the config loader falls back to that file. Before, that daemon
+    exited 78 ('environment variable ${...} is not set')."""
+    no_daemon.config.write_text(no_daemon.config.read_text() + '\n[[upstream]]\nname = "web"\ntransport = "http"\n'
+                                'url = "http://127.0.0.1:9/mcp"\nheaders = { Authorization = "Bearer ${TOOLATLAS_T_SECRET}" }\n')
+    xdg = tmp_path / "xdg"
+    (xdg / "toolatlas").mkdir(parents=True)
+    (xdg / "toolatlas" / "environment").write_text("TOOLATLAS_T_SECRET=s3cret-value\n")
+    env = {k: v for k, v in os.environ.items() if k != "TOOLATLAS_T_SECRET"} | {"XDG_CONFIG_HOME": str(xdg)}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    lines = json.dumps(init).encode() + b'\n{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
+    proc = subprocess.run([sys.executable, "-m", "toolatlas", "shim", "--config", str(no_daemon.config)],
+                          input=lines, capture_output=True, timeout=120, env=env)
+    replies = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert [r.get("id") for r in replies] == [1] and "result" in replies[0], (replies, proc.stderr.decode())
+    assert _daemons_of(no_daemon.config), "the daemon the shim started is not running"
+    assert "s3cret" not in (no_daemon.tmp / "state" / "daemon.log").read_text()

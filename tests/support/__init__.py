@@ -22,3 +22,6 @@ REPO = Path(__file__).resolve().parents[2]
 # the ONNX export of the embedding model is made here once per machine, and nothing a test
 # runs writes into the home directory of whoever runs it.
 TEST_CACHE_HOME = Path(tempfile.gettempdir()) / f"toolatlas-test-cache-{os.getuid()}"
+# The suite's XDG_CONFIG_HOME, empty: a config's ${VAR}s fall back to its toolatlas/environment,
+# and the runner's own (~/.config/toolatlas/environment) must not reach the tests' daemons.
+TEST_CONFIG_HOME = Path(tempfile.gettempdir()) / f"toolatlas-test-config-{os.getuid()}"

@@ -6,6 +6,7 @@ to standard error."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from toolatlas.adopt.clients import AdoptError, ClientKind, read_client_file
 from toolatlas.adopt.convert import Adoption, adopt
 from toolatlas.adopt.render import merge, render
 from toolatlas.adopt.rewrite import apply, rewritten, undo
-from toolatlas.paths import default_config_path, write_atomic
+from toolatlas.paths import default_config_path, environment_file, read_environment_file, write_atomic
 
 _CLIENT = {ClientKind.CLAUDE_DESKTOP: "Claude Desktop", ClientKind.CLAUDE_CODE_PROJECT: "Claude Code",
            ClientKind.CLAUDE_CODE_USER: "Claude Code", ClientKind.CURSOR: "Cursor", ClientKind.VSCODE: "VS Code",
@@ -53,10 +54,42 @@ def _report(a: Adoption) -> None:
     for note in a.notes:
         _say(f"  note: {note}")
     if a.exports.needed:
-        _say("  the config reads these environment variables; the daemon must have them "
-             "(export them where it starts; their values are not in the config):")
+        _say("  the config reads these environment variables (their values are not in the config):")
         for var, why in sorted(a.exports.needed.items()):
             _say(f"    {var}: {why}")
+
+
+def _keep_secrets(a: Adoption) -> None:
+    """Put the secret values moved out of the client's file into the environment file (mode
+    0600), which the daemon reads however it starts; say what the daemon still needs."""
+    path = environment_file()
+    keep = a.exports.to_keep()
+    written = {n: v for n, v in keep.items() if _env_line(n, v) is not None}
+    if written:
+        try:
+            old = open(path, "rb").read() if os.path.exists(path) else b""
+        except OSError as exc:
+            raise AdoptError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        lines = "".join(f"{_env_line(n, v)}\n" for n, v in sorted(written.items())).encode()
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        write_atomic(path, [old, b"" if not old or old.endswith(b"\n") else b"\n", lines], mode=0o600)
+        _say(f"kept {len(written)} secret(s) from the client's file in {path} (mode 0600), where the daemon "
+             f"reads them: {', '.join(sorted(written))}")
+    held = set(a.exports.held) | set(written)
+    rest = sorted(v for v in a.exports.needed if v not in held and v not in os.environ)
+    if rest:
+        _say(f"  the daemon still needs: {', '.join(rest)}: set them in {path} (NAME=value lines) or in its "
+             "environment")
+
+
+def _env_line(name: str, value: str) -> str | None:
+    """`NAME=value` as an environment file holds it (single quotes around a value with spaces
+    or quoting), or None for a value no such line can hold (a newline, or both quotes)."""
+    if "\n" in value or "\r" in value or ("'" in value and ('"' in value or "\\" in value)):
+        return None
+    if value and not any(c in value for c in " \t\"'\\#;$"):
+        return f"{name}={value}"
+    return f"{name}='{value}'" if "'" not in value else f'{name}="{value}"'
 
 
 def _missing_commands(a: Adoption) -> None:
@@ -117,7 +150,7 @@ def _adopt(args: argparse.Namespace) -> int:
     except AdoptError as exc:
         _say(f"toolatlas adopt: {exc}")
         return EX_DATAERR
-    adoption = adopt(source)
+    adoption = adopt(source, held=read_environment_file())
     _report(adoption)
     _missing_commands(adoption)
     if not adoption.upstreams:
@@ -139,6 +172,7 @@ def _adopt(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     write_atomic(out, text.encode())
+    _keep_secrets(adoption)
     _say(f"added {len(added)} upstream(s) to {out}: {', '.join(added) or 'none (it has them all)'}" if merging
          else f"wrote {out}")
     if args.rewrite_client:

@@ -12,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from toolatlas.adopt.clients import ClientFile, SourceEntry, Where
@@ -200,9 +201,10 @@ def convert_entry(entry: SourceEntry, name: str, ctx: Context) -> Adopted:
     return Adopted(name, transport, entry.label, entry.name, url=out_url, headers=headers)
 
 
-def adopt(source: ClientFile) -> Adoption:
-    """Convert every entry of `source`; see the module docstring."""
-    result = Adoption(source)
+def adopt(source: ClientFile, held: Mapping[str, str] | None = None) -> Adoption:
+    """Convert every entry of `source`; see the module docstring. `held`: the variables the
+    environment file already holds (a secret there keeps its name)."""
+    result = Adoption(source, exports=Exports(held=dict(held or {})))
     taken: set[str] = set()
     for entry in source.entries:
         if isinstance(entry.spec, dict) and is_toolatlas_shim(entry.spec):

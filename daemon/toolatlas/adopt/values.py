@@ -64,6 +64,9 @@ class Exports:
     """The environment variables an adopted config reads: name -> why (never the value)."""
 
     needed: dict[str, str] = field(default_factory=dict)
+    # The variables the environment file holds already (paths.environment_file): a value there
+    # keeps its name, and a name there with another value is taken. Never printed.
+    held: dict[str, str] = field(default_factory=dict, repr=False)
     # Literal values moved out, so two different secrets never share a name. Never printed.
     _moved: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -74,16 +77,22 @@ class Exports:
     def move(self, candidates: list[str], value: str, why: str) -> str:
         """A variable to hold the literal `value`: the name it already got, else the first
         candidate name that is free, else the last one with a numeric suffix."""
-        for name, moved in self._moved.items():
+        for name, moved in (*self._moved.items(), *self.held.items()):
             if moved == value:  # one value, one name, wherever it appeared
+                self._moved[name] = value
+                self.need(name, why)
                 return name
         names = [var_name(c) for c in candidates if c]
         for name in names + [f"{names[-1]}_{i}" for i in range(2, 1000)]:
-            if self._moved.get(name, value if name not in self.needed else None) == value:
+            if self._moved.get(name, self.held.get(name, value if name not in self.needed else None)) == value:
                 self._moved[name] = value
                 self.need(name, why)
                 return name
         raise Unsupported("too many secrets under one name")  # 1000 distinct values: not a real file
+
+    def to_keep(self) -> dict[str, str]:
+        """The moved values the environment file does not hold yet, by name."""
+        return {name: value for name, value in self._moved.items() if self.held.get(name) != value}
 
 
 @dataclass
