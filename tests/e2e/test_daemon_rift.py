@@ -40,3 +40,29 @@ def test_rift_runs_after_a_restart_with_an_unchanged_catalog(tmp_path: Path) -> 
         d.tool("crm__add_tool", {"name": "erase_contact", "description": "Erase a contact."})
         d.wait_for(lambda: (st := d.status())["rift"]["index_version"] == st["index"]["version"]
                    and st["rift"]["tools"] == st["index"]["tools"], 60, "rift on the changed catalog")
+
+
+
+def test_a_note_never_names_a_tool_that_left_the_catalog(tmp_path: Path) -> None:
+    """The Rift report describes the index it last analysed (re-run after a quiet second):
+    a tool removed since is still in its cluster, but a note names only tools callable now."""
+    trio = ("delete_contact", "remove_contact", "erase_contact")
+    query = {"query": "delete a contact from the address book", "top_k": 2}
+    with Daemon(tmp_path, stdio_testserver("crm"), search_extra='embedder = "onnx"\n') as d:
+        for name in trio:
+            d.tool("crm__add_tool", {"name": name, "description": "Delete a contact from the address book."})
+
+        def answer() -> tuple[list[str], str]:
+            matches = d.meta("tool_search", query)["matches"]
+            return [m["name"] for m in matches], next((m["note"] for m in matches if "note" in m), "")
+
+        def outside() -> str | None:
+            """A tool of the trio the note names though it is not in the answer."""
+            names, note = answer()
+            return next((f"crm__{n}" for n in trio if f"crm__{n}" in note and f"crm__{n}" not in names), None)
+
+        named = d.wait_for(outside, 60, "a note naming the third of the trio")
+        d.tool("crm__remove_tool", {"name": named.split("__", 1)[1]})
+        d.wait_for(lambda: named not in d.search(query["query"], 10), 30, f"{named} gone from search")
+        names, note = answer()
+        assert note and named not in note, (names, note)
