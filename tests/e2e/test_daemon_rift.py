@@ -3,6 +3,7 @@ results, and summarised by risk in catalog_status."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from tests.support.daemon import Daemon, stdio_testserver
@@ -66,3 +67,31 @@ def test_a_note_never_names_a_tool_that_left_the_catalog(tmp_path: Path) -> None
         d.wait_for(lambda: named not in d.search(query["query"], 10), 30, f"{named} gone from search")
         names, note = answer()
         assert note and named not in note, (names, note)
+
+
+def test_rift_reanalyses_an_upstream_that_never_stops_changing(tmp_path: Path) -> None:
+    """An upstream flipping a tool more often than Rift's quiet second (RIFT_DEBOUNCE_S) does
+    not hold Rift off for as long as it goes on: it re-analyses within RIFT_MAX_DELAY_S."""
+    with Daemon(tmp_path, stdio_testserver("crm"), search_extra='embedder = "onnx"\n') as d:
+        d.wait_for(lambda: (st := d.status())["rift"].get("available")
+                   and st["rift"]["index_version"] == st["index"]["version"], 60, "rift on the first index")
+        first = d.status()["rift"]["index_version"]
+        stop = threading.Event()
+
+        def churn() -> None:
+            with d.client() as c:
+                for i in range(2000):  # bounded; stopped long before
+                    if stop.wait(0.2):
+                        return
+                    c.call_tool("crm__add_tool", {"name": f"flip_{i}", "description": f"Flip tool number {i}."})
+                    if i:
+                        c.call_tool("crm__remove_tool", {"name": f"flip_{i - 1}"})
+
+        flipper = threading.Thread(target=churn, daemon=True)
+        flipper.start()
+        try:
+            d.wait_for(lambda: d.status()["rift"]["index_version"] > first, 60, "rift re-analysing during the churn")
+            assert flipper.is_alive()  # while the upstream was still changing
+        finally:
+            stop.set()
+            flipper.join(30)
