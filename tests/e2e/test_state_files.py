@@ -36,3 +36,28 @@ def test_an_unreadable_snapshot_and_card_are_logged_and_the_daemon_serves(tmp_pa
         verdict = status["cards"]["servers"]["alpha"]["card"]
         assert verdict.startswith("refused: ") and "not a regular file" in verdict, verdict
     assert "Traceback" not in d.log.read_text()
+
+
+STORE = '\n[store]\nurl = "postgresql://toolatlas@127.0.0.1:1/toolatlas"\n'  # nothing listens: unreachable
+
+
+def _serves_with_the_store_down(tmp_path: Path) -> str:
+    """Start a daemon whose shared store is unreachable; it must serve. Returns its log."""
+    with Daemon(tmp_path, stdio_testserver("alpha"), daemon_extra=STORE) as d:
+        assert "alpha__echo" in d.wait_for(lambda: d.search("echo a message back"), 30, "a search finds alpha")
+        assert d.status()["store"]["configured"]
+    log = d.log.read_text()
+    assert "Traceback" not in log, log[-3000:]
+    return log
+
+
+@pytest.mark.timeout(90)
+def test_a_replica_name_file_that_is_not_text_is_replaced(tmp_path: Path) -> None:
+    """state_dir/store/origin holding bytes that are not UTF-8 (a corrupted file) is logged
+    and a new replica name is made, as for one that cannot be read: the daemon starts."""
+    origin = tmp_path / "state" / "store" / "origin"
+    origin.parent.mkdir(parents=True)
+    origin.write_bytes(b"\xff\xfe\x00" * 10)
+    log = _serves_with_the_store_down(tmp_path)
+    assert f"cannot read {origin}" in log, log[-3000:]
+    assert origin.read_text().strip()  # the new name, kept

@@ -341,7 +341,7 @@ def _stable_origin(path: Path) -> str:
             return name
     except FileNotFoundError:
         pass
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8 text (a corrupted file)
         log.warning("store: cannot read %s (%s); using a new replica name", path, exc)
     name = f"{socket.gethostname()}:{secrets.token_hex(6)}"
     try:
