@@ -61,3 +61,18 @@ def test_a_replica_name_file_that_is_not_text_is_replaced(tmp_path: Path) -> Non
     log = _serves_with_the_store_down(tmp_path)
     assert f"cannot read {origin}" in log, log[-3000:]
     assert origin.read_text().strip()  # the new name, kept
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", UNREADABLE)
+@pytest.mark.parametrize("name", ["outbox.jsonl", "outbox.done"])
+def test_an_unusable_store_outbox_file_is_moved_aside_and_the_daemon_serves(tmp_path: Path, name: str, kind: str) -> None:
+    """The shared store's write buffer files (state_dir/store/outbox.jsonl, outbox.done) found
+    to be a directory or a FIFO are moved aside, logged, and the outbox starts afresh: the
+    daemon starts and serves (it crashed on a directory and hung for good on a FIFO)."""
+    path = tmp_path / "state" / "store" / name
+    plant_unreadable(path, kind)
+    log = _serves_with_the_store_down(tmp_path)
+    assert f"store.outbox_unusable {path} is not a regular file" in log, log[-3000:]
+    assert path.is_file() or not path.exists()
+    assert [p.name for p in path.parent.glob(f"{name}.unusable-*")], list(path.parent.iterdir())
