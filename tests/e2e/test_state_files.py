@@ -76,3 +76,15 @@ def test_an_unusable_store_outbox_file_is_moved_aside_and_the_daemon_serves(tmp_
     assert f"store.outbox_unusable {path} is not a regular file" in log, log[-3000:]
     assert path.is_file() or not path.exists()
     assert [p.name for p in path.parent.glob(f"{name}.unusable-*")], list(path.parent.iterdir())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["origin", "events.cursor"])
+def test_a_fifo_as_the_replica_name_or_event_cursor_does_not_hold_up_the_start(tmp_path: Path, name: str) -> None:
+    """state_dir/store/origin (the replica name) and events.cursor are read at start: a FIFO
+    there (a plain read waits for a writer for good) is logged like an unreadable file, and
+    the daemon starts and serves."""
+    path = tmp_path / "state" / "store" / name
+    plant_unreadable(path, "fifo")
+    log = _serves_with_the_store_down(tmp_path)
+    assert str(path) in log and "not a regular file (a FIFO)" in log, log[-3000:]
