@@ -88,3 +88,15 @@ def test_a_fifo_as_the_replica_name_or_event_cursor_does_not_hold_up_the_start(t
     plant_unreadable(path, "fifo")
     log = _serves_with_the_store_down(tmp_path)
     assert str(path) in log and "not a regular file (a FIFO)" in log, log[-3000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_an_unusable_audit_spool_cursor_is_moved_aside_and_the_daemon_serves(tmp_path: Path, kind: str) -> None:
+    """The audit spool (state_dir/store/audit, opened at start when it is there) keeps its
+    read position in `cursor`: a directory or a FIFO there is moved aside and logged, and
+    the daemon starts (it crashed on a directory and hung for good on a FIFO)."""
+    cursor = tmp_path / "state" / "store" / "audit" / "cursor"
+    plant_unreadable(cursor, kind)
+    log = _serves_with_the_store_down(tmp_path)
+    assert f"store.audit_cursor_unusable {cursor} is not a regular file" in log, log[-3000:]

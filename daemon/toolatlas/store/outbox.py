@@ -18,13 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat
 import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from toolatlas.paths import read_regular
+from toolatlas.paths import read_regular, set_aside_unless_regular
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +64,10 @@ class Outbox:
     def _open(self) -> tuple[int, int, int]:
         """(size, done offset, unsent lines), after cutting a torn tail."""
         for path in (self._data, self._done_file):
-            _set_aside_unless_regular(path)
+            aside = set_aside_unless_regular(path, time.time())
+            if aside is not None:
+                log.warning("store.outbox_unusable %s is not a regular file; moved to %s, the outbox starts afresh",
+                            path, aside)
         with open(self._data, "ab+") as fh:
             fh.seek(0)
             raw = fh.read()
@@ -143,20 +145,6 @@ class Outbox:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self._done_file)
-
-
-def _set_aside_unless_regular(path: Path) -> None:
-    """Move what is at `path`, if it is not a regular file, to `<path>.unusable-<unix time>`
-    (logged). Only a regular file ever held writes, so none is lost."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISREG(mode):
-        return
-    aside = path.with_name(f"{path.name}.unusable-{int(time.time())}")
-    os.replace(path, aside)
-    log.warning("store.outbox_unusable %s is not a regular file; moved to %s, the outbox starts afresh", path, aside)
 
 
 __all__ = ["Buffer", "BufferFull", "Outbox"]
