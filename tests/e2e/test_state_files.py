@@ -100,3 +100,14 @@ def test_an_unusable_audit_spool_cursor_is_moved_aside_and_the_daemon_serves(tmp
     plant_unreadable(cursor, kind)
     log = _serves_with_the_store_down(tmp_path)
     assert f"store.audit_cursor_unusable {cursor} is not a regular file" in log, log[-3000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_an_unusable_audit_spool_segment_is_moved_aside_and_the_daemon_serves(tmp_path: Path, kind: str) -> None:
+    """A segment of the audit spool (state_dir/store/audit/NNNNNNNNNN.jsonl) that is a
+    directory or a FIFO is moved aside and logged, and the daemon starts (it crashed)."""
+    segment = tmp_path / "state" / "store" / "audit" / "0000000001.jsonl"
+    plant_unreadable(segment, kind)
+    log = _serves_with_the_store_down(tmp_path)
+    assert f"store.audit_segment_unusable {segment} is not a regular file" in log, log[-3000:]

@@ -99,6 +99,9 @@ class AuditSpool(SyncedAppender):
             m = _SEGMENT.match(path.name)
             if m is None:
                 continue
+            if (aside := set_aside_unless_regular(path, time.time())) is not None:  # opening it fails or blocks
+                log.warning("store.audit_segment_unusable %s is not a regular file; moved to %s", path, aside)
+                continue
             seg = int(m.group(1))
             if seg < cursor[0]:
                 path.unlink(missing_ok=True)  # sent before the last stop
