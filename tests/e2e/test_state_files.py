@@ -111,3 +111,18 @@ def test_an_unusable_audit_spool_segment_is_moved_aside_and_the_daemon_serves(tm
     plant_unreadable(segment, kind)
     log = _serves_with_the_store_down(tmp_path)
     assert f"store.audit_segment_unusable {segment} is not a regular file" in log, log[-3000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_an_unreadable_approvals_file_leaves_every_upstream_pending_and_the_daemon_serves(tmp_path: Path, kind: str) -> None:
+    """state_dir/approvals.json that is a directory or a FIFO (a plain read waits for good) is
+    logged and set aside like any unreadable approvals file: every upstream pending (fail
+    closed), and the daemon answers."""
+    path = tmp_path / "state" / "approvals.json"
+    plant_unreadable(path, kind)
+    with Daemon(tmp_path, stdio_testserver("alpha"), daemon_extra="require_approval = true\n") as d:
+        assert [(s["name"], s["approval"]) for s in d.status()["servers"]] == [("alpha", "pending")]
+    log = d.log.read_text()
+    assert f"approvals file {path} is unreadable" in log and "Traceback" not in log, log[-3000:]
+    assert list(path.parent.glob("approvals.json.broken-*"))
