@@ -150,7 +150,8 @@ class LearningSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     """Retrieval that learns from use: a search followed, within `window` seconds on the same
     connection, by a successful call of one of its results is a usage event (query, tool,
     principal) kept `retention_days` in state_dir/learning.sqlite3 (0600), the newest
-    `max_events` of them at most (memory and the cost of each learned state grow with them)."""
+    `max_events` of them at most (memory and the cost of each learned state grow with them).
+    A query over 8,192 characters is not learned from (gateway.learning.MAX_QUERY_CHARS)."""
     enabled: bool = True
     window: Seconds = 600.0
     retention_days: Annotated[float, msgspec.Meta(gt=0)] = 180.0

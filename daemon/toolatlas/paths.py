@@ -58,6 +58,22 @@ def read_config(path: str | os.PathLike[str]) -> str:
     return read_regular(path).decode("utf-8-sig")
 
 
+def set_aside_unless_regular(path: str | os.PathLike[str], now: float) -> str | None:
+    """Move what is at `path`, if it is there and is not a regular file (a directory, a FIFO:
+    an open of it fails, or blocks for good), to `<path>.unusable-<now>`, so a fresh file can
+    take its place. Returns where it went, None when nothing was moved; OSError if it cannot
+    be moved."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    aside = f"{os.fspath(path)}.unusable-{int(now)}"
+    os.replace(path, aside)
+    return aside
+
+
 def expand_vars(text: str, env: Mapping[str, str], where: str, found: list[str] | None = None) -> str:
     """`${VAR}` in `text` from `env` (a bare `$VAR` is left alone, as the config documents).
 

@@ -230,3 +230,22 @@ def test_an_unusable_usage_store_never_stops_the_daemon(tmp_path: Path) -> None:
         _learn_once(d)
         d.wait_for(lambda: _events(d) == 1, 30, "a usage event once the store opened")
         assert d.stop() == 0
+
+
+def test_an_outsized_query_is_not_learned_from(tmp_path: Path) -> None:
+    """A query over MAX_QUERY_CHARS followed by a call of its result records no usage event:
+    its text would otherwise be kept in memory (learning's recent searches, per connection)
+    and in learning.sqlite3 (every event), at up to max_message_bytes a query."""
+    from toolatlas.gateway.learning import MAX_QUERY_CHARS
+
+    long_query = "echo a message back " * (MAX_QUERY_CHARS // 20 + 1)
+    with Daemon(tmp_path, stdio_testserver("t")) as d:
+        with d.client() as c:
+            for query in (long_query, "echo a message back"):
+                found = [m["name"] for m in c.call_tool("tool_search", {"query": query})["structuredContent"]["matches"]]
+                assert found[0] == "t__echo", found
+                assert not c.call_tool("execute_tool", {"name": "t__echo", "arguments": {"message": "x"}}).get("isError")
+        # events are stored in order: once the second search's is there, the first's would be
+        shown = d.wait_for(lambda: (s := _cli(d, "show", "t__echo"))["events"] >= 1 and s, 30, "the short query's event")
+        assert shown["events"] == 1 and [q["query"] for q in shown["queries"]] == ["echo a message back"], shown
+        assert _events(d) == 1

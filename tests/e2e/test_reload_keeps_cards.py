@@ -47,3 +47,36 @@ def test_reload_keeps_card_state_and_rechecks(tmp_path: Path) -> None:
         st = d.wait_for(lambda: (s := d.status()) and s["cards"]["servers"]["one"]["card"].startswith("refused") and s,
                         30, "tampered card refused after the reload")
         assert st["cards"]["refused_cards"] == ["one"] and _consistent(st)
+
+
+def test_a_reload_that_changes_the_card_settings_reattests_every_upstream(tmp_path: Path) -> None:
+    """A reload changing [cards] (the trusted key rotated, required turned on, the key
+    removed) re-attests every upstream at once, with re-checks off and no card file changed:
+    a card signed by a key no longer trusted is refused, a card-less upstream's tools leave
+    search when cards become required, and with no key nothing is reported as verified."""
+    key, other = tmp_path / "op.key", tmp_path / "other.key"
+    assert keygen_main(["--out", str(key)]) == 0 and keygen_main(["--out", str(other)]) == 0
+    cards = f'\n[cards]\npublic_key = "{key}.pub"\nrecheck_interval = 0\n'
+    d = Daemon(tmp_path, stdio_testserver("one") + "\n" + stdio_testserver("two"), daemon_extra=cards)
+    assert cards_main(["generate", "--config", str(d.config), "--key", str(key), "--quiet", "--server", "one"]) == 0
+    base = d.config.read_text()
+    with d:
+        d.wait_for(lambda: {n: v["card"] for n, v in d.status()["cards"]["servers"].items()}
+                   == {"one": "verified", "two": "missing"}, 30, "one verified, two without a card")
+
+        rotated = f'\n[cards]\npublic_key = "{other}.pub"\nrecheck_interval = 0\nrequired = true\n'
+        d.config.write_text(base.replace(cards, rotated))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        st = d.wait_for(lambda: (s := d.status()) and s["cards"]["servers"]["one"]["card"].startswith("refused")
+                        and s["cards"]["servers"]["two"]["served"] == 0 and s, 30, "both re-attested under the new key")
+        assert st["cards"]["servers"]["one"]["served"] == 0 and _consistent(st), st["cards"]
+        assert st["cards"]["refused_cards"] == ["one"], st["cards"]
+        assert d.search("echo a message back") == []
+
+        d.config.write_text(base.replace(cards, "\n"))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        st = d.wait_for(lambda: (s := d.status()) and {n: v["card"] for n, v in s["cards"]["servers"].items()}
+                        == {"one": "unattested", "two": "unattested"} and s, 30, "no key: both unattested")
+        assert st["cards"]["quarantined_tools"] == 0 and _consistent(st), st["cards"]
+        match = d.meta("tool_search", {"query": "echo a message back", "top_k": 1})["matches"][0]
+        assert match["name"].endswith("__echo") and not match.get("attested"), match

@@ -36,3 +36,93 @@ def test_an_unreadable_snapshot_and_card_are_logged_and_the_daemon_serves(tmp_pa
         verdict = status["cards"]["servers"]["alpha"]["card"]
         assert verdict.startswith("refused: ") and "not a regular file" in verdict, verdict
     assert "Traceback" not in d.log.read_text()
+
+
+STORE = '\n[store]\nurl = "postgresql://toolatlas@127.0.0.1:1/toolatlas"\n'  # nothing listens: unreachable
+
+
+def _serves_with_the_store_down(tmp_path: Path) -> str:
+    """Start a daemon whose shared store is unreachable; it must serve. Returns its log."""
+    with Daemon(tmp_path, stdio_testserver("alpha"), daemon_extra=STORE) as d:
+        assert "alpha__echo" in d.wait_for(lambda: d.search("echo a message back"), 30, "a search finds alpha")
+        assert d.status()["store"]["configured"]
+    log = d.log.read_text()
+    assert "Traceback" not in log, log[-3000:]
+    return log
+
+
+@pytest.mark.timeout(90)
+def test_a_replica_name_file_that_is_not_text_is_replaced(tmp_path: Path) -> None:
+    """state_dir/store/origin holding bytes that are not UTF-8 (a corrupted file) is logged
+    and a new replica name is made, as for one that cannot be read: the daemon starts."""
+    origin = tmp_path / "state" / "store" / "origin"
+    origin.parent.mkdir(parents=True)
+    origin.write_bytes(b"\xff\xfe\x00" * 10)
+    log = _serves_with_the_store_down(tmp_path)
+    assert f"cannot read {origin}" in log, log[-3000:]
+    assert origin.read_text().strip()  # the new name, kept
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", UNREADABLE)
+@pytest.mark.parametrize("name", ["outbox.jsonl", "outbox.done"])
+def test_an_unusable_store_outbox_file_is_moved_aside_and_the_daemon_serves(tmp_path: Path, name: str, kind: str) -> None:
+    """The shared store's write buffer files (state_dir/store/outbox.jsonl, outbox.done) found
+    to be a directory or a FIFO are moved aside, logged, and the outbox starts afresh: the
+    daemon starts and serves (it crashed on a directory and hung for good on a FIFO)."""
+    path = tmp_path / "state" / "store" / name
+    plant_unreadable(path, kind)
+    log = _serves_with_the_store_down(tmp_path)
+    assert f"store.outbox_unusable {path} is not a regular file" in log, log[-3000:]
+    assert path.is_file() or not path.exists()
+    assert [p.name for p in path.parent.glob(f"{name}.unusable-*")], list(path.parent.iterdir())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["origin", "events.cursor"])
+def test_a_fifo_as_the_replica_name_or_event_cursor_does_not_hold_up_the_start(tmp_path: Path, name: str) -> None:
+    """state_dir/store/origin (the replica name) and events.cursor are read at start: a FIFO
+    there (a plain read waits for a writer for good) is logged like an unreadable file, and
+    the daemon starts and serves."""
+    path = tmp_path / "state" / "store" / name
+    plant_unreadable(path, "fifo")
+    log = _serves_with_the_store_down(tmp_path)
+    assert str(path) in log and "not a regular file (a FIFO)" in log, log[-3000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_an_unusable_audit_spool_cursor_is_moved_aside_and_the_daemon_serves(tmp_path: Path, kind: str) -> None:
+    """The audit spool (state_dir/store/audit, opened at start when it is there) keeps its
+    read position in `cursor`: a directory or a FIFO there is moved aside and logged, and
+    the daemon starts (it crashed on a directory and hung for good on a FIFO)."""
+    cursor = tmp_path / "state" / "store" / "audit" / "cursor"
+    plant_unreadable(cursor, kind)
+    log = _serves_with_the_store_down(tmp_path)
+    assert f"store.audit_cursor_unusable {cursor} is not a regular file" in log, log[-3000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_an_unusable_audit_spool_segment_is_moved_aside_and_the_daemon_serves(tmp_path: Path, kind: str) -> None:
+    """A segment of the audit spool (state_dir/store/audit/NNNNNNNNNN.jsonl) that is a
+    directory or a FIFO is moved aside and logged, and the daemon starts (it crashed)."""
+    segment = tmp_path / "state" / "store" / "audit" / "0000000001.jsonl"
+    plant_unreadable(segment, kind)
+    log = _serves_with_the_store_down(tmp_path)
+    assert f"store.audit_segment_unusable {segment} is not a regular file" in log, log[-3000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_an_unreadable_approvals_file_leaves_every_upstream_pending_and_the_daemon_serves(tmp_path: Path, kind: str) -> None:
+    """state_dir/approvals.json that is a directory or a FIFO (a plain read waits for good) is
+    logged and set aside like any unreadable approvals file: every upstream pending (fail
+    closed), and the daemon answers."""
+    path = tmp_path / "state" / "approvals.json"
+    plant_unreadable(path, kind)
+    with Daemon(tmp_path, stdio_testserver("alpha"), daemon_extra="require_approval = true\n") as d:
+        assert [(s["name"], s["approval"]) for s in d.status()["servers"]] == [("alpha", "pending")]
+    log = d.log.read_text()
+    assert f"approvals file {path} is unreadable" in log and "Traceback" not in log, log[-3000:]
+    assert list(path.parent.glob("approvals.json.broken-*"))

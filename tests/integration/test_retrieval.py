@@ -345,6 +345,36 @@ def test_cache_ttl_expires(mcp_docs: list[ToolDoc]) -> None:
     assert not eng.search("close the browser", 5).cached
 
 
+def test_the_caches_hold_a_long_query_by_its_digest_not_its_text(mcp_docs: list[ToolDoc], shared_models: Path) -> None:
+    """A query may be megabytes long (up to max_message_bytes): the result cache and the
+    query-vector cache keep it as a digest, so distinct long queries do not pile up their
+    text in the daemon (they held about 2 bytes a query character, up to 1,024 entries), and
+    a repeated long query is still answered from the cache."""
+    import gc
+    import tracemalloc
+
+    eng = Engine(state_dir=None)
+    eng.load()
+    eng.update(mcp_docs[:20], [])
+    eng.search("warm up the query path", 5)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for i in range(6):
+            query = f"query {i} " + "take a screenshot of the page " * 35_000  # about 1 MB
+            first = eng.search(query, 5)
+            assert first.hits and not first.cached and first.mode == "hybrid"
+            assert eng.search(query, 5).cached
+        del query, first
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert eng.stats()["cache"]["size"] == 7
+    assert held < 1_000_000, f"6 distinct 1 MB queries left {held} bytes in the engine's caches"
+
+
 def test_update_replaces_and_removes(mcp_docs: list[ToolDoc]) -> None:
     eng = Engine(state_dir=None, cache_size=0)
     eng.load()

@@ -211,3 +211,17 @@ def test_rift_cli_on_live_config_through_cards(tmp_path: Path, capsys: pytest.Ca
     c, m = by_member["test__gen_000"]
     assert {"test__gen_001", "test__gen_002"} <= {x["name"] for x in c["members"]}
     assert c["risk"] == "high" and m["diagnosis"] == "REGENERATE"
+
+
+@pytest.mark.parametrize("limit", ["-1", "x"])
+def test_rift_cli_refuses_a_negative_or_junk_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str], limit: str) -> None:
+    """--limit -1 printed every cluster but the last and "... 2 more clusters" for a report of
+    one: a usage error (exit 2) naming the option instead."""
+    from toolatlas.rift.cli import main
+
+    cat = tmp_path / "c.jsonl"
+    cat.write_text('{"server": "s", "name": "a", "description": "read a file"}\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["--catalog", str(cat), "--limit", limit])
+    assert exc.value.code == 2
+    assert "--limit" in capsys.readouterr().err

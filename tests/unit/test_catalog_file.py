@@ -38,6 +38,9 @@ def test_lines_are_normalised_once_for_every_reader(tmp_path: Path) -> None:
     ("{not json", "c.jsonl:2: not valid JSON"),
     ("[1, 2]", "c.jsonl:2: expected a JSON object"),
     ('{"server": "s"}', "c.jsonl:2: a catalog line needs 'server' and 'name'"),
+    # deeper than the JSON decoder's recursion limit: RecursionError, a traceback in eval/rift/cards
+    ('{"server": "s", "name": "b", "input_schema": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "c.jsonl:2: not valid JSON: nested too deeply"),
 ])
 def test_a_bad_line_is_named(tmp_path: Path, line: str, says: str) -> None:
     cat = _write(tmp_path / "c.jsonl", [json.dumps({"server": "s", "name": "a"}), line])

@@ -67,6 +67,23 @@ def test_eval_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
         main(["--catalog", str(bad), "--queries", str(bad), "--k", "0"])
 
 
+@pytest.mark.parametrize("line", [
+    {"query": "read", "relevant": ["Files/read_file"]},
+    {"query": "read", "relevant": [None]},
+    {"query": None, "relevant": [{"server": "Files", "name": "read_file"}]},
+])
+def test_eval_names_a_malformed_query_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], line: dict[str, object]) -> None:
+    """A queries (or feedback) line whose 'relevant' entries are not objects, or whose query
+    is not a string, is a one-line error naming the file and line, exit 2, not a traceback."""
+    cat = _write(tmp_path / "catalog.jsonl", [{"server": "Files", "name": "read_file", "description": "Read a file"}])
+    qs = _write(tmp_path / "queries.jsonl", [{"query": "ok", "relevant": []}, line])
+    assert main(["--catalog", str(cat), "--queries", str(qs), "--mode", "bm25"]) == 2
+    assert f"{qs}:2: " in capsys.readouterr().err
+    ok = _write(tmp_path / "ok.jsonl", [{"query": "ok", "relevant": []}])
+    assert main(["--catalog", str(cat), "--queries", str(ok), "--feedback", str(qs), "--mode", "bm25"]) == 2
+    assert f"{qs}:2: " in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # ~1 min on 2 idle cores; generous for a loaded CI host
 def test_eval_mode_all_on_mcptoolbenchpp(capsys: pytest.CaptureFixture[str]) -> None:

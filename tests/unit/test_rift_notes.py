@@ -27,11 +27,11 @@ def test_note_names_only_visible_siblings() -> None:
 
 def test_search_notes_are_scoped_to_the_callers_servers() -> None:
     matches = [{"name": "git__create_issue"}, {"name": "vault7__create_issue"}]
-    add_rift_notes(_report(), matches, {"git", "vault7"})
+    add_rift_notes(_report(), matches, {"git", "vault7"}, live=_report().tools)
     assert "vault7__create_issue" in matches[0]["note"]
     # a caller without vault7 (its match would not be shown either) never reads its name
     only_git = [{"name": "git__create_issue"}, {"name": "git__create_issue"}]
-    add_rift_notes(_report(), only_git, {"git"})
+    add_rift_notes(_report(), only_git, {"git"}, live=_report().tools)
     assert all("vault7" not in m.get("note", "") for m in only_git)
 
 
@@ -44,7 +44,7 @@ def test_one_note_per_cluster_naming_at_most_three_siblings() -> None:
                                           shared=("delete", "item")),),
                         tools=tools, n_tools=5, theta=0.65, high=0.9, medium=0.8, margin_analysis=True, embedder="test")
     matches = [{"name": m} for m in members]
-    add_rift_notes(report, matches, {f"s{i}" for i in range(5)})
+    add_rift_notes(report, matches, {f"s{i}" for i in range(5)}, live=members)
     notes = [m["note"] for m in matches if "note" in m]
     assert len(notes) == 1 and "note" in matches[0], matches
     named = [m for m in members[1:] if m in notes[0]]

@@ -87,6 +87,14 @@ class Attestor:
         # themselves belong to the catalog's view, not to this object.
         self._cache: dict[str, tuple[tuple[int, int, int], _Loaded]] = {}
 
+    @property
+    def settings(self) -> tuple[object, ...]:
+        """What a verdict depends on besides the card file and the live tools: the trusted key,
+        the policy, `required` and the key re-attestation signs with. A reload that changes
+        them re-attests every upstream (LiveCatalog.reconfigure), card file changed or not."""
+        kid = signing.key_id(self._public) if self._public else None
+        return kid, self._policy, self._required, self._private_path
+
     def __repr__(self) -> str:
         kid = signing.key_id(self._public) if self._public else None
         return f"<Attestor key={kid} policy={self._policy} required={self._required} cached={len(self._cache)}>"

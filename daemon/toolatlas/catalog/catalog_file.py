@@ -68,6 +68,8 @@ def read_json_lines(path: str | os.PathLike[str]) -> list[tuple[int, dict[str, A
             obj = json.loads(line)
         except ValueError as exc:
             raise CatalogFileError(f"{path}:{lineno}: not valid JSON: {exc}") from exc
+        except RecursionError:  # the decoder's nesting limit (thousands of levels), not a crash
+            raise CatalogFileError(f"{path}:{lineno}: not valid JSON: nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise CatalogFileError(f"{path}:{lineno}: expected a JSON object")
         out.append((lineno, obj))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,10 +65,13 @@ def load_queries(path: Path, key_of: dict[tuple[str, str], str]) -> list[Query]:
     """Queries with relevance resolved to doc names; unknown relevant tools stay counted."""
     out = []
     for no, obj in read_json_lines(path):
-        if "query" not in obj or not isinstance(obj.get("relevant"), list):
-            raise BadInput(f"{path}:{no}: a query line needs 'query' and a 'relevant' list")
+        if not isinstance(obj.get("query"), str) or not isinstance(obj.get("relevant"), list):
+            raise BadInput(f"{path}:{no}: a query line needs a 'query' string and a 'relevant' list")
         rel = set()
         for r in obj["relevant"]:
+            if not isinstance(r, dict):
+                raise BadInput(f"{path}:{no}: each 'relevant' entry must be an object "
+                               f'{{"server": ..., "name": ...}}, got {json.dumps(r)[:80]}')
             key = (str(r.get("server")), str(r.get("name")))
             rel.add(key_of.get(key, f"<missing>{key[0]}/{key[1]}"))
         principal = obj.get("principal")

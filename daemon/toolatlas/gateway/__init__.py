@@ -297,7 +297,7 @@ class Gateway:
         self.cfg = new
         self.approvals.reconcile(new)
         self.visibility.configure(new)
-        self.catalog.reconfigure(attestor)
+        cards_changed = self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
         self.events.log_queries = new.daemon.log_queries
         self.events.environment = new.daemon.environment
@@ -307,6 +307,8 @@ class Gateway:
         for name in summary["removed"]:
             await self._on_tools(name, None)
             await self.catalog.drop(name)
+        if cards_changed:  # every verdict was made under the old [cards] settings
+            await self.catalog.recheck(sorted(self.catalog.view.available))
         log.info("reload: +%s -%s ~%s", summary["added"], summary["removed"], summary["changed"])
         await self.catalog.announce()
         await self.federation.reloaded()

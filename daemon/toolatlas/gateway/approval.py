@@ -34,7 +34,7 @@ from toolatlas import events as ev
 from toolatlas.config import Config, Upstream
 from toolatlas.errors import BadInput
 from toolatlas.metrics import Metrics
-from toolatlas.paths import write_atomic
+from toolatlas.paths import read_regular, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class FileApprovalStore:
 
     def load(self) -> dict[str, Record]:
         try:
-            raw = json.loads(self.path.read_text())
+            raw = json.loads(read_regular(self.path))  # a FIFO there is refused, not waited on
             return {name: Record(decision=Decision(r["decision"]), fingerprint=str(r["fingerprint"]),
                                  changed_at=float(r["changed_at"]), by=str(r["by"]), reason=str(r["reason"]))
                     for name, r in raw["upstreams"].items()}

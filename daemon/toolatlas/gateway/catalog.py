@@ -113,10 +113,16 @@ class LiveCatalog:
             self._metrics.count_embeddings(computed - self._embeddings_seen)
         self._embeddings_seen = computed
 
-    def reconfigure(self, attestor: Attestor) -> None:
+    def reconfigure(self, attestor: Attestor) -> bool:
         """A reload's new card settings. Verdicts stay in the view, so re-checks go on for
-        every upstream; the new Attestor re-reads each card file on its first re-check."""
+        every upstream; the new Attestor re-reads each card file on its first re-check.
+        True when the settings a verdict depends on changed (the trusted key, required,
+        policy): the caller then re-attests every upstream (`recheck`), because re-checks
+        look only at card files that changed, and run not at all with recheck_interval 0,
+        so a card signed by a key no longer trusted would go on being served."""
+        changed = attestor.settings != self.attestor.settings
         self.attestor = attestor
+        return changed
 
     # -- changes ----------------------------------------------------------------------------
 

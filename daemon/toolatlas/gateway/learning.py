@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 
 SEARCHES_PER_CONNECTION = 32  # recent searches remembered per connection
 CONNECTIONS_TRACKED = 4096  # connections with recent searches (least recent forgotten first)
+# A longer query is not learned from: its text would be held in the recent searches above
+# (up to 32 x 4,096 of them) and in every usage event, in memory and in learning.sqlite3,
+# and a query may be as long as max_message_bytes (4 MiB by default). No one asks for a
+# tool in 8,000 characters; the embedder reads a query's first 256 tokens only.
+MAX_QUERY_CHARS = 8192
 PUBLISH_EVERY_S = 0.5  # at most this often a new learned state
 POLL_S = 1.0  # how often the store is checked for changes by another writer (the CLI)
 PRUNE_EVERY_S = 3600.0  # events past retention are deleted this often (and at start)
@@ -90,7 +95,7 @@ class LearningService:
 
     def searched(self, conn: Connection, query: str, names: list[str], version: int) -> None:
         """A search answered `names` to `conn`."""
-        if not self.enabled or not names or not query.strip():
+        if not self.enabled or not names or not query.strip() or len(query) > MAX_QUERY_CHARS:
             return
         recent = self._recent.get(conn.id)
         if recent is None:

@@ -4,7 +4,7 @@ Rift notes, counted in the metrics and the event log."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import anyio
@@ -142,7 +142,7 @@ class SearchService:
                         "Rephrase the query with what the tool should do, or pass top_k to see the closest tools anyway.")
             else:
                 matches = matches[: adaptive.cut([m["score"] for m in matches], self._max_top_k())]
-        add_rift_notes(self._rift(), matches, allowed)
+        add_rift_notes(self._rift(), matches, allowed, live=by_name)
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
         self._metrics.count_endpoint_request(conn.endpoint, "tool_search")
@@ -170,17 +170,21 @@ class SearchService:
 NOTE_SIBLINGS = 3  # other tools a Rift note names at most
 
 
-def add_rift_notes(report: RiftReport | None, matches: list[dict[str, Any]], allowed: set[str]) -> None:
+def add_rift_notes(
+    report: RiftReport | None, matches: list[dict[str, Any]], allowed: set[str], *, live: Collection[str],
+) -> None:
     """Matches that share a HIGH/MEDIUM Rift cluster get one note per answer, on the best
     ranked of them: which tools it is easily confused with (at most NOTE_SIBLINGS, those in
     the answer first) and the words that set each apart. Only siblings on servers in
-    `allowed` (those the caller may use) are ever named."""
+    `allowed` (those the caller may use) and in `live` (the callable catalog now) are ever
+    named: the report describes the index Rift last analysed, and a tool removed or
+    quarantined since is in its clusters until the next analysis (after a quiet second)."""
     if report is None or len(matches) < 2:
         return
 
     def visible(name: str) -> bool:
         parsed = split(name)
-        return parsed is not None and parsed[0] in allowed
+        return parsed is not None and parsed[0] in allowed and name in live
 
     done: set[int] = set()
     for m in matches:

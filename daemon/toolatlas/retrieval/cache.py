@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -17,6 +18,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 V = TypeVar("V")
+
+# Longer query texts are held in the caches as their SHA-256: a key is kept as long as its
+# entry, and a query may be megabytes long (up to the daemon's max_message_bytes), so 1,024
+# result entries and 512 query vectors keyed by the text itself grew the daemon by about
+# 7 MB a distinct 3 MB query, to gigabytes in all.
+KEY_TEXT_CHARS = 512
+
+
+def text_key(text: str) -> str | bytes:
+    """`text` as a cache key: itself up to KEY_TEXT_CHARS characters, else its SHA-256."""
+    if len(text) <= KEY_TEXT_CHARS:
+        return text
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
 class TtlLru(Generic[V]):
@@ -77,7 +91,7 @@ class QueryVectors:
         if emb is None:
             return None
         q = query.strip()
-        key = (emb.query_name, q)
+        key = (emb.query_name, text_key(q))
         vec = self._lru.get(key)
         if vec is None:
             try:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from toolatlas.retrieval import rank, store
-from toolatlas.retrieval.cache import QueryVectors, TtlLru
+from toolatlas.retrieval.cache import QueryVectors, TtlLru, text_key
 from toolatlas.retrieval.documents import FIELD_WEIGHTS, Entry, ToolDoc
 from toolatlas.retrieval.embed import DIM, QUERY_THREADS, Embedder, document_space, limit_blas_threads
 from toolatlas.retrieval.index import EMBED_BATCH, IndexBuilder, Snapshot, plan_update
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 INLINE_EMBED_MAX = 64
 
 # (normalised query, top_k, scope, index version, mode, learned-state version, principal)
-CacheKey = tuple[str, int, tuple[str, ...] | None, int, str, int, str | None]
+CacheKey = tuple[str | bytes, int, tuple[str, ...] | None, int, str, int, str | None]
 # what stats() counts, in the order it reports them
 COUNTERS = (
     "embeddings_computed", "embeddings_cached", "embeddings_shared", "embedder_failures", "degraded_searches", "searches", "updates",
@@ -441,5 +441,5 @@ def _cache_key(
         servers = [servers]
     scope = None if servers is None else tuple(sorted(set(servers)))
     if mode != "learned" or state is None or state.empty:
-        return (normalise_query(query), top_k, scope, snap.version, mode, 0, None)
-    return (normalise_query(query), top_k, scope, snap.version, mode, state.version, principal)
+        return (text_key(normalise_query(query)), top_k, scope, snap.version, mode, 0, None)
+    return (text_key(normalise_query(query)), top_k, scope, snap.version, mode, state.version, principal)

@@ -45,6 +45,18 @@ def _from_config(cfg: Any, timeout: float | None) -> tuple[list[InputRow], int]:
     return rows, quarantined
 
 
+def _clusters_shown(text: str) -> int:
+    """--limit: a whole number >= 0 (a negative one cut the report from the end and printed
+    a wrong count of clusters left out); argparse makes the error a usage error, exit 2."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
 def main(argv: list[str]) -> int:
     """`toolatlas rift ...` (argv after "rift")."""
     p = argparse.ArgumentParser(prog="toolatlas rift", description="Report tools the index cannot tell apart.")
@@ -59,7 +71,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-margin", action="store_true", help="ablation: clusters only, no margin analysis (no risk labels)")
     p.add_argument("--generator", choices=["publisher", "bootstrap"], default="publisher", help="with --catalog: which text to analyse")
     p.add_argument("--embedder", choices=["onnx", "onnx-int8", "onnx-fp32", "torch"], help="default: the config's, else onnx")
-    p.add_argument("--limit", type=int, default=30, help="clusters shown in the text report")
+    p.add_argument("--limit", type=_clusters_shown, default=30, help="clusters shown in the text report")
     p.add_argument("--timeout", type=float, help="seconds per upstream listing")
     args = p.parse_args(argv)
 

@@ -17,6 +17,10 @@ log = logging.getLogger(__name__)
 
 # Quiet seconds after a catalog change before Rift re-analyses it.
 RIFT_DEBOUNCE_S = 1.0
+# ... but no later than this after the first change it has not analysed: an upstream that
+# changes its tools more often than the debounce time would otherwise hold Rift off for as
+# long as it keeps changing (the report, its notes and catalog_status frozen meanwhile).
+RIFT_MAX_DELAY_S = 10.0
 # Largest catalog the daemon runs Rift on (an n x n float32 matrix: 5,000 tools ~ 100 MB).
 RIFT_MAX_TOOLS = 5000
 
@@ -24,9 +28,11 @@ RIFT_MAX_TOOLS = 5000
 class RiftRunner:
     """Holds the latest `RiftReport` (or why there is none); `wanted()` asks for a run."""
 
-    def __init__(self, engine: Engine, *, debounce: float = RIFT_DEBOUNCE_S, max_tools: int = RIFT_MAX_TOOLS) -> None:
+    def __init__(self, engine: Engine, *, debounce: float = RIFT_DEBOUNCE_S, max_delay: float = RIFT_MAX_DELAY_S,
+                 max_tools: int = RIFT_MAX_TOOLS) -> None:
         self._engine = engine
         self._debounce = debounce
+        self._max_delay = max_delay
         self._max_tools = max_tools
         self.report: RiftReport | None = None
         self.version: int | None = None  # the index version the last analysis (or refusal) read
@@ -41,12 +47,13 @@ class RiftRunner:
     async def run(self) -> None:
         while True:
             await self._wanted.wait()
-            while True:  # debounce: wait for a quiet spell
-                self._wanted = anyio.Event()
-                with anyio.move_on_after(self._debounce):
-                    await self._wanted.wait()
-                    continue
-                break
+            with anyio.move_on_after(self._max_delay):
+                while True:  # debounce: wait for a quiet spell (at most max_delay)
+                    self._wanted = anyio.Event()
+                    with anyio.move_on_after(self._debounce):
+                        await self._wanted.wait()
+                        continue
+                    break
             if self.report is not None and self.error is None and self.version == self._engine.version:
                 self.skipped += 1  # this index is analysed already (one change can ask twice: its update, its vectors)
                 continue
@@ -78,4 +85,4 @@ class RiftRunner:
         return report, version
 
 
-__all__ = ["RIFT_DEBOUNCE_S", "RIFT_MAX_TOOLS", "RiftRunner"]
+__all__ = ["RIFT_DEBOUNCE_S", "RIFT_MAX_DELAY_S", "RIFT_MAX_TOOLS", "RiftRunner"]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from toolatlas.auditlog import SyncedAppender, fsync_close
-from toolatlas.paths import write_atomic
+from toolatlas.paths import read_regular, set_aside_unless_regular, write_atomic
 from toolatlas.store.ports import AUDIT
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,11 @@ class AuditSpool(SyncedAppender):
 
     def _recover(self) -> tuple[dict[int, int], tuple[int, int]]:
         """The segments left (those wholly sent deleted, a torn tail cut) and the read position."""
-        try:
-            seg_s, off_s = self._cursor_file.read_text().split()
+        try:  # a directory or a FIFO there (a plain read waits for good) is moved aside, logged
+            if (aside := set_aside_unless_regular(self._cursor_file, time.time())) is not None:
+                log.warning("store.audit_cursor_unusable %s is not a regular file; moved to %s, the spool is "
+                            "sent again from its first segment", self._cursor_file, aside)
+            seg_s, off_s = read_regular(self._cursor_file).decode().split()
             cursor = (int(seg_s), int(off_s))
         except (FileNotFoundError, ValueError):
             cursor = (0, 0)
@@ -95,6 +98,9 @@ class AuditSpool(SyncedAppender):
         for path in self.dir.iterdir():
             m = _SEGMENT.match(path.name)
             if m is None:
+                continue
+            if (aside := set_aside_unless_regular(path, time.time())) is not None:  # opening it fails or blocks
+                log.warning("store.audit_segment_unusable %s is not a regular file; moved to %s", path, aside)
                 continue
             seg = int(m.group(1))
             if seg < cursor[0]:

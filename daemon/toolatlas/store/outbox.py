@@ -8,7 +8,9 @@ the store's idempotency keys make a write sent twice land once.
 
 Files under `dir`: `outbox.jsonl` (one JSON record a line) and `outbox.done` (the byte
 offset of the first unsent line). A torn last line (killed mid-append, never acknowledged)
-is cut at open. Thread-safe; blocking (call it from a worker thread).
+is cut at open. Either file found to be something else than a regular file (a directory,
+a FIFO, which would fail or block the open for good) is moved aside at open, logged, and
+the outbox starts afresh. Thread-safe; blocking (call it from a worker thread).
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Protocol
+
+from toolatlas.paths import read_regular, set_aside_unless_regular
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,11 @@ class Outbox:
 
     def _open(self) -> tuple[int, int, int]:
         """(size, done offset, unsent lines), after cutting a torn tail."""
+        for path in (self._data, self._done_file):
+            aside = set_aside_unless_regular(path, time.time())
+            if aside is not None:
+                log.warning("store.outbox_unusable %s is not a regular file; moved to %s, the outbox starts afresh",
+                            path, aside)
         with open(self._data, "ab+") as fh:
             fh.seek(0)
             raw = fh.read()
@@ -67,8 +77,12 @@ class Outbox:
                 fh.truncate(cut)
                 raw = raw[:cut]
         try:
-            done = int(self._done_file.read_text().strip() or 0)
-        except (FileNotFoundError, ValueError):
+            done = int(read_regular(self._done_file).decode().strip() or 0)
+        except FileNotFoundError:
+            done = 0
+        except (OSError, ValueError) as exc:  # sent again from the start: the idempotency keys absorb it
+            log.warning("store.outbox_done_unreadable %s (%s): unsent writes are counted from the start",
+                        self._done_file, exc)
             done = 0
         if done > len(raw):  # the data file was emptied after everything was sent
             done = 0

@@ -31,7 +31,7 @@ import anyio
 import anyio.abc
 
 from toolatlas.config import StoreSection
-from toolatlas.paths import write_atomic
+from toolatlas.paths import read_regular, write_atomic
 from toolatlas.redact import Redactor
 from toolatlas.store.audit import AuditSpool
 from toolatlas.store.outbox import Buffer, Outbox
@@ -336,12 +336,12 @@ async def _send_vectors(store: Store, pending: dict[tuple[str, bytes], bytes]) -
 def _stable_origin(path: Path) -> str:
     """This state_dir's replica name (hostname:random), made once and kept in `path`."""
     try:
-        name = path.read_text().strip()
+        name = read_regular(path).decode().strip()  # a FIFO there is refused, not waited on
         if name:
             return name
     except FileNotFoundError:
         pass
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8 text (a corrupted file)
         log.warning("store: cannot read %s (%s); using a new replica name", path, exc)
     name = f"{socket.gethostname()}:{secrets.token_hex(6)}"
     try:
@@ -354,7 +354,7 @@ def _stable_origin(path: Path) -> str:
 
 def _read_cursor(path: Path) -> int | None:
     try:
-        return int(path.read_text().strip())
+        return int(read_regular(path).decode().strip())  # a FIFO there is refused, not waited on
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
