@@ -137,9 +137,8 @@ def environment_file() -> str:
 def read_environment_file(path: str | None = None) -> dict[str, str]:
     """The variables of an environment file (default `environment_file()`), as systemd reads
     one: `NAME=value` lines, `#` and `;` comments, a value may be quoted; {} when absent."""
-    try:
-        with open(path or environment_file(), encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
+    try:  # a FIFO or folder there is not read (an open of a FIFO would block for good)
+        text = read_regular(path or environment_file()).decode("utf-8", errors="replace")
     except OSError:
         return {}
     out: dict[str, str] = {}

@@ -105,6 +105,26 @@ def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     assert ok.returncode == 0 and "OK" in ok.stdout, ok.stderr
 
 
+def test_the_environment_file_backs_unset_variables_and_a_fifo_there_is_not_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """${VAR} expands from the environment, then $XDG_CONFIG_HOME/toolatlas/environment; a
+    FIFO in the file's place is not opened (an open would block the daemon's start for good)."""
+    import os
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.setenv("TA_T_SHELL", "from-shell")
+    monkeypatch.delenv("TA_T_FILE", raising=False)
+    (tmp_path / "toolatlas").mkdir()
+    envfile = tmp_path / "toolatlas" / "environment"
+    envfile.write_text("# kept by adopt\nTA_T_FILE='from file'\nTA_T_SHELL=from-file\n")
+    text = "[daemon]\nmetrics_addr = ''\n[[upstream]]\nname = 'w'\ntransport = 'http'\nurl = 'http://h/${TA_T_FILE}/${TA_T_SHELL}'\n"
+    assert parse(text).upstream[0].url == "http://h/from file/from-shell"  # the environment wins
+    envfile.unlink()
+    os.mkfifo(envfile)
+    with pytest.raises(ConfigError, match=r"\$\{TA_T_FILE\} is not set"):
+        parse(text)
+
+
 def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
     good = tmp_path / "good.toml"
     good.write_text("[daemon]\nmetrics_addr = ''\n")

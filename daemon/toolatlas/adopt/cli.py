@@ -14,7 +14,7 @@ from toolatlas.adopt.clients import AdoptError, ClientKind, read_client_file
 from toolatlas.adopt.convert import Adoption, adopt
 from toolatlas.adopt.render import merge, render
 from toolatlas.adopt.rewrite import apply, rewritten, undo
-from toolatlas.paths import default_config_path, environment_file, read_environment_file, write_atomic
+from toolatlas.paths import default_config_path, environment_file, read_environment_file, read_regular, write_atomic
 
 _CLIENT = {ClientKind.CLAUDE_DESKTOP: "Claude Desktop", ClientKind.CLAUDE_CODE_PROJECT: "Claude Code",
            ClientKind.CLAUDE_CODE_USER: "Claude Code", ClientKind.CURSOR: "Cursor", ClientKind.VSCODE: "VS Code",
@@ -67,7 +67,7 @@ def _keep_secrets(a: Adoption) -> None:
     written = {n: v for n, v in keep.items() if _env_line(n, v) is not None}
     if written:
         try:
-            old = open(path, "rb").read() if os.path.exists(path) else b""
+            old = read_regular(path) if os.path.exists(path) else b""
         except OSError as exc:
             raise AdoptError(f"cannot read {path}: {exc.strerror or exc}") from exc
         lines = "".join(f"{_env_line(n, v)}\n" for n, v in sorted(written.items())).encode()
