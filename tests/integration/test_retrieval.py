@@ -699,3 +699,31 @@ def test_a_lone_query_takes_one_thread_while_other_work_holds_the_cores(shared_m
         for h in hogs:
             h.kill()
             h.wait()
+
+
+def test_the_tokenizer_sees_a_bounded_prefix_of_an_outsized_text_and_the_vector_is_the_same(
+        shared_models: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the first MAX_SEQ_LEN tokens make a vector, but the tokenizer encoded the whole
+    text first: a 10 MB description held ~1.4 GB and took 7 s (`rift --catalog`, `eval`,
+    a megabyte search query). It now sees MAX_TEXT_CHARS characters; the vectors are those
+    of the whole text. (The tokenizer is wrapped to see what it is handed.)"""
+    from toolatlas.retrieval import embed as embed_module
+    from toolatlas.retrieval.embed import MAX_TEXT_CHARS, OnnxEmbedder
+
+    emb = OnnxEmbedder(shared_models / _EXPORT_DIRNAME, "fp32", "int8")
+    seen: list[int] = []
+    real = emb._tok  # noqa: SLF001
+
+    class Seeing:
+        def encode_batch(self, texts: list[str]) -> object:
+            seen.extend(len(t) for t in texts)
+            return real.encode_batch(texts)
+
+    big = "search the issue tracker for open bugs " + "and more words " * 200_000
+    with monkeypatch.context() as m:
+        m.setattr(embed_module, "MAX_TEXT_CHARS", 10**9)
+        whole = emb.embed([big])  # the whole text tokenized, as before
+    emb._tok = Seeing()  # noqa: SLF001
+    assert np.array_equal(emb.embed([big]), whole) and np.array_equal(emb.embed([big[:MAX_TEXT_CHARS]]), whole)
+    emb.embed_queries([big])
+    assert seen and max(seen) <= MAX_TEXT_CHARS, seen

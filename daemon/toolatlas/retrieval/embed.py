@@ -43,6 +43,12 @@ log = logging.getLogger(__name__)
 
 DIM = 384
 MAX_SEQ_LEN = 256  # what sentence-transformers uses for this model
+# Characters of a text the tokenizer sees. It encodes the whole text before truncating to
+# MAX_SEQ_LEN tokens: a 10 MB description held ~1.4 GB and took 7 s (an offline `rift
+# --catalog` or `eval` reads catalog files without the daemon's ingest bounds; a search
+# query can be megabytes). 64 characters a token is far past any text but whitespace runs,
+# so the first MAX_SEQ_LEN tokens, and the vector, are those of the whole text.
+MAX_TEXT_CHARS = 64 * MAX_SEQ_LEN
 # (document precision, query precision) per kind. fp32 reproduces the torch vectors (within
 # 2e-7); int8 (quantize_dynamic, per-channel) runs a query ~2x faster. A query is what a
 # search waits for, documents are embedded once: fp32 documents with int8 queries is the
@@ -291,7 +297,7 @@ class OnnxEmbedder:
         out = np.empty((n, DIM), dtype=np.float32)
         if n == 0:
             return out
-        encs = self._tok.encode_batch(list(texts))
+        encs = self._tok.encode_batch([t[:MAX_TEXT_CHARS] for t in texts])
         # Batches of similar length waste less compute on padding; a token budget per batch
         # bounds the attention activations (rows x width^2), which onnxruntime's arena would
         # otherwise keep as resident memory (~500 MB for 32 rows of 256 tokens).
