@@ -63,3 +63,16 @@ def test_migrations_are_numbered_in_order_and_planned_once() -> None:
     assert [m[0] for m in schema.pending(set())] == versions
     assert schema.pending(set(versions)) == []
     assert schema.pending({*versions, 999}) == []  # a newer replica's migration is left alone
+
+
+@pytest.mark.parametrize("done", ["-5", "7"])
+def test_a_done_offset_that_is_not_a_line_end_sends_everything_again(tmp_path: Path, done: str) -> None:
+    """outbox.done only ever holds 0 or the end of a sent line; a negative offset or one inside
+    a line (a hand edit) made peek() seek there (ValueError, or half a line read as a record).
+    Everything is sent again instead: the store's idempotency keys absorb the repeats."""
+    box = Outbox(tmp_path, 1 << 20)
+    box.append([rec(1), rec(2)])
+    (tmp_path / "outbox.done").write_text(done)
+    again = Outbox(tmp_path, 1 << 20)
+    got, _ = again.peek(10)
+    assert [r["key"] for r in got] == ["k1", "k2"] and again.pending_count == 2

@@ -86,6 +86,10 @@ class Outbox:
             done = 0
         if done > len(raw):  # the data file was emptied after everything was sent
             done = 0
+        elif done < 0 or (done and raw[done - 1:done] != b"\n"):  # never written so: edited by hand
+            log.warning("store.outbox_done_unreadable %s (offset %d is not the end of a line): unsent writes are "
+                        "counted from the start", self._done_file, done)
+            done = 0
         return len(raw), done, raw[done:].count(b"\n")
 
     def append(self, records: list[dict[str, Any]]) -> None:
