@@ -178,7 +178,8 @@ def add_rift_notes(
     the answer first) and the words that set each apart. Only siblings on servers in
     `allowed` (those the caller may use) and in `live` (the callable catalog now) are ever
     named: the report describes the index Rift last analysed, and a tool removed or
-    quarantined since is in its clusters until the next analysis (after a quiet second)."""
+    quarantined since is in its clusters until the next analysis (after a quiet second, at most
+    RIFT_MAX_DELAY_S after the first change it has not analysed)."""
     if report is None or len(matches) < 2:
         return
 
