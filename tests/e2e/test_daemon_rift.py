@@ -65,6 +65,9 @@ def test_a_note_never_names_a_tool_that_left_the_catalog(tmp_path: Path) -> None
         named = d.wait_for(outside, 60, "a note naming the third of the trio")
         d.tool("crm__remove_tool", {"name": named.split("__", 1)[1]})
         d.wait_for(lambda: named not in d.search(query["query"], 10), 30, f"{named} gone from search")
+        # insert-before-delete: the interim view keeps it callable until the index swap is published
+        d.wait_for(lambda: "unknown tool" in d.tool("execute_tool", {"name": named, "arguments": {}})["content"][0]["text"],
+                   30, f"{named} no longer callable")
         names, note = answer()
         assert note and named not in note, (names, note)
 
