@@ -92,25 +92,18 @@ def test_a_fifo_as_the_replica_name_or_event_cursor_does_not_hold_up_the_start(t
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", UNREADABLE)
-def test_an_unusable_audit_spool_cursor_is_moved_aside_and_the_daemon_serves(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize(("name", "event"), [("cursor", "store.audit_cursor_unusable"),
+                                             ("0000000001.jsonl", "store.audit_segment_unusable")])
+def test_an_unusable_audit_spool_file_is_moved_aside_and_the_daemon_serves(
+        tmp_path: Path, kind: str, name: str, event: str) -> None:
     """The audit spool (state_dir/store/audit, opened at start when it is there) keeps its
-    read position in `cursor`: a directory or a FIFO there is moved aside and logged, and
-    the daemon starts (it crashed on a directory and hung for good on a FIFO)."""
-    cursor = tmp_path / "state" / "store" / "audit" / "cursor"
-    plant_unreadable(cursor, kind)
+    read position in `cursor` and its records in segments (NNNNNNNNNN.jsonl): either one
+    found to be a directory or a FIFO is moved aside and logged, and the daemon starts (it
+    crashed on a directory, and hung for good on a FIFO as the cursor)."""
+    path = tmp_path / "state" / "store" / "audit" / name
+    plant_unreadable(path, kind)
     log = _serves_with_the_store_down(tmp_path)
-    assert f"store.audit_cursor_unusable {cursor} is not a regular file" in log, log[-3000:]
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", UNREADABLE)
-def test_an_unusable_audit_spool_segment_is_moved_aside_and_the_daemon_serves(tmp_path: Path, kind: str) -> None:
-    """A segment of the audit spool (state_dir/store/audit/NNNNNNNNNN.jsonl) that is a
-    directory or a FIFO is moved aside and logged, and the daemon starts (it crashed)."""
-    segment = tmp_path / "state" / "store" / "audit" / "0000000001.jsonl"
-    plant_unreadable(segment, kind)
-    log = _serves_with_the_store_down(tmp_path)
-    assert f"store.audit_segment_unusable {segment} is not a regular file" in log, log[-3000:]
+    assert f"{event} {path} is not a regular file" in log, log[-3000:]
 
 
 @pytest.mark.timeout(120)
