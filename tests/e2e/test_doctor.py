@@ -99,25 +99,33 @@ def test_doctor_on_a_socket_that_accepts_but_never_answers_says_so(
     assert "start it with" not in daemon[0].detail and "restart" in daemon[0].detail, daemon[0].detail
 
 
-def test_a_command_under_home_written_with_a_tilde_is_started(tmp_path: Path) -> None:
-    """`command = "~/bin/..."`: check-config and doctor expand the `~` (as for every other
-    path in the config), so the daemon must start that same file."""
+def _started_and_found(tmp_path: Path, bin_dir: Path, command: str, *, env: dict[str, str] | None = None,
+                       cwd: Path | None = None) -> None:
+    """A python wrapper script at `bin_dir/py`, a daemon (config in tmp_path/d) whose stdio
+    upstream runs it as `command`: the daemon, started with `env` in folder `cwd`, brings it
+    up, and doctor, run the same way, finds it."""
     from tests.support.servers import testserver_args
 
-    home = tmp_path / "home"
-    (home / "bin").mkdir(parents=True)
-    (home / "bin" / "py").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    (home / "bin" / "py").chmod(0o755)
-    block = f'[[upstream]]\nname = "t"\ntransport = "stdio"\ncommand = "~/bin/py"\nargs = {json.dumps(testserver_args())}\n'
-    (tmp_path / "d").mkdir()
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "py").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "py").chmod(0o755)
+    (tmp_path / "d").mkdir(exist_ok=True)
+    block = f'[[upstream]]\nname = "t"\ntransport = "stdio"\ncommand = "{command}"\nargs = {json.dumps(testserver_args())}\n'
     d = Daemon(tmp_path / "d", block)
-    with d.start(env={"HOME": str(home)}):
+    with d.start(env=env, cwd=cwd):
         states = d.wait_for(lambda: (s := {x["name"]: x for x in d.status()["servers"]})["t"]["state"] in
                             ("ready", "degraded") and s, 30, "t ready or degraded")
         assert states["t"]["state"] == "ready", states["t"]
         r = subprocess.run([sys.executable, "-m", "toolatlas", "doctor", "--config", str(d.config)],
-                           capture_output=True, text=True, env={**os.environ, "HOME": str(home)}, timeout=60)
+                           capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=60)
         assert "ok    commands: all 1 stdio upstream commands found" in r.stdout.splitlines(), r.stdout
+
+
+def test_a_command_under_home_written_with_a_tilde_is_started(tmp_path: Path) -> None:
+    """`command = "~/bin/..."`: check-config and doctor expand the `~` (as for every other
+    path in the config), so the daemon must start that same file."""
+    home = tmp_path / "home"
+    _started_and_found(tmp_path, home / "bin", "~/bin/py", env={"HOME": str(home)})
 
 
 def test_a_relative_command_is_from_the_config_files_folder(tmp_path: Path) -> None:
@@ -125,22 +133,9 @@ def test_a_relative_command_is_from_the_config_files_folder(tmp_path: Path) -> N
     "./bin/py"` without a `cwd` must start the file beside the config, whatever folder the
     daemon (or doctor) runs in: before, the daemon looked in its own working folder (under
     systemd, `/`) and doctor in the shell's."""
-    from tests.support.servers import testserver_args
-
-    (tmp_path / "d" / "bin").mkdir(parents=True)
-    (tmp_path / "d" / "bin" / "py").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    (tmp_path / "d" / "bin" / "py").chmod(0o755)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    block = f'[[upstream]]\nname = "t"\ntransport = "stdio"\ncommand = "./bin/py"\nargs = {json.dumps(testserver_args())}\n'
-    d = Daemon(tmp_path / "d", block)
-    with d.start(cwd=elsewhere):
-        states = d.wait_for(lambda: (s := {x["name"]: x for x in d.status()["servers"]})["t"]["state"] in
-                            ("ready", "degraded") and s, 30, "t ready or degraded")
-        assert states["t"]["state"] == "ready", states["t"]
-        r = subprocess.run([sys.executable, "-m", "toolatlas", "doctor", "--config", str(d.config)],
-                           capture_output=True, text=True, cwd=elsewhere, timeout=60)
-        assert "ok    commands: all 1 stdio upstream commands found" in r.stdout.splitlines(), r.stdout
+    _started_and_found(tmp_path, tmp_path / "d" / "bin", "./bin/py", cwd=elsewhere)
 
 
 def test_variables_kept_in_the_environment_file_are_not_a_config_failure(tmp_path: Path) -> None:
