@@ -252,17 +252,28 @@ async def test_shim_config_starts_a_crashed_daemon_again(no_daemon: Daemon) -> N
     assert (no_daemon.tmp / "state" / "daemon.log").read_text().count("starts the daemon") == 2
 
 
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+
+
+def _handshake_then_eof(config: Path, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[bytes], list[Any]]:
+    """`toolatlas shim --config CONFIG` (no daemon running) fed an initialize and its
+    notification, then EOF on stdin; the shim's exit and the replies it wrote."""
+    lines = json.dumps(INIT).encode() + b'\n{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
+    proc = subprocess.run([sys.executable, "-m", "toolatlas", "shim", "--config", str(config)],
+                          input=lines, capture_output=True, timeout=120, env=env)
+    return proc, [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
 def test_shim_config_reports_a_daemon_that_will_not_start(no_daemon: Daemon) -> None:
     """The daemon the shim starts exits (a config error): the held handshake is answered with
     an error naming the exit status and the log, not held for a minute."""
     no_daemon.config.write_text(no_daemon.config.read_text() + '\n[no_such_key]\nx = 1\n')
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
     proc = subprocess.Popen([sys.executable, "-m", "toolatlas", "shim", "--config", str(no_daemon.config)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdin and proc.stdout and proc.stderr
     try:
-        proc.stdin.write(json.dumps(init).encode() + b"\n")
+        proc.stdin.write(json.dumps(INIT).encode() + b"\n")
         proc.stdin.flush()
         reply = json.loads(proc.stdout.readline())  # bounded: the shim answers within its wait
         proc.stdin.close()
@@ -285,13 +296,8 @@ def test_shim_config_answers_a_held_handshake_after_the_client_closes_stdin(no_d
     """A client that writes its requests and closes stdin while the daemon is still being
     started is owed the replies, as when the daemon is up: the held initialize is answered
     (by the daemon once it answers), never dropped in silence."""
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
-    lines = json.dumps(init).encode() + b'\n{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
-    proc = subprocess.run([sys.executable, "-m", "toolatlas", "shim", "--config", str(no_daemon.config)],
-                          input=lines, capture_output=True, timeout=120)
+    proc, replies = _handshake_then_eof(no_daemon.config)
     assert proc.returncode == 0, proc.stderr.decode()
-    replies = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert [r.get("id") for r in replies] == [1], (replies, proc.stderr.decode())
     assert replies[0]["result"]["serverInfo"]["name"] == "toolatlas", replies
 
@@ -307,12 +313,7 @@ def test_a_daemon_the_shim_starts_reads_its_secrets_from_the_environment_file(no
     (xdg / "toolatlas").mkdir(parents=True)
     (xdg / "toolatlas" / "environment").write_text("TOOLATLAS_T_SECRET=s3cret-value\n")
     env = {k: v for k, v in os.environ.items() if k != "TOOLATLAS_T_SECRET"} | {"XDG_CONFIG_HOME": str(xdg)}
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
-    lines = json.dumps(init).encode() + b'\n{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
-    proc = subprocess.run([sys.executable, "-m", "toolatlas", "shim", "--config", str(no_daemon.config)],
-                          input=lines, capture_output=True, timeout=120, env=env)
-    replies = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    proc, replies = _handshake_then_eof(no_daemon.config, env)
     assert [r.get("id") for r in replies] == [1] and "result" in replies[0], (replies, proc.stderr.decode())
     assert _daemons_of(no_daemon.config), "the daemon the shim started is not running"
     assert "s3cret" not in (no_daemon.tmp / "state" / "daemon.log").read_text()
