@@ -63,14 +63,15 @@ def _keep_secrets(a: Adoption) -> None:
     """Put the secret values moved out of the client's file into the environment file (mode
     0600), which the daemon reads however it starts; say what the daemon still needs."""
     path = environment_file()
-    keep = a.exports.to_keep()
-    written = {n: v for n, v in keep.items() if _env_line(n, v) is not None}
+    written = {n: line for n, v in sorted(a.exports.to_keep().items()) if (line := _env_line(n, v)) is not None}
     if written:
         try:
-            old = read_regular(path) if os.path.exists(path) else b""
+            old = read_regular(path)
+        except FileNotFoundError:
+            old = b""
         except OSError as exc:
             raise AdoptError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        lines = "".join(f"{_env_line(n, v)}\n" for n, v in sorted(written.items())).encode()
+        lines = "".join(f"{line}\n" for line in written.values()).encode()
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         write_atomic(path, [old, b"" if not old or old.endswith(b"\n") else b"\n", lines], mode=0o600)
         _say(f"kept {len(written)} secret(s) from the client's file in {path} (mode 0600), where the daemon "
