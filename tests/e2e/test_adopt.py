@@ -117,6 +117,14 @@ def test_each_client_format_is_adopted_into_a_valid_config(
     assert client.read_text() == (content if isinstance(content, str) else json.dumps(content, indent=2) + "\n")
 
 
+def _on_the_adopted_config(d: Daemon, config: Path) -> None:
+    """Point test daemon `d` at an adopted config: state in d's folder, BM25 only; everything
+    else as adopted."""
+    text = re.sub(r"(?m)^state_dir = .*$", f'state_dir = "{d.tmp / "state"}"', config.read_text())
+    config.write_text(text + '\n[search]\nembedder = "none"\n')
+    d.config = config
+
+
 async def _through_the_shim(entry: dict[str, Any]) -> tuple[list[str], str]:
     """Launch the client file's entry as the client would and use it with the SDK client."""
     import anyio
@@ -158,10 +166,7 @@ def test_adopted_config_is_served_and_the_rewritten_client_reaches_it(tmp_path: 
     assert entry["args"][-3:] == ["shim", "--config", str(adopted)] and os.path.isabs(entry["command"])
     assert SECRET not in client.read_text() + adopted.read_text()
 
-    # A test daemon on the adopted file: state in tmp_path, BM25 only; everything else as adopted.
-    text = re.sub(r"(?m)^state_dir = .*$", f'state_dir = "{tmp_path / "state"}"', adopted.read_text())
-    adopted.write_text(text + '\n[search]\nembedder = "none"\n')
-    d.config = adopted
+    _on_the_adopted_config(d, adopted)
     with d.start(env={"API_TOKEN": SECRET}):
         d.wait_for(lambda: [s["state"] for s in d.status()["servers"]] == ["ready"], 60, "adopted upstream ready")
         tools, echoed = anyio.run(_through_the_shim, entry)
@@ -269,9 +274,7 @@ def test_secrets_moved_out_of_a_client_are_kept_in_the_environment_file_the_daem
     assert r.returncode == 0, r.stderr
     assert envfile.read_text() == f"API_TOKEN={SECRET}\nOTHER_API_TOKEN='ghp_another one'\n", envfile.read_text()
 
-    text = re.sub(r"(?m)^state_dir = .*$", f'state_dir = "{tmp_path / "state"}"', out.read_text())
-    out.write_text(text + '\n[search]\nembedder = "none"\n')
-    d.config = out
+    _on_the_adopted_config(d, out)
     assert "API_TOKEN" not in os.environ
     with d.start():
         d.wait_for(lambda: {s["state"] for s in d.status()["servers"]} == {"ready"}, 60, "adopted upstreams ready")
