@@ -58,12 +58,20 @@ class _Owed:
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
+        self._listens: set[str] = set()  # subscriptions/listen streams: answered only when they end
         self.count = 0
 
-    def add(self, id_: Any) -> None:
+    def add(self, id_: Any, *, listen: bool = False) -> None:
         key = str(id_)
         self._ids[key] = self._ids.get(key, 0) + 1
         self.count += 1
+        if listen:
+            self._listens.add(key)
+
+    @property
+    def replies_due(self) -> int:
+        """Of those, the requests answered before the connection ends (not listen streams)."""
+        return self.count - len(self._listens)
 
     def settle(self, id_: Any) -> None:
         key = str(id_)
@@ -75,6 +83,7 @@ class _Owed:
             self._ids[key] = left
         else:
             del self._ids[key]
+        self._listens.discard(key)
 
 
 def _request_id(line: bytes) -> tuple[bool, Any]:
@@ -160,7 +169,6 @@ async def ndjson_streams(
     lane_tasks: set[asyncio.Task[None]] = set()
     lane_calls: dict[Any, asyncio.Task[None]] = {}  # by id: the first of a reused id in flight
     owed = _Owed()  # the SDK's requests in flight
-    listens: set[str] = set()  # of those, subscriptions/listen streams: answered only when they end
     crowded = False  # the in-flight limit was reached on this connection (logged once)
 
     async def finish(id_: Any, pending: Awaitable[dict[str, Any]], what: str = "the search") -> None:
@@ -256,13 +264,10 @@ async def ndjson_streams(
             if admin is not None and message.method.startswith(ADMIN_PREFIX):
                 start(message.id, admin(message.id, message.method, message.params), "the command")
                 return
-            owed.add(message.id)
-            if message.method == "subscriptions/listen":
-                listens.add(str(message.id))
+            owed.add(message.id, listen=message.method == "subscriptions/listen")
         elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled" \
                 and isinstance(message.params, dict) and message.params.get("requestId") is not None:
             owed.settle(message.params["requestId"])  # the SDK does not answer a cancelled request
-            listens.discard(str(message.params["requestId"]))
         await read_writer.send(SessionMessage(message))
 
     async def replies_sent() -> None:
@@ -271,7 +276,7 @@ async def ndjson_streams(
         aside: it ends with the connection). A peer that closed its socket (`peer_closed`) is
         gone: its requests are cancelled at once, as when it goes away mid-call."""
         closed = getattr(stream, "peer_closed", None)
-        while not gone and (lane_tasks or owed.count > len(listens)):
+        while not gone and (lane_tasks or owed.replies_due):
             if closed is None or closed():
                 return
             await anyio.sleep(0.05)
@@ -341,7 +346,6 @@ async def ndjson_streams(
                     await send_raw(payload.encode() + b"\n")
                     if isinstance(msg.message, (types.JSONRPCResponse, types.JSONRPCError)):
                         owed.settle(msg.message.id)
-                        listens.discard(str(msg.message.id))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         finally:
