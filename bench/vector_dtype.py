@@ -1,5 +1,5 @@
-"""Ranking time and top-5 of float32 against float16 snapshot vectors (index.HALF_ABOVE), in
-process, interleaved query by query over one hnswlib store (issue 19 item 3).
+"""Ranking time and top-5 of float32 against int16 snapshot rows (index.COMPACT_ABOVE, rows.py),
+in process, interleaved query by query over one hnswlib store (issue 19 item 3).
 
     PYTHONPATH=daemon .venv/bin/python bench/vector_dtype.py [--tools 20000] [--queries 300]
 
@@ -49,31 +49,34 @@ def run(n: int, n_queries: int) -> dict[str, Any]:
         entries[d.name] = e
         vec_of[e.key] = v
     snaps = {}
-    for side, half in (("f32", None), ("f16", 0)):
-        index.HALF_ABOVE = half
+    for side, above in (("f32", None), ("i16", 0)):
+        index.COMPACT_ABOVE = above
         snaps[side] = index.build_snapshot(1, entries, vec_of, DIM, store)
     assert snaps["f32"].vecs is not None and snaps["f32"].vecs.dtype == np.float32
-    assert snaps["f16"].vecs is not None and snaps["f16"].vecs.dtype == np.float16
+    assert snaps["i16"].vecs is not None and snaps["i16"].vecs.dtype == np.int16
     with open(REPO / ".." / "shared" / "benchdata" / "toollens" / "queries.jsonl") as fh:
         queries = [json.loads(line)["query"] for line in fh][:n_queries]
     qv = base[rng.integers(0, 600, len(queries))] + 0.5 * rng.normal(size=(len(queries), DIM)).astype(np.float32)
     qv /= np.linalg.norm(qv, axis=1, keepdims=True)
     res: dict[str, Any] = {"bench": "vector_dtype", "tools": n, "servers": SERVERS, "queries": len(queries)}
     for scope_name, scope in (("all", None), ("one server", ("s2",))):
-        times: dict[str, list[float]] = {"f32": [], "f16": []}
-        same = 0
+        times: dict[str, list[float]] = {"f32": [], "i16": []}
+        same, worst = 0, 0.0
         for i, (q, v) in enumerate(zip(queries, qv)):
             out = {}
-            for side in (("f32", "f16") if i % 2 else ("f16", "f32")):
+            for side in (("f32", "i16") if i % 2 else ("i16", "f32")):
                 snap = snaps[side]
                 t0 = time.perf_counter()
                 allowed = snap.allowed(scope)
                 out[side] = rank.rank(rank.QueryScores(snap, q, v, allowed), 5, scope, "hybrid")
                 times[side].append(time.perf_counter() - t0)
-            same += int(np.array_equal(out["f32"][0], out["f16"][0]))
-        m32, m16 = median(times["f32"]) * 1e3, median(times["f16"]) * 1e3
-        res[scope_name] = {"f32_median_ms": round(m32, 3), "f16_median_ms": round(m16, 3), "ratio": round(m16 / m32, 3),
-                           "same_top5": f"{same}/{len(queries)}"}
+            same += int(np.array_equal(out["f32"][0], out["i16"][0]))
+            worst = max(worst, float(np.abs(np.sort(out["f32"][1]) - np.sort(out["i16"][1])).max()))
+        m32, m16 = median(times["f32"]) * 1e3, median(times["i16"]) * 1e3
+        res[scope_name] = {"f32_median_ms": round(m32, 3), "i16_median_ms": round(m16, 3), "ratio": round(m16 / m32, 3),
+                           "same_top5": f"{same}/{len(queries)}", "top5_score_max_diff": worst}
+    res["matrix_mb"] = {k: round((snap.vecs.nbytes + (0 if snap.scales is None else snap.scales.nbytes)) / 2**20, 1)
+                        for k, snap in snaps.items() if snap.vecs is not None}
     res["load_1m"] = round(os.getloadavg()[0], 2)
     return res
 

@@ -1,4 +1,4 @@
-"""Memory of the index (issue 19 item 3): float16 snapshot vectors, the mapped embedding
+"""Memory of the index (issue 19 item 3): int16 snapshot vectors, the mapped embedding
 cache with its LRU bound, interned schemas and tokens. Real files, real numpy; no mocks."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.schemas import intern_schema, pooled_schemas
-from toolatlas.retrieval import index, persist, store
+from toolatlas.retrieval import index, persist, rows, store
 from toolatlas.retrieval.documents import ToolDoc, Vocab, make_entry
 from toolatlas.retrieval.index import IndexBuilder, build_snapshot
 
@@ -42,24 +42,36 @@ def _labelled(docs: list[ToolDoc], vecs: np.ndarray) -> tuple[dict[str, object],
     return entries, vec_of
 
 
-def test_large_snapshot_stores_float16_and_scores_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_snapshot_stores_int16_rows_and_scores_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
     docs, vecs = _docs(40), _unit(40)
     entries, vec_of = _labelled(docs, vecs)
     small = build_snapshot(1, entries, vec_of, DIM)  # type: ignore[arg-type]
-    monkeypatch.setattr(index, "HALF_ABOVE", 10)
-    monkeypatch.setattr(index, "_SCAN_CHUNK", 7)  # several chunks
+    monkeypatch.setattr(index, "COMPACT_ABOVE", 10)
+    monkeypatch.setattr(rows, "CHUNK", 7)  # several chunks
     big = build_snapshot(1, entries, vec_of, DIM)  # type: ignore[arg-type]
-    assert small.vecs is not None and small.vecs.dtype == np.float32
-    assert big.vecs is not None and big.vecs.dtype == np.float16
+    assert small.vecs is not None and small.vecs.dtype == np.float32 and small.scales is None
+    assert big.vecs is not None and big.vecs.dtype == np.int16 and big.scales is not None
     assert big.vecs.nbytes * 2 == small.vecs.nbytes
     q = vecs[3]
     full, some = big.sims(q), big.sims(q, np.array([5, 1, 30]))
     assert full.dtype == np.float32 and some.dtype == np.float32
-    assert np.abs(full - small.sims(q)).max() < 1e-3
+    assert np.abs(full - small.sims(q)).max() < 2e-5  # each element off by at most max|x| / 65534
+    assert np.abs(full - small.sims(q)).max() > 0  # rounded: this is not the float32 matrix
     assert np.allclose(some, full[[5, 1, 30]])
-    assert big.rows().dtype == np.float32 and np.abs(big.rows() - vecs).max() < 1e-3
+    assert big.rows().dtype == np.float32 and np.abs(big.rows() - vecs).max() < 2e-5
+    assert np.array_equal(big.rows(np.array([4, 2])), big.rows()[[4, 2]])
     assert int(np.argmax(full)) == 3
     assert big.centroids is not None and np.array_equal(big.centroids, small.centroids)  # from the float32 vectors
+
+
+def test_quantized_rows_keep_zero_and_extreme_rows() -> None:
+    mat = np.array([[0.0, 0.0, 0.0], [1.0, -1.0, 0.5], [1e-8, -3e-8, 0.0]], dtype=np.float32)
+    q, scale = rows.quantize(mat)
+    assert q.dtype == np.int16 and scale.dtype == np.float32
+    assert np.array_equal(q[0], [0, 0, 0]) and scale[0] == 1.0  # a zero row: no division by zero
+    assert q[1].tolist() == [32767, -32767, 16384]  # the largest magnitude takes the whole range
+    assert np.allclose(rows.take(q, scale), mat, atol=1e-4 * np.abs(mat).max(axis=1, keepdims=True) + 1e-12)
+    assert np.allclose(rows.sims(q, scale, np.array([1.0, 1.0, 1.0], np.float32)), mat.sum(axis=1), rtol=1e-4, atol=1e-12)
 
 
 def test_embedding_file_is_mapped_checked_and_rewritten(tmp_path: Path) -> None:
@@ -109,7 +121,7 @@ def test_remap_leaves_only_live_and_unwritten_vectors_on_the_heap(tmp_path: Path
     assert all(b.vec_of[k] is live_rows[k] and b.vec_of[k].base is snap.vecs for k in vec_of)  # rows untouched
 
 
-def test_float16_snapshot_keeps_exact_vectors_in_the_file_not_on_the_heap(
+def test_int16_snapshot_keeps_exact_vectors_in_the_file_not_on_the_heap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b = IndexBuilder({"embeddings_computed": 0, "embeddings_cached": 0, "embeddings_shared": 0})
@@ -120,9 +132,9 @@ def test_float16_snapshot_keeps_exact_vectors_in_the_file_not_on_the_heap(
     small, _ = b.commit(dict(list(entries.items())[:20]), [], 1, None, DIM)  # type: ignore[arg-type]
     assert small.vecs is not None and small.vecs.dtype == np.float32
     assert all(b.vec_of[e.key].base is small.vecs for e in b.entries.values())
-    monkeypatch.setattr(index, "HALF_ABOVE", 25)
+    monkeypatch.setattr(index, "COMPACT_ABOVE", 25)
     big, _ = b.commit(entries, [], 2, None, DIM)  # type: ignore[arg-type]  # the catalog grew past it
-    assert big.vecs is not None and big.vecs.dtype == np.float16
+    assert big.vecs is not None and big.vecs.dtype == np.int16
     for i, e in enumerate(b.entries.values()):
         got = b.vec_of[e.key]
         assert got.dtype == np.float32 and np.array_equal(got, vecs[i])  # the originals, not rounded rows
@@ -134,7 +146,7 @@ def test_float16_snapshot_keeps_exact_vectors_in_the_file_not_on_the_heap(
     assert np.array_equal(np.stack([back[e.key] for e in b.entries.values()]), vecs)  # the file stays exact
 
 
-def test_float16_snapshot_ranks_hnsw_candidates_by_hnswlibs_float32_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_int16_snapshot_ranks_like_float32_on_hnsw_candidates_and_scans(monkeypatch: pytest.MonkeyPatch) -> None:
     from toolatlas.retrieval import rank
     from toolatlas.retrieval.hnsw import HnswStore
 
@@ -144,19 +156,21 @@ def test_float16_snapshot_ranks_hnsw_candidates_by_hnswlibs_float32_scores(monke
     store_ = HnswStore(DIM, capacity=n)
     labels = store_.add(vecs)
     assert list(labels) == list(range(n))
-    monkeypatch.setattr(index, "HALF_ABOVE", 10)
-    monkeypatch.setattr(rank, "HNSW_MIN", 50)
-    snap = build_snapshot(1, entries, vec_of, DIM, store_)  # type: ignore[arg-type]
-    assert snap.vecs is not None and snap.vecs.dtype == np.float16
-    q = vecs[17]
-    pos, sims = rank.dense(snap, q, 20, None, None)
-    exact = vecs[pos] @ q
-    assert pos[0] == 17 and np.abs(sims - exact).max() < 1e-5  # float16 rows are off by ~1e-3 here
-    assert np.abs(snap.sims(q, pos) - exact).max() > 1e-5
-    # a query no document's words match: the fused candidates are hnswlib's, scored as a
-    # float32 snapshot scores them
-    monkeypatch.setattr(index, "HALF_ABOVE", None)
+    monkeypatch.setattr(rank, "HNSW_MIN", 150)  # all 300 through hnswlib; one server's 100 scanned
     exact_snap = build_snapshot(1, entries, vec_of, DIM, store_)  # type: ignore[arg-type]
+    monkeypatch.setattr(index, "COMPACT_ABOVE", 10)
+    snap = build_snapshot(1, entries, vec_of, DIM, store_)  # type: ignore[arg-type]
+    assert snap.vecs is not None and snap.vecs.dtype == np.int16
+    q = vecs[17]
+    pos, sims = rank.dense(snap, q, 20, None, None)  # hnswlib's candidates, scored on the rows
+    want_pos, want_sims = rank.dense(exact_snap, q, 20, None, None)
+    assert pos[0] == 17 and np.array_equal(pos, want_pos) and np.abs(sims - want_sims).max() < 2e-5
+    scope = ("s1",)  # 100 documents, under HNSW_MIN: an exact scan of the int16 rows
+    allowed = snap.allowed(scope)
+    pos, sims = rank.dense(snap, q, 20, scope, allowed)
+    want_pos, want_sims = rank.dense(exact_snap, q, 20, scope, exact_snap.allowed(scope))
+    assert np.array_equal(pos, want_pos) and np.abs(sims - want_sims).max() < 2e-5
+    # a query no document's words match: the fused candidates are hnswlib's
     got = rank.fused_scores(rank.QueryScores(snap, "zzzz", q, None), None, "z")
     want = rank.fused_scores(rank.QueryScores(exact_snap, "zzzz", q, None), None, "z")
     assert np.array_equal(got[0], want[0]) and np.abs(got[1] - want[1]).max() < 1e-4
@@ -209,3 +223,4 @@ def test_restored_documents_share_strings_and_schemas_with_records(tmp_path: Pat
     vocab = Vocab()
     e1, e2 = make_entry(doc, vocab), make_entry(back, vocab)
     assert e1.terms == e2.terms and e1.tokens == e2.tokens and len(vocab) == len(set(e1.tokens))
+

@@ -5,9 +5,8 @@ is published by one attribute assignment, so a search never sees a half-built in
 shared mutable piece is the hnswlib store (see hnsw.py): each snapshot keeps its own label ->
 position map and vectors, so a search on an older snapshot stays consistent.
 
-The builder holds what carries over between versions (the entries, the embedding cache, the
-hnswlib store) and runs a change as: embed what is missing, insert the new vectors, delete
-the stale ones, build the snapshot. It holds no lock: its caller serialises updates.
+The builder holds what carries over between versions (entries, embedding cache, hnswlib store)
+and runs a change (embed what is missing, insert, delete the stale, snapshot); no lock of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from toolatlas.retrieval import persist
+from toolatlas.retrieval import persist, rows
 from toolatlas.retrieval.bm25 import Bm25Index
 from toolatlas.retrieval.documents import Entry, ToolDoc, Vocab, doc_key, in_vocab, make_entry
 
@@ -35,13 +34,9 @@ log = logging.getLogger(__name__)
 
 EMBED_BATCH = 256  # texts per embedder call while indexing
 _SCOPE_CACHE_MAX = 256
-# A snapshot of more than HALF_ABOVE documents keeps its vectors in float16 (77 MB less at
-# 100,000 tools; cosines off by at most ~4e-5; the embedding cache keeps the float32 originals
-# on disk). Off (None): numpy converts float16 at ~1.2 ns an element, so a scoped search's
-# scan pays for it (one server of 20,000 tools in five: 1.43 -> 3.62 ms a query), and it does
-# not bring issue 19's 600 MB within reach (bench/README.md, stop 38).
-HALF_ABOVE: int | None = None
-_SCAN_CHUNK = 8192  # rows converted at a time by a float16 scan
+# Above COMPACT_ABOVE documents the rows are int16 with a scale each (rows.py; 77 MB less at
+# 100,000 tools); a smaller catalog, both dev sets included, keeps exact float32 rows.
+COMPACT_ABOVE: int | None = 4096
 # The builder starts a new BM25 vocabulary (documents.Vocab) when the one its entries use has
 # more than this many terms and more than twice those any entry has: ids are never reused,
 # so a catalog whose texts keep changing words would otherwise grow it for as long as the
@@ -73,11 +68,12 @@ class Snapshot:
     server_pos: dict[str, np.ndarray]
     doc_server: np.ndarray  # index into `servers` per position
     bm25: Bm25Index
-    vecs: np.ndarray | None  # (n, dim) normalised (float16 above HALF_ABOVE rows, if set); None when bm25-only
+    vecs: np.ndarray | None  # (n, dim) normalised (int16 above COMPACT_ABOVE rows, see `scales`); None when bm25-only
     labels: np.ndarray | None  # hnsw label per position
     label_pos: np.ndarray  # position per hnsw label below its length (-1: not in this snapshot)
     centroids: np.ndarray | None  # (len(servers), dim)
     hnsw: HnswStore | None = None  # the shared dense index the labels point into
+    scales: np.ndarray | None = None  # (n,) float32: an int16 row times its scale is the vector
     scope_cache: ScopeCache = field(default_factory=dict)
 
     @property
@@ -87,23 +83,12 @@ class Snapshot:
     def rows(self, pos: np.ndarray | None = None) -> np.ndarray:
         """The vectors at positions `pos` (None: all), float32 whatever the storage."""
         assert self.vecs is not None
-        got = self.vecs if pos is None else self.vecs[pos]
-        return got if got.dtype == np.float32 else got.astype(np.float32)
+        return rows.take(self.vecs, self.scales, pos)
 
     def sims(self, qvec: np.ndarray, pos: np.ndarray | None = None) -> np.ndarray:
-        """Cosine similarities (float32) of `qvec` to the vectors at `pos` (None: all); a
-        float16 matrix is converted in chunks, so a scan never holds a float32 copy of it."""
+        """Cosine similarities (float32) of `qvec` to the vectors at `pos` (None: all)."""
         assert self.vecs is not None
-        mat = self.vecs
-        if mat.dtype == np.float32:
-            got: np.ndarray = (mat if pos is None else mat[pos]) @ qvec
-            return got
-        n = mat.shape[0] if pos is None else pos.shape[0]
-        out = np.empty(n, dtype=np.float32)
-        for s in range(0, n, _SCAN_CHUNK):
-            part = mat[s : s + _SCAN_CHUNK] if pos is None else mat[pos[s : s + _SCAN_CHUNK]]
-            out[s : s + part.shape[0]] = part.astype(np.float32) @ qvec
-        return out
+        return rows.sims(self.vecs, self.scales, qvec, pos)
 
     @functools.cached_property
     def pos_of(self) -> dict[str, int]:
@@ -155,14 +140,19 @@ def build_snapshot(
     server_pos = {s: order[bounds[i] : bounds[i + 1]] for i, s in enumerate(servers)}
     vocab = ents[0].vocab if ents else Vocab()
     bm25 = Bm25Index.of_terms([in_vocab(e, vocab).terms for e in ents], vocab)
-    vecs = labels = centroids = None
+    vecs = labels = centroids = scales = None
     label_pos = np.empty(0, dtype=np.int64)
     if vec_of is not None and ents and all(e.label >= 0 for e in ents):
-        vecs = np.empty((len(ents), dim), dtype=np.float16 if HALF_ABOVE is not None and len(ents) > HALF_ABOVE else np.float32)
+        compact = COMPACT_ABOVE is not None and len(ents) > COMPACT_ABOVE
+        vecs = np.empty((len(ents), dim), dtype=np.int16 if compact else np.float32)
+        scales = np.empty(len(ents), dtype=np.float32) if compact else None
         sums = np.zeros((len(servers), dim), dtype=np.float32)
-        for s in range(0, len(ents), _SCAN_CHUNK):  # centroids from the float32 vectors, whatever `vecs` keeps
-            chunk = np.stack([vec_of[e.key] for e in ents[s : s + _SCAN_CHUNK]]).astype(np.float32, copy=False)
-            vecs[s : s + chunk.shape[0]] = chunk
+        for s in range(0, len(ents), rows.CHUNK):  # centroids from the float32 vectors, whatever `vecs` keeps
+            chunk = np.stack([vec_of[e.key] for e in ents[s : s + rows.CHUNK]]).astype(np.float32, copy=False)
+            if scales is None:
+                vecs[s : s + chunk.shape[0]] = chunk
+            else:
+                vecs[s : s + chunk.shape[0]], scales[s : s + chunk.shape[0]] = rows.quantize(chunk)
             np.add.at(sums, doc_server[s : s + chunk.shape[0]], chunk)
         labels = np.fromiter((e.label for e in ents), dtype=np.int64, count=len(ents))
         # an array, not a dict: 0.8 MB at 100,000 tools against ~11 MB of int objects and table
@@ -183,6 +173,7 @@ def build_snapshot(
         label_pos=label_pos,
         centroids=centroids,
         hnsw=hnsw if vecs is not None else None,
+        scales=scales,
     )
 
 
@@ -389,7 +380,7 @@ class IndexBuilder:
     def _share(self, snap: Snapshot) -> None:
         """Keep one copy of each live vector in memory. Under a float32 snapshot the cache's
         entry for a live document becomes a row of the snapshot's matrix (a view), so the
-        cache no longer holds its own array beside it. Under a float16 one the cache keeps
+        cache no longer holds its own array beside it. Under an int16 one the cache keeps
         the float32 original (the file's view, or a heap array until `remap` maps it after
         the next write): the snapshot's rows are rounded, and the file must stay exact. A
         cached vector no longer live that still views an older matrix is copied out, so that
@@ -417,7 +408,7 @@ class IndexBuilder:
         A vector no longer live is replaced by its view of the file (its heap copy goes) or,
         if the file no longer keeps it, dropped; so the heap holds only live vectors and
         those not written yet, and the file (bounded, store.vectors_to_keep) the rest. Under
-        a float16 snapshot the live vectors become views of the file too (see `_share`)."""
+        a compact (int16) snapshot the live vectors become views of the file too (see `_share`)."""
         live = {e.key for e in self.entries.values()}
         for key in list(self.vec_of):
             if key in live and self._mat is not None:

@@ -241,7 +241,7 @@ def dense(
         if pos.shape[0] >= min(k, n_allowed):
             if snap.vecs.dtype == np.float32 or hnsw.basis is not None:
                 sims = snap.sims(qvec, pos)
-            else:  # a float16 snapshot: hnswlib's cosine over its float32 copy is the exact score
+            else:  # int16 rows and hnswlib holds whole float32 vectors: its cosine is the exact score
                 sims = 1.0 - dists[known]
             order = np.lexsort((pos, -sims))[:k]
             return pos[order], sims[order]
