@@ -224,3 +224,18 @@ def test_restored_documents_share_strings_and_schemas_with_records(tmp_path: Pat
     e1, e2 = make_entry(doc, vocab), make_entry(back, vocab)
     assert e1.terms == e2.terms and e1.tokens == e2.tokens and len(vocab) == len(set(e1.tokens))
 
+
+def test_the_builder_does_not_keep_a_replaced_entries_dict_alive() -> None:
+    b = IndexBuilder({"embeddings_computed": 0, "embeddings_cached": 0, "embeddings_shared": 0})
+    docs = _docs(6)
+    old, vec_of = _labelled(docs[:3], _unit(3))
+    old = {name: dataclasses.replace(e, label=-1) for name, e in old.items()}  # type: ignore[type-var]
+    b.entries = old  # type: ignore[assignment]
+    assert set(b.pending(10)) == {e.key for e in old.values()}  # type: ignore[attr-defined]  # the queue is made from `old`
+    new, new_vecs = _labelled(docs, _unit(6, seed=2))
+    b.vec_of = dict(new_vecs)
+    snap, failure = b.commit(new, [], 1, None, DIM)  # type: ignore[arg-type]
+    assert failure is None and snap.n == 6 and b.entries is new
+    # only this test's own names refer to the replaced dict: the builder lets it go
+    assert not [r for r in gc.get_referrers(old) if r is b or r is vars(b)]
+    assert b.pending(10) == {}

@@ -210,7 +210,7 @@ class IndexBuilder:
     cache before it is embedded, and one embedded here is published to it."""
 
     def __init__(self, counts: dict[str, int]) -> None:
-        self.entries: dict[str, Entry] = {}
+        self._entries: dict[str, Entry] = {}
         self.vocab = Vocab()  # the BM25 term ids of `entries`
         self.vec_of: dict[bytes, np.ndarray] = {}  # sha256 of a document text -> its vector
         self.vec_dirty = False  # vec_of holds vectors not yet on disk
@@ -222,6 +222,15 @@ class IndexBuilder:
         self._queue: list[Entry] = []  # entries waiting for a vector, longest first (see pending)
         self._queue_for: dict[str, Entry] | None = None  # the entries dict `_queue` was made from
         self._mat: np.ndarray | None = None  # the float32 snapshot matrix live cache entries view
+
+    @property
+    def entries(self) -> dict[str, Entry]:
+        return self._entries
+
+    @entries.setter
+    def entries(self, entries: dict[str, Entry]) -> None:
+        # the queue goes with its dict (kept, it held the old one alive: ~11 MB at 100,000 tools)
+        self._entries, self._queue, self._queue_for = entries, [], None
 
     def fetch_shared(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
         """Vectors of `keys` another replica embedded ({} without a shared cache). Does not
