@@ -298,6 +298,12 @@ def test_scopes_on_the_hnsw_paths(mcp_docs: list[ToolDoc], monkeypatch: pytest.M
         assert len(out.hits) == expect
         if scope is not None:
             assert {h.server for h in out.hits} <= set(scope)
+    # every server (what the gateway passes for a caller allowed everything): the unscoped
+    # path, with no position list and no per-label filter held for it
+    unscoped = eng.search("read the contents of a text file", 10, mode="dense")
+    everything = eng.search("read the contents of a text file", 10, servers=[*servers, "not-listed"], mode="dense")
+    assert everything.hits == unscoped.hits
+    assert eng._snap is not None and eng._snap.scope_cache.keys() == {("google-search",), tuple(wide)}
     assert eng.stats()["dense_index"]["live"] == len(mcp_docs)
 
 

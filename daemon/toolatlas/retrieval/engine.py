@@ -436,10 +436,12 @@ def _cache_key(
 ) -> CacheKey:
     """The result-cache key of one search: (normalised query, top_k, scope, version, mode,
     and for the learned ranker the state's version and the principal); the scope is None
-    (every server) or the sorted server names."""
+    (every server, also when `servers` covers all of `snap`'s) or the sorted server names."""
     if isinstance(servers, str):
         servers = [servers]
     scope = None if servers is None else tuple(sorted(set(servers)))
+    if scope is not None and len(scope) >= len(snap.servers) and set(snap.servers).issubset(scope):
+        scope = None  # every server of this version: unscoped (no position list, no hnswlib filter)
     if mode != "learned" or state is None or state.empty:
         return (text_key(normalise_query(query)), top_k, scope, snap.version, mode, 0, None)
     return (text_key(normalise_query(query)), top_k, scope, snap.version, mode, state.version, principal)
