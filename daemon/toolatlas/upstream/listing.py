@@ -11,9 +11,11 @@ worker thread: hashing 20,000 tools held the event loop for a tenth of a second 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -22,7 +24,7 @@ import msgspec
 from mcp import Client
 
 from toolatlas.catalog.model import ToolRecord
-from toolatlas.config import MAX_DESCRIPTION_CHARS, MAX_SCHEMA_BYTES, Upstream
+from toolatlas.config import MAX_DESCRIPTION_CHARS, MAX_SCHEMA_BYTES, StdioUpstream, Upstream
 from toolatlas.errors import UpstreamProtocolError
 from toolatlas.upstream.pages import PAGES, SLICE
 from toolatlas.upstream.toolrepair import PROBLEMS
@@ -156,6 +158,51 @@ async def converted(up: Upstream, tools: list[mcp_types.Tool]) -> list[ToolRecor
     return await anyio.to_thread.run_sync(records, up, tools)
 
 
+class ListingGate:
+    """Local (stdio) upstreams list and convert their tools one at a time.
+
+    At 100,000 tools from 20 stdio upstreams listing at once, the pages of all of them were
+    parsed into the SDK's models together, and the records made from them were interleaved
+    with those models in pymalloc's pools: when the models went, ~130 MB of arenas stayed
+    allocated around the records, one live object in each (bench/memory.py --tools 100000:
+    VmRSS 675 MB, 284-290 arenas of which ~170 MB in use; one at a time: 578 MB, 197 arenas;
+    bench/README.md, stop 47). A local upstream's listing is the daemon's own CPU work on two
+    cores, so taking turns costs little time; a remote one's is mostly the network's, and
+    does not take a turn.
+
+    A turn that has lasted `hold_s` no longer holds the others back: a slow or hung upstream
+    delays the rest by at most that, and they go on alongside it."""
+
+    def __init__(self, hold_s: float = 5.0) -> None:
+        self.hold_s = hold_s
+        self._lock: anyio.Lock | None = None  # made in the event loop that uses it
+        self._since = 0.0  # when the current turn began
+
+    @contextlib.asynccontextmanager
+    async def turn(self, up: Upstream) -> AsyncIterator[None]:
+        if not isinstance(up, StdioUpstream):
+            yield
+            return
+        lock = self._lock = self._lock or anyio.Lock()
+        while True:
+            remaining = self._since + self.hold_s - anyio.current_time()
+            if lock.locked() and remaining <= 0:
+                yield  # the holder is slow: alongside it
+                return
+            with anyio.move_on_after(max(remaining, 0.0) if lock.locked() else math.inf):
+                await lock.acquire()
+                break
+        try:
+            self._since = anyio.current_time()
+            yield
+        finally:
+            lock.release()
+
+
+LISTING_GATE = ListingGate()
+
+
 async def list_records(client: Client, up: Upstream) -> list[ToolRecord]:
-    """`list_all_tools` as the gateway's records."""
-    return await converted(up, await list_all_tools(client, up.name))
+    """`list_all_tools` as the gateway's records (on `LISTING_GATE`'s turn)."""
+    async with LISTING_GATE.turn(up):
+        return await converted(up, await list_all_tools(client, up.name))

@@ -37,7 +37,7 @@ from toolatlas.backoff import backoff_delay
 from toolatlas.upstream.client import AuthWatch, Loss, LossReason, begin_teardown, classify, make_client, timeout_loss
 from toolatlas.upstream.federation import capabilities, set_log_level
 from toolatlas.upstream.inbound import Inbound
-from toolatlas.upstream.listing import converted, list_all_tools
+from toolatlas.upstream.listing import LISTING_GATE, converted, list_all_tools
 from toolatlas.upstream.relay import relay_call
 from toolatlas.upstream.requests import bounded, call_tool
 from toolatlas.upstream.state import Action, Event, UpstreamState, decide
@@ -185,17 +185,18 @@ class Connection:
                 phase.name, phase.seconds = "subscriptions/listen", up.timeouts.ping
                 deadline.deadline = anyio.current_time() + up.timeouts.ping + 1.0
                 await tg.start(self.supervision.listen, client)
-            phase.name, phase.seconds = "tools/list", up.timeouts.list_tools
-            deadline.deadline = anyio.current_time() + up.timeouts.list_tools
-            listed = await list_all_tools(client, up.name)
-            if s.log_level is not None and "logging" in s.capabilities and not modern:
-                with contextlib.suppress(Exception):  # best effort: never a reason to fail the connection
-                    await set_log_level(client, s.log_level)
-            # Converting is our own work, and the deadline's scope holds the transport; one that
-            # fired before this ends the attempt as a timeout at the checkpoint, never after READY.
-            deadline.deadline = math.inf
-            tools = await converted(up, listed)
-            del listed  # the SDK's models, which this frame would keep for the session's life
+            deadline.deadline = math.inf  # waiting for a turn (listing.LISTING_GATE) is our own time
+            async with LISTING_GATE.turn(up):
+                phase.name, phase.seconds = "tools/list", up.timeouts.list_tools
+                deadline.deadline = anyio.current_time() + up.timeouts.list_tools
+                listed = await list_all_tools(client, up.name)
+                if s.log_level is not None and "logging" in s.capabilities and not modern:
+                    with contextlib.suppress(Exception):  # best effort: never a reason to fail the connection
+                        await set_log_level(client, s.log_level)
+                # Converting is our own work; a deadline that fired before ends the attempt as a timeout, never after READY.
+                deadline.deadline = math.inf
+                tools = await converted(up, listed)
+                del listed  # the SDK's models, which this frame would keep for the session's life
             await anyio.sleep(0)
             self.client = client
             s.went_ready()

@@ -35,7 +35,7 @@ from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout
 from toolatlas.backoff import backoff_delay
 from toolatlas.upstream.client import Loss, LossReason, timeout_loss
-from toolatlas.upstream.listing import converted, list_all_tools
+from toolatlas.upstream.listing import LISTING_GATE, converted, list_all_tools
 
 logger = logging.getLogger(__name__)
 
@@ -227,11 +227,12 @@ class Supervision:
             self._started += 1
             seq = self._started
             try:
-                with anyio.fail_after(s.upstream.timeouts.list_tools):
-                    listed = await list_all_tools(client, s.upstream.name)
-                # the upstream answered: converting is this daemon's own work, not bounded by its timeout
-                tools = await converted(s.upstream, listed)
-                del listed  # the SDK's models: not kept until the next re-list
+                async with LISTING_GATE.turn(s.upstream):
+                    with anyio.fail_after(s.upstream.timeouts.list_tools):
+                        listed = await list_all_tools(client, s.upstream.name)
+                    # the upstream answered: converting is this daemon's own work, not bounded by its timeout
+                    tools = await converted(s.upstream, listed)
+                    del listed  # the SDK's models: not kept until the next re-list
                 excused = False
             except TimeoutError:
                 loss = timeout_loss(s.name, "tools/list", s.upstream.timeouts.list_tools)
