@@ -563,3 +563,41 @@ async def test_a_call_while_a_reload_restarts_its_upstream_says_it_is_closing() 
             await wait_status(pool, "one", lambda s: s.state is READY)  # the new session, before the pool closes
             assert not [m for m in messages if m.endswith((" is ready", " is closed: closed"))], sorted(set(messages))
             assert any("closing its session" in m and "retry" in m for m in messages), sorted(set(messages))
+
+
+async def test_local_upstreams_take_turns_and_a_slow_turn_holds_the_others_back_only_briefly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Local upstreams list and convert one at a time (listing.LISTING_GATE). Here "slow"'s
+    conversion holds its turn until "quick" is READY, and "quick" converts only once "slow"
+    has begun: only a turn that stops holding the others back after `hold_s` lets both
+    connect (with no bound they would wait for each other until the test's deadline)."""
+    from toolatlas.upstream import listing
+
+    real = listing.records
+    slow_started, slow_release = anyio.Event(), anyio.Event()
+    token = anyio.lowlevel.current_token()
+
+    def records(up: Any, tools: Any) -> Any:
+        # in the worker thread the conversion runs in. Whichever lists first, the other can
+        # convert only by going alongside a turn that outlasted the hold
+        if up.name == "slow":
+            anyio.from_thread.run_sync(slow_started.set, token=token)
+            anyio.from_thread.run(slow_release.wait, token=token)
+        else:
+            anyio.from_thread.run(slow_started.wait, token=token)
+        return real(up, tools)
+
+    monkeypatch.setattr(listing, "records", records)
+    monkeypatch.setattr(listing.LISTING_GATE, "hold_s", 1.0)
+    slow, quick = stdio_testserver("slow"), stdio_testserver("quick")
+    rec = Recorder()
+    with anyio.fail_after(60):
+        async with running(Pool([slow, quick], rec, backoff=no_backoff)) as pool:
+            await slow_started.wait()
+            while (st := pool.get("quick")) is None or st.state is not READY:
+                await anyio.sleep(0.05)
+            assert (s := pool.get("slow")) is not None and s.state is not READY  # still in its turn
+            slow_release.set()
+            await pool.wait_settled(30)
+            assert (s := pool.get("slow")) is not None and s.state is READY and "echo" in rec.latest["slow"]
