@@ -165,8 +165,8 @@ class ListingGate:
     parsed into the SDK's models together, and the records made from them were interleaved
     with those models in pymalloc's pools: when the models went, ~130 MB of arenas stayed
     allocated around the records, one live object in each (bench/memory.py --tools 100000:
-    VmRSS 675 MB, 284-290 arenas of which ~170 MB in use; one at a time: 578 MB, 197 arenas;
-    bench/README.md, stop 47). A local upstream's listing is the daemon's own CPU work on two
+    VmRSS 675 MB, 290 arenas of which ~173 MB in use; one at a time: 572-582 MB, 193-197
+    arenas; bench/README.md, stop 47). A local upstream's listing is the daemon's own CPU work on two
     cores, so taking turns costs little time; a remote one's is mostly the network's, and
     does not take a turn.
 
