@@ -364,3 +364,17 @@ def test_bootstrap_summary_drops_instructions_in_enums_params_and_names() -> Non
     }})
     card = BootstrapGenerator().generate("w", [rec]).tools[0].summary
     assert card == "Get weather. Get the weather. Inputs: unit (c|f); city: The city."
+
+
+def test_a_private_key_other_users_can_read_is_used_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    priv = tmp_path / "open.key"
+    key = signing.generate_private_key()
+    signing.write_private_key(priv, key)
+    with caplog.at_level("WARNING", logger="toolatlas.catalog.signing"):
+        assert signing.key_id(signing.load_private_key(priv)) == signing.key_id(key)  # 0600: quiet
+        assert not caplog.records
+        priv.chmod(0o644)
+        for _ in range(3):
+            assert signing.key_id(signing.load_private_key(priv)) == signing.key_id(key)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "mode=0644" in warned[0] and f"chmod 600 {priv}" in warned[0], warned

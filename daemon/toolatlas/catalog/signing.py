@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import os
+import stat
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -20,6 +22,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from toolatlas.errors import SignatureError
 from toolatlas.paths import read_regular
+
+log = logging.getLogger(__name__)
+_WARNED_OPEN: set[str] = set()  # private key files already warned about (once a process)
 
 PUBLIC_PREFIX = "ed25519:"
 
@@ -100,8 +105,19 @@ def read_bytes(path: str | os.PathLike[str], what: str) -> bytes:
 
 
 def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+    """The Ed25519 key in `path` (unencrypted PEM). A file other users can read is used, with a
+    warning once a process (ssh refuses such a key; an operator's key in a shared group may
+    be deliberate)."""
     p = Path(path)
     data = read_bytes(p, "private key")
+    try:
+        mode = stat.S_IMODE(p.stat().st_mode)
+    except OSError:
+        mode = 0
+    if mode & 0o077 and str(p) not in _WARNED_OPEN:
+        _WARNED_OPEN.add(str(p))
+        log.warning("cards.private_key_readable path=%s mode=%04o: other users can read this private key; "
+                    "`chmod 600 %s`", p, mode, p)
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as exc:
