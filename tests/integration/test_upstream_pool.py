@@ -231,6 +231,32 @@ async def test_killed_stdio_upstream_recovers_with_a_new_process(testserver_http
             assert steady is not None and steady.state is READY and steady.reconnects == 0
 
 
+async def test_a_killed_stdio_upstream_is_noticed_by_its_exit_when_a_process_it_started_holds_its_stdout() -> None:
+    """The server starts a background process that inherits its stdout, so killing the server
+    brings no EOF. Its exit ends the session anyway (not the health check 30 s later, and not
+    a call's timeout), and the process it left behind is stopped with its group."""
+    base = stdio_testserver("orphaning")
+    assert isinstance(base.command, str)
+    up = replace(base, command="/bin/sh", args=["-c", 'sleep 300 & exec "$0" "$@"', base.command, *base.args])
+    rec = Recorder()
+    with anyio.fail_after(60):
+        async with running(Pool([up], rec, backoff=lambda a: 0.2)) as pool:
+            await pool.wait_settled(30)
+            first = pool.get("orphaning")
+            assert first is not None and first.state is READY and first.pid is not None
+            (holder,) = children_of(first.pid)  # the sleep, holding the server's stdout
+            os.kill(first.pid, signal.SIGKILL)
+            down = await wait_status(pool, "orphaning", lambda s: s.state is not READY, timeout=10)
+            assert "signal 9" in (down.reason or "") or down.reconnects >= 1
+            back = await wait_status(pool, "orphaning", lambda s: s.state is READY and s.pid not in (None, first.pid),
+                                     timeout=20)
+            assert back.reconnects >= 1
+            assert text(await pool_call(pool, "orphaning", "echo", {"message": "again"})) == "Echo: again"
+            with anyio.fail_after(10):
+                while pid_alive(holder):
+                    await anyio.sleep(0.05)
+
+
 async def test_crash_during_a_call_fails_that_call_and_recovers() -> None:
     rec = Recorder()
     with anyio.fail_after(60):

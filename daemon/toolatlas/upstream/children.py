@@ -43,6 +43,7 @@ from toolatlas.paths import socket_answers
 # its own `env`: no secrets of the daemon's leak into an upstream.
 INHERITED_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
 _POLL_S = 0.01
+_EXIT_POLL_S = 1.0  # `exited` without a pidfd
 _STOP_WAIT_S = 2.0
 
 
@@ -204,6 +205,25 @@ class ChildProcess(anyio.abc.Process):
         while (code := self._popen.poll()) is None:
             await anyio.sleep(_POLL_S)
         return code
+
+    async def exited(self) -> int:
+        """The exit code once the child has exited, without waiting for its pipes to end (a
+        process it started may hold them): its pidfd on the event loop, or where there is
+        none a poll every _EXIT_POLL_S."""
+        try:
+            fd: int | None = os.pidfd_open(self._popen.pid)
+        except (AttributeError, OSError):  # no pidfd_open here, or the child is reaped already
+            fd = None
+        try:
+            while (code := self._popen.poll()) is None:
+                if fd is None:
+                    await anyio.sleep(_EXIT_POLL_S)
+                else:
+                    await anyio.wait_readable(fd)
+            return code
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def terminate(self) -> None:
         self._popen.terminate()

@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 STDIN_CLOSE_GRACE = 2.0
 SIGTERM_GRACE = 2.0
 _WRITER_FLUSH = 0.5
+# Seconds from a stdio child's exit to its stdout's end, past which something else holds it.
+EXIT_EOF_GRACE = 2.0
 _POLL = 0.01
 # stderr lines kept per child, for the DEGRADED reason when it dies.
 STDERR_TAIL = 20
@@ -226,6 +228,7 @@ class StdioProcess:
         write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
         writer_done = anyio.Event()
         closing = anyio.Event()  # the session is shutting the child down: its stdout's end is ours
+        stdout_ended = anyio.Event()
 
         async def stdout_reader() -> None:
             assert process.stdout is not None
@@ -256,8 +259,20 @@ class StdioProcess:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass
             finally:
+                stdout_ended.set()
                 self.relay.close()
                 self._garbage.flush()
+
+        async def exit_watch() -> None:
+            """The child's exit ends the session even when its stdout does not end: a process
+            it started (and left running) holds the pipe. Its group is stopped on the way out."""
+            await process.exited()
+            with anyio.move_on_after(EXIT_EOF_GRACE):
+                await stdout_ended.wait()
+            if not stdout_ended.is_set() and not closing.is_set():
+                logger.warning("upstream %s: %s, but its stdout is still open (a process it started holds "
+                               "it); ending the session", up.name, self.describe_exit().removeprefix("stdio "))
+                self._on_eof("stdio")
 
         async def stdin_writer() -> None:
             assert process.stdin is not None
@@ -301,6 +316,7 @@ class StdioProcess:
             tg.start_soon(stdout_reader)
             tg.start_soon(stdin_writer)
             tg.start_soon(stderr_reader)
+            tg.start_soon(exit_watch)
             try:
                 yield EofWatch(read_stream, self._on_eof, "stdio", up), write_stream
             finally:
