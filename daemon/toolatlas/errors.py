@@ -16,7 +16,14 @@ class ConfigError(ToolatlasError):
 
 
 class BadInput(ToolatlasError):
-    """A client sent something we cannot act on (unknown tool, bad arguments)."""
+    """A client sent something we cannot act on (unknown tool, bad arguments).
+
+    `logged`, when given, is the message as events and the audit trail keep it: the message
+    itself goes to the caller and may quote what the caller sent (an argument's value)."""
+
+    def __init__(self, message: str, logged: str | None = None) -> None:
+        super().__init__(message)
+        self.logged = message if logged is None else logged
 
 
 class UpstreamUnavailable(ToolatlasError):

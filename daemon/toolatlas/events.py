@@ -19,8 +19,8 @@ clientInfo), `endpoint` (the [[endpoint]] name; "default" for [daemon] socket an
 - `execute_tool_completed` (audit): `name`, `upstream`, `via` ("execute_tool"|"direct"),
   `outcome` ("ok"|"error": the tool's isError), `latency_ms`
 - `execute_tool_failed` (audit): `name`, `upstream`, `via`, `outcome`
-  (bad_input|timeout|unavailable|error), `error_class`, `message` (at most 300 characters),
-  `latency_ms`
+  (bad_input|timeout|unavailable|error), `error_class`, `message` (at most 300 characters;
+  argument values that fail the inputSchema left out), `latency_ms`
 - `access_denied` (audit): `surface` (tool_search|execute_tool|direct|http), `target` (the tool
   or server asked for, null when none), `reason`
 - `upstream_state_changed`: `upstream`, `old`, `new`, `reason`

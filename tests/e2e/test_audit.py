@@ -69,7 +69,8 @@ def test_every_surface_and_denial_is_audited_with_rotation(audited: tuple[Daemon
         ids["denied_call"] = c._id
         assert c.call_tool("tool_search", {"query": "echo", "servers": ["two"]})["isError"]
         ids["denied_search"] = c._id
-        assert c.call_tool("execute_tool", {"name": "one__echo", "arguments": {"message": 5}})["isError"]
+        refused = c.call_tool("execute_tool", {"name": "one__echo", "arguments": {"message": ["s3cr3t-value"]}})
+        assert refused["isError"] and "s3cr3t-value" in refused["content"][0]["text"]  # the caller sees its value
         ids["failed"] = c._id
         assert c.request("toolatlas/upstream/list", {})["upstreams"]
         ids["admin"] = c._id
@@ -128,6 +129,8 @@ def test_every_surface_and_denial_is_audited_with_rotation(audited: tuple[Daemon
     one("access_denied", ids["denied_search"], surface="tool_search", target="two")
     failed = one("execute_tool_failed", ids["failed"], name="one__echo", upstream="one", error_class="BadInput")
     assert "inputSchema" in failed["message"] and len(failed["message"]) <= 300
+    # the trail names what failed, never an argument's value
+    assert "at /message: fails type ('string')" in failed["message"] and "s3cr3t" not in json.dumps(failed), failed
     admin = one("admin_command_completed", ids["admin"], command="upstream_list", outcome="ok")
     assert admin["upstream"] is None
     http_denied = [e for e in lines if e["event"] == "access_denied" and e["surface"] == "http"]

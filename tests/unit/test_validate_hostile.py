@@ -66,7 +66,19 @@ def test_local_refs_still_work() -> None:
                 "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"$ref": "#/definitions/s"}}})
     assert v.check(rec, {"a": 1, "b": "x"}) == []
     problems = v.check(rec, {"a": "x", "b": 2})
-    assert len(problems) == 2 and "/a" in problems[0] and "/b" in problems[1]
+    assert len(problems) == 2 and "/a" in problems[0].shown and "/b" in problems[1].shown
+
+
+def test_a_problem_shows_the_caller_its_value_and_logs_only_the_schema_s_words() -> None:
+    v = ArgumentValidator()
+    rec = _rec({"type": "object", "required": ["token"], "additionalProperties": False,
+                "properties": {"token": {"type": "string", "minLength": 12}, "n": {"type": "integer"}}})
+    problems = v.check(rec, {"token": "hunter2", "n": "s3cr3t", "hunter3": 1})
+    shown, logged = " ".join(p.shown for p in problems), " ".join(p.logged for p in problems)
+    assert "'hunter2' is too short" in shown and "'s3cr3t'" in shown and "hunter3" in shown
+    assert "at /token: fails minLength (12)" in logged and "at /n: fails type ('integer')" in logged
+    assert "at the top level: fails additionalProperties" in logged
+    assert not any(secret in logged for secret in ("hunter2", "s3cr3t", "hunter3")), logged
 
 
 def test_ref_cycles_are_handled() -> None:
@@ -94,7 +106,7 @@ def test_catastrophic_pattern_is_bounded() -> None:
     v = ArgumentValidator()
     rec = _rec({"type": "object", "properties": {"s": {"type": "string", "pattern": EVIL}}})
     problems = v.check(rec, {"s": ARG})  # old code: minutes of backtracking here
-    assert problems and "/s" in problems[0]
+    assert problems and "/s" in problems[0].shown
     assert v.check(rec, {"s": "aaaa"}) == []
 
 

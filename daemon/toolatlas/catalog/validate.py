@@ -32,7 +32,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.to_thread
@@ -183,6 +183,34 @@ def _prepared(schema: Any, what: str) -> tuple[Any, bool]:
     return clean, patterns
 
 
+class Problem(NamedTuple):
+    """One problem with a call's arguments: `shown` to the caller (jsonschema's words, which
+    quote the offending value, so a model can repair it) and `logged` (the path, the keyword
+    and the schema's own constraint, never the value) for events and the audit trail."""
+
+    shown: str
+    logged: str
+
+    @classmethod
+    def same(cls, text: str) -> Problem:
+        """A problem whose text quotes no argument."""
+        return cls(text, text)
+
+
+# Keywords whose schema value is said in a logged problem (a scalar or a short list of them).
+_SAID = frozenset({"type", "enum", "const", "format", "required", "minLength", "maxLength", "minimum", "maximum",
+                   "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems", "maxItems", "uniqueItems",
+                   "minProperties", "maxProperties", "pattern"})
+
+
+def _constraint(err: jsonschema.ValidationError) -> str:
+    """` (the schema's value)` of `err`'s keyword, short, when it is one worth saying."""
+    if err.validator not in _SAID:
+        return ""
+    said = repr(err.validator_value)
+    return f" ({said if len(said) <= 80 else said[:77] + '...'})"
+
+
 class ArgumentValidator:
     """Compiled validators cached by tool content hash (a changed schema recompiles)."""
 
@@ -214,7 +242,7 @@ class ArgumentValidator:
             while len(self._compiled) > _CACHE_SIZE:
                 self._compiled.popitem(last=False)
 
-    def check(self, rec: ToolRecord, arguments: dict[str, Any]) -> list[str]:
+    def check(self, rec: ToolRecord, arguments: dict[str, Any]) -> list[Problem]:
         """Problems with `arguments`, each naming its path; [] when they are valid."""
         c = self._get(rec)
         if c is None:
@@ -231,26 +259,28 @@ class ArgumentValidator:
             if not errors and c.fast is None:
                 return []
         except PatternTimeout as exc:
-            return [f"the schema's pattern {exc.pattern[:80]!r} did not finish within the {REGEX_BUDGET} s "
-                    "regex time limit on these arguments; the call was not sent"]
+            return [Problem.same(f"the schema's pattern {exc.pattern[:80]!r} did not finish within the "
+                                 f"{REGEX_BUDGET} s regex time limit on these arguments; the call was not sent")]
         except RecursionError:
             log.warning("inputSchema of %s recurses without end ($ref cycle); its arguments are not checked", rec.name)
             self._remember(rec.content_hash, None)
             return []
         except Exception:
             log.exception("checking arguments against the inputSchema of %s failed", rec.name)
-            return ["the arguments could not be checked against the tool's inputSchema; the call was not sent"]
+            return [Problem.same("the arguments could not be checked against the tool's inputSchema; "
+                                 "the call was not sent")]
         finally:
             del _budget.deadline
-        problems = []
+        problems: list[Problem] = []
         for err in errors[:MAX_PROBLEMS]:
             path = "/".join(str(p) for p in err.absolute_path)
-            problems.append(f"at {'/' + path if path else 'the top level'}: {err.message}")
+            at = f"at {'/' + path if path else 'the top level'}"
+            problems.append(Problem(f"{at}: {err.message}", f"{at}: fails {err.validator}{_constraint(err)}"))
         if len(errors) > MAX_PROBLEMS:
-            problems.append(f"and {len(errors) - MAX_PROBLEMS} more")
-        return problems or ["the arguments were rejected by the schema"]
+            problems.append(Problem.same(f"and {len(errors) - MAX_PROBLEMS} more"))
+        return problems or [Problem.same("the arguments were rejected by the schema")]
 
-    async def check_async(self, rec: ToolRecord, arguments: dict[str, Any]) -> list[str]:
+    async def check_async(self, rec: ToolRecord, arguments: dict[str, Any]) -> list[Problem]:
         """`check` in a worker thread (off the event loop), bounded by CHECK_LIMIT.
 
         The common case stays on the loop: a schema already compiled, without patterns, whose
@@ -271,8 +301,8 @@ class ArgumentValidator:
         with anyio.move_on_after(CHECK_LIMIT):
             return await anyio.to_thread.run_sync(self.check, rec, arguments, limiter=self._workers,
                                                   abandon_on_cancel=True)
-        return [f"checking the arguments against the inputSchema did not finish within the {CHECK_LIMIT} s "
-                "limit; the call was not sent"]
+        return [Problem.same(f"checking the arguments against the inputSchema did not finish within the "
+                             f"{CHECK_LIMIT} s limit; the call was not sent")]
 
 
 class OutputValidator:

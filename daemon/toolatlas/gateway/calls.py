@@ -128,7 +128,7 @@ class CallService:
         if exc is not None:
             self._metrics.count_error(type(exc).__name__)
             self._events.emit(ev.EXECUTE_TOOL_FAILED, name=name[:TEXT_CHARS], upstream=upstream, via=via(),
-                              outcome=outcome, error_class=type(exc).__name__, message=str(exc)[: ev.MESSAGE_CHARS],
+                              outcome=outcome, error_class=type(exc).__name__, message=_logged(exc)[: ev.MESSAGE_CHARS],
                               latency_ms=latency_ms, **who(conn))
         else:
             self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name[:TEXT_CHARS], upstream=upstream, via=via(),
@@ -165,10 +165,9 @@ class CallService:
         arguments = _arguments(call.arguments)
         problems = await self._validator.check_async(rec, arguments or {})
         if problems:
-            raise BadInput(
-                f"arguments for {rec.name!r} do not match its inputSchema: {'; '.join(problems)}. "
-                "Fix these and call again."
-            )
+            said = f"arguments for {rec.name!r} do not match its inputSchema: "
+            raise BadInput(said + "; ".join(p.shown for p in problems) + ". Fix these and call again.",
+                               logged=said + "; ".join(p.logged for p in problems))
         upstream_state: str | None = None
         park: str | None = None
         if call.allow_input_required and call.request_state is not None:
@@ -252,6 +251,11 @@ class CallService:
         close = await anyio.to_thread.run_sync(suggest, name, indexes, lambda n: by_name[n].tool if n in by_name else n)
         hint = f" Did you mean: {', '.join(close)}?" if close else " Use tool_search to find tools."
         return f"unknown tool {_shown(name)}.{hint}"
+
+
+def _logged(exc: BaseException) -> str:
+    """`exc`'s message as events and the audit trail keep it: argument values left out."""
+    return exc.logged if isinstance(exc, BadInput) else str(exc)
 
 
 def _shown(name: str) -> str:
