@@ -211,7 +211,7 @@ def _check_status(status: dict[str, Any]) -> Iterator[Check]:
 def run_checks(config_flag: str | None) -> list[Check]:
     """Every check, in order; see the module docstring."""
     from toolatlas.errors import ConfigError
-    from toolatlas.paths import client_socket
+    from toolatlas.paths import client_socket, daemon_path
 
     path = config_path(config_flag)
     first, cfg = _check_config(path)
@@ -219,12 +219,16 @@ def run_checks(config_flag: str | None) -> list[Check]:
     if cfg is not None:
         checks += _check_commands(cfg)
         socket, state_dir = cfg.daemon.socket, cfg.daemon.state_dir
-    else:
+    else:  # an invalid config still names its socket and state folder: those are checked
         try:
             socket = client_socket(None, path)
         except ConfigError:
             socket = default_socket_path()
-        state_dir = default_state_dir()
+        try:
+            state_dir = (daemon_path(path, "state_dir") if path is not None and os.path.exists(path) else "") \
+                or default_state_dir()
+        except ConfigError:
+            state_dir = default_state_dir()
     checks.append(_check_state_dir(state_dir))
     checks.append(_check_model(cfg, state_dir))
     if cfg is not None and cfg.store.url:

@@ -176,6 +176,12 @@ def test_doctor_reports_an_invalid_config_and_an_unwritable_state_dir(tmp_path: 
     cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "s.sock"}"\nstate_dir = "{blocker / "state"}"\n')
     r = _run("doctor", "--config", str(cfg))
     assert r.returncode == 1 and f"FAIL  state dir: {blocker} is not a folder" in r.stdout
+    # A config that fails elsewhere still names its state folder: that one is checked, not the default.
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "s.sock"}"\nstate_dir = "{blocker / "state"}"\n'
+                   '[[upstream]]\nname = "Bad_Name"\ntransport = "stdio"\ncommand = "true"\n')
+    r = _run("doctor", "--config", str(cfg))
+    assert r.returncode == 1 and "FAIL  config: " in r.stdout and "Bad_Name" in r.stdout
+    assert f"FAIL  state dir: {blocker} is not a folder" in r.stdout, r.stdout
 
 
 def test_search_k_outside_its_range_is_a_usage_error(tmp_path: Path) -> None:
