@@ -143,9 +143,24 @@ def _content_json(result: dict[str, Any]) -> Any:
         return "".join(texts)
 
 
+def _call_arguments(given: str) -> dict[str, Any] | str:
+    """`call --args` as an object, or why it is not one."""
+    try:
+        value = json.loads(given)
+    except ValueError as exc:
+        return f"--args is not valid JSON: {exc}"
+    if not isinstance(value, dict):
+        return f"--args must be a JSON object of the tool's arguments, e.g. '{{\"text\": \"hi\"}}'; got {given[:80]}"
+    return value
+
+
 def _client_command(args: Any, path: str) -> int:
     from toolatlas.surface.rawclient import RawClient, RpcError
 
+    call_args = _call_arguments(args.args) if args.cmd == "call" else {}
+    if isinstance(call_args, str):  # a usage error: said before any daemon is asked
+        print(f"toolatlas: {call_args}", file=sys.stderr)
+        return 64
     try:
         client = RawClient(path, timeout=ANSWER_TIMEOUT_S)
     except OSError as exc:  # ConnectionError: unreachable, or refused (a connection cap); or no answer
@@ -161,11 +176,6 @@ def _client_command(args: Any, path: str) -> int:
             elif args.cmd == "status":
                 result = client.call_tool("catalog_status", {})
             else:
-                try:
-                    call_args = json.loads(args.args)
-                except ValueError as exc:
-                    print(f"toolatlas: --args is not valid JSON: {exc}", file=sys.stderr)
-                    return 64
                 result = client.call_tool("execute_tool", {"name": args.name, "arguments": call_args})
         except (RpcError, ConnectionError, OSError) as exc:
             print(f"toolatlas: {exc}", file=sys.stderr)

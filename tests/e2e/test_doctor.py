@@ -229,3 +229,9 @@ def test_doctor_checks_the_shared_store(tmp_path: Path, pg_url: str) -> None:
 
     anyio.run(migrate)
     assert store_line(pg_url, "migrated") == f"ok    store: reachable, schema at version {LATEST}"
+
+
+def test_call_args_that_are_not_a_json_object_are_a_usage_error_before_any_daemon_is_asked(tmp_path: Path) -> None:
+    for given, said in (("{bad", "--args is not valid JSON"), ("[1, 2]", "--args must be a JSON object")):
+        r = _run("call", "notes__add_note", "--args", given, "--socket", str(tmp_path / "none.sock"))
+        assert r.returncode == 64 and said in r.stderr and "cannot reach" not in r.stderr, r.stderr
