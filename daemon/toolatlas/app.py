@@ -25,7 +25,7 @@ from toolatlas.catalog.attest import Attestor
 from toolatlas.config import Config, load, metrics_address, secrets
 from toolatlas.metrics import MetricsBindError
 from toolatlas.errors import ConfigError, ToolatlasError
-from toolatlas.gateway import Gateway, restart_keys
+from toolatlas.gateway import Gateway, keep_running, restart_keys
 from toolatlas.gateway.approval import Decision
 from toolatlas.gateway.ports import Connection
 from toolatlas.guidance import Guidance
@@ -189,7 +189,11 @@ class Daemon:
         gw = self.gateway
         path = gw.cfg.source
         try:
-            new = await anyio.to_thread.run_sync(load, path)
+            loaded = await anyio.to_thread.run_sync(load, path)
+            # Keys that need a restart keep their running values (the new state_dir's cards are
+            # not read early); they are reported against what runs, at every reload until then.
+            later = restart_keys(gw.cfg, loaded)
+            new = keep_running(gw.cfg, loaded)
             attestor = Attestor(new)  # a bad [cards] section is rejected before anything changes
             guidance = Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)  # so are bad templates
             self.check_reload(new)
@@ -197,7 +201,8 @@ class Daemon:
             log.error("reload rejected, keeping the running config: %s", exc)
             gw.events.emit(ev.CONFIG_RELOAD_REJECTED, reason=str(exc))
             return {"applied": False, "config": path, "error": str(exc)}
-        later = restart_keys(gw.cfg, new)
+        if later:
+            log.warning("reload: %s changed; this takes effect only after a restart", ", ".join(later))
         summary = await self.reload(new, attestor, guidance)
         gw.events.emit(ev.CONFIG_RELOADED, **summary)
         return {"applied": True, "config": path, **summary, "restart_needed": later}

@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import msgspec
 
 from toolatlas import events as ev
 from toolatlas.auditlog import AuditFile
@@ -87,6 +88,17 @@ def restart_keys(old: Config, new: Config) -> list[str]:
     """The RESTART_KEYS whose value differs between `old` and `new`."""
     return [key for key, section, attr in RESTART_KEYS
             if getattr(getattr(old, section), attr) != getattr(getattr(new, section), attr)]
+
+
+def keep_running(running: Config, new: Config) -> Config:
+    """`new` with the RESTART_KEYS of `running` (what a reload applies): the daemon's config
+    always holds what it runs with, so nothing reads a restart-only value early (the cards in
+    a new state_dir) and a later reload still reports the restart it waits for."""
+    kept: dict[str, dict[str, Any]] = {}
+    for _key, section, attr in RESTART_KEYS:
+        kept.setdefault(section, {})[attr] = getattr(getattr(running, section), attr)
+    return msgspec.structs.replace(
+        new, **{section: msgspec.structs.replace(getattr(new, section), **attrs) for section, attrs in kept.items()})
 
 
 def make_engine(cfg: Config) -> Engine:
@@ -280,13 +292,12 @@ class Gateway:
         """Apply a re-read config (its [cards] already checked into `attestor`, its templates
         into `guidance`, else loaded here first, ConfigError before anything changes):
         upstreams added, removed or changed are reconciled; the unchanged keep their warm
-        session, index entries and card verdicts. Keys that need a restart are logged. New
+        session, index entries and card verdicts. Keys that need a restart keep their running
+        values (see `keep_running`; the caller reports them). New
         templates or environment reach clients with the announce (tools/list_changed)."""
         self.guidance_for.configure(new, guidance)
         old = self.cfg
-        needs_restart = restart_keys(old, new)
-        if needs_restart:
-            log.warning("reload: %s changed; this takes effect only after a restart", ", ".join(needs_restart))
+        new = keep_running(old, new)
         old_ups = {u.name: u for u in old.upstream}
         new_ups = {u.name: u for u in new.upstream}
         summary = {
@@ -383,4 +394,4 @@ class Gateway:
         await self.pool.raise_log_level(level, LOG_LEVELS)
 
 
-__all__ = ["FIRST_INDEX_WAIT_S", "Gateway", "make_engine", "restart_keys"]
+__all__ = ["FIRST_INDEX_WAIT_S", "Gateway", "keep_running", "make_engine", "restart_keys"]

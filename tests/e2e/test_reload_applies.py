@@ -1,0 +1,54 @@
+"""What a reload applies to a running daemon, and what it says it leaves for a restart:
+`toolatlas reload` through the real CLI against a real daemon, one config area at a time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.support.daemon import Daemon, stdio_testserver
+
+from toolatlas.catalog.cards_cli import keygen_main, main as cards_main
+
+
+def reload(d: Daemon) -> dict[str, Any]:
+    """`toolatlas reload --json` against `d`, as an operator runs it; its answer."""
+    out = subprocess.run([sys.executable, "-m", "toolatlas", "reload", "--socket", d.socket, "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode in (0, 78), out.stderr
+    answer: dict[str, Any] = json.loads(out.stdout)
+    return answer
+
+
+def test_a_restart_only_key_waits_for_the_restart_and_says_so_at_every_reload(tmp_path: Path) -> None:
+    """A moved state_dir (or socket) is reported at this reload and the next ones until a
+    restart, and not once the file is back at the running value; meanwhile the daemon goes on
+    with the running state_dir: an upstream restarted by the reload keeps its card there."""
+    key = tmp_path / "op.key"
+    assert keygen_main(["--out", str(key)]) == 0
+    d = Daemon(tmp_path, stdio_testserver("one"), daemon_extra=f'\n[cards]\npublic_key = "{key}.pub"\n')
+    assert cards_main(["generate", "--config", str(d.config), "--key", str(key), "--quiet"]) == 0
+    base = d.config.read_text()
+    with d:
+        d.wait_for(lambda: d.status()["cards"]["servers"]["one"]["card"] == "verified", 30, "one attested")
+        moved = base.replace(str(tmp_path / "state"), str(tmp_path / "elsewhere"))
+        assert moved != base
+        # one changes too (its environment): it restarts and lists again, and is attested again
+        d.config.write_text(moved.replace('name = "one"\n', 'name = "one"\nenv = { RELOADED = "1" }\n'))
+        first = reload(d)
+        assert first["applied"] and first["changed"] == ["one"], first
+        assert first["restart_needed"] == ["daemon.state_dir"], first
+        d.wait_for(lambda: d.status()["servers"][0]["state"] == "ready", 60, "one back after its restart")
+        d.wait_for(lambda: d.status()["cards"]["servers"]["one"]["card"] == "verified", 30,
+                   "one's card still read from the running state_dir")
+        assert d.search("echo a message back") == ["one__echo"]
+
+        again = reload(d)
+        assert again["applied"] and again["restart_needed"] == ["daemon.state_dir"], again
+
+        d.config.write_text(base)
+        back = reload(d)
+        assert back["applied"] and back["restart_needed"] == [], back
