@@ -52,3 +52,24 @@ def test_a_restart_only_key_waits_for_the_restart_and_says_so_at_every_reload(tm
         d.config.write_text(base)
         back = reload(d)
         assert back["applied"] and back["restart_needed"] == [], back
+
+
+def test_learning_switched_on_by_a_reload_records(tmp_path: Path) -> None:
+    """`[learning] enabled = false` at the start, then true at a reload: a search followed by
+    a call of its result is a usage event, kept in the store."""
+    d = Daemon(tmp_path, stdio_testserver("one") + "[learning]\nenabled = false\n")
+    base = d.config.read_text()
+
+    with d:
+        d.config.write_text(base.replace("enabled = false", "enabled = true"))
+        assert reload(d)["applied"]
+        with d.client() as c:
+            found = c.call_tool("tool_search", {"query": "echo a message back", "top_k": 3})["structuredContent"]
+            assert found["matches"][0]["name"] == "one__echo", found
+            assert not c.call_tool("execute_tool", {"name": "one__echo", "arguments": {"message": "x"}}).get("isError")
+        d.wait_for(lambda: d.status()["learning"]["events"] == 1, 30, "the usage event learned")
+        assert (tmp_path / "state" / "learning.sqlite3").exists()
+
+        d.config.write_text(base)
+        assert reload(d)["applied"]
+        assert d.status()["learning"]["enabled"] is False

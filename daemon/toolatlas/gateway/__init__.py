@@ -308,6 +308,7 @@ class Gateway:
         self.cfg = new
         self.approvals.reconcile(new)
         self.visibility.configure(new)
+        self.learning.reconfigured()
         cards_changed = self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
         self.events.log_queries = new.daemon.log_queries

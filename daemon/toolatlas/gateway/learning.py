@@ -83,6 +83,8 @@ class LearningService:
         self.error: str | None = None  # why the usage store failed (it is being opened again), else None
         self._unsaved: list[UsageEvent] = []  # a batch the store failed to take
         self._dirty = anyio.Event()  # events were added since the last learned state
+        self._switched = anyio.Event()  # a reload may have switched `enabled`
+        self._running = False  # the worker got past waiting for `enabled`
         # Hear each usage event recorded here (the shared store's wiring passes them on to the
         # other replicas, which `ingest` them).
         self.on_recorded: list[Callable[[UsageEvent], None]] = []
@@ -151,15 +153,14 @@ class LearningService:
 
     def status(self) -> dict[str, Any]:
         """catalog_status's `learning` section."""
-        state = self._engine.learned
-        updated = state.updated_at if state is not None else None
-        return {
-            "enabled": self.enabled,
-            "events": state.events if state is not None else 0,
-            "tools_with_feedback": len(state.tools) if state is not None else 0,
-            "updated_at": (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(updated)) if updated else None),
-            **({"error": self.error} if self.error is not None else {}),
-        }
+        return status_section(self._engine, self.enabled, self.error)
+
+    def reconfigured(self) -> None:
+        """After a reload: switched on, the worker that waited starts; switched off, search stops
+        re-ranking with what was learned, as after a start with it off (and recording stops)."""
+        if self._running:
+            self._engine.learning = self.enabled
+        self._switched.set()
 
     # -- the worker ------------------------------------------------------------------------
 
@@ -170,11 +171,11 @@ class LearningService:
         again with backoff, and events wait in the writer's queue (up to its bound) or, a
         batch the store refused, in `_unsaved`. A file that is not an SQLite database, or a
         corrupt one, is moved aside (`_move_aside`) and learning starts again from no events."""
-        if not self.enabled:
-            task_status.started()
-            return
-        self._engine.learning = True
         task_status.started()  # the store opens in the background: nothing else waits for it
+        while not self.enabled:  # switched off: until a reload switches it on
+            await self._switched.wait()
+            self._switched = anyio.Event()
+        self._engine.learning = self._running = True
         attempt = 0
         while True:
             failure: list[BaseException] = []
@@ -307,6 +308,20 @@ class LearningService:
         the learned index from the store: not at every event)."""
         with self._lock:
             return self._index.n_events > (cap := self._cfg().max_events) + max(1, cap // 20)
+
+
+def status_section(engine: Engine, enabled: bool, error: str | None) -> dict[str, Any]:
+    """catalog_status's `learning` section: `enabled`, the engine's learned state, `error`."""
+    state = engine.learned
+    updated = state.updated_at if state is not None else None
+    return {
+        "enabled": enabled,
+        "events": state.events if state is not None else 0,
+        "tools_with_feedback": len(state.tools) if state is not None else 0,
+        "updated_at": (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(updated)) if updated else None),
+        **({"error": error} if error is not None else {}),
+    }
+
 
 def _embed_missing(engine: Engine, store: UsageStore) -> bool:
     """Embed stored events that lack a vector of the engine's model; whether any got one."""
