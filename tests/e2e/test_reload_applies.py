@@ -73,3 +73,19 @@ def test_learning_switched_on_by_a_reload_records(tmp_path: Path) -> None:
         d.config.write_text(base)
         assert reload(d)["applied"]
         assert d.status()["learning"]["enabled"] is False
+
+
+def test_keys_read_only_at_the_start_are_named_as_waiting_for_a_restart(tmp_path: Path) -> None:
+    """The result cache's size and lifetime, the event loop and the shared store's timings are
+    read once at the start: a reload that changes them says so rather than ignoring them."""
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    base = d.config.read_text()
+    with d:
+        d.config.write_text(base.replace("[search]\n", "[search]\ncache_size = 0\ncache_ttl = 5\n")
+                            .replace("[daemon]\n", '[daemon]\nevent_loop = "asyncio"\n')
+                            + "\n[store]\nretry_interval = 7\n")
+        answer = reload(d)
+        assert answer["applied"], answer
+        assert answer["restart_needed"] == ["search.cache_size", "search.cache_ttl", "daemon.event_loop",
+                                            "store.retry_interval"], answer
+

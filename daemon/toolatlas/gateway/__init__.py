@@ -67,8 +67,15 @@ RESTART_KEYS: tuple[tuple[str, str, str], ...] = (
     ("search.mode", "search", "mode"),
     ("search.embedder", "search", "embedder"),
     ("search.query_threads", "search", "query_threads"),
+    ("search.cache_size", "search", "cache_size"),
+    ("search.cache_ttl", "search", "cache_ttl"),
+    ("daemon.event_loop", "daemon", "event_loop"),
     ("events.audit_file", "events", "audit_file"),
     ("store.url", "store", "url"),
+    ("store.connect_timeout", "store", "connect_timeout"),
+    ("store.catchup_interval", "store", "catchup_interval"),
+    ("store.retry_interval", "store", "retry_interval"),
+    ("store.buffer_max_bytes", "store", "buffer_max_bytes"),
 )
 
 
