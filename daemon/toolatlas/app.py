@@ -201,6 +201,8 @@ class Daemon:
             log.error("reload rejected, keeping the running config: %s", exc)
             gw.events.emit(ev.CONFIG_RELOAD_REJECTED, reason=str(exc))
             return {"applied": False, "config": path, "error": str(exc)}
+        if new.daemon.log_level != gw.cfg.daemon.log_level:
+            set_log_level(new.daemon.log_level)
         if later:
             log.warning("reload: %s changed; this takes effect only after a restart", ", ".join(later))
         summary = await self.reload(new, attestor, guidance)
@@ -252,6 +254,12 @@ def _configure_logging(level: str, redactor: Redactor) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(RedactingFormatter(redactor, "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level), handlers=[handler])
+    set_log_level(level)
+
+
+def set_log_level(level: str) -> None:
+    """`[daemon] log_level` for the daemon's log lines (at the start and at a reload)."""
+    logging.getLogger().setLevel(getattr(logging, level))
     # The HTTP clients log every request at INFO (each upstream ping): keep them quiet.
     for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, getattr(logging, level)))

@@ -89,3 +89,25 @@ def test_keys_read_only_at_the_start_are_named_as_waiting_for_a_restart(tmp_path
         assert answer["restart_needed"] == ["search.cache_size", "search.cache_ttl", "daemon.event_loop",
                                             "store.retry_interval"], answer
 
+
+def test_log_level_changed_by_a_reload_applies_at_once(tmp_path: Path) -> None:
+    """`[daemon] log_level` raised to WARNING at a reload: the INFO lines stop; back to INFO,
+    they come again."""
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    base = d.config.read_text()
+    line = "upstream one: restarting by operator request"
+
+    def restart() -> None:
+        out = subprocess.run([sys.executable, "-m", "toolatlas", "upstream", "restart", "one", "--socket", d.socket],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+
+    with d:
+        d.config.write_text(base.replace("[daemon]\n", '[daemon]\nlog_level = "WARNING"\n'))
+        assert reload(d)["applied"]
+        restart()
+        assert line not in d.log.read_text()
+        d.config.write_text(base)
+        assert reload(d)["applied"]
+        restart()
+        assert line in d.log.read_text()
