@@ -30,6 +30,7 @@ from toolatlas.gateway.approval import Decision
 from toolatlas.gateway.ports import Connection
 from toolatlas.guidance import Guidance
 from toolatlas.notify import Notifier, listen_fds, run_watchdog, scrub_environment
+from toolatlas.paths import config_environment, read_environment_file
 from toolatlas.redact import RedactingFormatter, Redactor
 from toolatlas.surface.admin import AdminLane
 from toolatlas.surface.server import Surface
@@ -61,6 +62,8 @@ class Daemon:
         self.gateway = Gateway(cfg, redactor=redactor)
         self.notifier = notifier or Notifier(socket_path="")
         self._reload_lock = anyio.Lock()
+        # The environment file as at the start: a ${VAR} systemd took from it follows its edits.
+        self._environment_file = read_environment_file()
         self.surface = Surface(self.gateway)
         self.gateway.status_service.surface = self.surface
         self.gateway.catalog.on_change.append(self.surface.tools_changed)
@@ -189,7 +192,7 @@ class Daemon:
         gw = self.gateway
         path = gw.cfg.source
         try:
-            loaded = await anyio.to_thread.run_sync(load, path)
+            loaded = await anyio.to_thread.run_sync(lambda: load(path, env=config_environment(self._environment_file)))
             # Keys that need a restart keep their running values (the new state_dir's cards are
             # not read early); they are reported against what runs, at every reload until then.
             later = restart_keys(gw.cfg, loaded)

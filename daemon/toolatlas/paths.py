@@ -153,10 +153,19 @@ def read_environment_file(path: str | None = None) -> dict[str, str]:
     return out
 
 
-def config_environment() -> dict[str, str]:
+def config_environment(file_at_start: Mapping[str, str] | None = None) -> dict[str, str]:
     """What a config's `${VAR}` expands from: this process's environment, and for a name it
-    does not set, `environment_file()`."""
-    return {**read_environment_file(), **os.environ}
+    does not set, `environment_file()`.
+
+    `file_at_start` (a reload's): that file as the daemon read it at its start. A name this
+    process's environment holds at the file's value then (systemd's `EnvironmentFile=` put it
+    there) takes the file's value now, so an edited file applies at a reload."""
+    file = read_environment_file()
+    env = {**file, **os.environ}
+    for name, was in (file_at_start or {}).items():
+        if name in file and os.environ.get(name) == was:
+            env[name] = file[name]
+    return env
 
 
 def write_atomic(path: str | os.PathLike[str], chunks: bytes | list[bytes], mode: int | None = None) -> None:

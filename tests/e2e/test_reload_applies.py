@@ -111,3 +111,28 @@ def test_log_level_changed_by_a_reload_applies_at_once(tmp_path: Path) -> None:
         assert reload(d)["applied"]
         restart()
         assert line in d.log.read_text()
+
+
+def test_a_variable_from_the_environment_file_follows_its_edit_at_a_reload(tmp_path: Path) -> None:
+    """As under systemd's `EnvironmentFile=`: the daemon starts with the file's variables in
+    its environment. The operator rotates a token in the file and reloads: the upstream using
+    it restarts with the new value."""
+    xdg = tmp_path / "xdg"
+    (xdg / "toolatlas").mkdir(parents=True)
+    envfile = xdg / "toolatlas" / "environment"
+    envfile.write_text("TA_RELOAD_TOKEN=first-token-value\n")
+    d = Daemon(tmp_path, stdio_testserver("one") + 'env = { TOKEN = "${TA_RELOAD_TOKEN}" }\n')
+
+    def child_token() -> str:
+        out = subprocess.run([sys.executable, "-m", "toolatlas", "upstream", "list", "--json", "--socket", d.socket],
+                             capture_output=True, text=True, timeout=300)
+        pid = json.loads(out.stdout)["upstreams"][0]["pid"]
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return next(v.decode().partition("=")[2] for v in environ if v.startswith(b"TOKEN="))
+
+    with d.start(env={"XDG_CONFIG_HOME": str(xdg), "TA_RELOAD_TOKEN": "first-token-value"}):
+        assert child_token() == "first-token-value"
+        envfile.write_text("TA_RELOAD_TOKEN=second-token-value\n")
+        answer = reload(d)
+        assert answer["applied"] and answer["changed"] == ["one"], answer
+        d.wait_for(lambda: child_token() == "second-token-value", 60, "one restarted with the new token")
