@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.servers import faultserver_args
 
 from toolatlas.catalog.cards_cli import keygen_main, main as cards_main
 
@@ -136,3 +138,23 @@ def test_a_variable_from_the_environment_file_follows_its_edit_at_a_reload(tmp_p
         answer = reload(d)
         assert answer["applied"] and answer["changed"] == ["one"], answer
         d.wait_for(lambda: child_token() == "second-token-value", 60, "one restarted with the new token")
+
+
+def test_a_call_in_flight_on_an_upstream_the_reload_restarts_fails_saying_why(tmp_path: Path) -> None:
+    """A call running on an upstream whose config changes ends at the reload (never hangs),
+    with an error that names the reload rather than blaming the upstream's connection."""
+    args = json.dumps(faultserver_args("--name", "slow"))
+    block = f'[[upstream]]\nname = "slow"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+    d = Daemon(tmp_path, block)
+    result: list[dict[str, Any]] = []
+    with d:
+        caller = threading.Thread(target=lambda: result.append(d.tool("slow__work", {"seconds": 600})), daemon=True)
+        caller.start()
+        d.wait_for(lambda: json.loads(d.tool("slow__stats", {})["content"][0]["text"])["inflight"] == 1, 30,
+                   "the call in flight")
+        d.config.write_text(d.config.read_text().replace('name = "slow"\n', 'name = "slow"\nmax_concurrency = 4\n'))
+        assert reload(d)["changed"] == ["slow"]
+        caller.join(60)
+        assert result and result[0]["isError"], result
+        text = result[0]["content"][0]["text"]
+        assert "closed by a config reload or a restart during tools/call work" in text, text

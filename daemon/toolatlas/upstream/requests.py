@@ -26,6 +26,7 @@ T = TypeVar("T")
 class _Session(Protocol):
     name: str
     sem: anyio.Semaphore
+    stop_requested: bool
 
     def observe(self, kind: str, **fields: Any) -> None: ...
 
@@ -46,7 +47,7 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
     slot included). `op` names the request in errors, `operation` in metrics.
 
     Raises UpstreamTimeout(upstream, op, seconds); UpstreamUnavailable when the session is
-    gone or the upstream refused who we are; UpstreamProtocolError for a JSON-RPC error or
+    gone (closed under it by a reload or a restart: said so) or the upstream refused who we are; UpstreamProtocolError for a JSON-RPC error or
     an invalid result. A toolatlas error raised by `fn` passes unchanged. A timed-out or
     cancelled request leaves the session usable."""
     t0 = time.perf_counter()
@@ -70,6 +71,9 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
             conn.mark_lost(Loss(reason, f"{op} failed: {conn.describe(exc)}"))
         if refused := conn.auth.failure(exc):
             raise UpstreamUnavailable(f"upstream {session.name!r} refused {op}: {refused}") from exc
+        if session.stop_requested:  # our own close, not the upstream's failure
+            raise UpstreamUnavailable(f"upstream {session.name!r} was closed by a config reload or a restart "
+                                      f"during {op}; it may have run: retry if that is safe") from exc
         raise call_error(session.name, op, exc, reason) from exc
 
 

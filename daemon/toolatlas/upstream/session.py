@@ -111,7 +111,7 @@ class Connection:
     def classify(self, exc: BaseException) -> LossReason:
         """`client.classify`, refined by what the transport saw: after a 404 on our session id
         every failure means the session expired; until it is lost or we close it, a -32000 is the upstream's."""
-        live = not self.lost.is_set() and not self._s._stop_requested  # our own close: "Connection closed" is ours
+        live = not self.lost.is_set() and not self._s.stop_requested  # our own close: "Connection closed" is ours
         return LossReason.SESSION_EXPIRED if self._expired else classify(exc, live=live)
 
     def describe(self, exc: BaseException) -> str:  # an HTTP 401/403 said as an authentication failure
@@ -263,7 +263,7 @@ class UpstreamSession:
         self._settled = anyio.Event()
         self._done = anyio.Event()
         self._scope: anyio.CancelScope | None = None
-        self._stop_requested = False
+        self.stop_requested = False  # stop() was asked: a config reload or an operator's restart
         self._wake = anyio.Event()
 
     def __repr__(self) -> str:
@@ -346,7 +346,7 @@ class UpstreamSession:
         try:
             with anyio.CancelScope() as scope:
                 self._scope = scope
-                if self._stop_requested:
+                if self.stop_requested:
                     scope.cancel()
                 if self.state is UpstreamState.DISABLED:
                     self._settled.set()
@@ -368,7 +368,7 @@ class UpstreamSession:
 
     def stop(self) -> None:
         """Ask the owner task to close the session and end (see `wait_done`)."""
-        self._stop_requested = True
+        self.stop_requested = True
         if self._scope is not None:
             self._scope.cancel()
         else:
@@ -422,7 +422,7 @@ class UpstreamSession:
 
     def _unavailable_message(self) -> str:
         conn = self._conn
-        if self._stop_requested:  # READY while it tears down, then CLOSED: neither says what goes on
+        if self.stop_requested:  # READY while it tears down, then CLOSED: neither says what goes on
             return f"upstream {self.name!r} is closing its session (a config reload or a restart); retry in a moment"
         if self.state is UpstreamState.READY and conn is not None and conn.loss is not None:
             return f"upstream {self.name!r} lost its session: {conn.loss.text}"
