@@ -322,7 +322,7 @@ async def serve(
                 if signum == signal.SIGHUP:
                     await daemon.reload_config()
                     continue
-                log.info("received %s: draining for up to %.0f s", signal.Signals(signum).name, cfg.daemon.drain_timeout)
+                log.info("received %s: draining for up to %.0f s", signal.Signals(signum).name, gw.cfg.daemon.drain_timeout)
                 break
 
             async def late_signals() -> None:

@@ -158,3 +158,15 @@ def test_a_call_in_flight_on_an_upstream_the_reload_restarts_fails_saying_why(tm
         assert result and result[0]["isError"], result
         text = result[0]["content"][0]["text"]
         assert "closed by a config reload or a restart during tools/call work" in text, text
+
+
+def test_the_stop_after_a_reload_logs_what_it_does(tmp_path: Path) -> None:
+    """A drain_timeout changed by a reload is the one the stop announces (and waits), and the
+    upstreams closed by the stop are not said to be removed by a config reload."""
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    with d:
+        d.config.write_text(d.config.read_text().replace("drain_timeout = 5\n", "drain_timeout = 7\n"))
+        assert reload(d)["applied"]
+    log = d.log.read_text()
+    assert "received SIGTERM: draining for up to 7 s" in log, log[-2000:]
+    assert "upstream one: removing by daemon stop" in log and "removing by config reload" not in log, log[-2000:]

@@ -293,7 +293,7 @@ class Gateway:
         """Stop every upstream session in its owner task (children reaped) before the
         task tree is cancelled."""
         with anyio.move_on_after(timeout, shield=True):
-            await self.pool.reconcile([])
+            await self.pool.reconcile([], why="daemon stop")
 
     async def reload(self, new: Config, attestor: Attestor, guidance: Guidance | None = None) -> dict[str, list[str]]:
         """Apply a re-read config (its [cards] already checked into `attestor`, its templates

@@ -250,9 +250,10 @@ class Pool:
             await new.wait_settled()
         return self._status(new)
 
-    async def reconcile(self, upstreams: Sequence[Upstream]) -> None:
+    async def reconcile(self, upstreams: Sequence[Upstream], *, why: str = "config reload") -> None:
         """Apply a reloaded config: start added upstreams, close removed ones, restart those
-        whose config changed; unchanged ones keep their session and process."""
+        whose config changed; unchanged ones keep their session and process. `why` is logged
+        ("daemon stop" when the daemon closes them all)."""
         async with self._reconcile_lock:
             wanted = {u.name: u for u in upstreams}
             stopping: list[UpstreamSession] = []
@@ -267,8 +268,7 @@ class Pool:
                 if name not in self._sessions:
                     starting.append(up)
             for s in stopping:
-                logger.info("upstream %s: %s by config reload", s.name,
-                            "restarting" if s.name in wanted else "removing")
+                logger.info("upstream %s: %s by %s", s.name, "restarting" if s.name in wanted else "removing", why)
                 s.stop()
             with anyio.move_on_after(CLOSE_TIMEOUT + 5.0):
                 for s in stopping:
