@@ -8,6 +8,7 @@ and reloads them. `serve` runs it as the process: signals, sd_notify, metrics.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import signal
@@ -22,7 +23,7 @@ import anyio.abc
 from toolatlas import events as ev
 from toolatlas import memory
 from toolatlas.catalog.attest import Attestor
-from toolatlas.config import Config, load, metrics_address, secrets
+from toolatlas.config import Config, DaemonSection, load, metrics_address, secrets
 from toolatlas.metrics import MetricsBindError
 from toolatlas.errors import ConfigError, ToolatlasError
 from toolatlas.gateway import Gateway, keep_running, restart_keys
@@ -154,15 +155,22 @@ class Daemon:
                               "or moved by a restart (their upstreams, environment and templates reload)")
 
     async def reload(self, new: Config, attestor: Attestor, guidance: Guidance | None = None) -> dict[str, list[str]]:
-        """Apply a checked reload: access rules and upstreams (gateway), tokens and
-        admission rules (HTTP), socket mode, ownership and limits (Unix socket)."""
+        """Apply a checked reload: socket mode, ownership and limits (Unix sockets) first,
+        then tokens and admission rules (HTTP), access rules and upstreams (gateway).
+        ConfigError only before anything changed: a socket owner or group that cannot be
+        applied leaves every socket as it was."""
         self.check_reload(new)
         d = new.daemon
-        for unix in (self.unix, *self.endpoint_sockets):
-            unix.reconfigure(mode=int(d.socket_mode, 8), owner=d.socket_owner, group=d.socket_group,
-                             max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
-                             max_clients_per_uid=d.max_clients_per_uid, message_timeout=d.message_timeout,
-                             idle_timeout=d.idle_timeout)
+        done: list[UnixServer] = []
+        try:
+            for unix in (self.unix, *self.endpoint_sockets):
+                _reconfigure(unix, d)
+                done.append(unix)
+        except ConfigError:
+            for unix in done:
+                with contextlib.suppress(ConfigError):
+                    _reconfigure(unix, self.cfg.daemon)
+            raise
         if self.http is not None:
             self.http.reconfigure(new.http, max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
                                   message_timeout=d.message_timeout)
@@ -190,7 +198,7 @@ class Daemon:
 
     async def _reload_config(self) -> dict[str, Any]:
         gw = self.gateway
-        path = gw.cfg.source
+        path, log_level = gw.cfg.source, gw.cfg.daemon.log_level
         try:
             loaded = await anyio.to_thread.run_sync(lambda: load(path, env=config_environment(self._environment_file)))
             # Keys that need a restart keep their running values (the new state_dir's cards are
@@ -199,16 +207,15 @@ class Daemon:
             new = keep_running(gw.cfg, loaded)
             attestor = Attestor(new)  # a bad [cards] section is rejected before anything changes
             guidance = Guidance.load(new.surface.templates, new.daemon.environment, new.surface.publisher_text)  # so are bad templates
-            self.check_reload(new)
+            summary = await self.reload(new, attestor, guidance)  # ConfigError: nothing changed
         except ConfigError as exc:
             log.error("reload rejected, keeping the running config: %s", exc)
             gw.events.emit(ev.CONFIG_RELOAD_REJECTED, reason=str(exc))
             return {"applied": False, "config": path, "error": str(exc)}
-        if new.daemon.log_level != gw.cfg.daemon.log_level:
+        if new.daemon.log_level != log_level:
             set_log_level(new.daemon.log_level)
         if later:
             log.warning("reload: %s changed; this takes effect only after a restart", ", ".join(later))
-        summary = await self.reload(new, attestor, guidance)
         gw.events.emit(ev.CONFIG_RELOADED, **summary)
         return {"applied": True, "config": path, **summary, "restart_needed": later}
 
@@ -238,6 +245,13 @@ class Daemon:
 
     def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
         return self.gateway.tool_definitions(conn, servers)
+
+
+def _reconfigure(unix: UnixServer, d: DaemonSection) -> None:
+    unix.reconfigure(mode=int(d.socket_mode, 8), owner=d.socket_owner, group=d.socket_group,
+                     max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
+                     max_clients_per_uid=d.max_clients_per_uid, message_timeout=d.message_timeout,
+                     idle_timeout=d.idle_timeout)
 
 
 def _sharing(gw: Gateway) -> Any:

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -170,3 +173,34 @@ def test_the_stop_after_a_reload_logs_what_it_does(tmp_path: Path) -> None:
     log = d.log.read_text()
     assert "received SIGTERM: draining for up to 7 s" in log, log[-2000:]
     assert "upstream one: removing by daemon stop" in log and "removing by config reload" not in log, log[-2000:]
+
+
+def _events(d: Daemon, name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in d.log.read_text(errors="replace").splitlines()
+            if line.startswith("{") and f'"event":"{name}"' in line]
+
+
+def test_a_socket_owner_or_group_that_does_not_exist_is_refused_by_name(tmp_path: Path) -> None:
+    """A reload naming a socket_owner or socket_group unknown on the host is refused whole,
+    naming the key (the socket keeps its mode), through the CLI and by SIGHUP alike; the
+    daemon goes on serving and takes the next good reload."""
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    base = d.config.read_text()
+    with d:
+        d.config.write_text(base.replace("[daemon]\n", '[daemon]\nsocket_mode = "0600"\nsocket_owner = "no-such-user-h2"\n'))
+        refused = reload(d)
+        assert refused["applied"] is False, refused
+        assert "[daemon] socket_owner 'no-such-user-h2': no such user" in refused["error"], refused
+        assert stat.S_IMODE(os.stat(d.socket).st_mode) == 0o660
+
+        d.config.write_text(base.replace("[daemon]\n", '[daemon]\nsocket_group = "no-such-group-h2"\n'))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        rejected = d.wait_for(lambda: [e for e in _events(d, "config_reload_rejected") if "socket_group" in e["reason"]],
+                              30, "the SIGHUP reload refused")
+        assert "no such group" in rejected[0]["reason"], rejected
+        assert d.proc.poll() is None  # type: ignore[union-attr]
+        assert d.search("echo a message back") == ["one__echo"]
+
+        d.config.write_text(base.replace("[daemon]\n", '[daemon]\nsocket_mode = "0600"\n'))
+        assert reload(d)["applied"]
+        assert stat.S_IMODE(os.stat(d.socket).st_mode) == 0o600

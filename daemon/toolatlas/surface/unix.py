@@ -187,14 +187,27 @@ class UnixServer:
             tg.start_soon(self._handle, stream)
 
     def _apply_permissions(self) -> None:
+        """The socket file's mode, owner and group; ConfigError naming the key when the owner
+        or group is unknown here or may not be given the file by this user."""
         os.chmod(self.path, self.mode)
         if self.owner or self.group:
             import grp
             import pwd
 
-            uid = pwd.getpwnam(self.owner).pw_uid if self.owner else -1
-            gid = grp.getgrnam(self.group).gr_gid if self.group else -1
-            os.chown(self.path, uid, gid)
+            try:
+                uid = pwd.getpwnam(self.owner).pw_uid if self.owner else -1
+            except KeyError:
+                raise ConfigError(f"[daemon] socket_owner {self.owner!r}: no such user on this host") from None
+            try:
+                gid = grp.getgrnam(self.group).gr_gid if self.group else -1
+            except KeyError:
+                raise ConfigError(f"[daemon] socket_group {self.group!r}: no such group on this host") from None
+            try:
+                os.chown(self.path, uid, gid)
+            except OSError as exc:
+                raise ConfigError(f"[daemon] socket_owner/socket_group: cannot give {self.path} to "
+                                  f"{self.owner or '(unchanged)'}:{self.group or '(unchanged)'}: "
+                                  f"{exc.strerror or exc}") from exc
 
     def reconfigure(
         self, *, mode: int, owner: str | None, group: str | None, max_message_bytes: int,
@@ -202,13 +215,21 @@ class UnixServer:
     ) -> None:
         """Apply reloaded socket settings: the file's mode and ownership at once (a tightened
         mode shuts out new peers that it no longer admits); the line limit, the connection
-        caps and the message timeout for new connections."""
+        caps and the message timeout for new connections. ConfigError (`_apply_permissions`)
+        leaves every setting as it was."""
+        before = (self.mode, self.owner, self.group)
         self.mode, self.owner, self.group = mode, owner, group
+        if self.listen_socket is None and self._listener is not None:
+            try:
+                self._apply_permissions()
+            except ConfigError:
+                self.mode, self.owner, self.group = before
+                with contextlib.suppress(ConfigError, OSError):
+                    self._apply_permissions()
+                raise
         self.max_message_bytes = max_message_bytes
         self.max_clients, self.max_clients_per_uid = max_clients, max_clients_per_uid
         self.message_timeout, self.idle_timeout = message_timeout, idle_timeout
-        if self.listen_socket is None and self._listener is not None:
-            self._apply_permissions()
 
     async def stop_accepting(self) -> None:
         """Close the listening socket; live connections go on."""
