@@ -204,3 +204,19 @@ def test_a_socket_owner_or_group_that_does_not_exist_is_refused_by_name(tmp_path
         d.config.write_text(base.replace("[daemon]\n", '[daemon]\nsocket_mode = "0600"\n'))
         assert reload(d)["applied"]
         assert stat.S_IMODE(os.stat(d.socket).st_mode) == 0o600
+
+
+def test_a_shorter_retention_set_by_a_reload_prunes_at_once(tmp_path: Path) -> None:
+    """An operator shortens `[learning] retention_days` (a privacy rule) and reloads: the
+    usage events now past it are deleted then, not at the next hourly prune."""
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    with d:
+        with d.client() as c:
+            found = c.call_tool("tool_search", {"query": "echo a message back", "top_k": 3})["structuredContent"]
+            assert found["matches"][0]["name"] == "one__echo", found
+            assert not c.call_tool("execute_tool", {"name": "one__echo", "arguments": {"message": "x"}}).get("isError")
+        d.wait_for(lambda: d.status()["learning"]["events"] == 1, 30, "the usage event learned")
+        # a retention of under a millisecond: the event is past it by the time the reload applies
+        d.config.write_text(d.config.read_text() + "\n[learning]\nretention_days = 0.00000001\n")
+        assert reload(d)["applied"]
+        d.wait_for(lambda: d.status()["learning"]["events"] == 0, 30, "the event pruned")

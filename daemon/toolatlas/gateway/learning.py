@@ -160,6 +160,7 @@ class LearningService:
         re-ranking with what was learned, as after a start with it off (and recording stops)."""
         if self._running:
             self._engine.learning = self.enabled
+        self._pruned = -math.inf  # the next poll prunes to the new retention_days and max_events
         self._switched.set()
 
     # -- the worker ------------------------------------------------------------------------
