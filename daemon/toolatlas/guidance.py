@@ -5,8 +5,8 @@ Defaults ship in `toolatlas/templates/`; `[surface] templates = "DIR"` overrides
 `tool_search.md`, `execute_tool.md`, `catalog_status.md`, `instructions.md` (a file missing
 from DIR falls back to the default). A template's text is the description; a line
 `## parameter: NAME` starts the description of that parameter (tool templates only).
-`<!-- comments -->` are dropped. Placeholders are `{domains}`, `{servers}`, `{environment}`
-and `{tool_count}`; `{{name}}` writes a literal `{name}`; other braces (JSON examples) are
+`<!-- comments -->` are dropped. Placeholders are `{domains}`, `{servers}`, `{environment}`,
+`{tool_count}` and `{default_top_k}`; `{{name}}` writes a literal `{name}`; other braces (JSON examples) are
 text. An unknown placeholder, parameter or file is a ConfigError naming the file.
 
 A `Guidance` is a value (templates + environment label), so each endpoint or connection can
@@ -28,7 +28,7 @@ from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import CATALOG_STATUS, EXECUTE_TOOL, META_TOOLS, TOOL_SEARCH
 
 DEFAULTS_DIR = Path(__file__).resolve().parent / "templates"
-PLACEHOLDERS = ("domains", "servers", "environment", "tool_count")
+PLACEHOLDERS = ("domains", "servers", "environment", "tool_count", "default_top_k")
 INSTRUCTIONS = "instructions"
 # text name -> file name; a tool's text is its description plus its parameters'.
 FILES: Mapping[str, str] = {
@@ -216,9 +216,10 @@ class Guidance:
     def load(cls, folder: str | None, environment: str = DEFAULT_ENVIRONMENT, publisher_text: str = "omit") -> Guidance:
         return cls(TemplateSet.load(folder), environment or DEFAULT_ENVIRONMENT, publisher_text)
 
-    def values(self, *, servers: Sequence[str], domains: Sequence[Domain], tool_count: int) -> dict[str, str]:
+    def values(self, *, servers: Sequence[str], domains: Sequence[Domain], tool_count: int,
+               default_top_k: int = 5) -> dict[str, str]:
         return {"servers": ", ".join(servers) or "none yet", "domains": domains_text(domains),
-                "environment": self.environment, "tool_count": str(tool_count)}
+                "environment": self.environment, "tool_count": str(tool_count), "default_top_k": str(default_top_k)}
 
     def meta_tools(self, values: Mapping[str, str]) -> MetaTools:
         tools = []

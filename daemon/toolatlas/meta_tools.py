@@ -38,7 +38,7 @@ META_TOOLS: list[dict[str, Any]] = [
                     "type": "integer",
                     "minimum": 1,
                     "maximum": MAX_TOP_K,
-                    "description": "How many tools to return (1-20); omitted: up to the default (5) that fit, "
+                    "description": "How many tools to return (1-20); omitted: up to [search] default_top_k that fit, "
                                    "or none and a note.",
                 },
                 "servers": {

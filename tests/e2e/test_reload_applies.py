@@ -220,3 +220,20 @@ def test_a_shorter_retention_set_by_a_reload_prunes_at_once(tmp_path: Path) -> N
         d.config.write_text(d.config.read_text() + "\n[learning]\nretention_days = 0.00000001\n")
         assert reload(d)["applied"]
         d.wait_for(lambda: d.status()["learning"]["events"] == 0, 30, "the event pruned")
+
+
+def test_the_model_is_told_the_configured_default_top_k_and_a_reload_changes_it(tmp_path: Path) -> None:
+    """tool_search's top_k description names `[search] default_top_k` (not a fixed 5); a
+    reload that changes it tells connected clients to re-list, and they read the new one."""
+    d = Daemon(tmp_path, stdio_testserver("one"), search_extra='embedder = "none"\ndefault_top_k = 3\n')
+
+    def top_k_text(c: Any) -> str:
+        tools = {t["name"]: t for t in c.request("tools/list", {})["tools"]}
+        text: str = tools["tool_search"]["inputSchema"]["properties"]["top_k"]["description"]
+        return text
+
+    with d, d.client() as c:
+        assert top_k_text(c) == "Omit: up to 3 that fit."
+        d.config.write_text(d.config.read_text().replace("default_top_k = 3", "default_top_k = 8"))
+        assert reload(d)["applied"]
+        assert top_k_text(c) == "Omit: up to 8 that fit."

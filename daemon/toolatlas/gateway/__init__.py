@@ -181,7 +181,7 @@ class Gateway:
         self.events.environment = cfg.daemon.environment
         self.definitions = MatchBuilder()  # tool definitions for `toolatlas stubs`
         self.text = SurfaceText(self.guidance_for, self.visibility, lambda: self.catalog.view,
-                                lambda: [u.name for u in self.cfg.upstream])
+                                lambda: [u.name for u in self.cfg.upstream], lambda: self.cfg.search.default_top_k)
         # Hear upstream log messages: (server, notifications/message params). Wired by the app.
         self.log_listeners: list[LogListener] = []
         self.pool = Pool(cfg.upstream, self._on_tools, observer=upstream_observer(self.events, self.metrics), mode=pool_mode,

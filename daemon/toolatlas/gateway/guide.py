@@ -33,16 +33,19 @@ class SurfaceText:
     def __init__(
         self, guidance_for: Callable[[Connection | None], Guidance], visibility: Visibility,
         view: Callable[[], CatalogView], configured: Callable[[], Sequence[str]],
+        default_top_k: Callable[[], int] = lambda: 5,
     ) -> None:
         """`guidance_for(conn)`: the template set and environment that connection is served
         with (one per daemon today; per endpoint when endpoints have their own);
-        `configured()`: the upstream names in config order."""
+        `configured()`: the upstream names in config order; `default_top_k()`: `[search]
+        default_top_k` (the text tells the model how many results an omitted top_k gives)."""
+        self._default_top_k = default_top_k
         self._guidance_for = guidance_for
         self._visibility = visibility
         self._view = view
         self._configured = configured
         # The guidance and view are kept in the value: an id() is reused once its object is gone.
-        self._cache: OrderedDict[tuple[int, int, frozenset[str]], tuple[Guidance, CatalogView, MetaTools, str]] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int, frozenset[str], int], tuple[Guidance, CatalogView, MetaTools, str]] = OrderedDict()
         self._cached_view: CatalogView | None = None  # the view every cached rendering is of
 
     def meta_tools(self, conn: Connection) -> MetaTools:
@@ -55,7 +58,8 @@ class SurfaceText:
         guidance = self._guidance_for(conn)
         view = self._view()
         allowed = frozenset(self._visibility.allowed_servers(conn)) if conn is not None else frozenset()
-        key = (id(guidance), id(view), allowed)
+        top_k = self._default_top_k()
+        key = (id(guidance), id(view), allowed, top_k)
         hit = self._cache.get(key)
         if hit is not None and hit[0] is guidance and hit[1] is view:
             self._cache.move_to_end(key)
@@ -74,7 +78,7 @@ class SurfaceText:
             domains.append(Domain(name, card.summary, tuple(card.tags)) if card is not None else Domain(name))
         available = view.available
         tools = sum(len(view.server(n).records) for n in servers if n in available)
-        values = guidance.values(servers=servers, domains=domains, tool_count=tools)
+        values = guidance.values(servers=servers, domains=domains, tool_count=tools, default_top_k=top_k)
         out = (guidance, view, guidance.meta_tools(values), guidance.instructions(values))
         self._cache[key] = out
         while len(self._cache) > CACHE_ENTRIES:
