@@ -17,6 +17,7 @@ from tests.support.daemon import Daemon, stdio_testserver
 from tests.support.servers import faultserver_args
 
 from toolatlas.catalog.cards_cli import keygen_main, main as cards_main
+from toolatlas.surface.rawclient import RpcError
 
 
 def reload(d: Daemon) -> dict[str, Any]:
@@ -237,3 +238,21 @@ def test_the_model_is_told_the_configured_default_top_k_and_a_reload_changes_it(
         d.config.write_text(d.config.read_text().replace("default_top_k = 3", "default_top_k = 8"))
         assert reload(d)["applied"]
         assert top_k_text(c) == "Omit: up to 8 that fit."
+
+
+def test_a_lower_max_message_bytes_applies_to_connections_already_open(tmp_path: Path) -> None:
+    """A client that connected before the reload is held to the new, lower
+    `max_message_bytes` on the socket: its oversized message is refused, saying the limit."""
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    query = "echo a message back " + "x" * 3000
+    with d, d.client() as c:
+        assert c.call_tool("tool_search", {"query": query, "top_k": 1})["structuredContent"]["matches"]
+        d.config.write_text(d.config.read_text().replace("[daemon]\n", "[daemon]\nmax_message_bytes = 2048\n"))
+        assert reload(d)["applied"]
+        try:
+            answer = c.call_tool("tool_search", {"query": query, "top_k": 1})
+        except RpcError as exc:
+            assert "exceeds the 2048-byte limit" in str(exc), exc
+        else:
+            raise AssertionError(f"a 3 KB message passed the 2 KB limit (isError: {answer.get('isError')})")
+        assert c.call_tool("tool_search", {"query": "echo a message back", "top_k": 1})["structuredContent"]["matches"]

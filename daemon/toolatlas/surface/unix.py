@@ -260,7 +260,7 @@ class UnixServer:
         try:
             moved = await TransportStream.adopt(stream)  # per message: no loop trips, no poll handles
             async with moved, ndjson_streams(
-                moved, max_bytes=self.max_message_bytes, on_bad_message=self.on_bad_message,
+                moved, max_bytes=lambda: self.max_message_bytes, on_bad_message=self.on_bad_message,
                 fast_lane=self.fast_lane, message_timeout=self.message_timeout,
                 idle_timeout=self.idle_timeout,
                 admin=functools.partial(self.admin, conn) if self.admin is not None else None,

@@ -102,7 +102,7 @@ def _request_id(line: bytes) -> tuple[bool, Any]:
 async def ndjson_streams(
     stream: anyio.abc.ByteStream,
     *,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_bytes: int | Callable[[], int] = DEFAULT_MAX_BYTES,
     on_bad_message: Callable[[str], None] | None = None,
     fast_lane: Lane | None = None,
     message_timeout: float | None = None,
@@ -119,16 +119,20 @@ async def ndjson_streams(
     SDK. `send(line)` writes a line to the peer (a progress notification), dropping it when
     the peer has gone.
 
-    With `message_timeout`, the first message and every message once started must arrive
-    within that many seconds, or the peer is told so and the read side ends (a stalled or
-    slowloris peer holds no connection); with `idle_timeout`, a connection with no traffic either
-    way for that long is told so and closed. With `admin`, a request whose method starts with
-    `toolatlas/` (an operator command) is answered by it in its own task, never by the SDK;
+    `max_bytes` may be a callable, read as each chunk arrives (a reload's new limit applies to
+    the connections already open). With `message_timeout`, the first message and every
+    message once started must arrive within that many seconds, or the peer is told so and
+    the read side ends (a stalled or slowloris peer holds no connection); with `idle_timeout`,
+    a connection with no traffic either way for that long is told so and closed. With
+    `admin`, a request whose method starts with `toolatlas/` (an operator command) is
+    answered by it in its own task, never by the SDK;
     without it such a request goes to the SDK, which does not know it. The read side also
     ends when the peer closes; the write side closes the byte stream's sending half when the
     caller closes it. Contextvars set by the caller before entering
     travel with every inbound message to the handlers (the SDK's context streams).
     """
+    limit = max_bytes if callable(max_bytes) else lambda: max_bytes  # a callable: read at each chunk
+    splitter = BoundedLines(limit())
     read_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
     write_stream, write_reader = create_context_streams[SessionMessage](0)
     # Uncontended (one reply at a time, the usual case) it is taken without a trip through the
@@ -244,7 +248,7 @@ async def ndjson_streams(
 
     async def handle_line(line: bytes | Oversized) -> None:
         if isinstance(line, Oversized):
-            await bad(Refusal(INVALID_REQUEST, f"message exceeds the {max_bytes}-byte limit and was discarded; "
+            await bad(Refusal(INVALID_REQUEST, f"message exceeds the {splitter.limit}-byte limit and was discarded; "
                               "send a smaller one", line.request_id))
             return
         if line in (b"", b"\r"):
@@ -283,12 +287,12 @@ async def ndjson_streams(
 
     async def reader() -> None:
         nonlocal last_traffic
-        splitter = BoundedLines(max_bytes)
         started = False  # a first complete line has arrived
 
         async def take(data: bytes) -> None:
             nonlocal last_traffic, started
             last_traffic = time.monotonic()
+            splitter.limit = limit()  # a reload may have changed it
             started = started or b"\n" in data
             for line in splitter.feed(data):
                 await handle_line(line)
