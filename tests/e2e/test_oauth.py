@@ -113,6 +113,38 @@ def test_a_group_allowed_one_server_sees_only_it(env: Env) -> None:
     assert _session(env, token) == {"servers": ["alpha"], "matched": ["alpha"], "beta_error": True}
 
 
+def _sse_result(response: httpx2.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
+    return json.loads(data[0])["result"] if data else response.json()["result"]
+
+
+def test_a_session_follows_the_claims_of_each_requests_token(env: Env) -> None:
+    """A 2025-11-25 session opened with a token of group `ops` and used next with a token of
+    the same subject that has only `interns` (the IdP took `ops` away; the client refreshed)
+    sees what `interns` may use: each request's token decides, not the one that opened it."""
+    iss = env.issuer
+    ops = iss.token("rsa-1", iss.claims(env.url, groups=["ops"], sub="demoted"))
+    intern = iss.token("rsa-1", iss.claims(env.url, groups=["interns"], sub="demoted"))
+    base = {"Accept": ACCEPT, "Content-Type": "application/json"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    with httpx2.Client(timeout=30) as h:
+        opened = h.post(env.url, json=init, headers={**base, "Authorization": f"Bearer {ops}"})
+        session = {**base, "Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
+        h.post(env.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+               headers={**session, "Authorization": f"Bearer {ops}"})
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "catalog_status", "arguments": {}}}
+
+        def servers(token: str) -> list[str]:
+            result = _sse_result(h.post(env.url, json=call, headers={**session, "Authorization": f"Bearer {token}"}))
+            return sorted(s["name"] for s in result["structuredContent"]["servers"])
+
+        assert servers(ops) == ["alpha", "beta"]
+        assert servers(intern) == ["alpha"]
+        assert servers(ops) == ["alpha", "beta"]
+
+
 def test_static_tokens_keep_working(env: Env) -> None:
     assert _session(env, STATIC)["servers"] == ["alpha", "beta"]
 

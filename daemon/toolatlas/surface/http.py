@@ -18,7 +18,8 @@ In front of it, for every request, in this order:
    message gets 400 with the JSON-RPC error that says what to send instead.
 The matching token's name (4) becomes `Connection.token` in the `CONNECTION` contextvar, so the
 [[access]] rules apply; the SDK's context streams carry it to the handlers. A legacy session
-is bound to the token that opened it (another token gets 404 for that session id).
+is bound to the token that opened it (another token gets 404 for that session id); an OAuth
+token's claims are those of the token each request carries.
 
 uvicorn serves it on the daemon's event loop (no thread, no signal handlers of its own).
 """
@@ -129,6 +130,20 @@ def _header(scope: Scope, name: bytes) -> str | None:
 def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _learn_session(send: Send, conn: Connection, connections: Connections) -> Send:
+    """`send`, noting the `Mcp-Session-Id` a response opens a 2025-era session with, so
+    the session's later requests share `conn`."""
+
+    async def watching(message: Message) -> None:
+        if message.get("type") == "http.response.start":
+            for key, value in message.get("headers", []):
+                if key.lower() == b"mcp-session-id":
+                    connections.remember(value.decode("latin-1"), conn)
+        await send(message)
+
+    return watching
 
 
 class HttpEndpoint:
@@ -284,7 +299,9 @@ class HttpEndpoint:
             conn = fresh
             conn.id = next(_ids)
             if not session_id:
-                send = self._learn_session(send, conn)
+                send = _learn_session(send, conn, self.connections)
+        elif fresh.oauth is not None:
+            conn.oauth = fresh.oauth  # this request's token decides what it may use: its claims may differ
         ctx_token = CONNECTION.set(conn)
         self.connections.add(conn)
         try:
@@ -295,19 +312,6 @@ class HttpEndpoint:
             CONNECTION.reset(ctx_token)
             if session_id and scope.get("method") == "DELETE" and conn is self.connections.session(session_id):
                 self.connections.forget(session_id)  # the session's own DELETE: another principal's is refused (404)
-
-    def _learn_session(self, send: Send, conn: Connection) -> Send:
-        """`send`, noting the `Mcp-Session-Id` a response opens a 2025-era session with, so
-        the session's later requests share `conn`."""
-
-        async def watching(message: Message) -> None:
-            if message.get("type") == "http.response.start":
-                for key, value in message.get("headers", []):
-                    if key.lower() == b"mcp-session-id":
-                        self.connections.remember(value.decode("latin-1"), conn)
-            await send(message)
-
-        return watching
 
     async def _screen(self, scope: Scope, receive: Receive) -> tuple[Refusal | None, Receive]:
         """Read a POST body (up to the limit) and screen a JSON one as the socket screens a line
