@@ -26,7 +26,6 @@ uvicorn serves it on the daemon's event loop (no thread, no signal handlers of i
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import itertools
@@ -48,6 +47,7 @@ from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
 from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity
 from toolatlas.surface.admin import ADMIN_PREFIX
+from toolatlas.surface.http_h11 import bounded_h11
 from toolatlas.surface.http_open import OpenRequests
 from toolatlas.surface.oauth import WELL_KNOWN, OAuthRejected, Validator, challenge, metadata_url
 from toolatlas.surface.rpccheck import INVALID_REQUEST, Refusal, screen
@@ -152,6 +152,7 @@ class HttpEndpoint:
     def __init__(
         self, server: "Server[Any]", section: HttpSection, *, max_message_bytes: int = 4 * 1024 * 1024,
         connections: Connections | None = None, max_clients: int = 1024, message_timeout: float = 30.0,
+        max_clients_per_principal: int = 256,
         on_denied: Callable[[Connection, str, str | None, str], None] | None = None,
         paths: dict[str, str] | None = None,
     ) -> None:
@@ -166,7 +167,7 @@ class HttpEndpoint:
         self.tokens = TokenTable(section.tokens)
         self.oauth = Validator(section.oauth)
         self.max_message_bytes = max_message_bytes
-        self.max_clients = max_clients
+        self.max_clients, self.max_clients_per_principal = max_clients, max_clients_per_principal
         self.message_timeout = message_timeout
         self.allowed_hosts: list[str] = list(section.allowed_hosts)
         self.allowed_origins: list[str] = list(section.allowed_origins)
@@ -212,10 +213,11 @@ class HttpEndpoint:
             f"http://{h}" for h in self.allowed_hosts if not h.endswith(":*")]
 
     def reconfigure(self, section: HttpSection, *, max_message_bytes: int, max_clients: int = 1024,
-                    message_timeout: float = 30.0) -> None:
+                    message_timeout: float = 30.0, max_clients_per_principal: int = 256) -> None:
         """Apply a reloaded [http] section at once: tokens (a removed token stops working for
         the next request, and requests in flight with it, such as an event stream, end), the
-        anonymous principal, Host/Origin rules, the body limit, and for new connections the
+        anonymous principal, Host/Origin rules, the body limit, the requests in flight one
+        principal may have, and for new connections the
         connection cap and header timeout.
         `listen` cannot change while running; the reload is refused before this is called."""
         if section.listen != self.section.listen:
@@ -226,6 +228,7 @@ class HttpEndpoint:
         self.oauth.reconfigure(section.oauth)
         self.max_message_bytes = max_message_bytes
         self.max_clients, self.message_timeout = max_clients, message_timeout
+        self.max_clients_per_principal = max_clients_per_principal
         if self._uvicorn is not None:
             self._uvicorn.config.limit_concurrency = max_clients  # read by each new connection
         if self._manager is not None:
@@ -243,7 +246,7 @@ class HttpEndpoint:
         )
         config = uvicorn.Config(
             self, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=2,
-            loop="none", ws="none", http=_bounded_h11(lambda: self.message_timeout), server_header=False,
+            loop="none", ws="none", http=bounded_h11(lambda: self.message_timeout), server_header=False,
             # Over this many connections (or requests in flight) a new request gets 503.
             limit_concurrency=self.max_clients,
         )
@@ -286,6 +289,10 @@ class HttpEndpoint:
         assert who is not None and self._manager is not None
         fresh = (Connection(id=0, oauth=who, endpoint=endpoint) if isinstance(who, OAuthIdentity)
                  else Connection(id=0, token=who, endpoint=endpoint))
+        if (busy := self.open.over_share(fresh.principal, self.max_clients_per_principal)) is not None:
+            self.rejected[429] = self.rejected.get(429, 0) + 1
+            await busy(scope, receive, send)
+            return
         # Binds a legacy session to the principal that opened it (the SDK compares them).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-{fresh.principal}", scopes=[]))
         if scope.get("method") == "POST":
@@ -385,60 +392,6 @@ class HttpEndpoint:
                 why = str(exc)
         header = challenge(meta, "invalid_token" if auth else None, why if auth and meta else None)
         return _json_error(401, f"a valid bearer token is required: {why}", {"WWW-Authenticate": header}), None, why
-
-
-def _bounded_h11(timeout: Callable[[], float]) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with header and body timeouts, which uvicorn lacks: a connection
-    whose request headers have not all arrived `timeout()` seconds after it opened, or after
-    its last response, is closed (a peer that connects and sends nothing, or trickles headers,
-    would otherwise hold it forever); so is one whose request body has not all arrived
-    `timeout()` seconds after its headers (answered 408 first when no response has started).
-    A request being served (an SSE stream) is not cut."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class BoundedH11Protocol(H11Protocol):
-        _body_timer: asyncio.TimerHandle | None = None
-
-        def handle_events(self) -> None:
-            cycle = self.cycle
-            super().handle_events()
-            if self._body_timer is not None and (self.cycle is not cycle or self.conn.their_state is not h11.SEND_BODY):
-                self._body_timer.cancel()  # the body is in: the timer (and the request it holds) goes
-                self._body_timer = None
-            if self.cycle is not cycle and self.conn.their_state is h11.SEND_BODY:  # a request, its body to come
-                self._body_timer = self.loop.call_later(timeout(), self._body_deadline, self.cycle)
-
-        def _body_deadline(self, cycle: Any) -> None:
-            if cycle is not self.cycle or self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
-                return
-            log.info("closing an HTTP connection from %s: its request body did not all arrive within %g s "
-                     "([daemon] message_timeout)", self.client, timeout())
-            if not cycle.response_started:
-                body = Refusal(-32600, f"the request body did not all arrive within {timeout():g} s "
-                               "([daemon] message_timeout); the connection is closed").line()
-                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                                     b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
-            self.transport.close()
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm_header_timer()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm_header_timer()
-
-        def _arm_header_timer(self) -> None:
-            self.loop.call_later(timeout(), self._header_deadline)
-
-        def _header_deadline(self) -> None:
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                log.info("closing an HTTP connection from %s: no complete request headers within %g s "
-                         "([daemon] message_timeout)", self.client, timeout())
-                self.transport.close()
-
-    return BoundedH11Protocol
 
 
 __all__ = ["HttpEndpoint", "PATH", "TokenTable", "default_allowed_hosts", "hash_token"]
