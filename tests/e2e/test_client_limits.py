@@ -4,6 +4,7 @@ One daemon; every wait polls with a deadline (no timing is asserted)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import select
@@ -238,3 +239,57 @@ def test_one_http_principal_cannot_hold_every_connection(tmp_path: Path) -> None
         d.wait_for(lambda: _list(port, "greedy-secret")[0] == 200, 30, "a place freed for the greedy token")
         for s in held:
             s.close()
+
+
+def _legacy(port: int, secret: str, body: dict, session: str | None = None) -> tuple[int, str | None]:  # type: ignore[type-arg]
+    """One 2025-11-25 POST: (status, the Mcp-Session-Id answered)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+    if session:
+        headers |= {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    conn.request("POST", "/mcp", json.dumps(body), headers)
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    return resp.status, resp.getheader("mcp-session-id")
+
+
+def _new_session(port: int, secret: str) -> str:
+    status, sid = _legacy(port, secret, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "leaky", "version": "1"}}})
+    assert status == 200 and sid, status
+    return sid
+
+
+def _ping_in(port: int, secret: str, sid: str) -> int:
+    return _legacy(port, secret, {"jsonrpc": "2.0", "id": 2, "method": "ping"}, sid)[0]
+
+
+@pytest.mark.timeout(120)
+def test_one_http_principal_cannot_hold_every_session(tmp_path: Path) -> None:
+    """A token that opens 2025-11-25 sessions and never ends them keeps its share
+    (`max_clients_per_uid`) of them: opening one more ends its least recently used idle
+    session (404 after), never one with its event stream open, nor another token's. (Before,
+    it could fill the SDK's 10 000 sessions, and every other client's initialize got 503.)"""
+    from toolatlas.surface.http import hash_token
+
+    port = free_port()
+    section = (f'[http]\nlisten = "127.0.0.1:{port}"\n'
+               f'[[http.tokens]]\nname = "leaky"\nsha256 = "{hash_token("leaky-secret")}"\n'
+               f'[[http.tokens]]\nname = "other"\nsha256 = "{hash_token("other-secret")}"\n')
+    with Daemon(tmp_path, stdio_testserver("one") + section, daemon_extra="max_clients_per_uid = 2") as d:
+        theirs = _new_session(port, "other-secret")
+        streaming, idle = _new_session(port, "leaky-secret"), _new_session(port, "leaky-secret")
+        stream = socket.create_connection(("127.0.0.1", port), timeout=30)
+        stream.sendall(f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer leaky-secret\r\n"
+                       f"Accept: text/event-stream\r\nMcp-Session-Id: {streaming}\r\n"
+                       "MCP-Protocol-Version: 2025-11-25\r\n\r\n".encode())
+        assert stream.recv(4096).startswith(b"HTTP/1.1 200 ")
+        newest = _new_session(port, "leaky-secret")
+        assert _ping_in(port, "leaky-secret", idle) == 404  # ended to make room
+        assert _ping_in(port, "leaky-secret", streaming) == 200  # older, but its stream is open
+        assert _ping_in(port, "leaky-secret", newest) == 200
+        assert _ping_in(port, "other-secret", theirs) == 200
+        assert "ending the idle HTTP session" in d.log.read_text()
+        stream.close()

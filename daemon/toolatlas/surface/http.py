@@ -49,6 +49,7 @@ from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity
 from toolatlas.surface.admin import ADMIN_PREFIX
 from toolatlas.surface.http_h11 import bounded_h11
 from toolatlas.surface.http_open import OpenRequests
+from toolatlas.surface.http_sessions import SESSION_IDLE_S, SessionLedger, end_session, too_many_sessions
 from toolatlas.surface.oauth import WELL_KNOWN, OAuthRejected, Validator, challenge, metadata_url
 from toolatlas.surface.rpccheck import INVALID_REQUEST, Refusal, screen
 from toolatlas.surface.server import CONNECTION, Connections
@@ -137,13 +138,43 @@ def _learn_session(send: Send, conn: Connection, connections: Connections) -> Se
     the session's later requests share `conn`."""
 
     async def watching(message: Message) -> None:
-        if message.get("type") == "http.response.start":
+        if message.get("type") == "http.response.start" and message.get("status", 500) < 400:  # opened, not refused
             for key, value in message.get("headers", []):
                 if key.lower() == b"mcp-session-id":
                     connections.remember(value.decode("latin-1"), conn)
         await send(message)
 
     return watching
+
+
+async def _screen(scope: Scope, receive: Receive, limit: int) -> tuple[Refusal | None, Receive, str | None]:
+    """Read a POST body (up to the limit) and screen a JSON one as the socket screens a line
+    (surface.rpccheck); the SDK then gets the same body, replayed. A body over the limit
+    is left to the SDK, which answers 413. A client gone before its body arrived (it left, or
+    the body timeout closed it) gets a refusal no one reads: the SDK never sees the request.
+    Also the JSON-RPC method of a screened body (None for a response, or a body not read)."""
+    headers = dict(scope.get("headers", []))
+    is_json = headers.get(b"content-type", b"").lower().startswith(b"application/json")
+    body: list[bytes] = []
+    more, size = True, 0
+    while more and size <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return Refusal(INVALID_REQUEST, "the client went away before its request body arrived"), receive, None
+        body.append(message.get("body", b""))
+        size += len(body[-1])
+        more = message.get("more_body", False)
+    data = b"".join(body)
+    refusal, method = None, None
+    if not more and size <= limit and is_json:
+        parsed, refusal = screen(data)
+        method = getattr(parsed, "method", None)
+        method = method if isinstance(method, str) else None
+        if method is not None and method.startswith(ADMIN_PREFIX):
+            refusal = Refusal(-32601, f"{method[:80]} is an operator command: the daemon serves those only on "
+                              "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
+                              getattr(parsed, "id", None))
+    return refusal, _replay([{"type": "http.request", "body": data, "more_body": more}], receive), method
 
 
 class HttpEndpoint:
@@ -176,6 +207,7 @@ class HttpEndpoint:
         # included) is a connected client in catalog_status and the metrics.
         self.connections = connections if connections is not None else Connections()
         self.rejected: dict[int, int] = {}
+        self.sessions = SessionLedger()  # each principal's 2025-11-25 sessions, bounded like its requests
         self.open = OpenRequests()  # a reload that removes a credential ends its requests (streams)
         self._manager: StreamableHTTPSessionManager | None = None
         self._uvicorn: Any = None
@@ -243,6 +275,7 @@ class HttpEndpoint:
         sock = self._bind()
         self._manager = StreamableHTTPSessionManager(
             self.server, json_response=False, max_request_body_size=self.max_message_bytes,
+            session_idle_timeout=SESSION_IDLE_S,
         )
         config = uvicorn.Config(
             self, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=2,
@@ -295,12 +328,17 @@ class HttpEndpoint:
             return
         # Binds a legacy session to the principal that opened it (the SDK compares them).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-{fresh.principal}", scopes=[]))
+        rpc_method = None
         if scope.get("method") == "POST":
-            refusal, receive = await self._screen(scope, receive)
+            refusal, receive, rpc_method = await _screen(scope, receive, self.max_message_bytes)
             if refusal is not None:
                 await JSONResponse(refusal.payload(), status_code=400)(scope, receive, send)
                 return
         session_id = _header(scope, b"mcp-session-id")
+        if session_id is None and rpc_method == "initialize" and (full := await self._make_room(fresh, scope)):
+            await full(scope, receive, send)
+            return
+        send = self.sessions.watch(send, session_id, fresh.principal, str(scope.get("method")))
         conn = self.connections.session(session_id) if session_id else None
         if conn is None or conn.principal != fresh.principal or conn.endpoint != endpoint:
             conn = fresh
@@ -312,40 +350,30 @@ class HttpEndpoint:
         ctx_token = CONNECTION.set(conn)
         self.connections.add(conn)
         try:
-            async with self.open.serving(conn, scope, send) as send:
-                await self._manager.handle_request(scope, receive, send)
+            with self.sessions.using(session_id or "", fresh.principal):
+                async with self.open.serving(conn, scope, send) as send:
+                    await self._manager.handle_request(scope, receive, send)
         finally:
             self.connections.discard(conn)
             CONNECTION.reset(ctx_token)
             if session_id and scope.get("method") == "DELETE" and conn is self.connections.session(session_id):
                 self.connections.forget(session_id)  # the session's own DELETE: another principal's is refused (404)
 
-    async def _screen(self, scope: Scope, receive: Receive) -> tuple[Refusal | None, Receive]:
-        """Read a POST body (up to the limit) and screen a JSON one as the socket screens a line
-        (surface.rpccheck); the SDK then gets the same body, replayed. A body over the limit
-        is left to the SDK, which answers 413. A client gone before its body arrived (it left, or
-        the body timeout closed it) gets a refusal no one reads: the SDK never sees the request."""
-        headers = dict(scope.get("headers", []))
-        is_json = headers.get(b"content-type", b"").lower().startswith(b"application/json")
-        body: list[bytes] = []
-        more, size = True, 0
-        while more and size <= self.max_message_bytes:
-            message = await receive()
-            if message["type"] != "http.request":
-                return Refusal(INVALID_REQUEST, "the client went away before its request body arrived"), receive
-            body.append(message.get("body", b""))
-            size += len(body[-1])
-            more = message.get("more_body", False)
-        data = b"".join(body)
-        refusal = None
-        if not more and size <= self.max_message_bytes and is_json:
-            parsed, refusal = screen(data)
-            method = getattr(parsed, "method", None)
-            if isinstance(method, str) and method.startswith(ADMIN_PREFIX):
-                refusal = Refusal(-32601, f"{method[:80]} is an operator command: the daemon serves those only on "
-                                  "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
-                                  getattr(parsed, "id", None))
-        return refusal, _replay([{"type": "http.request", "body": data, "more_body": more}], receive)
+    async def _make_room(self, fresh: Connection, scope: Scope) -> Response | None:
+        """Before `fresh` opens a session: end its least recently used idle ones past its share
+        (surface.http_sessions); the 429 when they all have a request in flight."""
+        assert self._manager is not None
+        share = self.max_clients_per_principal
+        victims = self.sessions.make_room(fresh.principal, share)
+        if victims is None:
+            return too_many_sessions(fresh.principal, share)
+        for sid in victims:
+            log.info("ending the idle HTTP session %s of %s to make room for a new one (%d sessions at most)",
+                     sid[:64], fresh.principal, share)
+            await end_session(self._manager.handle_request, sid, scope)
+            self.sessions.closed(sid)
+            self.connections.forget(sid)
+        return None
 
     @property
     def origin(self) -> str:
