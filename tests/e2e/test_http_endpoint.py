@@ -217,6 +217,35 @@ async def test_new_era_headers_must_match_the_body(gw: Daemon) -> None:
         assert error["code"] == -32022 and NEW_ERA in error["data"]["supported"]
 
 
+async def test_wrong_content_type_and_oversized_bodies_get_json_rpc_errors(gw: Daemon) -> None:
+    """What the SDK answered in plain text ("Invalid Content-Type header", "Request body too
+    large") is a JSON-RPC error saying what to send, as every other refusal is; a body over
+    [daemon] max_message_bytes gets 413 whether its length is declared or it comes chunked."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}", "Accept": "application/json, text/event-stream"}
+    huge = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "a" * 4_200_000}}).encode()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for at in range(0, len(huge), 65536):
+            yield huge[at:at + 65536]
+
+    with anyio.fail_after(60):
+        async with httpx2.AsyncClient(timeout=30) as h:
+            for version in ("2025-11-25", NEW_ERA):
+                plain = await h.post(url, content=json.dumps(_init_body()), headers={
+                    **auth, "Content-Type": "text/plain", "MCP-Protocol-Version": version, "Mcp-Method": "initialize"})
+                assert plain.status_code == 400, plain.text
+                assert "Content-Type must be application/json" in plain.json()["error"]["message"]
+            json_type = {**auth, "Content-Type": "application/json"}
+            declared = await h.post(url, content=huge, headers=json_type)
+            streamed = await h.post(url, content=chunks(), headers=json_type)
+            for response in (declared, streamed):
+                assert response.status_code == 413, response.text[:200]
+                error = response.json()["error"]
+                assert error["code"] == -32600 and "max_message_bytes" in error["message"], error
+            assert (await _raw(url, _init_body(), {"Authorization": f"Bearer {ALL_TOKEN}"})).status_code == 200
+
+
 async def test_server_discover_and_initialize_both_answer(gw: Daemon) -> None:
     url = gw.http_url  # type: ignore[attr-defined]
     auth = {"Authorization": f"Bearer {ALL_TOKEN}"}

@@ -51,7 +51,7 @@ from toolatlas.surface.http_h11 import bounded_h11
 from toolatlas.surface.http_open import OpenRequests
 from toolatlas.surface.http_sessions import SESSION_IDLE_S, SessionLedger, end_session, too_many_sessions
 from toolatlas.surface.oauth import WELL_KNOWN, OAuthRejected, Validator, challenge, metadata_url
-from toolatlas.surface.rpccheck import INVALID_REQUEST, Refusal, screen
+from toolatlas.surface.rpccheck import Refusal, screen
 from toolatlas.surface.server import CONNECTION, Connections
 
 if TYPE_CHECKING:
@@ -147,34 +147,46 @@ def _learn_session(send: Send, conn: Connection, connections: Connections) -> Se
     return watching
 
 
-async def _screen(scope: Scope, receive: Receive, limit: int) -> tuple[Refusal | None, Receive, str | None]:
-    """Read a POST body (up to the limit) and screen a JSON one as the socket screens a line
-    (surface.rpccheck); the SDK then gets the same body, replayed. A body over the limit
-    is left to the SDK, which answers 413. A client gone before its body arrived (it left, or
-    the body timeout closed it) gets a refusal no one reads: the SDK never sees the request.
-    Also the JSON-RPC method of a screened body (None for a response, or a body not read)."""
+async def _screen(scope: Scope, receive: Receive, limit: int) -> tuple[Response | None, Receive, str | None]:
+    """Read a POST body (up to `limit`, [daemon] max_message_bytes) and screen it as the socket
+    screens a line (surface.rpccheck); the SDK then gets the same body, replayed. Refused, with
+    a JSON-RPC error saying what to send instead: a body that is not `application/json` (400),
+    one over the limit (413, unread when its Content-Length says so), a malformed message (400).
+    A client gone before its body arrived (it left, or the body timeout closed it) gets a
+    refusal no one reads: the SDK never sees the request. Also the JSON-RPC method of the
+    body (None for a response)."""
     headers = dict(scope.get("headers", []))
-    is_json = headers.get(b"content-type", b"").lower().startswith(b"application/json")
+    content_type = headers.get(b"content-type", b"").decode("latin-1")
+    if not content_type.lower().startswith("application/json"):
+        return _json_error(400, f"Content-Type must be application/json, not {content_type[:80]!r}: send the "
+                           "JSON-RPC message as application/json"), receive, None
+    too_large = _json_error(413, f"the request body exceeds the {limit}-byte limit ([daemon] max_message_bytes) "
+                            "and was not read; send a smaller message")
+    declared = headers.get(b"content-length", b"")
+    if declared.isdigit() and int(declared) > limit:
+        return too_large, receive, None
     body: list[bytes] = []
     more, size = True, 0
     while more and size <= limit:
         message = await receive()
         if message["type"] != "http.request":
-            return Refusal(INVALID_REQUEST, "the client went away before its request body arrived"), receive, None
+            return _json_error(400, "the client went away before its request body arrived"), receive, None
         body.append(message.get("body", b""))
         size += len(body[-1])
         more = message.get("more_body", False)
+    if size > limit:
+        return too_large, receive, None
     data = b"".join(body)
-    refusal, method = None, None
-    if not more and size <= limit and is_json:
-        parsed, refusal = screen(data)
-        method = getattr(parsed, "method", None)
-        method = method if isinstance(method, str) else None
-        if method is not None and method.startswith(ADMIN_PREFIX):
-            refusal = Refusal(-32601, f"{method[:80]} is an operator command: the daemon serves those only on "
-                              "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
-                              getattr(parsed, "id", None))
-    return refusal, _replay([{"type": "http.request", "body": data, "more_body": more}], receive), method
+    parsed, refusal = screen(data)
+    method = getattr(parsed, "method", None)
+    method = method if isinstance(method, str) else None
+    if method is not None and method.startswith(ADMIN_PREFIX):
+        refusal = Refusal(-32601, f"{method[:80]} is an operator command: the daemon serves those only on "
+                          "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
+                          getattr(parsed, "id", None))
+    if refusal is not None:
+        return JSONResponse(refusal.payload(), status_code=400), receive, None
+    return None, _replay([{"type": "http.request", "body": data, "more_body": False}], receive), method
 
 
 class HttpEndpoint:
@@ -330,9 +342,9 @@ class HttpEndpoint:
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-{fresh.principal}", scopes=[]))
         rpc_method = None
         if scope.get("method") == "POST":
-            refusal, receive, rpc_method = await _screen(scope, receive, self.max_message_bytes)
-            if refusal is not None:
-                await JSONResponse(refusal.payload(), status_code=400)(scope, receive, send)
+            refused, receive, rpc_method = await _screen(scope, receive, self.max_message_bytes)
+            if refused is not None:
+                await refused(scope, receive, send)
                 return
         session_id = _header(scope, b"mcp-session-id")
         if session_id is None and rpc_method == "initialize" and (full := await self._make_room(fresh, scope)):
