@@ -246,6 +246,27 @@ async def test_wrong_content_type_and_oversized_bodies_get_json_rpc_errors(gw: D
             assert (await _raw(url, _init_body(), {"Authorization": f"Bearer {ALL_TOKEN}"})).status_code == 200
 
 
+async def test_a_refused_request_names_no_session(gw: Daemon) -> None:
+    """A request without a session id that is refused (not an initialize, or one that does not
+    accept an event stream) opens no session, so its answer carries no Mcp-Session-Id: the SDK
+    put the id of the session it discarded there, and the TypeScript client keeps an id from
+    any answer, sending it with its next initialize too (404 each time)."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}"}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+    with anyio.fail_after(30):
+        no_session = await _raw(url, listing, auth)
+        json_only = await _raw(url, _init_body(), {**auth, "Accept": "application/json"})
+        async with httpx2.AsyncClient(timeout=30) as h:
+            stream = await h.get(url, headers={**auth, "Accept": "text/event-stream"})
+        for refused, status in ((no_session, 400), (json_only, 406), (stream, 400)):
+            assert refused.status_code == status, refused.text
+            assert "mcp-session-id" not in refused.headers, refused.headers
+            assert refused.json()["error"]["message"]
+        opened = await _raw(url, _init_body(), auth)
+        assert opened.status_code == 200 and opened.headers["mcp-session-id"]
+
+
 async def test_server_discover_and_initialize_both_answer(gw: Daemon) -> None:
     url = gw.http_url  # type: ignore[attr-defined]
     auth = {"Authorization": f"Bearer {ALL_TOKEN}"}

@@ -87,11 +87,17 @@ class SessionLedger:
     def watch(self, send: Send, session_id: str | None, principal: str, method: str) -> Send:
         """`send`, noting what the answer means for the ledger: a session opened (an
         `Mcp-Session-Id` on a success without one asked for), ended by its DELETE, or unknown
-        to the SDK (404: it idled out)."""
+        to the SDK (404: it idled out). A refused request without a session id loses the
+        `Mcp-Session-Id` the SDK puts on it: that session was discarded with the refusal, and
+        a client keeping the id (the TypeScript SDK keeps one from any answer) would send it
+        with every later request, its next initialize included, and get 404 each time."""
 
         async def watching(message: Message) -> None:
             if message.get("type") == "http.response.start":
                 status = int(message.get("status", 500))
+                if session_id is None and status >= 400:
+                    message = {**message, "headers": [(k, v) for k, v in message.get("headers", [])
+                                                      if k.lower() != b"mcp-session-id"]}
                 if session_id is None and status < 400:
                     for key, value in message.get("headers", []):
                         if key.lower() == b"mcp-session-id":
