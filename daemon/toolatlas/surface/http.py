@@ -189,6 +189,15 @@ async def _screen(scope: Scope, receive: Receive, limit: int) -> tuple[Response 
     return None, _replay([{"type": "http.request", "body": data, "more_body": False}], receive), method
 
 
+def _stream_expiry(who: str | OAuthIdentity, scope: Scope, rpc_method: str | None) -> float | None:
+    """When an event stream (a session's GET, a `subscriptions/listen`) opened with an OAuth
+    token must end: at the token's expiry, as its next request would be refused then. Other
+    requests (a long tools/call) finish what their valid token started."""
+    if not isinstance(who, OAuthIdentity) or (scope.get("method") != "GET" and rpc_method != "subscriptions/listen"):
+        return None
+    return who.expires_at
+
+
 class HttpEndpoint:
     """Serves `server` over streamable HTTP on `section.listen`; `address` once started."""
 
@@ -363,7 +372,7 @@ class HttpEndpoint:
         self.connections.add(conn)
         try:
             with self.sessions.using(session_id or "", fresh.principal):
-                async with self.open.serving(conn, scope, send) as send:
+                async with self.open.serving(conn, scope, send, until=_stream_expiry(who, scope, rpc_method)) as send:
                     await self._manager.handle_request(scope, receive, send)
         finally:
             self.connections.discard(conn)

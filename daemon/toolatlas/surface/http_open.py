@@ -9,6 +9,8 @@ rotated) went on carrying the upstreams' notifications until the client left.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import AsyncIterator, Callable, Container
 from contextlib import asynccontextmanager
 
@@ -39,10 +41,12 @@ class OpenRequests:
                             status_code=429, headers={"Retry-After": "1"})
 
     @asynccontextmanager
-    async def serving(self, conn: Connection, scope: Scope, send: Send) -> AsyncIterator[Send]:
+    async def serving(self, conn: Connection, scope: Scope, send: Send, *,
+                      until: float | None = None) -> AsyncIterator[Send]:
         """Serve one request inside this block, through the `send` it yields; `end_revoked`
-        may cancel it. A cancelled response is finished here: a started one (an event stream)
-        ends cleanly, one not yet started is answered 401."""
+        may cancel it, and so does the time `until` (Unix seconds: when the OAuth token an
+        event stream was opened with expires). A cancelled response is finished here: a
+        started one (an event stream) ends cleanly, one not yet started is answered 401."""
         done = {"started": False, "complete": False, "released": False}
         principal = conn.principal
 
@@ -60,7 +64,8 @@ class OpenRequests:
                 release()
             await send(message)
 
-        with anyio.CancelScope() as cancel:
+        deadline = math.inf if until is None else anyio.current_time() + until - time.time()
+        with anyio.CancelScope(deadline=deadline) as cancel:
             self._open[cancel] = (conn, scope)
             self._held[principal] = self._held.get(principal, 0) + 1
             try:
@@ -100,7 +105,7 @@ def still_admitted(conn: Connection, scope: Scope, *, token_name: Callable[[str]
     return scheme.lower() == "bearer" and token_name(presented.strip()) == conn.token
 
 
-REVOKED = "the credential this request was made with was removed from the config by a reload"
+REVOKED = "the credential this request was made with is no longer accepted (a reload removed it, or it expired)"
 
 
 async def _nothing() -> Message:
