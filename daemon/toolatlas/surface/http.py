@@ -46,12 +46,11 @@ from toolatlas.config import HttpSection, HttpToken, listen_address
 from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
 from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity
-from toolatlas.surface.admin import ADMIN_PREFIX
+from toolatlas.surface.http_body import json_error, screen_body
 from toolatlas.surface.http_h11 import bounded_h11
 from toolatlas.surface.http_open import OpenRequests
 from toolatlas.surface.http_sessions import SESSION_IDLE_S, SessionLedger, end_session, too_many_sessions
 from toolatlas.surface.oauth import WELL_KNOWN, OAuthRejected, Validator, challenge, metadata_url
-from toolatlas.surface.rpccheck import Refusal, screen
 from toolatlas.surface.server import CONNECTION, Connections
 
 if TYPE_CHECKING:
@@ -111,26 +110,11 @@ def _matches(value: str, allowed: Sequence[str]) -> bool:
     return False
 
 
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    """A `receive` that hands out `messages` first, then reads on."""
-    pending = list(messages)
-
-    async def replay() -> Message:
-        return pending.pop(0) if pending else await receive()
-
-    return replay
-
-
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
         if key.lower() == name:
             return str(value.decode("latin-1"))
     return None
-
-
-def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _learn_session(send: Send, conn: Connection, connections: Connections) -> Send:
@@ -145,48 +129,6 @@ def _learn_session(send: Send, conn: Connection, connections: Connections) -> Se
         await send(message)
 
     return watching
-
-
-async def _screen(scope: Scope, receive: Receive, limit: int) -> tuple[Response | None, Receive, str | None]:
-    """Read a POST body (up to `limit`, [daemon] max_message_bytes) and screen it as the socket
-    screens a line (surface.rpccheck); the SDK then gets the same body, replayed. Refused, with
-    a JSON-RPC error saying what to send instead: a body that is not `application/json` (400),
-    one over the limit (413, unread when its Content-Length says so), a malformed message (400).
-    A client gone before its body arrived (it left, or the body timeout closed it) gets a
-    refusal no one reads: the SDK never sees the request. Also the JSON-RPC method of the
-    body (None for a response)."""
-    headers = dict(scope.get("headers", []))
-    content_type = headers.get(b"content-type", b"").decode("latin-1")
-    if not content_type.lower().startswith("application/json"):
-        return _json_error(400, f"Content-Type must be application/json, not {content_type[:80]!r}: send the "
-                           "JSON-RPC message as application/json"), receive, None
-    too_large = _json_error(413, f"the request body exceeds the {limit}-byte limit ([daemon] max_message_bytes) "
-                            "and was not read; send a smaller message")
-    declared = headers.get(b"content-length", b"")
-    if declared.isdigit() and int(declared) > limit:
-        return too_large, receive, None
-    body: list[bytes] = []
-    more, size = True, 0
-    while more and size <= limit:
-        message = await receive()
-        if message["type"] != "http.request":
-            return _json_error(400, "the client went away before its request body arrived"), receive, None
-        body.append(message.get("body", b""))
-        size += len(body[-1])
-        more = message.get("more_body", False)
-    if size > limit:
-        return too_large, receive, None
-    data = b"".join(body)
-    parsed, refusal = screen(data)
-    method = getattr(parsed, "method", None)
-    method = method if isinstance(method, str) else None
-    if method is not None and method.startswith(ADMIN_PREFIX):
-        refusal = Refusal(-32601, f"{method[:80]} is an operator command: the daemon serves those only on "
-                          "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
-                          getattr(parsed, "id", None))
-    if refusal is not None:
-        return JSONResponse(refusal.payload(), status_code=400), receive, None
-    return None, _replay([{"type": "http.request", "body": data, "more_body": False}], receive), method
 
 
 def _stream_expiry(who: str | OAuthIdentity, scope: Scope, rpc_method: str | None) -> float | None:
@@ -351,7 +293,7 @@ class HttpEndpoint:
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-{fresh.principal}", scopes=[]))
         rpc_method = None
         if scope.get("method") == "POST":
-            refused, receive, rpc_method = await _screen(scope, receive, self.max_message_bytes)
+            refused, receive, rpc_method = await screen_body(scope, receive, self.max_message_bytes)
             if refused is not None:
                 await refused(scope, receive, send)
                 return
@@ -407,22 +349,22 @@ class HttpEndpoint:
         well_known = path.startswith(WELL_KNOWN)
         mcp_path = path.rstrip("/")
         if mcp_path not in self.paths and not well_known:
-            return _json_error(404, f"not found: the MCP endpoint is {PATH}"), None, "not found"
+            return json_error(404, f"not found: the MCP endpoint is {PATH}"), None, "not found"
         headers: dict[str, str] = {}
         for k, v in scope.get("headers", []):
             headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
         host = headers.get("host", "")
         if not _matches(host, self.allowed_hosts):
             log.warning("refused a request with Host %r (not in [http] allowed_hosts)", host[:200])
-            return _json_error(421, "Host header not allowed"), None, "Host not allowed"
+            return json_error(421, "Host header not allowed"), None, "Host not allowed"
         origin = headers.get("origin")
         if origin is not None and not _matches(origin, self.allowed_origins):
             log.warning("refused a request with Origin %r (not in [http] allowed_origins)", origin[:200])
-            return _json_error(403, "Origin not allowed"), None, "Origin not allowed"
+            return json_error(403, "Origin not allowed"), None, "Origin not allowed"
         if well_known:
             rest = path[len(WELL_KNOWN):].rstrip("/")
             if not self.oauth.enabled or (rest and rest not in self.paths):
-                return _json_error(404, "not found: no protected resource metadata here"), None, "not found"
+                return json_error(404, "not found: no protected resource metadata here"), None, "not found"
             return JSONResponse(self.oauth.metadata(self.origin + (rest or PATH))), None, "metadata"
         auth = headers.get("authorization", "")
         if not auth and self.section.anonymous:
@@ -440,7 +382,7 @@ class HttpEndpoint:
             except OAuthRejected as exc:
                 why = str(exc)
         header = challenge(meta, "invalid_token" if auth else None, why if auth and meta else None)
-        return _json_error(401, f"a valid bearer token is required: {why}", {"WWW-Authenticate": header}), None, why
+        return json_error(401, f"a valid bearer token is required: {why}", {"WWW-Authenticate": header}), None, why
 
 
 __all__ = ["HttpEndpoint", "PATH", "TokenTable", "default_allowed_hosts", "hash_token"]
