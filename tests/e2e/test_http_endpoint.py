@@ -184,6 +184,33 @@ async def test_foreign_host_and_origin_are_refused(gw: Daemon) -> None:
         assert elsewhere.status_code == 404
 
 
+async def test_a_browser_page_at_an_allowed_origin_can_use_the_endpoint(gw: Daemon) -> None:
+    """CORS: a page at an allowed origin other than the URL's (here http://localhost:PORT for
+    http://127.0.0.1:PORT) gets its preflight answered without a token, and answers it can
+    read (its origin named, Mcp-Session-Id and WWW-Authenticate exposed), a 401 included; a
+    foreign origin's preflight is refused (403) and names no origin."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    port = url.split(":")[2].split("/")[0]
+    page = f"http://localhost:{port}"
+    asks = {"Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type, mcp-protocol-version"}
+    with anyio.fail_after(30):
+        async with httpx2.AsyncClient(timeout=30) as h:
+            pre = await h.options(url, headers={"Origin": page, **asks})
+            assert pre.status_code == 204, pre.text
+            assert pre.headers["access-control-allow-origin"] == page
+            assert "POST" in pre.headers["access-control-allow-methods"]
+            assert "authorization" in pre.headers["access-control-allow-headers"]
+            foreign = await h.options(url, headers={"Origin": "http://evil.example.com", **asks})
+            assert foreign.status_code == 403 and "access-control-allow-origin" not in foreign.headers
+        opened = await _raw(url, _init_body(), {"Authorization": f"Bearer {ALL_TOKEN}", "Origin": page})
+        assert opened.status_code == 200 and opened.headers["access-control-allow-origin"] == page
+        assert "mcp-session-id" in opened.headers["access-control-expose-headers"]
+        refused = await _raw(url, _init_body(), {"Origin": page})
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == page
+        assert "www-authenticate" in refused.headers["access-control-expose-headers"]
+
+
 def _new_era_call(name: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
         "name": name, "arguments": args,

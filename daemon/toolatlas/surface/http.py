@@ -8,7 +8,8 @@ stateless 2026-07-28 single-exchange POSTs, whose `MCP-Protocol-Version` / `Mcp-
 In front of it, for every request, in this order:
 1. the path must be `/mcp` (else 404);
 2. DNS-rebinding protection: the Host header must be allowed (else 421);
-3. a browser's Origin must be allowed (else 403);
+3. a browser's Origin must be allowed (else 403); an allowed one gets CORS answers, its
+   preflight OPTIONS one without a token (surface.http_cors);
 4. `Authorization: Bearer TOKEN`: the SHA-256 of TOKEN must match a configured token,
    compared in constant time, or TOKEN is a JWT that [http.oauth] accepts (surface.oauth);
    else 401 with `WWW-Authenticate: Bearer` (naming the Protected Resource Metadata when
@@ -47,6 +48,7 @@ from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
 from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity
 from toolatlas.surface.http_body import json_error, screen_body
+from toolatlas.surface.http_cors import preflight, with_cors
 from toolatlas.surface.http_h11 import bounded_h11
 from toolatlas.surface.http_open import OpenRequests
 from toolatlas.surface.http_sessions import SESSION_IDLE_S, SessionLedger, end_session, too_many_sessions
@@ -274,6 +276,8 @@ class HttpEndpoint:
         if scope["type"] != "http":
             return
         self.requests += 1
+        if (origin := _header(scope, b"origin")) is not None and _matches(origin, self.allowed_origins):
+            send = with_cors(send, origin)
         endpoint = self.paths.get(str(scope.get("path", "")).rstrip("/"), DEFAULT_ENDPOINT)
         rejection, who, why = await self._admit(scope)
         if rejection is not None:
@@ -361,6 +365,8 @@ class HttpEndpoint:
         if origin is not None and not _matches(origin, self.allowed_origins):
             log.warning("refused a request with Origin %r (not in [http] allowed_origins)", origin[:200])
             return json_error(403, "Origin not allowed"), None, "Origin not allowed"
+        if scope.get("method") == "OPTIONS":  # a browser's CORS preflight: it never carries Authorization
+            return preflight(origin, headers.get("access-control-request-headers")), None, "preflight"
         if well_known:
             rest = path[len(WELL_KNOWN):].rstrip("/")
             if not self.oauth.enabled or (rest and rest not in self.paths):
