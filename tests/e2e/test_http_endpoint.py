@@ -340,6 +340,9 @@ def test_config_checks_the_http_section() -> None:
         parse('[http]\nlisten = "8765"\nanonymous = "dev"\n')
     with pytest.raises(ConfigError, match="sha256"):
         parse('[http]\nlisten = "127.0.0.1:1"\n[[http.tokens]]\nname = "x"\nsha256 = "plaintext"\n')
+    # requests without a token would otherwise be the token named so: its access, and its sessions
+    with pytest.raises(ConfigError, match="anonymous 'x' is also a \\[\\[http.tokens\\]\\] name"):
+        parse('[http]\nlisten = "127.0.0.1:1"\nanonymous = "x"\n[[http.tokens]]\nname = "x"\nsha256 = "' + "a" * 64 + '"\n')
 
 
 async def test_bind_error_at_start_port_zero_and_stop_accepting() -> None:
