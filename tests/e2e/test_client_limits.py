@@ -239,6 +239,22 @@ def test_one_http_principal_cannot_hold_every_connection(tmp_path: Path) -> None
         d.wait_for(lambda: _list(port, "greedy-secret")[0] == 200, 30, "a place freed for the greedy token")
         for s in held:
             s.close()
+        d.wait_for(lambda: d.status()["clients"] <= 1, 30, "the streams gone")
+        # A burst whose bodies come late: each request's headers in (its 100 Continue says the
+        # daemon waits for its body), then all the bodies at once. Still only the share is served.
+        burst = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(8)]
+        request = _http(port, "greedy-secret", "subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+        head, body = request.split(b"\r\n\r\n", 1)
+        for s in burst:
+            s.sendall(head + b"\r\nExpect: 100-continue\r\n\r\n")
+        for s in burst:
+            assert s.recv(4096).startswith(b"HTTP/1.1 100 "), "no 100 Continue"
+        for s in burst:
+            s.sendall(body)
+        statuses = sorted(int(s.recv(4096).split(b" ", 2)[1]) for s in burst)
+        assert statuses == [200, 200] + [429] * 6, statuses
+        for s in burst:
+            s.close()
 
 
 def _legacy(port: int, secret: str, body: dict, session: str | None = None) -> tuple[int, str | None]:  # type: ignore[type-arg]

@@ -289,10 +289,6 @@ class HttpEndpoint:
         assert who is not None and self._manager is not None
         fresh = (Connection(id=0, oauth=who, endpoint=endpoint) if isinstance(who, OAuthIdentity)
                  else Connection(id=0, token=who, endpoint=endpoint))
-        if (busy := self.open.over_share(fresh.principal, self.max_clients_per_principal)) is not None:
-            self.rejected[429] = self.rejected.get(429, 0) + 1
-            await busy(scope, receive, send)
-            return
         # Binds a legacy session to the principal that opened it (the SDK compares them).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-{fresh.principal}", scopes=[]))
         rpc_method = None
@@ -304,6 +300,12 @@ class HttpEndpoint:
         session_id = _header(scope, b"mcp-session-id")
         if session_id is None and rpc_method == "initialize" and (full := await self._make_room(fresh, scope)):
             await full(scope, receive, send)
+            return
+        # No await from this check to `serving`, which counts the request: a burst of requests
+        # whose bodies come late cannot all pass it before any is counted.
+        if (busy := self.open.over_share(fresh.principal, self.max_clients_per_principal)) is not None:
+            self.rejected[429] = self.rejected.get(429, 0) + 1
+            await busy(scope, receive, send)
             return
         send = self.sessions.watch(send, session_id, fresh.principal, str(scope.get("method")))
         conn = self.connections.session(session_id) if session_id else None
