@@ -123,6 +123,7 @@ class Daemon:
                 self.http = HttpEndpoint(self.surface.server, cfg.http, max_message_bytes=cfg.daemon.max_message_bytes,
                                          connections=self.surface.connections, max_clients=cfg.daemon.max_clients,
                                          message_timeout=cfg.daemon.message_timeout, on_denied=self.gateway.denied,
+                                         max_clients_per_principal=cfg.daemon.max_clients_per_uid,
                                          paths={ep.http_path.rstrip("/"): ep.name for ep in cfg.endpoint if ep.http_path})
                 await tg.start(self.http.run)
             task_status.started()
@@ -173,7 +174,7 @@ class Daemon:
             raise
         if self.http is not None:
             self.http.reconfigure(new.http, max_message_bytes=d.max_message_bytes, max_clients=d.max_clients,
-                                  message_timeout=d.message_timeout)
+                                  message_timeout=d.message_timeout, max_clients_per_principal=d.max_clients_per_uid)
         summary = await self.gateway.reload(new, attestor, guidance)
         return summary
 

@@ -137,6 +137,9 @@ def check_http(http: HttpSection, source: str) -> None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"{source}: [[http.tokens]] name {dupes[0]!r} is used more than once")
+    if http.anonymous and http.anonymous in names:
+        raise ConfigError(f"{source}: [http] anonymous {http.anonymous!r} is also a [[http.tokens]] name: requests "
+                          "without a token would be that token (its access, its sessions); give anonymous its own name")
     oauth = http.oauth
     if not http.tokens and not http.anonymous and not oauth.issuers:
         raise ConfigError(f"{source}: [http] listen is set but no [[http.tokens]] are configured "

@@ -4,6 +4,7 @@ One daemon; every wait polls with a deadline (no timing is asserted)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import select
@@ -179,3 +180,132 @@ def test_requests_in_flight_on_one_connection_are_bounded(tmp_path: Path, path: 
         assert "requests in flight on one connection" in d.log.read_text()
         s.close()
         d.wait_for(lambda: d.status()["clients"] <= 1, 60, "the pipelining connection gone")
+
+
+_NEW_ERA_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {},
+                 "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}
+
+
+def _http(port: int, secret: str, method: str, params: dict) -> bytes:  # type: ignore[type-arg]
+    """One 2026-07-28 POST as raw HTTP/1.1 bytes."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": _NEW_ERA_META}})
+    return (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {secret}\r\n"
+            "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+            f"MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: {method}\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+            ).encode()
+
+
+def _open_stream(port: int, secret: str) -> socket.socket:
+    """A `subscriptions/listen` event stream, its response started (200), left open."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(_http(port, secret, "subscriptions/listen", {"notifications": {"toolsListChanged": True}}))
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(4096)
+        assert chunk, head
+        head += chunk
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    return s
+
+
+def _list(port: int, secret: str) -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(_http(port, secret, "tools/list", {}).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))
+        answer = _read_to_eof(s)
+    return int(answer.split(b" ", 2)[1]), answer.split(b"\r\n\r\n", 1)[1]
+
+
+@pytest.mark.timeout(120)
+def test_one_http_principal_cannot_hold_every_connection(tmp_path: Path) -> None:
+    """Event streams left open by one token count against its share (`max_clients_per_uid`,
+    as a uid's on the socket): past it that token gets 429 saying why, while another token
+    is served; ending one of its streams frees a place. (Before, one token could hold all
+    `max_clients` connections and every other client got 503.)"""
+    from toolatlas.surface.http import hash_token
+
+    port = free_port()
+    section = (f'[http]\nlisten = "127.0.0.1:{port}"\n'
+               f'[[http.tokens]]\nname = "greedy"\nsha256 = "{hash_token("greedy-secret")}"\n'
+               f'[[http.tokens]]\nname = "other"\nsha256 = "{hash_token("other-secret")}"\n')
+    with Daemon(tmp_path, stdio_testserver("one") + section, daemon_extra="max_clients_per_uid = 2") as d:
+        held = [_open_stream(port, "greedy-secret") for _ in range(2)]
+        status, body = _list(port, "greedy-secret")
+        assert status == 429, (status, body)
+        error = json.loads(body)["error"]
+        assert error["code"] == -32000 and "token:greedy" in error["message"], error
+        assert "max_clients_per_uid" in error["message"], error
+        assert _list(port, "other-secret")[0] == 200
+        held.pop().close()
+        d.wait_for(lambda: _list(port, "greedy-secret")[0] == 200, 30, "a place freed for the greedy token")
+        for s in held:
+            s.close()
+        d.wait_for(lambda: d.status()["clients"] <= 1, 30, "the streams gone")
+        # A burst whose bodies come late: each request's headers in (its 100 Continue says the
+        # daemon waits for its body), then all the bodies at once. Still only the share is served.
+        burst = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(8)]
+        request = _http(port, "greedy-secret", "subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+        head, body = request.split(b"\r\n\r\n", 1)
+        for s in burst:
+            s.sendall(head + b"\r\nExpect: 100-continue\r\n\r\n")
+        for s in burst:
+            assert s.recv(4096).startswith(b"HTTP/1.1 100 "), "no 100 Continue"
+        for s in burst:
+            s.sendall(body)
+        statuses = sorted(int(s.recv(4096).split(b" ", 2)[1]) for s in burst)
+        assert statuses == [200, 200] + [429] * 6, statuses
+        for s in burst:
+            s.close()
+
+
+def _legacy(port: int, secret: str, body: dict, session: str | None = None) -> tuple[int, str | None]:  # type: ignore[type-arg]
+    """One 2025-11-25 POST: (status, the Mcp-Session-Id answered)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+    if session:
+        headers |= {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    conn.request("POST", "/mcp", json.dumps(body), headers)
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    return resp.status, resp.getheader("mcp-session-id")
+
+
+def _new_session(port: int, secret: str) -> str:
+    status, sid = _legacy(port, secret, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "leaky", "version": "1"}}})
+    assert status == 200 and sid, status
+    return sid
+
+
+def _ping_in(port: int, secret: str, sid: str) -> int:
+    return _legacy(port, secret, {"jsonrpc": "2.0", "id": 2, "method": "ping"}, sid)[0]
+
+
+@pytest.mark.timeout(120)
+def test_one_http_principal_cannot_hold_every_session(tmp_path: Path) -> None:
+    """A token that opens 2025-11-25 sessions and never ends them keeps its share
+    (`max_clients_per_uid`) of them: opening one more ends its least recently used idle
+    session (404 after), never one with its event stream open, nor another token's. (Before,
+    it could fill the SDK's 10 000 sessions, and every other client's initialize got 503.)"""
+    from toolatlas.surface.http import hash_token
+
+    port = free_port()
+    section = (f'[http]\nlisten = "127.0.0.1:{port}"\n'
+               f'[[http.tokens]]\nname = "leaky"\nsha256 = "{hash_token("leaky-secret")}"\n'
+               f'[[http.tokens]]\nname = "other"\nsha256 = "{hash_token("other-secret")}"\n')
+    with Daemon(tmp_path, stdio_testserver("one") + section, daemon_extra="max_clients_per_uid = 2") as d:
+        theirs = _new_session(port, "other-secret")
+        streaming, idle = _new_session(port, "leaky-secret"), _new_session(port, "leaky-secret")
+        stream = socket.create_connection(("127.0.0.1", port), timeout=30)
+        stream.sendall(f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer leaky-secret\r\n"
+                       f"Accept: text/event-stream\r\nMcp-Session-Id: {streaming}\r\n"
+                       "MCP-Protocol-Version: 2025-11-25\r\n\r\n".encode())
+        assert stream.recv(4096).startswith(b"HTTP/1.1 200 ")
+        newest = _new_session(port, "leaky-secret")
+        assert _ping_in(port, "leaky-secret", idle) == 404  # ended to make room
+        assert _ping_in(port, "leaky-secret", streaming) == 200  # older, but its stream is open
+        assert _ping_in(port, "leaky-secret", newest) == 200
+        assert _ping_in(port, "other-secret", theirs) == 200
+        assert "ending the idle HTTP session" in d.log.read_text()
+        stream.close()

@@ -184,6 +184,33 @@ async def test_foreign_host_and_origin_are_refused(gw: Daemon) -> None:
         assert elsewhere.status_code == 404
 
 
+async def test_a_browser_page_at_an_allowed_origin_can_use_the_endpoint(gw: Daemon) -> None:
+    """CORS: a page at an allowed origin other than the URL's (here http://localhost:PORT for
+    http://127.0.0.1:PORT) gets its preflight answered without a token, and answers it can
+    read (its origin named, Mcp-Session-Id and WWW-Authenticate exposed), a 401 included; a
+    foreign origin's preflight is refused (403) and names no origin."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    port = url.split(":")[2].split("/")[0]
+    page = f"http://localhost:{port}"
+    asks = {"Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type, mcp-protocol-version"}
+    with anyio.fail_after(30):
+        async with httpx2.AsyncClient(timeout=30) as h:
+            pre = await h.options(url, headers={"Origin": page, **asks})
+            assert pre.status_code == 204, pre.text
+            assert pre.headers["access-control-allow-origin"] == page
+            assert "POST" in pre.headers["access-control-allow-methods"]
+            assert "authorization" in pre.headers["access-control-allow-headers"]
+            foreign = await h.options(url, headers={"Origin": "http://evil.example.com", **asks})
+            assert foreign.status_code == 403 and "access-control-allow-origin" not in foreign.headers
+        opened = await _raw(url, _init_body(), {"Authorization": f"Bearer {ALL_TOKEN}", "Origin": page})
+        assert opened.status_code == 200 and opened.headers["access-control-allow-origin"] == page
+        assert "mcp-session-id" in opened.headers["access-control-expose-headers"]
+        refused = await _raw(url, _init_body(), {"Origin": page})
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == page
+        assert "www-authenticate" in refused.headers["access-control-expose-headers"]
+
+
 def _new_era_call(name: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
         "name": name, "arguments": args,
@@ -215,6 +242,56 @@ async def test_new_era_headers_must_match_the_body(gw: Daemon) -> None:
         assert unsupported.status_code == 400
         error = unsupported.json()["error"]
         assert error["code"] == -32022 and NEW_ERA in error["data"]["supported"]
+
+
+async def test_wrong_content_type_and_oversized_bodies_get_json_rpc_errors(gw: Daemon) -> None:
+    """What the SDK answered in plain text ("Invalid Content-Type header", "Request body too
+    large") is a JSON-RPC error saying what to send, as every other refusal is; a body over
+    [daemon] max_message_bytes gets 413 whether its length is declared or it comes chunked."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}", "Accept": "application/json, text/event-stream"}
+    huge = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "a" * 4_200_000}}).encode()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for at in range(0, len(huge), 65536):
+            yield huge[at:at + 65536]
+
+    with anyio.fail_after(60):
+        async with httpx2.AsyncClient(timeout=30) as h:
+            for version in ("2025-11-25", NEW_ERA):
+                plain = await h.post(url, content=json.dumps(_init_body()), headers={
+                    **auth, "Content-Type": "text/plain", "MCP-Protocol-Version": version, "Mcp-Method": "initialize"})
+                assert plain.status_code == 400, plain.text
+                assert "Content-Type must be application/json" in plain.json()["error"]["message"]
+            json_type = {**auth, "Content-Type": "application/json"}
+            declared = await h.post(url, content=huge, headers=json_type)
+            streamed = await h.post(url, content=chunks(), headers=json_type)
+            for response in (declared, streamed):
+                assert response.status_code == 413, response.text[:200]
+                error = response.json()["error"]
+                assert error["code"] == -32600 and "max_message_bytes" in error["message"], error
+            assert (await _raw(url, _init_body(), {"Authorization": f"Bearer {ALL_TOKEN}"})).status_code == 200
+
+
+async def test_a_refused_request_names_no_session(gw: Daemon) -> None:
+    """A request without a session id that is refused (not an initialize, or one that does not
+    accept an event stream) opens no session, so its answer carries no Mcp-Session-Id: the SDK
+    put the id of the session it discarded there, and the TypeScript client keeps an id from
+    any answer, sending it with its next initialize too (404 each time)."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}"}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+    with anyio.fail_after(30):
+        no_session = await _raw(url, listing, auth)
+        json_only = await _raw(url, _init_body(), {**auth, "Accept": "application/json"})
+        async with httpx2.AsyncClient(timeout=30) as h:
+            stream = await h.get(url, headers={**auth, "Accept": "text/event-stream"})
+        for refused, status in ((no_session, 400), (json_only, 406), (stream, 400)):
+            assert refused.status_code == status, refused.text
+            assert "mcp-session-id" not in refused.headers, refused.headers
+            assert refused.json()["error"]["message"]
+        opened = await _raw(url, _init_body(), auth)
+        assert opened.status_code == 200 and opened.headers["mcp-session-id"]
 
 
 async def test_server_discover_and_initialize_both_answer(gw: Daemon) -> None:
@@ -263,6 +340,9 @@ def test_config_checks_the_http_section() -> None:
         parse('[http]\nlisten = "8765"\nanonymous = "dev"\n')
     with pytest.raises(ConfigError, match="sha256"):
         parse('[http]\nlisten = "127.0.0.1:1"\n[[http.tokens]]\nname = "x"\nsha256 = "plaintext"\n')
+    # requests without a token would otherwise be the token named so: its access, and its sessions
+    with pytest.raises(ConfigError, match="anonymous 'x' is also a \\[\\[http.tokens\\]\\] name"):
+        parse('[http]\nlisten = "127.0.0.1:1"\nanonymous = "x"\n[[http.tokens]]\nname = "x"\nsha256 = "' + "a" * 64 + '"\n')
 
 
 async def test_bind_error_at_start_port_zero_and_stop_accepting() -> None:

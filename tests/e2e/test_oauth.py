@@ -7,6 +7,7 @@ static tokens beside OAuth."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -111,6 +112,84 @@ def test_valid_tokens_of_both_key_types(env: Env, kid: str) -> None:
 def test_a_group_allowed_one_server_sees_only_it(env: Env) -> None:
     token = env.issuer.token("ec-1", env.issuer.claims(env.url, roles=["interns"], sub="intern"))
     assert _session(env, token) == {"servers": ["alpha"], "matched": ["alpha"], "beta_error": True}
+
+
+def _sse_result(response: httpx2.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
+    return json.loads(data[0])["result"] if data else response.json()["result"]
+
+
+def test_a_session_follows_the_claims_of_each_requests_token(env: Env) -> None:
+    """A 2025-11-25 session opened with a token of group `ops` and used next with a token of
+    the same subject that has only `interns` (the IdP took `ops` away; the client refreshed)
+    sees what `interns` may use: each request's token decides, not the one that opened it."""
+    iss = env.issuer
+    ops = iss.token("rsa-1", iss.claims(env.url, groups=["ops"], sub="demoted"))
+    intern = iss.token("rsa-1", iss.claims(env.url, groups=["interns"], sub="demoted"))
+    base = {"Accept": ACCEPT, "Content-Type": "application/json"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    with httpx2.Client(timeout=30) as h:
+        opened = h.post(env.url, json=init, headers={**base, "Authorization": f"Bearer {ops}"})
+        session = {**base, "Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
+        h.post(env.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+               headers={**session, "Authorization": f"Bearer {ops}"})
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "catalog_status", "arguments": {}}}
+
+        def servers(token: str) -> list[str]:
+            result = _sse_result(h.post(env.url, json=call, headers={**session, "Authorization": f"Bearer {token}"}))
+            return sorted(s["name"] for s in result["structuredContent"]["servers"])
+
+        assert servers(ops) == ["alpha", "beta"]
+        assert servers(intern) == ["alpha"]
+        assert servers(ops) == ["alpha", "beta"]
+
+
+def _event_stream(env: Env, token: str) -> socket.socket:
+    """A 2025-11-25 session opened with `token`, and its GET event stream (200, left open)."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "streamer", "version": "1"}}}
+    opened = httpx2.post(env.url, json=init, timeout=30, headers={
+        "Accept": ACCEPT, "Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    assert opened.status_code == 200, opened.text
+    s = socket.create_connection(("127.0.0.1", env.port), timeout=30)
+    s.sendall(f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{env.port}\r\nAuthorization: Bearer {token}\r\n"
+              f"Accept: text/event-stream\r\nMcp-Session-Id: {opened.headers['mcp-session-id']}\r\n"
+              "MCP-Protocol-Version: 2025-11-25\r\n\r\n".encode())
+    assert s.recv(4096).startswith(b"HTTP/1.1 200 ")
+    return s
+
+
+def _ended(s: socket.socket, within: float) -> bool:
+    """Whether the daemon ends the stream (its last, empty chunk, or EOF) within `within` seconds."""
+    deadline, data = time.monotonic() + within, b""
+    while (left := deadline - time.monotonic()) > 0:
+        s.settimeout(left)
+        try:
+            chunk = s.recv(4096)
+        except TimeoutError:
+            return False
+        data += chunk
+        if not chunk or data.endswith(b"0\r\n\r\n"):
+            return True
+    return False
+
+
+def test_an_event_stream_ends_when_its_oauth_token_expires(env: Env) -> None:
+    """A GET event stream opened with an OAuth token ends when the token does (exp plus the
+    leeway), as the next request with that token would be refused then: holding a stream is
+    no way around a short-lived token (a subject the IdP disabled gets no new one). A stream
+    opened with a static token goes on."""
+    iss = env.issuer
+    now = int(time.time())
+    # accepted within the 30 s leeway, and expiring a few seconds from now
+    token = iss.token("rsa-1", {**iss.claims(env.url, groups=["ops"], sub="short-lived"), "exp": now - 26})
+    expiring, static = _event_stream(env, token), _event_stream(env, STATIC)
+    assert _ended(expiring, 30), "the stream of the expired token is still open"
+    assert not _ended(static, 0.5), "the static token's stream ended too"
+    expiring.close()
+    static.close()
 
 
 def test_static_tokens_keep_working(env: Env) -> None:

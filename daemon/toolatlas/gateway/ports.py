@@ -59,12 +59,14 @@ class Connection:
 @dataclass(frozen=True)
 class OAuthIdentity:
     """Who a validated OAuth access token speaks for: its issuer, `sub`, the names of its
-    `groups`/`roles` claims and its `scope` values (what [[access]] `oauth_*` keys match)."""
+    `groups`/`roles` claims and its `scope` values (what [[access]] `oauth_*` keys match),
+    and when it stops being accepted (`exp` plus the leeway, Unix seconds)."""
 
     issuer: str
     subject: str
     groups: frozenset[str] = frozenset()
     scopes: frozenset[str] = frozenset()
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ stateless 2026-07-28 single-exchange POSTs, whose `MCP-Protocol-Version` / `Mcp-
 In front of it, for every request, in this order:
 1. the path must be `/mcp` (else 404);
 2. DNS-rebinding protection: the Host header must be allowed (else 421);
-3. a browser's Origin must be allowed (else 403);
+3. a browser's Origin must be allowed (else 403); an allowed one gets CORS answers, its
+   preflight OPTIONS one without a token (surface.http_cors);
 4. `Authorization: Bearer TOKEN`: the SHA-256 of TOKEN must match a configured token,
    compared in constant time, or TOKEN is a JWT that [http.oauth] accepts (surface.oauth);
    else 401 with `WWW-Authenticate: Bearer` (naming the Protected Resource Metadata when
@@ -18,14 +19,14 @@ In front of it, for every request, in this order:
    message gets 400 with the JSON-RPC error that says what to send instead.
 The matching token's name (4) becomes `Connection.token` in the `CONNECTION` contextvar, so the
 [[access]] rules apply; the SDK's context streams carry it to the handlers. A legacy session
-is bound to the token that opened it (another token gets 404 for that session id).
+is bound to the token that opened it (another token gets 404 for that session id); an OAuth
+token's claims are those of the token each request carries.
 
 uvicorn serves it on the daemon's event loop (no thread, no signal handlers of its own).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import itertools
@@ -46,10 +47,12 @@ from toolatlas.config import HttpSection, HttpToken, listen_address
 from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
 from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity
-from toolatlas.surface.admin import ADMIN_PREFIX
+from toolatlas.surface.http_body import json_error, screen_body
+from toolatlas.surface.http_cors import preflight, with_cors
+from toolatlas.surface.http_h11 import bounded_h11
 from toolatlas.surface.http_open import OpenRequests
+from toolatlas.surface.http_sessions import SESSION_IDLE_S, SessionLedger, end_session, too_many_sessions
 from toolatlas.surface.oauth import WELL_KNOWN, OAuthRejected, Validator, challenge, metadata_url
-from toolatlas.surface.rpccheck import INVALID_REQUEST, Refusal, screen
 from toolatlas.surface.server import CONNECTION, Connections
 
 if TYPE_CHECKING:
@@ -109,16 +112,6 @@ def _matches(value: str, allowed: Sequence[str]) -> bool:
     return False
 
 
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    """A `receive` that hands out `messages` first, then reads on."""
-    pending = list(messages)
-
-    async def replay() -> Message:
-        return pending.pop(0) if pending else await receive()
-
-    return replay
-
-
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
         if key.lower() == name:
@@ -126,9 +119,27 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
-    return JSONResponse(body, status_code=status, headers=headers)
+def _learn_session(send: Send, conn: Connection, connections: Connections) -> Send:
+    """`send`, noting the `Mcp-Session-Id` a response opens a 2025-era session with, so
+    the session's later requests share `conn`."""
+
+    async def watching(message: Message) -> None:
+        if message.get("type") == "http.response.start" and message.get("status", 500) < 400:  # opened, not refused
+            for key, value in message.get("headers", []):
+                if key.lower() == b"mcp-session-id":
+                    connections.remember(value.decode("latin-1"), conn)
+        await send(message)
+
+    return watching
+
+
+def _stream_expiry(who: str | OAuthIdentity, scope: Scope, rpc_method: str | None) -> float | None:
+    """When an event stream (a session's GET, a `subscriptions/listen`) opened with an OAuth
+    token must end: at the token's expiry, as its next request would be refused then. Other
+    requests (a long tools/call) finish what their valid token started."""
+    if not isinstance(who, OAuthIdentity) or (scope.get("method") != "GET" and rpc_method != "subscriptions/listen"):
+        return None
+    return who.expires_at
 
 
 class HttpEndpoint:
@@ -137,6 +148,7 @@ class HttpEndpoint:
     def __init__(
         self, server: "Server[Any]", section: HttpSection, *, max_message_bytes: int = 4 * 1024 * 1024,
         connections: Connections | None = None, max_clients: int = 1024, message_timeout: float = 30.0,
+        max_clients_per_principal: int = 256,
         on_denied: Callable[[Connection, str, str | None, str], None] | None = None,
         paths: dict[str, str] | None = None,
     ) -> None:
@@ -151,7 +163,7 @@ class HttpEndpoint:
         self.tokens = TokenTable(section.tokens)
         self.oauth = Validator(section.oauth)
         self.max_message_bytes = max_message_bytes
-        self.max_clients = max_clients
+        self.max_clients, self.max_clients_per_principal = max_clients, max_clients_per_principal
         self.message_timeout = message_timeout
         self.allowed_hosts: list[str] = list(section.allowed_hosts)
         self.allowed_origins: list[str] = list(section.allowed_origins)
@@ -160,6 +172,7 @@ class HttpEndpoint:
         # included) is a connected client in catalog_status and the metrics.
         self.connections = connections if connections is not None else Connections()
         self.rejected: dict[int, int] = {}
+        self.sessions = SessionLedger()  # each principal's 2025-11-25 sessions, bounded like its requests
         self.open = OpenRequests()  # a reload that removes a credential ends its requests (streams)
         self._manager: StreamableHTTPSessionManager | None = None
         self._uvicorn: Any = None
@@ -197,10 +210,11 @@ class HttpEndpoint:
             f"http://{h}" for h in self.allowed_hosts if not h.endswith(":*")]
 
     def reconfigure(self, section: HttpSection, *, max_message_bytes: int, max_clients: int = 1024,
-                    message_timeout: float = 30.0) -> None:
+                    message_timeout: float = 30.0, max_clients_per_principal: int = 256) -> None:
         """Apply a reloaded [http] section at once: tokens (a removed token stops working for
         the next request, and requests in flight with it, such as an event stream, end), the
-        anonymous principal, Host/Origin rules, the body limit, and for new connections the
+        anonymous principal, Host/Origin rules, the body limit, the requests in flight one
+        principal may have, and for new connections the
         connection cap and header timeout.
         `listen` cannot change while running; the reload is refused before this is called."""
         if section.listen != self.section.listen:
@@ -211,6 +225,7 @@ class HttpEndpoint:
         self.oauth.reconfigure(section.oauth)
         self.max_message_bytes = max_message_bytes
         self.max_clients, self.message_timeout = max_clients, message_timeout
+        self.max_clients_per_principal = max_clients_per_principal
         if self._uvicorn is not None:
             self._uvicorn.config.limit_concurrency = max_clients  # read by each new connection
         if self._manager is not None:
@@ -225,10 +240,11 @@ class HttpEndpoint:
         sock = self._bind()
         self._manager = StreamableHTTPSessionManager(
             self.server, json_response=False, max_request_body_size=self.max_message_bytes,
+            session_idle_timeout=SESSION_IDLE_S,
         )
         config = uvicorn.Config(
             self, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=2,
-            loop="none", ws="none", http=_bounded_h11(lambda: self.message_timeout), server_header=False,
+            loop="none", ws="none", http=bounded_h11(lambda: self.message_timeout), server_header=False,
             # Over this many connections (or requests in flight) a new request gets 503.
             limit_concurrency=self.max_clients,
         )
@@ -260,6 +276,8 @@ class HttpEndpoint:
         if scope["type"] != "http":
             return
         self.requests += 1
+        if (origin := _header(scope, b"origin")) is not None and _matches(origin, self.allowed_origins):
+            send = with_cors(send, origin)
         endpoint = self.paths.get(str(scope.get("path", "")).rstrip("/"), DEFAULT_ENDPOINT)
         rejection, who, why = await self._admit(scope)
         if rejection is not None:
@@ -273,68 +291,58 @@ class HttpEndpoint:
                  else Connection(id=0, token=who, endpoint=endpoint))
         # Binds a legacy session to the principal that opened it (the SDK compares them).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-{fresh.principal}", scopes=[]))
+        rpc_method = None
         if scope.get("method") == "POST":
-            refusal, receive = await self._screen(scope, receive)
-            if refusal is not None:
-                await JSONResponse(refusal.payload(), status_code=400)(scope, receive, send)
+            refused, receive, rpc_method = await screen_body(scope, receive, self.max_message_bytes)
+            if refused is not None:
+                await refused(scope, receive, send)
                 return
         session_id = _header(scope, b"mcp-session-id")
+        if session_id is None and rpc_method == "initialize" and (full := await self._make_room(fresh, scope)):
+            await full(scope, receive, send)
+            return
+        # No await from this check to `serving`, which counts the request: a burst of requests
+        # whose bodies come late cannot all pass it before any is counted.
+        if (busy := self.open.over_share(fresh.principal, self.max_clients_per_principal)) is not None:
+            self.rejected[429] = self.rejected.get(429, 0) + 1
+            await busy(scope, receive, send)
+            return
+        send = self.sessions.watch(send, session_id, fresh.principal, str(scope.get("method")))
         conn = self.connections.session(session_id) if session_id else None
         if conn is None or conn.principal != fresh.principal or conn.endpoint != endpoint:
             conn = fresh
             conn.id = next(_ids)
             if not session_id:
-                send = self._learn_session(send, conn)
+                send = _learn_session(send, conn, self.connections)
+        elif fresh.oauth is not None:
+            conn.oauth = fresh.oauth  # this request's token decides what it may use: its claims may differ
         ctx_token = CONNECTION.set(conn)
         self.connections.add(conn)
         try:
-            async with self.open.serving(conn, scope, send) as send:
-                await self._manager.handle_request(scope, receive, send)
+            with self.sessions.using(session_id or "", fresh.principal):
+                async with self.open.serving(conn, scope, send, until=_stream_expiry(who, scope, rpc_method)) as send:
+                    await self._manager.handle_request(scope, receive, send)
         finally:
             self.connections.discard(conn)
             CONNECTION.reset(ctx_token)
             if session_id and scope.get("method") == "DELETE" and conn is self.connections.session(session_id):
                 self.connections.forget(session_id)  # the session's own DELETE: another principal's is refused (404)
 
-    def _learn_session(self, send: Send, conn: Connection) -> Send:
-        """`send`, noting the `Mcp-Session-Id` a response opens a 2025-era session with, so
-        the session's later requests share `conn`."""
-
-        async def watching(message: Message) -> None:
-            if message.get("type") == "http.response.start":
-                for key, value in message.get("headers", []):
-                    if key.lower() == b"mcp-session-id":
-                        self.connections.remember(value.decode("latin-1"), conn)
-            await send(message)
-
-        return watching
-
-    async def _screen(self, scope: Scope, receive: Receive) -> tuple[Refusal | None, Receive]:
-        """Read a POST body (up to the limit) and screen a JSON one as the socket screens a line
-        (surface.rpccheck); the SDK then gets the same body, replayed. A body over the limit
-        is left to the SDK, which answers 413. A client gone before its body arrived (it left, or
-        the body timeout closed it) gets a refusal no one reads: the SDK never sees the request."""
-        headers = dict(scope.get("headers", []))
-        is_json = headers.get(b"content-type", b"").lower().startswith(b"application/json")
-        body: list[bytes] = []
-        more, size = True, 0
-        while more and size <= self.max_message_bytes:
-            message = await receive()
-            if message["type"] != "http.request":
-                return Refusal(INVALID_REQUEST, "the client went away before its request body arrived"), receive
-            body.append(message.get("body", b""))
-            size += len(body[-1])
-            more = message.get("more_body", False)
-        data = b"".join(body)
-        refusal = None
-        if not more and size <= self.max_message_bytes and is_json:
-            parsed, refusal = screen(data)
-            method = getattr(parsed, "method", None)
-            if isinstance(method, str) and method.startswith(ADMIN_PREFIX):
-                refusal = Refusal(-32601, f"{method[:80]} is an operator command: the daemon serves those only on "
-                                  "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
-                                  getattr(parsed, "id", None))
-        return refusal, _replay([{"type": "http.request", "body": data, "more_body": more}], receive)
+    async def _make_room(self, fresh: Connection, scope: Scope) -> Response | None:
+        """Before `fresh` opens a session: end its least recently used idle ones past its share
+        (surface.http_sessions); the 429 when they all have a request in flight."""
+        assert self._manager is not None
+        share = self.max_clients_per_principal
+        victims = self.sessions.make_room(fresh.principal, share)
+        if victims is None:
+            return too_many_sessions(fresh.principal, share)
+        for sid in victims:
+            log.info("ending the idle HTTP session %s of %s to make room for a new one (%d sessions at most)",
+                     sid[:64], fresh.principal, share)
+            await end_session(self._manager.handle_request, sid, scope)
+            self.sessions.closed(sid)
+            self.connections.forget(sid)
+        return None
 
     @property
     def origin(self) -> str:
@@ -347,22 +355,24 @@ class HttpEndpoint:
         well_known = path.startswith(WELL_KNOWN)
         mcp_path = path.rstrip("/")
         if mcp_path not in self.paths and not well_known:
-            return _json_error(404, f"not found: the MCP endpoint is {PATH}"), None, "not found"
+            return json_error(404, f"not found: the MCP endpoint is {PATH}"), None, "not found"
         headers: dict[str, str] = {}
         for k, v in scope.get("headers", []):
             headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
         host = headers.get("host", "")
         if not _matches(host, self.allowed_hosts):
             log.warning("refused a request with Host %r (not in [http] allowed_hosts)", host[:200])
-            return _json_error(421, "Host header not allowed"), None, "Host not allowed"
+            return json_error(421, "Host header not allowed"), None, "Host not allowed"
         origin = headers.get("origin")
         if origin is not None and not _matches(origin, self.allowed_origins):
             log.warning("refused a request with Origin %r (not in [http] allowed_origins)", origin[:200])
-            return _json_error(403, "Origin not allowed"), None, "Origin not allowed"
+            return json_error(403, "Origin not allowed"), None, "Origin not allowed"
+        if scope.get("method") == "OPTIONS":  # a browser's CORS preflight: it never carries Authorization
+            return preflight(origin, headers.get("access-control-request-headers")), None, "preflight"
         if well_known:
             rest = path[len(WELL_KNOWN):].rstrip("/")
             if not self.oauth.enabled or (rest and rest not in self.paths):
-                return _json_error(404, "not found: no protected resource metadata here"), None, "not found"
+                return json_error(404, "not found: no protected resource metadata here"), None, "not found"
             return JSONResponse(self.oauth.metadata(self.origin + (rest or PATH))), None, "metadata"
         auth = headers.get("authorization", "")
         if not auth and self.section.anonymous:
@@ -380,61 +390,7 @@ class HttpEndpoint:
             except OAuthRejected as exc:
                 why = str(exc)
         header = challenge(meta, "invalid_token" if auth else None, why if auth and meta else None)
-        return _json_error(401, f"a valid bearer token is required: {why}", {"WWW-Authenticate": header}), None, why
-
-
-def _bounded_h11(timeout: Callable[[], float]) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with header and body timeouts, which uvicorn lacks: a connection
-    whose request headers have not all arrived `timeout()` seconds after it opened, or after
-    its last response, is closed (a peer that connects and sends nothing, or trickles headers,
-    would otherwise hold it forever); so is one whose request body has not all arrived
-    `timeout()` seconds after its headers (answered 408 first when no response has started).
-    A request being served (an SSE stream) is not cut."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class BoundedH11Protocol(H11Protocol):
-        _body_timer: asyncio.TimerHandle | None = None
-
-        def handle_events(self) -> None:
-            cycle = self.cycle
-            super().handle_events()
-            if self._body_timer is not None and (self.cycle is not cycle or self.conn.their_state is not h11.SEND_BODY):
-                self._body_timer.cancel()  # the body is in: the timer (and the request it holds) goes
-                self._body_timer = None
-            if self.cycle is not cycle and self.conn.their_state is h11.SEND_BODY:  # a request, its body to come
-                self._body_timer = self.loop.call_later(timeout(), self._body_deadline, self.cycle)
-
-        def _body_deadline(self, cycle: Any) -> None:
-            if cycle is not self.cycle or self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
-                return
-            log.info("closing an HTTP connection from %s: its request body did not all arrive within %g s "
-                     "([daemon] message_timeout)", self.client, timeout())
-            if not cycle.response_started:
-                body = Refusal(-32600, f"the request body did not all arrive within {timeout():g} s "
-                               "([daemon] message_timeout); the connection is closed").line()
-                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                                     b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
-            self.transport.close()
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm_header_timer()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm_header_timer()
-
-        def _arm_header_timer(self) -> None:
-            self.loop.call_later(timeout(), self._header_deadline)
-
-        def _header_deadline(self) -> None:
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                log.info("closing an HTTP connection from %s: no complete request headers within %g s "
-                         "([daemon] message_timeout)", self.client, timeout())
-                self.transport.close()
-
-    return BoundedH11Protocol
+        return json_error(401, f"a valid bearer token is required: {why}", {"WWW-Authenticate": header}), None, why
 
 
 __all__ = ["HttpEndpoint", "PATH", "TokenTable", "default_allowed_hosts", "hash_token"]

@@ -9,11 +9,13 @@ rotated) went on carrying the upstreams' notifications until the client left.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import AsyncIterator, Callable, Container
 from contextlib import asynccontextmanager
 
 import anyio
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Scope, Send
 
 from toolatlas.gateway.ports import Connection
@@ -24,27 +26,53 @@ class OpenRequests:
 
     def __init__(self) -> None:
         self._open: dict[anyio.CancelScope, tuple[Connection, Scope]] = {}
+        self._held: dict[str, int] = {}  # principal -> its requests in flight
+
+    def over_share(self, principal: str, share: int) -> Response | None:
+        """The 429 for a request of `principal` when it has `share` requests in flight already
+        (event streams included), else None: one token (or the anonymous principal) cannot
+        hold every connection the endpoint serves ([daemon] max_clients), which would leave
+        everyone else 503."""
+        if self._held.get(principal, 0) < share:
+            return None
+        message = (f"{principal} already has {share} requests in flight on this endpoint (event streams "
+                   "included; [daemon] max_clients_per_uid): end one, then retry")
+        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}},
+                            status_code=429, headers={"Retry-After": "1"})
 
     @asynccontextmanager
-    async def serving(self, conn: Connection, scope: Scope, send: Send) -> AsyncIterator[Send]:
+    async def serving(self, conn: Connection, scope: Scope, send: Send, *,
+                      until: float | None = None) -> AsyncIterator[Send]:
         """Serve one request inside this block, through the `send` it yields; `end_revoked`
-        may cancel it. A cancelled response is finished here: a started one (an event stream)
-        ends cleanly, one not yet started is answered 401."""
-        done = {"started": False, "complete": False}
+        may cancel it, and so does the time `until` (Unix seconds: when the OAuth token an
+        event stream was opened with expires). A cancelled response is finished here: a
+        started one (an event stream) ends cleanly, one not yet started is answered 401."""
+        done = {"started": False, "complete": False, "released": False}
+        principal = conn.principal
+
+        def release() -> None:  # at the answer's end: its client may send the next request before we return
+            if not done["released"]:
+                done["released"] = True
+                if (left := self._held.pop(principal) - 1) > 0:
+                    self._held[principal] = left
 
         async def tracking(message: Message) -> None:
             if message["type"] == "http.response.start":
                 done["started"] = True
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 done["complete"] = True
+                release()
             await send(message)
 
-        with anyio.CancelScope() as cancel:
+        deadline = math.inf if until is None else anyio.current_time() + until - time.time()
+        with anyio.CancelScope(deadline=deadline) as cancel:
             self._open[cancel] = (conn, scope)
+            self._held[principal] = self._held.get(principal, 0) + 1
             try:
                 yield tracking
             finally:
                 self._open.pop(cancel, None)
+                release()
         if not cancel.cancelled_caught or done["complete"]:
             return
         if done["started"]:
@@ -77,7 +105,7 @@ def still_admitted(conn: Connection, scope: Scope, *, token_name: Callable[[str]
     return scheme.lower() == "bearer" and token_name(presented.strip()) == conn.token
 
 
-REVOKED = "the credential this request was made with was removed from the config by a reload"
+REVOKED = "the credential this request was made with is no longer accepted (a reload removed it, or it expired)"
 
 
 async def _nothing() -> Message:

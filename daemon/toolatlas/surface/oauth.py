@@ -171,7 +171,9 @@ class Validator:
             raise OAuthRejected("the token has no subject (sub)")
         groups = _names(claims.get("groups")) | _names(claims.get("roles"))
         scopes = _names(claims.get("scope")) | _names(claims.get("scp"))
-        return OAuthIdentity(issuer=issuer.issuer, subject=sub[:256], groups=groups, scopes=scopes)
+        exp = claims["exp"]  # required, and a number: PyJWT checked it
+        return OAuthIdentity(issuer=issuer.issuer, subject=sub[:256], groups=groups, scopes=scopes,
+                             expires_at=float(exp) + self.section.leeway)
 
     def metadata(self, resource: str) -> dict[str, Any]:
         """The Protected Resource Metadata (RFC 9728) of `resource`."""

@@ -1,0 +1,70 @@
+"""What the HTTP endpoint answers before the SDK sees a request: JSON-RPC errors with an HTTP
+status, and the screening of a POST body (its type, its size, the message in it)."""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse, Response
+from starlette.types import Message, Receive, Scope
+
+from toolatlas.surface.admin import ADMIN_PREFIX
+from toolatlas.surface.rpccheck import Refusal, screen
+
+
+def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A `receive` that hands out `messages` first, then reads on."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replay
+
+
+async def screen_body(scope: Scope, receive: Receive, limit: int) -> tuple[Response | None, Receive, str | None]:
+    """Read a POST body (up to `limit`, [daemon] max_message_bytes) and screen it as the socket
+    screens a line (surface.rpccheck); the SDK then gets the same body, replayed. Refused, with
+    a JSON-RPC error saying what to send instead: a body that is not `application/json` (400),
+    one over the limit (413, unread when its Content-Length says so), a malformed message (400).
+    A client gone before its body arrived (it left, or the body timeout closed it) gets a
+    refusal no one reads: the SDK never sees the request. Also the JSON-RPC method of the
+    body (None for a response)."""
+    headers = dict(scope.get("headers", []))
+    content_type = headers.get(b"content-type", b"").decode("latin-1")
+    if not content_type.lower().startswith("application/json"):
+        return json_error(400, f"Content-Type must be application/json, not {content_type[:80]!r}: send the "
+                           "JSON-RPC message as application/json"), receive, None
+    too_large = json_error(413, f"the request body exceeds the {limit}-byte limit ([daemon] max_message_bytes) "
+                            "and was not read; send a smaller message")
+    declared = headers.get(b"content-length", b"")
+    if declared.isdigit() and int(declared) > limit:
+        return too_large, receive, None
+    body: list[bytes] = []
+    more, size = True, 0
+    while more and size <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return json_error(400, "the client went away before its request body arrived"), receive, None
+        body.append(message.get("body", b""))
+        size += len(body[-1])
+        more = message.get("more_body", False)
+    if size > limit:
+        return too_large, receive, None
+    data = b"".join(body)
+    parsed, refusal = screen(data)
+    method = getattr(parsed, "method", None)
+    method = method if isinstance(method, str) else None
+    if method is not None and method.startswith(ADMIN_PREFIX):
+        refusal = Refusal(-32601, f"{method[:80]} is an operator command: the daemon serves those only on "
+                          "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
+                          getattr(parsed, "id", None))
+    if refusal is not None:
+        return JSONResponse(refusal.payload(), status_code=400), receive, None
+    return None, _replay([{"type": "http.request", "body": data, "more_body": False}], receive), method
+
+
+__all__ = ["json_error", "screen_body"]

@@ -1,0 +1,135 @@
+"""The 2025-11-25 sessions each principal holds on the HTTP endpoint, so that one cannot take
+them all.
+
+The SDK's session manager bounds sessions only in total (10 000, each a task and some 40 KB,
+ended after `SESSION_IDLE_S` with no request): one token opening sessions and never ending
+them (a leaky client, or anyone holding any token) filled that, and then every other client's
+`initialize` got 503 for half an hour. Here a principal keeps at most its share (`[daemon]
+max_clients_per_uid`, as a uid's socket connections): opening one more first ends its least
+recently used idle session (the DELETE its client could have sent), and when every one of its
+sessions has a request in flight (an open event stream) the opening request gets 429.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Scope, Send
+
+# Seconds a session with no request in flight lives (given to the SDK's manager, which ends it).
+SESSION_IDLE_S = 1800.0
+
+
+class SessionLedger:
+    """Open sessions by principal, least recently used first, with their requests in flight."""
+
+    def __init__(self) -> None:
+        self._by: dict[str, OrderedDict[str, None]] = {}  # principal -> its session ids, LRU first
+        self._owner: dict[str, str] = {}  # session id -> principal
+        self._busy: dict[str, int] = {}  # session id -> requests in flight on it
+        self._seen: dict[str, float] = {}  # session id -> when its last request ended (monotonic)
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def opened(self, session_id: str, principal: str) -> None:
+        self._owner[session_id] = principal
+        self._by.setdefault(principal, OrderedDict())[session_id] = None
+        self._seen[session_id] = time.monotonic()
+
+    def closed(self, session_id: str) -> None:
+        principal = self._owner.pop(session_id, None)
+        self._busy.pop(session_id, None)
+        self._seen.pop(session_id, None)
+        mine = self._by.get(principal or "")
+        if mine is not None:
+            mine.pop(session_id, None)
+            if not mine:
+                del self._by[principal or ""]
+
+    @contextmanager
+    def using(self, session_id: str, principal: str) -> Iterator[None]:
+        """Around a request on `session_id` made by `principal` (another principal's is refused
+        by the SDK and changes nothing here)."""
+        if self._owner.get(session_id) != principal:
+            yield
+            return
+        self._by[principal].move_to_end(session_id)
+        self._busy[session_id] = self._busy.get(session_id, 0) + 1
+        try:
+            yield
+        finally:
+            if session_id in self._owner:
+                self._busy[session_id] -= 1
+                self._seen[session_id] = time.monotonic()
+
+    def make_room(self, principal: str, share: int) -> list[str] | None:
+        """The idle sessions of `principal` to end so that one more fits in `share`, least
+        recently used first (sessions the SDK has idled out are forgotten on the way); None
+        when too many of them have a request in flight."""
+        now = time.monotonic()
+        for sid in [s for s in self._by.get(principal, ()) if self._expired(s, now)]:
+            self.closed(sid)
+        mine = list(self._by.get(principal, ()))
+        excess = len(mine) - share + 1
+        if excess <= 0:
+            return []
+        idle = [sid for sid in mine if not self._busy.get(sid)][:excess]
+        return idle if len(idle) == excess else None
+
+    def _expired(self, session_id: str, now: float) -> bool:
+        return not self._busy.get(session_id) and now - self._seen.get(session_id, now) >= SESSION_IDLE_S
+
+    def watch(self, send: Send, session_id: str | None, principal: str, method: str) -> Send:
+        """`send`, noting what the answer means for the ledger: a session opened (an
+        `Mcp-Session-Id` on a success without one asked for), ended by its DELETE, or unknown
+        to the SDK (404: it idled out). A refused request without a session id loses the
+        `Mcp-Session-Id` the SDK puts on it: that session was discarded with the refusal, and
+        a client keeping the id (the TypeScript SDK keeps one from any answer) would send it
+        with every later request, its next initialize included, and get 404 each time."""
+
+        async def watching(message: Message) -> None:
+            if message.get("type") == "http.response.start":
+                status = int(message.get("status", 500))
+                if session_id is None and status >= 400:
+                    message = {**message, "headers": [(k, v) for k, v in message.get("headers", [])
+                                                      if k.lower() != b"mcp-session-id"]}
+                if session_id is None and status < 400:
+                    for key, value in message.get("headers", []):
+                        if key.lower() == b"mcp-session-id":
+                            self.opened(value.decode("latin-1"), principal)
+                elif session_id is not None and self._owner.get(session_id) == principal and (
+                        status == 404 or (method == "DELETE" and status < 300)):
+                    self.closed(session_id)
+            await send(message)
+
+        return watching
+
+
+def too_many_sessions(principal: str, share: int) -> Response:
+    message = (f"{principal} already has {share} sessions open, each with a request in flight "
+               "([daemon] max_clients_per_uid): end one (DELETE with its Mcp-Session-Id), then retry")
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}},
+                        status_code=429, headers={"Retry-After": "1"})
+
+
+async def end_session(app: ASGIApp, session_id: str, scope: Scope) -> None:
+    """End a session through the SDK's manager (`app`) as its client's DELETE would; `scope`
+    is a request of the session's principal (its `user` is what the SDK checks)."""
+    headers = [(b"mcp-session-id", session_id.encode("latin-1"))]
+    delete = {**scope, "method": "DELETE", "headers": headers, "query_string": b""}
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def discard(_message: Message) -> None:
+        pass
+
+    await app(delete, receive, discard)
+
+
+__all__ = ["SESSION_IDLE_S", "SessionLedger", "end_session", "too_many_sessions"]
