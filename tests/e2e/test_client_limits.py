@@ -4,7 +4,6 @@ One daemon; every wait polls with a deadline (no timing is asserted)."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import select
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import Daemon, stdio_testserver
-from tests.support.ports import free_port
+from tests.support.ports import free_port, legacy_post
 
 # Part of the hostile suite (#15): `pytest -m hostile` runs it alone.
 pytestmark = pytest.mark.hostile
@@ -257,29 +256,15 @@ def test_one_http_principal_cannot_hold_every_connection(tmp_path: Path) -> None
             s.close()
 
 
-def _legacy(port: int, secret: str, body: dict, session: str | None = None) -> tuple[int, str | None]:  # type: ignore[type-arg]
-    """One 2025-11-25 POST: (status, the Mcp-Session-Id answered)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json",
-               "Accept": "application/json, text/event-stream"}
-    if session:
-        headers |= {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
-    conn.request("POST", "/mcp", json.dumps(body), headers)
-    resp = conn.getresponse()
-    resp.read()
-    conn.close()
-    return resp.status, resp.getheader("mcp-session-id")
-
-
 def _new_session(port: int, secret: str) -> str:
-    status, sid = _legacy(port, secret, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    status, sid = legacy_post(port, secret, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "leaky", "version": "1"}}})
     assert status == 200 and sid, status
     return sid
 
 
 def _ping_in(port: int, secret: str, sid: str) -> int:
-    return _legacy(port, secret, {"jsonrpc": "2.0", "id": 2, "method": "ping"}, sid)[0]
+    return legacy_post(port, secret, {"jsonrpc": "2.0", "id": 2, "method": "ping"}, sid)[0]
 
 
 @pytest.mark.timeout(120)

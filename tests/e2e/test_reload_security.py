@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.daemon import Daemon, stdio_testserver
-from tests.support.ports import free_port
+from tests.support.ports import free_port, legacy_post
 
 from toolatlas.surface.http import hash_token
 
@@ -107,27 +107,14 @@ class _Stream(threading.Thread):
         return sum(1 for d in self.data if f'"{method}"' in d)
 
 
-def _post(port: int, secret: str, body: dict, session: str | None = None) -> tuple[int, str | None]:  # type: ignore[type-arg]
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json",
-               "Accept": "application/json, text/event-stream"}
-    if session:
-        headers |= {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
-    conn.request("POST", "/mcp", json.dumps(body), headers)
-    resp = conn.getresponse()
-    resp.read()
-    conn.close()
-    return resp.status, resp.getheader("mcp-session-id")
-
-
 def _legacy_stream(port: int, secret: str) -> _Stream:
     """A 2025-11-25 session opened with `secret`, listed its resources, and its standalone
     GET event stream."""
-    status, sid = _post(port, secret, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    status, sid = legacy_post(port, secret, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "legacy", "version": "1"}}})
     assert status == 200 and sid, status
-    _post(port, secret, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
-    assert _post(port, secret, {"jsonrpc": "2.0", "id": 2, "method": "resources/list"}, sid)[0] == 200
+    legacy_post(port, secret, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+    assert legacy_post(port, secret, {"jsonrpc": "2.0", "id": 2, "method": "resources/list"}, sid)[0] == 200
     return _Stream(port, "GET", {"Authorization": f"Bearer {secret}", "Accept": "text/event-stream",
                                  "Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-11-25"})
 
