@@ -87,6 +87,23 @@ def test_a_client_that_closes_stdin_gets_the_replies_it_is_owed(tmp_path: Path) 
     assert replies[4]["result"]["structuredContent"]["matches"][0]["name"] == "s__sleep", replies[4]
 
 
+def test_a_client_that_reuses_an_id_in_flight_gets_both_replies(tmp_path: Path) -> None:
+    """Two requests in flight under one id (a client that reuses ids) are two requests owed:
+    a client that closes stdin after them hears both answers, not only the first."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    lines = [init, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": "x", "method": "tools/call", "params": {"name": "s__sleep", "arguments": {"seconds": 0}}},
+             {"jsonrpc": "2.0", "id": "x", "method": "tools/call", "params": {"name": "s__sleep", "arguments": {"seconds": 2}}}]
+    payload = "".join(json.dumps(m) + "\n" for m in lines).encode()
+    with Daemon(tmp_path, stdio_testserver("s")) as d:
+        r = subprocess.run([sys.executable, "-m", "toolatlas", "shim", "--socket", d.socket],
+                           input=payload, capture_output=True, timeout=60)
+    replies = [json.loads(line) for line in r.stdout.splitlines()]
+    assert r.returncode == 0, r.stderr
+    texts = sorted(m["result"]["content"][0]["text"] for m in replies if m["id"] == "x")
+    assert texts == ["slept 0 s", "slept 2 s"], replies
+
 def test_a_client_killed_mid_call_ends_the_shim_and_the_upstream_call(tmp_path: Path) -> None:
     """A client that dies mid-call (both its pipes close) owes the shim nothing and reads no
     reply: the shim exits at once, and the daemon cancels the upstream call (its

@@ -243,7 +243,7 @@ class Shim:
                 out.append(Refusal(INVALID_REQUEST, f"the daemon's reply of {line.size} bytes exceeds the shim's "
                                    f"{DAEMON_LINE_LIMIT}-byte limit and was discarded", line.request_id).line())
                 if line.request_id is not None:
-                    self.session.pending.pop(line.request_id, None)
+                    self.session.settle(line.request_id)
             elif line.strip():
                 out += self.session.from_daemon(line).client
         self._to_client(out)
