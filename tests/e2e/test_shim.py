@@ -87,6 +87,23 @@ def test_a_client_that_closes_stdin_gets_the_replies_it_is_owed(tmp_path: Path) 
     assert replies[4]["result"]["structuredContent"]["matches"][0]["name"] == "s__sleep", replies[4]
 
 
+def test_a_line_that_starts_with_a_byte_order_mark_is_answered(tmp_path: Path) -> None:
+    """A client whose writer puts a UTF-8 BOM before its first line (as Windows tools
+    writing "UTF-8 with BOM" do) is answered under its id. Before, the daemon refused the
+    line as not JSON with id null, which no client can match: the initialize went unanswered."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    lines = [init, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "s__echo", "arguments": {"message": "m"}}}]
+    payload = b"".join(b"\xef\xbb\xbf" + json.dumps(m).encode() + b"\n" for m in lines)
+    with Daemon(tmp_path, stdio_testserver("s")) as d:
+        r = subprocess.run([sys.executable, "-m", "toolatlas", "shim", "--socket", d.socket],
+                           input=payload, capture_output=True, timeout=60)
+    replies = {m["id"]: m for m in map(json.loads, r.stdout.splitlines())}
+    assert sorted(replies, key=str) == [1, 2], replies
+    assert replies[1]["result"]["serverInfo"]["name"] == "toolatlas", replies
+    assert replies[2]["result"]["content"][0]["text"] == "Echo: m", replies
+
 def test_a_client_that_reuses_an_id_in_flight_gets_both_replies(tmp_path: Path) -> None:
     """Two requests in flight under one id (a client that reuses ids) are two requests owed:
     a client that closes stdin after them hears both answers, not only the first."""
