@@ -184,6 +184,7 @@ class UnixServer:
             if os.path.lexists(self.path) or self._stopping:
                 continue
             try:
+                prepare_socket_path(self.path)  # its folder may be gone too
                 listener = await self._bind()
             except (OSError, ConfigError) as exc:
                 log.warning("the socket file %s was removed, and binding it again failed: %s", self.path, exc)
