@@ -327,6 +327,24 @@ def test_stale_socket_file_is_replaced(tmp_path: Path) -> None:
         assert d.search("echo")
 
 
+def test_a_removed_socket_file_is_made_again(tmp_path: Path) -> None:
+    """The socket file removed while the daemon runs (a /tmp cleaner ages it out: connecting
+    does not touch it): the daemon listens on its path again, and new clients reach it, while
+    a client connected before goes on. Before, every new client found nothing there, and a
+    `shim --config` found the daemon's start lock held and waited in vain."""
+    with Daemon(tmp_path, stdio_testserver("solo")) as d:
+        with socket.socket(socket.AF_UNIX) as before:
+            before.settimeout(30)
+            before.connect(d.socket)
+            os.unlink(d.socket)
+            os.rmdir(os.path.dirname(d.socket))  # and its folder: a cleaner may take both
+            d.wait_for(lambda: d.search("echo"), 30, "a new client served on the socket path again")
+            assert oct(os.stat(d.socket).st_mode & 0o777) == "0o660"
+            before.sendall(b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n')
+            assert json.loads(before.makefile("rb").readline()) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+        assert d.stop(signal.SIGTERM) == 0
+    assert not os.path.exists(d.socket)
+
 async def test_listen_streams_get_list_changed_only_when_their_list_changes(gateway: Daemon) -> None:
     """2026-07-28 clients: a passthrough client's subscriptions/listen stream hears the
     catalog change; a meta-tool client's does not (its three tools never change)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +16,10 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.support.daemon import Daemon, stdio_testserver, url_upstream
+from tests.support.daemon import Daemon, stdio_faultserver, stdio_testserver, url_upstream
 from tests.support.ports import free_port
 from tests.support.results import text
-from tests.support.servers import RunningServer, faultserver_args, start_server
+from tests.support.servers import RunningServer, start_server
 from tests.support.servers.faultserver import write_fault_file
 from toolatlas.surface.unix import unix_client
 
@@ -30,11 +29,8 @@ STALL_S = 10.0
 
 
 def faultserver_stdio(name: str, fault_file: Path, extra: str = "") -> str:
-    args = json.dumps(faultserver_args("--fault-file", str(fault_file)))
-    return (
-        f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
-        f"timeouts = {{ call = {CALL_TIMEOUT}, connect = 5, list_tools = 5, ping = 2 }}\nping_interval = 1\n{extra}"
-    )
+    return (stdio_faultserver(name, "--fault-file", str(fault_file))
+            + f"timeouts = {{ call = {CALL_TIMEOUT}, connect = 5, list_tools = 5, ping = 2 }}\nping_interval = 1\n{extra}")
 
 
 NET_OPTS = f"timeouts = {{ call = {CALL_TIMEOUT}, connect = 3, list_tools = 3, ping = 2 }}\nping_interval = 1\n"

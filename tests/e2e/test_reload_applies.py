@@ -13,8 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tests.support.daemon import Daemon, stdio_testserver
-from tests.support.servers import faultserver_args
+from tests.support.daemon import Daemon, stdio_faultserver, stdio_testserver
 
 from toolatlas.catalog.cards_cli import keygen_main, main as cards_main
 from toolatlas.surface.rawclient import RpcError
@@ -147,9 +146,7 @@ def test_a_variable_from_the_environment_file_follows_its_edit_at_a_reload(tmp_p
 def test_a_call_in_flight_on_an_upstream_the_reload_restarts_fails_saying_why(tmp_path: Path) -> None:
     """A call running on an upstream whose config changes ends at the reload (never hangs),
     with an error that names the reload rather than blaming the upstream's connection."""
-    args = json.dumps(faultserver_args("--name", "slow"))
-    block = f'[[upstream]]\nname = "slow"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
-    d = Daemon(tmp_path, block)
+    d = Daemon(tmp_path, stdio_faultserver("slow", "--name", "slow"))
     result: list[dict[str, Any]] = []
     with d:
         caller = threading.Thread(target=lambda: result.append(d.tool("slow__work", {"seconds": 600})), daemon=True)

@@ -14,15 +14,22 @@ from typing import Any
 
 from tests.support import REPO, TEST_CACHE_HOME
 from tests.support.processes import descendants, die_with_parent, kill_all
-from tests.support.servers import EVERYTHING_BIN, HOSTILE, testserver_args
+from tests.support.servers import EVERYTHING_BIN, HOSTILE, faultserver_args, testserver_args
 
 __all__ = ["REPO", "Daemon", "everything_upstream", "hostile_upstream", "seed_shared_models", "shared_onnx_models",
-           "stdio_testserver", "url_upstream"]
+           "stdio_faultserver", "stdio_testserver", "url_upstream"]
 
 
 def stdio_testserver(name: str, *extra: str) -> str:
     """A TOML [[upstream]] block running the project's test server over stdio."""
     args = json.dumps(testserver_args(*extra))
+    return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+
+
+def stdio_faultserver(name: str, *extra: str) -> str:
+    """A TOML [[upstream]] block running the fault server (servers/faultserver.py) over stdio;
+    its `stats` tool counts calls in flight, completed and cancelled."""
+    args = json.dumps(faultserver_args(*extra))
     return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
 
 

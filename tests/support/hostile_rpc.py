@@ -45,9 +45,9 @@ CASES = [
     Case("whitespace only", b" \t  ", PARSE_ERROR, text="whitespace"),
     Case("not json", b"{nope", PARSE_ERROR),
     Case("invalid utf-8", b'{"jsonrpc":"2.0","id":18,"method":"ping","params":{"x":"\xff\xfe"}}', PARSE_ERROR, text="UTF-8"),
-    Case("NaN literal", b'{"jsonrpc":"2.0","id":10,"method":"ping","params":{"x":NaN}}', PARSE_ERROR, text="NaN"),
+    Case("NaN literal", b'{"jsonrpc":"2.0","id":10,"method":"ping","params":{"x":NaN}}', PARSE_ERROR, 10, text="NaN"),
     Case("Infinity top_k", b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"tool_search",'
-         b'"arguments":{"query":"echo","top_k":-Infinity}}}', PARSE_ERROR, text="Infinity"),
+         b'"arguments":{"query":"echo","top_k":-Infinity}}}', PARSE_ERROR, 9, text="Infinity"),
     Case("deep nesting", b"[" * DEEP + b"]" * DEEP, INVALID_REQUEST, text="levels"),
     Case("deep arguments", DEEP_ARGS, INVALID_REQUEST, 5, "levels"),
     Case("batch", b"[" + _ping("17") + b"]", INVALID_REQUEST, text="batch"),

@@ -132,7 +132,7 @@ def test_first_handshake_is_held_until_the_daemon_answers() -> None:
     s = Session("p")
     s.from_client(line(INIT))
     assert decoded(s.connected().daemon) == [INIT]
-    assert s.pending == {1: "initialize"}
+    assert s.pending == {1: ["initialize"]}
 
 
 def test_daemon_lines_are_read_off_their_head() -> None:

@@ -116,7 +116,9 @@ class Session:
         self.handshake: bytes | None = None  # the client's initialize or server/discover, once answered
         self.initialized: bytes | None = None
         self.listens: dict[Id, tuple[bytes, bool]] = {}  # open listen id -> (its line, wants tool changes)
-        self.pending: dict[Id, str] = {}  # request id -> method, on the current connection
+        # request id -> its method, once per request in flight on the current connection (a
+        # client may reuse an id before its answer: each is answered, and owed, on its own)
+        self.pending: dict[Id, list[str]] = {}
         self.held: list[bytes] = []  # the handshake, while the first connection is being made
         self._asking: tuple[Id, bytes] | None = None  # the client's handshake request, until answered
         self._replays: set[Id] = set()  # ids of replayed requests whose answers are swallowed
@@ -157,7 +159,7 @@ class Session:
 
     def _track(self, line: bytes, method: str, id_: Any, params: Any) -> bytes:
         if is_request_id(id_):
-            self.pending[id_] = method
+            self.pending.setdefault(id_, []).append(method)
             if method in HANDSHAKES and self.handshake is None:
                 self._asking = (id_, line + b"\n")
             elif method == LISTEN:
@@ -165,13 +167,21 @@ class Session:
                 self.listens[id_] = (line, isinstance(notes, dict) and notes.get("toolsListChanged") is True)
         return line + b"\n"
 
+    def settle(self, id_: Id) -> None:
+        """One request with this id is answered (or cancelled): it is no longer owed."""
+        methods = self.pending.get(id_)
+        if methods is not None:
+            methods.pop(0)
+            if not methods:
+                del self.pending[id_]
+
     def _client_notification(self, line: bytes, method: str, params: Any) -> Out:
         if method == "notifications/initialized":
             self.initialized = line + b"\n"
         elif method == "notifications/cancelled" and isinstance(params, dict):
             rid = params.get("requestId")
             if isinstance(rid, (str, int)):
-                self.pending.pop(rid, None)
+                self.settle(rid)
                 self.listens.pop(rid, None)  # how a client closes its listen stream
         if self.link is Link.UP:
             return Out([line + b"\n"], [])
@@ -207,7 +217,7 @@ class Session:
             if id_ in self._replays:
                 self._replays.discard(id_)
                 return Out([], [])
-            self.pending.pop(id_, None)
+            self.settle(id_)
             self.listens.pop(id_, None)  # a listen's result ends its stream
             if self._asking is not None and self._asking[0] == id_:
                 if ok:  # a session worth resuming
@@ -252,7 +262,7 @@ class Session:
                 to_client.append(_line({"jsonrpc": "2.0", "method": TOOLS_CHANGED}))
         for id_, (line, tools) in self.listens.items():
             self._reacks.add(id_)
-            self.pending[id_] = LISTEN
+            self.pending[id_] = [LISTEN]
             to_daemon.append(line + b"\n")
             if tools:
                 to_client.append(_line({"jsonrpc": "2.0", "method": TOOLS_CHANGED,
@@ -270,12 +280,13 @@ class Session:
         why); listen streams stay open, to be re-sent on the next connection."""
         self.link = Link.DOWN
         errors = []
-        for id_, method in self.pending.items():
+        for id_, methods in self.pending.items():
             if id_ in self.listens:
                 continue
-            errors.append(Refusal(UNAVAILABLE, (
+            errors += [Refusal(UNAVAILABLE, (
                 f"the connection to the toolatlas daemon was lost while this {method} was in flight ({cause}); "
-                "it may or may not have run. The shim is reconnecting: retry in a few seconds"), id_).line())
+                "it may or may not have run. The shim is reconnecting: retry in a few seconds"), id_).line()
+                for method in methods]
         self.pending.clear()
         self._asking = None
         self._replays.clear()

@@ -4,7 +4,8 @@ Both client surfaces screen every message here before the SDK sees it: the Unix 
 (surface.wire, one line at a time) and the HTTP endpoint (surface.http, one POST body).
 `screen(data)` returns the SDK's message, or a `Refusal`: the JSON-RPC error to answer with.
 
-- -32700 parse error (id null): not JSON (NaN/Infinity literals, invalid UTF-8, only whitespace).
+- -32700 parse error (id null): not JSON (invalid UTF-8, only whitespace); NaN/Infinity
+  literals too, but with the message's id when it has one (it is JSON to Python's parser).
 - -32600 invalid request: a batch (a JSON array), not an object, an `id` that is not a
   string or an integer (then id null: it cannot be echoed), `jsonrpc` not "2.0", no
   string `method`, or nesting deeper than the SDK's parser takes (`MAX_DEPTH`; the id, when
@@ -36,6 +37,7 @@ MAX_DEPTH = 200
 
 _decode = msgspec.json.Decoder().decode
 _BYTE_RE = re.compile(r"\(byte (\d+)\)")
+_NAN = "parse error: NaN and Infinity are not JSON numbers"
 
 
 
@@ -91,7 +93,8 @@ def _strict(data: bytes) -> tuple[Any, Refusal | None]:
         pass
     except msgspec.DecodeError as exc:
         if "surrogate" not in str(exc):
-            return None, Refusal(PARSE_ERROR, _parse_message(data, str(exc)))
+            message = _parse_message(data, str(exc))
+            return None, Refusal(PARSE_ERROR, message, _constant_id(data) if message.startswith(_NAN) else None)
         obj, refused = _lenient(data)  # a lone "\ud800" escape is JSON, but no Unicode the SDK takes
         rid = obj.get("id") if isinstance(obj, dict) and _valid_id(obj.get("id")) else None
         return None, refused or Refusal(INVALID_REQUEST, "invalid request: a string holds a lone UTF-16 surrogate "
@@ -109,6 +112,18 @@ def _lenient(data: bytes) -> tuple[Any, Refusal | None]:
         return None, Refusal(PARSE_ERROR, "parse error: the message is not valid JSON")
 
 
+def _constant_id(data: bytes) -> str | int | None:
+    """The id of a message that is JSON but for NaN or Infinity (what Python's json.dumps
+    writes for a float that is not finite): the client can match the error to its request,
+    as the shim, whose parser takes them, does."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    return rid if _valid_id(rid) else None
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(name)
 
@@ -119,7 +134,7 @@ def _parse_message(data: bytes, reason: str) -> str:
     m = _BYTE_RE.search(reason)
     at = int(m.group(1)) if m else -1
     if at >= 0 and (data.startswith((b"NaN", b"Infinity"), at) or data.startswith(b"-Infinity", max(at - 1, 0))):
-        return "parse error: NaN and Infinity are not JSON numbers; send a finite number, a string or null"
+        return f"{_NAN}; send a finite number, a string or null"
     reason = reason.removeprefix("JSON is malformed: ")
     return f"parse error: the message is not valid JSON ({reason}); send one JSON-RPC 2.0 object"
 

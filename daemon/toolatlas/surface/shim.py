@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import selectors
 import socket
 import sys
@@ -79,6 +80,14 @@ def _say(text: str) -> None:
         pass
 
 
+def _reader_gone(fd: int) -> bool:
+    """Whether nobody reads `fd` any more: a pipe whose reader closed (POLLERR), a socket
+    whose peer closed (POLLHUP). A peer that only half-closed, a file or a tty: False."""
+    poller = select.poll()
+    poller.register(fd, 0)  # only the conditions poll(2) always reports
+    return any(ev & (select.POLLERR | select.POLLHUP | select.POLLNVAL) for _, ev in poller.poll(0))
+
+
 class _ClientGone(Exception):
     """The client closed its end of stdout."""
 
@@ -119,6 +128,10 @@ class Shim:
                 for key, mask in sorted(self.sel.select(timeout), key=lambda km: km[0].data == "client"):
                     if key.data == "client":
                         self._on_client()
+                    elif key.data == "stdout":  # (see _on_client)
+                        if _reader_gone(self.stdout):
+                            raise _ClientGone
+                        self.sel.unregister(self.stdout)  # it cannot tell: the replies decide
                     elif key.fileobj is self.sock:
                         if mask & selectors.EVENT_WRITE:
                             self._flush()
@@ -156,6 +169,10 @@ class Shim:
         if not data:
             self._read_client(False)
             self.client_eof = True
+            # A client that closed stdin may still read the replies it is owed, or may have
+            # died mid-call: then its stdout has no reader (POLLERR, or POLLHUP for a socket),
+            # and the shim goes at once, so the daemon cancels the calls upstream.
+            self.sel.register(self.stdout, selectors.EVENT_READ, "stdout")
             if self.sock is not None and not self.outbox:
                 self._shut_write()
             return
@@ -226,7 +243,7 @@ class Shim:
                 out.append(Refusal(INVALID_REQUEST, f"the daemon's reply of {line.size} bytes exceeds the shim's "
                                    f"{DAEMON_LINE_LIMIT}-byte limit and was discarded", line.request_id).line())
                 if line.request_id is not None:
-                    self.session.pending.pop(line.request_id, None)
+                    self.session.settle(line.request_id)
             elif line.strip():
                 out += self.session.from_daemon(line).client
         self._to_client(out)

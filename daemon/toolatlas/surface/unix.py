@@ -48,6 +48,8 @@ REFUSAL_LOG_INTERVAL = 10.0
 REFUSAL_LINGER_S = 2.0
 REFUSAL_READS = 16
 REFUSALS_LINGERING = 64
+# How often the daemon checks that its socket file is still there (_keep_socket_file).
+SOCKET_CHECK_S = 2.0
 
 _ids = itertools.count(1)
 
@@ -140,27 +142,60 @@ class UnixServer:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if self.listen_socket is not None:
-            listener: Any = await anyio.abc.SocketListener.from_socket(self.listen_socket)
+            self._listener = await anyio.abc.SocketListener.from_socket(self.listen_socket)
             log.info("serving on a socket passed by systemd (%s)", self.listen_socket.getsockname())
         else:
             prepare_socket_path(self.path)
-            listener = await anyio.create_unix_listener(self.path)
-            try:
-                self._apply_permissions()
-            except BaseException:
-                await listener.aclose()
-                raise
+            self._listener = await self._bind()
             log.info("listening on %s (mode %o)", self.path, self.mode)
-        self._listener = listener
         task_status.started()
         try:
-            async with anyio.create_task_group() as tg:
-                await self._accept_loop(listener, tg)
+            async with anyio.create_task_group() as tg, anyio.create_task_group() as watch:
+                if self.listen_socket is None:
+                    watch.start_soon(self._keep_socket_file)
+                while True:  # a new listener when the socket file was removed (_keep_socket_file)
+                    listener = self._listener
+                    await self._accept_loop(listener, tg)
+                    if self._stopping or self._listener is listener:
+                        break
+                watch.cancel_scope.cancel()
         finally:
             with anyio.move_on_after(1, shield=True):
-                await listener.aclose()
+                await self._listener.aclose()
             if self.listen_socket is None:
                 Path(self.path).unlink(missing_ok=True)
+
+    async def _bind(self) -> anyio.abc.Listener[Any]:
+        listener = await anyio.create_unix_listener(self.path)
+        try:
+            self._apply_permissions()
+        except BaseException:
+            await listener.aclose()
+            raise
+        return listener
+
+    async def _keep_socket_file(self) -> None:
+        """Listen on the socket path again when its file is removed while the daemon runs (a
+        /tmp cleaner, a stray `rm`): clients connect by path, and none could reach this daemon
+        any more, while a `shim --config` finds the start lock held and waits in vain. A file
+        that another process put in its place is left alone."""
+        while True:
+            await anyio.sleep(SOCKET_CHECK_S)
+            if os.path.lexists(self.path) or self._stopping:
+                continue
+            try:
+                prepare_socket_path(self.path)  # its folder may be gone too
+                listener = await self._bind()
+            except (OSError, ConfigError) as exc:
+                log.warning("the socket file %s was removed, and binding it again failed: %s", self.path, exc)
+                continue
+            if self._stopping:
+                await listener.aclose()
+                return
+            log.warning("the socket file %s was removed while the daemon runs; listening on it again", self.path)
+            old, self._listener = self._listener, listener
+            if old is not None:
+                await old.aclose()  # its accept loop ends, and run() goes on with the new one
 
     async def _accept_loop(self, listener: Any, tg: anyio.abc.TaskGroup) -> None:
         """Accept until `stop_accepting()`. A failed accept (out of file descriptors, out of

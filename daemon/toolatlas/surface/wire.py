@@ -4,7 +4,8 @@ The SDK's stdio transport silently drops lines it cannot parse; a gateway must a
 Every line is screened by surface.rpccheck: a malformed one gets the JSON-RPC error it
 earns (-32700, -32600 or -32602, saying what to send instead), and a line over `max_bytes`
 is discarded up to its newline and answered with -32600 naming the limit, with the id read
-off its start. None of them ends the connection; an empty line is skipped.
+off its start. None of them ends the connection; an empty line is skipped, and a UTF-8
+byte order mark before a line dropped (JSON parsers may ignore one; the shim's does).
 
 A connection has at most `max_in_flight` requests read and not yet answered; past that a
 request is answered at once with -32000 saying so. Each request in flight is a task holding
@@ -42,6 +43,7 @@ DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 MAX_IN_FLIGHT = 256
 SERVER_ERROR = -32000
 _CHUNK = 65536
+_BOM = b"\xef\xbb\xbf"
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
@@ -251,6 +253,8 @@ async def ndjson_streams(
             await bad(Refusal(INVALID_REQUEST, f"message exceeds the {splitter.limit}-byte limit and was discarded; "
                               "send a smaller one", line.request_id))
             return
+        if line.startswith(_BOM):
+            line = line[len(_BOM):]  # a UTF-8 BOM (some Windows tools write one first): not JSON
         if line in (b"", b"\r"):
             return
         if len(lane_tasks) + owed.count >= max_in_flight and await over_limit(line):
