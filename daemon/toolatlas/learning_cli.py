@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
     try:
         store = open_store(state_dir)
         try:
-            out = _act(args, store)
+            out = _act(args, store, time.time() - cfg.learning.retention_days * 86400.0)
         finally:
             store.close()
     except (sqlite3.Error, OSError) as exc:  # not a database, a directory, a read-only or full disk, locked
@@ -67,12 +67,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _act(args: argparse.Namespace, store: SqliteUsageStore) -> dict[str, object]:
+def _act(args: argparse.Namespace, store: SqliteUsageStore, since: float) -> dict[str, object]:
+    """`since`: the oldest time within retention_days (older events no longer count, though
+    the daemon may not have pruned them yet)."""
     if args.action == "reset":
         return {"reset": store.reset(), "store": str(store.path)}
     if args.action == "forget":
         return {"tool": args.tool, "forgotten": store.forget_tool(args.tool)}
-    events = [e for e in store.events() if e.tool == args.tool]
+    events = [e for e in store.events(since) if e.tool == args.tool]
     counts = Counter(e.query for e in events)
     last = {e.query: e.at for e in events}
     rows = [{"query": q, "count": n, "last": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last[q]))}
