@@ -49,12 +49,14 @@ def main(argv: list[str]) -> int:
         print(f"toolatlas learning: {exc}", file=sys.stderr)
         return EX_CONFIG
     state_dir = Path(cfg.daemon.state_dir)
-    if args.action != "reset" and not (state_dir / FILENAME).exists():
-        out: dict[str, object] = {"tool": args.tool, "events": 0, "queries": []} if args.action == "show" else \
-            {"tool": args.tool, "forgotten": 0}
-        _print(out, args.json)
-        return 0
+    out: dict[str, object]
     try:
+        # a state_dir the operator may not enter fails here (PermissionError), said as below
+        if args.action != "reset" and not (state_dir / FILENAME).exists():
+            out = {"tool": args.tool, "events": 0, "queries": []} if args.action == "show" else \
+                {"tool": args.tool, "forgotten": 0}
+            _print(out, args.json)
+            return 0
         store = open_store(state_dir)
         try:
             out = _act(args, store, time.time() - cfg.learning.retention_days * 86400.0)

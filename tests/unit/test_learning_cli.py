@@ -32,3 +32,20 @@ def test_an_unusable_store_is_a_clear_error(tmp_path: Path, capsys: pytest.Captu
     assert code == 74, err
     assert err.startswith(f"toolatlas learning: cannot use the usage store {path}: "), err
     assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("action", [["show", "notes__add_note"], ["forget", "notes__add_note"], ["reset"]])
+def test_a_store_path_that_cannot_be_looked_at_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                action: list[str]) -> None:
+    """Whether the store exists is asked inside the same error handling: a state_dir the
+    operator may not enter (the daemon's user owns it, 0750) raises EACCES there. Tests run
+    as root, who may enter anything, so a name too long (ENAMETOOLONG) stands in for it."""
+    config = tmp_path / "toolatlas.toml"
+    state = tmp_path / ("x" * 300)
+    config.write_text(f'[daemon]\nsocket = "{tmp_path / "s.sock"}"\nstate_dir = "{state}"\nmetrics_addr = ""\n')
+    code = learning_cli.main([*action, "--config", str(config)])
+    err = capsys.readouterr().err
+    assert code == 74, err
+    assert err.startswith(f"toolatlas learning: cannot use the usage store {state / 'learning.sqlite3'}: "), err
+    assert len(err.strip().splitlines()) == 1, err
+
