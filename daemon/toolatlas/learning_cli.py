@@ -51,10 +51,13 @@ def main(argv: list[str]) -> int:
     state_dir = Path(cfg.daemon.state_dir)
     out: dict[str, object]
     try:
-        # a state_dir the operator may not enter fails here (PermissionError), said as below
-        if args.action != "reset" and not (state_dir / FILENAME).exists():
+        # No store: nothing to show or delete, and none is made (made by root, the file would be
+        # root's and the daemon's user could not open it). A state_dir the operator may not
+        # enter fails here (PermissionError), said as below.
+        if not (state_dir / FILENAME).exists():
             out = {"tool": args.tool, "events": 0, "queries": []} if args.action == "show" else \
-                {"tool": args.tool, "forgotten": 0}
+                {"tool": args.tool, "forgotten": 0} if args.action == "forget" else \
+                {"reset": 0, "store": str(state_dir / FILENAME)}
             _print(out, args.json)
             return 0
         store = open_store(state_dir)

@@ -49,3 +49,11 @@ def test_a_store_path_that_cannot_be_looked_at_is_a_clear_error(tmp_path: Path, 
     assert err.startswith(f"toolatlas learning: cannot use the usage store {state / 'learning.sqlite3'}: "), err
     assert len(err.strip().splitlines()) == 1, err
 
+
+def test_reset_without_a_store_makes_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sudo toolatlas learning reset` before the daemon made its store must not make one:
+    root's file, 0600, would be one the daemon's user cannot open (learning would fail)."""
+    config = _config(tmp_path)
+    assert learning_cli.main(["reset", "--config", str(config), "--json"]) == 0
+    assert '"reset": 0' in capsys.readouterr().out
+    assert not (tmp_path / "state").exists()
