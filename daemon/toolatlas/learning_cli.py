@@ -94,11 +94,18 @@ def _print(obj: dict[str, object], as_json: bool) -> None:
     if "queries" in obj:
         print(f"{obj['tool']}: {obj['events']} usage event(s)")
         for row in obj["queries"]:  # type: ignore[attr-defined]
-            print(f"  {row['count']:>5}  {row['last']}  {row['query']}")
+            print(f"  {row['count']:>5}  {row['last']}  {_shown(row['query'])}")
     elif "forgotten" in obj:
         print(f"{obj['tool']}: {obj['forgotten']} usage event(s) forgotten")
     else:
         print(f"{obj['reset']} usage event(s) deleted from {obj['store']}")
+
+
+def _shown(text: str) -> str:
+    """`text` for a terminal: a query is any principal's words, and a control character in it
+    (an escape sequence, a carriage return, a newline, a bidi override) would act on the
+    operator's terminal or forge lines of this list; each one is written as its escape."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 if __name__ == "__main__":

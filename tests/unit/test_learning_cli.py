@@ -57,3 +57,24 @@ def test_reset_without_a_store_makes_none(tmp_path: Path, capsys: pytest.Capture
     assert learning_cli.main(["reset", "--config", str(config), "--json"]) == 0
     assert '"reset": 0' in capsys.readouterr().out
     assert not (tmp_path / "state").exists()
+
+
+def test_show_writes_a_querys_control_characters_as_escapes(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A query is whatever any principal typed: its escape sequences must not reach the
+    operator's terminal, nor its newlines forge rows of `learning show`."""
+    import time
+
+    from toolatlas.retrieval.usage import UsageEvent, open_store
+
+    config = _config(tmp_path)
+    store = open_store(tmp_path / "state")
+    hostile = "add a note\x1b[2J\x1b]0;pwned\x07\r\n    999  2020-01-01T00:00:00Z  forged row\u202e"
+    store.add([UsageEvent(query=hostile, tool="notes__add_note", principal="token:other", at=time.time())])
+    store.close()
+    assert learning_cli.main(["show", "notes__add_note", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) == 2 and "forged row" in lines[1], out
+    assert all(c.isprintable() for line in lines for c in line), out
+    assert "\\x1b[2J" in lines[1] and "\\u202e" in lines[1], out
