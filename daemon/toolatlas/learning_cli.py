@@ -58,18 +58,30 @@ def main(argv: list[str]) -> int:
             out = {"tool": args.tool, "events": 0, "queries": []} if args.action == "show" else \
                 {"tool": args.tool, "forgotten": 0} if args.action == "forget" else \
                 {"reset": 0, "store": str(state_dir / FILENAME)}
-            _print(out, args.json)
-            return 0
-        store = open_store(state_dir)
-        try:
-            out = _act(args, store, time.time() - cfg.learning.retention_days * 86400.0)
-        finally:
-            store.close()
+        else:
+            store = open_store(state_dir)
+            try:
+                out = _act(args, store, time.time() - cfg.learning.retention_days * 86400.0)
+            finally:
+                store.close()
+        if args.action == "reset":
+            out["moved_aside_deleted"] = _delete_moved_aside(state_dir / FILENAME)
     except (sqlite3.Error, OSError) as exc:  # not a database, a directory, a read-only or full disk, locked
         print(f"toolatlas learning: cannot use the usage store {state_dir / FILENAME}: {exc}", file=sys.stderr)
         return EX_IOERR
     _print(out, args.json)
     return 0
+
+
+def _delete_moved_aside(path: Path) -> int:
+    """Delete the copies of unreadable stores the daemon moved aside (`<name>.corrupt-<time>`,
+    gateway/learning.py): they hold users' queries too, past any retention, and `reset`
+    promises every query gone. How many stores (not counting their -wal and -shm)."""
+    n = 0
+    for aside in path.parent.glob(f"{path.name}.corrupt-*"):
+        aside.unlink()
+        n += not aside.name.endswith(("-wal", "-shm"))
+    return n
 
 
 def _act(args: argparse.Namespace, store: SqliteUsageStore, since: float) -> dict[str, object]:
@@ -98,7 +110,8 @@ def _print(obj: dict[str, object], as_json: bool) -> None:
     elif "forgotten" in obj:
         print(f"{obj['tool']}: {obj['forgotten']} usage event(s) forgotten")
     else:
-        print(f"{obj['reset']} usage event(s) deleted from {obj['store']}")
+        aside = f" (and {obj['moved_aside_deleted']} unreadable copy(ies) moved aside)" if obj["moved_aside_deleted"] else ""
+        print(f"{obj['reset']} usage event(s) deleted from {obj['store']}{aside}")
 
 
 def _shown(text: str) -> str:

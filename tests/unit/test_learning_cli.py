@@ -78,3 +78,18 @@ def test_show_writes_a_querys_control_characters_as_escapes(tmp_path: Path,
     assert len(lines) == 2 and "forged row" in lines[1], out
     assert all(c.isprintable() for line in lines for c in line), out
     assert "\\x1b[2J" in lines[1] and "\\u202e" in lines[1], out
+
+
+def test_reset_deletes_the_copies_moved_aside_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unreadable store the daemon moved aside (`learning.sqlite3.corrupt-<time>`) still
+    holds users' queries; `reset` promises them all gone, so it deletes those copies too."""
+    from toolatlas.retrieval.usage import open_store
+
+    config = _config(tmp_path)
+    state = tmp_path / "state"
+    open_store(state).close()
+    for name in ("learning.sqlite3.corrupt-1700000000", "learning.sqlite3.corrupt-1700000000-wal"):
+        (state / name).write_bytes(b"a query a user typed " * 64)
+    assert learning_cli.main(["reset", "--config", str(config), "--json"]) == 0
+    assert '"moved_aside_deleted": 1' in capsys.readouterr().out
+    assert sorted(p.name for p in state.iterdir() if "corrupt" in p.name) == []
