@@ -90,13 +90,28 @@ def _act(args: argparse.Namespace, store: SqliteUsageStore, since: float) -> dic
     if args.action == "reset":
         return {"reset": store.reset(), "store": str(store.path)}
     if args.action == "forget":
-        return {"tool": args.tool, "forgotten": store.forget_tool(args.tool)}
+        if not (forgotten := store.forget_tool(args.tool)):
+            _hint(store, args.tool, since)
+        return {"tool": args.tool, "forgotten": forgotten}
     events = [e for e in store.events(since) if e.tool == args.tool]
+    if not events:
+        _hint(store, args.tool, since)
     counts = Counter(e.query for e in events)
     last = {e.query: e.at for e in events}
     rows = [{"query": q, "count": n, "last": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last[q]))}
             for q, n in counts.most_common(SHOWN)]
     return {"tool": args.tool, "events": len(events), "queries": rows}
+
+
+def _hint(store: SqliteUsageStore, tool: str, since: float) -> None:
+    """No events of `tool`: say which tools have some, on stderr, or a misspelt name (one
+    underscore, no server prefix) reads as done ("0 forgotten") while the events stay."""
+    known = Counter(e.tool for e in store.events(since))
+    if known:
+        names = ", ".join(f"{t} ({n})" for t, n in known.most_common(10))
+        more = f" and {len(known) - 10} more" if len(known) > 10 else ""
+        print(f"toolatlas learning: no usage events of {_shown(tool)}; tools with events: {names}{more}",
+              file=sys.stderr)
 
 
 def _print(obj: dict[str, object], as_json: bool) -> None:

@@ -93,3 +93,24 @@ def test_reset_deletes_the_copies_moved_aside_too(tmp_path: Path, capsys: pytest
     assert learning_cli.main(["reset", "--config", str(config), "--json"]) == 0
     assert '"moved_aside_deleted": 1' in capsys.readouterr().out
     assert sorted(p.name for p in state.iterdir() if "corrupt" in p.name) == []
+
+
+@pytest.mark.parametrize("action", ["show", "forget"])
+def test_a_tool_name_without_events_names_the_tools_with_some(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              action: str) -> None:
+    """`forget notes_add_note` (one underscore) must not read as done while
+    notes__add_note's events stay: stderr names the tools that have events."""
+    import time
+
+    from toolatlas.retrieval.usage import UsageEvent, open_store
+
+    config = _config(tmp_path)
+    store = open_store(tmp_path / "state")
+    store.add([UsageEvent(query="add a note", tool="notes__add_note", principal="uid:0", at=time.time())] * 2)
+    store.close()
+    assert learning_cli.main([action, "notes_add_note", "--config", str(config), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert '"notes_add_note"' in captured.out
+    assert "no usage events of notes_add_note; tools with events: notes__add_note (2)" in captured.err, captured.err
+    assert learning_cli.main(["show", "notes__add_note", "--config", str(config)]) == 0
+    assert capsys.readouterr().err == ""
