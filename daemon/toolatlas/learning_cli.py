@@ -97,7 +97,9 @@ def _act(args: argparse.Namespace, store: SqliteUsageStore, since: float) -> dic
     if not events:
         _hint(store, args.tool, since)
     counts = Counter(e.query for e in events)
-    last = {e.query: e.at for e in events}
+    last: dict[str, float] = {}
+    for e in events:  # the latest time, not the latest stored: another replica's events come late
+        last[e.query] = max(last.get(e.query, e.at), e.at)
     rows = [{"query": q, "count": n, "last": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last[q]))}
             for q, n in counts.most_common(SHOWN)]
     return {"tool": args.tool, "events": len(events), "queries": rows}

@@ -114,3 +114,23 @@ def test_a_tool_name_without_events_names_the_tools_with_some(tmp_path: Path, ca
     assert "no usage events of notes_add_note; tools with events: notes__add_note (2)" in captured.err, captured.err
     assert learning_cli.main(["show", "notes__add_note", "--config", str(config)]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_show_says_when_a_query_was_last_used_not_last_stored(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """With `[store]`, another replica's event is stored here when it arrives, possibly
+    after a newer local one: `last` is the newest event's time all the same."""
+    import json
+    import time
+
+    from toolatlas.retrieval.usage import UsageEvent, open_store
+
+    config = _config(tmp_path)
+    now = time.time()
+    store = open_store(tmp_path / "state")
+    store.add([UsageEvent(query="add a note", tool="notes__add_note", principal="uid:0", at=at)
+               for at in (now, now - 3600.0)])
+    store.close()
+    assert learning_cli.main(["show", "notes__add_note", "--config", str(config), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["queries"]
+    assert row["count"] == 2 and row["last"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), row
