@@ -49,17 +49,23 @@ def main(argv: list[str]) -> int:
         print(f"toolatlas learning: {exc}", file=sys.stderr)
         return EX_CONFIG
     state_dir = Path(cfg.daemon.state_dir)
-    if args.action != "reset" and not (state_dir / FILENAME).exists():
-        out: dict[str, object] = {"tool": args.tool, "events": 0, "queries": []} if args.action == "show" else \
-            {"tool": args.tool, "forgotten": 0}
-        _print(out, args.json)
-        return 0
+    out: dict[str, object]
     try:
-        store = open_store(state_dir)
-        try:
-            out = _act(args, store)
-        finally:
-            store.close()
+        # No store: nothing to show or delete, and none is made (made by root, the file would be
+        # root's and the daemon's user could not open it). A state_dir the operator may not
+        # enter fails here (PermissionError), said as below.
+        if not (state_dir / FILENAME).exists():
+            out = {"tool": args.tool, "events": 0, "queries": []} if args.action == "show" else \
+                {"tool": args.tool, "forgotten": 0} if args.action == "forget" else \
+                {"reset": 0, "store": str(state_dir / FILENAME)}
+        else:
+            store = open_store(state_dir)
+            try:
+                out = _act(args, store, time.time() - cfg.learning.retention_days * 86400.0)
+            finally:
+                store.close()
+        if args.action == "reset":
+            out["moved_aside_deleted"] = _delete_moved_aside(state_dir / FILENAME)
     except (sqlite3.Error, OSError) as exc:  # not a database, a directory, a read-only or full disk, locked
         print(f"toolatlas learning: cannot use the usage store {state_dir / FILENAME}: {exc}", file=sys.stderr)
         return EX_IOERR
@@ -67,17 +73,47 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _act(args: argparse.Namespace, store: SqliteUsageStore) -> dict[str, object]:
+def _delete_moved_aside(path: Path) -> int:
+    """Delete the copies of unreadable stores the daemon moved aside (`<name>.corrupt-<time>`,
+    gateway/learning.py): they hold users' queries too, past any retention, and `reset`
+    promises every query gone. How many stores (not counting their -wal and -shm)."""
+    n = 0
+    for aside in path.parent.glob(f"{path.name}.corrupt-*"):
+        aside.unlink()
+        n += not aside.name.endswith(("-wal", "-shm"))
+    return n
+
+
+def _act(args: argparse.Namespace, store: SqliteUsageStore, since: float) -> dict[str, object]:
+    """`since`: the oldest time within retention_days (older events no longer count, though
+    the daemon may not have pruned them yet)."""
     if args.action == "reset":
         return {"reset": store.reset(), "store": str(store.path)}
     if args.action == "forget":
-        return {"tool": args.tool, "forgotten": store.forget_tool(args.tool)}
-    events = [e for e in store.events() if e.tool == args.tool]
+        if not (forgotten := store.forget_tool(args.tool)):
+            _hint(store, args.tool, since)
+        return {"tool": args.tool, "forgotten": forgotten}
+    events = [e for e in store.events(since) if e.tool == args.tool]
+    if not events:
+        _hint(store, args.tool, since)
     counts = Counter(e.query for e in events)
-    last = {e.query: e.at for e in events}
+    last: dict[str, float] = {}
+    for e in events:  # the latest time, not the latest stored: another replica's events come late
+        last[e.query] = max(last.get(e.query, e.at), e.at)
     rows = [{"query": q, "count": n, "last": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last[q]))}
             for q, n in counts.most_common(SHOWN)]
     return {"tool": args.tool, "events": len(events), "queries": rows}
+
+
+def _hint(store: SqliteUsageStore, tool: str, since: float) -> None:
+    """No events of `tool`: say which tools have some, on stderr, or a misspelt name (one
+    underscore, no server prefix) reads as done ("0 forgotten") while the events stay."""
+    known = Counter(e.tool for e in store.events(since))
+    if known:
+        names = ", ".join(f"{t} ({n})" for t, n in known.most_common(10))
+        more = f" and {len(known) - 10} more" if len(known) > 10 else ""
+        print(f"toolatlas learning: no usage events of {_shown(tool)}; tools with events: {names}{more}",
+              file=sys.stderr)
 
 
 def _print(obj: dict[str, object], as_json: bool) -> None:
@@ -87,11 +123,19 @@ def _print(obj: dict[str, object], as_json: bool) -> None:
     if "queries" in obj:
         print(f"{obj['tool']}: {obj['events']} usage event(s)")
         for row in obj["queries"]:  # type: ignore[attr-defined]
-            print(f"  {row['count']:>5}  {row['last']}  {row['query']}")
+            print(f"  {row['count']:>5}  {row['last']}  {_shown(row['query'])}")
     elif "forgotten" in obj:
         print(f"{obj['tool']}: {obj['forgotten']} usage event(s) forgotten")
     else:
-        print(f"{obj['reset']} usage event(s) deleted from {obj['store']}")
+        aside = f" (and {obj['moved_aside_deleted']} unreadable copy(ies) moved aside)" if obj["moved_aside_deleted"] else ""
+        print(f"{obj['reset']} usage event(s) deleted from {obj['store']}{aside}")
+
+
+def _shown(text: str) -> str:
+    """`text` for a terminal: a query is any principal's words, and a control character in it
+    (an escape sequence, a carriage return, a newline, a bidi override) would act on the
+    operator's terminal or forge lines of this list; each one is written as its escape."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 if __name__ == "__main__":

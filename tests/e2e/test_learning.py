@@ -249,3 +249,20 @@ def test_an_outsized_query_is_not_learned_from(tmp_path: Path) -> None:
         shown = d.wait_for(lambda: (s := _cli(d, "show", "t__echo"))["events"] >= 1 and s, 30, "the short query's event")
         assert shown["events"] == 1 and [q["query"] for q in shown["queries"]] == ["echo a message back"], shown
         assert _events(d) == 1
+
+
+def test_an_event_past_retention_stops_counting_before_the_hourly_prune(tmp_path: Path) -> None:
+    """`retention_days` is a promise about age: an event older than it no longer lifts its
+    tool, counts in catalog_status or shows in `learning show`, without waiting for the
+    hourly prune (here a retention of about 8.6 s)."""
+    cfg = stdio_testserver("t", "--tools", str(N_GEN)) + "[learning]\nretention_days = 0.0001\n"
+    with Daemon(tmp_path, cfg) as d:
+        before = d.search(QUERY)
+        with d.client() as c:
+            c.call_tool("tool_search", {"query": QUERY})
+            assert not c.call_tool("execute_tool", {"name": before[2], "arguments": {"value": "x"}}).get("isError")
+        d.wait_for(lambda: _events(d) == 1, 30, "one usage event")
+        assert d.search(QUERY)[0] == before[2]
+        d.wait_for(lambda: _events(d) == 0, 60, "the event to expire")
+        assert d.search(QUERY) == before
+        assert _cli(d, "show", before[2])["events"] == 0

@@ -45,7 +45,7 @@ CONNECTIONS_TRACKED = 4096  # connections with recent searches (least recent for
 MAX_QUERY_CHARS = 8192
 PUBLISH_EVERY_S = 0.5  # at most this often a new learned state
 POLL_S = 1.0  # how often the store is checked for changes by another writer (the CLI)
-PRUNE_EVERY_S = 3600.0  # events past retention are deleted this often (and at start)
+PRUNE_EVERY_S = 3600.0  # the store is pruned at least this often (and at start; see `_stale`)
 # A learned state costs time in proportion to the events held (50,000 distinct queries of
 # 100 principals: ~20 ms for the state, 0.2-0.4 s for the word sums of the lexical signal,
 # ~10 ms for each of the nine principals' lexical indexes built at a publish): the next
@@ -80,6 +80,7 @@ class LearningService:
         self._index = LearningIndex()
         self._lock = threading.Lock()  # the index: the writer's and the poller's threads
         self._pruned = -math.inf
+        self._oldest = math.inf  # the time of the oldest event held (past retention: reload)
         self.error: str | None = None  # why the usage store failed (it is being opened again), else None
         self._unsaved: list[UsageEvent] = []  # a batch the store failed to take
         self._dirty = anyio.Event()  # events were added since the last learned state
@@ -217,10 +218,7 @@ class LearningService:
     def _reload(self, store: UsageStore) -> None:
         """Every event in the store (after pruning those past retention) into a fresh index;
         vectors of another model are re-embedded once one is loaded. Blocking."""
-        store.prune(self._clock() - self._cfg().retention_days * 86400.0)
-        cap = self._cfg().max_events
-        if trimmed := store.trim(cap):
-            log.info("learning: the %d oldest usage events deleted (max_events = %d)", trimmed, cap)
+        _prune(store, self._cfg(), self._clock())
         self._pruned = time.monotonic()
         events = store.events()
         space = self._engine.space
@@ -229,6 +227,7 @@ class LearningService:
         index.add(events)
         with self._lock:
             self._index = index
+            self._oldest = min((e.at for e in events), default=math.inf)
             self._publish()
         # tens of thousands of long-lived objects: out of the automatic collections' scans,
         # which otherwise land inside searches (see memory.settle_heap)
@@ -288,6 +287,7 @@ class LearningService:
             batch = [_with(e, i, None, None) for e, i in zip(batch, ids)]
         with self._lock:
             self._index.add(batch)
+            self._oldest = min([self._oldest, *(e.at for e in batch)])
 
     async def _poll_loop(self, store: UsageStore) -> None:
         """Pick up changes by another writer (the CLI's forget/reset), retention, and
@@ -299,16 +299,17 @@ class LearningService:
                 missing = self._engine.embedder is not None and self._index.missing > 0
             if missing and await anyio.to_thread.run_sync(_embed_missing, self._engine, store):
                 reload = True
-            if time.monotonic() - self._pruned > PRUNE_EVERY_S or self._over_cap():
+            if time.monotonic() - self._pruned > PRUNE_EVERY_S or self._stale():
                 reload = True
             if reload:
                 await anyio.to_thread.run_sync(self._reload, store)
 
-    def _over_cap(self) -> bool:
-        """More events held than `max_events` and its slack (a reload, which trims, rebuilds
-        the learned index from the store: not at every event)."""
+    def _stale(self) -> bool:
+        """More events held than `max_events` and a slack (a reload trims: not at every event),
+        or one past `retention_days` (it stops counting now, not at the hourly prune)."""
         with self._lock:
-            return self._index.n_events > (cap := self._cfg().max_events) + max(1, cap // 20)
+            return (self._index.n_events > (cfg := self._cfg()).max_events + max(1, cfg.max_events // 20)
+                    or self._oldest < self._clock() - cfg.retention_days * 86400.0)
 
 
 def status_section(engine: Engine, enabled: bool, error: str | None) -> dict[str, Any]:
@@ -322,6 +323,16 @@ def status_section(engine: Engine, enabled: bool, error: str | None) -> dict[str
         "updated_at": (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(updated)) if updated else None),
         **({"error": error} if error is not None else {}),
     }
+
+
+def _prune(store: UsageStore, cfg: LearningSection, now: float) -> None:
+    """Delete events past `retention_days` and all but the newest `max_events`. Blocking."""
+    retention = cfg.retention_days * 86400.0
+    # ahead of time by up to an hour (1 % of retention): an event held past retention makes the
+    # next poll reload (`_stale`), and under steady use that is then once per this span
+    store.prune(now - retention + min(PRUNE_EVERY_S, retention / 100))
+    if trimmed := store.trim(cfg.max_events):
+        log.info("learning: the %d oldest usage events deleted (max_events = %d)", trimmed, cfg.max_events)
 
 
 def _embed_missing(engine: Engine, store: UsageStore) -> bool:
