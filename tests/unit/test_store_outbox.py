@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,23 @@ def test_writes_survive_a_reopen_until_marked_done(tmp_path: Path) -> None:
     assert third.pending_count == 0 and third.pending_bytes == 0
     assert (tmp_path / "outbox.jsonl").stat().st_size == 0  # emptied once everything was sent
     assert Outbox(tmp_path, 1 << 20).peek(10) == ([], 0)
+
+
+def test_the_buffered_writes_are_readable_by_the_daemon_s_user_only(tmp_path: Path) -> None:
+    """They hold what the shared store gets (usage events carry users' queries): mode 0600 under
+    any umask, and a file an earlier version made with the umask's mode is narrowed at open."""
+    old = os.umask(0o022)
+    try:
+        box = Outbox(tmp_path / "fresh", 1 << 20)
+        box.append([rec(1)])
+        assert stat.S_IMODE((tmp_path / "fresh" / "outbox.jsonl").stat().st_mode) == 0o600
+        (tmp_path / "old").mkdir()
+        (tmp_path / "old" / "outbox.jsonl").write_bytes(b"")
+        (tmp_path / "old" / "outbox.jsonl").chmod(0o644)
+        Outbox(tmp_path / "old", 1 << 20)
+        assert stat.S_IMODE((tmp_path / "old" / "outbox.jsonl").stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
 
 
 def test_a_torn_last_line_is_cut_at_open(tmp_path: Path) -> None:

@@ -68,6 +68,10 @@ class Outbox:
             if aside is not None:
                 log.warning("store.outbox_unusable %s is not a regular file; moved to %s, the outbox starts afresh",
                             path, aside)
+        # Usage events carry users' queries: the daemon's user alone reads them (as the
+        # learning store), and a file an earlier version made with the umask's mode is narrowed.
+        os.close(os.open(self._data, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        os.chmod(self._data, 0o600)
         with open(self._data, "ab+") as fh:
             fh.seek(0)
             raw = fh.read()
