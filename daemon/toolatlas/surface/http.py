@@ -27,6 +27,7 @@ uvicorn serves it on the daemon's event loop (no thread, no signal handlers of i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import itertools
@@ -41,7 +42,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.responses import JSONResponse, Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from toolatlas.config import HttpSection, HttpToken, listen_address
 from toolatlas.errors import ConfigError
@@ -117,20 +118,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key.lower() == name:
             return str(value.decode("latin-1"))
     return None
-
-
-def _learn_session(send: Send, conn: Connection, connections: Connections) -> Send:
-    """`send`, noting the `Mcp-Session-Id` a response opens a 2025-era session with, so
-    the session's later requests share `conn`."""
-
-    async def watching(message: Message) -> None:
-        if message.get("type") == "http.response.start" and message.get("status", 500) < 400:  # opened, not refused
-            for key, value in message.get("headers", []):
-                if key.lower() == b"mcp-session-id":
-                    connections.remember(value.decode("latin-1"), conn)
-        await send(message)
-
-    return watching
 
 
 def _stream_expiry(who: str | OAuthIdentity, scope: Scope, rpc_method: str | None) -> float | None:
@@ -307,15 +294,15 @@ class HttpEndpoint:
             self.rejected[429] = self.rejected.get(429, 0) + 1
             await busy(scope, receive, send)
             return
-        send = self.sessions.watch(send, session_id, fresh.principal, str(scope.get("method")))
         conn = self.connections.session(session_id) if session_id else None
         if conn is None or conn.principal != fresh.principal or conn.endpoint != endpoint:
             conn = fresh
             conn.id = next(_ids)
-            if not session_id:
-                send = _learn_session(send, conn, self.connections)
         elif fresh.oauth is not None:
             conn.oauth = fresh.oauth  # this request's token decides what it may use: its claims may differ
+        # A session this request opens shares `conn` with its later requests.
+        send = self.sessions.watch(send, session_id, fresh.principal, str(scope.get("method")),
+                                   on_open=functools.partial(self.connections.remember, conn=conn))
         ctx_token = CONNECTION.set(conn)
         self.connections.add(conn)
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from starlette.responses import JSONResponse, Response
@@ -84,10 +84,11 @@ class SessionLedger:
     def _expired(self, session_id: str, now: float) -> bool:
         return not self._busy.get(session_id) and now - self._seen.get(session_id, now) >= SESSION_IDLE_S
 
-    def watch(self, send: Send, session_id: str | None, principal: str, method: str) -> Send:
+    def watch(self, send: Send, session_id: str | None, principal: str, method: str,
+              on_open: Callable[[str], None] | None = None) -> Send:
         """`send`, noting what the answer means for the ledger: a session opened (an
-        `Mcp-Session-Id` on a success without one asked for), ended by its DELETE, or unknown
-        to the SDK (404: it idled out). A refused request without a session id loses the
+        `Mcp-Session-Id` on a success without one asked for; `on_open` gets its id too),
+        ended by its DELETE, or unknown to the SDK (404: it idled out). A refused request without a session id loses the
         `Mcp-Session-Id` the SDK puts on it: that session was discarded with the refusal, and
         a client keeping the id (the TypeScript SDK keeps one from any answer) would send it
         with every later request, its next initialize included, and get 404 each time."""
@@ -101,7 +102,9 @@ class SessionLedger:
                 if session_id is None and status < 400:
                     for key, value in message.get("headers", []):
                         if key.lower() == b"mcp-session-id":
-                            self.opened(value.decode("latin-1"), principal)
+                            self.opened(sid := value.decode("latin-1"), principal)
+                            if on_open is not None:
+                                on_open(sid)
                 elif session_id is not None and self._owner.get(session_id) == principal and (
                         status == 404 or (method == "DELETE" and status < 300)):
                     self.closed(session_id)
