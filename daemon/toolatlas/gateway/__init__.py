@@ -299,12 +299,12 @@ class Gateway:
         """Apply a re-read config (its [cards] already checked into `attestor`, its templates
         into `guidance`, else loaded here first, ConfigError before anything changes):
         upstreams added, removed or changed are reconciled; the unchanged keep their warm
-        session, index entries and card verdicts. Keys that need a restart keep their running
-        values (see `keep_running`; the caller reports them). New
+        session, index entries and card verdicts. `new` holds the running values of the keys
+        that need a restart (`keep_running`, applied by the caller before its [cards] are read;
+        the caller reports them). New
         templates or environment reach clients with the announce (tools/list_changed)."""
         self.guidance_for.configure(new, guidance)
         old = self.cfg
-        new = keep_running(old, new)
         old_ups = {u.name: u for u in old.upstream}
         new_ups = {u.name: u for u in new.upstream}
         summary = {
