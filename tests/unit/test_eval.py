@@ -139,6 +139,8 @@ def test_eval_refuses_an_empty_catalog_or_queries_file(tmp_path: Path, capsys: p
     assert main(["--catalog", str(cat), "--queries", str(empty), "--mode", "bm25", "--json"]) == 2
     captured = capsys.readouterr()
     assert "empty.jsonl: holds no queries" in captured.err and captured.out == ""
+    assert main(["--catalog", str(cat), "--queries", str(qs), "--feedback", str(empty), "--mode", "learned"]) == 2
+    assert "empty.jsonl: holds no queries" in capsys.readouterr().err
 
 
 def test_eval_warns_of_labels_that_can_never_score(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -64,10 +64,11 @@ def main(argv: list[str]) -> int:
     except ToolatlasError as exc:
         print(f"toolatlas eval: {exc}", file=sys.stderr)
         return 2
-    if not queries:
-        print(f"toolatlas eval: {args.queries}: holds no queries (one JSON object a line, "
-              '{"query": ..., "relevant": [{"server": ..., "name": ...}]})', file=sys.stderr)
-        return 2
+    for path, batch in ((args.queries, queries), (args.feedback, feedback)):
+        if path is not None and not batch:  # an empty --feedback would quietly rank zero-shot
+            print(f"toolatlas eval: {path}: holds no queries (one JSON object a line, "
+                  '{"query": ..., "relevant": [{"server": ..., "name": ...}]})', file=sys.stderr)
+            return 2
     for path, batch in ((args.queries, queries), (args.feedback, feedback)):
         warning = unresolved_warning(path, batch)
         if warning:
