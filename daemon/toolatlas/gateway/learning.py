@@ -45,7 +45,7 @@ CONNECTIONS_TRACKED = 4096  # connections with recent searches (least recent for
 MAX_QUERY_CHARS = 8192
 PUBLISH_EVERY_S = 0.5  # at most this often a new learned state
 POLL_S = 1.0  # how often the store is checked for changes by another writer (the CLI)
-PRUNE_EVERY_S = 3600.0  # the store is pruned at least this often (and at start; see `_stale`)
+PRUNE_EVERY_S = 3600.0  # the store is pruned at least this often (and at start; see `_checks`)
 # A learned state costs time in proportion to the events held (50,000 distinct queries of
 # 100 principals: ~20 ms for the state, 0.2-0.4 s for the word sums of the lexical signal,
 # ~10 ms for each of the nine principals' lexical indexes built at a publish): the next
@@ -295,20 +295,19 @@ class LearningService:
         while True:
             await anyio.sleep(POLL_S)
             reload = await anyio.to_thread.run_sync(store.changed_elsewhere)
-            with self._lock:
-                missing = self._engine.embedder is not None and self._index.missing > 0
+            # In a worker: a build holds the index lock (~0.4 s at 50,000 events), and taken
+            # on the loop it held up every search and call of the daemon.
+            missing, stale = await anyio.to_thread.run_sync(self._checks)
             if missing and await anyio.to_thread.run_sync(_embed_missing, self._engine, store):
                 reload = True
-            if time.monotonic() - self._pruned > PRUNE_EVERY_S or self._stale():
-                reload = True
-            if reload:
+            if reload or stale or time.monotonic() - self._pruned > PRUNE_EVERY_S:
                 await anyio.to_thread.run_sync(self._reload, store)
 
-    def _stale(self) -> bool:
-        """More events held than `max_events` and a slack (a reload trims: not at every event),
-        or one past `retention_days` (it stops counting now, not at the hourly prune)."""
-        with self._lock:
-            return (self._index.n_events > (cfg := self._cfg()).max_events + max(1, cfg.max_events // 20)
+    def _checks(self) -> tuple[bool, bool]:
+        cfg = self._cfg()  # stale: over `max_events` and a slack (not a reload at every event),
+        with self._lock:  # or one past `retention_days` (no longer counts, not at the hourly prune)
+            return (self._engine.embedder is not None and self._index.missing > 0,
+                    self._index.n_events > cfg.max_events + max(1, cfg.max_events // 20)
                     or self._oldest < self._clock() - cfg.retention_days * 86400.0)
 
 
@@ -329,7 +328,7 @@ def _prune(store: UsageStore, cfg: LearningSection, now: float) -> None:
     """Delete events past `retention_days` and all but the newest `max_events`. Blocking."""
     retention = cfg.retention_days * 86400.0
     # ahead of time by up to an hour (1 % of retention): an event held past retention makes the
-    # next poll reload (`_stale`), and under steady use that is then once per this span
+    # next poll reload (`_checks`), and under steady use that is then once per this span
     store.prune(now - retention + min(PRUNE_EVERY_S, retention / 100))
     if trimmed := store.trim(cfg.max_events):
         log.info("learning: the %d oldest usage events deleted (max_events = %d)", trimmed, cfg.max_events)
