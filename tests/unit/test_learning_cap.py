@@ -36,6 +36,24 @@ def test_trim_keeps_the_newest_events(tmp_path: Path, kind: str) -> None:
         store.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_forget_until_keeps_what_came_after(tmp_path: Path, kind: str) -> None:
+    """A forget through the shared store deletes the events up to its moment: one recorded
+    later on this replica (after the operator's command) stays."""
+    from toolatlas.retrieval.usage import forget_until
+
+    store: UsageStore = SqliteUsageStore(tmp_path / "learning.sqlite3") if kind == "sqlite" else MemoryUsageStore()
+    try:
+        other = UsageEvent(query="list files", tool="fs__list", principal="uid:1", at=1003.0, index_version=1)
+        store.add([*_events(4, 1000.0), other])  # fs__read_file at 1000..1003
+        assert forget_until(store, "fs__read_file", 1001.0) == 2
+        assert [(e.tool, e.at) for e in store.events()] == [("fs__read_file", 1002.0), ("fs__read_file", 1003.0),
+                                                             ("fs__list", 1003.0)]
+        assert forget_until(store, None, 1003.0) == 3 and store.events() == []
+    finally:
+        store.close()
+
+
 async def _serve(svc: LearningService, check: object) -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(svc.run)

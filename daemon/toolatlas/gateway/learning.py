@@ -32,7 +32,7 @@ from toolatlas.metrics import Metrics
 from toolatlas.retrieval.engine import Engine, query_vectors
 from toolatlas.retrieval.learned import LearningIndex
 from toolatlas.retrieval.usage import FILENAME as USAGE_FILENAME
-from toolatlas.retrieval.usage import UsageEvent, UsageStore, open_store
+from toolatlas.retrieval.usage import UsageEvent, UsageStore, forget_until, open_store
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,8 @@ class LearningService:
             return
 
     async def ingest(self, event: UsageEvent) -> bool:
-        """Another replica's usage event, learned from as one of ours (not passed on again).
-        Waits up to INGEST_WAIT_S for room (a replica catching up hands over thousands);
-        False when learning is off or no room came (dropped, as a local one would be)."""
+        """Another replica's usage event, learned as one of ours (not passed on). Waits up to
+        INGEST_WAIT_S for room; False when learning is off or none came (dropped, as ours)."""
         if not self.enabled:
             return False
         with anyio.move_on_after(INGEST_WAIT_S):
@@ -151,6 +150,10 @@ class LearningService:
             return True
         log.warning("learning: the usage writer is behind; a shared event for %s was dropped", event.tool)
         return False
+
+    async def forget(self, tool: str | None, until: float) -> int:
+        """Delete `tool`'s events (None: all) up to `until`, re-rank (store/wiring.py)."""
+        return await _forget(self, tool, until)
 
     def status(self) -> dict[str, Any]:
         """catalog_status's `learning` section."""
@@ -167,12 +170,10 @@ class LearningService:
     # -- the worker ------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Open the store, load its events, then persist new ones and publish states. A
-        failing store never stops the daemon: the last learned state serves (zero-shot
-        before the first), `catalog_status.learning.error` says why, the store is opened
-        again with backoff, and events wait in the writer's queue (up to its bound) or, a
-        batch the store refused, in `_unsaved`. A file that is not an SQLite database, or a
-        corrupt one, is moved aside (`_move_aside`) and learning starts again from no events."""
+        """Open the store, load its events, then persist new ones and publish states. A failing
+        store never stops the daemon: the last learned state serves, `learning.error` says why,
+        the store is opened again with backoff, events wait (the writer's queue, `_unsaved`). A
+        file not an SQLite database, or corrupt, is moved aside and learning starts from none."""
         task_status.started()  # the store opens in the background: nothing else waits for it
         while not self.enabled:  # switched off: until a reload switches it on
             await self._switched.wait()
@@ -309,6 +310,26 @@ class LearningService:
             return (self._engine.embedder is not None and self._index.missing > 0,
                     self._index.n_events > cfg.max_events + max(1, cfg.max_events // 20)
                     or self._oldest < self._clock() - cfg.retention_days * 86400.0)
+
+
+async def _forget(svc: LearningService, tool: str | None, until: float) -> int:
+    store, state_dir = svc._store, svc._state_dir  # noqa: SLF001 (its service's own store)
+    if store is not None:
+        n = await anyio.to_thread.run_sync(forget_until, store, tool, until)
+        await anyio.to_thread.run_sync(svc._reload, store)  # noqa: SLF001
+        return n
+    # Not opened in this process (learning off): a connection of its own. Never beside the
+    # service's: opening a file closes a descriptor, which drops the process's POSIX locks.
+    if state_dir is None or not (state_dir / USAGE_FILENAME).exists():
+        return 0
+
+    def once() -> int:
+        own = open_store(state_dir)
+        try:
+            return forget_until(own, tool, until)
+        finally:
+            own.close()
+    return await anyio.to_thread.run_sync(once)
 
 
 def status_section(engine: Engine, enabled: bool, error: str | None) -> dict[str, Any]:
