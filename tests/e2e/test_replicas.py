@@ -242,6 +242,25 @@ def test_learning_forget_and_reset_on_one_replica_reach_every_replica_and_the_st
         assert feedback_rows(pg_server, pg_url) == 0
 
 
+def test_shared_usage_events_past_retention_are_deleted(
+    tmp_path: Path, pg_url: str, pg_server: PgServer, shared_server: RunningServer,
+) -> None:
+    """The shared copies of usage events hold users' queries: `[learning] retention_days`
+    bounds them as it bounds each replica's own store (other kinds are the operator's)."""
+    db = pg_url.rsplit("/", 1)[1]
+    with replica(tmp_path, "a", pg_url, shared_server) as a:
+        a.wait_for(lambda: store_status(a)["connected"], 30, "A connected (the tables exist)")
+    body = '{"query": "q", "tool": "shared__gen_001", "principal": "uid:9", "at": 1, "index_version": 1}'
+    pg_server.psql(
+        "INSERT INTO toolatlas_events (kind, key, body, origin, idem, written_at) VALUES "
+        f"('feedback', 'shared__gen_001', '{body}', 'gone', 'old-feedback', now() - interval '200 days'), "
+        f"('feedback', 'shared__gen_001', '{body}', 'gone', 'new-feedback', now() - interval '100 days'), "
+        f"('catalog.changed', 'shared', '{{}}', 'gone', 'old-notice', now() - interval '200 days')", db=db)
+    with replica(tmp_path, "b", pg_url, shared_server) as b:
+        b.wait_for(lambda: "old-feedback" not in db_idems(pg_server, pg_url), 30, "the old usage event deleted")
+        assert {"new-feedback", "old-notice"} <= set(db_idems(pg_server, pg_url))
+
+
 def test_learning_reset_with_the_store_down_says_what_was_left(tmp_path: Path, shared_server: RunningServer) -> None:
     """The shared store does not answer: the host's own store is reset, and the command says
     that the store and the other replicas keep the events, exit 69 (not 0)."""

@@ -178,6 +178,14 @@ class Store:
                 return int(cur.rowcount)
         return int(await self._run("forget usage events", q))
 
+    async def prune_events(self, kind: str, before: float) -> int:
+        """Delete the events of `kind` written before `before` (Unix time); how many."""
+        async def q(conn: psycopg.AsyncConnection[Any]) -> int:
+            cur = await conn.execute("DELETE FROM toolatlas_events WHERE kind = %s AND written_at < to_timestamp(%s)",
+                                     (kind, before))
+            return int(cur.rowcount)
+        return int(await self._run(f"prune {kind} events", q))
+
     # -- reads --------------------------------------------------------------------------------
 
     # What `_changes` reads per table: (table name, its sequence column).

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 2.0  # a change no listener announced (a card re-check) is shared within this
+# The shared usage events are pruned to [learning] retention_days this often (and once connected):
+# they hold users' queries, and the retention promise covers every copy.
+PRUNE_EVERY_S = 3600.0
 
 
 def listing_hash(listing: Sequence[ToolRecord]) -> str:
@@ -107,7 +111,7 @@ class Sharing:
 
                 self._gw.engine.share_vectors(VectorBridge(self.replica, document_space(embedder), DIM))
             task_status.started()
-            seeded = False
+            seeded, pruned = False, -math.inf
             while True:
                 if not seeded and self.replica.connected:
                     # What the others last announced: a replica starting on the same catalog
@@ -119,6 +123,13 @@ class Sharing:
                     for change in await self.replica.latest(FEEDBACK_FORGET):  # for late arrivals
                         self._forget_until(change)
                 await self._sync()
+                if self.replica.connected and time.monotonic() - pruned > PRUNE_EVERY_S:
+                    retention = self._gw.cfg.learning.retention_days * 86400.0
+                    n = await self.replica.prune(FEEDBACK, time.time() - retention)
+                    if n is not None:
+                        pruned = time.monotonic()
+                        if n:
+                            log.info("store: %d shared usage event(s) past retention_days deleted", n)
                 with anyio.move_on_after(SYNC_INTERVAL_S):
                     await self._wake.wait()
                 self._wake = anyio.Event()
