@@ -27,9 +27,15 @@ class Refusal(NamedTuple):
     code: int
     message: str
     id: str | int | None = None
+    # A refused batch's request ids: answered as JSON-RPC 2.0 answers a batch, with an array
+    # holding this error once for each (its notifications get nothing).
+    batch: tuple[str | int, ...] = ()
 
-    def payload(self) -> dict[str, Any]:
-        return {"jsonrpc": "2.0", "id": self.id, "error": {"code": self.code, "message": self.message}}
+    def payload(self) -> dict[str, Any] | list[dict[str, Any]]:
+        error = {"code": self.code, "message": self.message}
+        if self.batch:
+            return [{"jsonrpc": "2.0", "id": rid, "error": error} for rid in self.batch]
+        return {"jsonrpc": "2.0", "id": self.id, "error": error}
 
     def line(self) -> bytes:
         return json.dumps(self.payload()).encode() + b"\n"
