@@ -117,11 +117,16 @@ def describe(exc: BaseException) -> str:
 AUTH_STATUSES = frozenset({401, 403})
 
 
+def shown_url(url: str) -> str:
+    """`url` as logs and errors show it: without userinfo, query or fragment."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
 def auth_failure(up: Upstream, status: int, url: str) -> str:
     """What an HTTP 401/403 from `up` means, naming the headers sent (never their values) or
     saying none are configured. `url` is shown without userinfo or query."""
-    parts = urllib.parse.urlsplit(url)
-    where = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    where = shown_url(url)
     headers = sorted(getattr(up, "headers", None) or {})
     if headers:
         names = " and ".join(repr(h) for h in headers)
@@ -266,5 +271,5 @@ def progress_fn(fn: ProgressFn | None) -> ProgressFnT | None:
 
 __all__ = [
     "AUTH_STATUSES", "AuthWatch", "CLOSE_TIMEOUT", "Loss", "auth_failure", "LossReason", "begin_teardown", "call_error", "classify", "describe",
-    "MAX_PROGRESS_QUEUED", "make_client", "progress_fn", "timeout_loss",
+    "MAX_PROGRESS_QUEUED", "make_client", "progress_fn", "shown_url", "timeout_loss",
 ]

@@ -1,0 +1,61 @@
+"""A streamable-HTTP upstream's answers that are not JSON-RPC (an error status, a page of
+another Content-Type, a body that is not JSON), against the pool: each is said as what came,
+with the status and the URL, on one line; the session stays for the others."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from tests.integration.test_upstream_pool import Recorder, running, wait_status
+from tests.support.configs import make_upstream
+from tests.support.results import pool_call, text
+from tests.support.servers import RunningServer, start_server
+from toolatlas.errors import UpstreamProtocolError
+from toolatlas.upstream.pool import Pool
+from toolatlas.upstream.state import UpstreamState
+
+
+@pytest.fixture(scope="module")
+def raw_http() -> Iterator[RunningServer]:
+    srv = start_server("rawrpc", "http")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+async def test_a_wrong_url_s_404_is_said_as_an_http_404_at_that_url(raw_http: RunningServer) -> None:
+    # It was "connect failed: JSON-RPC error -32601: Not Found": no status, no URL.
+    url = raw_http.url.replace("/mcp", "/wrong")
+    up = make_upstream("web", "http", url=url, ping_interval=0, relist_interval=0)
+    with anyio.fail_after(60):
+        async with running(Pool([up], Recorder(), backoff=lambda _a: 30.0)) as pool:
+            st = await wait_status(pool, "web", lambda s: s.state is UpstreamState.DEGRADED)
+    assert st.reason is not None and "\n" not in st.reason, st.reason
+    assert f"the upstream answered HTTP 404 (Not Found) at {url}: 'Cannot POST /wrong'" in st.reason, st.reason
+
+
+@pytest.mark.parametrize(("tool", "said"), [
+    ("http_503", "the upstream answered HTTP 503 (Service Unavailable) at {url}: 'upstream overloaded, try later'"),
+    ("http_html", "the upstream answered HTTP 200 at {url} with a text/html body, not JSON-RPC: "
+                  "'<html><body>Please log in</body></html>'"),
+    ("not_json", "the upstream's response is not valid JSON-RPC: its body is not JSON"),
+])
+async def test_an_answer_that_is_not_json_rpc_fails_its_call_saying_what_came(
+    raw_http: RunningServer, tool: str, said: str
+) -> None:
+    # They were "Server returned an error response", "Unexpected content type: text/html" and
+    # pydantic's many-line report, each as if the upstream had sent that JSON-RPC error.
+    up = make_upstream("web", "http", url=raw_http.url, ping_interval=0, relist_interval=0)
+    with anyio.fail_after(60):
+        async with running(Pool([up], Recorder())) as pool:
+            await wait_status(pool, "web", lambda s: s.state is UpstreamState.READY)
+            with pytest.raises(UpstreamProtocolError) as caught:
+                await pool_call(pool, "web", tool, {})
+            assert str(caught.value) == (f"upstream 'web' answered tools/call {tool} with JSON-RPC error -32603: "
+                                         + said.format(url=raw_http.url)), caught.value
+            assert pool.get("web").state is UpstreamState.READY  # type: ignore[union-attr]
+            assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
