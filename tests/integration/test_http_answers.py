@@ -1,6 +1,7 @@
-"""A streamable-HTTP upstream's answers that are not JSON-RPC (an error status, a page of
-another Content-Type, a body that is not JSON), against the pool: each is said as what came,
-with the status and the URL, on one line; the session stays for the others."""
+"""HTTP upstreams' answers that are not MCP, against the pool: a streamable-HTTP upstream's
+error status, page of another Content-Type or body that is not JSON, an SSE stream that ends
+before its endpoint event. Each is said as what came, with the status and the URL, on one
+line; a session stays for the other calls."""
 
 from __future__ import annotations
 
@@ -59,3 +60,17 @@ async def test_an_answer_that_is_not_json_rpc_fails_its_call_saying_what_came(
                                          + said.format(url=raw_http.url)), caught.value
             assert pool.get("web").state is UpstreamState.READY  # type: ignore[union-attr]
             assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
+
+
+async def test_an_sse_stream_that_ends_before_its_endpoint_event_says_so() -> None:
+    # It was "connect failed: RuntimeError: Child exited without calling task_status.started()".
+    srv = start_server("rawrpc", "sse")
+    try:
+        url = srv.url.replace("/sse", "/ends")
+        up = make_upstream("web", "sse", url=url, ping_interval=0, relist_interval=0)
+        with anyio.fail_after(60):
+            async with running(Pool([up], Recorder(), backoff=lambda _a: 30.0)) as pool:
+                st = await wait_status(pool, "web", lambda s: s.state is UpstreamState.DEGRADED)
+    finally:
+        srv.stop()
+    assert st.reason == f"connect failed: EOFError: the SSE stream at {url} ended before its endpoint event", st.reason

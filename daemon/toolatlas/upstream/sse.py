@@ -24,6 +24,7 @@ from mcp.shared._httpx_utils import request_within_origin, sse_within_origin
 from mcp.shared.message import SessionMessage
 
 from toolatlas.upstream.bounded import invalid_response
+from toolatlas.upstream.client import shown_url
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ async def sse_client(url: str, client: httpx2.AsyncClient, max_event_size: int) 
                             await read_writer.send(exc if answer is None else SessionMessage(answer))
                             continue
                         await read_writer.send(SessionMessage(message))
+                if not started:  # else anyio says only "Child exited without calling task_status.started()"
+                    raise EOFError(f"the SSE stream at {shown_url(url)} ended before its endpoint event")
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass
             except Exception:

@@ -32,7 +32,8 @@ answers by the tool's name:
   text body, with a 200 login page (text/html), or with a 200 application/json body that is
   not JSON.
 
-Over streamable HTTP a POST to another path than ``/mcp`` gets a 404 (a wrong URL).
+Over streamable HTTP a POST to another path than ``/mcp`` gets a 404 (a wrong URL); over SSE
+a GET of another path than ``/sse`` gets an event stream that ends at once.
 
 ``--broken-tools`` adds to the listing what the SDK's model of a tool rejects (``BROKEN``);
 ``--many N`` adds N plain tools ``filler_00000`` ... (1,500 make a page of over 256 KiB,
@@ -164,6 +165,8 @@ class _Sse(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
+        if self.path.partition("?")[0] != "/sse":
+            return  # an event stream that ends before its endpoint event
         self.wfile.write(b"event: endpoint\ndata: /messages\n\n")
         self.wfile.flush()
         while True:
