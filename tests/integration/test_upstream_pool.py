@@ -147,6 +147,28 @@ async def test_list_changed_reaches_the_callback(spawn_server: Any, transport: s
             await rec.wait(lambda: "weather_lookup" not in (rec.latest.get("dyn") or []), timeout=10)
 
 
+async def test_a_list_changed_storm_is_logged_once_not_once_per_notification(
+    spawn_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 300 tools/list_changed wrote 300 INFO lines "upstream NAME: tools/list_changed".
+    import logging
+
+    caplog.set_level(logging.INFO, logger="toolatlas.upstream")
+    up = make_upstream("stormy", "http", url=spawn_server("faultserver", "http").url, relist_interval=0)
+    seen: list[str] = []
+    observer = lambda _name, kind, _fields: seen.append(kind) if kind == "list_changed" else None  # noqa: E731
+    with anyio.fail_after(60):
+        async with running(Pool([up], Recorder(), mode="legacy", observer=observer)) as pool:
+            await wait_status(pool, "stormy", lambda s: s.state is READY)
+            assert text(await pool_call(pool, "stormy", "storm", {"count": 300, "per_second": 0})) == "300"
+            while len(seen) < 300:  # every one is counted (metrics), and re-listed after
+                await anyio.sleep(0.02)
+            assert pool.get("stormy").state is READY  # type: ignore[union-attr]
+    said = [r.getMessage() for r in caplog.records if "stormy" in r.getMessage() and "changed" in r.getMessage()
+            and "tool list changed:" not in r.getMessage()]
+    assert said == ["upstream stormy: its tools changed (tools/list_changed)"], said
+
+
 async def test_periodic_relist_picks_up_changes_without_notifications(spawn_server: Any) -> None:
     # The legacy notification goes only to the session that made the change; a second
     # client's change is only seen by polling.

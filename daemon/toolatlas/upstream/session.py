@@ -130,9 +130,7 @@ class Connection:
             logger.debug("upstream %s: transport error: %s", self.name, self.describe(message))
             return
         if isinstance(message, mcp_types.ToolListChangedNotification):
-            logger.info("upstream %s: tools/list_changed", self.name)
-            self.observe_list_changed()
-            self.supervision.want_relist()
+            self.supervision.tools_changed("tools/list_changed")
         else:
             await self._s.inbound.message(message)
 
