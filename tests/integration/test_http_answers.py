@@ -14,6 +14,7 @@ from tests.integration.test_upstream_pool import Recorder, running, wait_status
 from tests.support.configs import make_upstream
 from tests.support.results import pool_call, text
 from tests.support.servers import RunningServer, start_server
+from toolatlas.config import Timeouts
 from toolatlas.errors import UpstreamProtocolError
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
@@ -74,3 +75,24 @@ async def test_an_sse_stream_that_ends_before_its_endpoint_event_says_so() -> No
     finally:
         srv.stop()
     assert st.reason == f"connect failed: EOFError: the SSE stream at {url} ended before its endpoint event", st.reason
+
+
+async def test_an_sse_message_post_that_fails_fails_its_call_at_once_and_the_session_goes_on() -> None:
+    # The call waited out its timeout ("did not answer"), and the session's writer ended:
+    # every later call failed as "JSON-RPC error -32000: Connection closed", READY all along.
+    srv = start_server("rawrpc", "sse")
+    try:
+        up = make_upstream("web", "sse", url=srv.url, ping_interval=0, relist_interval=0,
+                           timeouts=Timeouts(connect=15.0, list_tools=10.0, call=60.0, ping=5.0))
+        with anyio.fail_after(40):
+            async with running(Pool([up], Recorder())) as pool:
+                await wait_status(pool, "web", lambda s: s.state is UpstreamState.READY)
+                with pytest.raises(UpstreamProtocolError) as caught:
+                    await pool_call(pool, "web", "http_503", {})
+                endpoint = srv.url.replace("/sse", "/messages")
+                assert str(caught.value) == (
+                    "upstream 'web' answered tools/call http_503 with JSON-RPC error -32603: the upstream answered "
+                    f"HTTP 503 (Service Unavailable) at {endpoint}: 'upstream overloaded, try later'"), caught.value
+                assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
+    finally:
+        srv.stop()

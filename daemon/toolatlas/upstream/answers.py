@@ -93,6 +93,17 @@ def _error_status(body: bytes) -> bool:
     return isinstance(msg, dict) and "error" in msg and response_problem(msg) is None
 
 
+def answered(status: int, reason: str, url: str, content_type: str, body: bytes) -> str:
+    """What an HTTP answer that is not JSON-RPC was: its status (and, at a 2xx, its
+    Content-Type) at `url`, and the start of its body."""
+    if status >= 400 or status < 200:
+        what = f"HTTP {status}" + (f" ({reason})" if reason else "") + f" at {url}"
+    else:
+        what = f"HTTP {status} at {url} with a {content_type or 'untyped'} body, not JSON-RPC"
+    text = body[:SNIPPET * 4].decode(errors="replace").strip()
+    return f"the upstream answered {what}" + (f": {text[:SNIPPET]!r}" if text else "")
+
+
 class _Checked(httpx2.AsyncByteStream):
     """A reply body (already bounded by max_result_bytes) passed on when it is JSON-RPC, or
     replaced by the error that says what it was."""
@@ -107,14 +118,10 @@ class _Checked(httpx2.AsyncByteStream):
         if self._status >= 400:
             if self._content_type == JSON and _error_status(body):
                 return None
-            what = f"HTTP {self._status}" + (f" ({self._reason})" if self._reason else "") + f" at {self._url}"
-        elif self._content_type != JSON:
-            what = f"HTTP {self._status} at {self._url} with a {self._content_type or 'untyped'} body, not JSON-RPC"
-        else:
+        elif self._content_type == JSON:
             problem = _not_json_rpc(body)
             return None if problem is None else invalid(0, problem).error.message
-        text = body[:SNIPPET * 4].decode(errors="replace").strip()
-        return f"the upstream answered {what}" + (f": {text[:SNIPPET]!r}" if text else "")
+        return answered(self._status, self._reason, self._url, self._content_type, body)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         body = b"".join([chunk async for chunk in self._body])
@@ -159,4 +166,4 @@ def answers_hook(up: HttpUpstream) -> Callable[[httpx2.Response], Awaitable[None
     return hook
 
 
-__all__ = ["answers_hook"]
+__all__ = ["answered", "answers_hook"]

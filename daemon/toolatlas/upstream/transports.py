@@ -378,7 +378,7 @@ def _http_client(up: SseUpstream | HttpUpstream, streams: Abandon | None = None)
 
 @contextlib.asynccontextmanager
 async def sse_transport(up: SseUpstream, on_eof: Callable[[str], None]) -> AsyncIterator[Streams]:
-    async with _http_client(up) as client, sse_client(up.url, client, sse_event_limit(up)) as (read, write):
+    async with _http_client(up) as client, sse_client(up.url, client, sse_event_limit(up), up.name) as (read, write):
         yield EofWatch(read, on_eof, "sse", up), write
 
 

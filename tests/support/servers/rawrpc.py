@@ -30,7 +30,7 @@ answers by the tool's name:
   its stdin closing;
 - ``http_503`` / ``http_html`` / ``not_json`` (streamable HTTP): answers with HTTP 503 and a
   text body, with a 200 login page (text/html), or with a 200 application/json body that is
-  not JSON.
+  not JSON; over SSE ``http_503``'s message POST gets the 503.
 
 Over streamable HTTP a POST to another path than ``/mcp`` gets a 404 (a wrong URL); over SSE
 a GET of another path than ``/sse`` gets an event stream that ends at once.
@@ -182,10 +182,19 @@ class _Sse(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        msg = json.loads(body)
+        if msg.get("method") == "tools/call" and (msg.get("params") or {}).get("name") == "http_503":
+            status, text, content_type = _PLAIN["http_503"]  # this one message's POST fails
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+            return
         self.send_response(202)
         self.send_header("Content-Length", "0")
         self.end_headers()
-        _handle(json.loads(body))
+        _handle(msg)
 
     def log_message(self, *args: Any) -> None:
         pass
