@@ -504,6 +504,29 @@ async def test_stale_http_session_404_reconnects(spawn_server: Any, tmp_path: An
             assert text(await pool_call(pool, "web", "echo", {"message": "y"})) == "Echo: y"
 
 
+async def test_a_new_http_session_s_id_stays_out_of_the_log_at_info(spawn_server: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # The SDK's client logged "Received session ID: <id>" at INFO on every connect: whoever
+    # reads the journal could act in that session on a server that binds nothing else to it.
+    import logging
+
+    from toolatlas.app import set_log_level
+
+    before = {name: logging.getLogger(name).level for name in ("", "mcp.client.streamable_http")}
+    set_log_level("INFO")
+    try:
+        caplog.set_level(logging.INFO)
+        srv = spawn_server("faultserver", "http", ["--legacy-only"])
+        up = make_upstream("web", "http", url=srv.url, ping_interval=0, relist_interval=0)
+        with anyio.fail_after(60):
+            async with running(Pool([up], Recorder(), mode="legacy")) as pool:
+                await wait_status(pool, "web", lambda s: s.state is READY and s.protocol_version == "2025-11-25")
+        assert any("upstream web: connecting -> ready" in r.getMessage() for r in caplog.records)
+        assert not [r.getMessage() for r in caplog.records if "session ID" in r.getMessage()]
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)
+
+
 @pytest.mark.slow
 async def test_failed_health_check_degrades(spawn_server: Any) -> None:
     srv = spawn_server("testserver", "sse")
