@@ -28,7 +28,7 @@ from mcp.client.streamable_http import MCP_SESSION_ID
 from toolatlas.config import HttpUpstream
 from toolatlas.jsonlines import is_request_id
 from toolatlas.upstream.bounded import invalid, response_problem
-from toolatlas.upstream.client import AUTH_STATUSES, shown_url
+from toolatlas.upstream.client import AUTH_STATUSES, FORGOTTEN, shown_url
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +142,24 @@ class _Checked(httpx2.AsyncByteStream):
         await self._body.aclose()
 
 
+class _Forgotten(httpx2.AsyncByteStream):
+    """The 404 of a session the server forgot, as the JSON-RPC error `client.session_forgotten` knows."""
+
+    def __init__(self, body: Any, request_id: str | int, url: str) -> None:
+        self._body, self._id, self._url = body, request_id, url
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for _chunk in self._body:
+            pass
+        error = mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, data=FORGOTTEN, message=(
+            f"the upstream no longer knows this session (HTTP 404 at {self._url}), so it did not run the request"))
+        yield mcp_types.JSONRPCError(jsonrpc="2.0", id=self._id, error=error).model_dump_json(
+            by_alias=True, exclude_unset=True).encode()
+
+    async def aclose(self) -> None:
+        await self._body.aclose()
+
+
 def answers_hook(up: HttpUpstream) -> Callable[[httpx2.Response], Awaitable[None]]:
     """An httpx2 response hook (after `bounded.limit_hook`) that replaces an answer to a
     request that is not JSON-RPC by the JSON-RPC error saying what it was (module docstring)."""
@@ -154,7 +172,12 @@ def answers_hook(up: HttpUpstream) -> Callable[[httpx2.Response], Awaitable[None
         if 300 <= status < 400 and "location" in response.headers:
             return  # the SDK names where it was sent and why it did not follow
         if status == 404 and MCP_SESSION_ID in response.request.headers:
-            return  # the session expired: see transports._response_hook
+            # The server no longer knows the session (it restarted, or expired it): the session
+            # reconnects (transports._response_hook), and this request, which did not run, may
+            # be made again on the new one (requests.on_session).
+            response.stream = _Forgotten(response.stream, request[0], shown_url(str(response.request.url)))
+            response.headers["content-type"] = JSON
+            return
         content_type = _content_type(response)
         if status < 300 and content_type == EVENTS:
             return
