@@ -1,5 +1,5 @@
 """HTTP upstreams' answers that are not MCP, against the pool: a streamable-HTTP upstream's
-error status, page of another Content-Type or body that is not JSON, an SSE stream that ends
+error status, page of another Content-Type, body or event that is not JSON, an SSE stream that ends
 before its endpoint event. Each is said as what came, with the status and the URL, on one
 line; a session stays for the other calls."""
 
@@ -45,6 +45,7 @@ async def test_a_wrong_url_s_404_is_said_as_an_http_404_at_that_url(raw_http: Ru
     ("http_html", "the upstream answered HTTP 200 at {url} with a text/html body, not JSON-RPC: "
                   "'<html><body>Please log in</body></html>'"),
     ("not_json", "the upstream's response is not valid JSON-RPC: its body is not JSON"),
+    ("event_not_json", "the upstream's response is not valid JSON-RPC: its event's data is not JSON"),
 ])
 async def test_an_answer_that_is_not_json_rpc_fails_its_call_saying_what_came(
     raw_http: RunningServer, tool: str, said: str

@@ -63,17 +63,17 @@ def _content_type(response: httpx2.Response) -> str:
     return response.headers.get("content-type", "").partition(";")[0].strip().lower()
 
 
-def _not_json_rpc(body: bytes) -> str | None:
-    """What makes `body` (a JSON reply) not one JSON-RPC message, or None when it is one.
-    Its result is not decoded (a large one is only scanned)."""
+def _not_json_rpc(body: bytes, what: str = "its body") -> str | None:
+    """What makes `body` (a JSON reply, or an event's data: `what`) not one JSON-RPC message,
+    or None when it is one. Its result is not decoded (a large one is only scanned)."""
     try:
         spans = _decode_spans(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         try:
             _decode(body)
         except msgspec.DecodeError:
-            return "its body is not JSON"
-        return "its body is not a JSON object"
+            return f"{what} is not JSON"
+        return f"{what} is not a JSON object"
     if "method" in spans:
         return None  # a request or notification of the server's: the SDK takes it
     if "result" not in spans and "error" not in spans:
@@ -142,6 +142,44 @@ class _Checked(httpx2.AsyncByteStream):
         await self._body.aclose()
 
 
+def _event_data(event: bytes) -> bytes | None:
+    """The data of a whole server-sent event (as `bounded.BoundedEvents` passes it on) when it
+    is a message event, else None."""
+    kind, data = b"message", []
+    for line in event.split(b"\n"):
+        field, _, value = line.partition(b":")
+        value = value[1:] if value.startswith(b" ") else value
+        if field == b"event":
+            kind = value
+        elif field == b"data":
+            data.append(value)
+    return b"\n".join(data) if kind == b"message" and data and any(data) else None
+
+
+class _CheckedEvents(httpx2.AsyncByteStream):
+    """An event stream answering a request (whole events, bounded by max_result_bytes), each
+    message that is not JSON-RPC replaced by the error that says so, for that request (the
+    SDK failed it with pydantic's many-line report, and logged its traceback)."""
+
+    def __init__(self, up: HttpUpstream, body: httpx2.AsyncByteStream, request: tuple[str | int, str]) -> None:
+        self._up, self._body, self._request = up, body, request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for event in self._body:
+            data = _event_data(event)
+            problem = None if data is None else _not_json_rpc(data, "its event's data")
+            if problem is None:
+                yield event
+                continue
+            request_id, method = self._request
+            logger.debug("upstream %s: %s failed: an event that is not JSON-RPC: %s", self._up.name, method, problem)
+            yield b"event: message\ndata: " + invalid(request_id, problem).model_dump_json(
+                by_alias=True, exclude_unset=True).encode() + b"\n\n"
+
+    async def aclose(self) -> None:
+        await self._body.aclose()
+
+
 class _Forgotten(httpx2.AsyncByteStream):
     """The 404 of a session the server forgot, as the JSON-RPC error `client.session_forgotten` knows."""
 
@@ -179,10 +217,11 @@ def answers_hook(up: HttpUpstream) -> Callable[[httpx2.Response], Awaitable[None
             response.headers["content-type"] = JSON
             return
         content_type = _content_type(response)
-        if status < 300 and content_type == EVENTS:
-            return
         body = response.stream
         assert isinstance(body, httpx2.AsyncByteStream)  # an AsyncClient's response
+        if status < 300 and content_type == EVENTS:
+            response.stream = _CheckedEvents(up, body, request)
+            return
         response.stream = _Checked(up, response, body, request, content_type)
         response.headers["content-type"] = JSON  # so the SDK reads the error it gets
 

@@ -30,7 +30,8 @@ answers by the tool's name:
   its stdin closing;
 - ``http_503`` / ``http_html`` / ``not_json`` (streamable HTTP): answers with HTTP 503 and a
   text body, with a 200 login page (text/html), or with a 200 application/json body that is
-  not JSON; over SSE ``http_503``'s message POST gets the 503.
+  not JSON; over SSE ``http_503``'s message POST gets the 503;
+- ``event_not_json`` (streamable HTTP): answers with an event stream whose one event is not JSON.
 
 Over streamable HTTP a POST to another path than ``/mcp`` gets a 404 (a wrong URL); over SSE
 a GET of another path than ``/sse`` gets an event stream that ends at once.
@@ -53,7 +54,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "content_not_list",
-         "progress_flood", "log_flood", "hang", "open_streams", "close_stdout", "http_503", "http_html", "not_json")
+         "progress_flood", "log_flood", "hang", "open_streams", "close_stdout", "http_503", "http_html", "not_json",
+         "event_not_json")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -233,6 +235,8 @@ class _Http(BaseHTTPRequestHandler):
             return self._hang()
         if tool in _PLAIN:
             return self._answer(*_PLAIN[tool])
+        if tool == "event_not_json":
+            return self._answer(200, b"event: message\ndata: {not json\n\n", "text/event-stream")
         _REPLY.msg = None
         try:
             _handle(msg)
