@@ -292,6 +292,26 @@ def test_shim_config_reports_a_daemon_that_will_not_start(no_daemon: Daemon) -> 
     assert "started the daemon" in err
 
 
+def test_shim_config_says_at_once_why_it_cannot_start_the_daemon(no_daemon: Daemon, tmp_path: Path) -> None:
+    """A state_dir that cannot be made (here a path under a regular file; an unwritable folder
+    alike): the daemon's log cannot be opened, so no daemon starts. The held handshake is
+    answered at once with the path and the key to fix. Before, the client waited the whole
+    60 s and then read 'the daemon is starting ... retry in a few seconds'."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    text = no_daemon.config.read_text()
+    assert f'state_dir = "{no_daemon.tmp / "state"}"' in text
+    no_daemon.config.write_text(text.replace(f'state_dir = "{no_daemon.tmp / "state"}"',
+                                             f'state_dir = "{blocker / "state"}"'))
+    proc, replies = _handshake_then_eof(no_daemon.config)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert [r.get("id") for r in replies] == [1], replies
+    message = replies[0]["error"]["message"]
+    assert f"cannot write its log {blocker / 'state' / 'daemon.log'}" in message, message
+    assert "Not a directory" in message and "[daemon] state_dir" in message, message
+    assert not _daemons_of(no_daemon.config)
+
+
 def test_shim_config_answers_a_held_handshake_after_the_client_closes_stdin(no_daemon: Daemon) -> None:
     """A client that writes its requests and closes stdin while the daemon is still being
     started is owed the replies, as when the daemon is up: the held initialize is answered
