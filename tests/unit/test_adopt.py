@@ -136,6 +136,23 @@ def test_literal_secrets_become_variables_and_never_reach_the_toml(tmp_path: Pat
                                      "REMOTE_API_KEY", "PROXY_SECRET"}
 
 
+def test_an_entry_left_out_asks_for_no_variable_and_keeps_no_secret(tmp_path: Path) -> None:
+    """A user-level VS Code entry whose env holds a token but whose cwd needs
+    ${workspaceFolder} is skipped; its token was moved out before the cwd failed, and was
+    then listed as a variable the daemon must set and kept in the environment file, for a
+    server the config does not run (still in the client file, with its secret)."""
+    a = _adopt(tmp_path, "Code/User/mcp.json", {"servers": {
+        "local": {"command": "node", "args": ["${env:DATA_DIR}"], "cwd": "${workspaceFolder}/x",
+                  "env": {"GITHUB_TOKEN": "ghp_0123456789abcdefSECRET", "MODE": "${input:mode}"},
+                  "autoApprove": ["x"]},
+        "kept": {"command": "node", "env": {"API_KEY": "kept-secret-value"}},
+    }})
+    assert [u.name for u in a.upstreams] == ["kept"] and [s.name for s in a.skipped] == ["local"]
+    assert set(a.exports.needed) == {"API_KEY"}
+    assert a.exports.to_keep() == {"API_KEY": "kept-secret-value"}
+    assert "GITHUB_TOKEN" not in render(a) and not [n for n in a.notes if "local" in n], a.notes
+
+
 def test_connection_strings_and_short_passwords_are_secrets_too(tmp_path: Path) -> None:
     a = _adopt(tmp_path, ".mcp.json", {"mcpServers": {"db": {
         "command": "pg-mcp", "args": ["--password=hunt", "--port", "5432"],
