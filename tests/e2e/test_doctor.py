@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.ports import free_port
 
 GHOST = "toolatlas-test-no-such-command"
 
@@ -73,6 +74,29 @@ def test_doctor_fails_when_no_daemon_answers(tmp_path: Path) -> None:
     assert daemon and f"no answer at {sock} (No such file or directory); start it with `toolatlas serve " \
         f"--config {cfg}`" in daemon[0]
     assert lines[-1] == "1 problem(s) found"
+
+
+def test_doctor_without_a_daemon_names_a_remote_upstream_nothing_answers_for(tmp_path: Path) -> None:
+    """With no daemon to report its upstreams' states, a remote upstream whose port refuses
+    is one FAIL line naming it, the host and port (never the URL's password or query), and
+    what to do; a remote upstream that accepts connections is not. Before, doctor said
+    nothing of remote upstreams until a daemon ran."""
+    listening = socket.create_server(("127.0.0.1", 0))
+    refused = free_port()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "none.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+                   f'metrics_addr = ""\n[search]\nembedder = "none"\n'
+                   f'[[upstream]]\nname = "up"\ntransport = "http"\n'
+                   f'url = "http://127.0.0.1:{listening.getsockname()[1]}/mcp"\n'
+                   f'[[upstream]]\nname = "down"\ntransport = "sse"\n'
+                   f'url = "http://me:pw-secret@127.0.0.1:{refused}/sse?key=q-secret"\n')
+    with listening:
+        r = _run("doctor", "--config", str(cfg))
+    assert r.returncode == 1, r.stdout
+    urls = [line for line in r.stdout.splitlines() if line.startswith(("FAIL  url", "ok    url"))]
+    assert urls == [f"FAIL  url: upstream 'down': cannot connect to 127.0.0.1:{refused} (Connection refused): "
+                    "start that server, or fix its `url` in the config"], r.stdout
+    assert "secret" not in r.stdout
 
 
 def test_doctor_on_a_socket_that_accepts_but_never_answers_says_so(
