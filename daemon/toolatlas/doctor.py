@@ -242,6 +242,21 @@ def _check_status(status: dict[str, Any]) -> Iterator[Check]:
                         "fix the upstream's command/url in the config and reload")
 
 
+def _check_running_config(cfg: Config, path: str, status: dict[str, Any]) -> Iterator[Check]:
+    """Upstreams the config and the daemon's answer do not agree on: the file was edited and
+    not reloaded (or the daemon on that socket runs another file)."""
+    running = [str(s.get("name")) for s in status.get("servers") or []]
+    for up in cfg.upstream:
+        if up.name not in running:
+            yield Check(WARN, f"upstream {up.name}", f"in {path} but not run by the daemon: it runs the config as it "
+                        "was before an edit (apply it with `toolatlas reload`), or your access rules hide it")
+    configured = {up.name for up in cfg.upstream}
+    for name in running:
+        if name not in configured:
+            yield Check(WARN, f"upstream {name}", f"run by the daemon but no longer in {path}: apply the edit with "
+                        "`toolatlas reload`")
+
+
 def run_checks(config_flag: str | None) -> list[Check]:
     """Every check, in order; see the module docstring."""
     from toolatlas.errors import ConfigError
@@ -274,6 +289,8 @@ def run_checks(config_flag: str | None) -> list[Check]:
     checks.append(daemon)
     if status is not None:
         checks += _check_status(status)
+        if cfg is not None and path is not None:
+            checks += _check_running_config(cfg, path, status)
     elif cfg is not None:  # no daemon to ask how its upstreams are: try their ports from here
         checks += _check_urls(cfg)
     return checks

@@ -42,6 +42,23 @@ def test_doctor_names_a_missing_command_and_the_upstream_it_breaks(tmp_path: Pat
     assert f"warning: upstream 'ghost': command '{GHOST}' is not found on PATH" in warned.stderr
 
 
+def test_doctor_says_when_the_daemon_runs_the_config_as_it_was_before_an_edit(tmp_path: Path) -> None:
+    """An upstream added to the file and one taken out, not reloaded: the daemon's answer
+    lists neither the new one nor drops the old, and doctor said 'config valid (N upstreams)'
+    and all ok, while the client saw none of the added server. Now each is a WARN line
+    naming the upstream and `toolatlas reload`."""
+    with Daemon(tmp_path, stdio_testserver("old")) as d:
+        d.wait_for(lambda: [s["state"] for s in d.status()["servers"]] == ["ready"], 60, "old ready")
+        d.config.write_text(d.config.read_text().replace('name = "old"', 'name = "new"'))
+        r = _run("doctor", "--config", str(d.config))
+    lines = r.stdout.splitlines()
+    assert f"WARN  upstream new: in {d.config} but not run by the daemon: it runs the config as it was before an " \
+           "edit (apply it with `toolatlas reload`), or your access rules hide it" in lines, r.stdout
+    assert f"WARN  upstream old: run by the daemon but no longer in {d.config}: apply the edit with " \
+           "`toolatlas reload`" in lines, r.stdout
+    assert r.returncode == 0 and lines[-1] == "no problems found", r.stdout
+
+
 def test_a_cwd_that_is_not_a_folder_is_found_before_the_daemon_fails_on_it(tmp_path: Path) -> None:
     """The daemon cannot start a stdio upstream whose `cwd` does not exist (FileNotFoundError
     naming the folder): check-config warns of it and doctor fails it, as for a missing command."""
