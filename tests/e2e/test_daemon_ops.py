@@ -166,6 +166,21 @@ def test_metrics_endpoint_and_token_figures(tmp_path: Path) -> None:
         assert "anthropic_tokenizer" not in maps and "msgspec/_core" in maps
 
 
+def test_status_cache_and_search_counts_are_the_clients_as_the_metrics_count_them(tmp_path: Path) -> None:
+    """The token figure's sample queries (a top-5 search per sampled tool) went through the
+    result cache: catalog_status showed 8 misses and 8 searches before any client searched,
+    against 0 in /metrics. Now both count the clients' searches alone."""
+    port = free_port()
+    with Daemon(tmp_path, stdio_testserver("m", "--tools", "40"), daemon_extra=f'metrics_addr = "127.0.0.1:{port}"') as d:
+        d.wait_for(lambda: d.status()["tokens"].get("tools") == 49, 60, "tokens counted (its samples searched)")
+        d.search("echo a message")
+        d.search("echo a message")
+        index = d.status()["index"]
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert (index["cache"]["hits"], index["cache"]["misses"], index["searches"]) == (1, 1, 1), index
+    assert "toolatlas_search_cache_hits_total 1.0" in body and "toolatlas_search_cache_misses_total 1.0" in body
+
+
 def test_sighup_while_the_daemon_starts_is_a_reload_not_its_death(tmp_path: Path) -> None:
     """SIGHUP's default action ends a process: until the daemon took SIGHUP over (late in its
     start, after the heavy imports), one killed it without a word. It is noted from the start
