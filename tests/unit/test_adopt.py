@@ -280,16 +280,45 @@ def test_rewriting_a_file_with_comments_keeps_the_comments_outside_the_server_ta
     assert a.source.had_comments and a.source.servers_table == ("mcp", "servers")
     new, name = rewritten(a, tmp_path / "c.toml")
     out = new.decode()
-    for kept in ("// my settings, keep them", "/* inline */", "// nothing to ask", "[1, 2,], // trailing commas stay too"):
+    for kept in ("// my settings, keep them", "/* inline */", "// nothing to ask", "[1, 2,], // trailing commas stay too",
+                 "// this old server goes"):
         assert kept in out
-    assert "this old server goes" not in out and "mcp-server-git" not in out
+    assert "mcp-server-git" not in out
     data = json.loads(strip_jsonc(out)[0])
     command, *pre = shim_command()
     assert data["mcp"]["servers"] == {
         "off": {"type": "stdio", "command": "b", "disabled": True},
         name: {"type": "stdio", "command": command, "args": [*pre, "shim", "--config", str(tmp_path / "c.toml")]}}
-    assert out.startswith(text.split('"servers"')[0])  # every byte before the table is the user's
-    assert '\n    "servers": {\n      "off": {' in out  # indented where it stands
+    assert out.startswith(text.split('"git"')[0])  # every byte before the adopted entry is the user's
+    assert '      "off": {"type": "stdio", "command": "b", "disabled": true},\n      "toolatlas": {\n' in out
+
+
+def test_a_rewrite_edits_only_the_entries_it_replaces(tmp_path: Path) -> None:
+    """Only the adopted entries leave a commented server table, and the shim's entry is added
+    after the last entry kept: a commented-out server, the comments beside entries and the
+    entries left in place keep every byte. Before, the whole table was written anew, and
+    everything commented in it was lost (but for the backup)."""
+    text = """{
+  "servers": {
+    // GitHub, with my token
+    "github": {"command": "npx", "args": ["-y", "gh"]},
+    // "old": {"command": "retired-server"},
+    "fs": {"command": "npx", "args": ["fs"]}, // the files
+    "sock": {"type": "ws", "url": "ws://127.0.0.1:9"}, /* not adoptable: stays */
+  },
+}
+"""
+    a = _adopt(tmp_path, ".vscode/mcp.json", text)
+    assert sorted(u.name for u in a.upstreams) == ["fs", "github"]
+    new, name = rewritten(a, tmp_path / "c.toml")
+    out = new.decode()
+    command, *pre = shim_command()
+    shim = json.dumps({"type": "stdio", "command": command, "args": [*pre, "shim", "--config", str(tmp_path / "c.toml")]},
+                      indent=2).replace("\n", "\n    ")
+    assert out == ('{\n  "servers": {\n    // GitHub, with my token\n    // "old": {"command": "retired-server"},\n'
+                   '    // the files\n    "sock": {"type": "ws", "url": "ws://127.0.0.1:9"}, /* not adoptable: stays */\n'
+                   f'    "{name}": {shim},\n  }},\n}}\n'), out
+    assert set(json.loads(strip_jsonc(out)[0])["servers"]) == {"sock", name}
 
 
 def test_a_file_with_a_byte_order_mark_keeps_it_and_its_comments(tmp_path: Path) -> None:

@@ -104,7 +104,7 @@ def _missing_commands(a: Adoption) -> None:
 
 def _rewrite_notes(a: Adoption) -> None:
     if a.source.had_comments:
-        _say(f"  note: comments inside the rewritten server entries of {a.source.path} are gone (the others stay); "
+        _say(f"  note: comments inside the replaced server entries of {a.source.path} are gone (the others stay); "
              "the backup keeps them all")
     if a.source.kind is ClientKind.CLAUDE_CODE_USER and any(w[0] == "projects" for w in a.replaced):
         _say("  note: servers of single projects now reach every project through the user-level toolatlas entry")

@@ -2,9 +2,9 @@
 toolatlas shim entry, a byte-identical timestamped backup beside it, and `adopt --undo`.
 
 Every other key of the file is kept (same order; the indentation is taken from the file). In
-a JSON-with-comments file only the server tables that change are rewritten (adopt/jsonc.py):
-comments elsewhere stay, comments inside those tables go with the entries they described
-(the backup keeps them, and the CLI says so).
+a JSON-with-comments file only the entries that change are edited (adopt/jsonc.py): comments
+beside them and commented-out entries stay, comments inside a replaced entry go with it (the
+backup keeps them, and the CLI says so).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from toolatlas.adopt.clients import AdoptError, ClientFile, ClientKind
 from toolatlas.adopt.convert import Adoption
-from toolatlas.adopt.jsonc import replace_values
+from toolatlas.adopt.jsonc import Edit, edit_tables
 from toolatlas.paths import read_regular, write_atomic
 
 BACKUP_INFIX = ".toolatlas-backup-"
@@ -81,17 +81,14 @@ def rewritten(adoption: Adoption, config: Path) -> tuple[bytes, str]:
 
     if src.had_comments:
         tables = {tuple(w[:-1]) for w in adoption.replaced} | {tuple(src.servers_table)}
-        edited = replace_values(src.raw[len(bom):].decode(), {t: _at(data, t) for t in tables}, indent)
+        edits: dict[tuple[str, ...], Edit] = {t: (frozenset(w[-1] for w in adoption.replaced if tuple(w[:-1]) == t),
+                                                  (name, table[name]) if t == tuple(src.servers_table) else None)
+                                              for t in tables}
+        edited = edit_tables(src.raw[len(bom):].decode(), edits, indent)
         if edited is not None:
             return out(edited), name
     text = json.dumps(data, indent=indent, ensure_ascii=False)
     return out(text + ("\n" if src.raw.endswith(b"\n") else "")), name
-
-
-def _at(data: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        data = data[key]
-    return data
 
 
 def _backup(real: Path, data: bytes, now: _dt.datetime) -> Path:
