@@ -131,8 +131,9 @@ def main(argv: list[str]) -> int:
         if args.undo:
             if args.path or args.rewrite_client or args.out or args.dry_run:
                 parser.error("--undo BACKUP takes no other arguments")
-            target = undo(args.undo)
-            _say(f"restored {target} from {args.undo}")
+            target, kept = undo(args.undo)
+            _say(f"restored {target} from {args.undo}"
+                 + (f"; what it held before the undo is kept in {kept}" if kept is not None else ""))
             return 0
         if not args.path:
             parser.error("give the client's config file (or --undo BACKUP)")

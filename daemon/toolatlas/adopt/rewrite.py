@@ -141,13 +141,22 @@ def original_of(backup: Path) -> Path:
     return backup.with_name(m.group("orig"))
 
 
-def undo(backup: str | os.PathLike[str]) -> Path:
-    """Put the bytes (and mode) of `backup` back in the file it was made from; returns that path."""
+def undo(backup: str | os.PathLike[str], *, now: _dt.datetime | None = None) -> tuple[Path, Path | None]:
+    """Put the bytes (and mode) of `backup` back in the file it was made from. Returns that
+    path, and where the file's bytes before the undo were kept (None when they were the
+    backup's already, or there was no file): what the client or the user wrote there since
+    the rewrite is not lost."""
     b = Path(backup)
     target = original_of(b)
     try:
         data = read_regular(b)
+        try:
+            current: bytes | None = read_regular(target)
+        except FileNotFoundError:
+            current = None
+        kept = _backup(target, current, now or _dt.datetime.now(_dt.timezone.utc)) \
+            if current is not None and current != data else None
         write_atomic(target, data, stat.S_IMODE(os.stat(b).st_mode))
     except OSError as exc:
         raise AdoptError(f"cannot restore {target} from {b}: {exc.strerror or exc}") from exc
-    return target
+    return target, kept
