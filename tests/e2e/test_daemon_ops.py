@@ -142,6 +142,30 @@ def test_sighup_reload_adds_removes_and_keeps_unchanged_warm(tmp_path: Path) -> 
         assert int(d.tool("keep__pid", {})["content"][0]["text"]) == keep_pid
 
 
+def test_a_reload_that_removes_an_upstream_drops_its_metric_series(tmp_path: Path) -> None:
+    """/metrics after a reload shows only configured upstreams. Before, the calls, latencies
+    and reconnects of a removed upstream were exported until the daemon restarted, so every
+    renamed upstream left series behind (and dashboards listed servers that were gone)."""
+    port = free_port()
+    keep, drop = stdio_testserver("keep"), stdio_testserver("drop")
+    with Daemon(tmp_path, keep + drop, daemon_extra=f'metrics_addr = "127.0.0.1:{port}"') as d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 30, "ready")
+        assert not d.tool("drop__echo", {"message": "x"})["isError"]
+        assert not d.tool("keep__echo", {"message": "x"})["isError"]
+
+        def scrape() -> str:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+        assert 'toolatlas_calls_total{outcome="ok",upstream="drop"} 1.0' in scrape()
+        d.config.write_text(d.config.read_text().replace(drop, ""))
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for(lambda: [s["name"] for s in d.status()["servers"]] == ["keep"], 30, "drop removed")
+        body = d.wait_for(lambda: next((b for b in [scrape()] if 'upstream="drop"' not in b), None), 10,
+                          "drop's series gone")
+        assert 'toolatlas_calls_total{outcome="ok",upstream="keep"} 1.0' in body
+
+
 def test_metrics_endpoint_and_token_figures(tmp_path: Path) -> None:
     port = free_port()
     with Daemon(tmp_path, stdio_testserver("m", "--tools", "40"), daemon_extra=f'metrics_addr = "127.0.0.1:{port}"') as d:
