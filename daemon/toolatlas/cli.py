@@ -293,6 +293,8 @@ def _main(argv: list[str] | None = None) -> int:
         return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
 
     args = _shim_args(argv) or _parser().parse_args(argv)
+    if args.cmd == "shim":  # an MCP client starts it with no shell to expand a ~ in its args
+        args.config, args.socket = (os.path.expanduser(p) if p else p for p in (args.config, args.socket))
     from toolatlas.errors import ConfigError
 
     if args.cmd in ("shim", "search", "call", "status"):

@@ -256,7 +256,7 @@ INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
 
 
-def _handshake_then_eof(config: Path, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[bytes], list[Any]]:
+def _handshake_then_eof(config: Path | str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[bytes], list[Any]]:
     """`toolatlas shim --config CONFIG` (no daemon running) fed an initialize and its
     notification, then EOF on stdin; the shim's exit and the replies it wrote."""
     lines = json.dumps(INIT).encode() + b'\n{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
@@ -320,6 +320,18 @@ def test_shim_config_answers_a_held_handshake_after_the_client_closes_stdin(no_d
     assert proc.returncode == 0, proc.stderr.decode()
     assert [r.get("id") for r in replies] == [1], (replies, proc.stderr.decode())
     assert replies[0]["result"]["serverInfo"]["name"] == "toolatlas", replies
+
+
+def test_shim_config_under_home_written_with_a_tilde_is_found(no_daemon: Daemon) -> None:
+    """Clients start the shim without a shell: `"args": ["shim", "--config",
+    "~/.config/toolatlas/config.toml"]` reached it with the ~ as written, and it exited 78
+    ('cannot read the socket from '~/...'). The shim now reads ~ as the home folder, as the
+    config does in its own paths."""
+    home = no_daemon.tmp.parent
+    proc, replies = _handshake_then_eof(f"~/{no_daemon.config.relative_to(home)}", dict(os.environ, HOME=str(home)))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert [r.get("id") for r in replies] == [1] and "result" in replies[0], (replies, proc.stderr.decode())
+    assert _daemons_of(no_daemon.config), "the daemon the shim started is not running"
 
 
 def test_a_daemon_the_shim_starts_reads_its_secrets_from_the_environment_file(no_daemon: Daemon, tmp_path: Path) -> None:
