@@ -231,7 +231,9 @@ def _check_status(status: dict[str, Any]) -> Iterator[Check]:
     for s in status.get("servers") or []:
         what = f"upstream {s.get('name')}"
         state, reason = s.get("state"), s.get("reason")
-        if state == "ready":
+        if s.get("approval") in ("pending", "rejected") and state != "degraded":
+            yield Check(WARN, what, f"{state}, {s.get('tools', 0)} tools, serving none: {s.get('not_searchable_because')}")
+        elif state == "ready":
             yield Check(OK, what, f"ready, {s.get('tools', 0)} tools over {s.get('transport')}")
         elif state == "disabled":
             yield Check(OK, what, "disabled in the config")

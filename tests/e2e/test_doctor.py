@@ -59,6 +59,22 @@ def test_doctor_says_when_the_daemon_runs_the_config_as_it_was_before_an_edit(tm
     assert r.returncode == 0 and lines[-1] == "no problems found", r.stdout
 
 
+def test_status_and_doctor_name_an_upstream_awaiting_approval(tmp_path: Path) -> None:
+    """With require_approval an upstream is connected and listed but serves nothing until
+    approved. `toolatlas status` showed it 'ready 5 tools' beside 'index: 0 searchable tools'
+    and doctor said 'ok ... ready': neither named the approval the operator has to give (only
+    the JSON's not_searchable_because did)."""
+    with Daemon(tmp_path, stdio_testserver("s"), daemon_extra="require_approval = true") as d:
+        d.wait_for(lambda: [s["state"] for s in d.status()["servers"]] == ["ready"], 60, "s ready")
+        status = _run("status", "--socket", d.socket)
+        doctor = _run("doctor", "--config", str(d.config))
+    row = next(line for line in status.stdout.splitlines() if line.startswith("s "))
+    assert row.endswith("(not searchable: awaiting approval: `toolatlas upstream approve s`)"), status.stdout
+    assert any(line.startswith("WARN  upstream s: ready, ") and line.endswith(
+        " tools, serving none: awaiting approval: `toolatlas upstream approve s`") for line in doctor.stdout.splitlines()), \
+        doctor.stdout
+
+
 def test_a_cwd_that_is_not_a_folder_is_found_before_the_daemon_fails_on_it(tmp_path: Path) -> None:
     """The daemon cannot start a stdio upstream whose `cwd` does not exist (FileNotFoundError
     naming the folder): check-config warns of it and doctor fails it, as for a missing command."""
