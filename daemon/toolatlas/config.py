@@ -34,7 +34,7 @@ from toolatlas.config_sections import (
     url_problem,
 )
 from toolatlas.errors import ConfigError
-from toolatlas.paths import config_environment, default_state_dir, expand_vars, read_config, resolve_path, socket_path
+from toolatlas.paths import config_environment, default_state_dir, expand_vars, read_config, resolve_path, socket_path, unix_socket_path
 from toolatlas.redact import Redactor
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
@@ -403,7 +403,7 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
     events = msgspec.structs.replace(cfg.events, audit_file=resolve_path(cfg.events.audit_file, base) or "")
     endpoints = [msgspec.structs.replace(ep, socket=resolve_path(ep.socket, base), templates=resolve_path(ep.templates, base))
                  for ep in cfg.endpoint]
-    sockets = [daemon.socket, *(ep.socket for ep in endpoints if ep.socket)]
+    sockets = [unix_socket_path(s, source) for s in (daemon.socket, *(ep.socket for ep in endpoints if ep.socket))]
     if len(set(sockets)) != len(sockets):
         raise ConfigError(f"{source}: [[endpoint]] socket: two endpoints (or one and [daemon] socket) share a path")
     for ep in endpoints:

@@ -169,3 +169,24 @@ def test_bundled_example_config_is_valid() -> None:
     assert {u.name for u in cfg.upstream} and {type(u).__name__ for u in cfg.upstream} == {
         "StdioUpstream", "SseUpstream", "HttpUpstream"
     }
+
+
+@pytest.mark.parametrize("key", ["[daemon]\nsocket", '[[endpoint]]\nname = "e"\nupstreams = ["*"]\nsocket'])
+def test_a_socket_path_too_long_to_bind_is_a_config_error(tmp_path: Path, key: str) -> None:
+    """A Unix socket address holds 107 bytes of path: a longer socket (a deep checkout's
+    .run/toolatlas.sock) passed check-config and doctor, then `serve` died in bind(2) with a
+    traceback ('AF_UNIX path too long'). Now check-config (and so serve, reload and doctor)
+    refuses it, naming the path and the limit; 107 bytes still parse."""
+    deep = tmp_path / ("d" * 200)
+    fits = "/tmp/" + "s" * (107 - len("/tmp/") - len(".sock")) + ".sock"
+    for path, ok in ((str(deep / "t.sock"), False), (fits, True)):
+        f = tmp_path / "c.toml"
+        f.write_text(f'{key} = "{path}"\n' + ('[daemon]\nmetrics_addr = ""\n' if "endpoint" in key else "")
+                     + '[[upstream]]\nname = "x"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n')
+        r = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(f)], capture_output=True, text=True,
+                           timeout=60)
+        if ok:
+            assert r.returncode == 0, r.stderr
+        else:
+            assert r.returncode == 78, r.stdout
+            assert f"socket {path!r} is {len(path)} bytes long; a Unix socket path holds at most 107" in r.stderr, r.stderr

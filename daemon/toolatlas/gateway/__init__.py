@@ -326,6 +326,7 @@ class Gateway:
         for name in summary["removed"]:
             await self._on_tools(name, None)
             await self.catalog.drop(name)
+            self.metrics.forget_upstream(name)
         if cards_changed:  # every verdict was made under the old [cards] settings
             await self.catalog.recheck(sorted(self.catalog.view.available))
         log.info("reload: +%s -%s ~%s", summary["added"], summary["removed"], summary["changed"])
