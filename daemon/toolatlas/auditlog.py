@@ -5,7 +5,8 @@ in the process), so a crash of the daemon loses nothing it had written; a flushe
 `fsync`s the file once a second while lines were added since the last sync, so a crash of
 the machine (power, kernel) loses at most the last second. Rotation (when the next line
 would take the file over `max_bytes`): `PATH` becomes `PATH.1`, `PATH.1` becomes `PATH.2`,
-... and `PATH.KEEP` is deleted, so at most `keep + 1` files exist; the file is synced before
+... and `PATH.KEEP` is deleted (and any `PATH.N` past it, left by a larger `keep` before a
+reload or restart), so at most `keep + 1` files exist; the file is synced before
 it is renamed, and the folder after. A write that fails (a full disk) loses that line, is
 counted in `failures` and logged once a minute; it never raises into the daemon.
 
@@ -126,8 +127,8 @@ class AuditFile(SyncedAppender):
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
-        oldest = self.path.with_name(f"{self.path.name}.{self.keep}")
-        oldest.unlink(missing_ok=True)
+        for stale in self._numbered(past=self.keep - 1):  # `keep` lowered since: those past it too
+            stale.unlink(missing_ok=True)
         for i in range(self.keep - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{i}")
             if older.exists():
@@ -139,6 +140,18 @@ class AuditFile(SyncedAppender):
         self._fd = self._open()
         self._size = 0
         self._sync_dir()
+
+    def _numbered(self, *, past: int) -> list[Path]:
+        """The rotated files `PATH.N` (N from 1, in plain digits: a `.2.gz` someone else made
+        is not one) with N > `past`."""
+        prefix = f"{self.path.name}."
+        try:
+            names = os.listdir(self.path.parent)
+        except OSError:
+            return []
+        numbers = (n[len(prefix):] for n in names if n.startswith(prefix))
+        return [self.path.with_name(prefix + n) for n in numbers
+                if n.isascii() and n.isdigit() and not n.startswith("0") and int(n) > past]
 
     def _sync_dir(self) -> None:
         try:

@@ -62,6 +62,25 @@ def test_keep_zero_keeps_only_the_live_file(tmp_path: Path) -> None:
     assert json.loads(path.read_text().splitlines()[-1])["n"] == 199
 
 
+def test_a_lower_keep_drops_the_files_past_it_at_the_next_rotation(tmp_path: Path) -> None:
+    """audit_keep lowered (a reload sets `keep`, or a restart with the new value): the next
+    rotation leaves at most keep + 1 files, not the old .N files past keep for ever; files
+    that are not the rotation's own (.gz, other names) are left alone."""
+    path = tmp_path / "audit.jsonl"
+    (tmp_path / "audit.jsonl.2.gz").write_text("compressed by someone else")
+    sink = AuditFile(path, max_bytes=4096, keep=4)
+    try:
+        for i in range(300):
+            sink.append({}, json.dumps({"n": i, "pad": "z" * 40}))
+        assert (tmp_path / "audit.jsonl.4").exists()
+        sink.keep = 1
+        for i in range(300, 400):
+            sink.append({}, json.dumps({"n": i, "pad": "z" * 40}))
+    finally:
+        sink.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2.gz"]
+
+
 def test_a_file_deleted_or_moved_away_is_opened_again_at_its_path(tmp_path: Path) -> None:
     """Someone removes the audit file, or rotates it from outside (mv, as logrotate does),
     while the daemon runs: within the flusher's interval the path is a file again and the
