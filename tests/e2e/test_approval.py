@@ -47,7 +47,9 @@ def test_approve_reject_across_restart_and_reload(tmp_path: Path) -> None:
         assert st["one"]["searchable"] is False and "toolatlas upstream approve one" in st["one"]["not_searchable_because"]
         assert d.search("echo a message back") == []
         refused = d.tool("execute_tool", {"name": "one__echo", "arguments": {"message": "x"}})
-        assert refused["isError"]
+        # the caller's rules give it `one` (catalog_status shows it): it is told why, and no
+        # access denial is recorded against it for the operator's hold
+        assert refused["isError"] and "toolatlas upstream approve one" in refused["content"][0]["text"], refused
         listing = _cli(d, "list")
         assert listing.returncode == 0 and "pending" in listing.stdout, listing
 
@@ -57,7 +59,9 @@ def test_approve_reject_across_restart_and_reload(tmp_path: Path) -> None:
         assert _approvals(d) == {"one": "active", "two": "rejected"}
         assert "one__echo" in d.search("echo a message back")
         assert d.tool("execute_tool", {"name": "one__echo", "arguments": {"message": "hi"}})["content"][0]["text"] == "Echo: hi"
-        assert d.tool("execute_tool", {"name": "two__echo", "arguments": {"message": "x"}})["isError"]
+        rejected = d.tool("execute_tool", {"name": "two__echo", "arguments": {"message": "x"}})
+        assert rejected["isError"] and "rejected by the operator" in rejected["content"][0]["text"], rejected
+        assert _events(d, "access_denied") == []
         unknown = _cli(d, "approve", "nope")
         assert unknown.returncode == 64 and "one, two" in unknown.stderr, unknown
         metrics = httpx2.get(f"http://127.0.0.1:{port}/metrics").text

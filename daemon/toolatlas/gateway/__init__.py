@@ -30,7 +30,7 @@ from toolatlas.config import Config, secrets
 from toolatlas.errors import ConfigError
 from toolatlas.gateway.admin import UpstreamAdmin
 from toolatlas.gateway.approval import (
-    ApprovalStore, Approvals, Decision, FileApprovalStore, lifecycle, transition_reporter,
+    ApprovalStore, Approvals, Decision, FileApprovalStore, held_reason, lifecycle, transition_reporter,
 )
 from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.calls import CallService, Spawn
@@ -207,6 +207,7 @@ class Gateway:
             not_listed=self.status_service.not_listed,
             asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
             session_ready=lambda s: (st := self.pool.get(s)) is not None and st.state is UpstreamState.READY,
+            held=lambda s: held_reason(s, self._lifecycle(s, "ready")),
         )
         self.learning = LearningService(lambda: self.cfg.learning, self.engine, Path(cfg.daemon.state_dir),
                                         metrics=self.metrics)

@@ -53,13 +53,16 @@ class CallService:
         self, catalog: LiveCatalog, visibility: Visibility, route: Route, availability: Availability, *,
         metrics: Metrics, events: ev.Events, redactor: Redactor | None = None, not_listed: NotListed | None = None,
         asks_mid_call: Callable[[str], bool] = lambda _server: False, spawn: Callable[[], Spawn | None] = lambda: None,
-        session_ready: Callable[[str], bool] | None = None,
+        session_ready: Callable[[str], bool] | None = None, held: Callable[[str], str | None] = lambda _server: None,
     ) -> None:
         """`not_listed(server)`: why a configured upstream's tools are not known yet (it is
         still connecting), so a call to one of them is told to retry, not that it is unknown.
         `session_ready(server)`: its warm session is up (the pool says READY).
         `asks_mid_call(server)`: the upstream is on a 2025-era protocol, whose questions
-        come as requests during the call (translated for 2026-07-28 callers, see exchange)."""
+        come as requests during the call (translated for 2026-07-28 callers, see exchange).
+        `held(server)`: why a configured upstream serves nothing now (awaiting the operator's
+        approval, or rejected), or None; a caller its access rules give it is told so."""
+        self._held = held
         self._asks_mid_call, self._spawn = asks_mid_call, spawn
         self._parked = Parked()
         self._redact = redactor or events.redactor
@@ -134,8 +137,8 @@ class CallService:
             self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name[:TEXT_CHARS], upstream=upstream, via=via(),
                               outcome=outcome, latency_ms=latency_ms, **who(conn))
 
-    async def _resolve(self, name: str, allowed: set[str]) -> ToolRecord:
-        """The record a caller who may use `allowed` may call by `name`, or BadInput /
+    async def _resolve(self, name: str, allowed: set[str], conn: Connection) -> ToolRecord:
+        """The record `conn`, who may use `allowed`, may call by `name`, or BadInput /
         UpstreamUnavailable."""
         view = self._catalog.view
         rec = view.by_name.get(name)
@@ -148,6 +151,10 @@ class CallService:
                 starting = self._not_listed(parsed[0])
                 if starting:
                     raise UpstreamUnavailable(f"tool {_shown(name)} cannot be called yet: {starting}")
+            elif parsed and (held := self._held(parsed[0])) and parsed[0] in self._visibility.permitted(conn):
+                # its access rules give it this upstream (catalog_status shows it): no denial, the operator's hold
+                raise UpstreamUnavailable(f"tool {_shown(name)} cannot be called: upstream {parsed[0]!r} serves "
+                                          f"nothing now ({held})")
             raise BadInput(await self._unknown_tool_message(name, allowed))
         if not view.server(rec.server).available and not self._session_ready(rec.server):
             # A live session whose listing is still being indexed (the view's interim keeps
@@ -161,7 +168,7 @@ class CallService:
     async def _execute(self, call: CallRequest, conn: Connection, allowed: set[str]) -> CallOutcome:
         if self.draining:
             raise UpstreamUnavailable("the gateway is shutting down; retry in a moment")
-        rec = await self._resolve(call.name, allowed)
+        rec = await self._resolve(call.name, allowed, conn)
         arguments = _arguments(call.arguments)
         problems = await self._validator.check_async(rec, arguments or {})
         if problems:

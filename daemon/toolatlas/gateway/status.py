@@ -10,6 +10,7 @@ from typing import Any
 import anyio.abc
 
 from toolatlas.catalog.attest import AttestResult
+from toolatlas.gateway.approval import held_reason
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection, SurfaceStats
 from toolatlas.gateway.tokens import Scope, TokenReporter
@@ -146,10 +147,8 @@ class StatusService:
                 "reconnects": st.reconnects,
                 "protocol_version": st.protocol_version,
             }
-            if approval in ("pending", "rejected"):
-                out["not_searchable_because"] = (
-                    f"awaiting approval: `toolatlas upstream approve {st.name}`" if approval == "pending"
-                    else "rejected by the operator")
+            if (held := held_reason(st.name, approval)) is not None:
+                out["not_searchable_because"] = held
             elif not entry.available and st.state is not UpstreamState.READY:
                 out["not_searchable_because"] = f"upstream is {st.state.value}" + (f": {st.reason}" if st.reason else "")
             if entry.quarantined:
