@@ -105,6 +105,22 @@ def admin_refusal(uid: int | None, daemon_uid: int | None = None) -> str | None:
             f"the daemon runs as {_user(owner)}; run the command as that user or as root")
 
 
+def unknown_tokens(cfg: Config) -> list[str]:
+    """A sentence per [[access]] rule token name that no request can carry (neither a
+    [[http.tokens]] name nor [http] anonymous) while the HTTP endpoint is on: a typo, or a
+    token removed from [[http.tokens]] and left in a rule. Such a rule matches no one, so the
+    token meant gets `access_default`. Warnings, not errors: a reload that removes a token and
+    leaves its name in a rule must still revoke the token."""
+    if not cfg.http.listen:
+        return []
+    names = {t.name for t in cfg.http.tokens} | ({cfg.http.anonymous} if cfg.http.anonymous else set())
+    known = ", ".join(sorted(names)) or "none"
+    return [f"[[access]] rule {i} names token {name!r}, which is no [[http.tokens]] name (those are: {known}) "
+            f"nor [http] anonymous: the rule matches no request by it, and a token no rule names gets "
+            f"access_default ({cfg.daemon.access_default!r})"
+            for i, rule in enumerate(cfg.access, 1) for name in dict.fromkeys(rule.tokens) if name not in names]
+
+
 def clear_cache() -> None:
     """Forget resolved identities (after a reload: users and groups may have changed)."""
     _identity.cache_clear()

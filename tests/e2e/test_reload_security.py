@@ -66,6 +66,9 @@ def test_removed_token_stops_working_and_listen_change_is_refused(tmp_path: Path
         d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
         d.wait_for(lambda: _status_code(url, DROP) == 401, 30, "the removed token refused")
         assert _status_code(url, KEEP) == 200
+        # the rule still names it: the reload applied anyway, and the log says the name matches no one
+        assert [ln for ln in d.log.read_text().splitlines() if "WARNING" in ln and "[[access]] rule 1 names token "
+                "'drop'" in ln], d.log.read_text()[-3000:]
 
         # moving the endpoint cannot be applied live: refused by name, the running config kept
         other = free_port()

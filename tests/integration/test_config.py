@@ -161,3 +161,24 @@ def test_bundled_example_config_is_valid() -> None:
     assert {u.name for u in cfg.upstream} and {type(u).__name__ for u in cfg.upstream} == {
         "StdioUpstream", "SseUpstream", "HttpUpstream"
     }
+
+
+def test_check_config_warns_of_an_access_rule_naming_no_token(tmp_path: Path) -> None:
+    """A typo in a rule's token name (`ci_agent` for `ci-agent`) is a rule that matches no one:
+    the real token then gets access_default ("allow": every upstream). check-config still says
+    OK (a rule left naming a token just removed must not block that removal at a reload), but
+    warns, naming the rule and the token."""
+    from toolatlas.surface.http import hash_token
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\nmetrics_addr = ''\nstate_dir = 'state'\n[http]\nlisten = '127.0.0.1:0'\n"
+                   f"[[http.tokens]]\nname = 'ci-agent'\nsha256 = '{hash_token('s3cret-token')}'\n"
+                   "[[upstream]]\nname = 'files'\ntransport = 'stdio'\ncommand = 'true'\n"
+                   "[[access]]\nusers = ['root']\nservers = ['*']\n"
+                   "[[access]]\ntokens = ['ci_agent', 'ci-agent']\nservers = ['files']\n")
+    run = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(cfg)], capture_output=True, text=True)
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("toolatlas: warning: ")]
+    assert len(warnings) == 1 and "[[access]] rule 2" in warnings[0] and "'ci_agent'" in warnings[0], run.stderr
+    assert "access_default" in warnings[0], warnings
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from toolatlas import access
@@ -10,6 +11,8 @@ from toolatlas.config import Config, Endpoint
 from toolatlas.errors import BadInput
 from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection
 from toolatlas.gateway.view import CatalogView
+
+log = logging.getLogger(__name__)
 
 
 class Visibility:
@@ -24,10 +27,13 @@ class Visibility:
         self.configure(cfg)
 
     def configure(self, cfg: Config) -> None:
-        """Take a (re)loaded config; cached identity lookups are dropped."""
+        """Take a (re)loaded config; cached identity lookups are dropped. A rule naming a
+        token no request can carry is logged (at the start and at each reload)."""
         self._cfg = cfg
         self._scope = frozenset(cfg.search.scope) or None
         access.clear_cache()
+        for problem in access.unknown_tokens(cfg):
+            log.warning("%s", problem)
 
     def permitted(self, conn: Connection, endpoint: str | None = None) -> set[str]:
         """Servers this connection's [[access]] rules give it, narrowed by the static scope and
