@@ -46,6 +46,8 @@ def test_approve_reject_across_restart_and_reload(tmp_path: Path) -> None:
         st = {s["name"]: s for s in d.status()["servers"]}
         assert st["one"]["searchable"] is False and "toolatlas upstream approve one" in st["one"]["not_searchable_because"]
         assert d.search("echo a message back") == []
+        scoped = d.tool("tool_search", {"query": "echo", "servers": ["one"]})
+        assert scoped["isError"] and "server 'one' serves nothing now (awaiting approval" in scoped["content"][0]["text"]
         refused = d.tool("execute_tool", {"name": "one__echo", "arguments": {"message": "x"}})
         # the caller's rules give it `one` (catalog_status shows it): it is told why, and no
         # access denial is recorded against it for the operator's hold

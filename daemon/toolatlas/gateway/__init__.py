@@ -190,11 +190,12 @@ class Gateway:
         self.rift = RiftRunner(self.engine)
         self.catalog.on_index_update.append(self.rift.wanted)
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
+        held = lambda s: held_reason(s, self._lifecycle(s, "ready"))  # noqa: E731  # why an upstream serves nothing
         self.searches = SearchService(
             self.catalog, self.visibility, mode=lambda: self.cfg.search.mode, rift=lambda: self.rift.report,
             metrics=self.metrics, events=self.events, guidance=self.guidance_for,
             starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
-            max_top_k=lambda: self.cfg.search.default_top_k,
+            max_top_k=lambda: self.cfg.search.default_top_k, held=held,
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
@@ -207,7 +208,7 @@ class Gateway:
             not_listed=self.status_service.not_listed,
             asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
             session_ready=lambda s: (st := self.pool.get(s)) is not None and st.state is UpstreamState.READY,
-            held=lambda s: held_reason(s, self._lifecycle(s, "ready")),
+            held=held,
         )
         self.learning = LearningService(lambda: self.cfg.learning, self.engine, Path(cfg.daemon.state_dir),
                                         metrics=self.metrics)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from toolatlas import access
 from toolatlas.catalog.model import ToolRecord
@@ -90,16 +90,20 @@ class Visibility:
         usable = self.allowed_servers(conn) & view.available
         return sorted((r for r in view.by_name.values() if r.server in usable), key=lambda r: r.name)
 
-    def search_scope(self, servers: list[str] | None, allowed: set[str]) -> set[str]:
+    def search_scope(self, servers: list[str] | None, allowed: set[str],
+                     held: Mapping[str, str] | None = None) -> set[str]:
         """The upstreams a search covers: those the caller may use (`allowed`, from
         `allowed_servers`), narrowed by `servers`, that are up. Naming a server it may not
-        use (or that does not exist) is BadInput."""
+        use (or that does not exist) is BadInput; one of `held` (its rules give it the
+        server, which serves nothing now: server -> why) is named with its reason."""
         if servers is not None:
             unknown = sorted(set(servers) - allowed)
             if unknown:
-                raise BadInput(
-                    f"unknown server(s) {', '.join(unknown)}; servers you can search: {', '.join(sorted(allowed)) or 'none'}"
-                )
+                held = held or {}
+                said = [f"server {s!r} serves nothing now ({held[s]})" for s in unknown if s in held]
+                if other := [s for s in unknown if s not in held]:
+                    said.insert(0, f"unknown server(s) {', '.join(other)}")
+                raise BadInput(f"{'; '.join(said)}; servers you can search: {', '.join(sorted(allowed)) or 'none'}")
             return allowed & set(servers) & self._view().available
         return allowed & self._view().available
 
