@@ -67,8 +67,9 @@ class StatusService:
         self._index_ready = index_ready
         self.surface: SurfaceStats = NoSurface()
         self.started_at = time.time()
-        # Extra catalog_status sections by name, computed per call (the shared store's `store`).
-        self.sections: dict[str, Callable[[], Any]] = {}
+        # Extra catalog_status sections by name, computed per call for the caller's scope (None:
+        # every server): `learning`, the shared store's `store`.
+        self.sections: dict[str, Callable[[Scope], Any]] = {}
 
     def unavailable_reason(self, server: str) -> str:
         """`state: reason` of an upstream that is not serving, for call errors."""
@@ -187,7 +188,7 @@ class StatusService:
             "clients": self.surface.client_count(),
             "uptime_s": round(time.time() - self.started_at, 1),
             **self._endpoints(conn),
-            **{name: section() for name, section in self.sections.items()},
+            **{name: section(scope) for name, section in self.sections.items()},
         })
         return report
 
