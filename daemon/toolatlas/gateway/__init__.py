@@ -317,11 +317,11 @@ class Gateway:
         self.cfg = new
         self.approvals.reconcile(new)
         self.visibility.configure(new)
+        self.calls.withdraw()  # calls in flight that the new rules no longer allow end now
         self.learning.reconfigured()
         cards_changed = self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
-        self.events.log_queries = new.daemon.log_queries
-        self.events.environment = new.daemon.environment
+        self.events.log_queries, self.events.environment = new.daemon.log_queries, new.daemon.environment
         if isinstance(self.events.audit, AuditFile):
             self.events.audit.max_bytes, self.events.audit.keep = new.events.audit_max_bytes, new.events.audit_keep
         await self.pool.reconcile(new.upstream)

@@ -79,10 +79,21 @@ class CallService:
         # server -> (the records mapping it was built from, its name index), rebuilt on change.
         self._name_indexes: dict[str, tuple[Mapping[str, ToolRecord], NameIndex]] = {}
         self.inflight = 0
+        self._running: dict[anyio.CancelScope, tuple[Connection, str]] = {}  # calls in flight: caller, upstream
         self.draining = False
         # Hears how each call ended: (connection, tool name, ok: no error, no isError). Set by the gateway (learning).
         self.on_done: Callable[[Connection, str, bool], None] | None = None
         self._idle: anyio.Event | None = None  # made by a drain that waits, set by the last call out
+
+    def withdraw(self) -> int:
+        """Cancel the calls in flight whose caller may no longer use their upstream (a reload
+        changed the access rules, or an endpoint's upstreams): each ends at once, told why,
+        and its upstream request is cancelled, as a removed token's requests end. How many."""
+        ended = [scope for scope, (conn, server) in self._running.items()
+                 if server not in self._visibility.allowed_servers(conn)]
+        for scope in ended:
+            scope.cancel()
+        return len(ended)
 
     async def wait_idle(self, timeout: float) -> None:
         """Wait (bounded) until no call is in flight."""
@@ -204,16 +215,26 @@ class CallService:
             log=call.log, log_level=call.log_level, raw=call.raw,
         )
         self.inflight += 1
+        running = anyio.CancelScope()
+        self._running[running] = (conn, rec.server)
         try:
-            if exchange is not None and spawn is not None:
-                spawn(lambda: exchange.run(lambda: self._route(routed)))
-                return await self._converse(exchange, rec, conn)
-            reply = await self._route(routed)
+            with running:
+                if exchange is not None and spawn is not None:
+                    spawn(lambda: exchange.run(lambda: self._route(routed)))
+                    return await self._converse(exchange, rec, conn)
+                reply = await self._route(routed)
         finally:
+            del self._running[running]
             self.inflight -= 1
             if self.inflight == 0 and self._idle is not None:
                 self._idle.set()
                 self._idle = None
+        if running.cancelled_caught:  # `withdraw`: a reload took the upstream from this caller
+            deny(self._events, self._metrics, conn, via(), rec.name,
+                 f"{conn.principal} may no longer use upstream {rec.server!r}: a reload changed the access rules "
+                 "while the call ran; it was cancelled")
+            raise UpstreamUnavailable(f"the call of {rec.name!r} was cancelled: the daemon's access rules changed "
+                                      "while it ran, and you may no longer use this tool")
         if reply.input_required is not None:
             sealed = self._sealer.seal(upstream=rec.server, tool=rec.name, principal=conn.principal,
                                        upstream_state=reply.input_required.request_state)
