@@ -138,3 +138,26 @@ def test_only_an_admin_principal_approves(tmp_path: Path) -> None:
             assert _approvals(d)["one"] in ("active", "degraded")
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_reject_ends_the_calls_in_flight_on_that_upstream(tmp_path: Path) -> None:
+    """`upstream reject` keeps an upstream off: a call already running on it ends at once,
+    its caller told why, as a reload that withdraws access ends one (not after its 90 s)."""
+    import threading
+
+    from tests.support.daemon import stdio_faultserver
+
+    d = Daemon(tmp_path, stdio_faultserver("fs"), daemon_extra="require_approval = true\n")
+    with d:
+        assert _cli(d, "approve", "fs").returncode == 0
+        d.wait_for(lambda: _approvals(d) == {"fs": "active"}, 60, "fs active")
+        answer: list[dict[str, Any]] = []
+        caller = threading.Thread(target=lambda: answer.append(
+            d.tool("execute_tool", {"name": "fs__work", "arguments": {"seconds": 90}})), daemon=True)
+        caller.start()
+        d.wait_for(lambda: d.meta("fs__stats", {})["inflight"] == 1, 30, "the call in flight upstream")
+        assert _cli(d, "reject", "fs").returncode == 0
+        caller.join(30)
+        assert answer, "the call on the rejected upstream is still running"
+        assert answer[0]["isError"] and "the operator rejected upstream 'fs'" in answer[0]["content"][0]["text"], answer
+        assert _events(d, "access_denied") == []  # the operator's hold, not the caller's rules

@@ -210,8 +210,7 @@ class Gateway:
             session_ready=lambda s: (st := self.pool.get(s)) is not None and st.state is UpstreamState.READY,
             held=held,
         )
-        self.learning = LearningService(lambda: self.cfg.learning, self.engine, Path(cfg.daemon.state_dir),
-                                        metrics=self.metrics)
+        self.learning = LearningService(lambda: self.cfg.learning, self.engine, Path(cfg.daemon.state_dir), metrics=self.metrics)
         self.searches.on_answer = lambda conn, query, names: self.learning.searched(conn, query, names, self.engine.version)
         self.calls.on_done = self.learning.executed
         self.status_service.sections["learning"] = self.learning.status
@@ -274,6 +273,7 @@ class Gateway:
         """An operator's approve/reject (see gateway.approval); clients whose lists change are told."""
         result = self.approvals.decide(name, decision, by)
         if result["approval"] != result["previous"]:
+            self.calls.withdraw(f"the operator {result['approval']} upstream {name!r}")  # a reject ends its calls
             await self.catalog.announce()
             await self.federation.reloaded()
         return result
@@ -317,7 +317,7 @@ class Gateway:
         self.cfg = new
         self.approvals.reconcile(new)
         self.visibility.configure(new)
-        self.calls.withdraw()  # calls in flight that the new rules no longer allow end now
+        self.calls.withdraw("the daemon's access rules changed")  # calls in flight the new rules no longer allow end now
         self.learning.reconfigured()
         cards_changed = self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them

@@ -80,18 +80,23 @@ class CallService:
         self._name_indexes: dict[str, tuple[Mapping[str, ToolRecord], NameIndex]] = {}
         self.inflight = 0
         self._running: dict[anyio.CancelScope, tuple[Connection, str]] = {}  # calls in flight: caller, upstream
+        self._withdrawn: dict[anyio.CancelScope, tuple[str, bool]] = {}  # those `withdraw` ended: why, denied
         self.draining = False
         # Hears how each call ended: (connection, tool name, ok: no error, no isError). Set by the gateway (learning).
         self.on_done: Callable[[Connection, str, bool], None] | None = None
         self._idle: anyio.Event | None = None  # made by a drain that waits, set by the last call out
 
-    def withdraw(self) -> int:
+    def withdraw(self, why: str) -> int:
         """Cancel the calls in flight whose caller may no longer use their upstream (a reload
-        changed the access rules, or an endpoint's upstreams): each ends at once, told why,
-        and its upstream request is cancelled, as a removed token's requests end. How many."""
+        changed the access rules or an endpoint's upstreams; the operator rejected it): each
+        ends at once, told `why`, and its upstream request is cancelled, as a removed token's
+        requests end. One whose caller's rules no longer give it the upstream is an access
+        denial; one held by the operator is not. How many."""
         ended = [scope for scope, (conn, server) in self._running.items()
                  if server not in self._visibility.allowed_servers(conn)]
         for scope in ended:
+            conn, server = self._running[scope]
+            self._withdrawn[scope] = (why, server not in self._visibility.permitted(conn))
             scope.cancel()
         return len(ended)
 
@@ -225,16 +230,18 @@ class CallService:
                 reply = await self._route(routed)
         finally:
             del self._running[running]
+            withdrawn = self._withdrawn.pop(running, None)
             self.inflight -= 1
             if self.inflight == 0 and self._idle is not None:
                 self._idle.set()
                 self._idle = None
-        if running.cancelled_caught:  # `withdraw`: a reload took the upstream from this caller
-            deny(self._events, self._metrics, conn, via(), rec.name,
-                 f"{conn.principal} may no longer use upstream {rec.server!r}: a reload changed the access rules "
-                 "while the call ran; it was cancelled")
-            raise UpstreamUnavailable(f"the call of {rec.name!r} was cancelled: the daemon's access rules changed "
-                                      "while it ran, and you may no longer use this tool")
+        if running.cancelled_caught and withdrawn is not None:  # `withdraw`: the upstream was taken from this caller
+            why, denied = withdrawn
+            if denied:
+                deny(self._events, self._metrics, conn, via(), rec.name,
+                     f"{conn.principal} may no longer use upstream {rec.server!r} ({why}); the call in flight was cancelled")
+            raise UpstreamUnavailable(f"the call of {rec.name!r} was cancelled: {why} while it ran, and you may no "
+                                      "longer use this tool")
         if reply.input_required is not None:
             sealed = self._sealer.seal(upstream=rec.server, tool=rec.name, principal=conn.principal,
                                        upstream_state=reply.input_required.request_state)
