@@ -137,6 +137,11 @@ def check_http(http: HttpSection, source: str) -> None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"{source}: [[http.tokens]] name {dupes[0]!r} is used more than once")
+    hashes: dict[str, str] = {}
+    for t in http.tokens:
+        if (other := hashes.setdefault(t.sha256.lower(), t.name)) != t.name:
+            raise ConfigError(f"{source}: [[http.tokens]] {other!r} and {t.name!r} have the same sha256: one token would "
+                              f"be both, and every request with it {t.name!r} alone; give each its own token")
     if http.anonymous and http.anonymous in names:
         raise ConfigError(f"{source}: [http] anonymous {http.anonymous!r} is also a [[http.tokens]] name: requests "
                           "without a token would be that token (its access, its sessions); give anonymous its own name")

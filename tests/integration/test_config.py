@@ -62,6 +62,10 @@ def test_good_config_parses_with_expansion_and_relative_paths(tmp_path: Path) ->
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_schema_bytes=0\n", "upstream[0].max_schema_bytes"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_result_blocks=0\n", "upstream[0].max_result_blocks"),
         ("[learning]\nmax_events = 0\n", "Expected `int` >= 1 at [learning.max_events]"),
+        # one secret under two names (a copied block): every request would be the last name's
+        ("[http]\nlisten = '127.0.0.1:0'\n[[http.tokens]]\nname = 'ci'\nsha256 = '" + "ab" * 32 + "'\n"
+         "[[http.tokens]]\nname = 'deploy'\nsha256 = '" + "AB" * 32 + "'\n",
+         "[[http.tokens]] 'ci' and 'deploy' have the same sha256"),
     ],
 )
 def test_bad_configs_name_the_key(text: str, needle: str) -> None:
