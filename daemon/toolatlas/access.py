@@ -1,5 +1,5 @@
 """Who may use which upstreams: [[access]] rules matched against kernel-reported peer
-credentials (SO_PEERCRED), never against anything the client says."""
+credentials (SO_PEERCRED, SO_PEERGROUPS), never against anything the client says."""
 
 from __future__ import annotations
 
@@ -15,16 +15,20 @@ log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=1024)
-def _identity(uid: int, gid: int) -> tuple[frozenset[str], frozenset[str]]:
-    """({user name, "uid"}, {group names and gids}) for a peer; supplementary groups included."""
+def _identity(uid: int, gid: int, peer_groups: tuple[int, ...] | None = None) -> tuple[frozenset[str], frozenset[str]]:
+    """({user name, "uid"}, {group names and gids}) for a peer; supplementary groups included:
+    `peer_groups`, those the kernel reports the peer process has (SO_PEERGROUPS), else, when
+    it cannot say, those /etc/group gives the user."""
     users = {str(uid)}
     groups = {str(gid)}
+    gids = {gid, *(peer_groups or ())}
     try:
         pw = pwd.getpwuid(uid)
         users.add(pw.pw_name)
-        gids = set(os.getgrouplist(pw.pw_name, gid))
+        if peer_groups is None:
+            gids = set(os.getgrouplist(pw.pw_name, gid))
     except KeyError:
-        gids = {gid}
+        pass
     for g in gids:
         groups.add(str(g))
         try:
@@ -35,10 +39,12 @@ def _identity(uid: int, gid: int) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def allowed_servers(cfg: Config, uid: int | None, gid: int | None, token: str | None = None,
-                    oauth: tuple[str, frozenset[str], frozenset[str]] | None = None) -> frozenset[str]:
+                    oauth: tuple[str, frozenset[str], frozenset[str]] | None = None,
+                    groups: tuple[int, ...] | None = None) -> frozenset[str]:
     """The upstreams a principal may use: the union over matching rules, else the default.
 
-    A principal is a socket peer (uid, gid from the kernel), an HTTP bearer token (its
+    A principal is a socket peer (uid, gid and supplementary `groups` from the kernel; None:
+    the user's groups in /etc/group), an HTTP bearer token (its
     configured name) or a validated OAuth token (`oauth`: its sub, groups/roles, scopes); a
     token principal matches only `tokens` rules, an OAuth one only `oauth_*` rules. A socket
     connection without credentials (in-process use) is treated like the daemon's own user.
@@ -59,10 +65,10 @@ def allowed_servers(cfg: Config, uid: int | None, gid: int | None, token: str | 
                 servers |= every if "*" in rule.servers else set(rule.servers)
     else:
         if uid is None or gid is None:
-            uid, gid = os.getuid(), os.getgid()
-        users, groups = _identity(uid, gid)
+            uid, gid, groups = os.getuid(), os.getgid(), None
+        users, names = _identity(uid, gid, groups)
         for rule in cfg.access:
-            if users & {str(u) for u in rule.users} or groups & {str(g) for g in rule.groups}:
+            if users & {str(u) for u in rule.users} or names & {str(g) for g in rule.groups}:
                 matched = True
                 servers |= every if "*" in rule.servers else set(rule.servers)
     if not matched:

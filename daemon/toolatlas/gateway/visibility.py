@@ -41,7 +41,7 @@ class Visibility:
         (catalog_status shows these)."""
         endpoint = conn.endpoint if endpoint is None else endpoint
         oauth = (conn.oauth.subject, conn.oauth.groups, conn.oauth.scopes) if conn.oauth is not None else None
-        names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token, oauth))
+        names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token, oauth, conn.groups))
         if self._scope:
             names &= self._scope
         if endpoint != DEFAULT_ENDPOINT:
