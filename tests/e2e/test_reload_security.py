@@ -211,3 +211,23 @@ def test_a_call_in_flight_to_an_upstream_a_reload_withdraws_ends_at_once(tmp_pat
         assert [e for e in denied if e["principal"] == "token:keep" and e["target"] == "fs__work"], denied
         assert not _call(port, KEEP, "one__echo", {"message": "x"})["result"]["isError"]  # the rest goes on
 
+
+def test_a_call_in_flight_on_an_upstream_the_reload_removes_is_no_access_denial(tmp_path: Path) -> None:
+    """Removing the upstream itself withdraws nobody's access: its call in flight ends as the
+    pool closes it (saying a reload closed it), with no access_denied against the caller."""
+    fs = stdio_faultserver("fs")
+    d = Daemon(tmp_path, fs + stdio_testserver("one"))
+    with d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 60, "upstreams ready")
+        answer: list[dict] = []  # type: ignore[type-arg]
+        caller = threading.Thread(target=lambda: answer.append(
+            d.tool("execute_tool", {"name": "fs__work", "arguments": {"seconds": 90}})), daemon=True)
+        caller.start()
+        d.wait_for(lambda: d.meta("fs__stats", {})["inflight"] == 1, 30, "the call in flight upstream")
+        d.config.write_text(d.config.read_text().replace(fs, ""))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        caller.join(60)
+        assert answer and answer[0]["isError"], answer
+        assert "config reload or a restart" in answer[0]["content"][0]["text"], answer
+        assert _events(d, "access_denied") == []
+

@@ -92,8 +92,10 @@ class CallService:
         ends at once, told `why`, and its upstream request is cancelled, as a removed token's
         requests end. One whose caller's rules no longer give it the upstream is an access
         denial; one held by the operator is not. How many."""
+        # an upstream the config no longer has is not withdrawn from anyone: the pool closes it,
+        # and its calls end saying so
         ended = [scope for scope, (conn, server) in self._running.items()
-                 if server not in self._visibility.allowed_servers(conn)]
+                 if self._visibility.configured(server) and server not in self._visibility.allowed_servers(conn)]
         for scope in ended:
             conn, server = self._running[scope]
             self._withdrawn[scope] = (why, server not in self._visibility.permitted(conn))
