@@ -161,3 +161,30 @@ def test_a_reject_ends_the_calls_in_flight_on_that_upstream(tmp_path: Path) -> N
         assert answer, "the call on the rejected upstream is still running"
         assert answer[0]["isError"] and "the operator rejected upstream 'fs'" in answer[0]["content"][0]["text"], answer
         assert _events(d, "access_denied") == []  # the operator's hold, not the caller's rules
+
+
+def test_a_reload_that_sends_an_upstream_back_to_pending_ends_its_calls_as_a_restart(tmp_path: Path) -> None:
+    """An approved upstream whose command line a reload changes goes back to pending and is
+    restarted: its call in flight ends saying a reload closed it, not that access rules
+    changed, and is no access denial."""
+    import signal
+    import threading
+
+    from tests.support.daemon import stdio_faultserver
+
+    fs = stdio_faultserver("fs")
+    d = Daemon(tmp_path, fs, daemon_extra="require_approval = true\n")
+    with d:
+        assert _cli(d, "approve", "fs").returncode == 0
+        d.wait_for(lambda: _approvals(d) == {"fs": "active"}, 60, "fs active")
+        answer: list[dict[str, Any]] = []
+        caller = threading.Thread(target=lambda: answer.append(
+            d.tool("execute_tool", {"name": "fs__work", "arguments": {"seconds": 90}})), daemon=True)
+        caller.start()
+        d.wait_for(lambda: d.meta("fs__stats", {})["inflight"] == 1, 30, "the call in flight upstream")
+        d.config.write_text(d.config.read_text().replace(fs, stdio_faultserver("fs", "--delay", "1")))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        caller.join(60)
+        assert answer and "config reload or a restart" in answer[0]["content"][0]["text"], answer
+        assert _approvals(d) == {"fs": "pending"}
+        assert _events(d, "access_denied") == []

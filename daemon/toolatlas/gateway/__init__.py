@@ -273,7 +273,7 @@ class Gateway:
         """An operator's approve/reject (see gateway.approval); clients whose lists change are told."""
         result = self.approvals.decide(name, decision, by)
         if result["approval"] != result["previous"]:
-            self.calls.withdraw(f"the operator {result['approval']} upstream {name!r}")  # a reject ends its calls
+            self.calls.withdraw(f"the operator {result['approval']} upstream {name!r}", hold=True)  # a reject ends its calls
             await self.catalog.announce()
             await self.federation.reloaded()
         return result

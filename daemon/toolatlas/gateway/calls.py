@@ -86,19 +86,22 @@ class CallService:
         self.on_done: Callable[[Connection, str, bool], None] | None = None
         self._idle: anyio.Event | None = None  # made by a drain that waits, set by the last call out
 
-    def withdraw(self, why: str) -> int:
-        """Cancel the calls in flight whose caller may no longer use their upstream (a reload
-        changed the access rules or an endpoint's upstreams; the operator rejected it): each
-        ends at once, told `why`, and its upstream request is cancelled, as a removed token's
-        requests end. One whose caller's rules no longer give it the upstream is an access
-        denial; one held by the operator is not. How many."""
-        # an upstream the config no longer has is not withdrawn from anyone: the pool closes it,
-        # and its calls end saying so
-        ended = [scope for scope, (conn, server) in self._running.items()
-                 if self._visibility.configured(server) and server not in self._visibility.allowed_servers(conn)]
+    def withdraw(self, why: str, *, hold: bool = False) -> int:
+        """Cancel the calls in flight whose caller may no longer use their upstream: each ends
+        at once, told `why`, and its upstream request is cancelled, as a removed token's
+        requests end. `hold` False: those the caller's access rules (or its endpoint) no
+        longer give it, after a reload (an access denial each); True: those the operator's
+        approval decision holds now (no denial). How many."""
+        ended = []
+        for scope, (conn, server) in self._running.items():
+            # an upstream the config no longer has is withdrawn from no one: the pool closes
+            # it, and its calls end saying so (as do those of one a reload restarts)
+            if not self._visibility.configured(server) or server in self._visibility.allowed_servers(conn):
+                continue
+            if (server in self._visibility.permitted(conn)) is hold:
+                ended.append(scope)
         for scope in ended:
-            conn, server = self._running[scope]
-            self._withdrawn[scope] = (why, server not in self._visibility.permitted(conn))
+            self._withdrawn[scope] = (why, not hold)
             scope.cancel()
         return len(ended)
 
