@@ -6,15 +6,17 @@ to pending; states show in catalog_status, `upstream list`, events and metrics."
 from __future__ import annotations
 
 import json
+import signal
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx2
 
-from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_faultserver, stdio_testserver
 from tests.support.ports import free_port
 
 
@@ -140,22 +142,27 @@ def test_only_an_admin_principal_approves(tmp_path: Path) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+FS = stdio_faultserver("fs")
+
+
+def _approved_call_in_flight(d: Daemon) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    """Approve fs, start fs__work(90) in a thread, and wait until it runs upstream: the
+    thread and the list its answer lands in."""
+    assert _cli(d, "approve", "fs").returncode == 0
+    d.wait_for(lambda: _approvals(d) == {"fs": "active"}, 60, "fs active")
+    answer: list[dict[str, Any]] = []
+    caller = threading.Thread(target=lambda: answer.append(
+        d.tool("execute_tool", {"name": "fs__work", "arguments": {"seconds": 90}})), daemon=True)
+    caller.start()
+    d.wait_for(lambda: d.meta("fs__stats", {})["inflight"] == 1, 30, "the call in flight upstream")
+    return caller, answer
+
+
 def test_a_reject_ends_the_calls_in_flight_on_that_upstream(tmp_path: Path) -> None:
     """`upstream reject` keeps an upstream off: a call already running on it ends at once,
     its caller told why, as a reload that withdraws access ends one (not after its 90 s)."""
-    import threading
-
-    from tests.support.daemon import stdio_faultserver
-
-    d = Daemon(tmp_path, stdio_faultserver("fs"), daemon_extra="require_approval = true\n")
-    with d:
-        assert _cli(d, "approve", "fs").returncode == 0
-        d.wait_for(lambda: _approvals(d) == {"fs": "active"}, 60, "fs active")
-        answer: list[dict[str, Any]] = []
-        caller = threading.Thread(target=lambda: answer.append(
-            d.tool("execute_tool", {"name": "fs__work", "arguments": {"seconds": 90}})), daemon=True)
-        caller.start()
-        d.wait_for(lambda: d.meta("fs__stats", {})["inflight"] == 1, 30, "the call in flight upstream")
+    with Daemon(tmp_path, FS, daemon_extra="require_approval = true\n") as d:
+        caller, answer = _approved_call_in_flight(d)
         assert _cli(d, "reject", "fs").returncode == 0
         caller.join(30)
         assert answer, "the call on the rejected upstream is still running"
@@ -167,22 +174,10 @@ def test_a_reload_that_sends_an_upstream_back_to_pending_ends_its_calls_as_a_res
     """An approved upstream whose command line a reload changes goes back to pending and is
     restarted: its call in flight ends saying a reload closed it, not that access rules
     changed, and is no access denial."""
-    import signal
-    import threading
-
-    from tests.support.daemon import stdio_faultserver
-
-    fs = stdio_faultserver("fs")
-    d = Daemon(tmp_path, fs, daemon_extra="require_approval = true\n")
+    d = Daemon(tmp_path, FS, daemon_extra="require_approval = true\n")
     with d:
-        assert _cli(d, "approve", "fs").returncode == 0
-        d.wait_for(lambda: _approvals(d) == {"fs": "active"}, 60, "fs active")
-        answer: list[dict[str, Any]] = []
-        caller = threading.Thread(target=lambda: answer.append(
-            d.tool("execute_tool", {"name": "fs__work", "arguments": {"seconds": 90}})), daemon=True)
-        caller.start()
-        d.wait_for(lambda: d.meta("fs__stats", {})["inflight"] == 1, 30, "the call in flight upstream")
-        d.config.write_text(d.config.read_text().replace(fs, stdio_faultserver("fs", "--delay", "1")))
+        caller, answer = _approved_call_in_flight(d)
+        d.config.write_text(d.config.read_text().replace(FS, stdio_faultserver("fs", "--delay", "1")))
         d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
         caller.join(60)
         assert answer and "config reload or a restart" in answer[0]["content"][0]["text"], answer
