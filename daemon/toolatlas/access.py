@@ -111,20 +111,31 @@ def admin_refusal(uid: int | None, daemon_uid: int | None = None) -> str | None:
             f"the daemon runs as {_user(owner)}; run the command as that user or as root")
 
 
-def unknown_tokens(cfg: Config) -> list[str]:
-    """A sentence per [[access]] rule token name that no request can carry (neither a
-    [[http.tokens]] name nor [http] anonymous) while the HTTP endpoint is on: a typo, or a
-    token removed from [[http.tokens]] and left in a rule. Such a rule matches no one, so the
-    token meant gets `access_default`. Warnings, not errors: a reload that removes a token and
-    leaves its name in a rule must still revoke the token."""
-    if not cfg.http.listen:
-        return []
-    names = {t.name for t in cfg.http.tokens} | ({cfg.http.anonymous} if cfg.http.anonymous else set())
-    known = ", ".join(sorted(names)) or "none"
-    return [f"[[access]] rule {i} names token {name!r}, which is no [[http.tokens]] name (those are: {known}) "
-            f"nor [http] anonymous: the rule matches no request by it, and a token no rule names gets "
-            f"access_default ({cfg.daemon.access_default!r})"
-            for i, rule in enumerate(cfg.access, 1) for name in dict.fromkeys(rule.tokens) if name not in names]
+def rule_warnings(cfg: Config) -> list[str]:
+    """A sentence per name an [[access]] rule gives that matches no one: a token no request
+    can carry while the HTTP endpoint is on (neither a [[http.tokens]] name nor [http]
+    anonymous: a typo, or a token removed and left in the rule), and a user or group name
+    this host does not know (numeric ids are taken as they are). The principal meant then
+    gets `access_default`. Warnings, not errors: a reload that removes a token and leaves
+    its name in a rule must still revoke the token, and an account may be made later."""
+    out = []
+    tokens = {t.name for t in cfg.http.tokens} | ({cfg.http.anonymous} if cfg.http.anonymous else set())
+    known = ", ".join(sorted(tokens)) or "none"
+    default = f"access_default ({cfg.daemon.access_default!r})"
+    for i, rule in enumerate(cfg.access, 1):
+        for name in dict.fromkeys(rule.tokens) if cfg.http.listen else ():
+            if name not in tokens:
+                out.append(f"[[access]] rule {i} names token {name!r}, which is no [[http.tokens]] name (those are: "
+                           f"{known}) nor [http] anonymous: the rule matches no request by it, and a token no rule "
+                           f"names gets {default}")
+        for kind, names, lookup in (("user", rule.users, pwd.getpwnam), ("group", rule.groups, grp.getgrnam)):
+            for name in dict.fromkeys(n for n in names if isinstance(n, str) and not n.isdigit()):
+                try:
+                    lookup(name)
+                except KeyError:
+                    out.append(f"[[access]] rule {i} names {kind} {name!r}, which this host does not know: the rule "
+                               f"matches no socket client by it, and one no rule matches gets {default}")
+    return out
 
 
 def clear_cache() -> None:

@@ -186,3 +186,19 @@ def test_check_config_warns_of_an_access_rule_naming_no_token(tmp_path: Path) ->
     assert len(warnings) == 1 and "[[access]] rule 2" in warnings[0] and "'ci_agent'" in warnings[0], run.stderr
     assert "access_default" in warnings[0], warnings
 
+
+
+def test_check_config_warns_of_an_access_rule_naming_an_unknown_user_or_group(tmp_path: Path) -> None:
+    """A user or group name this host does not know (a typo: `alcie`) makes a rule that
+    matches no socket client; the client meant gets access_default. Warned of, not refused
+    (the account may be made later); numeric ids are never warned of."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\nmetrics_addr = ''\nstate_dir = 'state'\n"
+                   "[[upstream]]\nname = 'files'\ntransport = 'stdio'\ncommand = 'true'\n"
+                   "[[access]]\nusers = ['root', 'no-such-user-xq', 4242]\ngroups = ['root', 'no-such-group-xq', '4243']\n"
+                   "servers = ['files']\n")
+    run = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(cfg)], capture_output=True, text=True)
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("toolatlas: warning: ")]
+    assert len(warnings) == 2, run.stderr
+    assert "rule 1 names user 'no-such-user-xq'" in warnings[0] and "rule 1 names group 'no-such-group-xq'" in warnings[1]

@@ -32,7 +32,7 @@ class Visibility:
         self._cfg = cfg
         self._scope = frozenset(cfg.search.scope) or None
         access.clear_cache()
-        for problem in access.unknown_tokens(cfg):
+        for problem in access.rule_warnings(cfg):
             log.warning("%s", problem)
 
     def permitted(self, conn: Connection, endpoint: str | None = None) -> set[str]:
