@@ -167,6 +167,17 @@ def test_bundled_example_config_is_valid() -> None:
     }
 
 
+def _warnings_of_check_config(tmp_path: Path, text: str) -> list[str]:
+    """check-config on a config of `text` under [daemon] (state in tmp_path, one stdio
+    upstream `files`): it must say OK; its warning lines."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\nmetrics_addr = ''\nstate_dir = 'state'\n"
+                   "[[upstream]]\nname = 'files'\ntransport = 'stdio'\ncommand = 'true'\n" + text)
+    run = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(cfg)], capture_output=True, text=True)
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
+    return [line for line in run.stderr.splitlines() if line.startswith("toolatlas: warning: ")]
+
+
 def test_check_config_warns_of_an_access_rule_naming_no_token(tmp_path: Path) -> None:
     """A typo in a rule's token name (`ci_agent` for `ci-agent`) is a rule that matches no one:
     the real token then gets access_default ("allow": every upstream). check-config still says
@@ -174,31 +185,19 @@ def test_check_config_warns_of_an_access_rule_naming_no_token(tmp_path: Path) ->
     warns, naming the rule and the token."""
     from toolatlas.surface.http import hash_token
 
-    cfg = tmp_path / "c.toml"
-    cfg.write_text("[daemon]\nmetrics_addr = ''\nstate_dir = 'state'\n[http]\nlisten = '127.0.0.1:0'\n"
-                   f"[[http.tokens]]\nname = 'ci-agent'\nsha256 = '{hash_token('s3cret-token')}'\n"
-                   "[[upstream]]\nname = 'files'\ntransport = 'stdio'\ncommand = 'true'\n"
-                   "[[access]]\nusers = ['root']\nservers = ['*']\n"
-                   "[[access]]\ntokens = ['ci_agent', 'ci-agent']\nservers = ['files']\n")
-    run = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(cfg)], capture_output=True, text=True)
-    assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
-    warnings = [line for line in run.stderr.splitlines() if line.startswith("toolatlas: warning: ")]
-    assert len(warnings) == 1 and "[[access]] rule 2" in warnings[0] and "'ci_agent'" in warnings[0], run.stderr
+    warnings = _warnings_of_check_config(tmp_path, "[http]\nlisten = '127.0.0.1:0'\n"
+                                         f"[[http.tokens]]\nname = 'ci-agent'\nsha256 = '{hash_token('s3cret-token')}'\n"
+                                         "[[access]]\nusers = ['root']\nservers = ['*']\n"
+                                         "[[access]]\ntokens = ['ci_agent', 'ci-agent']\nservers = ['files']\n")
+    assert len(warnings) == 1 and "[[access]] rule 2" in warnings[0] and "'ci_agent'" in warnings[0], warnings
     assert "access_default" in warnings[0], warnings
-
 
 
 def test_check_config_warns_of_an_access_rule_naming_an_unknown_user_or_group(tmp_path: Path) -> None:
     """A user or group name this host does not know (a typo: `alcie`) makes a rule that
     matches no socket client; the client meant gets access_default. Warned of, not refused
     (the account may be made later); numeric ids are never warned of."""
-    cfg = tmp_path / "c.toml"
-    cfg.write_text("[daemon]\nmetrics_addr = ''\nstate_dir = 'state'\n"
-                   "[[upstream]]\nname = 'files'\ntransport = 'stdio'\ncommand = 'true'\n"
-                   "[[access]]\nusers = ['root', 'no-such-user-xq', 4242]\ngroups = ['root', 'no-such-group-xq', '4243']\n"
-                   "servers = ['files']\n")
-    run = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(cfg)], capture_output=True, text=True)
-    assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
-    warnings = [line for line in run.stderr.splitlines() if line.startswith("toolatlas: warning: ")]
-    assert len(warnings) == 2, run.stderr
+    warnings = _warnings_of_check_config(tmp_path, "[[access]]\nusers = ['root', 'no-such-user-xq', 4242]\n"
+                                         "groups = ['root', 'no-such-group-xq', '4243']\nservers = ['files']\n")
+    assert len(warnings) == 2, warnings
     assert "rule 1 names user 'no-such-user-xq'" in warnings[0] and "rule 1 names group 'no-such-group-xq'" in warnings[1]
