@@ -40,12 +40,13 @@ def _identity(uid: int, gid: int, peer_groups: tuple[int, ...] | None = None) ->
 
 def allowed_servers(cfg: Config, uid: int | None, gid: int | None, token: str | None = None,
                     oauth: tuple[str, frozenset[str], frozenset[str]] | None = None,
-                    groups: tuple[int, ...] | None = None) -> frozenset[str]:
+                    groups: tuple[int, ...] | None = None, *, issuer: str | None = None) -> frozenset[str]:
     """The upstreams a principal may use: the union over matching rules, else the default.
 
     A principal is a socket peer (uid, gid and supplementary `groups` from the kernel; None:
     the user's groups in /etc/group), an HTTP bearer token (its
-    configured name) or a validated OAuth token (`oauth`: its sub, groups/roles, scopes); a
+    configured name) or a validated OAuth token (`oauth`: its sub, groups/roles, scopes;
+    `issuer`: its `iss`, which a rule's `oauth_issuers` must name when it has any); a
     token principal matches only `tokens` rules, an OAuth one only `oauth_*` rules. A socket
     connection without credentials (in-process use) is treated like the daemon's own user.
     """
@@ -55,7 +56,11 @@ def allowed_servers(cfg: Config, uid: int | None, gid: int | None, token: str | 
     if oauth is not None:
         subject, claim_groups, scopes = oauth
         for rule in cfg.access:
-            if subject in rule.oauth_subjects or claim_groups & set(rule.oauth_groups) or scopes & set(rule.oauth_scopes):
+            if rule.oauth_issuers and issuer not in rule.oauth_issuers:
+                continue
+            claims = rule.oauth_subjects or rule.oauth_groups or rule.oauth_scopes
+            if (subject in rule.oauth_subjects or claim_groups & set(rule.oauth_groups)
+                    or scopes & set(rule.oauth_scopes) or (rule.oauth_issuers and not claims)):
                 matched = True
                 servers |= every if "*" in rule.servers else set(rule.servers)
     elif token is not None:
@@ -128,6 +133,11 @@ def rule_warnings(cfg: Config) -> list[str]:
                 out.append(f"[[access]] rule {i} names token {name!r}, which is no [[http.tokens]] name (those are: "
                            f"{known}) nor [http] anonymous: the rule matches no request by it, and a token no rule "
                            f"names gets {default}")
+        issuers = [i.issuer for i in cfg.http.oauth.issuers]
+        if len(issuers) > 1 and not rule.oauth_issuers and (rule.oauth_subjects or rule.oauth_groups or rule.oauth_scopes):
+            out.append(f"[[access]] rule {i} matches the oauth_* claims of every issuer ({', '.join(issuers)}): a "
+                       "token of any of them with that sub, group or scope gets its upstreams; name the issuer "
+                       "whose claims it means in oauth_issuers")
         for kind, names, lookup in (("user", rule.users, pwd.getpwnam), ("group", rule.groups, grp.getgrnam)):
             for name in dict.fromkeys(n for n in names if isinstance(n, str) and not n.isdigit()):
                 try:

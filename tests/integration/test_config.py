@@ -201,3 +201,16 @@ def test_check_config_warns_of_an_access_rule_naming_an_unknown_user_or_group(tm
                                          "groups = ['root', 'no-such-group-xq', '4243']\nservers = ['files']\n")
     assert len(warnings) == 2, warnings
     assert "rule 1 names user 'no-such-user-xq'" in warnings[0] and "rule 1 names group 'no-such-group-xq'" in warnings[1]
+
+
+def test_check_config_warns_of_an_oauth_rule_that_any_of_several_issuers_matches(tmp_path: Path) -> None:
+    """With two issuers, a rule's oauth_groups match the groups either issuer names: warned,
+    unless oauth_issuers binds it; an issuer that is not configured is an error."""
+    oauth = ("[http]\nlisten = '127.0.0.1:0'\n[http.oauth]\nissuers = [{issuer = 'https://a', jwks_url = 'https://a/k'},"
+             " {issuer = 'https://b', jwks_url = 'https://b/k'}]\n")
+    warnings = _warnings_of_check_config(tmp_path, oauth + "[[access]]\noauth_groups = ['ops']\nservers = ['files']\n"
+                                         "[[access]]\noauth_issuers = ['https://a']\noauth_groups = ['ops']\n"
+                                         "servers = ['files']\n")
+    assert len(warnings) == 1 and "rule 1 matches the oauth_* claims of every issuer" in warnings[0], warnings
+    with pytest.raises(ConfigError, match="oauth_issuers names 'https://c', which is not an"):
+        parse(oauth + "[[access]]\noauth_issuers = ['https://c']\nservers = []\n", env={})

@@ -41,7 +41,8 @@ class Visibility:
         (catalog_status shows these)."""
         endpoint = conn.endpoint if endpoint is None else endpoint
         oauth = (conn.oauth.subject, conn.oauth.groups, conn.oauth.scopes) if conn.oauth is not None else None
-        names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token, oauth, conn.groups))
+        names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token, oauth, conn.groups,
+                                           issuer=conn.oauth.issuer if conn.oauth is not None else None))
         if self._scope:
             names &= self._scope
         if endpoint != DEFAULT_ENDPOINT:
