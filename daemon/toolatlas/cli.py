@@ -326,6 +326,10 @@ def _main(argv: list[str] | None = None) -> int:
             return EX_CONFIG
         for problem, _advice in missing_commands(cfg):
             print(f"toolatlas: warning: {problem} (the daemon will not be able to start it)", file=sys.stderr)
+        from toolatlas.access import rule_warnings
+
+        for problem in rule_warnings(cfg):
+            print(f"toolatlas: warning: {problem}", file=sys.stderr)
         print(f"{path}: OK ({len(cfg.upstream)} upstreams; socket {cfg.daemon.socket})")
         return 0
     # The stdio upstreams start now, beside the daemon's own imports (upstream/children.py).

@@ -18,6 +18,7 @@ import msgspec
 # The tables of config_sections are the config's public names too (explicit re-exports).
 from toolatlas.config_sections import (
     ASYMMETRIC_ALGORITHMS as ASYMMETRIC_ALGORITHMS,
+    AccessRule as AccessRule,
     NAME_RE as NAME_RE,
     Endpoint as Endpoint,
     EventsSection as EventsSection,
@@ -30,6 +31,7 @@ from toolatlas.config_sections import (
     UpstreamName as UpstreamName,
     host_port as host_port,
     url_secrets as url_secrets,
+    check_access,
     check_http,
     url_problem,
 )
@@ -188,23 +190,6 @@ class CardsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     llm: CardsLlmSection = msgspec.field(default_factory=CardsLlmSection)
 
 
-class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """Who may use which upstreams. A socket client matches a rule by its kernel-reported
-    uid (`users`: names or numeric uids) or any of its groups (`groups`: names or gids);
-    it may use the union of `servers` ("*" = all) of every rule it matches."""
-
-    users: list[str | int] = []
-    groups: list[str | int] = []
-    # Names of HTTP bearer tokens (see [http]) this rule applies to.
-    tokens: list[str] = []
-    # OAuth access tokens ([http.oauth]) this rule applies to: by `sub`, by a value of the
-    # `groups` or `roles` claim, or by a `scope` value.
-    oauth_subjects: list[str] = []
-    oauth_groups: list[str] = []
-    oauth_scopes: list[str] = []
-    servers: list[str] = []
-
-
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     surface: SurfaceSection = msgspec.field(default_factory=SurfaceSection)
@@ -308,13 +293,7 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
     unknown_scope = [s for s in cfg.search.scope if s not in names]
     if unknown_scope:
         raise ConfigError(f"{source}: [search] scope names unknown upstream {unknown_scope[0]!r}")
-    for i, rule in enumerate(cfg.access):
-        unknown_servers = [x for x in rule.servers if x != "*" and x not in names]
-        if unknown_servers:
-            raise ConfigError(f"{source}: [[access]] rule {i + 1} names unknown upstream {unknown_servers[0]!r}")
-        if not (rule.users or rule.groups or rule.tokens or rule.oauth_subjects or rule.oauth_groups
-                or rule.oauth_scopes):
-            raise ConfigError(f"{source}: [[access]] rule {i + 1} names no users, groups, tokens or oauth_* claims")
+    check_access(cfg.access, names, [i.issuer for i in cfg.http.oauth.issuers], source)
     for up in cfg.upstream:
         if isinstance(up, StdioUpstream) and not up.command.strip():
             raise ConfigError(f"{source}: upstream {up.name!r} has an empty command")

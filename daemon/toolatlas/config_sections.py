@@ -166,6 +166,41 @@ def url_problem(url: str, schemes: tuple[str, ...], redact: Callable[[str], str]
     return None
 
 
+class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Who may use which upstreams. A socket client matches a rule by its kernel-reported
+    uid (`users`: names or numeric uids) or any of its groups (`groups`: names or gids);
+    it may use the union of `servers` ("*" = all) of every rule it matches."""
+
+    users: list[str | int] = []
+    groups: list[str | int] = []
+    # Names of HTTP bearer tokens (see [http]) this rule applies to.
+    tokens: list[str] = []
+    # OAuth access tokens ([http.oauth]) this rule applies to: by `sub`, by a value of the
+    # `groups` or `roles` claim, or by a `scope` value; with `oauth_issuers`, only tokens of
+    # those issuers (each issuer names its own subjects, groups and scopes), all of their
+    # tokens when no other oauth_* key is given.
+    oauth_subjects: list[str] = []
+    oauth_groups: list[str] = []
+    oauth_scopes: list[str] = []
+    oauth_issuers: list[str] = []
+    servers: list[str] = []
+
+
+def check_access(rules: list[AccessRule], upstreams: list[str], issuers: list[str], source: str) -> None:
+    """ConfigError for a rule naming an upstream or [http.oauth] issuer that is not
+    configured, or no one at all."""
+    for i, rule in enumerate(rules, 1):
+        unknown = [x for x in rule.servers if x != "*" and x not in upstreams]
+        if unknown:
+            raise ConfigError(f"{source}: [[access]] rule {i} names unknown upstream {unknown[0]!r}")
+        if strangers := [x for x in rule.oauth_issuers if x not in issuers]:
+            raise ConfigError(f"{source}: [[access]] rule {i}: oauth_issuers names {strangers[0]!r}, which is not "
+                              f"an [http.oauth] issuer ({', '.join(issuers) or 'none configured'})")
+        if not (rule.users or rule.groups or rule.tokens or rule.oauth_subjects or rule.oauth_groups
+                or rule.oauth_scopes or rule.oauth_issuers):
+            raise ConfigError(f"{source}: [[access]] rule {i} names no users, groups, tokens or oauth_* claims")
+
+
 def check_http(http: HttpSection, source: str) -> None:
     if not http.listen:
         return
@@ -174,6 +209,11 @@ def check_http(http: HttpSection, source: str) -> None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"{source}: [[http.tokens]] name {dupes[0]!r} is used more than once")
+    hashes: dict[str, str] = {}
+    for t in http.tokens:
+        if (other := hashes.setdefault(t.sha256.lower(), t.name)) != t.name:
+            raise ConfigError(f"{source}: [[http.tokens]] {other!r} and {t.name!r} have the same sha256: one token would "
+                              f"be both, and every request with it {t.name!r} alone; give each its own token")
     if http.anonymous and http.anonymous in names:
         raise ConfigError(f"{source}: [http] anonymous {http.anonymous!r} is also a [[http.tokens]] name: requests "
                           "without a token would be that token (its access, its sessions); give anonymous its own name")
@@ -202,5 +242,6 @@ def check_http(http: HttpSection, source: str) -> None:
         raise ConfigError(f"{source}: [http.oauth] resource {problem}")
 
 
-__all__ = ["ASYMMETRIC_ALGORITHMS", "Endpoint", "EventsSection", "HttpSection", "HttpToken", "NAME_RE", "OAuthIssuer",
-           "OAuthSection", "UpstreamName", "check_http", "host_port", "url_problem", "url_secrets"]
+__all__ = ["ASYMMETRIC_ALGORITHMS", "AccessRule", "Endpoint", "EventsSection", "HttpSection", "HttpToken", "NAME_RE",
+           "OAuthIssuer", "OAuthSection", "UpstreamName", "check_access", "check_http", "host_port", "url_problem",
+           "url_secrets"]

@@ -3,6 +3,7 @@ one daemon, and a denied user cannot call a tool by name."""
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import subprocess
@@ -120,3 +121,45 @@ def test_two_users_see_different_tools_and_denied_calls_do_not_leak(users: dict[
             assert d.search("echo the message back", 20) == []
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def _ensure_group(name: str, members: tuple[str, ...] = ()) -> int:
+    try:
+        gid = grp.getgrnam(name).gr_gid
+    except KeyError:
+        subprocess.run(["groupadd", name], check=True)
+        gid = grp.getgrnam(name).gr_gid
+    for member in members:
+        subprocess.run(["usermod", "-a", "-G", name, member], check=True)
+    return gid
+
+
+@pytest.mark.hostile
+def test_group_rules_match_the_groups_the_kernel_reports_for_the_peer(users: dict[str, pwd.struct_passwd]) -> None:
+    """A `groups` rule matches the groups the peer process has (the kernel's SO_PEERGROUPS),
+    as the socket's own permission check does: a process that dropped the group (a sandbox,
+    `setpriv --clear-groups`) no longer gets its access though /etc/group lists its user, and
+    one given the group (systemd SupplementaryGroups=) gets it though /etc/group does not."""
+    alice, carol = users["ta-alice"], users["ta-carol"]
+    devs = _ensure_group("ta-devs", members=("ta-alice",))
+    base = Path(tempfile.mkdtemp(prefix="toolatlas-groups-"))
+    os.chmod(base, 0o755)
+    try:
+        d = Daemon(base, stdio_testserver("alpha"), daemon_extra='socket_mode = "0666"\naccess_default = "deny"')
+        d.config.write_text(d.config.read_text() + '\n[[access]]\ngroups = ["ta-devs"]\nservers = ["alpha"]\n')
+        os.makedirs(base / "run", exist_ok=True)
+        os.chmod(base / "run", 0o755)
+        with d:
+            def search() -> list[str]:
+                from toolatlas.surface.rawclient import RawClient
+
+                with RawClient(d.socket, timeout=30) as c:
+                    res = c.call_tool("tool_search", {"query": "echo the message back", "top_k": 5})
+                    return [m["name"] for m in res["structuredContent"]["matches"]]
+
+            assert "alpha__echo" in run_as(alice, search, groups=[devs])  # in the group, as /etc/group says
+            assert run_as(alice, search) == []  # its process dropped the group
+            assert "alpha__echo" in run_as(carol, search, groups=[devs])  # given the group, not in /etc/group
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+

@@ -23,12 +23,14 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import numpy as np
 
 from toolatlas import memory
 from toolatlas.backoff import backoff_delay
 from toolatlas.config import LearningSection
 from toolatlas.gateway.ports import Connection
 from toolatlas.metrics import Metrics
+from toolatlas.names import split
 from toolatlas.retrieval.engine import Engine, query_vectors
 from toolatlas.retrieval.learned import LearningIndex
 from toolatlas.retrieval.usage import FILENAME as USAGE_FILENAME
@@ -155,13 +157,12 @@ class LearningService:
         """Delete `tool`'s events (None: all) up to `until`, re-rank (store/wiring.py)."""
         return await _forget(self, tool, until)
 
-    def status(self) -> dict[str, Any]:
-        """catalog_status's `learning` section."""
-        return status_section(self._engine, self.enabled, self.error)
+    def status(self, scope: frozenset[str] | None = None) -> dict[str, Any]:
+        """catalog_status's `learning` section, of the tools of `scope`'s servers (None: all)."""
+        return status_section(self._engine, self.enabled, self.error, scope)
 
     def reconfigured(self) -> None:
-        """After a reload: switched on, the worker that waited starts; switched off, search stops
-        re-ranking with what was learned, as after a start with it off (and recording stops)."""
+        """After a reload: switched on, the waiting worker starts; off, learning stops as if so at start."""
         if self._running:
             self._engine.learning = self.enabled
         self._pruned = -math.inf  # the next poll prunes to the new retention_days and max_events
@@ -332,14 +333,25 @@ async def _forget(svc: LearningService, tool: str | None, until: float) -> int:
     return await anyio.to_thread.run_sync(once)
 
 
-def status_section(engine: Engine, enabled: bool, error: str | None) -> dict[str, Any]:
-    """catalog_status's `learning` section: `enabled`, the engine's learned state, `error`."""
+def status_section(engine: Engine, enabled: bool, error: str | None,
+                   scope: frozenset[str] | None = None) -> dict[str, Any]:
+    """catalog_status's `learning` section: `enabled`, the engine's learned state, `error`.
+    With a `scope` (the servers a caller may use, when not all), only the feedback on their
+    tools counts: a caller reads no figure of what others did with tools it may not use."""
     state = engine.learned
     updated = state.updated_at if state is not None else None
+    events = state.events if state is not None else 0
+    tools = len(state.tools) if state is not None else 0
+    if state is not None and scope is not None:
+        mine = [i for i, name in enumerate(state.tools) if (p := split(name)) is not None and p[0] in scope]
+        rows = state.row_tools
+        per_tool = np.bincount(rows.tool, weights=rows.count, minlength=len(state.tools))
+        events, tools = int(per_tool[mine].sum()), len(mine)
+        updated = updated if events else None
     return {
         "enabled": enabled,
-        "events": state.events if state is not None else 0,
-        "tools_with_feedback": len(state.tools) if state is not None else 0,
+        "events": events,
+        "tools_with_feedback": tools,
         "updated_at": (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(updated)) if updated else None),
         **({"error": error} if error is not None else {}),
     }

@@ -36,11 +36,13 @@ class SearchService:
         rift: Callable[[], RiftReport | None], metrics: Metrics, events: ev.Events,
         starting: Callable[[set[str]], list[str]] = lambda _allowed: [],
         guidance: Callable[[Connection], Guidance] | None = None,
-        max_top_k: Callable[[], int] = lambda: 5,
+        max_top_k: Callable[[], int] = lambda: 5, held: Callable[[str], str | None] = lambda _server: None,
     ) -> None:
         """`starting(allowed)`: what the daemon still waits for before its first index is
         ready (empty once it is); an answer given meanwhile carries it as `waiting_for`.
-        `guidance(conn)`: what that connection is shown of publisher text."""
+        `guidance(conn)`: what that connection is shown of publisher text. `held(server)`: why
+        a configured upstream serves nothing now (awaiting approval, rejected), or None."""
+        self._held = held
         self._catalog = catalog
         self._guidance = guidance
         self._matches = MatchBuilder()
@@ -76,11 +78,15 @@ class SearchService:
 
     def _scope(self, servers: list[str] | None, allowed: set[str], conn: Connection) -> set[str]:
         """`Visibility.search_scope`; naming a configured server `conn` may not use is also
-        recorded as an access denial."""
+        recorded as an access denial (one its rules give it, held by the operator, is not:
+        the answer says why it serves nothing)."""
+        asked = [s for s in servers or () if s not in allowed]
+        permitted = self._visibility.permitted(conn) if asked else set()
+        held = {s: why for s in asked if s in permitted and (why := self._held(s))}
         try:
-            return self._visibility.search_scope(servers, allowed)
+            return self._visibility.search_scope(servers, allowed, held)
         except BadInput:
-            refused = sorted(s for s in servers or () if s not in allowed and self._visibility.configured(s))
+            refused = sorted(s for s in asked if s not in held and self._visibility.configured(s))
             if refused:
                 deny(self._events, self._metrics, conn, "tool_search", ",".join(refused)[:200],
                      f"{conn.principal} may not use upstream(s) {', '.join(refused)}")

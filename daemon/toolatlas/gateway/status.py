@@ -10,6 +10,7 @@ from typing import Any
 import anyio.abc
 
 from toolatlas.catalog.attest import AttestResult
+from toolatlas.gateway.approval import held_reason
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection, SurfaceStats
 from toolatlas.gateway.tokens import Scope, TokenReporter
@@ -66,8 +67,9 @@ class StatusService:
         self._index_ready = index_ready
         self.surface: SurfaceStats = NoSurface()
         self.started_at = time.time()
-        # Extra catalog_status sections by name, computed per call (the shared store's `store`).
-        self.sections: dict[str, Callable[[], Any]] = {}
+        # Extra catalog_status sections by name, computed per call for the caller's scope (None:
+        # every server): `learning`, the shared store's `store`.
+        self.sections: dict[str, Callable[[Scope], Any]] = {}
 
     def unavailable_reason(self, server: str) -> str:
         """`state: reason` of an upstream that is not serving, for call errors."""
@@ -146,10 +148,8 @@ class StatusService:
                 "reconnects": st.reconnects,
                 "protocol_version": st.protocol_version,
             }
-            if approval in ("pending", "rejected"):
-                out["not_searchable_because"] = (
-                    f"awaiting approval: `toolatlas upstream approve {st.name}`" if approval == "pending"
-                    else "rejected by the operator")
+            if (held := held_reason(st.name, approval)) is not None:
+                out["not_searchable_because"] = held
             elif not entry.available and st.state is not UpstreamState.READY:
                 out["not_searchable_because"] = f"upstream is {st.state.value}" + (f": {st.reason}" if st.reason else "")
             if entry.quarantined:
@@ -188,7 +188,7 @@ class StatusService:
             "clients": self.surface.client_count(),
             "uptime_s": round(time.time() - self.started_at, 1),
             **self._endpoints(conn),
-            **{name: section() for name, section in self.sections.items()},
+            **{name: section(scope) for name, section in self.sections.items()},
         })
         return report
 

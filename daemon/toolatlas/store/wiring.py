@@ -95,7 +95,7 @@ class Sharing:
         gateway.catalog.on_change.append(self._changed)
         if gateway.events.audit is not None:  # the audit trail is configured: share it too
             gateway.events.shared_audit = replica.audit_sink()
-        gateway.status_service.sections["store"] = self.status
+        gateway.status_service.sections["store"] = lambda _scope: self.status()  # the replica's, no tool figures
 
     def status(self) -> dict[str, Any]:
         return {**self.replica.status(), **self.counts}

@@ -63,6 +63,23 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
     return struct.unpack("3i", raw)
 
 
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python's socket module lacks the name
+
+
+def peer_groups(sock: socket.socket) -> tuple[int, ...] | None:
+    """The peer process's supplementary groups when it connected, from the kernel
+    (SO_PEERGROUPS); None where the kernel cannot say (then access rules read /etc/group)."""
+    for room in (256, 65536):  # gids; NGROUPS_MAX is 65536
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * room)
+        except OSError as exc:
+            if exc.errno == errno.ERANGE:
+                continue
+            return None
+        return struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4])
+    return None
+
+
 def prepare_socket_path(path: str) -> None:
     """Create the parent folder and remove a stale socket file; refuse to steal a live one."""
     p = Path(path)
@@ -280,6 +297,7 @@ class UnixServer:
         conn = Connection(id=next(_ids), endpoint=self.endpoint)
         if creds:
             conn.pid, conn.uid, conn.gid = creds
+            conn.groups = peer_groups(raw)
         refusal = self._over_cap(conn)
         if refusal is not None:
             self._log_refusal(conn, refusal)
