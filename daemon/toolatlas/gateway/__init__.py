@@ -195,6 +195,7 @@ class Gateway:
             metrics=self.metrics, events=self.events, guidance=self.guidance_for,
             starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
             max_top_k=lambda: self.cfg.search.default_top_k,
+            unsearchable=lambda server: self.status_service.unsearchable(server),
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,

@@ -37,10 +37,13 @@ class SearchService:
         starting: Callable[[set[str]], list[str]] = lambda _allowed: [],
         guidance: Callable[[Connection], Guidance] | None = None,
         max_top_k: Callable[[], int] = lambda: 5,
+        unsearchable: Callable[[str], str] = lambda server: f"upstream {server!r} is not available right now",
     ) -> None:
         """`starting(allowed)`: what the daemon still waits for before its first index is
         ready (empty once it is); an answer given meanwhile carries it as `waiting_for`.
-        `guidance(conn)`: what that connection is shown of publisher text."""
+        `guidance(conn)`: what that connection is shown of publisher text.
+        `unsearchable(server)`: why an upstream the caller may use is out of search now."""
+        self._unsearchable = unsearchable
         self._catalog = catalog
         self._guidance = guidance
         self._matches = MatchBuilder()
@@ -142,6 +145,8 @@ class SearchService:
                         "Rephrase the query with what the tool should do, or pass top_k to see the closest tools anyway.")
             else:
                 matches = matches[: adaptive.cut([m["score"] for m in matches], self._max_top_k())]
+        if note is None:
+            note = self._note(matches, servers, scope, allowed, loaded)
         add_rift_notes(self._rift(), matches, allowed, live=by_name)
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
@@ -166,7 +171,31 @@ class SearchService:
             answer["waiting_for"] = waiting  # still starting: these matches may be incomplete
         return answer
 
+    def _note(self, matches: list[dict[str, Any]], servers: list[str] | None, scope: set[str], allowed: set[str],
+              loaded: bool) -> str | None:
+        """What a model reads beside an answer without matches (why, and what to do next), or
+        beside one that left out a server it named; None for an answer that needs none."""
+        named = set(servers) if servers is not None else None
+        skipped = sorted((named if named is not None else allowed) - scope)
+        if matches and (named is None or not skipped):
+            return None
+        parts: list[str] = []
+        if not loaded:
+            parts.append("The gateway is still building its search index; search again in a few seconds.")
+        elif not allowed:
+            parts.append("No upstream server is open to you on this gateway.")
+        elif not matches and scope:
+            parts.append(f"No tool matched this query. Searchable servers: {', '.join(sorted(scope))}. "
+                         "Rephrase the query with what the tool should do.")
+        if loaded and skipped:
+            shown = [self._unsearchable(s)[:NOTE_REASON_CHARS] for s in skipped[:NOTE_SERVERS]]
+            more = f" (+{len(skipped) - len(shown)} more: catalog_status)" if len(skipped) > len(shown) else ""
+            parts.append("Not searched: " + " | ".join(shown) + more + ".")
+        return " ".join(parts) or None
 
+
+NOTE_SERVERS = 5  # unsearchable servers a note explains at most
+NOTE_REASON_CHARS = 240  # of each one's reason (it may quote an upstream's stderr)
 NOTE_SIBLINGS = 3  # other tools a Rift note names at most
 
 
