@@ -55,3 +55,11 @@ def test_naming_a_server_that_is_down_says_so(gateway: Daemon) -> None:
 def test_an_answer_with_matches_from_every_server_named_has_no_note(gateway: Daemon) -> None:
     assert "note" not in _search(gateway, query="echo a message")
     assert "note" not in _search(gateway, query="echo a message", servers=["alpha"])
+
+
+def test_an_empty_servers_list_is_an_error_not_an_empty_answer(gateway: Daemon) -> None:
+    """`servers: []` narrowed the search to nothing and answered a bare empty list (a model
+    filling an optional array with [] meant no filter)."""
+    result = gateway.tool("tool_search", {"query": "echo a message", "servers": []})
+    text = result["content"][0]["text"]
+    assert result["isError"] and "`servers` is an empty list" in text and "alpha, down" in text

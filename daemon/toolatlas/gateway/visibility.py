@@ -87,8 +87,12 @@ class Visibility:
     def search_scope(self, servers: list[str] | None, allowed: set[str]) -> set[str]:
         """The upstreams a search covers: those the caller may use (`allowed`, from
         `allowed_servers`), narrowed by `servers`, that are up. Naming a server it may not
-        use (or that does not exist) is BadInput."""
+        use (or that does not exist) is BadInput, and so is an empty list (it would search
+        nothing, silently)."""
         if servers is not None:
+            if not servers:
+                raise BadInput("`servers` is an empty list; leave it out to search every server you can use, or name "
+                               f"some of: {', '.join(sorted(allowed)) or 'none'}")
             unknown = sorted(set(servers) - allowed)
             if unknown:
                 raise BadInput(
