@@ -96,6 +96,22 @@ def clamp_top_k(value: Any, default: int = 5) -> int:
     return max(1, min(MAX_TOP_K, int(value)))
 
 
+def only_parameters(tool: str, args: Any) -> None:
+    """BadInput naming any key of `args` that meta-tool `tool` has no parameter for: a key
+    ignored would change the call silently (a tool's own arguments put beside `name` instead of
+    inside `arguments` reached the tool as none at all; `server` for `servers` searched everything)."""
+    known = next(t["inputSchema"]["properties"] for t in META_TOOLS if t["name"] == tool)
+    extra = [k for k in args if k not in known]
+    if not extra:
+        return
+    shown = ", ".join(json.dumps(k[:TEXT_SHOWN]) for k in extra[:5]) + (f" (+{len(extra) - 5} more)" if len(extra) > 5 else "")
+    hint = " Put the tool's own arguments inside `arguments`." if tool == EXECUTE_TOOL else ""
+    raise BadInput(f"{tool} has no parameter {shown}; it takes {', '.join(known)}.{hint}")
+
+
+TEXT_SHOWN = 60  # characters of a caller's key an error quotes
+
+
 def tool_format(value: Any) -> str:
     """tool_search's `format`: "json" when missing, else one of FORMATS, or BadInput."""
     if value is None:

@@ -1,6 +1,6 @@
 """What a model reads when tool_search has nothing to show, through a real daemon: an empty
 `matches` always comes with a `note` saying why and what to do next (no tool matched; the
-servers it named are down; the index is not ready), never a bare `[]`."""
+servers it named are down; the index is not ready), never a bare `[]`; and a meta-tool key it has no parameter for is named, not ignored."""
 
 from __future__ import annotations
 
@@ -63,3 +63,12 @@ def test_an_empty_servers_list_is_an_error_not_an_empty_answer(gateway: Daemon) 
     result = gateway.tool("tool_search", {"query": "echo a message", "servers": []})
     text = result["content"][0]["text"]
     assert result["isError"] and "`servers` is an empty list" in text and "alpha, down" in text
+
+
+def test_arguments_beside_name_are_refused_on_the_socket_relay(gateway: Daemon) -> None:
+    """The socket's raw relay takes execute_tool before the SDK handler (from a connection's
+    second request on, once the SDK has seen its protocol version): it refuses the same keys."""
+    with gateway.client() as c:
+        assert c.call_tool("execute_tool", {"name": "alpha__echo", "arguments": {"message": "hi"}})["content"][0]["text"] == "Echo: hi"
+        flat = c.call_tool("execute_tool", {"name": "alpha__echo", "message": "hi"})
+    assert flat["isError"] and flat["content"][0]["text"].startswith('execute_tool has no parameter "message"')

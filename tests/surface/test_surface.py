@@ -248,3 +248,20 @@ async def test_instructions_are_per_caller_and_follow_the_gateway(fake: FakeGate
         fake.instructions = lambda conn: "after reload: notes"  # type: ignore[method-assign]
         async with connected(surface, Connection(id=3, uid=1000)) as client:
             assert client.instructions == "after reload: notes"
+
+
+async def test_a_meta_tool_key_it_has_no_parameter_for_is_named_not_ignored(fake: FakeGateway) -> None:
+    """A model that puts a tool's arguments beside `name` (not inside `arguments`) had the tool
+    called with none; one that writes `server` for `servers` searched every server."""
+    surface = Surface(fake)
+    with anyio.fail_after(10):
+        async with connected(surface, Connection(id=1, uid=1000)) as client:
+            flat = await client.call_tool("execute_tool", {"name": "notes__add_note", "text": "hi"})
+            search = await client.call_tool("tool_search", {"query": "add a note", "server": "vault"})
+            fine = await client.call_tool("execute_tool", {"name": "notes__add_note", "arguments": {"text": "ok"}})
+    assert flat.is_error and fake.calls[0][0].arguments == {"text": "ok"} and len(fake.calls) == 1
+    assert flat.content[0].text == ('execute_tool has no parameter "text"; it takes name, arguments. '  # type: ignore[union-attr]
+                                    "Put the tool's own arguments inside `arguments`.")
+    assert search.is_error and search.content[0].text == (  # type: ignore[union-attr]
+        'tool_search has no parameter "server"; it takes query, top_k, servers, format.')
+    assert not fine.is_error

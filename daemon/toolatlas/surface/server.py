@@ -32,7 +32,8 @@ from toolatlas.gateway.ports import REQUEST, CallRequest, Connection, GatewayPor
 from toolatlas.surface import federation, relay
 from toolatlas.surface.results import call_result, error_result, json_result
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
-from toolatlas.meta_tools import AUTO_TOP_K, CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, tool_format
+from toolatlas.meta_tools import (AUTO_TOP_K, CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, only_parameters,
+                                  tool_format)
 from toolatlas.surface.meta import META_SEEN, meta_tools, search_result
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ def _connection(ctx: Any, via: str | None = None) -> Connection:
 
 def _search_args(gw: GatewayPort, args: dict[str, Any]) -> tuple[str, int, list[str] | None]:
     """tool_search's (query, top_k, servers), or BadInput saying what is wrong (`format` too)."""
+    only_parameters(TOOL_SEARCH, args)
     tool_format(args.get("format"))
     query = args.get("query")
     if not isinstance(query, str) or not query.strip():
@@ -310,6 +312,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
             if params.name == CATALOG_STATUS:
                 return json_result(dict(gw.status(conn)))
             if params.name == EXECUTE_TOOL:
+                only_parameters(EXECUTE_TOOL, args)
                 name = args.get("name")
                 if not isinstance(name, str) or not name:
                     raise BadInput("execute_tool needs `name`: a matches[].name from tool_search")
