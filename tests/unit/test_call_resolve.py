@@ -17,7 +17,7 @@ from toolatlas import events as ev
 from toolatlas.calls import CallRequest, UpstreamCall, UpstreamReply
 from toolatlas.catalog.attest import AttestResult
 from toolatlas.catalog.model import ToolRecord
-from toolatlas.errors import UpstreamUnavailable
+from toolatlas.errors import BadInput, UpstreamUnavailable
 from toolatlas.gateway.calls import CallService
 from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.view import CatalogView, plan_listing
@@ -97,3 +97,16 @@ async def test_a_drain_waits_for_the_calls_in_flight_and_no_longer() -> None:
             assert drained == []  # still waiting for the two calls
             release.set()
         assert drained == [0]
+
+
+@pytest.mark.parametrize("meta", ["tool_search", "catalog_status", "execute_tool"])
+async def test_a_meta_tool_through_execute_tool_is_told_to_call_it_itself(meta: str) -> None:
+    """It was "unknown tool 'tool_search'. Use tool_search to find tools.": a model that had
+    just done that through execute_tool reads it as a loop."""
+    routed: list[UpstreamCall] = []
+    calls = service(interim_view(), session_ready=True, routed=routed)
+    with anyio.fail_after(10), pytest.raises(BadInput) as caught:
+        await calls.execute(CallRequest(meta, {}), Connection(id=1))
+    assert str(caught.value) == (f"{meta} is one of the gateway's own tools, not an upstream's: call {meta} itself, "
+                                 "not through execute_tool.")
+    assert routed == []

@@ -23,6 +23,7 @@ from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.suggest import NameIndex, suggest
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.inputstate import InputStateSealer
+from toolatlas.meta_tools import META_NAMES
 from toolatlas.metrics import Metrics
 from toolatlas.names import MAX_LEN, split
 from toolatlas.redact import Redactor
@@ -234,6 +235,8 @@ class CallService:
         return reply
 
     async def _unknown_tool_message(self, name: str, allowed: set[str]) -> str:
+        if name in META_NAMES:  # execute_tool {"name": "tool_search"}: "unknown, use tool_search" reads as a loop
+            return f"{name} is one of the gateway's own tools, not an upstream's: call {name} itself, not through execute_tool."
         if len(name) > SUGGEST_MAX_CHARS:  # no gateway name is this long: nothing is close to it
             return f"unknown tool {_shown(name)} ({len(name)} characters; a tool name has at most {MAX_LEN}). " \
                    "Use tool_search to find tools."
