@@ -384,7 +384,8 @@ class Gateway:
     def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
         allowed = self.visibility.allowed_servers(conn)
         if servers is not None:
-            self.visibility.search_scope(servers, allowed)  # BadInput naming a server it may not use
+            # BadInput naming a server it may not use
+            self.visibility.search_scope(servers, allowed, self.visibility.withheld(conn))
         return self.definitions.definitions(self.catalog.view, set(servers) & allowed if servers is not None else allowed)
 
     def may_use(self, conn: Connection, server: str) -> bool:

@@ -21,7 +21,7 @@ from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.exchange import REQUEST_KEY, Exchange, Parked
 from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.suggest import NameIndex, suggest
-from toolatlas.gateway.visibility import Visibility
+from toolatlas.gateway.visibility import Visibility, awaiting_approval
 from toolatlas.inputstate import InputStateSealer
 from toolatlas.meta_tools import META_NAMES
 from toolatlas.metrics import Metrics
@@ -135,7 +135,7 @@ class CallService:
             self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name[:TEXT_CHARS], upstream=upstream, via=via(),
                               outcome=outcome, latency_ms=latency_ms, **who(conn))
 
-    async def _resolve(self, name: str, allowed: set[str]) -> ToolRecord:
+    async def _resolve(self, name: str, allowed: set[str], conn: Connection) -> ToolRecord:
         """The record a caller who may use `allowed` may call by `name`, or BadInput /
         UpstreamUnavailable."""
         view = self._catalog.view
@@ -149,6 +149,8 @@ class CallService:
                 starting = self._not_listed(parsed[0])
                 if starting:
                     raise UpstreamUnavailable(f"tool {_shown(name)} cannot be called yet: {starting}")
+            if parsed and parsed[0] in self._visibility.withheld(conn):
+                raise BadInput(f"tool {_shown(name)} cannot be called: {awaiting_approval([parsed[0]])}")
             raise BadInput(await self._unknown_tool_message(name, allowed))
         if not view.server(rec.server).available and not self._session_ready(rec.server):
             # A live session whose listing is still being indexed (the view's interim keeps
@@ -162,7 +164,7 @@ class CallService:
     async def _execute(self, call: CallRequest, conn: Connection, allowed: set[str]) -> CallOutcome:
         if self.draining:
             raise UpstreamUnavailable("the gateway is shutting down; retry in a moment")
-        rec = await self._resolve(call.name, allowed)
+        rec = await self._resolve(call.name, allowed, conn)
         arguments = _arguments(call.arguments)
         problems = await self._validator.check_async(rec, arguments or {})
         if problems:

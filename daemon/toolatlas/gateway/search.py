@@ -15,7 +15,7 @@ from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.gateway.ports import Connection
-from toolatlas.gateway.visibility import Visibility
+from toolatlas.gateway.visibility import Visibility, awaiting_approval
 from toolatlas.guidance import Guidance
 from toolatlas.metrics import Metrics
 from toolatlas.names import split
@@ -70,7 +70,8 @@ class SearchService:
         if not self._catalog.engine_loaded.is_set():
             return None
         allowed = self._visibility.allowed_servers(conn)
-        scope = self._visibility.search_scope(servers, allowed)  # a denial is recorded by `search`
+        # a denial is recorded by `search`
+        scope = self._visibility.search_scope(servers, allowed, self._withheld(servers, allowed, conn))
         k = top_k or self._max_top_k()
         outcome = self._catalog.engine.cached(query, k, servers=scope, principal=conn.principal) if scope else None
         if outcome is None:
@@ -81,13 +82,18 @@ class SearchService:
         """`Visibility.search_scope`; naming a configured server `conn` may not use is also
         recorded as an access denial."""
         try:
-            return self._visibility.search_scope(servers, allowed)
+            return self._visibility.search_scope(servers, allowed, self._withheld(servers, allowed, conn))
         except BadInput:
             refused = sorted(s for s in servers or () if s not in allowed and self._visibility.configured(s))
             if refused:
                 deny(self._events, self._metrics, conn, "tool_search", ",".join(refused)[:200],
                      f"{conn.principal} may not use upstream(s) {', '.join(refused)}")
             raise
+
+    def _withheld(self, servers: list[str] | None, allowed: set[str], conn: Connection) -> set[str]:
+        """The servers awaiting approval that `conn` may use, when `servers` names one it cannot
+        use now (they are told apart from unknown names); else none, not looked up."""
+        return self._visibility.withheld(conn) if servers and not allowed.issuperset(servers) else set()
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -146,7 +152,7 @@ class SearchService:
             else:
                 matches = matches[: adaptive.cut([m["score"] for m in matches], self._max_top_k())]
         if note is None:
-            note = self._note(matches, servers, scope, allowed, loaded)
+            note = self._note(matches, servers, scope, allowed, loaded, conn)
         add_rift_notes(self._rift(), matches, allowed, live=by_name)
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
@@ -172,7 +178,7 @@ class SearchService:
         return answer
 
     def _note(self, matches: list[dict[str, Any]], servers: list[str] | None, scope: set[str], allowed: set[str],
-              loaded: bool) -> str | None:
+              loaded: bool, conn: Connection) -> str | None:
         """What a model reads beside an answer without matches (why, and what to do next), or
         beside one that left out a server it named; None for an answer that needs none."""
         named = set(servers) if servers is not None else None
@@ -180,17 +186,20 @@ class SearchService:
         if matches and (named is None or not skipped):
             return None
         parts: list[str] = []
+        waiting = sorted(self._visibility.withheld(conn)) if not matches and servers is None else []
         if not loaded:
             parts.append("The gateway is still building its search index; search again in a few seconds.")
-        elif not allowed:
+        elif not allowed and not waiting:
             parts.append("No upstream server is open to you on this gateway.")
         elif not matches and scope:
             parts.append(f"No tool matched this query. Searchable servers: {', '.join(sorted(scope))}. "
                          "Rephrase the query with what the tool should do.")
-        if loaded and skipped:
-            shown = [self._unsearchable(s)[:NOTE_REASON_CHARS] for s in skipped[:NOTE_SERVERS]]
-            more = f" (+{len(skipped) - len(shown)} more: catalog_status)" if len(skipped) > len(shown) else ""
-            parts.append("Not searched: " + " | ".join(shown) + more + ".")
+        unsearchable = [self._unsearchable(s)[:NOTE_REASON_CHARS] for s in skipped[:NOTE_SERVERS]] if loaded else []
+        if waiting:  # configured and open to the caller, but serving nothing until the operator approves
+            unsearchable.append(awaiting_approval(waiting))
+        if unsearchable:
+            more = f" (+{len(skipped) - NOTE_SERVERS} more: catalog_status)" if len(skipped) > NOTE_SERVERS else ""
+            parts.append("Not searched: " + " | ".join(unsearchable) + more + ".")
         return " ".join(parts) or None
 
 

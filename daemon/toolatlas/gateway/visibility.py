@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence, Set
 
 from toolatlas import access
 from toolatlas.catalog.model import ToolRecord
@@ -68,6 +68,11 @@ class Visibility:
         """Servers this connection may use: `permitted`, less those not approved."""
         return self.permitted(conn) - self._blocked()
 
+    def withheld(self, conn: Connection) -> set[str]:
+        """Servers `conn`'s rules give it that serve nothing until the operator approves them
+        (catalog_status shows them to it, with the command that approves them)."""
+        return self.permitted(conn) & self._blocked()
+
     def configured(self, server: str) -> bool:
         """Whether `server` is an upstream of the running config."""
         return self._cfg.upstream_by_name(server) is not None
@@ -84,22 +89,32 @@ class Visibility:
         usable = self.allowed_servers(conn) & view.available
         return sorted((r for r in view.by_name.values() if r.server in usable), key=lambda r: r.name)
 
-    def search_scope(self, servers: list[str] | None, allowed: set[str]) -> set[str]:
+    def search_scope(self, servers: list[str] | None, allowed: set[str], withheld: Set[str] = frozenset()) -> set[str]:
         """The upstreams a search covers: those the caller may use (`allowed`, from
         `allowed_servers`), narrowed by `servers`, that are up. Naming a server it may not
         use (or that does not exist) is BadInput, and so is an empty list (it would search
-        nothing, silently)."""
+        nothing, silently); one of `withheld` (its `withheld`) is said to await approval."""
         if servers is not None:
             if not servers:
                 raise BadInput("`servers` is an empty list; leave it out to search every server you can use, or name "
                                f"some of: {', '.join(sorted(allowed)) or 'none'}")
             unknown = sorted(set(servers) - allowed)
             if unknown:
-                raise BadInput(
-                    f"unknown server(s) {', '.join(unknown)}; servers you can search: {', '.join(sorted(allowed)) or 'none'}"
-                )
+                waiting = [s for s in unknown if s in withheld]
+                others = [s for s in unknown if s not in withheld]
+                said = ([f"unknown server(s) {', '.join(others)}"] if others else []) + (
+                    [awaiting_approval(waiting)] if waiting else [])
+                raise BadInput(f"{'; '.join(said)}; servers you can search: {', '.join(sorted(allowed)) or 'none'}")
             return allowed & set(servers) & self._view().available
         return allowed & self._view().available
 
 
-__all__ = ["Visibility"]
+def awaiting_approval(servers: Sequence[str]) -> str:
+    """What a caller is told of servers it may use once the operator approves them."""
+    names = ", ".join(repr(s) for s in servers)
+    return (f"upstream {names} serves nothing until this gateway's operator approves it "
+            f"(`toolatlas upstream approve {servers[0]}`)" if len(servers) == 1 else
+            f"upstreams {names} serve nothing until this gateway's operator approves them (`toolatlas upstream approve NAME`)")
+
+
+__all__ = ["Visibility", "awaiting_approval"]
