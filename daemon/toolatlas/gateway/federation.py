@@ -31,10 +31,11 @@ from typing import Any
 
 import anyio
 
-from toolatlas.errors import BadInput, NotFound, ToolatlasError
+from toolatlas.errors import BadInput, NotFound, ToolatlasError, UpstreamUnavailable
 from toolatlas.gateway.ports import Connection, Page
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.names import namespaced, split
+from toolatlas.redact import Redactor
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
 
@@ -97,7 +98,9 @@ def paginate(items: list[dict[str, Any]], key: str, cursor: str | None, size: in
 class Federation:
     """See the module docstring. `on_change` listeners hear (server, kind) changes."""
 
-    def __init__(self, pool: Pool, visibility: Visibility, order: Callable[[], list[str]]) -> None:
+    def __init__(self, pool: Pool, visibility: Visibility, order: Callable[[], list[str]],
+                 redactor: Redactor | None = None) -> None:
+        self._redact = redactor or Redactor()  # for an upstream's reason, which may quote its stderr or URL
         self._pool = pool
         self._visibility = visibility
         self._order = order  # configured upstream names, in config order
@@ -165,6 +168,17 @@ class Federation:
                 out.append(name)
         return out
 
+    def _down(self, conn: Connection) -> dict[str, str]:
+        """Servers `conn` may use whose session is not up now (connecting, reconnecting), in
+        config order, each with why: what they offer is unknown until they are back."""
+        allowed = self._visibility.allowed_servers(conn)
+        out = {}
+        for name in self._order():
+            st = self._pool.get(name)
+            if name in allowed and st is not None and st.state in (UpstreamState.CONNECTING, UpstreamState.DEGRADED):
+                out[name] = self._redact(f"upstream {name!r} is {st.state.value}" + (f" ({st.reason})" if st.reason else ""))
+        return out
+
     def _fresh(self, server: str, kind: str) -> list[dict[str, Any]] | None:
         hit = self._cache.get((server, kind))
         return hit[1] if hit is not None and time.monotonic() - hit[0] < CACHE_TTL_S else None
@@ -230,12 +244,18 @@ class Federation:
         """(server, the upstream's own URI) a read of `uri` by `conn` goes to."""
         unknown = NotFound(f"unknown resource {uri!r}; resources/list shows what you can read")
         servers = self._servers(conn, "resources")
+        down = self._down(conn)
         parsed = unqualify(uri)
         if parsed is not None:
+            if parsed[0] in down:
+                raise UpstreamUnavailable(f"resource {uri!r} cannot be read now: {down[parsed[0]]}; try again later")
             if parsed[0] not in servers:
                 raise unknown
             return parsed
-        candidates = [s for s in servers if s in self._links.get(uri, ())]
+        linked = self._links.get(uri, ())
+        if gone := [s for s in down if s in linked]:  # a tool result of a server that is down now gave it
+            raise UpstreamUnavailable(f"resource {uri!r} cannot be read now: {down[gone[0]]}; try again later")
+        candidates = [s for s in servers if s in linked]
         if not candidates:
             listed = await self._gather(servers, "resources")
             candidates = [s for s in servers if any(i["uri"] == uri for i in listed[s])]
@@ -244,6 +264,9 @@ class Federation:
             candidates = [s for s in servers if any(template_matches(t["uriTemplate"], uri) for t in templates[s])]
         if not candidates and len(servers) == 1:
             candidates = servers
+        if not candidates and down:
+            raise UpstreamUnavailable(f"resource {uri!r} is not offered by a server up now, and what these offer "
+                                      f"is unknown until they are back: {'; '.join(down.values())}; try again later")
         if not candidates:
             raise unknown
         if len(candidates) > 1:
@@ -266,6 +289,8 @@ class Federation:
         """prompts/get of namespaced `name` for `conn` (wire-form result). Raises NotFound."""
         unknown = NotFound(f"unknown prompt {name!r}; prompts/list shows the prompts you can get")
         parsed = split(name)
+        if parsed is not None and (why := self._down(conn).get(parsed[0])) is not None:
+            raise UpstreamUnavailable(f"prompt {name!r} cannot be got now: {why}; try again later")
         if parsed is None or parsed[0] not in self._servers(conn, "prompts"):
             raise unknown
         server = parsed[0]
