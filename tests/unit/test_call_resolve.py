@@ -110,3 +110,20 @@ async def test_a_meta_tool_through_execute_tool_is_told_to_call_it_itself(meta: 
     assert str(caught.value) == (f"{meta} is one of the gateway's own tools, not an upstream's: call {meta} itself, "
                                  "not through execute_tool.")
     assert routed == []
+
+
+@pytest.mark.parametrize("depth", [300, 100_000])
+async def test_arguments_sent_as_a_deeply_nested_json_string_are_bad_input(depth: int) -> None:
+    """The socket refuses a message nested over 200 levels, but `arguments` as a JSON string got
+    past that: 100,000 levels made json.loads raise RecursionError (an internal error, with a
+    traceback in the log), 300 reached the upstream call and failed there ("upstream 'x'
+    failed ...: Maximum serialization depth exceeded", blaming the upstream)."""
+    routed: list[UpstreamCall] = []
+    calls = service(interim_view(), session_ready=True, routed=routed)
+    deep = '{"message": "x", "extra": ' + "[" * depth + "]" * depth + "}"
+    with anyio.fail_after(10), pytest.raises(BadInput, match="nests arrays and objects more than 200 levels deep"):
+        await calls.execute(CallRequest("fast__echo", deep), Connection(id=1))
+    shallow = '{"extra": ' + "[" * 150 + "]" * 150 + "}"
+    with anyio.fail_after(10):
+        await calls.execute(CallRequest("fast__echo", shallow), Connection(id=1))
+    assert len(routed) == 1

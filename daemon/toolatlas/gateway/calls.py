@@ -23,6 +23,7 @@ from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.suggest import NameIndex, suggest
 from toolatlas.gateway.visibility import Visibility, awaiting_approval
 from toolatlas.inputstate import InputStateSealer
+from toolatlas.jsonlines import MAX_DEPTH, deeper_than
 from toolatlas.meta_tools import META_NAMES
 from toolatlas.metrics import Metrics
 from toolatlas.names import MAX_LEN, split
@@ -270,12 +271,18 @@ def _shown(name: str) -> str:
 
 
 def _arguments(raw: object) -> dict[str, object] | None:
-    """A call's arguments as an object: a JSON string is decoded; anything else is BadInput."""
+    """A call's arguments as an object: a JSON string is decoded (held to the nesting the
+    socket allows a message); anything else is BadInput."""
     if isinstance(raw, str):
+        too_deep = f"`arguments` nests arrays and objects more than {MAX_DEPTH} levels deep; send flatter arguments"
         try:
             raw = json.loads(raw)
+        except RecursionError as exc:  # deeper than the decoder goes, far past MAX_DEPTH
+            raise BadInput(too_deep) from exc
         except ValueError as exc:
             raise BadInput(f"`arguments` is a string that is not valid JSON: {exc}") from exc
+        if deeper_than(raw, MAX_DEPTH):
+            raise BadInput(too_deep)
     if raw is not None and not isinstance(raw, dict):
         raise BadInput(f"`arguments` must be an object, got {type(raw).__name__}")
     return raw
