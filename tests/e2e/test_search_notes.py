@@ -72,3 +72,14 @@ def test_arguments_beside_name_are_refused_on_the_socket_relay(gateway: Daemon) 
         assert c.call_tool("execute_tool", {"name": "alpha__echo", "arguments": {"message": "hi"}})["content"][0]["text"] == "Echo: hi"
         flat = c.call_tool("execute_tool", {"name": "alpha__echo", "message": "hi"})
     assert flat["isError"] and flat["content"][0]["text"].startswith('execute_tool has no parameter "message"')
+
+
+def test_unknown_server_names_are_quoted_short_whatever_was_sent(gateway: Daemon) -> None:
+    """A 1 MB server name was echoed whole in the error (a reply that grows with the request)."""
+    for servers in (["x" * 1_000_000], [f"s{i}" for i in range(100_000)]):
+        result = gateway.tool("tool_search", {"query": "echo", "servers": servers})
+        text = result["content"][0]["text"]
+        assert result["isError"] and text.startswith("unknown server(s) ") and len(text) < 1000, text[:300]
+        assert text.endswith("; servers you can search: alpha, down")
+    many = gateway.tool("tool_search", {"query": "echo", "servers": [f"s{i}" for i in range(100_000)]})
+    assert "s0, s1, " in many["content"][0]["text"] and "(+99990 more)" in many["content"][0]["text"]

@@ -102,11 +102,21 @@ class Visibility:
             if unknown:
                 waiting = [s for s in unknown if s in withheld]
                 others = [s for s in unknown if s not in withheld]
-                said = ([f"unknown server(s) {', '.join(others)}"] if others else []) + (
+                said = ([f"unknown server(s) {_few(others)}"] if others else []) + (
                     [awaiting_approval(waiting)] if waiting else [])
                 raise BadInput(f"{'; '.join(said)}; servers you can search: {', '.join(sorted(allowed)) or 'none'}")
             return allowed & set(servers) & self._view().available
         return allowed & self._view().available
+
+
+SHOWN_NAMES = 10  # of a caller's unknown server names, an error quotes at most these
+SHOWN_NAME_CHARS = 64  # characters of each
+
+
+def _few(names: Sequence[str]) -> str:
+    """A caller's names as an error quotes them: a reply must not grow with what it sent."""
+    shown = [n if len(n) <= SHOWN_NAME_CHARS else n[:SHOWN_NAME_CHARS] + "..." for n in names[:SHOWN_NAMES]]
+    return ", ".join(shown) + (f" (+{len(names) - SHOWN_NAMES} more)" if len(names) > SHOWN_NAMES else "")
 
 
 def awaiting_approval(servers: Sequence[str]) -> str:
