@@ -13,6 +13,7 @@ from typing import Any
 from toolatlas.errors import BadInput
 
 MAX_TOP_K = 20
+TEXT_SHOWN = 60  # characters of a caller's value or key an error quotes
 
 TOOL_SEARCH = "tool_search"
 EXECUTE_TOOL = "execute_tool"
@@ -85,6 +86,12 @@ META_NAMES = frozenset(t["name"] for t in META_TOOLS)
 AUTO_TOP_K = 0
 
 
+def _shown(value: Any) -> str:
+    """A caller's value as an error quotes it: cut, so a reply does not grow with what it sent."""
+    text = repr(value)
+    return text if len(text) <= TEXT_SHOWN else text[:TEXT_SHOWN] + "..."
+
+
 def clamp_top_k(value: Any, default: int = 5) -> int:
     """top_k clamped to [1, 20]; a missing value gives the default, a non-integer is BadInput."""
     if value is None:
@@ -92,7 +99,7 @@ def clamp_top_k(value: Any, default: int = 5) -> int:
     if isinstance(value, float) and not math.isfinite(value):  # 1e400 parses as inf
         raise BadInput(f"top_k must be an integer from 1 to {MAX_TOP_K}, got a number out of range")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise BadInput(f"top_k must be an integer from 1 to {MAX_TOP_K}, got {value!r}")
+        raise BadInput(f"top_k must be an integer from 1 to {MAX_TOP_K}, got {_shown(value)}")
     return max(1, min(MAX_TOP_K, int(value)))
 
 
@@ -109,15 +116,12 @@ def only_parameters(tool: str, args: Any) -> None:
     raise BadInput(f"{tool} has no parameter {shown}; it takes {', '.join(known)}.{hint}")
 
 
-TEXT_SHOWN = 60  # characters of a caller's key an error quotes
-
-
 def tool_format(value: Any) -> str:
     """tool_search's `format`: "json" when missing, else one of FORMATS, or BadInput."""
     if value is None:
         return "json"
     if value not in FORMATS:
-        raise BadInput(f"format must be one of {', '.join(FORMATS)}, got {value!r}")
+        raise BadInput(f"format must be one of {', '.join(FORMATS)}, got {_shown(value)}")
     return str(value)
 
 

@@ -265,3 +265,15 @@ async def test_a_meta_tool_key_it_has_no_parameter_for_is_named_not_ignored(fake
     assert search.is_error and search.content[0].text == (  # type: ignore[union-attr]
         'tool_search has no parameter "server"; it takes query, top_k, servers, format.')
     assert not fine.is_error
+
+
+async def test_a_bad_top_k_or_format_is_quoted_short(fake: FakeGateway) -> None:
+    """A 100 KB top_k or format string was echoed whole in the error."""
+    surface = Surface(fake)
+    with anyio.fail_after(10):
+        async with connected(surface, Connection(id=1, uid=1000)) as client:
+            top_k = await client.call_tool("tool_search", {"query": "x", "top_k": "9" * 100_000})
+            form = await client.call_tool("tool_search", {"query": "x", "format": ["y"] * 100_000})
+    assert top_k.content[0].text == "top_k must be an integer from 1 to 20, got '" + "9" * 59 + "..."  # type: ignore[union-attr]
+    assert form.content[0].text.startswith("format must be one of json, compact, got ['y', 'y'")  # type: ignore[union-attr]
+    assert len(form.content[0].text) < 200  # type: ignore[union-attr]
