@@ -15,6 +15,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from tests.support.daemon import Daemon
+from tests.support.ports import free_port
 from tests.support.servers import testserver_args
 from toolatlas.surface.unix import unix_client
 
@@ -34,7 +35,8 @@ async def _error(ask: object) -> str:
 
 async def test_a_read_or_prompt_of_an_upstream_that_is_down_says_so(tmp_path: Path) -> None:
     flag = tmp_path / "no-restart"
-    with Daemon(tmp_path, _starts_once("alpha", flag)) as d, anyio.fail_after(60):
+    never = f'[[upstream]]\nname = "never"\ntransport = "http"\nurl = "http://127.0.0.1:{free_port()}/mcp"\n'
+    with Daemon(tmp_path, _starts_once("alpha", flag) + never) as d, anyio.fail_after(60):
         async with Client(unix_client(d.socket), mode="legacy") as client:
             assert (await client.read_resource("test://res/000")).contents[0].text == "resource 000"  # type: ignore[union-attr]
             await client.call_tool("execute_tool", {"name": "alpha__link", "arguments": {"name": "7"}})
@@ -44,6 +46,7 @@ async def test_a_read_or_prompt_of_an_upstream_that_is_down_says_so(tmp_path: Pa
             down = "upstream 'alpha' is degraded ("
             plain = await _error(client.read_resource("test://res/000"))
             assert "is not offered by a server up now" in plain and down in plain and "try again later" in plain
+            assert "never" not in plain  # it has never been up: nothing says it offers resources
             linked = await _error(client.read_resource("test://item/7"))
             assert linked.startswith("resource 'test://item/7' cannot be read now: " + down), linked
             qualified = await _error(client.read_resource("toolatlas://alpha/test://res/001"))

@@ -107,6 +107,7 @@ class Federation:
         self._cache: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
         self._links: OrderedDict[str, set[str]] = OrderedDict()
         self._up: set[str] = set()
+        self._offered: dict[str, frozenset[str]] = {}  # what each offered when its session last came up
         self._fetching: dict[tuple[str, str], anyio.Lock] = {}  # one fetch per list at a time
         self._dropped = 0  # counts invalidations: a fetch that overlapped one is not cached
         self.on_change: list[ChangeListener] = []
@@ -132,6 +133,8 @@ class Federation:
         self._drop(server, tuple(_KEY))
         st = self._pool.get(server)
         offers = set(st.offers) if st is not None and up else {KIND_OF[k] for k in offered}
+        if up:
+            self._offered[server] = frozenset(offers)
         for kind in ("resources", "prompts"):
             if kind in offers:
                 await self.changed(server, kind)
@@ -264,9 +267,9 @@ class Federation:
             candidates = [s for s in servers if any(template_matches(t["uriTemplate"], uri) for t in templates[s])]
         if not candidates and len(servers) == 1:
             candidates = servers
-        if not candidates and down:
-            raise UpstreamUnavailable(f"resource {uri!r} is not offered by a server up now, and what these offer "
-                                      f"is unknown until they are back: {'; '.join(down.values())}; try again later")
+        if not candidates and (maybe := [why for s, why in down.items() if "resources" in self._offered.get(s, ())]):
+            raise UpstreamUnavailable(f"resource {uri!r} is not offered by a server up now, and these offered resources "
+                                      f"before they went down: {'; '.join(maybe)}; try again later")
         if not candidates:
             raise unknown
         if len(candidates) > 1:
