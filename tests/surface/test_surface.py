@@ -27,7 +27,8 @@ from toolatlas.surface.server import CONNECTION, Surface, init_options
 DENIED_UID = 4242
 RECORDS = [
     ToolRecord.make("notes", "add_note", "Add a note.", {"type": "object", "properties": {"text": {"type": "string"}}},
-                    title="Add note", output_schema={"type": "object"}),
+                    title="Add note", output_schema={"type": "object"},
+                    annotations={"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False}),
     ToolRecord.make("vault", "read_secret", "Read a secret.", {"type": "object"}),
 ]
 
@@ -162,6 +163,9 @@ async def test_passthrough_lists_full_definitions_scoped_by_access(fake: FakeGat
     assert [t.name for t in listed.tools] == ["notes__add_note"]
     tool = listed.tools[0]
     assert tool.title == "Add note" and tool.output_schema == {"type": "object"}
+    # as a direct connection lists it: a client deciding what to confirm reads the hints
+    assert tool.annotations is not None and tool.annotations.model_dump(exclude_none=True) == {
+        "read_only_hint": False, "destructive_hint": False, "idempotent_hint": False}
 
 
 async def test_search_answer_and_bad_input(fake: FakeGateway) -> None:

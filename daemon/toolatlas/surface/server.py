@@ -289,6 +289,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
                     description=r.description,
                     input_schema=r.input_schema,
                     output_schema=r.output_schema,
+                    annotations=types.ToolAnnotations.model_validate(r.annotations) if r.annotations else None,
                 )
                 for r in gw.visible_records(conn)
             ]
