@@ -55,3 +55,10 @@ async def test_a_read_or_prompt_of_an_upstream_that_is_down_says_so(tmp_path: Pa
             assert prompt.startswith("prompt 'alpha__greet' cannot be got now: " + down) and "try again later" in prompt
             # a name no server could own is still unknown
             assert "unknown prompt" in await _error(client.get_prompt("nope", {}))
+            # a caller's name or URI is quoted cut, not whole: no reply grows with what was sent
+            huge = "x" * 1_000_000
+            for text in (await _error(client.read_resource(f"test://{huge}")),
+                         await _error(client.read_resource(f"toolatlas://alpha/{huge}")),
+                         await _error(client.get_prompt(f"nope__{huge}", {})),
+                         await _error(client.get_prompt(f"alpha__{huge}", {}))):
+                assert len(text) < 3000 and "xxx'..." in text, text[:200]

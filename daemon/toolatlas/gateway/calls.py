@@ -16,7 +16,7 @@ from toolatlas.calls import CallOutcome, CallRequest, InputRequired, UpstreamCal
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.validate import ArgumentValidator
 from toolatlas.errors import BadInput, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
-from toolatlas.gateway.audit import TEXT_CHARS, deny, via, who
+from toolatlas.gateway.audit import TEXT_CHARS, deny, shown, via, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.exchange import REQUEST_KEY, Exchange, Parked
 from toolatlas.gateway.ports import Connection
@@ -146,12 +146,12 @@ class CallService:
             if parsed and parsed[0] in allowed:
                 reason = view.quarantine_reason(parsed[0], parsed[1])
                 if reason:
-                    raise BadInput(f"tool {_shown(name)} is quarantined: {reason}")
+                    raise BadInput(f"tool {shown(name)} is quarantined: {reason}")
                 starting = self._not_listed(parsed[0])
                 if starting:
-                    raise UpstreamUnavailable(f"tool {_shown(name)} cannot be called yet: {starting}")
+                    raise UpstreamUnavailable(f"tool {shown(name)} cannot be called yet: {starting}")
             if parsed and parsed[0] in self._visibility.withheld(conn):
-                raise BadInput(f"tool {_shown(name)} cannot be called: {awaiting_approval([parsed[0]])}")
+                raise BadInput(f"tool {shown(name)} cannot be called: {awaiting_approval([parsed[0]])}")
             raise BadInput(await self._unknown_tool_message(name, allowed))
         if not view.server(rec.server).available and not self._session_ready(rec.server):
             # A live session whose listing is still being indexed (the view's interim keeps
@@ -241,7 +241,7 @@ class CallService:
         if name in META_NAMES:  # execute_tool {"name": "tool_search"}: "unknown, use tool_search" reads as a loop
             return f"{name} is one of the gateway's own tools, not an upstream's: call {name} itself, not through execute_tool."
         if len(name) > SUGGEST_MAX_CHARS:  # no gateway name is this long: nothing is close to it
-            return f"unknown tool {_shown(name)} ({len(name)} characters; a tool name has at most {MAX_LEN}). " \
+            return f"unknown tool {shown(name)} ({len(name)} characters; a tool name has at most {MAX_LEN}). " \
                    "Use tool_search to find tools."
         view = self._catalog.view
         indexes: dict[str, NameIndex] = {}
@@ -256,18 +256,12 @@ class CallService:
         by_name = view.by_name
         close = await anyio.to_thread.run_sync(suggest, name, indexes, lambda n: by_name[n].tool if n in by_name else n)
         hint = f" Did you mean: {', '.join(close)}?" if close else " Use tool_search to find tools."
-        return f"unknown tool {_shown(name)}.{hint}"
+        return f"unknown tool {shown(name)}.{hint}"
 
 
 def _logged(exc: BaseException) -> str:
     """`exc`'s message as events and the audit trail keep it: argument values left out."""
     return exc.logged if isinstance(exc, BadInput) else str(exc)
-
-
-def _shown(name: str) -> str:
-    """A caller's tool name as an error quotes it: whole up to TEXT_CHARS characters (every
-    gateway name is), cut past that, so a reply does not grow with what the caller sent."""
-    return repr(name) if len(name) <= TEXT_CHARS else f"{name[:TEXT_CHARS]!r}..."
 
 
 def _arguments(raw: object) -> dict[str, object] | None:

@@ -32,6 +32,7 @@ from typing import Any
 import anyio
 
 from toolatlas.errors import BadInput, NotFound, ToolatlasError, UpstreamUnavailable
+from toolatlas.gateway.audit import shown
 from toolatlas.gateway.ports import Connection, Page
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.names import namespaced, split
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 SCHEME = "toolatlas://"
 PAGE_SIZE = 100  # items per page of our own lists
 CACHE_TTL_S = 60.0  # a cached list is refetched after this, announced change or not
+URI_CHARS = 2048  # of a caller's URI an error quotes (a URL's customary limit): no reply grows with a request
 MAX_LINKS = 4096  # URIs remembered from tool results, for routing reads
 KIND_OF = {"resources": "resources", "templates": "resources", "prompts": "prompts"}  # list -> capability
 _KEY = {"resources": "uri", "templates": "uriTemplate", "prompts": "name"}
@@ -245,19 +247,19 @@ class Federation:
 
     async def _route(self, uri: str, conn: Connection) -> tuple[str, str]:
         """(server, the upstream's own URI) a read of `uri` by `conn` goes to."""
-        unknown = NotFound(f"unknown resource {uri!r}; resources/list shows what you can read")
+        unknown = NotFound(f"unknown resource {shown(uri, URI_CHARS)}; resources/list shows what you can read")
         servers = self._servers(conn, "resources")
         down = self._down(conn)
         parsed = unqualify(uri)
         if parsed is not None:
             if parsed[0] in down:
-                raise UpstreamUnavailable(f"resource {uri!r} cannot be read now: {down[parsed[0]]}; try again later")
+                raise UpstreamUnavailable(f"resource {shown(uri, URI_CHARS)} cannot be read now: {down[parsed[0]]}; try again later")
             if parsed[0] not in servers:
                 raise unknown
             return parsed
         linked = self._links.get(uri, ())
         if gone := [s for s in down if s in linked]:  # a tool result of a server that is down now gave it
-            raise UpstreamUnavailable(f"resource {uri!r} cannot be read now: {down[gone[0]]}; try again later")
+            raise UpstreamUnavailable(f"resource {shown(uri, URI_CHARS)} cannot be read now: {down[gone[0]]}; try again later")
         candidates = [s for s in servers if s in linked]
         if not candidates:
             listed = await self._gather(servers, "resources")
@@ -268,13 +270,13 @@ class Federation:
         if not candidates and len(servers) == 1:
             candidates = servers
         if not candidates and (maybe := [why for s, why in down.items() if "resources" in self._offered.get(s, ())]):
-            raise UpstreamUnavailable(f"resource {uri!r} is not offered by a server up now, and these offered resources "
+            raise UpstreamUnavailable(f"resource {shown(uri, URI_CHARS)} is not offered by a server up now, and these offered resources "
                                       f"before they went down: {'; '.join(maybe)}; try again later")
         if not candidates:
             raise unknown
         if len(candidates) > 1:
             forms = " or ".join(qualify(s, uri) for s in candidates)
-            raise BadInput(f"resource {uri!r} could come from {', '.join(candidates)}; read {forms}")
+            raise BadInput(f"resource {shown(uri, URI_CHARS)} could come from {', '.join(candidates)}; read {forms}")
         return candidates[0], uri
 
     async def read(self, uri: str, conn: Connection) -> dict[str, Any]:
@@ -290,10 +292,10 @@ class Federation:
 
     async def get_prompt(self, name: str, arguments: dict[str, str] | None, conn: Connection) -> dict[str, Any]:
         """prompts/get of namespaced `name` for `conn` (wire-form result). Raises NotFound."""
-        unknown = NotFound(f"unknown prompt {name!r}; prompts/list shows the prompts you can get")
+        unknown = NotFound(f"unknown prompt {shown(name)}; prompts/list shows the prompts you can get")
         parsed = split(name)
         if parsed is not None and (why := self._down(conn).get(parsed[0])) is not None:
-            raise UpstreamUnavailable(f"prompt {name!r} cannot be got now: {why}; try again later")
+            raise UpstreamUnavailable(f"prompt {shown(name)} cannot be got now: {why}; try again later")
         if parsed is None or parsed[0] not in self._servers(conn, "prompts"):
             raise unknown
         server = parsed[0]
