@@ -7,6 +7,7 @@ the index has them. A call in that moment must reach the live session, not be re
 from __future__ import annotations
 
 import io
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,7 +18,7 @@ from toolatlas import events as ev
 from toolatlas.calls import CallRequest, UpstreamCall, UpstreamReply
 from toolatlas.catalog.attest import AttestResult
 from toolatlas.catalog.model import ToolRecord
-from toolatlas.errors import BadInput, UpstreamUnavailable
+from toolatlas.errors import BadInput, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.gateway.calls import CallService
 from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.view import CatalogView, plan_listing
@@ -33,15 +34,16 @@ def interim_view() -> CatalogView:
     return view
 
 
-def service(view: CatalogView, *, session_ready: bool, routed: list[UpstreamCall]) -> CallService:
-    async def route(call: UpstreamCall) -> UpstreamReply:
+def service(view: CatalogView, *, session_ready: bool, routed: list[UpstreamCall],
+            route: Callable[[UpstreamCall], Awaitable[UpstreamReply]] | None = None) -> CallService:
+    async def echo(call: UpstreamCall) -> UpstreamReply:
         routed.append(call)
         return UpstreamReply(payload={"content": [{"type": "text", "text": "Echo: early"}]})
 
     visibility: Any = SimpleNamespace(allowed_servers=lambda conn: {"fast"}, configured=lambda s: s == "fast")
     catalog: Any = SimpleNamespace(view=view)
     return CallService(
-        catalog, visibility, route, lambda s: "ready", metrics=Metrics(),
+        catalog, visibility, route or echo, lambda s: "ready", metrics=Metrics(),
         events=ev.Events(io.StringIO()), session_ready=lambda s: session_ready,
     )
 
@@ -127,3 +129,18 @@ async def test_arguments_sent_as_a_deeply_nested_json_string_are_bad_input(depth
     with anyio.fail_after(10):
         await calls.execute(CallRequest("fast__echo", shallow), Connection(id=1))
     assert len(routed) == 1
+
+
+async def test_a_call_that_timed_out_says_it_may_have_run() -> None:
+    """"did not answer tools/call x within 60 s" read as "nothing happened": a model retried a
+    call that may have sent the mail, made the payment."""
+    calls = service(interim_view(), session_ready=True, routed=[], route=_timed_out)
+    with anyio.fail_after(10), pytest.raises(UpstreamTimeout) as caught:
+        await calls.execute(CallRequest("fast__echo", {}), Connection(id=1))
+    assert str(caught.value) == ("upstream 'fast' did not answer tools/call echo within 2 s; it may still have run: "
+                                 "call it again only if that is safe")
+    assert str(UpstreamTimeout("fast", "tools/list", 2)) == "upstream 'fast' did not answer tools/list within 2 s"
+
+
+async def _timed_out(call: UpstreamCall) -> UpstreamReply:
+    raise UpstreamTimeout(call.server, f"tools/call {call.tool}", 2)
