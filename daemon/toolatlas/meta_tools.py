@@ -171,17 +171,24 @@ def signature(schema: Any) -> str:
     return ", ".join(f"{_param(k)}{'' if k in required else '?'}: {_type_of(props[k])}" for k in order)
 
 
+def _one_line(text: Any) -> str:
+    """`text` on one line: every run of whitespace (line and paragraph separators, carriage
+    returns among them) one space. An upstream's reason in a note can quote its stderr, and a
+    line break there must not start a line of toolatlas's listing (a forged match)."""
+    return " ".join(str(text).split())
+
+
 def render_compact(answer: dict[str, Any]) -> str:
     """A tool_search answer as a short text listing for a model: one numbered line per
     match (name and parameter signature), its description's first words, examples and
     note; what is degraded or still starting; how to get full schemas."""
     lines: list[str] = []
     if answer.get("degraded"):
-        lines.append(f"degraded: {answer['degraded']} (results may be incomplete)")
+        lines.append(f"degraded: {_one_line(answer['degraded'])} (results may be incomplete)")
     if answer.get("waiting_for"):
-        lines.append("still starting, waiting for: " + "; ".join(answer["waiting_for"]))
+        lines.append("still starting, waiting for: " + "; ".join(_one_line(w) for w in answer["waiting_for"]))
     if answer.get("note"):
-        lines.append(f"note: {answer['note']}")
+        lines.append(f"note: {_one_line(answer['note'])}")
     for i, m in enumerate(answer.get("matches") or (), 1):
         lines.append(f"{i}. {m['name']}({signature(m.get('inputSchema'))})" + (" [attested]" if m.get("attested") else ""))
         desc = " ".join(str(m.get("description") or "").split())
@@ -192,7 +199,7 @@ def render_compact(answer: dict[str, Any]) -> str:
         if m.get("examples"):
             lines.append("   e.g. " + " | ".join(str(e) for e in m["examples"][:2]))
         if m.get("note"):
-            lines.append(f"   note: {m['note']}")
+            lines.append(f"   note: {_one_line(m['note'])}")
     if not answer.get("matches"):
         lines.append("no matching tools")
     else:
