@@ -22,7 +22,7 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.errors import BadInput, UpstreamUnavailable
 from toolatlas.gateway.ports import Connection
 from toolatlas.guidance import MetaTools, default_meta_tools
-from toolatlas.surface.server import CONNECTION, Surface, init_options
+from toolatlas.surface.server import CONNECTION, STARTING, Surface, init_options
 
 DENIED_UID = 4242
 RECORDS = [
@@ -252,6 +252,11 @@ async def test_instructions_are_per_caller_and_follow_the_gateway(fake: FakeGate
         fake.instructions = lambda conn: "after reload: notes"  # type: ignore[method-assign]
         async with connected(surface, Connection(id=3, uid=1000)) as client:
             assert client.instructions == "after reload: notes"
+        # read once per session: one that starts while upstreams still list is told the count is not final
+        fake.starting = True
+        async with connected(surface, Connection(id=4, uid=1000)) as client:
+            assert client.instructions == "after reload: notes\n" + STARTING
+            assert "still starting" in STARTING and "tools/list_changed" in STARTING
 
 
 async def test_a_meta_tool_key_it_has_no_parameter_for_is_named_not_ignored(fake: FakeGateway) -> None:

@@ -42,6 +42,9 @@ CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 
 
 CONNECTION: ContextVar[Connection | None] = ContextVar("toolatlas_connection", default=None)
+# Said after the instructions a client gets while the gateway is still starting.
+STARTING = ("The gateway is still starting: the tool count above is of those known so far; more arrive as its servers "
+            "finish connecting (tools/list_changed says when), and tool_search finds them once its index is ready.")
 
 
 def _client_info(ctx: Any) -> tuple[str | None, str | None]:
@@ -247,7 +250,10 @@ class _Server(Server[Any]):
 
     @property
     def instructions(self) -> str | None:
-        return self._gw.instructions(CONNECTION.get())
+        text = self._gw.instructions(CONNECTION.get())
+        # Read once, at the session's start: one made while upstreams are still listing would
+        # keep "0 tools from these servers" for good, and a model may take it as "no tools".
+        return f"{text}\n{STARTING}" if self._gw.starting else text
 
     @instructions.setter
     def instructions(self, _value: str | None) -> None:
