@@ -144,3 +144,17 @@ async def test_a_call_that_timed_out_says_it_may_have_run() -> None:
 
 async def _timed_out(call: UpstreamCall) -> UpstreamReply:
     raise UpstreamTimeout(call.server, f"tools/call {call.tool}", 2)
+
+
+def test_a_server_between_its_listing_and_its_index_swap_is_said_to_be_indexing() -> None:
+    """tool_search's note said "upstream 'fast' is not available right now (ready); try again
+    later" for a server that had just listed its tools: ready is not a reason."""
+    from toolatlas.gateway.status import StatusService
+    from toolatlas.upstream.state import UpstreamState
+
+    catalog: Any = SimpleNamespace(view=interim_view())
+    pool: Any = SimpleNamespace(get=lambda name: SimpleNamespace(state=UpstreamState.READY, reason=None, since=0.0))
+    status = StatusService(catalog, SimpleNamespace(), pool, SimpleNamespace(), SimpleNamespace(),  # type: ignore[arg-type]
+                           index_ready=lambda: False)
+    assert status.unsearchable("fast") == ("upstream 'fast' is connected and its tools are being indexed; "
+                                           "search again in a moment")
