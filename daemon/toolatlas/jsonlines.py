@@ -21,6 +21,22 @@ INTERNAL_ERROR = -32603
 _ID_PATTERN = rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)'
 
 
+# pydantic-core's JSON parser, the SDK's, refuses a message that nests deeper than this.
+MAX_DEPTH = 200
+
+
+def deeper_than(obj: Any, limit: int) -> bool:
+    """Whether decoded JSON `obj` nests arrays and objects more than `limit` levels deep."""
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
 class Refusal(NamedTuple):
     """The JSON-RPC error a refused message is answered with."""
 

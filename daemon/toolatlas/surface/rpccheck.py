@@ -29,12 +29,11 @@ from typing import Any
 import mcp_types as types
 import msgspec
 
-from toolatlas.jsonlines import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, Refusal, request_id_of
+from toolatlas.jsonlines import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, MAX_DEPTH, PARSE_ERROR, Refusal,
+                                 deeper_than, request_id_of)
 
 __all__ = ["INTERNAL_ERROR", "INVALID_PARAMS", "INVALID_REQUEST", "PARSE_ERROR", "Refusal", "screen"]
 
-# pydantic-core's JSON parser, the SDK's, refuses a message that nests deeper than this.
-MAX_DEPTH = 200
 
 _decode = msgspec.json.Decoder().decode
 _BYTE_RE = re.compile(r"\(byte (\d+)\)")
@@ -71,7 +70,7 @@ def _refusal(data: bytes, *, parsed: bool) -> Refusal | None:
     refused = _shape(obj)
     if refused is not None or parsed:
         return refused
-    if _deeper_than(obj, MAX_DEPTH):
+    if deeper_than(obj, MAX_DEPTH):
         return _too_deep(obj.get("id"))
     return None
 
@@ -193,14 +192,3 @@ def _call_params(params: dict[str, Any] | None, rid: Any) -> Refusal | None:
         return Refusal(INVALID_PARAMS, "invalid params: tools/call `arguments` must be an object of named arguments, "
                        f"not {_kind(args)}", rid)
     return None
-
-
-def _deeper_than(obj: Any, limit: int) -> bool:
-    stack = [(obj, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return False
