@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,12 @@ def _adopt(folder: Path, rel: str, data: Any) -> Adoption:
 
 
 def _parsed(a: Adoption) -> Any:
-    env = {**os.environ, **{v: "http://stand-in.invalid/" for v in a.exports.needed}}
-    return parse(render(a), env=env)
+    """The rendered config parsed with its variables set as `render.check` sets them: a URL
+    where a value is the variable whole, else a plain word (inside a URL, "://" would break it)."""
+    text = render(a)
+    whole = set(re.findall(r'"\$\{([A-Za-z_][A-Za-z0-9_]*)\}"', text))
+    env = {**os.environ, **{v: "http://stand-in.invalid/" if v in whole else "stand-in" for v in a.exports.needed}}
+    return parse(text, env=env)
 
 
 def test_jsonc_comments_and_trailing_commas_are_removed_but_strings_kept() -> None:
