@@ -332,6 +332,13 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"toolatlas: warning: {problem}", file=sys.stderr)
         print(f"{path}: OK ({len(cfg.upstream)} upstreams; socket {cfg.daemon.socket})")
         return 0
+    from toolatlas.paths import writable_folder
+
+    try:  # a state_dir the daemon cannot write is one line now, not a traceback from its first file
+        writable_folder(cfg.daemon.state_dir, "[daemon] state_dir")
+    except ConfigError as exc:
+        print(f"toolatlas: config error: {path}: {exc}", file=sys.stderr)
+        return EX_CONFIG
     # The stdio upstreams start now, beside the daemon's own imports (upstream/children.py).
     from toolatlas.upstream.children import prespawn
 

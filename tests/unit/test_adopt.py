@@ -158,6 +158,26 @@ def test_an_entry_left_out_asks_for_no_variable_and_keeps_no_secret(tmp_path: Pa
     assert "GITHUB_TOKEN" not in render(a) and not [n for n in a.notes if "local" in n], a.notes
 
 
+def test_a_project_server_that_names_files_in_the_project_runs_in_the_project_folder(tmp_path: Path) -> None:
+    """Claude Code starts a .mcp.json server in the project folder, so `node dist/server.js`
+    and `./run.sh` name files there. Adopted without a cwd, the daemon started them in its own
+    folder and they failed (Cannot find module .../dist/server.js). A server that names no
+    project file (an npx package) stays as it was, so one server in many projects is one."""
+    project = tmp_path / "app"
+    (project / "dist").mkdir(parents=True)
+    (project / "dist" / "server.js").write_text("")
+    a = _adopt(tmp_path, "app/.mcp.json", {"mcpServers": {
+        "local": {"command": "node", "args": ["dist/server.js"]},
+        "script": {"command": "./run.sh"},
+        "package": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-github"]},
+        "own": {"command": "node", "args": ["dist/server.js"], "cwd": "/srv"},
+    }})
+    cwd = {u.name: u.cwd for u in a.upstreams}
+    assert cwd == {"local": str(project), "script": str(project), "package": None, "own": "/srv"}, cwd
+    script = _parsed(a).upstream_by_name("script")
+    assert (script.command, script.cwd) == ("./run.sh", str(project))  # exec finds it from the cwd
+
+
 def test_connection_strings_and_short_passwords_are_secrets_too(tmp_path: Path) -> None:
     a = _adopt(tmp_path, ".mcp.json", {"mcpServers": {"db": {
         "command": "pg-mcp", "args": ["--password=hunt", "--port", "5432"],

@@ -162,8 +162,13 @@ class UnixServer:
             self._listener = await anyio.abc.SocketListener.from_socket(self.listen_socket)
             log.info("serving on a socket passed by systemd (%s)", self.listen_socket.getsockname())
         else:
-            prepare_socket_path(self.path)
-            self._listener = await self._bind()
+            try:
+                prepare_socket_path(self.path)
+                self._listener = await self._bind()
+            except OSError as exc:  # its folder cannot be made or written: one line, not a traceback
+                why = f"{exc.filename} is not a folder" if isinstance(exc, FileExistsError) else (
+                    f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
+                raise ConfigError(f"cannot listen on the socket {self.path!r}: {why}") from exc
             log.info("listening on %s (mode %o)", self.path, self.mode)
         task_status.started()
         try:
