@@ -215,8 +215,7 @@ class Metrics:
         self.cache_hits = counter("search_cache_hits", "tool_search answers served from the result cache.")
         self.cache_misses = counter("search_cache_misses", "tool_search answers computed afresh.")
         self.reconnects = counter("upstream_reconnects",
-            "Reconnect attempts of upstream sessions (after a loss, or while one cannot be made: "
-            "each backoff retry counts).", ["upstream"])
+            "Reconnect attempts of upstream sessions (each backoff retry counts).", ["upstream"])
         self.list_changed = counter("upstream_list_changed",
             "tools/list_changed notifications received.", ["upstream"])
         self.admin_commands = counter("admin_commands",
