@@ -221,6 +221,8 @@ async def test_five_shims_at_once_start_one_daemon(no_daemon: Daemon) -> None:
     assert int(stat[3]) == pid  # session id (setsid)
     assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
     assert os.readlink(f"/proc/{pid}/fd/2") == str(log)
+    # the daemon keeps that log bounded (toolatlas.logfile): the shim asked it to
+    assert b"\0TOOLATLAS_LOG_MAX_BYTES=10485760\0" in b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
     assert pid_alive(pid)
 
 

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 SPAWN_RETRY_S = 10.0  # a shim starts a daemon at most this often (one that dies at once is not respawned in a loop)
 LOG_NAME = "daemon.log"
+# The daemon keeps that log under this size, its older lines in daemon.log.1 (toolatlas.logfile).
+LOG_MAX_ENV, LOG_MAX_BYTES = "TOOLATLAS_LOG_MAX_BYTES", 10 * 1024 * 1024
 
 
 def lock_path(socket_path: str) -> str:
@@ -103,7 +105,7 @@ class Starter:
             log.flush()
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                pass_fds=(lock_fd,), env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                pass_fds=(lock_fd,), env=dict(os.environ, PYTHONUNBUFFERED="1", **{LOG_MAX_ENV: str(LOG_MAX_BYTES)}),
             )
         return f"started the daemon (pid {self.proc.pid}, config {self.config}); its log: {self.log}"
 
