@@ -278,8 +278,10 @@ def _configure_logging(level: str, redactor: Redactor) -> None:
 def set_log_level(level: str) -> None:
     """`[daemon] log_level` for the daemon's log lines (at the start and at a reload)."""
     logging.getLogger().setLevel(getattr(logging, level))
-    # The HTTP clients log every request at INFO (each upstream ping): keep them quiet.
-    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):
+    # The HTTP clients log every request at INFO (each upstream ping): keep them quiet. The SDK's
+    # streamable-HTTP client logs each new session's Mcp-Session-Id (which lets whoever holds it
+    # act in that session on some servers) and each event stream reconnect at INFO, naming no upstream.
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "mcp.client.streamable_http"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, getattr(logging, level)))
 
 

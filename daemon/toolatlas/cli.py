@@ -221,6 +221,8 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
             print(f"environment: {data['environment']}")
         for s in data["servers"]:
             reason = f"  ({s['reason']})" if s.get("reason") else ""
+            if s.get("approval") in ("pending", "rejected"):  # listed, but serves nothing: say why
+                reason += f"  (not searchable: {s.get('not_searchable_because')})"
             print(f"{s['name']:<24} {s['transport']:<6} {s['state']:<10} {s['tools']:>5} tools{reason}")
         idx = data["index"]
         print(f"index: {data['tools']} searchable tools, version {data.get('index_version')}, "
@@ -293,6 +295,8 @@ def _main(argv: list[str] | None = None) -> int:
         return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
 
     args = _shim_args(argv) or _parser().parse_args(argv)
+    if args.cmd == "shim":  # an MCP client starts it with no shell to expand a ~ in its args
+        args.config, args.socket = (os.path.expanduser(p) if p else p for p in (args.config, args.socket))
     from toolatlas.errors import ConfigError
 
     if args.cmd in ("shim", "search", "call", "status"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,11 +30,13 @@ from toolatlas.config_sections import (
     SurfaceSection as SurfaceSection,
     UpstreamName as UpstreamName,
     host_port as host_port,
+    url_secrets as url_secrets,
     check_access,
     check_http,
+    url_problem,
 )
 from toolatlas.errors import ConfigError
-from toolatlas.paths import config_environment, default_state_dir, expand_vars, read_config, resolve_path, socket_path
+from toolatlas.paths import config_environment, default_state_dir, expand_vars, read_config, resolve_path, socket_path, unix_socket_path
 from toolatlas.redact import Redactor
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
@@ -229,7 +230,6 @@ _UPSTREAM_KEY_RE = re.compile(r"upstream\[\d+\]\.([^.\[]+)")
 # Shorter values are never redacted (they would mangle every line); query values are only
 # taken for secrets from this length (`format=json` is not one).
 MIN_SECRET_CHARS = 4
-MIN_QUERY_SECRET_CHARS = 8
 
 
 def _expand(value: Any, path: str, env: dict[str, str], found: list[str]) -> Any:
@@ -295,12 +295,14 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         raise ConfigError(f"{source}: [search] scope names unknown upstream {unknown_scope[0]!r}")
     check_access(cfg.access, names, [i.issuer for i in cfg.http.oauth.issuers], source)
     for up in cfg.upstream:
-        if isinstance(up, (SseUpstream, HttpUpstream)) and not up.url.startswith(("http://", "https://")):
-            url = Redactor(secrets(cfg))(up.url)
-            raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {url!r}")
-    if cfg.store.url and not cfg.store.url.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(f"{source}: [store] url must start with postgresql:// or postgres://, "
-                          f"got {Redactor(secrets(cfg))(cfg.store.url)!r}")
+        if isinstance(up, StdioUpstream) and not up.command.strip():
+            raise ConfigError(f"{source}: upstream {up.name!r} has an empty command")
+        problem = url_problem(up.url, ("http", "https"), Redactor(secrets(cfg))) if not isinstance(up, StdioUpstream) else None
+        if problem:
+            raise ConfigError(f"{source}: upstream {up.name!r} url {problem}")
+    problem = url_problem(cfg.store.url, ("postgresql", "postgres"), Redactor(secrets(cfg))) if cfg.store.url else None
+    if problem:
+        raise ConfigError(f"{source}: [store] url {problem}")
     if cfg.daemon.metrics_addr:
         host_port(cfg.daemon.metrics_addr, key="[daemon] metrics_addr", source=source)
     check_http(cfg.http, source)
@@ -380,7 +382,7 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
     events = msgspec.structs.replace(cfg.events, audit_file=resolve_path(cfg.events.audit_file, base) or "")
     endpoints = [msgspec.structs.replace(ep, socket=resolve_path(ep.socket, base), templates=resolve_path(ep.templates, base))
                  for ep in cfg.endpoint]
-    sockets = [daemon.socket, *(ep.socket for ep in endpoints if ep.socket)]
+    sockets = [unix_socket_path(s, source) for s in (daemon.socket, *(ep.socket for ep in endpoints if ep.socket))]
     if len(set(sockets)) != len(sockets):
         raise ConfigError(f"{source}: [[endpoint]] socket: two endpoints (or one and [daemon] socket) share a path")
     for ep in endpoints:
@@ -416,14 +418,3 @@ def secrets(cfg: Config) -> list[str]:
             out.extend(url_secrets(up.url))
     out.extend(url_secrets(cfg.store.url))
     return [v for v in dict.fromkeys(out) if len(v) >= MIN_SECRET_CHARS]
-
-
-def url_secrets(url: str) -> list[str]:
-    """The password in `url`'s userinfo and its longer query values, as written and decoded."""
-    parts = urllib.parse.urlsplit(url)
-    found = [parts.password or ""]
-    for pair in parts.query.split("&"):
-        value = pair.partition("=")[2]
-        if len(value) >= MIN_QUERY_SECRET_CHARS:
-            found.append(value)
-    return [form for raw in found for form in dict.fromkeys((raw, urllib.parse.unquote_plus(raw))) if form]

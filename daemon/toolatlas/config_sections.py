@@ -4,6 +4,7 @@ toolatlas.config, which parses the whole file), and the one parser of listen add
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 import msgspec
@@ -129,6 +130,42 @@ def host_port(addr: str, *, key: str, source: str = "<config>", default_host: st
     return host.strip("[]") or str(default_host), int(port)
 
 
+# Query values are only taken for secrets from this length (`format=json` is not one).
+MIN_QUERY_SECRET_CHARS = 8
+
+
+def url_secrets(url: str) -> list[str]:
+    """The password in `url`'s userinfo and its longer query values, as written and decoded.
+    A URL too broken to split (the config load refuses it) is a secret whole."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return [url]
+    found = [parts.password or ""]
+    for pair in parts.query.split("&"):
+        value = pair.partition("=")[2]
+        if len(value) >= MIN_QUERY_SECRET_CHARS:
+            found.append(value)
+    return [form for raw in found for form in dict.fromkeys((raw, urllib.parse.unquote_plus(raw))) if form]
+
+
+def url_problem(url: str, schemes: tuple[str, ...], redact: Callable[[str], str] = str) -> str | None:
+    """Why `url` cannot be used (scheme not one of `schemes`, unparsable, no host, a bad
+    port), worded to follow "... url", or None. The URL is echoed through `redact`, except
+    when it cannot be split (its secrets cannot be found then)."""
+    prefixes = tuple(f"{s}://" for s in schemes)
+    if not url.startswith(prefixes):
+        return f"must start with {' or '.join(prefixes)}, got {redact(url)!r}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not 0..65535
+    except ValueError as exc:
+        return f"is not a valid URL: {exc}"
+    if not parts.hostname:
+        return f"names no host, got {redact(url)!r}"
+    return None
+
+
 class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Who may use which upstreams. A socket client matches a rule by its kernel-reported
     uid (`users`: names or numeric uids) or any of its groups (`groups`: names or gids);
@@ -192,14 +229,19 @@ def check_http(http: HttpSection, source: str) -> None:
     if len(set(issuers)) != len(issuers):
         raise ConfigError(f"{source}: [http.oauth] issuers: an issuer is listed more than once")
     for i in oauth.issuers:
+        problem = url_problem(i.jwks_url, ("http", "https"))
+        if problem:
+            raise ConfigError(f"{source}: [http.oauth] issuer {i.issuer!r}: jwks_url {problem}")
         host = urllib.parse.urlsplit(i.jwks_url).hostname or ""
         plain_ok = i.jwks_url.startswith("http://") and host in ("127.0.0.1", "localhost", "::1")
         if not (i.jwks_url.startswith("https://") or plain_ok):
             raise ConfigError(f"{source}: [http.oauth] issuer {i.issuer!r}: jwks_url must start with https:// "
                               f"(http:// only on loopback), got {i.jwks_url!r}")
-    if oauth.resource and not oauth.resource.startswith(("http://", "https://")):
-        raise ConfigError(f"{source}: [http.oauth] resource must be an http(s) URL, got {oauth.resource!r}")
+    problem = url_problem(oauth.resource, ("http", "https")) if oauth.resource else None
+    if problem:
+        raise ConfigError(f"{source}: [http.oauth] resource {problem}")
 
 
-__all__ = ["ASYMMETRIC_ALGORITHMS", "AccessRule", "Endpoint", "EventsSection", "HttpSection", "HttpToken", "NAME_RE", "OAuthIssuer",
-           "OAuthSection", "UpstreamName", "check_access", "check_http", "host_port"]
+__all__ = ["ASYMMETRIC_ALGORITHMS", "AccessRule", "Endpoint", "EventsSection", "HttpSection", "HttpToken", "NAME_RE",
+           "OAuthIssuer", "OAuthSection", "UpstreamName", "check_access", "check_http", "host_port", "url_problem",
+           "url_secrets"]

@@ -317,6 +317,16 @@ class Metrics:
             raise ValueError(f"feedback outcome {outcome!r} is not one of {sorted(FEEDBACK_OUTCOMES)}")
         self._child(self.feedback, outcome).inc()
 
+    def forget_upstream(self, upstream: str) -> None:
+        """Drop every series labelled with `upstream`, which a reload took out of the config:
+        a scrape then shows only configured upstreams, and one added again starts from 0 (a
+        counter reset, as after a restart)."""
+        per_upstream = (self.execute_latency, self.upstream_call_latency, self.calls, self.reconnects, self.list_changed)
+        for key in [k for k in self._children if k[0] in per_upstream and k[1][0] == upstream]:
+            metric: Any = key[0]
+            metric.remove(*key[1])
+            del self._children[key]
+
     def count_reindex(self) -> None:
         self.reindexes.inc()
 

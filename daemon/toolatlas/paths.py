@@ -206,6 +206,19 @@ def write_atomic(path: str | os.PathLike[str], chunks: bytes | list[bytes], mode
         os.close(dfd)
 
 
+SOCKET_PATH_MAX = 107  # bytes: sun_path holds 108 on Linux, the last one a NUL (104 on macOS)
+
+
+def unix_socket_path(path: str, source: str) -> str:
+    """`path`, when a Unix socket can be bound there; ConfigError (naming `source`, the config)
+    when it is longer than a socket address holds: bind(2) would fail on it at the start."""
+    size = len(os.fsencode(path))
+    if size > SOCKET_PATH_MAX:
+        raise ConfigError(f"{source}: socket {path!r} is {size} bytes long; a Unix socket path holds at most "
+                          f"{SOCKET_PATH_MAX}: choose a shorter one (e.g. under $XDG_RUNTIME_DIR or /tmp)")
+    return path
+
+
 def socket_path(configured: str, config_dir: str | os.PathLike[str]) -> str:
     """The daemon socket for a `[daemon] socket` value whose `${VAR}`s are expanded."""
     return resolve_path(configured, config_dir) or default_socket_path()

@@ -104,6 +104,25 @@ def test_approve_reject_across_restart_and_reload(tmp_path: Path) -> None:
         ("one", "pending"), ("one", "approved"), ("two", "rejected")}
 
 
+def test_a_model_is_told_a_server_awaits_approval_not_that_it_is_unknown(tmp_path: Path) -> None:
+    """catalog_status shows a pending upstream to its callers with the command that approves
+    it; tool_search and execute_tool called it an unknown server or tool (with a "Did you mean"
+    on other servers), and an unscoped search answered a bare empty list."""
+    d = Daemon(tmp_path, stdio_testserver("one") + stdio_testserver("two"), daemon_extra="require_approval = true\n")
+    with d:
+        d.wait_for(lambda: all(s["state"] == "ready" and s["tools"] for s in d.status()["servers"]), 60, "listed")
+        waits = "upstream 'one' serves nothing now (awaiting approval: `toolatlas upstream approve one`)"
+        found = d.meta("tool_search", {"query": "echo a message back"})
+        assert found["matches"] == [] and "upstreams 'one', 'two' serve nothing until" in found["note"], found
+        assert _cli(d, "approve", "two").returncode == 0
+        scoped = d.tool("tool_search", {"query": "echo a message back", "servers": ["one"]})
+        assert scoped["isError"] and scoped["content"][0]["text"] == (
+            "server 'one' serves nothing now (awaiting approval: `toolatlas upstream approve one`); servers you can search: two")
+        called = d.tool("execute_tool", {"name": "one__echo", "arguments": {"message": "x"}})
+        assert called["isError"] and called["content"][0]["text"] == f"tool 'one__echo' cannot be called: {waits}"
+        assert d.search("echo a message back")[:1] == ["two__echo"]
+
+
 def test_only_an_admin_principal_approves(tmp_path: Path) -> None:
     import os
     import pwd

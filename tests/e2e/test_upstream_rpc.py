@@ -1,6 +1,6 @@
 """An upstream's JSON-RPC answers that an SDK server never sends, through a real daemon, on
 both call paths over stdio, the raw relay (the default) and the SDK client
-(`TOOLATLAS_RAW_RELAY=0`), and over SSE. The upstream is tests/support/servers/rawrpc.py,
+(`TOOLATLAS_RAW_RELAY=0`), and over SSE and streamable HTTP. The upstream is tests/support/servers/rawrpc.py,
 plain JSON-RPC messages."""
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ UPSTREAM = (f'[[upstream]]\nname = "raw"\ntransport = "stdio"\ncommand = "{sys.e
             f"args = {json.dumps([str(RAWRPC)])}\ntimeouts = {{ call = 10 }}\n")
 
 
-@pytest.fixture(scope="module", params=["relay", "sdk", "sse"])
+@pytest.fixture(scope="module", params=["relay", "sdk", "sse", "http"])
 def daemon(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    """A daemon over rawrpc on stdio, relaying or not (the SDK path), or on SSE (the SDK path)."""
+    """A daemon over rawrpc on stdio, relaying or not (the SDK path), or on SSE or streamable
+    HTTP (the SDK path)."""
     relay = request.param == "relay"
-    web = start_server("rawrpc", "sse") if request.param == "sse" else None
-    upstream = UPSTREAM if web is None else url_upstream("raw", "sse", web.url, "timeouts = { call = 10 }\n")
+    web = start_server("rawrpc", request.param) if request.param in ("sse", "http") else None
+    upstream = UPSTREAM if web is None else url_upstream("raw", request.param, web.url, "timeouts = { call = 10 }\n")
     d = Daemon(tmp_path_factory.mktemp(request.param), upstream, daemon_extra='log_level = "DEBUG"' if relay else "")
     try:
         with d.start(env={"TOOLATLAS_RAW_RELAY": "1" if relay else "0"}):
@@ -80,8 +81,8 @@ def test_a_response_that_is_not_json_rpc_fails_its_call_at_once_saying_why(daemo
     r = _call(daemon, tool, {})
     assert r["isError"], r
     text = r["content"][0]["text"]
-    assert text == (f"upstream 'raw' answered tools/call {tool} with JSON-RPC error -32603: "
-                    f"the upstream's response is not valid JSON-RPC: {why}"), text
+    # toolatlas's own words, not said to be the upstream's ("answered ... with JSON-RPC error -32603")
+    assert text == f"tools/call {tool} on upstream 'raw' failed: the upstream's response is not valid JSON-RPC: {why}", text
     assert _raw(daemon)["state"] == "ready"
     assert _call(daemon, "echo", {"message": "after"})["content"][0]["text"] == "Echo: after"
 

@@ -56,6 +56,14 @@ def test_good_config_parses_with_expansion_and_relative_paths(tmp_path: Path) ->
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\n[[upstream]]\nname='a'\ntransport='stdio'\ncommand='y'\n", "used more than once"),
         ("[daemon]\nmetrics_addr = 'nope'\n", "metrics_addr must be HOST:PORT"),
         ("[[upstream]]\nname='a'\ntransport='http'\nurl='ftp://x'\n", "must start with http://"),
+        # an unparsable URL was accepted, then a traceback in check-config and the daemon's start
+        ("[[upstream]]\nname='a'\ntransport='sse'\nurl='http://[::1'\n", "upstream 'a' url is not a valid URL: Invalid IPv6 URL"),
+        ("[[upstream]]\nname='a'\ntransport='http'\nurl='http://h:99999/mcp'\n", "upstream 'a' url is not a valid URL: Port out of range"),
+        ("[[upstream]]\nname='a'\ntransport='http'\nurl='http:///mcp'\n", "upstream 'a' url names no host, got 'http:///mcp'"),
+        ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand=' '\n", "upstream 'a' has an empty command"),
+        ("[store]\nurl='postgresql://u:p@[::1/db'\n", "[store] url is not a valid URL: Invalid IPv6 URL"),
+        ("[http]\nlisten='127.0.0.1:0'\n[http.oauth]\nissuers=[{issuer='i', jwks_url='https://[x/j', audience='a'}]\n",
+         "issuer 'i': jwks_url is not a valid URL"),
         ("this is = = not toml", "not valid TOML"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_description_chars=10\n",
          "Expected `int` >= 256 at [upstream 'a' (upstream[0].max_description_chars)]"),
@@ -165,6 +173,27 @@ def test_bundled_example_config_is_valid() -> None:
     assert {u.name for u in cfg.upstream} and {type(u).__name__ for u in cfg.upstream} == {
         "StdioUpstream", "SseUpstream", "HttpUpstream"
     }
+
+
+@pytest.mark.parametrize("key", ["[daemon]\nsocket", '[[endpoint]]\nname = "e"\nupstreams = ["*"]\nsocket'])
+def test_a_socket_path_too_long_to_bind_is_a_config_error(tmp_path: Path, key: str) -> None:
+    """A Unix socket address holds 107 bytes of path: a longer socket (a deep checkout's
+    .run/toolatlas.sock) passed check-config and doctor, then `serve` died in bind(2) with a
+    traceback ('AF_UNIX path too long'). Now check-config (and so serve, reload and doctor)
+    refuses it, naming the path and the limit; 107 bytes still parse."""
+    deep = tmp_path / ("d" * 200)
+    fits = "/tmp/" + "s" * (107 - len("/tmp/") - len(".sock")) + ".sock"
+    for path, ok in ((str(deep / "t.sock"), False), (fits, True)):
+        f = tmp_path / "c.toml"
+        f.write_text(f'{key} = "{path}"\n' + ('[daemon]\nmetrics_addr = ""\n' if "endpoint" in key else "")
+                     + '[[upstream]]\nname = "x"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n')
+        r = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(f)], capture_output=True, text=True,
+                           timeout=60)
+        if ok:
+            assert r.returncode == 0, r.stderr
+        else:
+            assert r.returncode == 78, r.stdout
+            assert f"socket {path!r} is {len(path)} bytes long; a Unix socket path holds at most 107" in r.stderr, r.stderr
 
 
 def _warnings_of_check_config(tmp_path: Path, text: str) -> list[str]:

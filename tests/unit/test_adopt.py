@@ -136,6 +136,23 @@ def test_literal_secrets_become_variables_and_never_reach_the_toml(tmp_path: Pat
                                      "REMOTE_API_KEY", "PROXY_SECRET"}
 
 
+def test_an_entry_left_out_asks_for_no_variable_and_keeps_no_secret(tmp_path: Path) -> None:
+    """A user-level VS Code entry whose env holds a token but whose cwd needs
+    ${workspaceFolder} is skipped; its token was moved out before the cwd failed, and was
+    then listed as a variable the daemon must set and kept in the environment file, for a
+    server the config does not run (still in the client file, with its secret)."""
+    a = _adopt(tmp_path, "Code/User/mcp.json", {"servers": {
+        "local": {"command": "node", "args": ["${env:DATA_DIR}"], "cwd": "${workspaceFolder}/x",
+                  "env": {"GITHUB_TOKEN": "ghp_0123456789abcdefSECRET", "MODE": "${input:mode}"},
+                  "autoApprove": ["x"]},
+        "kept": {"command": "node", "env": {"API_KEY": "kept-secret-value"}},
+    }})
+    assert [u.name for u in a.upstreams] == ["kept"] and [s.name for s in a.skipped] == ["local"]
+    assert set(a.exports.needed) == {"API_KEY"}
+    assert a.exports.to_keep() == {"API_KEY": "kept-secret-value"}
+    assert "GITHUB_TOKEN" not in render(a) and not [n for n in a.notes if "local" in n], a.notes
+
+
 def test_connection_strings_and_short_passwords_are_secrets_too(tmp_path: Path) -> None:
     a = _adopt(tmp_path, ".mcp.json", {"mcpServers": {"db": {
         "command": "pg-mcp", "args": ["--password=hunt", "--port", "5432"],
@@ -263,16 +280,45 @@ def test_rewriting_a_file_with_comments_keeps_the_comments_outside_the_server_ta
     assert a.source.had_comments and a.source.servers_table == ("mcp", "servers")
     new, name = rewritten(a, tmp_path / "c.toml")
     out = new.decode()
-    for kept in ("// my settings, keep them", "/* inline */", "// nothing to ask", "[1, 2,], // trailing commas stay too"):
+    for kept in ("// my settings, keep them", "/* inline */", "// nothing to ask", "[1, 2,], // trailing commas stay too",
+                 "// this old server goes"):
         assert kept in out
-    assert "this old server goes" not in out and "mcp-server-git" not in out
+    assert "mcp-server-git" not in out
     data = json.loads(strip_jsonc(out)[0])
     command, *pre = shim_command()
     assert data["mcp"]["servers"] == {
         "off": {"type": "stdio", "command": "b", "disabled": True},
         name: {"type": "stdio", "command": command, "args": [*pre, "shim", "--config", str(tmp_path / "c.toml")]}}
-    assert out.startswith(text.split('"servers"')[0])  # every byte before the table is the user's
-    assert '\n    "servers": {\n      "off": {' in out  # indented where it stands
+    assert out.startswith(text.split('"git"')[0])  # every byte before the adopted entry is the user's
+    assert '      "off": {"type": "stdio", "command": "b", "disabled": true},\n      "toolatlas": {\n' in out
+
+
+def test_a_rewrite_edits_only_the_entries_it_replaces(tmp_path: Path) -> None:
+    """Only the adopted entries leave a commented server table, and the shim's entry is added
+    after the last entry kept: a commented-out server, the comments beside entries and the
+    entries left in place keep every byte. Before, the whole table was written anew, and
+    everything commented in it was lost (but for the backup)."""
+    text = """{
+  "servers": {
+    // GitHub, with my token
+    "github": {"command": "npx", "args": ["-y", "gh"]},
+    // "old": {"command": "retired-server"},
+    "fs": {"command": "npx", "args": ["fs"]}, // the files
+    "sock": {"type": "ws", "url": "ws://127.0.0.1:9"}, /* not adoptable: stays */
+  },
+}
+"""
+    a = _adopt(tmp_path, ".vscode/mcp.json", text)
+    assert sorted(u.name for u in a.upstreams) == ["fs", "github"]
+    new, name = rewritten(a, tmp_path / "c.toml")
+    out = new.decode()
+    command, *pre = shim_command()
+    shim = json.dumps({"type": "stdio", "command": command, "args": [*pre, "shim", "--config", str(tmp_path / "c.toml")]},
+                      indent=2).replace("\n", "\n    ")
+    assert out == ('{\n  "servers": {\n    // GitHub, with my token\n    // "old": {"command": "retired-server"},\n'
+                   '    // the files\n    "sock": {"type": "ws", "url": "ws://127.0.0.1:9"}, /* not adoptable: stays */\n'
+                   f'    "{name}": {shim},\n  }},\n}}\n'), out
+    assert set(json.loads(strip_jsonc(out)[0])["servers"]) == {"sock", name}
 
 
 def test_a_file_with_a_byte_order_mark_keeps_it_and_its_comments(tmp_path: Path) -> None:

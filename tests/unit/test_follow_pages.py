@@ -3,6 +3,7 @@ whose cursor never ends."""
 
 from __future__ import annotations
 
+import logging
 import tracemalloc
 
 import anyio
@@ -39,3 +40,18 @@ async def test_a_repeated_cursor_ends_the_listing_naming_it() -> None:
 
     with pytest.raises(UpstreamProtocolError, match="repeated its tools/list cursor 'again'"):
         await follow_pages(fetch, lambda item: item, "loops", "tools/list", 10_000)
+
+
+async def test_names_listed_again_on_every_page_are_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # A server that ignores the cursor and sends its whole list on every page: each repeat
+    # was a warning of its own (450 lines for this listing, again at every re-list).
+    async def fetch(cursor: str | None) -> tuple[list[str | None], str | None]:
+        page = int(cursor or 0)
+        return [f"tool{i}" for i in range(50)] + [None], (str(page + 1) if page < 9 else None)
+
+    caplog.set_level(logging.WARNING, logger="toolatlas.upstream.listing")
+    items = await follow_pages(fetch, lambda item: item, "pager", "tools/list", 10_000)
+    assert items == [f"tool{i}" for i in range(50)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "upstream pager lists 50 names more than once ('tool0', 'tool1', 'tool2', 'tool3', 'tool4', ...; "
+        "450 extra entries) and 10 entries without a name in tools/list; keeping the first of each"]

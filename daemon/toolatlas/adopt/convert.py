@@ -215,9 +215,13 @@ def adopt(source: ClientFile, held: Mapping[str, str] | None = None) -> Adoption
         if name != upstream_name(entry.name, set()) and entry.where[0] == "projects" and entry.base_dir:
             name = upstream_name(f"{entry.name}-{entry.base_dir.name}", taken)  # git-app, git-other
         ctx = Context(name, entry.label, result.exports, source.inputs, entry.base_dir, result.notes)
+        mark, noted = result.exports.mark(), len(result.notes)
         try:
             up = convert_entry(entry, name, ctx)
         except Unsupported as exc:
+            # What the entry's values said before the one that failed is not for this config.
+            result.exports.restore(mark)
+            del result.notes[noted:]
             result.skipped.append(Skipped(entry.name, entry.label, str(exc)))
             continue
         twin = next((u for u in result.upstreams if u.same_server(up) and entry.name == u.source_name), None)

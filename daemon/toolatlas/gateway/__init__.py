@@ -186,7 +186,7 @@ class Gateway:
         self.log_listeners: list[LogListener] = []
         self.pool = Pool(cfg.upstream, self._on_tools, observer=upstream_observer(self.events, self.metrics), mode=pool_mode,
                          on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=fan_out(self.log_listeners))
-        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream], self.events)
+        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream], self.redactor, self.events)
         self.rift = RiftRunner(self.engine)
         self.catalog.on_index_update.append(self.rift.wanted)
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
@@ -196,6 +196,7 @@ class Gateway:
             metrics=self.metrics, events=self.events, guidance=self.guidance_for,
             starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
             max_top_k=lambda: self.cfg.search.default_top_k, held=held,
+            unsearchable=lambda server: self.status_service.unsearchable(server),
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
@@ -292,8 +293,7 @@ class Gateway:
                 sink.close()
 
     async def close_upstreams(self, timeout: float = 20.0) -> None:
-        """Stop every upstream session in its owner task (children reaped) before the
-        task tree is cancelled."""
+        """Stop every upstream session in its owner task (children reaped) before the tree's cancel."""
         with anyio.move_on_after(timeout, shield=True):
             await self.pool.reconcile([], why="daemon stop")
 
@@ -301,10 +301,8 @@ class Gateway:
         """Apply a re-read config (its [cards] already checked into `attestor`, its templates
         into `guidance`, else loaded here first, ConfigError before anything changes):
         upstreams added, removed or changed are reconciled; the unchanged keep their warm
-        session, index entries and card verdicts. `new` holds the running values of the keys
-        that need a restart (`keep_running`, applied by the caller before its [cards] are read;
-        the caller reports them). New
-        templates or environment reach clients with the announce (tools/list_changed)."""
+        session, index entries and card verdicts. `new` holds the running values of restart-only
+        keys (`keep_running`, by the caller). New templates or environment reach clients with the announce."""
         self.guidance_for.configure(new, guidance)
         old = self.cfg
         old_ups = {u.name: u for u in old.upstream}
@@ -328,6 +326,7 @@ class Gateway:
         for name in summary["removed"]:
             await self._on_tools(name, None)
             await self.catalog.drop(name)
+            self.metrics.forget_upstream(name)
         if cards_changed:  # every verdict was made under the old [cards] settings
             await self.catalog.recheck(sorted(self.catalog.view.available))
         log.info("reload: +%s -%s ~%s", summary["added"], summary["removed"], summary["changed"])
@@ -385,7 +384,8 @@ class Gateway:
     def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
         allowed = self.visibility.allowed_servers(conn)
         if servers is not None:
-            self.visibility.search_scope(servers, allowed)  # BadInput naming a server it may not use
+            # BadInput naming a server it may not use
+            self.visibility.search_scope(servers, allowed, self.searches.held_for(servers, allowed, conn))
         return self.definitions.definitions(self.catalog.view, set(servers) & allowed if servers is not None else allowed)
 
     def may_use(self, conn: Connection, server: str) -> bool:

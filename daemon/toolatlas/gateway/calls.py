@@ -16,13 +16,15 @@ from toolatlas.calls import CallOutcome, CallRequest, InputRequired, UpstreamCal
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.validate import ArgumentValidator
 from toolatlas.errors import BadInput, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
-from toolatlas.gateway.audit import TEXT_CHARS, deny, via, who
+from toolatlas.gateway.audit import TEXT_CHARS, deny, shown, via, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.exchange import REQUEST_KEY, Exchange, Parked
 from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.suggest import NameIndex, suggest
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.inputstate import InputStateSealer
+from toolatlas.jsonlines import MAX_DEPTH, deeper_than
+from toolatlas.meta_tools import META_NAMES
 from toolatlas.metrics import Metrics
 from toolatlas.names import MAX_LEN, split
 from toolatlas.redact import Redactor
@@ -168,13 +170,13 @@ class CallService:
             if parsed and parsed[0] in allowed:
                 reason = view.quarantine_reason(parsed[0], parsed[1])
                 if reason:
-                    raise BadInput(f"tool {_shown(name)} is quarantined: {reason}")
+                    raise BadInput(f"tool {shown(name)} is quarantined: {reason}")
                 starting = self._not_listed(parsed[0])
                 if starting:
-                    raise UpstreamUnavailable(f"tool {_shown(name)} cannot be called yet: {starting}")
+                    raise UpstreamUnavailable(f"tool {shown(name)} cannot be called yet: {starting}")
             elif parsed and (held := self._held(parsed[0])) and parsed[0] in self._visibility.permitted(conn):
                 # its access rules give it this upstream (catalog_status shows it): no denial, the operator's hold
-                raise UpstreamUnavailable(f"tool {_shown(name)} cannot be called: upstream {parsed[0]!r} serves "
+                raise UpstreamUnavailable(f"tool {shown(name)} cannot be called: upstream {parsed[0]!r} serves "
                                           f"nothing now ({held})")
             raise BadInput(await self._unknown_tool_message(name, allowed))
         if not view.server(rec.server).available and not self._session_ready(rec.server):
@@ -274,8 +276,10 @@ class CallService:
         return reply
 
     async def _unknown_tool_message(self, name: str, allowed: set[str]) -> str:
+        if name in META_NAMES:  # execute_tool {"name": "tool_search"}: "unknown, use tool_search" reads as a loop
+            return f"{name} is one of the gateway's own tools, not an upstream's: call {name} itself, not through execute_tool."
         if len(name) > SUGGEST_MAX_CHARS:  # no gateway name is this long: nothing is close to it
-            return f"unknown tool {_shown(name)} ({len(name)} characters; a tool name has at most {MAX_LEN}). " \
+            return f"unknown tool {shown(name)} ({len(name)} characters; a tool name has at most {MAX_LEN}). " \
                    "Use tool_search to find tools."
         view = self._catalog.view
         indexes: dict[str, NameIndex] = {}
@@ -290,7 +294,7 @@ class CallService:
         by_name = view.by_name
         close = await anyio.to_thread.run_sync(suggest, name, indexes, lambda n: by_name[n].tool if n in by_name else n)
         hint = f" Did you mean: {', '.join(close)}?" if close else " Use tool_search to find tools."
-        return f"unknown tool {_shown(name)}.{hint}"
+        return f"unknown tool {shown(name)}.{hint}"
 
 
 def _logged(exc: BaseException) -> str:
@@ -298,19 +302,19 @@ def _logged(exc: BaseException) -> str:
     return exc.logged if isinstance(exc, BadInput) else str(exc)
 
 
-def _shown(name: str) -> str:
-    """A caller's tool name as an error quotes it: whole up to TEXT_CHARS characters (every
-    gateway name is), cut past that, so a reply does not grow with what the caller sent."""
-    return repr(name) if len(name) <= TEXT_CHARS else f"{name[:TEXT_CHARS]!r}..."
-
-
 def _arguments(raw: object) -> dict[str, object] | None:
-    """A call's arguments as an object: a JSON string is decoded; anything else is BadInput."""
+    """A call's arguments as an object: a JSON string is decoded (held to the nesting the
+    socket allows a message); anything else is BadInput."""
     if isinstance(raw, str):
+        too_deep = f"`arguments` nests arrays and objects more than {MAX_DEPTH} levels deep; send flatter arguments"
         try:
             raw = json.loads(raw)
+        except RecursionError as exc:  # deeper than the decoder goes, far past MAX_DEPTH
+            raise BadInput(too_deep) from exc
         except ValueError as exc:
             raise BadInput(f"`arguments` is a string that is not valid JSON: {exc}") from exc
+        if deeper_than(raw, MAX_DEPTH):
+            raise BadInput(too_deep)
     if raw is not None and not isinstance(raw, dict):
         raise BadInput(f"`arguments` must be an object, got {type(raw).__name__}")
     return raw

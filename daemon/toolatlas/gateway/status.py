@@ -78,6 +78,16 @@ class StatusService:
             return "unknown"
         return f"{st.state.value}: {st.reason}" if st.reason else st.state.value
 
+    def unsearchable(self, server: str) -> str:
+        """Why configured upstream `server`'s tools are out of tool_search now, one sentence
+        for a model (redacted: an upstream's reason may quote its stderr or URL)."""
+        why = self.not_listed(server)
+        st = self._pool.get(server)
+        if why is None and st is not None and st.state is UpstreamState.READY:  # listed, its index not swapped in yet
+            why = f"upstream {server!r} is connected and its tools are being indexed; search again in a moment"
+        return self._redact(why or f"upstream {server!r} is not available right now ({self.unavailable_reason(server)}); "
+                                   "try again later")
+
     def not_listed(self, server: str) -> str | None:
         """Why the tools of configured upstream `server` are not known yet, saying when to
         retry, while it has never listed them (connecting, or failing to connect); None once

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from toolatlas import access
 from toolatlas.catalog.model import ToolRecord
@@ -75,6 +75,11 @@ class Visibility:
         """Servers this connection may use: `permitted`, less those not approved."""
         return self.permitted(conn) - self._blocked()
 
+    def withheld(self, conn: Connection) -> set[str]:
+        """Servers `conn`'s rules give it that serve nothing until the operator approves them
+        (catalog_status shows them to it, with the command that approves them)."""
+        return self.permitted(conn) & self._blocked()
+
     def configured(self, server: str) -> bool:
         """Whether `server` is an upstream of the running config."""
         return self._cfg.upstream_by_name(server) is not None
@@ -98,15 +103,36 @@ class Visibility:
         use (or that does not exist) is BadInput; one of `held` (its rules give it the
         server, which serves nothing now: server -> why) is named with its reason."""
         if servers is not None:
+            if not servers:
+                raise BadInput("`servers` is an empty list; leave it out to search every server you can use, or name "
+                               f"some of: {', '.join(sorted(allowed)) or 'none'}")
             unknown = sorted(set(servers) - allowed)
             if unknown:
                 held = held or {}
                 said = [f"server {s!r} serves nothing now ({held[s]})" for s in unknown if s in held]
                 if other := [s for s in unknown if s not in held]:
-                    said.insert(0, f"unknown server(s) {', '.join(other)}")
+                    said.insert(0, f"unknown server(s) {_few(other)}")
                 raise BadInput(f"{'; '.join(said)}; servers you can search: {', '.join(sorted(allowed)) or 'none'}")
             return allowed & set(servers) & self._view().available
         return allowed & self._view().available
 
 
-__all__ = ["Visibility"]
+SHOWN_NAMES = 10  # of a caller's unknown server names, an error quotes at most these
+SHOWN_NAME_CHARS = 64  # characters of each
+
+
+def _few(names: Sequence[str]) -> str:
+    """A caller's names as an error quotes them: a reply must not grow with what it sent."""
+    shown = [n if len(n) <= SHOWN_NAME_CHARS else n[:SHOWN_NAME_CHARS] + "..." for n in names[:SHOWN_NAMES]]
+    return ", ".join(shown) + (f" (+{len(names) - SHOWN_NAMES} more)" if len(names) > SHOWN_NAMES else "")
+
+
+def awaiting_approval(servers: Sequence[str]) -> str:
+    """What a caller is told of servers it may use once the operator approves them."""
+    names = ", ".join(repr(s) for s in servers)
+    return (f"upstream {names} serves nothing until this gateway's operator approves it "
+            f"(`toolatlas upstream approve {servers[0]}`)" if len(servers) == 1 else
+            f"upstreams {names} serve nothing until this gateway's operator approves them (`toolatlas upstream approve NAME`)")
+
+
+__all__ = ["Visibility", "awaiting_approval"]

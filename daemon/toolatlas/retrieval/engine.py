@@ -281,9 +281,11 @@ class Engine:
         self._cache.clear()
 
     def search(self, query: str, top_k: int = 5, *, servers: Collection[str] | None = None, mode: str | None = None,
-               principal: str | None = None) -> SearchOutcome:
+               principal: str | None = None, internal: bool = False) -> SearchOutcome:
         """Rank tools for `query` within `servers` (None: all) as `principal` (whose own usage
-        events count in full in the learned stage) sees them. Blocking, thread-safe."""
+        events count in full in the learned stage) sees them. `internal` (the token counter's
+        sample queries): the result cache and the counters are left to clients' searches, which
+        catalog_status and the metrics count. Blocking, thread-safe."""
         mode = mode or self.mode
         if mode not in MODES:
             raise ValueError(f"unknown search mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -295,17 +297,18 @@ class Engine:
         ranker = _ranker(self, mode)
         key = _cache_key(query, top_k, servers, snap, ranker, state, principal)
         scope = key[2]  # the sorted server names, or None for every server
-        hit = self._cache.get(key)
+        hit = None if internal else self._cache.get(key)
         if hit is not None:
             return hit
-        self._counts["searches"] += 1
         positions, scores, degraded, evidence = _rank_once(self, snap, query, top_k, scope, mode, ranker, state, principal)
+        self._counts["searches"] += not internal
+        self._counts["degraded_searches"] += degraded is not None and not internal
         hits = [Hit(name=snap.docs[p].name, server=snap.docs[p].server, score=float(s)) for p, s in zip(positions, scores)]
         out = SearchOutcome(hits=hits, degraded=degraded, cached=False, mode=mode, version=snap.version,
                             evidence=evidence)
         # A BM25 answer for want of a model that is still coming is not kept. The cache
         # holds it as a hit returns it (one copy per miss, not one per hit).
-        if degraded is None or self._loader.progress.phase is ModelPhase.FAILED:
+        if not internal and (degraded is None or self._loader.progress.phase is ModelPhase.FAILED):
             self._cache.put(key, dataclasses.replace(out, cached=True))
         return out
 
@@ -383,7 +386,6 @@ def _rank_once(
         qvec = eng._qvecs.get(eng._embedder, query) if snap.vecs is not None else None
         if qvec is None and eng.embedder_kind != "none":
             degraded = eng._loader.progress.degraded or "bm25-only"
-            eng._counts["degraded_searches"] += 1
     qs = rank.QueryScores(snap, query, qvec, allowed)
     positions, scores = rank.rank(qs, top_k, scope, ranker, eng.fusion, state=state, principal=principal)
     evidence = rank.evidence(qs, scope) if qvec is not None and ranker in ("hybrid", "learned") else None

@@ -66,6 +66,14 @@ class Loss:
     text: str
 
 
+@dataclass
+class Phase:
+    """Which bounded step of a connection runs now, for the timeout message."""
+
+    name: str
+    seconds: float
+
+
 def _innermost(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
@@ -113,15 +121,31 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
 
+# The `data` of the JSON-RPC error answering a request the server refused because it no longer
+# knew the session (streamable HTTP's 404 on a session id: it did not run the request).
+FORGOTTEN = {"dev.toolatlas/session": "forgotten"}
+
+
+def session_forgotten(exc: BaseException) -> bool:
+    """Whether `exc` is that error (answers.py makes it): the request can be made again."""
+    inner = _innermost(exc)
+    return isinstance(inner, MCPError) and inner.error.data == FORGOTTEN
+
+
 # HTTP statuses that mean "who you are was not accepted": said as such, naming the headers.
 AUTH_STATUSES = frozenset({401, 403})
+
+
+def shown_url(url: str) -> str:
+    """`url` as logs and errors show it: without userinfo, query or fragment."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 def auth_failure(up: Upstream, status: int, url: str) -> str:
     """What an HTTP 401/403 from `up` means, naming the headers sent (never their values) or
     saying none are configured. `url` is shown without userinfo or query."""
-    parts = urllib.parse.urlsplit(url)
-    where = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    where = shown_url(url)
     headers = sorted(getattr(up, "headers", None) or {})
     if headers:
         names = " and ".join(repr(h) for h in headers)
@@ -163,12 +187,19 @@ class AuthWatch:
         return self.failure(exc) or describe(exc)
 
 
+# The `data` of a JSON-RPC error toolatlas put in place of an upstream's reply (upstream.bounded:
+# a result over a limit, a reply that is not JSON-RPC, a connection cut mid-reply).
+STAND_IN = {"madeBy": "toolatlas"}
+
+
 def call_error(upstream: str, op: str, exc: Exception, reason: LossReason) -> ToolatlasError:
     """The toolatlas error for request `op` on `upstream` failing with `exc` (classified as
     `reason`, which the caller may have refined, e.g. to SESSION_EXPIRED)."""
     if reason.session_gone:
         return UpstreamUnavailable(f"upstream {upstream!r} lost its session during {op}: {describe(exc)}")
     inner = _innermost(exc)
+    if isinstance(inner, MCPError) and inner.error.data == STAND_IN:  # not the upstream's words: do not say it answered so
+        return UpstreamProtocolError(f"{op} on upstream {upstream!r} failed: {inner.error.message}", code=inner.error.code)
     if isinstance(inner, MCPError):
         return UpstreamProtocolError(
             f"upstream {upstream!r} answered {op} with JSON-RPC error {inner.error.code}: {inner.error.message}",
@@ -266,5 +297,6 @@ def progress_fn(fn: ProgressFn | None) -> ProgressFnT | None:
 
 __all__ = [
     "AUTH_STATUSES", "AuthWatch", "CLOSE_TIMEOUT", "Loss", "auth_failure", "LossReason", "begin_teardown", "call_error", "classify", "describe",
-    "MAX_PROGRESS_QUEUED", "make_client", "progress_fn", "timeout_loss",
+    "FORGOTTEN", "MAX_PROGRESS_QUEUED", "make_client", "Phase", "progress_fn", "session_forgotten", "shown_url",
+    "timeout_loss",
 ]

@@ -100,6 +100,7 @@ async def follow_pages(
     items; SDK errors propagate. The caller bounds the time."""
     items: list[T] = []
     seen: set[object] = set()
+    repeated: dict[object, int] = {}  # said in one line at the end, not one per item and page
     # Digests, not the cursors: an upstream whose cursor grew 40 KB a page had the daemon
     # hold 800 MB of cursors (1.6 GB at its peak) before MAX_PAGES ended the listing.
     seen_cursors: set[bytes] = set()
@@ -109,20 +110,31 @@ async def follow_pages(
         for item in page:
             key = ident(item)
             if key is None or key in seen:
-                logger.warning("upstream %s lists %r twice in %s (or without a name); keeping the first",
-                               server, key, method)
+                repeated[key] = repeated.get(key, 0) + 1
                 continue
             seen.add(key)
             items.append(item)
         if len(items) > limit:
             raise UpstreamProtocolError(f"upstream {server!r} lists more than {limit} items in {method}")
         if not cursor:
+            _say_repeated(server, method, repeated)
             return items
         digest = hashlib.blake2b(cursor.encode(errors="surrogatepass"), digest_size=16).digest()
         if digest in seen_cursors:
             raise UpstreamProtocolError(f"upstream {server!r} repeated its {method} cursor {cursor[:80]!r}")
         seen_cursors.add(digest)
     raise UpstreamProtocolError(f"upstream {server!r} {method} did not end within {MAX_PAGES} pages")
+
+
+def _say_repeated(server: str, method: str, repeated: dict[object, int]) -> None:
+    """One warning for the items a listing had more than once (or without a name)."""
+    if not repeated:
+        return
+    unnamed = repeated.pop(None, 0)
+    names = ", ".join(repr(key) for key in list(repeated)[:5]) + (", ..." if len(repeated) > 5 else "")
+    parts = [f"{len(repeated)} names more than once ({names}; {sum(repeated.values())} extra entries)"] if repeated else []
+    parts += [f"{unnamed} entries without a name"] if unnamed else []
+    logger.warning("upstream %s lists %s in %s; keeping the first of each", server, " and ".join(parts), method)
 
 
 async def list_all_tools(client: Client, name: str) -> list[mcp_types.Tool]:

@@ -13,9 +13,10 @@ from mcp import Client
 
 from toolatlas.calls import InputRequired, UpstreamCall, UpstreamReply
 from toolatlas.errors import ToolatlasError, UpstreamTimeout, UpstreamUnavailable
-from toolatlas.upstream.client import Loss, call_error, progress_fn
+from toolatlas.upstream.client import Loss, call_error, progress_fn, session_forgotten
 from toolatlas.upstream.federation import resource_uris
 from toolatlas.upstream.inbound import Inbound
+from toolatlas.upstream.state import UpstreamState
 
 if TYPE_CHECKING:
     from toolatlas.upstream.client import AuthWatch, LossReason
@@ -29,6 +30,18 @@ class _Session(Protocol):
     stop_requested: bool
 
     def observe(self, kind: str, **fields: Any) -> None: ...
+
+
+class _Warm(_Session, Protocol):
+    attempt_ended: anyio.Event  # set when a connection attempt goes READY or ends
+    reconnects: int
+    state: UpstreamState
+
+    def warm(self) -> tuple[Any, Client]: ...
+
+
+class SessionForgotten(UpstreamUnavailable):
+    """The upstream no longer knew the session (HTTP 404 on its id), so it did not run the request."""
 
 
 class _Connection(Protocol):
@@ -71,10 +84,39 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
             conn.mark_lost(Loss(reason, f"{op} failed: {conn.describe(exc)}"))
         if refused := conn.auth.failure(exc):
             raise UpstreamUnavailable(f"upstream {session.name!r} refused {op}: {refused}") from exc
+        if session_forgotten(exc):
+            raise SessionForgotten(f"upstream {session.name!r} lost its session during {op}: {conn.describe(exc)}") from exc
         if session.stop_requested:  # our own close, not the upstream's failure
             raise UpstreamUnavailable(f"upstream {session.name!r} was closed by a config reload or a restart "
                                       f"during {op}; it may have run: retry if that is safe") from exc
         raise call_error(session.name, op, exc, reason) from exc
+
+
+async def on_session(session: _Warm, op: str, fn: Callable[[Client], Awaitable[T]], seconds: float,
+                     operation: str) -> T:
+    """`bounded` on the session's warm connection (UpstreamUnavailable when it has none). A
+    request the upstream refused because it no longer knew the session (it restarted, or
+    expired the session) did not run: it is made once more on the next session when that
+    one is READY within the same `seconds`; else it fails as it did."""
+    deadline = anyio.current_time() + seconds
+    conn, client = session.warm()
+    try:
+        return await bounded(session, conn, client, op, fn, seconds, operation)
+    except SessionForgotten as exc:
+        forgotten, lost_at = exc, session.reconnects
+    with anyio.move_on_after(deadline - anyio.current_time()):
+        while not session.stop_requested:
+            ended = session.attempt_ended
+            try:
+                fresh = session.warm()
+            except UpstreamUnavailable:
+                if session.reconnects > lost_at and session.state is UpstreamState.DEGRADED:
+                    break  # the next session could not be opened
+            else:
+                if fresh[0] is not conn:
+                    return await bounded(session, *fresh, op, fn, deadline - anyio.current_time(), operation)
+            await ended.wait()
+    raise forgotten
 
 
 async def call_tool(client: Client, call: UpstreamCall, inbound: Inbound) -> UpstreamReply:
@@ -101,4 +143,4 @@ async def call_tool(client: Client, call: UpstreamCall, inbound: Inbound) -> Ups
     return UpstreamReply(payload=result, is_error=bool(result.is_error), resource_uris=resource_uris(result))
 
 
-__all__ = ["bounded", "call_tool"]
+__all__ = ["SessionForgotten", "bounded", "call_tool", "on_session"]

@@ -20,7 +20,6 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -34,12 +33,14 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamUnavailable
 from toolatlas.backoff import backoff_delay
-from toolatlas.upstream.client import AuthWatch, Loss, LossReason, begin_teardown, classify, make_client, timeout_loss
+from toolatlas.upstream.client import (
+    AuthWatch, Loss, LossReason, Phase, begin_teardown, classify, make_client, timeout_loss,
+)
 from toolatlas.upstream.federation import capabilities, set_log_level
 from toolatlas.upstream.inbound import Inbound
 from toolatlas.upstream.listing import LISTING_GATE, converted, list_all_tools
 from toolatlas.upstream.relay import relay_call
-from toolatlas.upstream.requests import bounded, call_tool
+from toolatlas.upstream.requests import call_tool, on_session
 from toolatlas.upstream.state import Action, Event, UpstreamState, decide
 from toolatlas.upstream.supervision import Supervision
 from toolatlas.upstream.transports import StdioProcess, open_transport
@@ -54,14 +55,6 @@ Observer = Callable[[str, str, dict[str, Any]], None]
 # A session READY this long resets the backoff attempt count when it is lost.
 HEALTHY_RESET = 60.0
 T = TypeVar("T")
-
-
-@dataclass
-class _Phase:
-    """Which bounded step of a connection runs now, for the timeout message."""
-
-    name: str
-    seconds: float
 
 
 class Connection:
@@ -130,9 +123,7 @@ class Connection:
             logger.debug("upstream %s: transport error: %s", self.name, self.describe(message))
             return
         if isinstance(message, mcp_types.ToolListChangedNotification):
-            logger.info("upstream %s: tools/list_changed", self.name)
-            self.observe_list_changed()
-            self.supervision.want_relist()
+            self.supervision.tools_changed("tools/list_changed")
         else:
             await self._s.inbound.message(message)
 
@@ -141,7 +132,7 @@ class Connection:
         up = self.upstream
         client = make_client(self.transport, mode=self._s.mode, message_handler=self._on_message,
                              elicitation_callback=self._s.inbound.elicit)
-        phase = _Phase("connect", up.timeouts.connect)
+        phase = Phase("connect", up.timeouts.connect)
         loss = _ENDED
         timed_out = False
         with anyio.CancelScope(deadline=anyio.current_time() + up.timeouts.connect) as deadline:
@@ -171,7 +162,7 @@ class Connection:
             loss = Loss(LossReason.EOF, self.proc.describe_exit())
         return loss
 
-    async def _serve(self, client: Client, deadline: anyio.CancelScope, phase: _Phase) -> None:
+    async def _serve(self, client: Client, deadline: anyio.CancelScope, phase: Phase) -> None:
         """Inside the entered client: subscribe, list, go READY, supervise until lost.
 
         ``phase``: the bounded step now running, for the timeout message. Returns once lost.
@@ -261,6 +252,7 @@ class UpstreamSession:
         self._conn: Connection | None = None
         self.sem = anyio.Semaphore(upstream.max_concurrency, fast_acquire=True)  # a free slot: no yield
         self._settled = anyio.Event()
+        self.attempt_ended = anyio.Event()  # replaced each time it is set (see _ended_attempt)
         self._done = anyio.Event()
         self._scope: anyio.CancelScope | None = None
         self.stop_requested = False  # stop() was asked: a config reload or an operator's restart
@@ -327,7 +319,12 @@ class UpstreamSession:
     def went_ready(self) -> None:
         """The connection listed its tools: READY, and the first attempt has settled."""
         self._apply(Event.CONNECTED)
+        self._ended_attempt()
+
+    def _ended_attempt(self) -> None:  # a connection went READY or ended: wake who waits for that
         self._settled.set()
+        self.attempt_ended, ended = anyio.Event(), self.attempt_ended
+        ended.set()
 
     def leave(self, was_ready: bool, loss: Loss) -> bool:
         """Feed LOST or CONNECT_FAILED once per connection; True if tools must be withdrawn."""
@@ -363,7 +360,7 @@ class UpstreamSession:
             if self.state is not UpstreamState.CLOSED:
                 self._apply(Event.CLOSE, reason="closed")
             self._retry_at = None
-            self._settled.set()
+            self._ended_attempt()
             self._done.set()
 
     def stop(self) -> None:
@@ -386,7 +383,7 @@ class UpstreamSession:
             loss = await conn.run()
             if self.leave(conn.reached_ready, loss) and self.tools is not None:
                 await self.publish(None)
-            self._settled.set()
+            self._ended_attempt()
             delay = max(0.0, float(self._backoff(self.attempt)))
             logger.warning(
                 "upstream %s: %s; reconnect attempt %d in %.2f s", self.name, loss.text, self.attempt, delay
@@ -428,15 +425,18 @@ class UpstreamSession:
             return f"upstream {self.name!r} lost its session: {conn.loss.text}"
         return f"upstream {self.name!r} is {self.state.value}" + (f": {self.reason}" if self.reason else "")
 
-    async def request(self, op: str, fn: Callable[[Client], Awaitable[T]], seconds: float | None = None, *,
-                      operation: str = "request") -> T:
-        """`fn(client)` on the warm session; see `requests.bounded` for the contract."""
+    def warm(self) -> tuple[Connection, Client]:
+        """The READY connection and its client; UpstreamUnavailable saying why when there is none."""
         conn = self._conn
         client = conn.client if conn is not None else None
         if self.state is not UpstreamState.READY or conn is None or client is None or conn.lost.is_set():
             raise UpstreamUnavailable(self._unavailable_message())
-        seconds = seconds if seconds is not None else self.upstream.timeouts.call
-        return await bounded(self, conn, client, op, fn, seconds, operation)
+        return conn, client
+
+    async def request(self, op: str, fn: Callable[[Client], Awaitable[T]], seconds: float | None = None, *,
+                      operation: str = "request") -> T:
+        """`fn(client)` on the warm session; see `requests.on_session` for the contract."""
+        return await on_session(self, op, fn, seconds if seconds is not None else self.upstream.timeouts.call, operation)
 
     async def call_tool(self, call: UpstreamCall) -> UpstreamReply:
         """`call` on the warm session (`Pool.call_tool` has the contract); raw on stdio: `relay_call`."""

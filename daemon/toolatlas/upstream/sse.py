@@ -23,15 +23,18 @@ from mcp.shared._context_streams import create_context_streams
 from mcp.shared._httpx_utils import request_within_origin, sse_within_origin
 from mcp.shared.message import SessionMessage
 
+from toolatlas.upstream.answers import answered
 from toolatlas.upstream.bounded import invalid_response
+from toolatlas.upstream.client import describe, shown_url
 
 logger = logging.getLogger(__name__)
 
 
 @contextlib.asynccontextmanager
-async def sse_client(url: str, client: httpx2.AsyncClient, max_event_size: int) -> AsyncIterator[TransportStreams]:
-    """``async with sse_client(url, client, limit) as (read, write)``; the read stream ends
-    when the GET stream does (or breaks), a failed message POST ends the write side."""
+async def sse_client(url: str, client: httpx2.AsyncClient, max_event_size: int,
+                     name: str = "?") -> AsyncIterator[TransportStreams]:
+    """``async with sse_client(url, client, limit, name) as (read, write)``; the read stream
+    ends when the GET stream does (or breaks). `name` (the upstream's) is for log lines."""
     async with sse_within_origin(client, url, max_event_size=max_event_size) as source:
         source.response.raise_for_status()
         read_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
@@ -55,6 +58,8 @@ async def sse_client(url: str, client: httpx2.AsyncClient, max_event_size: int) 
                             await read_writer.send(exc if answer is None else SessionMessage(answer))
                             continue
                         await read_writer.send(SessionMessage(message))
+                if not started:  # else anyio says only "Child exited without calling task_status.started()"
+                    raise EOFError(f"the SSE stream at {shown_url(url)} ended before its endpoint event")
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass
             except Exception:
@@ -65,11 +70,28 @@ async def sse_client(url: str, client: httpx2.AsyncClient, max_event_size: int) 
                 await read_writer.aclose()
 
         async def send(endpoint: str, msg: SessionMessage) -> None:
-            response = await request_within_origin(
-                client, "POST", endpoint,
-                json=msg.message.model_dump(by_alias=True, mode="json", exclude_unset=True),
-            )
-            response.raise_for_status()
+            """POST one message. A POST that fails fails that message's request at once (it
+            waited out its timeout, and the writer ended, so every later request of the
+            session failed as "Connection closed"); the session goes on."""
+            try:
+                response = await request_within_origin(
+                    client, "POST", endpoint,
+                    json=msg.message.model_dump(by_alias=True, mode="json", exclude_unset=True),
+                )
+            except httpx2.TransportError as exc:
+                failure = f"the message POST to {shown_url(endpoint)} failed: {describe(exc)}"
+            else:
+                if response.is_success:
+                    return
+                failure = answered(response.status_code, response.reason_phrase, shown_url(endpoint),
+                                   response.headers.get("content-type", ""), response.content)
+            message = msg.message
+            logger.warning("upstream %s: %s", name, failure)
+            if isinstance(message, mcp_types.JSONRPCRequest):
+                error = mcp_types.JSONRPCError(jsonrpc="2.0", id=message.id, error=mcp_types.ErrorData(
+                    code=mcp_types.INTERNAL_ERROR, message=failure))
+                with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    await read_writer.send(SessionMessage(error))
 
         async def writer(endpoint: str) -> None:
             try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -44,6 +45,27 @@ LISTEN_MAX_FAILURES = 3
 # Pause between listen re-opens: backoff_delay(failures, base=..., cap=...).
 LISTEN_RETRY_BASE = 0.1
 LISTEN_RETRY_CAP = 2.0
+# Seconds between log lines about an upstream's tools/list_changed announcements (see Burst).
+LOG_INTERVAL = 60.0
+
+
+class Burst:
+    """Log lines for a burst of like events: the first, then at most one per `interval`
+    seconds, which counts the ones left unlogged since the last."""
+
+    def __init__(self, interval: float = LOG_INTERVAL) -> None:
+        self.interval = interval
+        self._skipped = 0
+        self._next = -math.inf
+
+    def admit(self) -> int | None:
+        """None: leave this one unlogged; else log it, saying this many were left unlogged."""
+        now = time.monotonic()
+        if now < self._next:
+            self._skipped += 1
+            return None
+        skipped, self._skipped, self._next = self._skipped, 0, now + self.interval
+        return skipped
 
 
 class Supervised(Protocol):
@@ -88,9 +110,21 @@ class Supervision:
         self._done = 0
         self._done_evt = anyio.Event()
         self._force_publish = False
+        self._announced = Burst()
 
     def want_relist(self) -> None:
         self._wanted.set()
+
+    def tools_changed(self, how: str) -> None:
+        """The upstream said its tools changed (`how`: a notification, a listen event): re-list.
+        Logged once per LOG_INTERVAL with a count of the rest: a server announcing a change
+        hundreds of times a second wrote as many log lines (the re-lists coalesce anyway)."""
+        self._s.observe_list_changed()
+        self.want_relist()
+        skipped = self._announced.admit()
+        if skipped is not None:
+            logger.info("upstream %s: its tools changed (%s)%s", self._s.name, how,
+                        f"; {skipped} more announcements since the last one logged" if skipped else "")
 
     async def run(self, client: Client, tg: anyio.abc.TaskGroup, *, modern: bool) -> None:
         """Start the relist worker, the relist timer and the health check in `tg`."""
@@ -178,9 +212,7 @@ class Supervision:
                                 await self._s.lists_changed("prompts" if isinstance(event, PromptsListChanged)
                                                             else "resources")
                                 continue
-                            logger.info("upstream %s: tools list changed (listen)", name)
-                            self._s.observe_list_changed()
-                            self.want_relist()
+                            self.tools_changed("a listen event")
                 if ack.cancelled_caught:
                     raise TimeoutError(f"no subscriptions/listen acknowledgment within {up.timeouts.ping:g} s")
                 logger.debug("upstream %s: listen stream closed by the server; re-listening", name)

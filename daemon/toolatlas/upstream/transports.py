@@ -32,6 +32,7 @@ from mcp.shared.message import SessionMessage
 
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized
+from toolatlas.upstream.answers import answers_hook
 from toolatlas.upstream.children import ChildProcess, spawn, take
 from toolatlas.upstream.bounded import (
     Abandon, CancelWatch, Proxy, blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit,
@@ -377,7 +378,7 @@ def _http_client(up: SseUpstream | HttpUpstream, streams: Abandon | None = None)
 
 @contextlib.asynccontextmanager
 async def sse_transport(up: SseUpstream, on_eof: Callable[[str], None]) -> AsyncIterator[Streams]:
-    async with _http_client(up) as client, sse_client(up.url, client, sse_event_limit(up)) as (read, write):
+    async with _http_client(up) as client, sse_client(up.url, client, sse_event_limit(up), up.name) as (read, write):
         yield EofWatch(read, on_eof, "sse", up), write
 
 
@@ -408,6 +409,7 @@ async def http_transport(
 ) -> AsyncIterator[Streams]:
     streams = Abandon()
     async with _http_client(up, streams) as client:
+        client.event_hooks["response"].append(answers_hook(up))  # after the limit: reads a bounded body
         if on_expired is not None or on_response is not None:
             client.event_hooks["response"].append(_response_hook(on_expired, on_response))
         async with streamable_http_client(

@@ -27,7 +27,14 @@ answers by the tool's name:
   `notifications/cancelled` is ignored, as by a server whose tool is stuck);
 - ``open_streams`` (streamable HTTP): how many ``hang`` streams are open now;
 - ``close_stdout`` (stdio): closes its stdout without answering and keeps running, deaf to
-  its stdin closing.
+  its stdin closing;
+- ``http_503`` / ``http_html`` / ``not_json`` (streamable HTTP): answers with HTTP 503 and a
+  text body, with a 200 login page (text/html), or with a 200 application/json body that is
+  not JSON; over SSE ``http_503``'s message POST gets the 503;
+- ``event_not_json`` (streamable HTTP): answers with an event stream whose one event is not JSON.
+
+Over streamable HTTP a POST to another path than ``/mcp`` gets a 404 (a wrong URL); over SSE
+a GET of another path than ``/sse`` gets an event stream that ends at once.
 
 ``--broken-tools`` adds to the listing what the SDK's model of a tool rejects (``BROKEN``);
 ``--many N`` adds N plain tools ``filler_00000`` ... (1,500 make a page of over 256 KiB,
@@ -47,7 +54,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "content_not_list",
-         "progress_flood", "log_flood", "hang", "open_streams", "close_stdout")
+         "progress_flood", "log_flood", "hang", "open_streams", "close_stdout", "http_503", "http_html", "not_json",
+         "event_not_json")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -159,6 +167,8 @@ class _Sse(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
+        if self.path.partition("?")[0] != "/sse":
+            return  # an event stream that ends before its endpoint event
         self.wfile.write(b"event: endpoint\ndata: /messages\n\n")
         self.wfile.flush()
         while True:
@@ -174,13 +184,30 @@ class _Sse(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        msg = json.loads(body)
+        if msg.get("method") == "tools/call" and (msg.get("params") or {}).get("name") == "http_503":
+            status, text, content_type = _PLAIN["http_503"]  # this one message's POST fails
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+            return
         self.send_response(202)
         self.send_header("Content-Length", "0")
         self.end_headers()
-        _handle(json.loads(body))
+        _handle(msg)
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+# Streamable-HTTP answers that are not JSON-RPC: tool -> (status, body, Content-Type).
+_PLAIN = {
+    "http_503": (503, b"upstream overloaded, try later", "text/plain"),
+    "http_html": (200, b"<html><body>Please log in</body></html>", "text/html"),
+    "not_json": (200, b"{not json", "application/json"),
+}
 
 
 class _Http(BaseHTTPRequestHandler):
@@ -201,8 +228,15 @@ class _Http(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         msg = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-        if msg.get("method") == "tools/call" and (msg.get("params") or {}).get("name") == "hang":
+        if self.path.partition("?")[0] != "/mcp":
+            return self._answer(404, b"Cannot POST " + self.path.encode(), "text/plain")
+        tool = (msg.get("params") or {}).get("name") if msg.get("method") == "tools/call" else None
+        if tool == "hang":
             return self._hang()
+        if tool in _PLAIN:
+            return self._answer(*_PLAIN[tool])
+        if tool == "event_not_json":
+            return self._answer(200, b"event: message\ndata: {not json\n\n", "text/event-stream")
         _REPLY.msg = None
         try:
             _handle(msg)

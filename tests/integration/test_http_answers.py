@@ -1,0 +1,99 @@
+"""HTTP upstreams' answers that are not MCP, against the pool: a streamable-HTTP upstream's
+error status, page of another Content-Type, body or event that is not JSON, an SSE stream that ends
+before its endpoint event. Each is said as what came, with the status and the URL, on one
+line; a session stays for the other calls."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from tests.integration.test_upstream_pool import Recorder, running, wait_status
+from tests.support.configs import make_upstream
+from tests.support.results import pool_call, text
+from tests.support.servers import RunningServer, start_server
+from toolatlas.config import Timeouts
+from toolatlas.errors import UpstreamProtocolError
+from toolatlas.upstream.pool import Pool
+from toolatlas.upstream.state import UpstreamState
+
+
+@pytest.fixture(scope="module")
+def raw_http() -> Iterator[RunningServer]:
+    srv = start_server("rawrpc", "http")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+async def test_a_wrong_url_s_404_is_said_as_an_http_404_at_that_url(raw_http: RunningServer) -> None:
+    # It was "connect failed: JSON-RPC error -32601: Not Found": no status, no URL.
+    url = raw_http.url.replace("/mcp", "/wrong")
+    up = make_upstream("web", "http", url=url, ping_interval=0, relist_interval=0)
+    with anyio.fail_after(60):
+        async with running(Pool([up], Recorder(), backoff=lambda _a: 30.0)) as pool:
+            st = await wait_status(pool, "web", lambda s: s.state is UpstreamState.DEGRADED)
+    assert st.reason is not None and "\n" not in st.reason, st.reason
+    assert f"the upstream answered HTTP 404 (Not Found) at {url}: 'Cannot POST /wrong'" in st.reason, st.reason
+
+
+@pytest.mark.parametrize(("tool", "said"), [
+    ("http_503", "the upstream answered HTTP 503 (Service Unavailable) at {url}: 'upstream overloaded, try later'"),
+    ("http_html", "the upstream answered HTTP 200 at {url} with a text/html body, not JSON-RPC: "
+                  "'<html><body>Please log in</body></html>'"),
+    ("not_json", "the upstream's response is not valid JSON-RPC: its body is not JSON"),
+    ("event_not_json", "the upstream's response is not valid JSON-RPC: its event's data is not JSON"),
+])
+async def test_an_answer_that_is_not_json_rpc_fails_its_call_saying_what_came(
+    raw_http: RunningServer, tool: str, said: str
+) -> None:
+    # They were "Server returned an error response", "Unexpected content type: text/html" and
+    # pydantic's many-line report, each as if the upstream had sent that JSON-RPC error.
+    up = make_upstream("web", "http", url=raw_http.url, ping_interval=0, relist_interval=0)
+    with anyio.fail_after(60):
+        async with running(Pool([up], Recorder())) as pool:
+            await wait_status(pool, "web", lambda s: s.state is UpstreamState.READY)
+            with pytest.raises(UpstreamProtocolError) as caught:
+                await pool_call(pool, "web", tool, {})
+            assert str(caught.value) == (f"upstream 'web' answered tools/call {tool} with JSON-RPC error -32603: "
+                                         + said.format(url=raw_http.url)), caught.value
+            assert pool.get("web").state is UpstreamState.READY  # type: ignore[union-attr]
+            assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
+
+
+async def test_an_sse_stream_that_ends_before_its_endpoint_event_says_so() -> None:
+    # It was "connect failed: RuntimeError: Child exited without calling task_status.started()".
+    srv = start_server("rawrpc", "sse")
+    try:
+        url = srv.url.replace("/sse", "/ends")
+        up = make_upstream("web", "sse", url=url, ping_interval=0, relist_interval=0)
+        with anyio.fail_after(60):
+            async with running(Pool([up], Recorder(), backoff=lambda _a: 30.0)) as pool:
+                st = await wait_status(pool, "web", lambda s: s.state is UpstreamState.DEGRADED)
+    finally:
+        srv.stop()
+    assert st.reason == f"connect failed: EOFError: the SSE stream at {url} ended before its endpoint event", st.reason
+
+
+async def test_an_sse_message_post_that_fails_fails_its_call_at_once_and_the_session_goes_on() -> None:
+    # The call waited out its timeout ("did not answer"), and the session's writer ended:
+    # every later call failed as "JSON-RPC error -32000: Connection closed", READY all along.
+    srv = start_server("rawrpc", "sse")
+    try:
+        up = make_upstream("web", "sse", url=srv.url, ping_interval=0, relist_interval=0,
+                           timeouts=Timeouts(connect=15.0, list_tools=10.0, call=60.0, ping=5.0))
+        with anyio.fail_after(40):
+            async with running(Pool([up], Recorder())) as pool:
+                await wait_status(pool, "web", lambda s: s.state is UpstreamState.READY)
+                with pytest.raises(UpstreamProtocolError) as caught:
+                    await pool_call(pool, "web", "http_503", {})
+                endpoint = srv.url.replace("/sse", "/messages")
+                assert str(caught.value) == (
+                    "upstream 'web' answered tools/call http_503 with JSON-RPC error -32603: the upstream answered "
+                    f"HTTP 503 (Service Unavailable) at {endpoint}: 'upstream overloaded, try later'"), caught.value
+                assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
+    finally:
+        srv.stop()
