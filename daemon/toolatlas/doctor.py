@@ -269,6 +269,9 @@ def run_checks(config_flag: str | None) -> list[Check]:
     checks = [first]
     if cfg is not None:
         checks += _check_commands(cfg)
+        from toolatlas.access import rule_warnings
+
+        checks += [Check(WARN, "access", problem) for problem in rule_warnings(cfg)]
         socket, state_dir = cfg.daemon.socket, cfg.daemon.state_dir
     else:  # an invalid config still names its socket and state folder: those are checked
         try:

@@ -163,3 +163,21 @@ def test_group_rules_match_the_groups_the_kernel_reports_for_the_peer(users: dic
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
+
+
+def test_a_scoped_callers_index_figures_count_only_its_servers_documents(tmp_path: Path) -> None:
+    """With the embedding model, catalog_status's `index.model` (documents embedded of
+    total) and the embedding counters counted every server's documents: a caller given only
+    alpha read the size of the catalog it may not see (48 for alpha's 9 tools). Now its
+    figures are its share, and counters it has no share of are null."""
+    d = Daemon(tmp_path, stdio_testserver("alpha") + stdio_testserver("beta", "--tools", "30"),
+               daemon_extra='access_default = "deny"', search_extra='embedder = "onnx"\n')
+    d.config.write_text(d.config.read_text() + '\n[[access]]\nusers = ["root"]\nservers = ["alpha"]\n')
+    with d:
+        d.wait_for(lambda: d.status()["index"]["model"]["phase"] == "ready" and d.status()["index"]["degraded"] is None,
+                   120, "hybrid search")
+        index = d.status()["index"]
+        alpha = index["tools"]
+        assert alpha == next(s["tools"] for s in d.status()["servers"] if s["name"] == "alpha"), index
+        assert index["model"]["embedded"] == index["model"]["total"] == alpha, index["model"]
+        assert index["embeddings_computed"] is None and index["embeddings_cached"] is None, index

@@ -292,3 +292,15 @@ def test_call_args_that_are_not_a_json_object_are_a_usage_error_before_any_daemo
     for given, said in (("{bad", "--args is not valid JSON"), ("[1, 2]", "--args must be a JSON object")):
         r = _run("call", "notes__add_note", "--args", given, "--socket", str(tmp_path / "none.sock"))
         assert r.returncode == 64 and said in r.stderr and "cannot reach" not in r.stderr, r.stderr
+
+
+def test_doctor_warns_of_an_access_rule_that_matches_no_one(tmp_path: Path) -> None:
+    """What check-config warns of in [[access]] (a user name this host does not know: the
+    user meant gets access_default) doctor shows as a WARN line too; WARN is no problem."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "none.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+                   f'[[upstream]]\nname = "s"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+                   '[[access]]\nusers = ["no-such-user-xq"]\nservers = ["s"]\n')
+    r = _run("doctor", "--config", str(cfg))
+    assert any(line.startswith("WARN  access: [[access]] rule 1 names user 'no-such-user-xq'")
+               for line in r.stdout.splitlines()), r.stdout

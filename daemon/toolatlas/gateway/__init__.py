@@ -186,7 +186,7 @@ class Gateway:
         self.log_listeners: list[LogListener] = []
         self.pool = Pool(cfg.upstream, self._on_tools, observer=upstream_observer(self.events, self.metrics), mode=pool_mode,
                          on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=fan_out(self.log_listeners))
-        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream], self.redactor)
+        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream], self.redactor, self.events)
         self.rift = RiftRunner(self.engine)
         self.catalog.on_index_update.append(self.rift.wanted)
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)

@@ -20,19 +20,21 @@ getting from one reads exactly like asking for something that does not exist.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
 
+from toolatlas import events as ev
 from toolatlas.errors import BadInput, NotFound, ToolatlasError, UpstreamUnavailable
-from toolatlas.gateway.audit import shown
+from toolatlas.gateway.audit import TEXT_CHARS, shown, who
 from toolatlas.gateway.ports import Connection, Page
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.names import namespaced, split
@@ -101,8 +103,10 @@ class Federation:
     """See the module docstring. `on_change` listeners hear (server, kind) changes."""
 
     def __init__(self, pool: Pool, visibility: Visibility, order: Callable[[], list[str]],
-                 redactor: Redactor | None = None) -> None:
+                 redactor: Redactor | None = None, events: ev.Events | None = None) -> None:
+        """`events`: where each read and prompt get is audited (None: nowhere)."""
         self._redact = redactor or Redactor()  # for an upstream's reason, which may quote its stderr or URL
+        self._events = events
         self._pool = pool
         self._visibility = visibility
         self._order = order  # configured upstream names, in config order
@@ -279,11 +283,41 @@ class Federation:
             raise BadInput(f"resource {shown(uri, URI_CHARS)} could come from {', '.join(candidates)}; read {forms}")
         return candidates[0], uri
 
+    @contextlib.contextmanager
+    def _audited(self, event: str, conn: Connection, what: dict[str, str], routed: list[str]) -> Iterator[None]:
+        """Write `event` (audit fields, `what`, the upstream once `routed` names it, else
+        "unknown", and how it ended) when the block ends; not when it is cancelled."""
+        outcome = "error"
+        try:
+            yield
+            outcome = "ok"
+        except NotFound:
+            outcome = "not_found"
+            raise
+        except BadInput:
+            outcome = "bad_input"
+            raise
+        except UpstreamUnavailable:
+            outcome = "unavailable"
+            raise
+        except Exception:
+            raise
+        except BaseException:  # cancelled: nothing was read
+            outcome = ""
+            raise
+        finally:
+            if self._events is not None and outcome:
+                self._events.emit(event, **{k: v[:TEXT_CHARS] for k, v in what.items()},
+                                  upstream=routed[0] if routed else "unknown", outcome=outcome, **who(conn))
+
     async def read(self, uri: str, conn: Connection) -> dict[str, Any]:
-        """resources/read of `uri` for `conn` (wire-form result). Contents come back under the
-        URI the caller used. Raises NotFound, BadInput (ambiguous), or the upstream's error."""
-        server, original = await self._route(uri, conn)
-        result = await self._pool.read_resource(server, original)
+        """resources/read of `uri` for `conn` (wire-form result), audited. Contents come back
+        under the URI the caller used. Raises NotFound, BadInput (ambiguous), or the upstream's error."""
+        routed: list[str] = []
+        with self._audited(ev.RESOURCE_READ_COMPLETED, conn, {"uri": uri}, routed):
+            server, original = await self._route(uri, conn)
+            routed.append(server)
+            result = await self._pool.read_resource(server, original)
         if original != uri:
             for content in result.get("contents", []):
                 if content.get("uri") == original:
@@ -291,19 +325,22 @@ class Federation:
         return result
 
     async def get_prompt(self, name: str, arguments: dict[str, str] | None, conn: Connection) -> dict[str, Any]:
-        """prompts/get of namespaced `name` for `conn` (wire-form result). Raises NotFound."""
+        """prompts/get of namespaced `name` for `conn` (wire-form result), audited. Raises NotFound."""
         unknown = NotFound(f"unknown prompt {shown(name)}; prompts/list shows the prompts you can get")
-        parsed = split(name)
-        if parsed is not None and (why := self._down(conn).get(parsed[0])) is not None:
-            raise UpstreamUnavailable(f"prompt {shown(name)} cannot be got now: {why}; try again later")
-        if parsed is None or parsed[0] not in self._servers(conn, "prompts"):
-            raise unknown
-        server = parsed[0]
-        prompts = await self._items(server, "prompts")
-        original = next((p["name"] for p in prompts if namespaced(server, p["name"]) == name), None)
-        if original is None:
-            raise unknown
-        return await self._pool.get_prompt(server, original, arguments)
+        routed: list[str] = []
+        with self._audited(ev.PROMPT_GET_COMPLETED, conn, {"name": name}, routed):
+            parsed = split(name)
+            if parsed is not None and (why := self._down(conn).get(parsed[0])) is not None:
+                raise UpstreamUnavailable(f"prompt {shown(name)} cannot be got now: {why}; try again later")
+            if parsed is None or parsed[0] not in self._servers(conn, "prompts"):
+                raise unknown
+            server = parsed[0]
+            prompts = await self._items(server, "prompts")
+            original = next((p["name"] for p in prompts if namespaced(server, p["name"]) == name), None)
+            if original is None:
+                raise unknown
+            routed.append(server)
+            return await self._pool.get_prompt(server, original, arguments)
 
 
 __all__ = ["Federation", "Page", "SCHEME", "paginate", "qualify", "template_matches", "unqualify"]

@@ -114,7 +114,9 @@ class StatusService:
         out: list[str] = []
         progress = self._catalog.engine.progress
         if progress.pending:
-            out.append(progress.describe())
+            # its counts are every server's documents: only for a caller who may see them all
+            whole = allowed is None or allowed >= {st.name for st in self._pool.status()}
+            out.append(progress.describe(counts=whole))
         view = self._catalog.view
         now = time.time()
         for st in self._pool.status():
@@ -178,6 +180,17 @@ class StatusService:
             stats["servers"] = sum(1 for n in allowed if view.server(n).docs)
             if stats.get("dense_index") is not None:
                 stats["dense_index"] = {"live": indexed}  # slots of other servers are not the caller's
+            # the model's progress and the embedding counters count every server's documents
+            model = stats["model"]
+            if not model["total"]:
+                share: dict[str, int | None] = {"total": 0, "embedded": 0}
+            elif model["embedded"] >= model["total"]:
+                share = {"total": indexed, "embedded": indexed}
+            else:  # under way: how much of the caller's share is done is not known
+                share = {"total": indexed, "embedded": None}
+            stats["model"] = {**model, **share}
+            for counter in ("embeddings_computed", "embeddings_cached", "embeddings_shared"):
+                stats[counter] = None
         verdicts: dict[str, AttestResult] = {n: s.verdict for n, s in view.servers.items()
                                              if s.verdict is not None and n in allowed}
         cards = self._catalog.attestor.summary(verdicts)
