@@ -113,7 +113,10 @@ def test_a_model_is_told_a_server_awaits_approval_not_that_it_is_unknown(tmp_pat
         d.wait_for(lambda: all(s["state"] == "ready" and s["tools"] for s in d.status()["servers"]), 60, "listed")
         waits = "upstream 'one' serves nothing now (awaiting approval: `toolatlas upstream approve one`)"
         found = d.meta("tool_search", {"query": "echo a message back"})
-        assert found["matches"] == [] and "upstreams 'one', 'two' serve nothing until" in found["note"], found
+        # as a scoped search says it, and a rejected one as rejected (not "until approved")
+        assert found["matches"] == [] and found["note"] == (
+            "Not searched: server 'one' serves nothing now (awaiting approval: `toolatlas upstream approve one`) | "
+            "server 'two' serves nothing now (awaiting approval: `toolatlas upstream approve two`)."), found
         assert _cli(d, "approve", "two").returncode == 0
         scoped = d.tool("tool_search", {"query": "echo a message back", "servers": ["one"]})
         assert scoped["isError"] and scoped["content"][0]["text"] == (

@@ -50,3 +50,13 @@ def test_a_servers_other_tools_are_not_suggested_for_its_prefix_alone() -> None:
     assert suggest("beta.echo", indexes, _tool) == ["beta__echo", "alpha__echo"]
     assert sorted(suggest("gamma__echo", indexes, _tool)) == ["alpha__echo", "beta__echo"]
     assert suggest("beta__remove_tol", indexes, _tool)[0] == "beta__remove_tool"
+
+
+def test_a_name_written_in_other_case_gets_the_tool_meant() -> None:
+    """`GitHub__Create_Issue` for `github__create_issue` got no suggestion: the comparison
+    counted case, and every letter of the brand-cased server differed."""
+    indexes = {"github": NameIndex(["github__create_issue", "github__list_issues"]),
+               "notes": NameIndex(["notes__create_note"])}
+    assert suggest("GitHub__Create_Issue", indexes, _tool)[:1] == ["github__create_issue"]
+    assert suggest("NOTES__CREATE_NOTE", indexes, _tool)[:1] == ["notes__create_note"]
+    assert suggest("Wrong__Create_Issue", indexes, _tool)[:1] == ["github__create_issue"]

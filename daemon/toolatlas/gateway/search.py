@@ -15,7 +15,7 @@ from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.gateway.ports import Connection
-from toolatlas.gateway.visibility import Visibility, awaiting_approval
+from toolatlas.gateway.visibility import Visibility
 from toolatlas.guidance import Guidance
 from toolatlas.metrics import Metrics
 from toolatlas.names import split
@@ -194,17 +194,18 @@ class SearchService:
         if matches and (named is None or not skipped):
             return None
         parts: list[str] = []
-        waiting = sorted(self._visibility.withheld(conn)) if not matches and servers is None else []
+        # servers its rules give it that the operator holds (awaiting approval, rejected): said as a scoped search says them
+        held = self.held_for(sorted(self._visibility.permitted(conn) - allowed), allowed, conn) \
+            if not matches and servers is None else {}
         if not loaded:
             parts.append("The gateway is still building its search index; search again in a few seconds.")
-        elif not allowed and not waiting:
+        elif not allowed and not held:
             parts.append("No upstream server is open to you on this gateway.")
         elif not matches and scope:
             parts.append(f"No tool matched this query. Searchable servers: {', '.join(sorted(scope))}. "
                          "Rephrase the query with what the tool should do.")
         unsearchable = [self._unsearchable(s)[:NOTE_REASON_CHARS] for s in skipped[:NOTE_SERVERS]] if loaded else []
-        if waiting:  # configured and open to the caller, but serving nothing until the operator approves
-            unsearchable.append(awaiting_approval(waiting))
+        unsearchable += [f"server {s!r} serves nothing now ({why})" for s, why in list(held.items())[:NOTE_SERVERS]]
         if unsearchable:
             more = f" (+{len(skipped) - NOTE_SERVERS} more: catalog_status)" if len(skipped) > NOTE_SERVERS else ""
             parts.append("Not searched: " + " | ".join(unsearchable) + more + ".")

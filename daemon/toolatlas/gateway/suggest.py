@@ -68,15 +68,17 @@ def suggest(name: str, indexes: Mapping[str, NameIndex], tool_of: Callable[[str]
     server look alike: `beta__nope` is not `beta__pid`); failing those, tools whose own name is
     close to `name`'s tool part on any server (a right tool under a wrong server).
     `tool_of(name)` is a name's upstream tool name."""
-    pool = [c for index in indexes.values() for c in index.candidates(name)]
-    asked = _asked_tool(name)
-    close = [c for c in difflib.get_close_matches(name, pool, n=4 * n, cutoff=0.5) if _alike(asked, tool_of(c))][:n]
+    # Compared without case: `GitHub__create_issue` means `github__create_issue`.
+    pool = {c.lower(): c for index in indexes.values() for c in index.candidates(name)}
+    asked = _asked_tool(name).lower()
+    close = [pool[c] for c in difflib.get_close_matches(name.lower(), list(pool), n=4 * n, cutoff=0.5)
+             if _alike(asked, tool_of(pool[c]).lower())][:n]
     parsed = split(name)
     if close or not parsed:
         return close
-    pool = [c for server, index in indexes.items() for c in index.candidates(f"{server}{SEP}{parsed[1]}")]
-    tools = difflib.get_close_matches(parsed[1], [tool_of(c) for c in pool], n=n, cutoff=TOOL_CUTOFF)
-    return [c for c in dict.fromkeys(pool) if tool_of(c) in tools][:n]
+    found = [c for server, index in indexes.items() for c in index.candidates(f"{server}{SEP}{parsed[1]}")]
+    tools = set(difflib.get_close_matches(asked, [tool_of(c).lower() for c in found], n=n, cutoff=TOOL_CUTOFF))
+    return [c for c in dict.fromkeys(found) if tool_of(c).lower() in tools][:n]
 
 
 __all__ = ["NameIndex", "suggest"]

@@ -75,11 +75,6 @@ class Visibility:
         """Servers this connection may use: `permitted`, less those not approved."""
         return self.permitted(conn) - self._blocked()
 
-    def withheld(self, conn: Connection) -> set[str]:
-        """Servers `conn`'s rules give it that serve nothing until the operator approves them
-        (catalog_status shows them to it, with the command that approves them)."""
-        return self.permitted(conn) & self._blocked()
-
     def configured(self, server: str) -> bool:
         """Whether `server` is an upstream of the running config."""
         return self._cfg.upstream_by_name(server) is not None
@@ -127,12 +122,4 @@ def _few(names: Sequence[str]) -> str:
     return ", ".join(shown) + (f" (+{len(names) - SHOWN_NAMES} more)" if len(names) > SHOWN_NAMES else "")
 
 
-def awaiting_approval(servers: Sequence[str]) -> str:
-    """What a caller is told of servers it may use once the operator approves them."""
-    names = ", ".join(repr(s) for s in servers)
-    return (f"upstream {names} serves nothing until this gateway's operator approves it "
-            f"(`toolatlas upstream approve {servers[0]}`)" if len(servers) == 1 else
-            f"upstreams {names} serve nothing until this gateway's operator approves them (`toolatlas upstream approve NAME`)")
-
-
-__all__ = ["Visibility", "awaiting_approval"]
+__all__ = ["Visibility"]
