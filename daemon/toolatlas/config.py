@@ -51,6 +51,8 @@ class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     connect: Seconds = 20.0
     list_tools: Seconds = 20.0
     call: Seconds = 60.0
+    # A call that reports progress runs `call` seconds past its last progress, up to this in all.
+    call_max: Seconds = 600.0
     ping: Seconds = 10.0
 
 
