@@ -546,6 +546,12 @@ def test_an_unreadable_embedding_cache_and_dense_index_are_rebuilt(
     st = second.stats()
     assert st["cache_corrupt"] >= 1 and st["embeddings_computed"] == len(docs)  # rebuilt, not trusted
     assert docs[0].name in [h.name for h in second.search(docs[0].name, 5).hits]
+    # ... and written: what was in their place is moved aside, so a restart embeds nothing
+    assert st["persist_failures"] == 0 and all(p.is_file() for p in planted), st
+    third = Engine(state_dir=state)
+    third.load()
+    third.update(docs, [])
+    assert third.stats()["embeddings_computed"] == 0 and third.stats()["cache_corrupt"] == 0
 
 
 @pytest.mark.slow

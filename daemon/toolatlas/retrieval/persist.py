@@ -8,7 +8,8 @@
 Every file is written atomically (temp file, fsync, rename, fsync of the folder) and carries a
 SHA-256 of its body that is checked on load; a mismatch raises CorruptFile and the caller
 rebuilds, and so does a file that cannot be read (a directory or a FIFO in its place: files
-are opened without blocking and must be regular, see paths.open_regular). This module is the file format only; store.py decides what is written and read.
+are opened without blocking and must be regular, see paths.open_regular; the write of the
+rebuilt file moves such a thing aside first, see `_replace`). This module is the file format only; store.py decides what is written and read.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import re
 import struct
 import sys
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,7 @@ import msgspec
 import numpy as np
 
 from toolatlas.catalog.schemas import intern_schema
-from toolatlas.paths import open_regular, read_regular
+from toolatlas.paths import open_regular, read_regular, set_aside_unless_regular
 from toolatlas.retrieval.documents import ToolDoc
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _replace(tmp: Path, path: Path) -> None:
+    """Rename the written `tmp` to `path`, first moving aside what is at `path` if it is not
+    a regular file (a directory or a FIFO: the rename onto it would fail at every write, and
+    the file would never be rebuilt). OSError if either cannot be done."""
+    aside = set_aside_unless_regular(path, time.time())
+    if aside is not None:
+        log.warning("retrieval.state_file_unusable %s is not a regular file; moved to %s so the rebuilt file "
+                    "takes its place", path, aside)
+    os.replace(tmp, path)
+
+
 def atomic_write(path: Path, chunks: list[bytes]) -> None:
     """Write `chunks` to `path` via a temp file + fsync + rename + fsync of the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,7 +122,7 @@ def atomic_write(path: Path, chunks: list[bytes]) -> None:
                 fh.write(c)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        _replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -297,7 +310,7 @@ def save_snapshot(
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
             hnsw_sha = _file_sha(tmp)
-            os.replace(tmp, hnsw_path)
+            _replace(tmp, hnsw_path)
         finally:
             if tmp.exists():
                 tmp.unlink()
