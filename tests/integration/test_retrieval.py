@@ -660,6 +660,33 @@ def test_hnsw_searches_run_during_a_save_and_wait_for_an_insert(tmp_path: Path) 
     t.join()
 
 
+def test_a_state_dir_refusing_writes_is_one_warning_and_said_in_the_stats(
+    mcp_docs: list[ToolDoc], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Writes that fail (here: a regular file where the retrieval folder belongs; a read-only
+    or full disk alike) are counted at each change, logged once, and said in the stats
+    (catalog_status's index.persist_error) until a write succeeds again, which is logged."""
+    blocker = tmp_path / "retrieval"
+    blocker.write_text("not a folder")
+    eng = Engine(state_dir=tmp_path, embedder="none")
+    eng.load()
+    with caplog.at_level("INFO", logger="toolatlas.retrieval"):
+        for i in range(3):
+            eng.update(mcp_docs[i * 5 : i * 5 + 5], [])
+    st = eng.stats()
+    assert st["persist_failures"] == 3 and st["persisted_version"] == 0, st
+    assert st["persist_error"] is not None and str(tmp_path) in st["persist_error"], st
+    assert sum("retrieval.persist_failed" in r.getMessage() for r in caplog.records) == 1, caplog.text
+    assert eng.search(mcp_docs[0].name, 3).hits[0].name == mcp_docs[0].name  # served all the same
+    blocker.unlink()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="toolatlas.retrieval"):
+        version = eng.update(mcp_docs[15:20], [])
+    st = eng.stats()
+    assert st["persist_error"] is None and st["persisted_version"] == version, st
+    assert "retrieval.persist_recovered" in caplog.text
+
+
 def test_stale_temp_files_of_dead_writers_are_removed_at_load(tmp_path: Path) -> None:
     import subprocess
     import sys
