@@ -687,6 +687,35 @@ def test_a_state_dir_refusing_writes_is_one_warning_and_said_in_the_stats(
     assert "retrieval.persist_recovered" in caplog.text
 
 
+@pytest.mark.parametrize(("field", "value"), [("version", None), ("version", "x"), ("next_label", [1])])
+def test_a_snapshot_whose_header_holds_a_bad_field_is_corrupt_not_a_crash(
+    mcp_docs: list[ToolDoc], tmp_path: Path, field: str, value: object
+) -> None:
+    """The snapshot's JSON header is outside its checksum: a field there that is not a number
+    (a flipped bit, an editor) made every start of the daemon die in restore with a
+    TypeError, until the file was deleted by hand. It is a corrupt file: counted, rebuilt."""
+    import struct
+
+    from toolatlas.retrieval import persist
+
+    eng = Engine(state_dir=tmp_path, embedder="none")
+    eng.load()
+    eng.update(mcp_docs[:10], [])
+    path = persist.folder(tmp_path) / "snapshot-none.bin"
+    raw = path.read_bytes()
+    magic = len(b"TASNP01\n")
+    (hlen,) = struct.unpack_from("<I", raw, magic)
+    header = {**json.loads(raw[magic + 4 : magic + 4 + hlen]), field: value}
+    hb = json.dumps(header).encode()
+    path.write_bytes(raw[:magic] + struct.pack("<I", len(hb)) + hb + raw[magic + 4 + hlen :])
+
+    again = Engine(state_dir=tmp_path, embedder="none")
+    again.restore()
+    assert again.stats()["cache_corrupt"] == 1 and not again.ready
+    version = again.update(mcp_docs[:10], [])
+    assert again.stats()["persisted_version"] == version and again.search(mcp_docs[0].name, 3).hits
+
+
 def test_stale_temp_files_of_dead_writers_are_removed_at_load(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -351,8 +351,10 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         labels = msgspec.convert(raw["labels"], list[int])
         basis = _basis(raw.get("basis"), header.get("basis_shape"))
         basis_energy = float(header.get("basis_energy") or 1.0)
+        # the header is outside the checksum: a field it mangled is a corrupt file, not a crash at start
+        version, next_label = int(header.get("version", 0)), int(header.get("next_label", 0))
     except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError) as exc:
-        raise CorruptFile(f"{snap_path} has an undecodable body") from exc
+        raise CorruptFile(f"{snap_path} has an undecodable body or header ({exc})") from exc
     if len(docs) != len(labels):
         raise CorruptFile(f"{snap_path} is inconsistent")
     usable = None
@@ -369,10 +371,10 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         log.warning("index.hnsw_corrupt path=%s: cannot be read (%s); the dense index is rebuilt from the "
                     "embedding cache", hnsw_path, exc.strerror or exc)
     return Restored(
-        version=int(header.get("version", 0)),
+        version=version,
         docs=docs,
         labels=labels,
-        next_label=int(header.get("next_label", 0)),
+        next_label=next_label,
         hnsw_path=usable,
         basis=basis,
         basis_energy=basis_energy,
