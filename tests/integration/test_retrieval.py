@@ -716,6 +716,34 @@ def test_a_snapshot_whose_header_holds_a_bad_field_is_corrupt_not_a_crash(
     assert again.stats()["persisted_version"] == version and again.search(mcp_docs[0].name, 3).hits
 
 
+def test_a_schema_integer_wider_than_64_bits_is_indexed_persisted_and_restored(tmp_path: Path) -> None:
+    """A token amount's `"maximum": 2**256 - 1` made the snapshot write raise OverflowError
+    (MessagePack holds 64 bits) out of update(): through the daemon, that upstream's tools
+    never became searchable. It is kept as a float in the snapshot; an integer even a float
+    cannot hold fails the write (said in the stats), never the update."""
+    wide = {"type": "object", "properties": {"amount": {"type": "integer", "maximum": 2**256 - 1}}}
+    docs = [ToolDoc(name="chain__transfer", server="chain", tool="transfer", description="Transfer tokens to an address",
+                    input_schema=wide),
+            ToolDoc(name="chain__balance", server="chain", tool="balance", description="Token balance of an address",
+                    input_schema={"type": "object"})]
+    eng = Engine(state_dir=tmp_path, embedder="none")
+    eng.load()
+    version = eng.update(docs, [])
+    assert eng.stats()["persisted_version"] == version and eng.search("transfer tokens", 1).hits[0].name == "chain__transfer"
+
+    again = Engine(state_dir=tmp_path, embedder="none")
+    again.restore()
+    assert again.stats()["snapshot_restored"] == 1 and again.version == version
+    restored = {d.name: d for d in again.catalog_vectors()[1]}["chain__transfer"]
+    assert restored.input_schema["properties"]["amount"]["maximum"] == float(2**256 - 1)
+
+    wider = ToolDoc(name="chain__huge", server="chain", tool="huge", description="Huge", input_schema={"maximum": 2**2000})
+    version = again.update([wider], [])
+    st = again.stats()
+    assert st["persisted_version"] < version and st["persist_error"] and "int" in st["persist_error"], st
+    assert again.search("huge", 1).hits[0].name == "chain__huge"
+
+
 def test_stale_temp_files_of_dead_writers_are_removed_at_load(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -316,12 +316,34 @@ def save_snapshot(
                 tmp.unlink()
         next_label = hnsw.next_label
     basis = hnsw.basis if hnsw is not None else None
-    body = msgspec.msgpack.encode({"docs": docs, "labels": labels,
-                                   "basis": basis.tobytes() if basis is not None else None})
+    body = _encode({"docs": docs, "labels": labels, "basis": basis.tobytes() if basis is not None else None})
     header = {"model": model, "version": version, "next_label": next_label, "hnsw_sha256": hnsw_sha,
               "basis_shape": list(basis.shape) if basis is not None else None,
               "basis_energy": hnsw.fit_energy if hnsw is not None else None}
     atomic_write(snap_path, _pack(_SNAP_MAGIC, header, [body]))
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    """The snapshot body. MessagePack holds integers of 64 bits at most; a schema with a wider
+    one (`"maximum": 2**256 - 1`, a token amount) made the write raise OverflowError out of
+    the catalog update, and the upstream's tools never became searchable. Such an integer is
+    kept as the nearest float (a snapshot serves only until the upstream lists again)."""
+    try:
+        return msgspec.msgpack.encode(payload)
+    except OverflowError:
+        docs = [msgspec.structs.replace(d, input_schema=_narrowed(d.input_schema)) for d in payload["docs"]]
+        return msgspec.msgpack.encode({**payload, "docs": docs})
+
+
+def _narrowed(value: Any) -> Any:
+    """`value` with every integer MessagePack cannot hold (beyond 64 bits) made a float."""
+    if isinstance(value, dict):
+        return {k: _narrowed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_narrowed(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        return float(value)
+    return value
 
 
 def _interned(doc: ToolDoc) -> ToolDoc:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 from toolatlas.retrieval import persist
@@ -153,7 +154,7 @@ class WriteHealth:
 
     error: str | None = None
 
-    def record(self, state_dir: Path, exc: OSError | None) -> None:
+    def record(self, state_dir: Path, exc: Exception | None) -> None:
         if exc is None:
             if self.error is not None:
                 log.info("retrieval.persist_recovered dir=%s: the index is written again", state_dir)
@@ -187,8 +188,8 @@ def write(state_dir: Path, space: str | None, builder: IndexBuilder, snap: Snaps
             labels=[int(x) for x in snap.labels] if snap.labels is not None else [-1] * snap.n,
             hnsw=builder.hnsw if snap.labels is not None else None,
         )
-    except OSError as exc:
-        health.record(state_dir, exc)
+    except (OSError, ValueError, TypeError, OverflowError, msgspec.EncodeError) as exc:  # the disk, or a document it cannot encode:
+        health.record(state_dir, exc)  # never out of the catalog update (its upstream's tools would stay unsearchable)
         return False
     finally:
         persist.release_pages()  # the write read every kept vector through the mapping
