@@ -4,6 +4,7 @@ servers it named are down; the index is not ready), never a bare `[]`; and a met
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,26 @@ def test_a_query_no_tool_matches_gets_a_note(gateway: Daemon, top_k: int | None)
     note = answer["note"]
     assert "No tool matched" in note and "Searchable servers: alpha." in note and "Rephrase" in note
     assert "Not searched: upstream 'down'" in note  # the server that might have had it is down
+
+
+EMPTY_SERVER = "from mcp.server.mcpserver import MCPServer; MCPServer('empty').run('stdio')"
+
+
+@pytest.mark.timeout(90)
+def test_a_server_that_lists_no_tools_is_said_so_not_rephrase(tmp_path: Path) -> None:
+    """An upstream that lists no tools (now: one that lists them after a login, or relists
+    [] for a moment) got "No tool matched this query ... Rephrase the query": a model then
+    rephrased in vain. The note says the server lists no tools."""
+    empty = (f'[[upstream]]\nname = "empty"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+             f'args = ["-c", "{EMPTY_SERVER}"]\n')
+    with Daemon(tmp_path, empty + stdio_testserver("alpha")) as d:
+        d.wait_for(lambda: {s["name"]: s["state"] for s in d.status()["servers"]}.get("empty") == "ready", 30,
+                   "the empty upstream ready")
+        only = _search(d, query="echo a message", servers=["empty"])
+        assert only["matches"] == [] and only["note"].startswith("No tool to search: empty list(s) no tools now."), only
+        assert "Rephrase" not in only["note"]
+        both = _search(d, query="quantum chromodynamics lattice")
+        assert both["matches"] == [] and "Searchable servers: alpha, empty (empty list(s) no tools now)." in both["note"]
 
 
 def test_naming_a_server_that_is_down_says_so(gateway: Daemon) -> None:

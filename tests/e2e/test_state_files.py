@@ -31,6 +31,10 @@ def test_an_unreadable_snapshot_and_card_are_logged_and_the_daemon_serves(tmp_pa
         assert "alpha__echo" in d.wait_for(lambda: d.search("echo a message back"), 30, "a search finds alpha")
         log = d.log.read_text()
         assert "retrieval.snapshot_corrupt" in log and str(snapshot) in log and "not a regular file" in log, log[-3000:]
+        # ... and written again: what was in its place is moved aside, so the rebuilt file can take it
+        index = d.wait_for(lambda: (i := d.status()["index"])["persisted_version"] == i["version"] and i, 30, "persisted")
+        assert index["persist_failures"] == 0 and snapshot.is_file(), index
+        assert "retrieval.state_file_unusable" in d.log.read_text()
         # the card is refused, and (cards not required) the server's tools are served all the same
         status = d.wait_for(lambda: (s := d.status()) and "alpha" in s["cards"]["servers"] and s, 30, "alpha attested")
         verdict = status["cards"]["servers"]["alpha"]["card"]

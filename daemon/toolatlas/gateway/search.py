@@ -202,8 +202,15 @@ class SearchService:
         elif not allowed and not held:
             parts.append("No upstream server is open to you on this gateway.")
         elif not matches and scope:
-            parts.append(f"No tool matched this query. Searchable servers: {', '.join(sorted(scope))}. "
-                         "Rephrase the query with what the tool should do.")
+            view = self._catalog.view
+            empty = sorted(s for s in scope if not view.server(s).records)  # listed no tools (now)
+            if len(empty) == len(scope):  # no query can match: rephrasing is no use
+                parts.append(f"No tool to search: {', '.join(empty)} list(s) no tools now. "
+                             "Search again once they list some (catalog_status shows their tool counts).")
+            else:
+                parts.append(f"No tool matched this query. Searchable servers: {', '.join(sorted(scope))}"
+                             + (f" ({', '.join(empty)} list(s) no tools now)" if empty else "")
+                             + ". Rephrase the query with what the tool should do.")
         unsearchable = [self._unsearchable(s)[:NOTE_REASON_CHARS] for s in skipped[:NOTE_SERVERS]] if loaded else []
         unsearchable += [f"server {s!r} serves nothing now ({why})" for s, why in list(held.items())[:NOTE_SERVERS]]
         if unsearchable:

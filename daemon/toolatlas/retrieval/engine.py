@@ -124,7 +124,7 @@ class Engine:
         self._qvecs = QueryVectors(self._counts)
         self._index = IndexBuilder(self._counts)
         self._timings: dict[str, float] = {}
-        self._persisted_version = 0  # the catalog version whose snapshot is on disk
+        self._persisted_version, self._writes = 0, store.WriteHealth()  # the version on disk; why writes fail
 
     @property
     def version(self) -> int:
@@ -361,7 +361,7 @@ def _persist(eng: Engine, snap: Snapshot, now: bool) -> None:
     """Write `snap` (and what changed of the embedding cache) when `now` and persisting."""
     if not (now and eng.persist and eng.state_dir is not None):
         store.release_pages()  # the vectors the snapshot read from the mapped file
-    elif store.write(eng.state_dir, eng._space, eng._index, snap, eng._timings):
+    elif store.write(eng.state_dir, eng._space, eng._index, snap, eng._timings, eng._writes):
         eng._persisted_version = snap.version
     else:
         eng._counts["persist_failures"] += 1
@@ -414,6 +414,7 @@ def _stats(eng: Engine, snap: Snapshot | None, emb: Embedder | None) -> dict[str
         "version": snap.version if snap is not None else 0,
         # equal to version once that catalog's snapshot is written (0: none written)
         "persisted_version": eng._persisted_version,
+        "persist_error": eng._writes.error,  # why the last write failed (None: it did not)
         "mode": eng.mode,
         "fusion": eng.fusion,
         "embedder": emb.name if emb is not None else eng.embedder_kind,
