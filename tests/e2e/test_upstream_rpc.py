@@ -72,6 +72,21 @@ def test_an_upstream_error_with_code_32000_fails_that_call_and_keeps_the_session
     _took_its_path(daemon)
 
 
+def test_a_result_nested_deeper_than_the_sdk_reads_fails_its_call_at_once(daemon: Daemon) -> None:
+    """A result nested 300 levels deep is JSON, but the MCP SDK's parser reads 200: on the SDK
+    path (stdio, SSE) it was dropped as garbage and the call waited out its timeout ("did not
+    answer"), and the relay said "ValueError: Maximum serialization depth exceeded"; both now
+    fail it at once saying why. (Streamable HTTP: the SDK's own -32700 with pydantic's report,
+    not changed here.)"""
+    if daemon.tmp.name.startswith("http"):
+        pytest.skip("streamable HTTP: the SDK's client parses the reply itself")
+    r = _call(daemon, "deep_result", {})
+    assert r["isError"], r
+    assert r["content"][0]["text"] == ("tools/call deep_result on upstream 'raw' failed: the upstream's response is not "
+                                       "valid JSON-RPC: it nests deeper than the 200 levels the MCP SDK reads"), r
+    assert _raw(daemon)["state"] == "ready"
+
+
 @pytest.mark.parametrize(("tool", "why"), [
     ("error_without_message", "its error has no `message`"),
     ("result_not_object", "its result is str, not an object"),

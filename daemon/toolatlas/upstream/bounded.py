@@ -36,7 +36,7 @@ from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
 
 from toolatlas.config import HttpUpstream, SseUpstream, Upstream
-from toolatlas.jsonlines import BoundedLines, Oversized, is_request_id, request_id_of
+from toolatlas.jsonlines import MAX_DEPTH, BoundedLines, Oversized, deeper_than, is_request_id, request_id_of
 from toolatlas.upstream.client import STAND_IN, describe
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,9 @@ def invalid_response(data: bytes | str) -> mcp_types.JSONRPCError | None:
     request_id = msg.get("id")
     if not is_request_id(request_id):
         return None
-    problem = response_problem(msg)
+    # Well formed, yet the SDK's parser refused it: pydantic-core reads at most MAX_DEPTH levels.
+    problem = response_problem(msg) or (f"it nests deeper than the {MAX_DEPTH} levels the MCP SDK reads"
+                                        if deeper_than(msg, MAX_DEPTH) else None)
     return None if problem is None else invalid(request_id, problem)
 
 

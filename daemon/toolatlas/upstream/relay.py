@@ -33,7 +33,7 @@ from mcp_types import methods as _methods
 
 from toolatlas.calls import InputRequired, ProgressFn, UpstreamCall, UpstreamReply
 from toolatlas.config import Upstream
-from toolatlas.jsonlines import Oversized
+from toolatlas.jsonlines import MAX_DEPTH, Oversized, deeper_than
 from toolatlas.upstream.bounded import invalid, refusal, response_problem, too_many_blocks
 from toolatlas.upstream.client import MAX_PROGRESS_QUEUED
 from toolatlas.upstream.inbound import Inbound
@@ -222,6 +222,11 @@ async def relay_call(client: Client, pending: Pending, send: Any, call: Upstream
         wire: dict[str, Any] | None = _methods.serialize_server_result("tools/call", version, result)  # type: ignore[arg-type]
     except KeyError:
         wire = None
+    except ValueError:  # pydantic's "Maximum serialization depth exceeded": what the SDK path says
+        if not deeper_than(result, MAX_DEPTH):
+            raise
+        raise MCPError.from_error_data(invalid(call.tool, f"it nests deeper than the {MAX_DEPTH} levels the MCP SDK "
+                                                          "reads").error) from None
     if not isinstance(result, dict):
         raise MCPError(code=mcp_types.INTERNAL_ERROR, message="tools/call result is not an object")
     foreign = _later_revision_fields("tools/call", version)

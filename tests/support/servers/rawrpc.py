@@ -17,6 +17,8 @@ answers by the tool's name:
 - ``error_without_message``: a JSON-RPC error object with a code and no ``message``;
 - ``result_not_object``: a response whose ``result`` is a string;
 - ``content_not_list``: a tool result whose ``content`` is a string;
+- ``deep_result``: a tool result whose structuredContent nests 300 levels (JSON, but deeper
+  than the MCP SDK's parser reads);
 - ``progress_flood`` (stdio): ``arguments.count`` progress notifications for the call's
   progress token as fast as the pipe takes them, then touches ``arguments.done_file`` and
   answers;
@@ -55,7 +57,7 @@ from typing import Any
 
 TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "content_not_list",
          "progress_flood", "log_flood", "hang", "open_streams", "close_stdout", "http_503", "http_html", "not_json",
-         "event_not_json")
+         "event_not_json", "deep_result")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -137,6 +139,11 @@ def _call(id_: Any, name: str, arguments: dict[str, Any], token: Any = None) -> 
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32001}})
     elif name == "result_not_object":
         _send({"jsonrpc": "2.0", "id": id_, "result": "done"})
+    elif name == "deep_result":
+        deep: Any = []
+        for _ in range(300):
+            deep = [deep]
+        _send({"jsonrpc": "2.0", "id": id_, "result": {"content": [], "structuredContent": {"deep": deep}}})
     else:
         _send({"jsonrpc": "2.0", "id": id_, "error": {"code": -32602, "message": f"unknown tool: {name}"}})
 
