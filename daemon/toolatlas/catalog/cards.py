@@ -109,7 +109,16 @@ def verify_card(card: Card, key: signing.Ed25519PublicKey) -> None:
     """SignatureError unless the card's signature verifies under `key`."""
     if not card.signature:
         raise SignatureError(f"card for {card.server.name!r} is not signed")
-    signing.verify(key, signing_payload(card), card.signature)
+    try:
+        signing.verify(key, signing_payload(card), card.signature)
+    except SignatureError as exc:
+        trusted = signing.key_id(key)
+        if card.provenance.key_id and card.provenance.key_id != trusted:  # the usual cause: a rotated key
+            raise SignatureError(
+                f"card for {card.server.name!r} was signed by key {card.provenance.key_id}, not by the trusted "
+                f"public key {trusted}; sign it again with the current key (`toolatlas cards generate`)"
+            ) from exc
+        raise
 
 
 def encode_card(card: Card) -> bytes:
