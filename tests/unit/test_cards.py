@@ -410,3 +410,13 @@ def test_summary_never_waits_for_an_attestation_in_progress(tmp_path: Path, keys
     reader.join(30)
     assert answered_while_held, "summary waited for the lock an attestation held"
     assert out[0]["servers"]["files"]["card"] == "verified" and out[0]["policy"] == cfg.cards.policy
+
+
+def test_a_key_file_of_the_wrong_half_says_which_file_to_give(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    priv = tmp_path / "op.key"
+    pub = signing.write_private_key(priv, signing.generate_private_key())  # pub: mode 0644
+    with caplog.at_level("WARNING", logger="toolatlas.catalog.signing"), pytest.raises(SignatureError, match="holds a public key; give the private key"):
+        signing.load_private_key(pub)
+    assert not caplog.records  # not "other users can read this private key" about a public key
+    with pytest.raises(SignatureError, match="holds a private key; give the public key"):
+        signing.load_public_key(priv)

@@ -110,6 +110,16 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
     be deliberate)."""
     p = Path(path)
     data = read_bytes(p, "private key")
+    head = data.lstrip()
+    if head.startswith((PUBLIC_PREFIX.encode(), b"-----BEGIN PUBLIC KEY")):
+        raise SignatureError(f"{str(p)!r} holds a public key; give the private key file (`keygen --out` wrote it "
+                             "beside the .pub file)")
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise SignatureError(f"{str(p)!r} is not an unencrypted PEM private key: {exc}") from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SignatureError(f"{str(p)!r} holds a {type(key).__name__}, not an Ed25519 key")
     try:
         mode = stat.S_IMODE(p.stat().st_mode)
     except OSError:
@@ -118,18 +128,15 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
         _WARNED_OPEN.add(str(p))
         log.warning("cards.private_key_readable path=%s mode=%04o: other users can read this private key; "
                     "`chmod 600 %s`", p, mode, p)
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
-        raise SignatureError(f"{str(p)!r} is not an unencrypted PEM private key: {exc}") from exc
-    if not isinstance(key, Ed25519PrivateKey):
-        raise SignatureError(f"{str(p)!r} holds a {type(key).__name__}, not an Ed25519 key")
     return key
 
 
 def parse_public_key(text: str, *, source: str = "public key") -> Ed25519PublicKey:
     """Parse `ed25519:<base64>` or a PEM SubjectPublicKeyInfo block."""
     text = text.strip()
+    if text.startswith("-----BEGIN") and "PRIVATE KEY-----" in text.split("\n", 1)[0]:
+        raise SignatureError(f"{source} holds a private key; give the public key (the .pub file `keygen` wrote "
+                             "beside it)")
     if text.startswith("-----BEGIN"):
         try:
             key = serialization.load_pem_public_key(text.encode("ascii"))
