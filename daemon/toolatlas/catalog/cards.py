@@ -167,7 +167,11 @@ def write_card(path: str | os.PathLike[str], card: Card) -> Path:
 
 
 def format_card(card: Card) -> str:
-    """Human-readable rendering for `toolatlas cards show`."""
+    """Human-readable rendering for `toolatlas cards show`: the operator's review of what a
+    card says, so a control character or line break in upstream-derived text is shown
+    escaped, never acted on by the terminal (sanitize.visible)."""
+    from toolatlas.catalog.sanitize import visible
+
     prov = card.provenance
     lines = [
         f"server:    {card.server.name} ({card.server.transport}: {card.server.endpoint})",
@@ -186,4 +190,4 @@ def format_card(card: Card) -> str:
         lines.append(f"    {t.summary}")
         for ex in t.examples:
             lines.append(f"    e.g. {ex}")
-    return "\n".join(lines)
+    return "\n".join(visible(line) for line in lines)
