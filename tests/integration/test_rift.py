@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -225,3 +226,33 @@ def test_rift_cli_refuses_a_negative_or_junk_limit(tmp_path: Path, capsys: pytes
         main(["--catalog", str(cat), "--limit", limit])
     assert exc.value.code == 2
     assert "--limit" in capsys.readouterr().err
+
+
+def test_agglomerate_scans_a_row_a_step_on_a_dense_component(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server of thousands of near-identical tools is one component: the linkage must read
+    O(m^2) similarities in all, not the whole m x m matrix again at each of its m merges (the
+    daemon re-ran that cubic loop at every catalog change). Counted, not timed: every element
+    np.argmax looks at. The result still matches the merge-the-closest-pair reference."""
+    rng = np.random.default_rng(3)
+    m = 300
+    v = rng.normal(size=16) + 0.5 * rng.normal(size=(m, 16))
+    v = (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+    scanned = [0]
+    argmax = np.argmax
+
+    def counting(a: Any, *args: Any, **kw: Any) -> Any:
+        scanned[0] += np.size(a)
+        return argmax(a, *args, **kw)
+
+    monkeypatch.setattr(np, "argmax", counting)
+    groups = agglomerate(v, 0.65)
+    assert groups and scanned[0] <= 10 * m * m, scanned[0]
+    monkeypatch.undo()
+    scipy = pytest.importorskip("scipy.cluster.hierarchy")
+    from scipy.spatial.distance import pdist
+
+    labels = scipy.fcluster(scipy.linkage(pdist(v.astype(np.float64), "cosine"), "average"), t=1 - 0.65, criterion="distance")
+    ref: dict[int, list[int]] = {}
+    for i, lab in enumerate(labels):
+        ref.setdefault(int(lab), []).append(i)
+    assert groups == sorted((g for g in ref.values() if len(g) > 1), key=lambda g: (-len(g), g[0]))
