@@ -137,3 +137,21 @@ def test_card_file_never_carries_an_expanded_secret(
     assert main(["verify", "--config", str(cfg)]) == 0
     out = capsys.readouterr()
     assert "ok   test:" in out.out and secret not in out.out + out.err
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "0", "-1"])
+def test_listing_timeout_must_be_finite_and_positive(tmp_path: Path, capsys: pytest.CaptureFixture[str], seconds: str) -> None:
+    """--timeout inf waited forever on an upstream that never answers, nan failed with
+    anyio's 'deadline must not be NaN', 0 and -1 'did not answer within -1 s': each is a usage
+    error (exit 2) naming the option, for cards generate, cards verify and rift alike."""
+    from toolatlas.rift.cli import main as rift_main
+
+    cfg = write_carded_testserver_config(tmp_path)
+    for run in (lambda: main(["generate", "--config", str(cfg), "--timeout", seconds]),
+                lambda: main(["verify", "--config", str(cfg), "--timeout", seconds]),
+                lambda: rift_main(["--config", str(cfg), "--timeout", seconds])):
+        with pytest.raises(SystemExit) as exc:
+            run()
+        assert exc.value.code == 2
+        assert f"--timeout: must be a finite number of seconds > 0, got {seconds!r}" in capsys.readouterr().err
+    assert not (tmp_path / "state" / "cards").exists()

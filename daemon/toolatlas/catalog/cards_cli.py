@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -29,6 +30,19 @@ EX_CONFIG = 78
 
 def _err(msg: str) -> None:
     print(f"toolatlas: {msg}", file=sys.stderr)
+
+
+def listing_seconds(text: str) -> float:
+    """--timeout: a finite number of seconds > 0 (nan failed with anyio's 'deadline must not be
+    NaN', inf waited forever on a silent upstream, 0 or less timed out at once); argparse makes
+    the error a usage error, exit 2."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return seconds
 
 
 def list_live(upstream: Any, timeout: float | None = None) -> list[Any]:
@@ -292,7 +306,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--generator", choices=["bootstrap", "llm", "publisher"], help="override each upstream's card_generator")
     g.add_argument("--key", help="private key (default: [cards] private_key)")
     g.add_argument("--state-dir", help="default: [daemon] state_dir")
-    g.add_argument("--timeout", type=float, help="seconds per upstream listing")
+    g.add_argument("--timeout", type=listing_seconds, help="seconds per upstream listing")
     g.add_argument("--quiet", "-q", action="store_true")
 
     v = sub.add_parser("verify", help="check every card's signature and schema hashes; exit 1 on any failure")
@@ -301,7 +315,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--offline", action="store_true", help="signatures only, do not contact upstreams")
     v.add_argument("--public-key", help="default: [cards] public_key")
     v.add_argument("--state-dir")
-    v.add_argument("--timeout", type=float)
+    v.add_argument("--timeout", type=listing_seconds, help="seconds per upstream listing")
     v.add_argument("--quiet", "-q", action="store_true", help="print failures only")
 
     s = sub.add_parser("show", help="print one card")
