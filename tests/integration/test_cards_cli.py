@@ -155,3 +155,16 @@ def test_listing_timeout_must_be_finite_and_positive(tmp_path: Path, capsys: pyt
         assert exc.value.code == 2
         assert f"--timeout: must be a finite number of seconds > 0, got {seconds!r}" in capsys.readouterr().err
     assert not (tmp_path / "state" / "cards").exists()
+
+
+def test_generate_for_a_disabled_upstream_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`cards generate --config C --server off` for an upstream with enabled = false wrote
+    nothing and exited 0 without a word; so did a config whose upstreams are all disabled."""
+    cfg = write_carded_testserver_config(tmp_path)
+    assert keygen_main(["--out", str(tmp_path / "op.key")]) == 0
+    cfg.write_text(cfg.read_text() + "enabled = false\n")
+    capsys.readouterr()
+    assert main(["generate", "--config", str(cfg), "--server", "test"]) == 2
+    assert f"upstream 'test' is disabled (enabled = false) in {cfg}; no card written" in capsys.readouterr().err
+    assert main(["generate", "--config", str(cfg)]) == 2
+    assert f"no enabled upstream in {cfg}; no card written" in capsys.readouterr().err

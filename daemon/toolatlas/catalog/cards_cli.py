@@ -130,6 +130,13 @@ def _generate(args: argparse.Namespace) -> int:
         if unknown:
             _err(f"no upstream named {unknown[0]!r} in {cfg.source}")
             return EX_USAGE
+        disabled = sorted(set(args.server or []) - {u.name for u in ups})
+        if disabled:  # named on purpose: writing nothing and exiting 0 would look like success
+            _err(f"upstream {disabled[0]!r} is disabled (enabled = false) in {cfg.source}; no card written")
+            return EX_USAGE
+        if not ups:
+            _err(f"no enabled upstream in {cfg.source}; no card written")
+            return EX_USAGE
         for up in ups:
             try:
                 records = list_live(up, args.timeout)
