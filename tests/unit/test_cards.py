@@ -420,3 +420,15 @@ def test_a_key_file_of_the_wrong_half_says_which_file_to_give(tmp_path: Path, ca
     assert not caplog.records  # not "other users can read this private key" about a public key
     with pytest.raises(SignatureError, match="holds a private key; give the public key"):
         signing.load_public_key(priv)
+
+
+def test_an_openssh_key_is_named_as_such(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization as ser
+
+    key = signing.generate_private_key()
+    (tmp_path / "id").write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.OpenSSH, ser.NoEncryption()))
+    (tmp_path / "id.pub").write_bytes(key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH))
+    with pytest.raises(SignatureError, match="is an OpenSSH key; .* make one with `toolatlas keygen"):
+        signing.load_private_key(tmp_path / "id")
+    with pytest.raises(SignatureError, match="is an OpenSSH public key"):
+        signing.load_public_key(tmp_path / "id.pub")
