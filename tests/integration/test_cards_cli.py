@@ -168,3 +168,22 @@ def test_generate_for_a_disabled_upstream_says_so(tmp_path: Path, capsys: pytest
     assert f"upstream 'test' is disabled (enabled = false) in {cfg}; no card written" in capsys.readouterr().err
     assert main(["generate", "--config", str(cfg)]) == 2
     assert f"no enabled upstream in {cfg}; no card written" in capsys.readouterr().err
+
+
+def test_verify_prints_one_escaped_line_per_card(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A catalog's server names are anyone's text (and a FAIL line can quote an upstream's
+    error): verify printed them raw, so an escape sequence reached the operator's terminal.
+    Each report line is now one line with such characters escaped."""
+    key = tmp_path / "op.key"
+    assert keygen_main(["--out", str(key)]) == 0
+    rows = [{"server": "ev\x1b[2Kil", "name": "a", "description": "A."},
+            {"server": "x", "name": "b\nok   bank: 3 tools", "description": "B."}]
+    cat = write_catalog(tmp_path / "c.jsonl", rows)
+    state = tmp_path / "state"
+    assert main(["generate", "--catalog", str(cat), "--key", str(key), "--state-dir", str(state), "-q"]) == 0
+    rows[1]["name"] = "b\nok   bank: 3 tools\x1b[1A"  # not in the card: verify fails naming it
+    capsys.readouterr()
+    assert main(["verify", "--state-dir", str(state), "--public-key", f"{key}.pub", "--catalog", str(write_catalog(cat, rows))]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "ev\\x1b[2Kil" in out
+    assert [line[:5] for line in out.splitlines()] == ["ok   ", "FAIL "], out

@@ -173,6 +173,7 @@ def _verify(args: argparse.Namespace) -> int:
     from toolatlas.catalog.catalog_file import load_records
     from toolatlas.catalog.cards import card_filename, cards_dir, identity_of, read_card, verify_card
     from toolatlas.catalog.model import schema_hash
+    from toolatlas.catalog.sanitize import visible
     from toolatlas.errors import SignatureError
 
     cfg = _load_cfg(args.config)
@@ -235,9 +236,9 @@ def _verify(args: argparse.Namespace) -> int:
         if not args.quiet and not bad:
             p = card.provenance
             tag = "" if p.attested else " UNATTESTED"
-            print(f"ok   {name}: {len(card.tools)} tools, {p.generator}, signed {p.created_at} by {p.key_id}{tag}")
+            print(visible(f"ok   {name}: {len(card.tools)} tools, {p.generator}, signed {p.created_at} by {p.key_id}{tag}"))
     for f in failures:
-        print(f"FAIL {f}")
+        print(visible(f"FAIL {f}"))
     if not files and not failures:
         print(f"no cards in {folder}")
     return EX_FAIL if failures else 0
