@@ -432,3 +432,19 @@ def test_an_openssh_key_is_named_as_such(tmp_path: Path) -> None:
         signing.load_private_key(tmp_path / "id")
     with pytest.raises(SignatureError, match="is an OpenSSH public key"):
         signing.load_public_key(tmp_path / "id.pub")
+
+
+def test_card_tool_lookups_do_not_scan_the_card(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    class Counting(list):  # type: ignore[type-arg]
+        reads = 0
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            Counting.reads += len(self)
+            return super().__iter__()
+
+    tools = [rec("files", f"t{i}", f"Tool {i}.") for i in range(300)]
+    card = build_card(ServerIdentity(name="files", transport="stdio", endpoint="x"), BootstrapGenerator().generate("files", tools), tools, signing.load_private_key(keys[0]))
+    card = msgspec.structs.replace(card, tools=Counting(card.tools))
+    assert all(card.tool(t.tool) is not None for t in tools) and card.tool("nope") is None
+    assert Counting.reads <= len(tools), Counting.reads  # one pass, not one a lookup (300 x 150)
+    assert b"_by_tool" not in encode_card(card)

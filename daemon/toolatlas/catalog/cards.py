@@ -56,7 +56,7 @@ class Provenance(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     format: int = CARD_FORMAT
 
 
-class Card(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+class Card(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, dict=True):
     server: ServerIdentity
     summary: str
     tags: list[str]
@@ -65,10 +65,16 @@ class Card(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     signature: str  # base64 Ed25519 over signing_payload(card)
 
     def tool(self, name: str) -> ToolCard | None:
-        for t in self.tools:
-            if t.tool == name:
-                return t
-        return None
+        """The entry for tool `name` (the first, as a scan would find it). An index built at
+        the first call and kept on the card (never encoded): attestation and matches look up
+        every live tool, and a scan each made a server of n tools cost n^2 comparisons."""
+        index: dict[str, ToolCard] | None = self.__dict__.get("_by_tool")
+        if index is None:
+            index = {}
+            for t in self.tools:
+                index.setdefault(t.tool, t)
+            self.__dict__["_by_tool"] = index
+        return index.get(name)
 
 
 _decoder = msgspec.json.Decoder(Card)
