@@ -187,3 +187,17 @@ def test_verify_prints_one_escaped_line_per_card(tmp_path: Path, capsys: pytest.
     out = capsys.readouterr().out
     assert "\x1b" not in out and "ev\\x1b[2Kil" in out
     assert [line[:5] for line in out.splitlines()] == ["ok   ", "FAIL "], out
+
+
+def test_export_whose_generator_fails_exits_3_like_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The module's exit codes: 3 when a generator failed. `cards generate` kept to it; export
+    exited 2 (a usage error) for an llm endpoint that refuses connections."""
+    from tests.support.ports import free_port
+
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(f'[daemon]\nmetrics_addr = ""\n[cards.llm]\nurl = "http://127.0.0.1:{free_port()}/v1"\nmodel = "m"\n'
+                   "timeout = 2\nmax_retries = 0\n")
+    cat = write_catalog(tmp_path / "c.jsonl", ROWS)
+    out = tmp_path / "out.jsonl"
+    assert main(["export", "--catalog", str(cat), "--generator", "llm", "--config", str(cfg), "--out", str(out)]) == 3
+    assert "llm generator failed" in capsys.readouterr().err and not out.exists()

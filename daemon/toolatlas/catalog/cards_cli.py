@@ -279,14 +279,18 @@ def _show(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from toolatlas.catalog.catalog_file import read_catalog, records_by_server
-    from toolatlas.catalog.generators import make_generator
+    from toolatlas.catalog.generators import GeneratorError, make_generator
 
     cfg = _load_cfg(args.config)
     lines = read_catalog(args.catalog)
     catalog = records_by_server(lines)
     text: dict[tuple[str, str], str] = {}
     for server, recs in catalog.items():
-        draft = make_generator(args.generator, cfg).generate(server, recs)
+        try:
+            draft = make_generator(args.generator, cfg).generate(server, recs)
+        except GeneratorError as exc:  # exit 3, as for generate: the generator failed, not the usage
+            _err(f"{server}: {exc}; nothing written")
+            return EX_UPSTREAM
         for d in draft.tools:
             summary = d.summary
             if args.with_server and draft.summary:
