@@ -288,3 +288,14 @@ def test_analyse_steps_once_a_member_in_a_cluster_of_look_alikes() -> None:
     d = rep.tools["s__get_item_7"]
     assert d.distinguishing == ("v7",) and d.diagnosis in ("OK", "SHARPEN") and d.margin is not None
     assert d.confused_with in rep.clusters[0].members and d.confused_with != "s__get_item_7"
+
+
+def test_rift_cli_names_the_tool_two_servers_share(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Servers 'a__b' and 'a' with tools 'c' and 'b__c' both namespace to 'a__b__c': the CLI
+    said only 'tool names must be unique', leaving the user to search the catalog."""
+    from toolatlas.rift.cli import main
+
+    cat = tmp_path / "c.jsonl"
+    cat.write_text('{"server": "a__b", "name": "c", "description": "x"}\n{"server": "a", "name": "b__c", "description": "y"}\n')
+    assert main(["--catalog", str(cat), "--embedder", "onnx"]) == 2
+    assert "two tools are named 'a__b__c'" in capsys.readouterr().err

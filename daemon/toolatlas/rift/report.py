@@ -234,7 +234,9 @@ def analyse(
         raise ValueError(f"thresholds must satisfy 0 <= high <= medium, got high={high} medium={medium}")
     names = [n for n, _ in tools]
     if len(set(names)) != len(names):
-        raise ValueError("tool names must be unique")
+        seen_names: set[str] = set()
+        twice = next(n for n in names if n in seen_names or seen_names.add(n))  # type: ignore[func-returns-value]
+        raise ValueError(f"tool names must be unique: two tools are named {twice!r} (server__tool)")
     secs: dict[str, float] = {}
     t0 = time.perf_counter()
     if vectors is None:
