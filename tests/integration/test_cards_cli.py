@@ -137,3 +137,67 @@ def test_card_file_never_carries_an_expanded_secret(
     assert main(["verify", "--config", str(cfg)]) == 0
     out = capsys.readouterr()
     assert "ok   test:" in out.out and secret not in out.out + out.err
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "0", "-1"])
+def test_listing_timeout_must_be_finite_and_positive(tmp_path: Path, capsys: pytest.CaptureFixture[str], seconds: str) -> None:
+    """--timeout inf waited forever on an upstream that never answers, nan failed with
+    anyio's 'deadline must not be NaN', 0 and -1 'did not answer within -1 s': each is a usage
+    error (exit 2) naming the option, for cards generate, cards verify and rift alike."""
+    from toolatlas.rift.cli import main as rift_main
+
+    cfg = write_carded_testserver_config(tmp_path)
+    for run in (lambda: main(["generate", "--config", str(cfg), "--timeout", seconds]),
+                lambda: main(["verify", "--config", str(cfg), "--timeout", seconds]),
+                lambda: rift_main(["--config", str(cfg), "--timeout", seconds])):
+        with pytest.raises(SystemExit) as exc:
+            run()
+        assert exc.value.code == 2
+        assert f"--timeout: must be a finite number of seconds > 0, got {seconds!r}" in capsys.readouterr().err
+    assert not (tmp_path / "state" / "cards").exists()
+
+
+def test_generate_for_a_disabled_upstream_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`cards generate --config C --server off` for an upstream with enabled = false wrote
+    nothing and exited 0 without a word; so did a config whose upstreams are all disabled."""
+    cfg = write_carded_testserver_config(tmp_path)
+    assert keygen_main(["--out", str(tmp_path / "op.key")]) == 0
+    cfg.write_text(cfg.read_text() + "enabled = false\n")
+    capsys.readouterr()
+    assert main(["generate", "--config", str(cfg), "--server", "test"]) == 2
+    assert f"upstream 'test' is disabled (enabled = false) in {cfg}; no card written" in capsys.readouterr().err
+    assert main(["generate", "--config", str(cfg)]) == 2
+    assert f"no enabled upstream in {cfg}; no card written" in capsys.readouterr().err
+
+
+def test_verify_prints_one_escaped_line_per_card(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A catalog's server names are anyone's text (and a FAIL line can quote an upstream's
+    error): verify printed them raw, so an escape sequence reached the operator's terminal.
+    Each report line is now one line with such characters escaped."""
+    key = tmp_path / "op.key"
+    assert keygen_main(["--out", str(key)]) == 0
+    rows = [{"server": "ev\x1b[2Kil", "name": "a", "description": "A."},
+            {"server": "x", "name": "b\nok   bank: 3 tools", "description": "B."}]
+    cat = write_catalog(tmp_path / "c.jsonl", rows)
+    state = tmp_path / "state"
+    assert main(["generate", "--catalog", str(cat), "--key", str(key), "--state-dir", str(state), "-q"]) == 0
+    rows[1]["name"] = "b\nok   bank: 3 tools\x1b[1A"  # not in the card: verify fails naming it
+    capsys.readouterr()
+    assert main(["verify", "--state-dir", str(state), "--public-key", f"{key}.pub", "--catalog", str(write_catalog(cat, rows))]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "ev\\x1b[2Kil" in out
+    assert [line[:5] for line in out.splitlines()] == ["ok   ", "FAIL "], out
+
+
+def test_export_whose_generator_fails_exits_3_like_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The module's exit codes: 3 when a generator failed. `cards generate` kept to it; export
+    exited 2 (a usage error) for an llm endpoint that refuses connections."""
+    from tests.support.ports import free_port
+
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(f'[daemon]\nmetrics_addr = ""\n[cards.llm]\nurl = "http://127.0.0.1:{free_port()}/v1"\nmodel = "m"\n'
+                   "timeout = 2\nmax_retries = 0\n")
+    cat = write_catalog(tmp_path / "c.jsonl", ROWS)
+    out = tmp_path / "out.jsonl"
+    assert main(["export", "--catalog", str(cat), "--generator", "llm", "--config", str(cfg), "--out", str(out)]) == 3
+    assert "llm generator failed" in capsys.readouterr().err and not out.exists()

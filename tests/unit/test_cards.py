@@ -147,11 +147,12 @@ def test_card_roundtrip_and_every_byte_flip_detected(tmp_path: Path) -> None:
                 verify_card(decode_card(bad), key.public_key())
 
 
-def test_card_signed_by_other_key_refused() -> None:
-    tools = files_tools()
-    card = build_card(ServerIdentity(name="files", transport="stdio", endpoint="x"), BootstrapGenerator().generate("files", tools), tools, signing.generate_private_key())
-    with pytest.raises(SignatureError, match="does not match"):
-        verify_card(card, signing.generate_private_key().public_key())
+def test_card_signed_by_a_rotated_key_names_both_keys() -> None:
+    tools, old, new = files_tools(), signing.generate_private_key(), signing.generate_private_key()
+    card = build_card(ServerIdentity(name="files", transport="stdio", endpoint="x"), BootstrapGenerator().generate("files", tools), tools, old)
+    with pytest.raises(SignatureError) as err:
+        verify_card(card, new.public_key())
+    assert f"signed by key {signing.key_id(old)}, not by the trusted public key {signing.key_id(new)}" in str(err.value)
 
 
 def test_card_filename_safe_for_catalog_servers() -> None:
@@ -409,3 +410,41 @@ def test_summary_never_waits_for_an_attestation_in_progress(tmp_path: Path, keys
     reader.join(30)
     assert answered_while_held, "summary waited for the lock an attestation held"
     assert out[0]["servers"]["files"]["card"] == "verified" and out[0]["policy"] == cfg.cards.policy
+
+
+def test_a_key_file_of_the_wrong_half_says_which_file_to_give(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    priv = tmp_path / "op.key"
+    pub = signing.write_private_key(priv, signing.generate_private_key())  # pub: mode 0644
+    with caplog.at_level("WARNING", logger="toolatlas.catalog.signing"), pytest.raises(SignatureError, match="holds a public key; give the private key"):
+        signing.load_private_key(pub)
+    assert not caplog.records  # not "other users can read this private key" about a public key
+    with pytest.raises(SignatureError, match="holds a private key; give the public key"):
+        signing.load_public_key(priv)
+
+
+def test_an_openssh_key_is_named_as_such(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization as ser
+
+    key = signing.generate_private_key()
+    (tmp_path / "id").write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.OpenSSH, ser.NoEncryption()))
+    (tmp_path / "id.pub").write_bytes(key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH))
+    with pytest.raises(SignatureError, match="is an OpenSSH key; .* make one with `toolatlas keygen"):
+        signing.load_private_key(tmp_path / "id")
+    with pytest.raises(SignatureError, match="is an OpenSSH public key"):
+        signing.load_public_key(tmp_path / "id.pub")
+
+
+def test_card_tool_lookups_do_not_scan_the_card(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    class Counting(list):  # type: ignore[type-arg]
+        reads = 0
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            Counting.reads += len(self)
+            return super().__iter__()
+
+    tools = [rec("files", f"t{i}", f"Tool {i}.") for i in range(300)]
+    card = build_card(ServerIdentity(name="files", transport="stdio", endpoint="x"), BootstrapGenerator().generate("files", tools), tools, signing.load_private_key(keys[0]))
+    card = msgspec.structs.replace(card, tools=Counting(card.tools))
+    assert all(card.tool(t.tool) is not None for t in tools) and card.tool("nope") is None
+    assert Counting.reads <= len(tools), Counting.reads  # one pass, not one a lookup (300 x 150)
+    assert b"_by_tool" not in encode_card(card)

@@ -56,7 +56,7 @@ class Provenance(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     format: int = CARD_FORMAT
 
 
-class Card(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+class Card(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, dict=True):
     server: ServerIdentity
     summary: str
     tags: list[str]
@@ -65,10 +65,16 @@ class Card(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     signature: str  # base64 Ed25519 over signing_payload(card)
 
     def tool(self, name: str) -> ToolCard | None:
-        for t in self.tools:
-            if t.tool == name:
-                return t
-        return None
+        """The entry for tool `name` (the first, as a scan would find it). An index built at
+        the first call and kept on the card (never encoded): attestation and matches look up
+        every live tool, and a scan each made a server of n tools cost n^2 comparisons."""
+        index: dict[str, ToolCard] | None = self.__dict__.get("_by_tool")
+        if index is None:
+            index = {}
+            for t in self.tools:
+                index.setdefault(t.tool, t)
+            self.__dict__["_by_tool"] = index
+        return index.get(name)
 
 
 _decoder = msgspec.json.Decoder(Card)
@@ -109,7 +115,16 @@ def verify_card(card: Card, key: signing.Ed25519PublicKey) -> None:
     """SignatureError unless the card's signature verifies under `key`."""
     if not card.signature:
         raise SignatureError(f"card for {card.server.name!r} is not signed")
-    signing.verify(key, signing_payload(card), card.signature)
+    try:
+        signing.verify(key, signing_payload(card), card.signature)
+    except SignatureError as exc:
+        trusted = signing.key_id(key)
+        if card.provenance.key_id and card.provenance.key_id != trusted:  # the usual cause: a rotated key
+            raise SignatureError(
+                f"card for {card.server.name!r} was signed by key {card.provenance.key_id}, not by the trusted "
+                f"public key {trusted}; sign it again with the current key (`toolatlas cards generate`)"
+            ) from exc
+        raise
 
 
 def encode_card(card: Card) -> bytes:
@@ -158,7 +173,11 @@ def write_card(path: str | os.PathLike[str], card: Card) -> Path:
 
 
 def format_card(card: Card) -> str:
-    """Human-readable rendering for `toolatlas cards show`."""
+    """Human-readable rendering for `toolatlas cards show`: the operator's review of what a
+    card says, so a control character or line break in upstream-derived text is shown
+    escaped, never acted on by the terminal (sanitize.visible)."""
+    from toolatlas.catalog.sanitize import visible
+
     prov = card.provenance
     lines = [
         f"server:    {card.server.name} ({card.server.transport}: {card.server.endpoint})",
@@ -177,4 +196,4 @@ def format_card(card: Card) -> str:
         lines.append(f"    {t.summary}")
         for ex in t.examples:
             lines.append(f"    e.g. {ex}")
-    return "\n".join(lines)
+    return "\n".join(visible(line) for line in lines)

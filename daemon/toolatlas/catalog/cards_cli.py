@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -29,6 +30,19 @@ EX_CONFIG = 78
 
 def _err(msg: str) -> None:
     print(f"toolatlas: {msg}", file=sys.stderr)
+
+
+def listing_seconds(text: str) -> float:
+    """--timeout: a finite number of seconds > 0 (nan failed with anyio's 'deadline must not be
+    NaN', inf waited forever on a silent upstream, 0 or less timed out at once); argparse makes
+    the error a usage error, exit 2."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return seconds
 
 
 def list_live(upstream: Any, timeout: float | None = None) -> list[Any]:
@@ -116,6 +130,13 @@ def _generate(args: argparse.Namespace) -> int:
         if unknown:
             _err(f"no upstream named {unknown[0]!r} in {cfg.source}")
             return EX_USAGE
+        disabled = sorted(set(args.server or []) - {u.name for u in ups})
+        if disabled:  # named on purpose: writing nothing and exiting 0 would look like success
+            _err(f"upstream {disabled[0]!r} is disabled (enabled = false) in {cfg.source}; no card written")
+            return EX_USAGE
+        if not ups:
+            _err(f"no enabled upstream in {cfg.source}; no card written")
+            return EX_USAGE
         for up in ups:
             try:
                 records = list_live(up, args.timeout)
@@ -152,6 +173,7 @@ def _verify(args: argparse.Namespace) -> int:
     from toolatlas.catalog.catalog_file import load_records
     from toolatlas.catalog.cards import card_filename, cards_dir, identity_of, read_card, verify_card
     from toolatlas.catalog.model import schema_hash
+    from toolatlas.catalog.sanitize import visible
     from toolatlas.errors import SignatureError
 
     cfg = _load_cfg(args.config)
@@ -214,9 +236,9 @@ def _verify(args: argparse.Namespace) -> int:
         if not args.quiet and not bad:
             p = card.provenance
             tag = "" if p.attested else " UNATTESTED"
-            print(f"ok   {name}: {len(card.tools)} tools, {p.generator}, signed {p.created_at} by {p.key_id}{tag}")
+            print(visible(f"ok   {name}: {len(card.tools)} tools, {p.generator}, signed {p.created_at} by {p.key_id}{tag}"))
     for f in failures:
-        print(f"FAIL {f}")
+        print(visible(f"FAIL {f}"))
     if not files and not failures:
         print(f"no cards in {folder}")
     return EX_FAIL if failures else 0
@@ -257,14 +279,18 @@ def _show(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from toolatlas.catalog.catalog_file import read_catalog, records_by_server
-    from toolatlas.catalog.generators import make_generator
+    from toolatlas.catalog.generators import GeneratorError, make_generator
 
     cfg = _load_cfg(args.config)
     lines = read_catalog(args.catalog)
     catalog = records_by_server(lines)
     text: dict[tuple[str, str], str] = {}
     for server, recs in catalog.items():
-        draft = make_generator(args.generator, cfg).generate(server, recs)
+        try:
+            draft = make_generator(args.generator, cfg).generate(server, recs)
+        except GeneratorError as exc:  # exit 3, as for generate: the generator failed, not the usage
+            _err(f"{server}: {exc}; nothing written")
+            return EX_UPSTREAM
         for d in draft.tools:
             summary = d.summary
             if args.with_server and draft.summary:
@@ -292,7 +318,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--generator", choices=["bootstrap", "llm", "publisher"], help="override each upstream's card_generator")
     g.add_argument("--key", help="private key (default: [cards] private_key)")
     g.add_argument("--state-dir", help="default: [daemon] state_dir")
-    g.add_argument("--timeout", type=float, help="seconds per upstream listing")
+    g.add_argument("--timeout", type=listing_seconds, help="seconds per upstream listing")
     g.add_argument("--quiet", "-q", action="store_true")
 
     v = sub.add_parser("verify", help="check every card's signature and schema hashes; exit 1 on any failure")
@@ -301,7 +327,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--offline", action="store_true", help="signatures only, do not contact upstreams")
     v.add_argument("--public-key", help="default: [cards] public_key")
     v.add_argument("--state-dir")
-    v.add_argument("--timeout", type=float)
+    v.add_argument("--timeout", type=listing_seconds, help="seconds per upstream listing")
     v.add_argument("--quiet", "-q", action="store_true", help="print failures only")
 
     s = sub.add_parser("show", help="print one card")

@@ -128,11 +128,12 @@ def hint(text: str | None, *, max_chars: int = 220) -> str:
 def _param_phrase(name: str, spec: Any) -> str:
     if not isinstance(spec, dict):
         spec = {}
-    phrase = " ".join(name_words(name)) or name
+    phrase = " ".join(name_words(name)) or strip_hidden(name)
     enum = spec.get("enum")
     if isinstance(enum, list) and enum:
-        values = [str(v) for v in enum[:6]]
-        values = [v for v in values if len(v) <= _ENUM_CHARS and not is_directive(v)]
+        # Hidden characters go before the check: a zero-width space must not hide an order.
+        values = [strip_hidden(str(v)).strip() for v in enum[:6]]
+        values = [v for v in values if v and len(v) <= _ENUM_CHARS and not addresses_model(v)]
         if values:
             phrase += " (" + "|".join(values) + ("|..." if len(enum) > 6 else "") + ")"
     desc = hint(spec.get("description"), max_chars=80)
@@ -140,8 +141,9 @@ def _param_phrase(name: str, spec: Any) -> str:
         phrase += f": {desc.rstrip('.')}"
     props = spec.get("properties")
     if isinstance(props, dict) and props:
-        inner = ", ".join(" ".join(name_words(k)) or k for k in list(props)[:6])
-        phrase += f" [fields: {inner}]"
+        inner = ", ".join(w for w in (" ".join(name_words(k)) or strip_hidden(k) for k in list(props)[:6]) if w)
+        if inner:
+            phrase += f" [fields: {inner}]"
     return phrase
 
 
@@ -151,7 +153,7 @@ def bootstrap_summary(rec: ToolRecord) -> str:
     inputSchema: as text they only make sibling tools look alike (measured: no retrieval gain,
     larger Rift clusters)."""
     words = name_words(rec.tool)
-    title = " ".join(words).capitalize() or rec.tool
+    title = " ".join(words).capitalize() or strip_hidden(rec.tool)
     parts = [title + "."]
     h = hint(rec.description)
     if h and h.lower().rstrip(".") != title.lower():
@@ -164,7 +166,7 @@ def bootstrap_summary(rec: ToolRecord) -> str:
     if ordered:
         phrases = [_param_phrase(k, props[k]) for k in ordered[:12]]
         # A parameter name can carry an order too ("ignore_previous_instructions"): left out.
-        parts.append("Inputs: " + "; ".join(p for p in phrases if not is_directive(p)) + ".")
+        parts.append("Inputs: " + "; ".join(p for p in phrases if p and not addresses_model(p)) + ".")
     else:
         parts.append("Takes no inputs.")
     return " ".join(parts)

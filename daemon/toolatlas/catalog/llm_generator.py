@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolatlas.backoff import backoff_delay
-from toolatlas.catalog.drafts import LLM_VERSION, CardDraft, GeneratorError, ToolDraft, is_directive
+from toolatlas.catalog.drafts import LLM_VERSION, CardDraft, GeneratorError, ToolDraft
+from toolatlas.catalog.sanitize import addresses_model, strip_hidden
 from toolatlas.catalog.model import ToolRecord
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,15 @@ class LlmGenerator:
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
 
+def _clean(value: Any) -> Any:
+    """`value` (a string or a list of them) without hidden characters; anything else as is."""
+    if isinstance(value, str):
+        return strip_hidden(value)
+    if isinstance(value, list):
+        return [strip_hidden(v) if isinstance(v, str) else v for v in value]
+    return value
+
+
 def _validate(content: str, wanted: list[str]) -> tuple[str, tuple[str, ...], dict[str, ToolDraft]]:
     """Parse and check one model answer; GeneratorError names the first problem."""
     m = _FENCE.match(content)
@@ -208,12 +218,14 @@ def _validate(content: str, wanted: list[str]) -> tuple[str, tuple[str, ...], di
         raise GeneratorError(f"answer is not JSON ({exc})") from exc
     if not isinstance(obj, dict):
         raise GeneratorError("answer is not a JSON object")
-    summary = obj.get("server_summary")
+    # The model may echo the publisher's hidden characters: they go before the checks, so a
+    # zero-width space cannot hide an order and none reaches the signed card.
+    summary = _clean(obj.get("server_summary"))
     if not isinstance(summary, str) or not summary.strip() or len(summary) > 600:
         raise GeneratorError("server_summary must be a non-empty string of at most 600 characters")
-    if is_directive(summary):
+    if addresses_model(summary):
         raise GeneratorError("server_summary contains instruction-like text; describe only what the server does")
-    tags = obj.get("tags", [])
+    tags = _clean(obj.get("tags", []))
     if not isinstance(tags, list) or not all(isinstance(t, str) and 0 < len(t) <= 40 for t in tags):
         raise GeneratorError("tags must be a list of short strings")
     tools = obj.get("tools")
@@ -228,13 +240,13 @@ def _validate(content: str, wanted: list[str]) -> tuple[str, tuple[str, ...], di
             raise GeneratorError(f"unknown tool {name!r}")
         if name in out:
             raise GeneratorError(f"tool {name!r} appears twice")
-        s = item.get("summary")
+        s = _clean(item.get("summary"))
         if not isinstance(s, str) or len(s.strip()) < 10 or len(s) > 800:
             raise GeneratorError(f"summary of {name!r} must be 10-800 characters")
-        ex = item.get("examples", [])
+        ex = _clean(item.get("examples", []))
         if not isinstance(ex, list) or not all(isinstance(e, str) and 0 < len(e) <= 200 for e in ex):
             raise GeneratorError(f"examples of {name!r} must be a list of short strings")
-        if is_directive(s) or any(is_directive(e) for e in ex):
+        if addresses_model(s) or any(addresses_model(e) for e in ex):
             # The model repeated (or wrote) an order to the model: a signed card never carries it.
             raise GeneratorError(f"summary of {name!r} contains instruction-like text (an order to the model, "
                                  "not a description of the tool); describe only what the tool does")

@@ -72,6 +72,16 @@ def strip_hidden(text: str) -> str:
     return _HIDDEN.sub("", text)
 
 
+_SHOWN = re.compile(f"{_HIDDEN.pattern[:-1]}\n\t]")
+
+
+def visible(text: str) -> str:
+    """`text` for a person's terminal: every character `strip_hidden` removes, newline and tab
+    too, written as its escape (`\\x1b`, `\\u200b`), so none can move the cursor, hide or
+    reorder what is around it, or start a line of its own."""
+    return _SHOWN.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
+
 def fold(text: str) -> str:
     """A copy of `text` for detection: NFKC (fullwidth letters), look-alikes folded (ASCII
     text is its own fold)."""
@@ -196,4 +206,4 @@ def _walk(node: Any, clean: Callable[[str], str]) -> Any:
 
 
 __all__ = ["BLOCK", "DESCRIPTION_CHARS", "PARAM_CHARS", "addresses_model", "cap", "fold", "sanitize_schema",
-           "sanitize_text", "strip_hidden"]
+           "sanitize_text", "strip_hidden", "visible"]

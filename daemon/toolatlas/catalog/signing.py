@@ -110,6 +110,19 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
     be deliberate)."""
     p = Path(path)
     data = read_bytes(p, "private key")
+    head = data.lstrip()
+    if head.startswith((PUBLIC_PREFIX.encode(), b"-----BEGIN PUBLIC KEY", b"ssh-")):
+        raise SignatureError(f"{str(p)!r} holds a public key; give the private key file (`keygen --out` wrote it "
+                             "beside the .pub file)")
+    if head.startswith(b"-----BEGIN OPENSSH PRIVATE KEY"):
+        raise SignatureError(f"{str(p)!r} is an OpenSSH key; cards are signed with a PKCS#8 PEM key: make one "
+                             "with `toolatlas keygen --out PATH`")
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise SignatureError(f"{str(p)!r} is not an unencrypted PEM private key: {exc}") from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SignatureError(f"{str(p)!r} holds a {type(key).__name__}, not an Ed25519 key")
     try:
         mode = stat.S_IMODE(p.stat().st_mode)
     except OSError:
@@ -118,18 +131,15 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
         _WARNED_OPEN.add(str(p))
         log.warning("cards.private_key_readable path=%s mode=%04o: other users can read this private key; "
                     "`chmod 600 %s`", p, mode, p)
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
-        raise SignatureError(f"{str(p)!r} is not an unencrypted PEM private key: {exc}") from exc
-    if not isinstance(key, Ed25519PrivateKey):
-        raise SignatureError(f"{str(p)!r} holds a {type(key).__name__}, not an Ed25519 key")
     return key
 
 
 def parse_public_key(text: str, *, source: str = "public key") -> Ed25519PublicKey:
     """Parse `ed25519:<base64>` or a PEM SubjectPublicKeyInfo block."""
     text = text.strip()
+    if text.startswith("-----BEGIN") and "PRIVATE KEY-----" in text.split("\n", 1)[0]:
+        raise SignatureError(f"{source} holds a private key; give the public key (the .pub file `keygen` wrote "
+                             "beside it)")
     if text.startswith("-----BEGIN"):
         try:
             key = serialization.load_pem_public_key(text.encode("ascii"))
@@ -138,6 +148,9 @@ def parse_public_key(text: str, *, source: str = "public key") -> Ed25519PublicK
         if not isinstance(key, Ed25519PublicKey):
             raise SignatureError(f"{source} holds a {type(key).__name__}, not an Ed25519 key")
         return key
+    if text.startswith("ssh-"):
+        raise SignatureError(f"{source} is an OpenSSH public key; cards use the `{PUBLIC_PREFIX}<base64>` line "
+                             "`toolatlas keygen` writes (PATH.pub)")
     body = text[len(PUBLIC_PREFIX):] if text.startswith(PUBLIC_PREFIX) else text
     try:
         raw = base64.b64decode(body, validate=True)

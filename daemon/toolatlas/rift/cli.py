@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from toolatlas.catalog.cards_cli import listing_seconds
 from toolatlas.rift.inputs import InputRow, build_inputs, catalog_rows
 
 EX_FOUND = 1
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--generator", choices=["publisher", "bootstrap"], default="publisher", help="with --catalog: which text to analyse")
     p.add_argument("--embedder", choices=["onnx", "onnx-int8", "onnx-fp32", "torch"], help="default: the config's, else onnx")
     p.add_argument("--limit", type=_clusters_shown, default=30, help="clusters shown in the text report")
-    p.add_argument("--timeout", type=float, help="seconds per upstream listing")
+    p.add_argument("--timeout", type=listing_seconds, help="seconds per upstream listing")
     args = p.parse_args(argv)
 
     from toolatlas.catalog.catalog_file import CatalogFileError

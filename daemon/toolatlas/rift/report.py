@@ -15,6 +15,7 @@ it apart, whatever the embedder does); one with tokens but a margin below `high`
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from toolatlas.names import split
 from toolatlas.rift.clusters import agglomerate, cohesion
 
 RISKS = ("high", "medium", "low", "unrated")
+_BLOCK = 512  # cluster members whose similarity rows one matrix product computes
 _RANK = {"high": 3, "medium": 2, "low": 1, "unrated": 0}
 
 
@@ -232,7 +234,9 @@ def analyse(
         raise ValueError(f"thresholds must satisfy 0 <= high <= medium, got high={high} medium={medium}")
     names = [n for n, _ in tools]
     if len(set(names)) != len(names):
-        raise ValueError("tool names must be unique")
+        seen_names: set[str] = set()
+        twice = next(n for n in names if n in seen_names or seen_names.add(n))  # type: ignore[func-returns-value]
+        raise ValueError(f"tool names must be unique: two tools are named {twice!r} (server__tool)")
     secs: dict[str, float] = {}
     t0 = time.perf_counter()
     if vectors is None:
@@ -263,34 +267,36 @@ def analyse(
     clusters: list[Cluster] = []
     diags: dict[str, ToolDiag] = {}
     for cid, g in enumerate(groups):
-        sets = {i: set(tok[i]) for i in g}
-        shared = set.intersection(*sets.values())
+        # Counted once a cluster, not once a member: a tool's own tokens are those no sibling
+        # has (count 1), the shared ones those every member has; and each member's row of
+        # query-sibling similarities comes from one matrix product a block of members. A
+        # cluster of thousands of look-alike tools costs O(m) Python steps, not O(m^2).
+        counts = Counter(t for i in g for t in set(tok[i]))
+        shared = {t for t, c in counts.items() if c == len(g)}
+        gv = vecs[np.asarray(g)]
+        qm = np.stack([qvec[i] for i in g]) if margin else gv
         worst: float | None = None
-        for i in g:
-            others = [j for j in g if j != i]
-            rest = set().union(*(sets[j] for j in others))
-            seen: set[str] = set()
-            dist = tuple(t for t in tok[i] if t not in rest and not (t in seen or seen.add(t)))  # type: ignore[func-returns-value]
-            if margin:
-                q = qvec[i]
-                own = float(q @ vecs[i])
-                sib = np.array([float(q @ vecs[j]) for j in others])
-                k = int(np.argmax(sib))
-                gap = own - float(sib[k])
-                m: float | None = gap
-                nearest = names[others[k]]
-                worst = gap if worst is None else min(worst, gap)
-            else:
-                m = None
-                sims = [float(vecs[i] @ vecs[j]) for j in others]
-                nearest = names[others[int(np.argmax(sims))]]
-            if not dist:
-                diagnosis = "REGENERATE"
-            elif m is not None and m < high:
-                diagnosis = "SHARPEN"
-            else:
-                diagnosis = "OK"
-            diags[names[i]] = ToolDiag(names[i], cid, m, nearest, dist, diagnosis, queries[i])
+        for start in range(0, len(g), _BLOCK):
+            block = qm[start:start + _BLOCK] @ gv.T  # (members in the block, members)
+            for r, i in enumerate(g[start:start + _BLOCK]):
+                row = block[r]
+                own = float(row[start + r])
+                row[start + r] = -np.inf
+                k = int(np.argmax(row))
+                seen: set[str] = set()
+                dist = tuple(t for t in tok[i] if counts[t] == 1 and not (t in seen or seen.add(t)))  # type: ignore[func-returns-value]
+                m: float | None = None
+                if margin:
+                    m = own - float(row[k])
+                    worst = m if worst is None else min(worst, m)
+                nearest = names[g[k]]
+                if not dist:
+                    diagnosis = "REGENERATE"
+                elif m is not None and m < high:
+                    diagnosis = "SHARPEN"
+                else:
+                    diagnosis = "OK"
+                diags[names[i]] = ToolDiag(names[i], cid, m, nearest, dist, diagnosis, queries[i])
         if worst is None:
             risk = "unrated"
         elif worst < high:
