@@ -299,3 +299,22 @@ def test_rift_cli_names_the_tool_two_servers_share(tmp_path: Path, capsys: pytes
     cat.write_text('{"server": "a__b", "name": "c", "description": "x"}\n{"server": "a", "name": "b__c", "description": "y"}\n')
     assert main(["--catalog", str(cat), "--embedder", "onnx"]) == 2
     assert "two tools are named 'a__b__c'" in capsys.readouterr().err
+
+
+def test_rift_cli_on_a_config_whose_every_tool_is_quarantined_is_no_pass(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`[cards] required = true` and no card written yet: every tool is quarantined, Rift had
+    0 tools to analyse and exited 0 under --fail-on high (a CI gate passing over nothing).
+    Now a usage error naming why, before any model is loaded."""
+    from toolatlas.catalog.cards_cli import keygen_main
+    from toolatlas.rift.cli import main
+
+    from tests.support.configs import write_carded_testserver_config
+
+    assert keygen_main(["--out", str(tmp_path / "op.key")]) == 0
+    cfg = write_carded_testserver_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace("[cards]\n", "[cards]\nrequired = true\n"))
+    capsys.readouterr()
+    assert main(["--config", str(cfg), "--fail-on", "high"]) == 2
+    err = capsys.readouterr().err
+    assert "no tool to analyse: all" in err and "quarantined" in err and "toolatlas cards generate" in err, err

@@ -100,6 +100,11 @@ def main(argv: list[str]) -> int:
         print(f"toolatlas: {exc}", file=sys.stderr)
         return EX_UPSTREAM
 
+    if not rows:  # a gate must not pass over nothing (every tool quarantined: cards required, none yet)
+        why = (f"all {quarantined} tool(s) of the upstreams are quarantined (`toolatlas cards generate` writes "
+               "their cards)" if quarantined else "the enabled upstreams list no tools")
+        print(f"toolatlas: no tool to analyse: {why}", file=sys.stderr)
+        return EX_USAGE
     kind = args.embedder or (cfg.search.embedder if cfg and cfg.search.embedder != "none" else "onnx")
     from pathlib import Path
 
