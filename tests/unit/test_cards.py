@@ -306,6 +306,20 @@ def test_policy_reattest_with_and_without_private_key(tmp_path: Path, keys: tupl
     assert not Attestor(fresh).attest("files", changed).quarantined
 
 
+def test_a_report_reattests_in_memory_and_leaves_the_card_file_alone(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    """`toolatlas rift --config` attests as the daemon would (`write=False`): with policy
+    reattest and the private key it re-signed and rewrote the daemon's card file, a report
+    command changing the state it reports on."""
+    tools = files_tools()
+    changed = [tools[0], rec("files", "write_file", "Write or append.", {"path": {"type": "string"}, "append": {"type": "boolean"}}), tools[2]]
+    cfg = make_cfg(tmp_path, keys, policy="reattest", private=True)
+    path = signed_card(cfg, keys, "files", tools)
+    before = path.read_bytes()
+    res = Attestor(cfg, write=False).attest("files", changed)
+    assert not res.quarantined and res.texts["write_file"][0] == "Write file. Write or append. Inputs: path; append."
+    assert path.read_bytes() == before
+
+
 def test_attest_caches_by_file_identity(tmp_path: Path, keys: tuple[Path, Path]) -> None:
     cfg = make_cfg(tmp_path, keys)
     tools = files_tools()

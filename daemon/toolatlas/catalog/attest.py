@@ -65,8 +65,11 @@ class _Loaded:
 class Attestor:
     """Verifies cards with the operator's public key; thread-safe, blocking, cheap per call."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, *, write: bool = True) -> None:
+        """`write=False` (a report, `toolatlas rift`): a re-attestation is made in memory
+        only, never written over the card file the daemon reads."""
         self._cfg = cfg
+        self._write = write
         self._redact = Redactor(secrets(cfg))  # what card endpoints are compared as
         cards = cfg.cards
         self._state_dir = cfg.daemon.state_dir
@@ -234,7 +237,8 @@ class Attestor:
             offline = [tc for tc in kept if tc.tool not in live]
             if offline:
                 new = build_card_with_extra(new, offline, key)
-            write_card(card_path(self._state_dir, server), new)
+            if self._write:
+                write_card(card_path(self._state_dir, server), new)
         except (ToolatlasError, OSError) as exc:
             note = f"; automatic re-attestation failed: {exc}"
             return card, {k: v + note for k, v in stale.items()}

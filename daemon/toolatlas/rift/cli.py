@@ -30,7 +30,7 @@ def _from_config(cfg: Any, timeout: float | None) -> tuple[list[InputRow], int]:
     from toolatlas.catalog.attest import Attestor
     from toolatlas.catalog.cards_cli import list_live
 
-    att = Attestor(cfg)
+    att = Attestor(cfg, write=False)  # a report: it re-attests in memory, never over the daemon's cards
     rows: list[InputRow] = []
     quarantined = 0
     for up in cfg.upstream:
