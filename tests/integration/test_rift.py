@@ -182,7 +182,12 @@ def test_rift_cli_planted_duplicates_fail_on_and_ablation(tmp_path: Path, capsys
     text = capsys.readouterr().out
     assert "HIGH" in text and "REGENERATE" in text
 
-    assert main(["--catalog", str(cat), "--json", "--no-margin", "--fail-on", "medium"]) == 0
+    # the ablation's clusters are unrated: a gate on them could never fail, so asking for one is
+    # a usage error (it passed silently), and without --fail-on it is no gate
+    with pytest.raises(SystemExit) as gate:
+        main(["--catalog", str(cat), "--json", "--no-margin", "--fail-on", "medium"])
+    assert gate.value.code == 2 and "--no-margin leaves clusters without a risk" in capsys.readouterr().err
+    assert main(["--catalog", str(cat), "--json", "--no-margin"]) == 0
     abl = json.loads(capsys.readouterr().out)
     assert abl["counts"]["high"] == abl["counts"]["medium"] == 0 and abl["counts"]["unrated"] == len(abl["clusters"]) > 0
     assert {c["risk"] for c in abl["clusters"]} == {"unrated"}

@@ -65,7 +65,8 @@ def main(argv: list[str]) -> int:
     src.add_argument("--config", help="live upstreams through their cards")
     src.add_argument("--catalog", help="catalog JSONL file")
     p.add_argument("--json", action="store_true", help="machine-readable report")
-    p.add_argument("--fail-on", choices=["high", "medium", "never"], default="high", help="exit 1 if a cluster at or above this risk exists (default high)")
+    p.add_argument("--fail-on", choices=["high", "medium", "never"], default=None,
+                   help="exit 1 if a cluster at or above this risk exists (default high; never with --no-margin)")
     p.add_argument("--theta", type=float, default=0.65, help="cluster similarity threshold (default 0.65)")
     p.add_argument("--high", type=float, default=0.10, help="worst margin below this is HIGH (default 0.10)")
     p.add_argument("--medium", type=float, default=0.20, help="worst margin below this is MEDIUM (default 0.20)")
@@ -75,6 +76,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--limit", type=_clusters_shown, default=30, help="clusters shown in the text report")
     p.add_argument("--timeout", type=listing_seconds, help="seconds per upstream listing")
     args = p.parse_args(argv)
+    if args.no_margin and args.fail_on in ("high", "medium"):  # its clusters are unrated: the gate could never fail
+        p.error(f"--no-margin leaves clusters without a risk, so --fail-on {args.fail_on} could never fail; "
+                "drop one of them")
+    args.fail_on = args.fail_on or ("never" if args.no_margin else "high")
 
     from toolatlas.catalog.catalog_file import CatalogFileError
     from toolatlas.errors import ConfigError, ToolatlasError
