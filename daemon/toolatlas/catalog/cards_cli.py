@@ -201,6 +201,7 @@ def _verify(args: argparse.Namespace) -> int:
         cards[card.server.name] = card
 
     live: dict[str, list[Any]] = {}
+    unlisted = 0  # upstreams that could not be checked: exit 3 when that is all that failed
     if args.catalog:
         live = load_records(args.catalog)
     elif cfg is not None and not args.offline:
@@ -218,6 +219,7 @@ def _verify(args: argparse.Namespace) -> int:
                 live[up.name] = list_live(up, args.timeout)
             except Exception as exc:  # noqa: BLE001
                 failures.append(redact(f"{up.name}: cannot list tools to check schema hashes: {exc}"))
+                unlisted += 1
     for server, records in live.items():
         held = cards.get(server)
         if held is None:
@@ -241,7 +243,7 @@ def _verify(args: argparse.Namespace) -> int:
         print(visible(f"FAIL {f}"))
     if not files and not failures:
         print(f"no cards in {folder}")
-    return EX_FAIL if failures else 0
+    return EX_UPSTREAM if failures and len(failures) == unlisted else EX_FAIL if failures else 0
 
 
 # --------------------------------------------------------------------------- show
