@@ -42,7 +42,7 @@ async def test_a_wrong_url_s_404_is_said_as_an_http_404_at_that_url(raw_http: Ru
 
 @pytest.mark.parametrize(("tool", "said"), [
     ("http_503", "the upstream answered HTTP 503 (Service Unavailable) at {url}: 'upstream overloaded, try later'"),
-    ("http_html", "the upstream answered HTTP 200 at {url} with a text/html body, not JSON-RPC: "
+    ("http_html", "the upstream answered HTTP 200 at {url} with Content-Type text/html, not JSON-RPC: "
                   "'<html><body>Please log in</body></html>'"),
     ("not_json", "the upstream's response is not valid JSON-RPC: its body is not JSON"),
     ("event_not_json", "the upstream's response is not valid JSON-RPC: its event's data is not JSON"),

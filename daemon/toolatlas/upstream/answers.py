@@ -99,7 +99,8 @@ def answered(status: int, reason: str, url: str, content_type: str, body: bytes)
     if status >= 400 or status < 200:
         what = f"HTTP {status}" + (f" ({reason})" if reason else "") + f" at {url}"
     else:
-        what = f"HTTP {status} at {url} with a {content_type or 'untyped'} body, not JSON-RPC"
+        kind = f"Content-Type {content_type}" if content_type else "no Content-Type"
+        what = f"HTTP {status} at {url} with {kind}, not JSON-RPC"
     text = body[:SNIPPET * 4].decode(errors="replace").strip()
     return f"the upstream answered {what}" + (f": {text[:SNIPPET]!r}" if text else "")
 
