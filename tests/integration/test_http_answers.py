@@ -97,3 +97,25 @@ async def test_an_sse_message_post_that_fails_fails_its_call_at_once_and_the_ses
                 assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
     finally:
         srv.stop()
+
+
+async def test_a_server_that_answers_the_get_stream_with_404_keeps_its_session_on_a_tool_s_error() -> None:
+    # A server that routes only POST answers the optional GET stream "404 Cannot GET /mcp".
+    # That 404 carried the session id, so it counted as the session's expiry: the next
+    # JSON-RPC error of any call (here an upstream's own -32000) ended the session, withdrew
+    # its tools and reconnected, every time.
+    srv = start_server("rawrpc", "http", "--sessions")
+    try:
+        up = make_upstream("web", "http", url=srv.url, ping_interval=0, relist_interval=0)
+        with anyio.fail_after(60):
+            async with running(Pool([up], Recorder(), mode="legacy")) as pool:
+                await wait_status(pool, "web", lambda s: s.state is UpstreamState.READY)
+                while text(await pool_call(pool, "web", "gets", {})) == "0":  # the SDK opened its GET stream
+                    await anyio.sleep(0.05)
+                with pytest.raises(UpstreamProtocolError, match="quota exceeded"):
+                    await pool_call(pool, "web", "error32000", {"message": "quota exceeded"})
+                st = pool.get("web")
+                assert st is not None and st.state is UpstreamState.READY and st.reconnects == 0, st
+                assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
+    finally:
+        srv.stop()

@@ -388,15 +388,18 @@ OnResponse = Callable[[int, str], None]  # (HTTP status, request URL)
 def _response_hook(
     on_expired: Callable[[], None] | None, on_response: OnResponse | None
 ) -> Callable[[httpx2.Response], Awaitable[None]]:
-    """A response hook that reports every status (``on_response``) and a 404 to a request
-    carrying a (2025-era) session id (``on_expired``: by the spec the server no longer knows
+    """A response hook that reports every status (``on_response``) and a 404 to a message
+    POSTed with a (2025-era) session id (``on_expired``: by the spec the server no longer knows
     the session). Runs before the SDK hands the request its error, so the session knows why
-    the request failed."""
+    the request failed. A GET's 404 is not one: a server that routes only POST answers the
+    optional event stream so, and took every later error of a call for the session's end."""
 
     async def hook(response: httpx2.Response) -> None:
         if on_response is not None:
             on_response(response.status_code, str(response.request.url))
-        if on_expired is not None and response.status_code == 404 and MCP_SESSION_ID in response.request.headers:
+        request = response.request
+        if on_expired is not None and response.status_code == 404 and request.method == "POST" and (
+                MCP_SESSION_ID in request.headers):
             on_expired()
 
     return hook
