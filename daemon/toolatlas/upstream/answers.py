@@ -9,9 +9,11 @@ model reads. `answers_hook` replaces such a body, before the SDK reads it, by a 
 error for the request that does: the HTTP status, the URL, the Content-Type and the start of
 the body, or what makes a JSON body not JSON-RPC (as the stdio and SSE transports say it).
 
-Answers the SDK already explains keep its handling: 401/403 (`client.AuthWatch`), a 404 on
-a session id (the server forgot the session: the session reconnects), a redirect, a 202,
-an event stream, and a JSON-RPC error at any status.
+Each message event of an event stream answering a request is checked the same way. A 404
+on a session id (the server forgot the session, and did not run the request) becomes the
+error `client.session_forgotten` knows, so that the request is made again on the next
+session (`requests.on_session`). Answers the SDK already explains keep its handling:
+401/403 (`client.AuthWatch`), a redirect, a 202, and a JSON-RPC error at any status.
 """
 
 from __future__ import annotations
