@@ -15,7 +15,7 @@ from tests.support.configs import make_upstream
 from tests.support.results import pool_call, text
 from tests.support.servers import RunningServer, start_server
 from toolatlas.config import Timeouts
-from toolatlas.errors import UpstreamProtocolError
+from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
 
@@ -119,3 +119,31 @@ async def test_a_server_that_answers_the_get_stream_with_404_keeps_its_session_o
                 assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
     finally:
         srv.stop()
+
+
+async def test_calls_abandoned_before_their_answer_s_headers_do_not_exhaust_the_connection_pool(
+    raw_http: RunningServer,
+) -> None:
+    # A tool that hangs without sending even its answer's headers: each call given up at its
+    # timeout left its POST open until the 300 s read timeout, holding one of the client's
+    # 100 pooled connections; at 100 every request of the session waited for one and the
+    # session failed with "PoolTimeout", all its calls with it.
+    up = make_upstream("web", "http", url=raw_http.url, ping_interval=0, relist_interval=0,
+                       timeouts=Timeouts(connect=5.0, list_tools=10.0, call=20.0, ping=5.0))
+    with anyio.fail_after(90):
+        async with running(Pool([up], Recorder())) as pool:
+            await wait_status(pool, "web", lambda s: s.state is UpstreamState.READY)
+            for _ in range(4):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(30):
+                        tg.start_soon(_given_up, pool)
+            assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
+            st = pool.get("web")
+            assert st is not None and st.state is UpstreamState.READY and st.reconnects == 0, st
+            while text(await pool_call(pool, "web", "open_streams", {})) != "0":  # the server saw them closed
+                await anyio.sleep(0.05)
+
+
+async def _given_up(pool: Pool) -> None:
+    with pytest.raises(UpstreamTimeout, match="did not answer tools/call hang_silent within 0.5 s"):
+        await pool_call(pool, "web", "hang_silent", {}, timeout=0.5)

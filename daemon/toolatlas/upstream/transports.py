@@ -35,10 +35,11 @@ from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.upstream.answers import answers_hook
 from toolatlas.upstream.children import ChildProcess, spawn, take
 from toolatlas.upstream.bounded import (
-    Abandon, CancelWatch, Proxy, blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit,
+    CancelWatch, Proxy, blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit,
     too_many_blocks,
 )
 from toolatlas.upstream.pages import parse_big_page
+from toolatlas.upstream.posts import AbandonableTransport, Posts
 from toolatlas.upstream.relay import Pending
 from toolatlas.upstream.sse import sse_client
 from toolatlas.upstream.toolrepair import repaired
@@ -366,12 +367,16 @@ async def stop_process(process: anyio.abc.Process, name: str) -> int | None:
     return sent
 
 
-def _http_client(up: SseUpstream | HttpUpstream, streams: Abandon | None = None) -> httpx2.AsyncClient:
+def _http_client(up: SseUpstream | HttpUpstream, streams: Posts | None = None) -> httpx2.AsyncClient:
     """The upstream's HTTP client; every body it reads is bounded by max_result_bytes (and
-    with `streams` an abandoned request's event stream is ended)."""
+    with `streams` an abandoned request's POST or event stream is ended: posts.py)."""
     # Connect bounded by the upstream's connect timeout; reads stay long (SSE streams idle).
     timeout = httpx2.Timeout(up.timeouts.connect, read=max(300.0, up.timeouts.call + 30.0))
-    client = create_mcp_http_client(headers=dict(up.headers) or None, timeout=timeout)
+    if streams is None:
+        client = create_mcp_http_client(headers=dict(up.headers) or None, timeout=timeout)
+    else:  # create_mcp_http_client's client, on a transport that can end an abandoned POST
+        client = httpx2.AsyncClient(headers=dict(up.headers) or None, timeout=timeout,
+                                    transport=AbandonableTransport(httpx2.AsyncHTTPTransport(), streams))
     client.event_hooks["response"].append(limit_hook(up, streams))
     return client
 
@@ -410,7 +415,7 @@ async def http_transport(
     up: HttpUpstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None,
     on_response: OnResponse | None = None,
 ) -> AsyncIterator[Streams]:
-    streams = Abandon()
+    streams = Posts()
     async with _http_client(up, streams) as client:
         client.event_hooks["response"].append(answers_hook(up))  # after the limit: reads a bounded body
         if on_expired is not None or on_response is not None:

@@ -33,7 +33,9 @@ answers by the tool's name:
   text body, with a 200 login page (text/html), or with a 200 application/json body that is
   not JSON; over SSE ``http_503``'s message POST gets the 503;
 - ``event_not_json`` (streamable HTTP): answers with an event stream whose one event is not JSON;
-- ``gets`` (streamable HTTP, ``--sessions``): how many GETs it answered.
+- ``gets`` (streamable HTTP, ``--sessions``): how many GETs it answered;
+- ``hang_silent`` (streamable HTTP): sends nothing, not even its answer's headers, until the
+  client closes the connection (``open_streams`` counts it too).
 
 Over streamable HTTP a POST to another path than ``/mcp`` gets a 404 (a wrong URL); over SSE
 a GET of another path than ``/sse`` gets an event stream that ends at once.
@@ -51,6 +53,7 @@ import argparse
 import json
 import os
 import queue
+import select
 import sys
 import threading
 import time
@@ -59,7 +62,7 @@ from typing import Any
 
 TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "content_not_list",
          "progress_flood", "log_flood", "hang", "open_streams", "close_stdout", "http_503", "http_html", "not_json",
-         "event_not_json", "gets")
+         "event_not_json", "gets", "hang_silent")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -248,6 +251,17 @@ class _Http(BaseHTTPRequestHandler):
         tool = (msg.get("params") or {}).get("name") if msg.get("method") == "tools/call" else None
         if tool == "hang":
             return self._hang()
+        if tool == "hang_silent":  # no headers at all until the client closes the connection
+            with _LOCK:
+                _HANGING[0] += 1
+            try:
+                while not select.select([self.rfile], [], [], 0.2)[0]:
+                    pass
+            finally:
+                with _LOCK:
+                    _HANGING[0] -= 1
+            self.close_connection = True
+            return
         if tool in _PLAIN:
             return self._answer(*_PLAIN[tool])
         if tool == "event_not_json":
