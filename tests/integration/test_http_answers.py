@@ -147,3 +147,28 @@ async def test_calls_abandoned_before_their_answer_s_headers_do_not_exhaust_the_
 async def _given_up(pool: Pool) -> None:
     with pytest.raises(UpstreamTimeout, match="did not answer tools/call hang_silent within 0.5 s"):
         await pool_call(pool, "web", "hang_silent", {}, timeout=0.5)
+
+
+async def test_more_calls_in_flight_than_the_http_client_s_default_pool_keep_the_session(
+    raw_http: RunningServer,
+) -> None:
+    # max_concurrency = 120: 110 calls in flight held 110 connections of a client that had
+    # 100, and the next request waited for one until the session failed with "PoolTimeout".
+    up = make_upstream("web", "http", url=raw_http.url, ping_interval=0, relist_interval=0, max_concurrency=120,
+                       timeouts=Timeouts(connect=2.0, list_tools=10.0, call=20.0, ping=5.0))
+    with anyio.fail_after(90):
+        async with running(Pool([up], Recorder())) as pool:
+            await wait_status(pool, "web", lambda s: s.state is UpstreamState.READY)
+            async with anyio.create_task_group() as tg:
+                for _ in range(110):
+                    tg.start_soon(_hung_for, pool, 8.0)
+                while text(await pool_call(pool, "web", "open_streams", {})) != "110":
+                    await anyio.sleep(0.05)
+                assert text(await pool_call(pool, "web", "echo", {"message": "beside"})) == "Echo: beside"
+            st = pool.get("web")
+            assert st is not None and st.state is UpstreamState.READY and st.reconnects == 0, st
+
+
+async def _hung_for(pool: Pool, seconds: float) -> None:
+    with pytest.raises(UpstreamTimeout):
+        await pool_call(pool, "web", "hang_silent", {}, timeout=seconds)

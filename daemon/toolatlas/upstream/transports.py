@@ -27,7 +27,6 @@ import mcp_types
 from anyio.streams.text import TextReceiveStream
 from mcp.client._transport import ReadStream, TransportStreams
 from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.message import SessionMessage
 
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
@@ -59,6 +58,8 @@ STDERR_TAIL = 20
 # said in one line per GARBAGE_SUMMARY_INTERVAL seconds (and when stdout ends).
 GARBAGE_LOGGED = 5
 GARBAGE_SUMMARY_INTERVAL = 60.0
+# Connections an HTTP upstream's client has beyond max_concurrency: event streams, pings, re-lists.
+POOL_HEADROOM = 16
 # tools/list requests remembered for the sliced parse of their answers (pages.py).
 MAX_PENDING_LISTINGS = 64
 
@@ -372,11 +373,14 @@ def _http_client(up: SseUpstream | HttpUpstream, streams: Posts | None = None) -
     with `streams` an abandoned request's POST or event stream is ended: posts.py)."""
     # Connect bounded by the upstream's connect timeout; reads stay long (SSE streams idle).
     timeout = httpx2.Timeout(up.timeouts.connect, read=max(300.0, up.timeouts.call + 30.0))
-    if streams is None:
-        client = create_mcp_http_client(headers=dict(up.headers) or None, timeout=timeout)
-    else:  # create_mcp_http_client's client, on a transport that can end an abandoned POST
-        client = httpx2.AsyncClient(headers=dict(up.headers) or None, timeout=timeout,
-                                    transport=AbandonableTransport(httpx2.AsyncHTTPTransport(), streams))
+    # Each call in flight holds a connection (and an event stream one more): httpx2's 100 made
+    # the 101st request of a max_concurrency above that wait until the session failed (PoolTimeout).
+    limits = httpx2.Limits(max_connections=max(100, up.max_concurrency + POOL_HEADROOM), max_keepalive_connections=20)
+    # The SDK's create_mcp_http_client, with those limits, on a transport that can end an abandoned POST.
+    transport: httpx2.AsyncBaseTransport = httpx2.AsyncHTTPTransport(limits=limits)
+    if streams is not None:
+        transport = AbandonableTransport(transport, streams)
+    client = httpx2.AsyncClient(headers=dict(up.headers) or None, timeout=timeout, transport=transport)
     client.event_hooks["response"].append(limit_hook(up, streams))
     return client
 
