@@ -172,3 +172,22 @@ async def test_more_calls_in_flight_than_the_http_client_s_default_pool_keep_the
 async def _hung_for(pool: Pool, seconds: float) -> None:
     with pytest.raises(UpstreamTimeout):
         await pool_call(pool, "web", "hang_silent", {}, timeout=seconds)
+
+
+async def test_a_connection_dropped_before_its_answer_fails_that_call_not_the_session(raw_http: RunningServer) -> None:
+    # "Server disconnected without sending a response" (a worker that died on one request, a
+    # proxy's reset, a keep-alive connection the server had just closed) failed the call as the
+    # upstream's "JSON-RPC error -32000: Connection closed", then took the whole session down.
+    up = make_upstream("web", "http", url=raw_http.url, ping_interval=0, relist_interval=0)
+    with anyio.fail_after(60):
+        async with running(Pool([up], Recorder())) as pool:
+            await wait_status(pool, "web", lambda s: s.state is UpstreamState.READY)
+            with pytest.raises(UpstreamProtocolError) as caught:
+                await pool_call(pool, "web", "drop", {})
+            assert str(caught.value) == (
+                "upstream 'web' answered tools/call drop with JSON-RPC error -32603: the connection to upstream 'web' "
+                "broke before its answer began (RemoteProtocolError: Server disconnected without sending a response.); "
+                "the call may or may not have run"), caught.value
+            assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
+            st = pool.get("web")
+            assert st is not None and st.state is UpstreamState.READY and st.reconnects == 0, st

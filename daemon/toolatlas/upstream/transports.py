@@ -379,7 +379,7 @@ def _http_client(up: SseUpstream | HttpUpstream, streams: Posts | None = None) -
     # The SDK's create_mcp_http_client, with those limits, on a transport that can end an abandoned POST.
     transport: httpx2.AsyncBaseTransport = httpx2.AsyncHTTPTransport(limits=limits)
     if streams is not None:
-        transport = AbandonableTransport(transport, streams)
+        transport = AbandonableTransport(transport, streams, up.name)
     client = httpx2.AsyncClient(headers=dict(up.headers) or None, timeout=timeout, transport=transport)
     client.event_hooks["response"].append(limit_hook(up, streams))
     return client

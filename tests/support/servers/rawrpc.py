@@ -35,7 +35,8 @@ answers by the tool's name:
 - ``event_not_json`` (streamable HTTP): answers with an event stream whose one event is not JSON;
 - ``gets`` (streamable HTTP, ``--sessions``): how many GETs it answered;
 - ``hang_silent`` (streamable HTTP): sends nothing, not even its answer's headers, until the
-  client closes the connection (``open_streams`` counts it too).
+  client closes the connection (``open_streams`` counts it too);
+- ``drop`` (streamable HTTP): closes the connection without an answer.
 
 Over streamable HTTP a POST to another path than ``/mcp`` gets a 404 (a wrong URL); over SSE
 a GET of another path than ``/sse`` gets an event stream that ends at once.
@@ -62,7 +63,7 @@ from typing import Any
 
 TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "content_not_list",
          "progress_flood", "log_flood", "hang", "open_streams", "close_stdout", "http_503", "http_html", "not_json",
-         "event_not_json", "gets", "hang_silent")
+         "event_not_json", "gets", "hang_silent", "drop")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -251,6 +252,9 @@ class _Http(BaseHTTPRequestHandler):
         tool = (msg.get("params") or {}).get("name") if msg.get("method") == "tools/call" else None
         if tool == "hang":
             return self._hang()
+        if tool == "drop":  # the connection closed without an answer (a worker that died, a proxy's reset)
+            self.close_connection = True
+            return None
         if tool == "hang_silent":  # no headers at all until the client closes the connection
             with _LOCK:
                 _HANGING[0] += 1
