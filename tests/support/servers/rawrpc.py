@@ -329,6 +329,7 @@ def main() -> None:
         return
     if args.transport == "sse":
         _EVENTS = queue.Queue()
+    ThreadingHTTPServer.request_queue_size = 256  # a test's hundred connections at once are not reset
     server = ThreadingHTTPServer((args.host, args.port), _Sse if args.transport == "sse" else _Http)
     server.daemon_threads = True
     print(f"READY {server.server_address[1]}", flush=True)
