@@ -46,6 +46,9 @@ async def test_a_wrong_url_s_404_is_said_as_an_http_404_at_that_url(raw_http: Ru
                   "'<html><body>Please log in</body></html>'"),
     ("not_json", "the upstream's response is not valid JSON-RPC: its body is not JSON"),
     ("event_not_json", "the upstream's response is not valid JSON-RPC: its event's data is not JSON"),
+    # The SDK did not read an error status's body; reading all of one that never ends waited out the call.
+    ("http_503_endless", "the upstream answered HTTP 503 (Service Unavailable) at {url}: "
+                         + repr("<p>busy</p>\n" * 10)),
 ])
 async def test_an_answer_that_is_not_json_rpc_fails_its_call_saying_what_came(
     raw_http: RunningServer, tool: str, said: str

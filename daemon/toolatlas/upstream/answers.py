@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 # Characters of an unexpected body quoted in the error.
 SNIPPET = 120
+# Bytes read of an answer that is not a JSON reply (an error status's JSON-RPC error is short).
+ERROR_BODY_BYTES = 64 * 1024
 JSON, EVENTS = "application/json", "text/event-stream"
 
 
@@ -127,7 +129,16 @@ class _Checked(httpx2.AsyncByteStream):
         return answered(self._status, self._reason, self._url, self._content_type, body)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        body = b"".join([chunk async for chunk in self._body])
+        # Only a JSON reply is read whole (bounded by max_result_bytes); of any other answer the
+        # start is enough, and its end may be far or never (a proxy's error page left open).
+        whole = self._status < 300 and self._content_type == JSON
+        parts, size = [], 0
+        async for chunk in self._body:
+            parts.append(chunk)
+            size += len(chunk)
+            if not whole and size > ERROR_BODY_BYTES:
+                break
+        body = b"".join(parts)
         problem = self._problem(body)
         if problem is None:
             yield body
@@ -225,7 +236,8 @@ def answers_hook(up: HttpUpstream) -> Callable[[httpx2.Response], Awaitable[None
         if status < 300 and content_type == EVENTS:
             response.stream = _CheckedEvents(up, body, request)
             return
-        response.stream = _Checked(up, response, body, request, content_type)
+        whole = status < 300 and content_type == JSON  # else only the start is read: not through the limit's whole read
+        response.stream = _Checked(up, response, body if whole else getattr(body, "raw", body), request, content_type)
         response.headers["content-type"] = JSON  # so the SDK reads the error it gets
 
     return hook

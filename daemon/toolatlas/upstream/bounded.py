@@ -327,6 +327,10 @@ class _Bounded(httpx2.AsyncByteStream):
         if self._streams is not None and self._posted is not None:
             self._streams.add(self._posted, self)
 
+    @property
+    def raw(self) -> httpx2.AsyncByteStream:  # the body unbounded, for a reader that takes only its start
+        return self._body
+
     def abandon(self) -> None:
         self._abandoned = True
         if self._reading is not None:

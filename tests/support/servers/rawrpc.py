@@ -36,7 +36,8 @@ answers by the tool's name:
 - ``gets`` (streamable HTTP, ``--sessions``): how many GETs it answered;
 - ``hang_silent`` (streamable HTTP): sends nothing, not even its answer's headers, until the
   client closes the connection (``open_streams`` counts it too);
-- ``drop`` (streamable HTTP): closes the connection without an answer.
+- ``drop`` (streamable HTTP): closes the connection without an answer;
+- ``http_503_endless`` (streamable HTTP): a 503 whose text/html body never ends.
 
 Over streamable HTTP a POST to another path than ``/mcp`` gets a 404 (a wrong URL); over SSE
 a GET of another path than ``/sse`` gets an event stream that ends at once.
@@ -63,7 +64,7 @@ from typing import Any
 
 TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "content_not_list",
          "progress_flood", "log_flood", "hang", "open_streams", "close_stdout", "http_503", "http_html", "not_json",
-         "event_not_json", "gets", "hang_silent", "drop")
+         "event_not_json", "gets", "hang_silent", "drop", "http_503_endless")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -252,6 +253,19 @@ class _Http(BaseHTTPRequestHandler):
         tool = (msg.get("params") or {}).get("name") if msg.get("method") == "tools/call" else None
         if tool == "hang":
             return self._hang()
+        if tool == "http_503_endless":  # an error page whose body never ends
+            self.send_response(503)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            try:
+                for _ in range(3000):
+                    self.wfile.write(b"<p>busy</p>\n" * 100)
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass
+            self.close_connection = True
+            return None
         if tool == "drop":  # the connection closed without an answer (a worker that died, a proxy's reset)
             self.close_connection = True
             return None
