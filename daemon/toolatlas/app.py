@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 
 from toolatlas import events as ev
-from toolatlas import memory
+from toolatlas import logfile, memory
 from toolatlas.catalog.attest import Attestor
 from toolatlas.config import Config, DaemonSection, load, metrics_address, secrets
 from toolatlas.metrics import MetricsBindError
@@ -308,6 +308,8 @@ async def serve(
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with anyio.create_task_group() as tg:
             await tg.start(run_watchdog, notifier)  # reads WATCHDOG_USEC before the scrub
+            if log_max := logfile.max_bytes_from_env():  # started by the shim: its log file kept bounded
+                await tg.start(logfile.keep_bounded, log_max)
             scrub_environment()  # children must not inherit NOTIFY_SOCKET, LISTEN_FDS or WATCHDOG_*
             if addr := metrics_address(cfg):
                 try:

@@ -5,9 +5,11 @@ in the process), so a crash of the daemon loses nothing it had written; a flushe
 `fsync`s the file once a second while lines were added since the last sync, so a crash of
 the machine (power, kernel) loses at most the last second. Rotation (when the next line
 would take the file over `max_bytes`): `PATH` becomes `PATH.1`, `PATH.1` becomes `PATH.2`,
-... and `PATH.KEEP` is deleted, so at most `keep + 1` files exist; the file is synced before
+... and `PATH.KEEP` is deleted (and any `PATH.N` past it, left by a larger `keep` before a
+reload or restart), so at most `keep + 1` files exist; the file is synced before
 it is renamed, and the folder after. A write that fails (a full disk) loses that line, is
-counted in `failures` and logged once a minute; it never raises into the daemon.
+counted in `failures` and logged once a minute; it never raises into the daemon. A line that
+got in only in part is cut off again, so the file keeps whole lines.
 
 `AuditSink` is the small interface the events writer uses, so another store (a database)
 can take the audit records instead of, or beside, the file.
@@ -93,6 +95,7 @@ class AuditFile(SyncedAppender):
         self._fd = self._open()
         self._size = os.fstat(self._fd).st_size
         self._dirty = False
+        self._torn = False  # the last line was cut part way and the fragment is still there
         self._failure_logged_at = float("-inf")
         self._start_flusher(fsync_interval, "toolatlas-audit-fsync")
 
@@ -109,25 +112,41 @@ class AuditFile(SyncedAppender):
         with self._lock:
             if self._fd < 0:
                 return
+            if self._torn:  # a fragment we could not cut off ends the line before this one
+                data = b"\n" + data
+            view = memoryview(data)
             try:
                 if self._size and self._size + len(data) > self.max_bytes:
                     self._rotate()
-                view = memoryview(data)
                 while view:
                     n = os.write(self._fd, view)
                     view = view[n:]
                 self._size += len(data)
                 self._dirty = True
+                self._torn = False
             except OSError as exc:
+                if len(view) < len(data):
+                    self._cut(len(data) - len(view))
                 self._failed(exc)
+
+    def _cut(self, written: int) -> None:
+        """Under the lock, after a write that failed part way (a full disk): take the part
+        of the line that got in off the end again, so the file keeps whole lines and the
+        next line is not glued to a fragment; failing that, the next line starts on a new
+        line (`_torn`)."""
+        try:
+            os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+        except OSError:
+            self._size += written
+            self._torn = True
 
     def _rotate(self) -> None:
         """Under the lock: sync and close the file, shift the numbered ones, open a fresh one."""
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
-        oldest = self.path.with_name(f"{self.path.name}.{self.keep}")
-        oldest.unlink(missing_ok=True)
+        for stale in self._numbered(past=self.keep - 1):  # `keep` lowered since: those past it too
+            stale.unlink(missing_ok=True)
         for i in range(self.keep - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{i}")
             if older.exists():
@@ -139,6 +158,18 @@ class AuditFile(SyncedAppender):
         self._fd = self._open()
         self._size = 0
         self._sync_dir()
+
+    def _numbered(self, *, past: int) -> list[Path]:
+        """The rotated files `PATH.N` (N from 1, in plain digits: a `.2.gz` someone else made
+        is not one) with N > `past`."""
+        prefix = f"{self.path.name}."
+        try:
+            names = os.listdir(self.path.parent)
+        except OSError:
+            return []
+        numbers = (n[len(prefix):] for n in names if n.startswith(prefix))
+        return [self.path.with_name(prefix + n) for n in numbers
+                if n.isascii() and n.isdigit() and not n.startswith("0") and int(n) > past]
 
     def _sync_dir(self) -> None:
         try:

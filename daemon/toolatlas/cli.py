@@ -221,6 +221,8 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
             print(f"environment: {data['environment']}")
         for s in data["servers"]:
             reason = f"  ({s['reason']})" if s.get("reason") else ""
+            if s.get("approval") in ("pending", "rejected"):  # listed, but serves nothing: say why
+                reason += f"  (not searchable: {s.get('not_searchable_because')})"
             print(f"{s['name']:<24} {s['transport']:<6} {s['state']:<10} {s['tools']:>5} tools{reason}")
         idx = data["index"]
         print(f"index: {data['tools']} searchable tools, version {data.get('index_version')}, "
@@ -293,6 +295,8 @@ def _main(argv: list[str] | None = None) -> int:
         return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
 
     args = _shim_args(argv) or _parser().parse_args(argv)
+    if args.cmd == "shim":  # an MCP client starts it with no shell to expand a ~ in its args
+        args.config, args.socket = (os.path.expanduser(p) if p else p for p in (args.config, args.socket))
     from toolatlas.errors import ConfigError
 
     if args.cmd in ("shim", "search", "call", "status"):
@@ -322,8 +326,19 @@ def _main(argv: list[str] | None = None) -> int:
             return EX_CONFIG
         for problem, _advice in missing_commands(cfg):
             print(f"toolatlas: warning: {problem} (the daemon will not be able to start it)", file=sys.stderr)
+        from toolatlas.access import rule_warnings
+
+        for problem in rule_warnings(cfg):
+            print(f"toolatlas: warning: {problem}", file=sys.stderr)
         print(f"{path}: OK ({len(cfg.upstream)} upstreams; socket {cfg.daemon.socket})")
         return 0
+    from toolatlas.paths import writable_folder
+
+    try:  # a state_dir the daemon cannot write is one line now, not a traceback from its first file
+        writable_folder(cfg.daemon.state_dir, "[daemon] state_dir")
+    except ConfigError as exc:
+        print(f"toolatlas: config error: {path}: {exc}", file=sys.stderr)
+        return EX_CONFIG
     # The stdio upstreams start now, beside the daemon's own imports (upstream/children.py).
     from toolatlas.upstream.children import prespawn
 

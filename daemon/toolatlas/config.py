@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,6 +18,7 @@ import msgspec
 # The tables of config_sections are the config's public names too (explicit re-exports).
 from toolatlas.config_sections import (
     ASYMMETRIC_ALGORITHMS as ASYMMETRIC_ALGORITHMS,
+    AccessRule as AccessRule,
     NAME_RE as NAME_RE,
     Endpoint as Endpoint,
     EventsSection as EventsSection,
@@ -30,10 +30,13 @@ from toolatlas.config_sections import (
     SurfaceSection as SurfaceSection,
     UpstreamName as UpstreamName,
     host_port as host_port,
+    url_secrets as url_secrets,
+    check_access,
     check_http,
+    url_problem,
 )
 from toolatlas.errors import ConfigError
-from toolatlas.paths import config_environment, default_state_dir, expand_vars, read_config, resolve_path, socket_path
+from toolatlas.paths import config_environment, default_state_dir, expand_vars, read_config, resolve_path, socket_path, unix_socket_path
 from toolatlas.redact import Redactor
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
@@ -48,6 +51,8 @@ class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     connect: Seconds = 20.0
     list_tools: Seconds = 20.0
     call: Seconds = 60.0
+    # A call that reports progress runs `call` seconds past its last progress, up to this in all.
+    call_max: Seconds = 600.0
     ping: Seconds = 10.0
 
 
@@ -187,23 +192,6 @@ class CardsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     llm: CardsLlmSection = msgspec.field(default_factory=CardsLlmSection)
 
 
-class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """Who may use which upstreams. A socket client matches a rule by its kernel-reported
-    uid (`users`: names or numeric uids) or any of its groups (`groups`: names or gids);
-    it may use the union of `servers` ("*" = all) of every rule it matches."""
-
-    users: list[str | int] = []
-    groups: list[str | int] = []
-    # Names of HTTP bearer tokens (see [http]) this rule applies to.
-    tokens: list[str] = []
-    # OAuth access tokens ([http.oauth]) this rule applies to: by `sub`, by a value of the
-    # `groups` or `roles` claim, or by a `scope` value.
-    oauth_subjects: list[str] = []
-    oauth_groups: list[str] = []
-    oauth_scopes: list[str] = []
-    servers: list[str] = []
-
-
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     surface: SurfaceSection = msgspec.field(default_factory=SurfaceSection)
@@ -244,7 +232,6 @@ _UPSTREAM_KEY_RE = re.compile(r"upstream\[\d+\]\.([^.\[]+)")
 # Shorter values are never redacted (they would mangle every line); query values are only
 # taken for secrets from this length (`format=json` is not one).
 MIN_SECRET_CHARS = 4
-MIN_QUERY_SECRET_CHARS = 8
 
 
 def _expand(value: Any, path: str, env: dict[str, str], found: list[str]) -> Any:
@@ -308,20 +295,16 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
     unknown_scope = [s for s in cfg.search.scope if s not in names]
     if unknown_scope:
         raise ConfigError(f"{source}: [search] scope names unknown upstream {unknown_scope[0]!r}")
-    for i, rule in enumerate(cfg.access):
-        unknown_servers = [x for x in rule.servers if x != "*" and x not in names]
-        if unknown_servers:
-            raise ConfigError(f"{source}: [[access]] rule {i + 1} names unknown upstream {unknown_servers[0]!r}")
-        if not (rule.users or rule.groups or rule.tokens or rule.oauth_subjects or rule.oauth_groups
-                or rule.oauth_scopes):
-            raise ConfigError(f"{source}: [[access]] rule {i + 1} names no users, groups, tokens or oauth_* claims")
+    check_access(cfg.access, names, [i.issuer for i in cfg.http.oauth.issuers], source)
     for up in cfg.upstream:
-        if isinstance(up, (SseUpstream, HttpUpstream)) and not up.url.startswith(("http://", "https://")):
-            url = Redactor(secrets(cfg))(up.url)
-            raise ConfigError(f"{source}: upstream {up.name!r} url must start with http:// or https://, got {url!r}")
-    if cfg.store.url and not cfg.store.url.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(f"{source}: [store] url must start with postgresql:// or postgres://, "
-                          f"got {Redactor(secrets(cfg))(cfg.store.url)!r}")
+        if isinstance(up, StdioUpstream) and not up.command.strip():
+            raise ConfigError(f"{source}: upstream {up.name!r} has an empty command")
+        problem = url_problem(up.url, ("http", "https"), Redactor(secrets(cfg))) if not isinstance(up, StdioUpstream) else None
+        if problem:
+            raise ConfigError(f"{source}: upstream {up.name!r} url {problem}")
+    problem = url_problem(cfg.store.url, ("postgresql", "postgres"), Redactor(secrets(cfg))) if cfg.store.url else None
+    if problem:
+        raise ConfigError(f"{source}: [store] url {problem}")
     if cfg.daemon.metrics_addr:
         host_port(cfg.daemon.metrics_addr, key="[daemon] metrics_addr", source=source)
     check_http(cfg.http, source)
@@ -401,7 +384,7 @@ def _resolve_paths(cfg: Config, base: Path, source: str) -> Config:
     events = msgspec.structs.replace(cfg.events, audit_file=resolve_path(cfg.events.audit_file, base) or "")
     endpoints = [msgspec.structs.replace(ep, socket=resolve_path(ep.socket, base), templates=resolve_path(ep.templates, base))
                  for ep in cfg.endpoint]
-    sockets = [daemon.socket, *(ep.socket for ep in endpoints if ep.socket)]
+    sockets = [unix_socket_path(s, source) for s in (daemon.socket, *(ep.socket for ep in endpoints if ep.socket))]
     if len(set(sockets)) != len(sockets):
         raise ConfigError(f"{source}: [[endpoint]] socket: two endpoints (or one and [daemon] socket) share a path")
     for ep in endpoints:
@@ -437,14 +420,3 @@ def secrets(cfg: Config) -> list[str]:
             out.extend(url_secrets(up.url))
     out.extend(url_secrets(cfg.store.url))
     return [v for v in dict.fromkeys(out) if len(v) >= MIN_SECRET_CHARS]
-
-
-def url_secrets(url: str) -> list[str]:
-    """The password in `url`'s userinfo and its longer query values, as written and decoded."""
-    parts = urllib.parse.urlsplit(url)
-    found = [parts.password or ""]
-    for pair in parts.query.split("&"):
-        value = pair.partition("=")[2]
-        if len(value) >= MIN_QUERY_SECRET_CHARS:
-            found.append(value)
-    return [form for raw in found for form in dict.fromkeys((raw, urllib.parse.unquote_plus(raw))) if form]

@@ -4,6 +4,7 @@ toolatlas.config, which parses the whole file), and the one parser of listen add
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 import msgspec
@@ -129,6 +130,77 @@ def host_port(addr: str, *, key: str, source: str = "<config>", default_host: st
     return host.strip("[]") or str(default_host), int(port)
 
 
+# Query values are only taken for secrets from this length (`format=json` is not one).
+MIN_QUERY_SECRET_CHARS = 8
+
+
+def url_secrets(url: str) -> list[str]:
+    """The password in `url`'s userinfo and its longer query values, as written and decoded.
+    A URL too broken to split (the config load refuses it) is a secret whole."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return [url]
+    found = [parts.password or ""]
+    for pair in parts.query.split("&"):
+        value = pair.partition("=")[2]
+        if len(value) >= MIN_QUERY_SECRET_CHARS:
+            found.append(value)
+    return [form for raw in found for form in dict.fromkeys((raw, urllib.parse.unquote_plus(raw))) if form]
+
+
+def url_problem(url: str, schemes: tuple[str, ...], redact: Callable[[str], str] = str) -> str | None:
+    """Why `url` cannot be used (scheme not one of `schemes`, unparsable, no host, a bad
+    port), worded to follow "... url", or None. The URL is echoed through `redact`, except
+    when it cannot be split (its secrets cannot be found then)."""
+    prefixes = tuple(f"{s}://" for s in schemes)
+    if not url.startswith(prefixes):
+        return f"must start with {' or '.join(prefixes)}, got {redact(url)!r}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not 0..65535
+    except ValueError as exc:
+        return f"is not a valid URL: {exc}"
+    if not parts.hostname:
+        return f"names no host, got {redact(url)!r}"
+    return None
+
+
+class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Who may use which upstreams. A socket client matches a rule by its kernel-reported
+    uid (`users`: names or numeric uids) or any of its groups (`groups`: names or gids);
+    it may use the union of `servers` ("*" = all) of every rule it matches."""
+
+    users: list[str | int] = []
+    groups: list[str | int] = []
+    # Names of HTTP bearer tokens (see [http]) this rule applies to.
+    tokens: list[str] = []
+    # OAuth access tokens ([http.oauth]) this rule applies to: by `sub`, by a value of the
+    # `groups` or `roles` claim, or by a `scope` value; with `oauth_issuers`, only tokens of
+    # those issuers (each issuer names its own subjects, groups and scopes), all of their
+    # tokens when no other oauth_* key is given.
+    oauth_subjects: list[str] = []
+    oauth_groups: list[str] = []
+    oauth_scopes: list[str] = []
+    oauth_issuers: list[str] = []
+    servers: list[str] = []
+
+
+def check_access(rules: list[AccessRule], upstreams: list[str], issuers: list[str], source: str) -> None:
+    """ConfigError for a rule naming an upstream or [http.oauth] issuer that is not
+    configured, or no one at all."""
+    for i, rule in enumerate(rules, 1):
+        unknown = [x for x in rule.servers if x != "*" and x not in upstreams]
+        if unknown:
+            raise ConfigError(f"{source}: [[access]] rule {i} names unknown upstream {unknown[0]!r}")
+        if strangers := [x for x in rule.oauth_issuers if x not in issuers]:
+            raise ConfigError(f"{source}: [[access]] rule {i}: oauth_issuers names {strangers[0]!r}, which is not "
+                              f"an [http.oauth] issuer ({', '.join(issuers) or 'none configured'})")
+        if not (rule.users or rule.groups or rule.tokens or rule.oauth_subjects or rule.oauth_groups
+                or rule.oauth_scopes or rule.oauth_issuers):
+            raise ConfigError(f"{source}: [[access]] rule {i} names no users, groups, tokens or oauth_* claims")
+
+
 def check_http(http: HttpSection, source: str) -> None:
     if not http.listen:
         return
@@ -137,6 +209,11 @@ def check_http(http: HttpSection, source: str) -> None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"{source}: [[http.tokens]] name {dupes[0]!r} is used more than once")
+    hashes: dict[str, str] = {}
+    for t in http.tokens:
+        if (other := hashes.setdefault(t.sha256.lower(), t.name)) != t.name:
+            raise ConfigError(f"{source}: [[http.tokens]] {other!r} and {t.name!r} have the same sha256: one token would "
+                              f"be both, and every request with it {t.name!r} alone; give each its own token")
     if http.anonymous and http.anonymous in names:
         raise ConfigError(f"{source}: [http] anonymous {http.anonymous!r} is also a [[http.tokens]] name: requests "
                           "without a token would be that token (its access, its sessions); give anonymous its own name")
@@ -152,14 +229,19 @@ def check_http(http: HttpSection, source: str) -> None:
     if len(set(issuers)) != len(issuers):
         raise ConfigError(f"{source}: [http.oauth] issuers: an issuer is listed more than once")
     for i in oauth.issuers:
+        problem = url_problem(i.jwks_url, ("http", "https"))
+        if problem:
+            raise ConfigError(f"{source}: [http.oauth] issuer {i.issuer!r}: jwks_url {problem}")
         host = urllib.parse.urlsplit(i.jwks_url).hostname or ""
         plain_ok = i.jwks_url.startswith("http://") and host in ("127.0.0.1", "localhost", "::1")
         if not (i.jwks_url.startswith("https://") or plain_ok):
             raise ConfigError(f"{source}: [http.oauth] issuer {i.issuer!r}: jwks_url must start with https:// "
                               f"(http:// only on loopback), got {i.jwks_url!r}")
-    if oauth.resource and not oauth.resource.startswith(("http://", "https://")):
-        raise ConfigError(f"{source}: [http.oauth] resource must be an http(s) URL, got {oauth.resource!r}")
+    problem = url_problem(oauth.resource, ("http", "https")) if oauth.resource else None
+    if problem:
+        raise ConfigError(f"{source}: [http.oauth] resource {problem}")
 
 
-__all__ = ["ASYMMETRIC_ALGORITHMS", "Endpoint", "EventsSection", "HttpSection", "HttpToken", "NAME_RE", "OAuthIssuer",
-           "OAuthSection", "UpstreamName", "check_http", "host_port"]
+__all__ = ["ASYMMETRIC_ALGORITHMS", "AccessRule", "Endpoint", "EventsSection", "HttpSection", "HttpToken", "NAME_RE",
+           "OAuthIssuer", "OAuthSection", "UpstreamName", "check_access", "check_http", "host_port", "url_problem",
+           "url_secrets"]

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolatlas.config import Config, StdioUpstream
+from toolatlas.config import Config, HttpUpstream, SseUpstream, StdioUpstream
 from toolatlas.paths import default_config_path, default_socket_path, default_state_dir
 
 OK, WARN, FAIL = "ok", "WARN", "FAIL"
 DAEMON_ANSWER_S = 15.0  # how long the daemon check waits for each answer
+URL_CONNECT_S = 3.0  # how long the url check waits for a remote upstream's port
 _ONNX_KINDS = ("onnx", "onnx-fp32", "onnx-int8")
 
 
@@ -117,6 +118,39 @@ def _check_commands(cfg: Config) -> Iterator[Check]:
         yield Check(OK, "commands", f"all {len(stdio)} stdio upstream commands found")
 
 
+def url_problem(url: str, timeout: float = URL_CONNECT_S) -> str | None:
+    """Why nothing can reach a remote upstream's `url` from here (its host does not resolve,
+    its port refuses or does not answer), or None once a TCP connection is made. Names the
+    host and port only: a URL's userinfo and query may hold secrets."""
+    import socket
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        return f"its url cannot be read ({exc})"
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except socket.gaierror as exc:
+        return f"its host {host!r} does not resolve ({exc.strerror or exc})"
+    except TimeoutError:
+        return f"nothing answered at {where} within {timeout:g} s"
+    except OSError as exc:
+        return f"cannot connect to {where} ({exc.strerror or exc})"
+    return None
+
+
+def _check_urls(cfg: Config) -> Iterator[Check]:
+    remote = [u for u in cfg.upstream if isinstance(u, (HttpUpstream, SseUpstream)) and u.enabled]
+    problems = [(u.name, p) for u in remote if (p := url_problem(u.url))]
+    for name, p in problems:
+        yield Check(FAIL, "url", f"upstream {name!r}: {p}: start that server, or fix its `url` in the config")
+    if remote and not problems:
+        yield Check(OK, "urls", f"all {len(remote)} remote upstreams accept connections")
+
+
 def _check_state_dir(state_dir: str) -> Check:
     p = Path(state_dir)
     probe = p
@@ -197,7 +231,9 @@ def _check_status(status: dict[str, Any]) -> Iterator[Check]:
     for s in status.get("servers") or []:
         what = f"upstream {s.get('name')}"
         state, reason = s.get("state"), s.get("reason")
-        if state == "ready":
+        if s.get("approval") in ("pending", "rejected") and state != "degraded":
+            yield Check(WARN, what, f"{state}, {s.get('tools', 0)} tools, serving none: {s.get('not_searchable_because')}")
+        elif state == "ready":
             yield Check(OK, what, f"ready, {s.get('tools', 0)} tools over {s.get('transport')}")
         elif state == "disabled":
             yield Check(OK, what, "disabled in the config")
@@ -206,6 +242,21 @@ def _check_status(status: dict[str, Any]) -> Iterator[Check]:
         else:
             yield Check(FAIL, what, f"{state}: {reason or 'no reason given'}; see the daemon's log, "
                         "fix the upstream's command/url in the config and reload")
+
+
+def _check_running_config(cfg: Config, path: str, status: dict[str, Any]) -> Iterator[Check]:
+    """Upstreams the config and the daemon's answer do not agree on: the file was edited and
+    not reloaded (or the daemon on that socket runs another file)."""
+    running = [str(s.get("name")) for s in status.get("servers") or []]
+    for up in cfg.upstream:
+        if up.name not in running:
+            yield Check(WARN, f"upstream {up.name}", f"in {path} but not run by the daemon: it runs the config as it "
+                        "was before an edit (apply it with `toolatlas reload`), or your access rules hide it")
+    configured = {up.name for up in cfg.upstream}
+    for name in running:
+        if name not in configured:
+            yield Check(WARN, f"upstream {name}", f"run by the daemon but no longer in {path}: apply the edit with "
+                        "`toolatlas reload`")
 
 
 def run_checks(config_flag: str | None) -> list[Check]:
@@ -218,6 +269,9 @@ def run_checks(config_flag: str | None) -> list[Check]:
     checks = [first]
     if cfg is not None:
         checks += _check_commands(cfg)
+        from toolatlas.access import rule_warnings
+
+        checks += [Check(WARN, "access", problem) for problem in rule_warnings(cfg)]
         socket, state_dir = cfg.daemon.socket, cfg.daemon.state_dir
     else:  # an invalid config still names its socket and state folder: those are checked
         try:
@@ -240,4 +294,8 @@ def run_checks(config_flag: str | None) -> list[Check]:
     checks.append(daemon)
     if status is not None:
         checks += _check_status(status)
+        if cfg is not None and path is not None:
+            checks += _check_running_config(cfg, path, status)
+    elif cfg is not None:  # no daemon to ask how its upstreams are: try their ports from here
+        checks += _check_urls(cfg)
     return checks

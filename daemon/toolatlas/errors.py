@@ -37,9 +37,9 @@ class UpstreamTimeout(ToolatlasError):
         self.upstream = upstream
         self.operation = operation
         self.seconds = seconds
-        super().__init__(
-            f"upstream {upstream!r} did not answer {operation} within {seconds:g} s"
-        )
+        # A tool call cut by its timeout was sent: a model that retries must know it may have run.
+        ran = "; it may still have run: call it again only if that is safe" if operation.startswith("tools/call") else ""
+        super().__init__(f"upstream {upstream!r} did not answer {operation} within {seconds:g} s{ran}")
 
 
 class UpstreamProtocolError(ToolatlasError):

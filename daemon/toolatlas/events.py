@@ -78,6 +78,8 @@ ADMIN_COMMAND_COMPLETED = "admin_command_completed"
 ADMIN_COMMAND_REFUSED = "admin_command_refused"
 UPSTREAM_RELISTED = "upstream_relisted"
 ACCESS_DENIED = "access_denied"
+RESOURCE_READ_COMPLETED = "resource_read_completed"
+PROMPT_GET_COMPLETED = "prompt_get_completed"
 UPSTREAM_APPROVAL_CHANGED = "upstream_approval_changed"
 
 # Who asked, over what, which request: carried by every audit event.
@@ -93,6 +95,8 @@ EVENT_FIELDS: Mapping[str, frozenset[str]] = {
     EXECUTE_TOOL_FAILED: AUDIT_FIELDS | {
         "name", "upstream", "via", "outcome", "error_class", "message", "latency_ms"},
     ACCESS_DENIED: AUDIT_FIELDS | {"surface", "target", "reason"},
+    RESOURCE_READ_COMPLETED: AUDIT_FIELDS | {"uri", "upstream", "outcome"},
+    PROMPT_GET_COMPLETED: AUDIT_FIELDS | {"name", "upstream", "outcome"},
     UPSTREAM_STATE_CHANGED: frozenset({"upstream", "old", "new", "reason"}),
     CATALOG_CHANGED: frozenset({"server", "available", "tools", "upserted", "removed", "quarantined", "card"}),
     CONFIG_RELOADED: frozenset({"added", "removed", "changed"}),

@@ -21,15 +21,37 @@ INTERNAL_ERROR = -32603
 _ID_PATTERN = rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)'
 
 
+# pydantic-core's JSON parser, the SDK's, refuses a message that nests deeper than this.
+MAX_DEPTH = 200
+
+
+def deeper_than(obj: Any, limit: int) -> bool:
+    """Whether decoded JSON `obj` nests arrays and objects more than `limit` levels deep."""
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
 class Refusal(NamedTuple):
     """The JSON-RPC error a refused message is answered with."""
 
     code: int
     message: str
     id: str | int | None = None
+    # A refused batch's request ids: answered as JSON-RPC 2.0 answers a batch, with an array
+    # holding this error once for each (its notifications get nothing).
+    batch: tuple[str | int, ...] = ()
 
-    def payload(self) -> dict[str, Any]:
-        return {"jsonrpc": "2.0", "id": self.id, "error": {"code": self.code, "message": self.message}}
+    def payload(self) -> dict[str, Any] | list[dict[str, Any]]:
+        error = {"code": self.code, "message": self.message}
+        if self.batch:
+            return [{"jsonrpc": "2.0", "id": rid, "error": error} for rid in self.batch]
+        return {"jsonrpc": "2.0", "id": self.id, "error": error}
 
     def line(self) -> bytes:
         return json.dumps(self.payload()).encode() + b"\n"

@@ -3,7 +3,9 @@
 
 `show` lists the queries that led to TOOL (the 20 most frequent, with counts and when last
 seen); `forget` deletes TOOL's events; `reset` deletes every event, query text included.
-They open the store directly (a running daemon notices within a second and re-ranks)."""
+They open the store directly (a running daemon notices within a second and re-ranks). With
+`[store] url` (replicas sharing state), `forget` and `reset` also delete the shared copies
+and tell every replica to delete its own (store/wiring.py); `show` reads this host's store."""
 
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from toolatlas.config import Config
     from toolatlas.retrieval.usage import SqliteUsageStore
 
 EX_CONFIG = 78
 EX_IOERR = 74  # the usage store cannot be opened or written
+EX_UNAVAILABLE = 69  # the shared store ([store] url) cannot be reached
 SHOWN = 20
 
 
@@ -49,6 +53,7 @@ def main(argv: list[str]) -> int:
         print(f"toolatlas learning: {exc}", file=sys.stderr)
         return EX_CONFIG
     state_dir = Path(cfg.daemon.state_dir)
+    until = time.time()  # the events recorded up to now are forgotten, on every replica
     out: dict[str, object]
     try:
         # No store: nothing to show or delete, and none is made (made by root, the file would be
@@ -69,8 +74,43 @@ def main(argv: list[str]) -> int:
     except (sqlite3.Error, OSError) as exc:  # not a database, a directory, a read-only or full disk, locked
         print(f"toolatlas learning: cannot use the usage store {state_dir / FILENAME}: {exc}", file=sys.stderr)
         return EX_IOERR
+    if cfg.store.url and args.action != "show":
+        from toolatlas.errors import ToolatlasError
+
+        try:
+            out["shared"] = _forget_shared(cfg, args.tool if args.action == "forget" else None, until)
+        except ToolatlasError as exc:
+            _print(out, args.json)
+            print(f"toolatlas learning: done in this host's store only: {exc}. The shared store and the "
+                  "other replicas keep the events; run this again when the store answers.", file=sys.stderr)
+            return EX_UNAVAILABLE
     _print(out, args.json)
     return 0
+
+
+def _forget_shared(cfg: Config, tool: str | None, until: float) -> int:
+    """Delete the shared usage events of `tool` (None: every tool) up to `until` and tell every
+    replica to delete its copies; how many shared events were deleted. StoreDown (a
+    ToolatlasError naming the operation) when the database does not answer."""
+    import socket
+
+    import anyio
+
+    from toolatlas.config import secrets
+    from toolatlas.redact import Redactor
+    from toolatlas.store.client import Store
+
+    async def go() -> int:
+        store = Store(cfg.store.url, origin=f"cli:{socket.gethostname()}:{os.getpid()}",
+                      connect_timeout=cfg.store.connect_timeout, redactor=Redactor(secrets(cfg)))
+        await store.connect()
+        try:
+            await store.migrate()  # a database no replica has used yet has no tables
+            return await store.forget_feedback(tool, until)
+        finally:
+            await store.close()
+
+    return anyio.run(go)
 
 
 def _delete_moved_aside(path: Path) -> int:
@@ -129,6 +169,8 @@ def _print(obj: dict[str, object], as_json: bool) -> None:
     else:
         aside = f" (and {obj['moved_aside_deleted']} unreadable copy(ies) moved aside)" if obj["moved_aside_deleted"] else ""
         print(f"{obj['reset']} usage event(s) deleted from {obj['store']}{aside}")
+    if "shared" in obj:
+        print(f"{obj['shared']} deleted from the shared store; every replica deletes its copies")
 
 
 def _shown(text: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from toolatlas.errors import BadInput
 
 MAX_TOP_K = 20
+TEXT_SHOWN = 60  # characters of a caller's value or key an error quotes
 
 TOOL_SEARCH = "tool_search"
 EXECUTE_TOOL = "execute_tool"
@@ -85,6 +86,12 @@ META_NAMES = frozenset(t["name"] for t in META_TOOLS)
 AUTO_TOP_K = 0
 
 
+def _shown(value: Any) -> str:
+    """A caller's value as an error quotes it: cut, so a reply does not grow with what it sent."""
+    text = repr(value)
+    return text if len(text) <= TEXT_SHOWN else text[:TEXT_SHOWN] + "..."
+
+
 def clamp_top_k(value: Any, default: int = 5) -> int:
     """top_k clamped to [1, 20]; a missing value gives the default, a non-integer is BadInput."""
     if value is None:
@@ -92,8 +99,21 @@ def clamp_top_k(value: Any, default: int = 5) -> int:
     if isinstance(value, float) and not math.isfinite(value):  # 1e400 parses as inf
         raise BadInput(f"top_k must be an integer from 1 to {MAX_TOP_K}, got a number out of range")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise BadInput(f"top_k must be an integer from 1 to {MAX_TOP_K}, got {value!r}")
+        raise BadInput(f"top_k must be an integer from 1 to {MAX_TOP_K}, got {_shown(value)}")
     return max(1, min(MAX_TOP_K, int(value)))
+
+
+def only_parameters(tool: str, args: Any) -> None:
+    """BadInput naming any key of `args` that meta-tool `tool` has no parameter for: a key
+    ignored would change the call silently (a tool's own arguments put beside `name` instead of
+    inside `arguments` reached the tool as none at all; `server` for `servers` searched everything)."""
+    known = next(t["inputSchema"]["properties"] for t in META_TOOLS if t["name"] == tool)
+    extra = [k for k in args if k not in known]
+    if not extra:
+        return
+    shown = ", ".join(json.dumps(k[:TEXT_SHOWN]) for k in extra[:5]) + (f" (+{len(extra) - 5} more)" if len(extra) > 5 else "")
+    hint = " Put the tool's own arguments inside `arguments`." if tool == EXECUTE_TOOL else ""
+    raise BadInput(f"{tool} has no parameter {shown}; it takes {', '.join(known)}.{hint}")
 
 
 def tool_format(value: Any) -> str:
@@ -101,7 +121,7 @@ def tool_format(value: Any) -> str:
     if value is None:
         return "json"
     if value not in FORMATS:
-        raise BadInput(f"format must be one of {', '.join(FORMATS)}, got {value!r}")
+        raise BadInput(f"format must be one of {', '.join(FORMATS)}, got {_shown(value)}")
     return str(value)
 
 
@@ -151,17 +171,24 @@ def signature(schema: Any) -> str:
     return ", ".join(f"{_param(k)}{'' if k in required else '?'}: {_type_of(props[k])}" for k in order)
 
 
+def _one_line(text: Any) -> str:
+    """`text` on one line: every run of whitespace (line and paragraph separators, carriage
+    returns among them) one space. An upstream's reason in a note can quote its stderr, and a
+    line break there must not start a line of toolatlas's listing (a forged match)."""
+    return " ".join(str(text).split())
+
+
 def render_compact(answer: dict[str, Any]) -> str:
     """A tool_search answer as a short text listing for a model: one numbered line per
     match (name and parameter signature), its description's first words, examples and
     note; what is degraded or still starting; how to get full schemas."""
     lines: list[str] = []
     if answer.get("degraded"):
-        lines.append(f"degraded: {answer['degraded']} (results may be incomplete)")
+        lines.append(f"degraded: {_one_line(answer['degraded'])} (results may be incomplete)")
     if answer.get("waiting_for"):
-        lines.append("still starting, waiting for: " + "; ".join(answer["waiting_for"]))
+        lines.append("still starting, waiting for: " + "; ".join(_one_line(w) for w in answer["waiting_for"]))
     if answer.get("note"):
-        lines.append(f"note: {answer['note']}")
+        lines.append(f"note: {_one_line(answer['note'])}")
     for i, m in enumerate(answer.get("matches") or (), 1):
         lines.append(f"{i}. {m['name']}({signature(m.get('inputSchema'))})" + (" [attested]" if m.get("attested") else ""))
         desc = " ".join(str(m.get("description") or "").split())
@@ -172,7 +199,7 @@ def render_compact(answer: dict[str, Any]) -> str:
         if m.get("examples"):
             lines.append("   e.g. " + " | ".join(str(e) for e in m["examples"][:2]))
         if m.get("note"):
-            lines.append(f"   note: {m['note']}")
+            lines.append(f"   note: {_one_line(m['note'])}")
     if not answer.get("matches"):
         lines.append("no matching tools")
     else:

@@ -215,7 +215,7 @@ class Metrics:
         self.cache_hits = counter("search_cache_hits", "tool_search answers served from the result cache.")
         self.cache_misses = counter("search_cache_misses", "tool_search answers computed afresh.")
         self.reconnects = counter("upstream_reconnects",
-            "Upstream sessions re-established after a loss.", ["upstream"])
+            "Reconnect attempts of upstream sessions (each backoff retry counts).", ["upstream"])
         self.list_changed = counter("upstream_list_changed",
             "tools/list_changed notifications received.", ["upstream"])
         self.admin_commands = counter("admin_commands",
@@ -316,6 +316,16 @@ class Metrics:
         if outcome not in FEEDBACK_OUTCOMES:
             raise ValueError(f"feedback outcome {outcome!r} is not one of {sorted(FEEDBACK_OUTCOMES)}")
         self._child(self.feedback, outcome).inc()
+
+    def forget_upstream(self, upstream: str) -> None:
+        """Drop every series labelled with `upstream`, which a reload took out of the config:
+        a scrape then shows only configured upstreams, and one added again starts from 0 (a
+        counter reset, as after a restart)."""
+        per_upstream = (self.execute_latency, self.upstream_call_latency, self.calls, self.reconnects, self.list_changed)
+        for key in [k for k in self._children if k[0] in per_upstream and k[1][0] == upstream]:
+            metric: Any = key[0]
+            metric.remove(*key[1])
+            del self._children[key]
 
     def count_reindex(self) -> None:
         self.reindexes.inc()

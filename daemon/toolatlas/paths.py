@@ -168,6 +168,21 @@ def config_environment(file_at_start: Mapping[str, str] | None = None) -> dict[s
     return env
 
 
+def writable_folder(path: str, key: str) -> None:
+    """Make the folder `path` (mode 0700) if it is missing, and check that a file can be made in
+    it; ConfigError naming the config `key` and the path that failed (a parent that is a file,
+    a folder of another user) when not: the daemon writes its state there from its start."""
+    import tempfile  # not at module level (see write_atomic)
+
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename and exc.filename != path else ""
+        raise ConfigError(f"{key} {path!r} cannot be used: {where}{exc.strerror or exc}") from exc
+
+
 def write_atomic(path: str | os.PathLike[str], chunks: bytes | list[bytes], mode: int | None = None) -> None:
     """Replace `path` with `chunks` at once: a temp file in the same folder, fsync, rename,
     fsync of the folder. Readers see the old bytes or the new ones, never a mix. The file
@@ -204,6 +219,19 @@ def write_atomic(path: str | os.PathLike[str], chunks: bytes | list[bytes], mode
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+SOCKET_PATH_MAX = 107  # bytes: sun_path holds 108 on Linux, the last one a NUL (104 on macOS)
+
+
+def unix_socket_path(path: str, source: str) -> str:
+    """`path`, when a Unix socket can be bound there; ConfigError (naming `source`, the config)
+    when it is longer than a socket address holds: bind(2) would fail on it at the start."""
+    size = len(os.fsencode(path))
+    if size > SOCKET_PATH_MAX:
+        raise ConfigError(f"{source}: socket {path!r} is {size} bytes long; a Unix socket path holds at most "
+                          f"{SOCKET_PATH_MAX}: choose a shorter one (e.g. under $XDG_RUNTIME_DIR or /tmp)")
+    return path
 
 
 def socket_path(configured: str, config_dir: str | os.PathLike[str]) -> str:

@@ -3,6 +3,7 @@ one daemon, and a denied user cannot call a tool by name."""
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import subprocess
@@ -120,3 +121,63 @@ def test_two_users_see_different_tools_and_denied_calls_do_not_leak(users: dict[
             assert d.search("echo the message back", 20) == []
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def _ensure_group(name: str, members: tuple[str, ...] = ()) -> int:
+    try:
+        gid = grp.getgrnam(name).gr_gid
+    except KeyError:
+        subprocess.run(["groupadd", name], check=True)
+        gid = grp.getgrnam(name).gr_gid
+    for member in members:
+        subprocess.run(["usermod", "-a", "-G", name, member], check=True)
+    return gid
+
+
+@pytest.mark.hostile
+def test_group_rules_match_the_groups_the_kernel_reports_for_the_peer(users: dict[str, pwd.struct_passwd]) -> None:
+    """A `groups` rule matches the groups the peer process has (the kernel's SO_PEERGROUPS),
+    as the socket's own permission check does: a process that dropped the group (a sandbox,
+    `setpriv --clear-groups`) no longer gets its access though /etc/group lists its user, and
+    one given the group (systemd SupplementaryGroups=) gets it though /etc/group does not."""
+    alice, carol = users["ta-alice"], users["ta-carol"]
+    devs = _ensure_group("ta-devs", members=("ta-alice",))
+    base = Path(tempfile.mkdtemp(prefix="toolatlas-groups-"))
+    os.chmod(base, 0o755)
+    try:
+        d = Daemon(base, stdio_testserver("alpha"), daemon_extra='socket_mode = "0666"\naccess_default = "deny"')
+        d.config.write_text(d.config.read_text() + '\n[[access]]\ngroups = ["ta-devs"]\nservers = ["alpha"]\n')
+        os.makedirs(base / "run", exist_ok=True)
+        os.chmod(base / "run", 0o755)
+        with d:
+            def search() -> list[str]:
+                from toolatlas.surface.rawclient import RawClient
+
+                with RawClient(d.socket, timeout=30) as c:
+                    res = c.call_tool("tool_search", {"query": "echo the message back", "top_k": 5})
+                    return [m["name"] for m in res["structuredContent"]["matches"]]
+
+            assert "alpha__echo" in run_as(alice, search, groups=[devs])  # in the group, as /etc/group says
+            assert run_as(alice, search) == []  # its process dropped the group
+            assert "alpha__echo" in run_as(carol, search, groups=[devs])  # given the group, not in /etc/group
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+
+def test_a_scoped_callers_index_figures_count_only_its_servers_documents(tmp_path: Path) -> None:
+    """With the embedding model, catalog_status's `index.model` (documents embedded of
+    total) and the embedding counters counted every server's documents: a caller given only
+    alpha read the size of the catalog it may not see (48 for alpha's 9 tools). Now its
+    figures are its share, and counters it has no share of are null."""
+    d = Daemon(tmp_path, stdio_testserver("alpha") + stdio_testserver("beta", "--tools", "30"),
+               daemon_extra='access_default = "deny"', search_extra='embedder = "onnx"\n')
+    d.config.write_text(d.config.read_text() + '\n[[access]]\nusers = ["root"]\nservers = ["alpha"]\n')
+    with d:
+        d.wait_for(lambda: d.status()["index"]["model"]["phase"] == "ready" and d.status()["index"]["degraded"] is None,
+                   120, "hybrid search")
+        index = d.status()["index"]
+        alpha = index["tools"]
+        assert alpha == next(s["tools"] for s in d.status()["servers"] if s["name"] == "alpha"), index
+        assert index["model"]["embedded"] == index["model"]["total"] == alpha, index["model"]
+        assert index["embeddings_computed"] is None and index["embeddings_cached"] is None, index

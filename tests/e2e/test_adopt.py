@@ -210,6 +210,48 @@ def test_rewrite_goes_through_a_symlink(tmp_path: Path) -> None:
     assert dotfiles.read_bytes() == before and link.is_symlink()
 
 
+def test_servers_adopted_into_the_config_of_a_running_daemon_are_served_at_once(tmp_path: Path) -> None:
+    """The README's laptop flow: the first client's shim started the daemon on the adopted
+    config; adopting a second client adds its servers to that config, and its shim reaches
+    the same daemon. Before, that daemon never read them (no reload): the second client saw
+    none of its own servers."""
+    d = Daemon(tmp_path, "")
+    config = tmp_path / "adopted.toml"
+    first = _write(tmp_path, ".cursor/mcp.json", {"mcpServers": {"first": _tests_entry()}})
+    assert _run("adopt", str(first), "--out", str(config), env={"TOOLATLAS_SOCKET": d.socket}).returncode == 0
+    _on_the_adopted_config(d, config)
+    with d.start(env={"API_TOKEN": SECRET}):
+        d.wait_for(lambda: [s["state"] for s in d.status()["servers"]] == ["ready"], 60, "first ready")
+        second = _write(tmp_path, "claude_desktop_config.json", {"mcpServers": {
+            "second": {"command": sys.executable, "args": testserver_args()}}})
+        r = _run("adopt", str(second), "--out", str(config))
+        assert r.returncode == 0, r.stderr
+        assert f"the daemon on {d.socket} reloaded {config}: upstreams added: second" in r.stderr, r.stderr
+        d.wait_for(lambda: {s["name"]: s["state"] for s in d.status()["servers"]} == {"first": "ready", "second": "ready"},
+                   60, "second served")
+
+
+def test_undo_keeps_what_the_client_file_held_since_the_rewrite(tmp_path: Path) -> None:
+    """A user who added a server in the client after adopting it, then undoes: the backup's
+    bytes come back, and the file as it was is kept beside it (named in the message). Before,
+    undo wrote over it: the server added since was lost."""
+    client = _write(tmp_path, ".cursor/mcp.json", {"mcpServers": {"tests": _tests_entry()}})
+    before = client.read_bytes()
+    r = _run("adopt", str(client), "--rewrite-client", "--out", str(tmp_path / "c.toml"))
+    assert r.returncode == 0, r.stderr
+    backup = Path(re.search(r"^backup: (.+)$", r.stderr, re.M).group(1))  # type: ignore[union-attr]
+    later = json.loads(client.read_text())
+    later["mcpServers"]["added-since"] = {"command": "my-new-server"}
+    client.write_text(json.dumps(later))
+    undone = _run("adopt", "--undo", str(backup))
+    assert undone.returncode == 0, undone.stderr
+    assert client.read_bytes() == before
+    kept = Path(re.search(r"what it held before the undo is kept in (.+)$", undone.stderr, re.M).group(1))  # type: ignore[union-attr]
+    assert kept != backup and kept.parent == client.parent and json.loads(kept.read_text()) == later
+    again = _run("adopt", "--undo", str(backup))  # nothing new to keep: no second copy
+    assert again.returncode == 0 and "kept in" not in again.stderr, again.stderr
+
+
 def test_a_second_client_is_added_to_the_same_config(tmp_path: Path) -> None:
     import tomllib
 

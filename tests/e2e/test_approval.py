@@ -6,15 +6,17 @@ to pending; states show in catalog_status, `upstream list`, events and metrics."
 from __future__ import annotations
 
 import json
+import signal
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx2
 
-from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_faultserver, stdio_testserver
 from tests.support.ports import free_port
 
 
@@ -46,8 +48,12 @@ def test_approve_reject_across_restart_and_reload(tmp_path: Path) -> None:
         st = {s["name"]: s for s in d.status()["servers"]}
         assert st["one"]["searchable"] is False and "toolatlas upstream approve one" in st["one"]["not_searchable_because"]
         assert d.search("echo a message back") == []
+        scoped = d.tool("tool_search", {"query": "echo", "servers": ["one"]})
+        assert scoped["isError"] and "server 'one' serves nothing now (awaiting approval" in scoped["content"][0]["text"]
         refused = d.tool("execute_tool", {"name": "one__echo", "arguments": {"message": "x"}})
-        assert refused["isError"]
+        # the caller's rules give it `one` (catalog_status shows it): it is told why, and no
+        # access denial is recorded against it for the operator's hold
+        assert refused["isError"] and "toolatlas upstream approve one" in refused["content"][0]["text"], refused
         listing = _cli(d, "list")
         assert listing.returncode == 0 and "pending" in listing.stdout, listing
 
@@ -57,7 +63,9 @@ def test_approve_reject_across_restart_and_reload(tmp_path: Path) -> None:
         assert _approvals(d) == {"one": "active", "two": "rejected"}
         assert "one__echo" in d.search("echo a message back")
         assert d.tool("execute_tool", {"name": "one__echo", "arguments": {"message": "hi"}})["content"][0]["text"] == "Echo: hi"
-        assert d.tool("execute_tool", {"name": "two__echo", "arguments": {"message": "x"}})["isError"]
+        rejected = d.tool("execute_tool", {"name": "two__echo", "arguments": {"message": "x"}})
+        assert rejected["isError"] and "rejected by the operator" in rejected["content"][0]["text"], rejected
+        assert _events(d, "access_denied") == []
         unknown = _cli(d, "approve", "nope")
         assert unknown.returncode == 64 and "one, two" in unknown.stderr, unknown
         metrics = httpx2.get(f"http://127.0.0.1:{port}/metrics").text
@@ -96,6 +104,28 @@ def test_approve_reject_across_restart_and_reload(tmp_path: Path) -> None:
         ("one", "pending"), ("one", "approved"), ("two", "rejected")}
 
 
+def test_a_model_is_told_a_server_awaits_approval_not_that_it_is_unknown(tmp_path: Path) -> None:
+    """catalog_status shows a pending upstream to its callers with the command that approves
+    it; tool_search and execute_tool called it an unknown server or tool (with a "Did you mean"
+    on other servers), and an unscoped search answered a bare empty list."""
+    d = Daemon(tmp_path, stdio_testserver("one") + stdio_testserver("two"), daemon_extra="require_approval = true\n")
+    with d:
+        d.wait_for(lambda: all(s["state"] == "ready" and s["tools"] for s in d.status()["servers"]), 60, "listed")
+        waits = "upstream 'one' serves nothing now (awaiting approval: `toolatlas upstream approve one`)"
+        found = d.meta("tool_search", {"query": "echo a message back"})
+        # as a scoped search says it, and a rejected one as rejected (not "until approved")
+        assert found["matches"] == [] and found["note"] == (
+            "Not searched: server 'one' serves nothing now (awaiting approval: `toolatlas upstream approve one`) | "
+            "server 'two' serves nothing now (awaiting approval: `toolatlas upstream approve two`)."), found
+        assert _cli(d, "approve", "two").returncode == 0
+        scoped = d.tool("tool_search", {"query": "echo a message back", "servers": ["one"]})
+        assert scoped["isError"] and scoped["content"][0]["text"] == (
+            "server 'one' serves nothing now (awaiting approval: `toolatlas upstream approve one`); servers you can search: two")
+        called = d.tool("execute_tool", {"name": "one__echo", "arguments": {"message": "x"}})
+        assert called["isError"] and called["content"][0]["text"] == f"tool 'one__echo' cannot be called: {waits}"
+        assert d.search("echo a message back")[:1] == ["two__echo"]
+
+
 def test_only_an_admin_principal_approves(tmp_path: Path) -> None:
     import os
     import pwd
@@ -132,3 +162,46 @@ def test_only_an_admin_principal_approves(tmp_path: Path) -> None:
             assert _approvals(d)["one"] in ("active", "degraded")
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+FS = stdio_faultserver("fs")
+
+
+def _approved_call_in_flight(d: Daemon) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    """Approve fs, start fs__work(90) in a thread, and wait until it runs upstream: the
+    thread and the list its answer lands in."""
+    assert _cli(d, "approve", "fs").returncode == 0
+    d.wait_for(lambda: _approvals(d) == {"fs": "active"}, 60, "fs active")
+    answer: list[dict[str, Any]] = []
+    caller = threading.Thread(target=lambda: answer.append(
+        d.tool("execute_tool", {"name": "fs__work", "arguments": {"seconds": 90}})), daemon=True)
+    caller.start()
+    d.wait_for(lambda: d.meta("fs__stats", {})["inflight"] == 1, 30, "the call in flight upstream")
+    return caller, answer
+
+
+def test_a_reject_ends_the_calls_in_flight_on_that_upstream(tmp_path: Path) -> None:
+    """`upstream reject` keeps an upstream off: a call already running on it ends at once,
+    its caller told why, as a reload that withdraws access ends one (not after its 90 s)."""
+    with Daemon(tmp_path, FS, daemon_extra="require_approval = true\n") as d:
+        caller, answer = _approved_call_in_flight(d)
+        assert _cli(d, "reject", "fs").returncode == 0
+        caller.join(30)
+        assert answer, "the call on the rejected upstream is still running"
+        assert answer[0]["isError"] and "the operator rejected upstream 'fs'" in answer[0]["content"][0]["text"], answer
+        assert _events(d, "access_denied") == []  # the operator's hold, not the caller's rules
+
+
+def test_a_reload_that_sends_an_upstream_back_to_pending_ends_its_calls_as_a_restart(tmp_path: Path) -> None:
+    """An approved upstream whose command line a reload changes goes back to pending and is
+    restarted: its call in flight ends saying a reload closed it, not that access rules
+    changed, and is no access denial."""
+    d = Daemon(tmp_path, FS, daemon_extra="require_approval = true\n")
+    with d:
+        caller, answer = _approved_call_in_flight(d)
+        d.config.write_text(d.config.read_text().replace(FS, stdio_faultserver("fs", "--delay", "1")))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        caller.join(60)
+        assert answer and "config reload or a restart" in answer[0]["content"][0]["text"], answer
+        assert _approvals(d) == {"fs": "pending"}
+        assert _events(d, "access_denied") == []

@@ -185,3 +185,29 @@ def test_a_caller_cannot_make_an_audit_line_of_its_own_size(tmp_path: Path) -> N
         assert [e["event"] for e in events] == ["execute_tool_failed", "execute_tool_completed", "tool_search_completed"]
         assert max(len(ln) for ln in lines) < 4096, [len(ln) for ln in lines]
         assert events[0]["name"].startswith("one__xxx") and events[2]["scope"] == ["one"]
+
+
+def test_resource_reads_and_prompt_gets_are_audited(tmp_path: Path) -> None:
+    """Reading a resource or getting a prompt hands the caller an upstream's data as a tool
+    call does: each is an audit line naming who read what from which upstream, and how it
+    ended; one of a server the caller may not use names no upstream."""
+    from toolatlas.surface.rawclient import RawClient, RpcError
+
+    audit = tmp_path / "audit.jsonl"
+    cfg = (f'[events]\naudit_file = "{audit}"\n[[access]]\nusers = [{os.getuid()}]\nservers = ["one"]\n'
+           + stdio_testserver("one", "--name", "one", "--resources", "2")
+           + stdio_testserver("two", "--name", "two", "--resources", "2"))
+    with Daemon(tmp_path, cfg, daemon_extra='access_default = "deny"\n') as d:
+        with RawClient(d.socket, timeout=30) as c:
+            assert c.request("resources/read", {"uri": "test://res/001"})["contents"][0]["text"] == "resource 001"
+            assert "greet" in json.dumps(c.request("prompts/get", {"name": "one__greet", "arguments": {"name": "x"}}))
+            with pytest.raises(RpcError):
+                c.request("prompts/get", {"name": "two__greet", "arguments": {"name": "x"}})
+    lines = audit_lines(audit)
+    reads = [e for e in lines if e["event"] == "resource_read_completed"]
+    gets = [e for e in lines if e["event"] == "prompt_get_completed"]
+    assert [(e["uri"], e["upstream"], e["outcome"]) for e in reads] == [("test://res/001", "one", "ok")], reads
+    assert [(e["name"], e["upstream"], e["outcome"]) for e in gets] == [
+        ("one__greet", "one", "ok"), ("two__greet", "unknown", "not_found")], gets
+    for e in reads + gets:
+        assert AUDIT_FIELDS <= set(e) and e["principal"] == f"uid:{os.getuid()}" and e["request"] is not None, e

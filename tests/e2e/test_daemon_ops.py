@@ -142,6 +142,30 @@ def test_sighup_reload_adds_removes_and_keeps_unchanged_warm(tmp_path: Path) -> 
         assert int(d.tool("keep__pid", {})["content"][0]["text"]) == keep_pid
 
 
+def test_a_reload_that_removes_an_upstream_drops_its_metric_series(tmp_path: Path) -> None:
+    """/metrics after a reload shows only configured upstreams. Before, the calls, latencies
+    and reconnects of a removed upstream were exported until the daemon restarted, so every
+    renamed upstream left series behind (and dashboards listed servers that were gone)."""
+    port = free_port()
+    keep, drop = stdio_testserver("keep"), stdio_testserver("drop")
+    with Daemon(tmp_path, keep + drop, daemon_extra=f'metrics_addr = "127.0.0.1:{port}"') as d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 30, "ready")
+        assert not d.tool("drop__echo", {"message": "x"})["isError"]
+        assert not d.tool("keep__echo", {"message": "x"})["isError"]
+
+        def scrape() -> str:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+        assert 'toolatlas_calls_total{outcome="ok",upstream="drop"} 1.0' in scrape()
+        d.config.write_text(d.config.read_text().replace(drop, ""))
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for(lambda: [s["name"] for s in d.status()["servers"]] == ["keep"], 30, "drop removed")
+        body = d.wait_for(lambda: next((b for b in [scrape()] if 'upstream="drop"' not in b), None), 10,
+                          "drop's series gone")
+        assert 'toolatlas_calls_total{outcome="ok",upstream="keep"} 1.0' in body
+
+
 def test_metrics_endpoint_and_token_figures(tmp_path: Path) -> None:
     port = free_port()
     with Daemon(tmp_path, stdio_testserver("m", "--tools", "40"), daemon_extra=f'metrics_addr = "127.0.0.1:{port}"') as d:
@@ -164,6 +188,21 @@ def test_metrics_endpoint_and_token_figures(tmp_path: Path) -> None:
         # counted by a child process: the tokenizer's ~33 MB vocabulary never enters the daemon
         maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
         assert "anthropic_tokenizer" not in maps and "msgspec/_core" in maps
+
+
+def test_status_cache_and_search_counts_are_the_clients_as_the_metrics_count_them(tmp_path: Path) -> None:
+    """The token figure's sample queries (a top-5 search per sampled tool) went through the
+    result cache: catalog_status showed 8 misses and 8 searches before any client searched,
+    against 0 in /metrics. Now both count the clients' searches alone."""
+    port = free_port()
+    with Daemon(tmp_path, stdio_testserver("m", "--tools", "40"), daemon_extra=f'metrics_addr = "127.0.0.1:{port}"') as d:
+        d.wait_for(lambda: d.status()["tokens"].get("tools") == 49, 60, "tokens counted (its samples searched)")
+        d.search("echo a message")
+        d.search("echo a message")
+        index = d.status()["index"]
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert (index["cache"]["hits"], index["cache"]["misses"], index["searches"]) == (1, 1, 1), index
+    assert "toolatlas_search_cache_hits_total 1.0" in body and "toolatlas_search_cache_misses_total 1.0" in body
 
 
 def test_sighup_while_the_daemon_starts_is_a_reload_not_its_death(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.ports import free_port
 
 GHOST = "toolatlas-test-no-such-command"
 
@@ -39,6 +40,39 @@ def test_doctor_names_a_missing_command_and_the_upstream_it_breaks(tmp_path: Pat
     warned = _run("check-config", str(d.config))
     assert warned.returncode == 0 and "OK" in warned.stdout
     assert f"warning: upstream 'ghost': command '{GHOST}' is not found on PATH" in warned.stderr
+
+
+def test_doctor_says_when_the_daemon_runs_the_config_as_it_was_before_an_edit(tmp_path: Path) -> None:
+    """An upstream added to the file and one taken out, not reloaded: the daemon's answer
+    lists neither the new one nor drops the old, and doctor said 'config valid (N upstreams)'
+    and all ok, while the client saw none of the added server. Now each is a WARN line
+    naming the upstream and `toolatlas reload`."""
+    with Daemon(tmp_path, stdio_testserver("old")) as d:
+        d.wait_for(lambda: [s["state"] for s in d.status()["servers"]] == ["ready"], 60, "old ready")
+        d.config.write_text(d.config.read_text().replace('name = "old"', 'name = "new"'))
+        r = _run("doctor", "--config", str(d.config))
+    lines = r.stdout.splitlines()
+    assert f"WARN  upstream new: in {d.config} but not run by the daemon: it runs the config as it was before an " \
+           "edit (apply it with `toolatlas reload`), or your access rules hide it" in lines, r.stdout
+    assert f"WARN  upstream old: run by the daemon but no longer in {d.config}: apply the edit with " \
+           "`toolatlas reload`" in lines, r.stdout
+    assert r.returncode == 0 and lines[-1] == "no problems found", r.stdout
+
+
+def test_status_and_doctor_name_an_upstream_awaiting_approval(tmp_path: Path) -> None:
+    """With require_approval an upstream is connected and listed but serves nothing until
+    approved. `toolatlas status` showed it 'ready 5 tools' beside 'index: 0 searchable tools'
+    and doctor said 'ok ... ready': neither named the approval the operator has to give (only
+    the JSON's not_searchable_because did)."""
+    with Daemon(tmp_path, stdio_testserver("s"), daemon_extra="require_approval = true") as d:
+        d.wait_for(lambda: [s["state"] for s in d.status()["servers"]] == ["ready"], 60, "s ready")
+        status = _run("status", "--socket", d.socket)
+        doctor = _run("doctor", "--config", str(d.config))
+    row = next(line for line in status.stdout.splitlines() if line.startswith("s "))
+    assert row.endswith("(not searchable: awaiting approval: `toolatlas upstream approve s`)"), status.stdout
+    assert any(line.startswith("WARN  upstream s: ready, ") and line.endswith(
+        " tools, serving none: awaiting approval: `toolatlas upstream approve s`") for line in doctor.stdout.splitlines()), \
+        doctor.stdout
 
 
 def test_a_cwd_that_is_not_a_folder_is_found_before_the_daemon_fails_on_it(tmp_path: Path) -> None:
@@ -73,6 +107,29 @@ def test_doctor_fails_when_no_daemon_answers(tmp_path: Path) -> None:
     assert daemon and f"no answer at {sock} (No such file or directory); start it with `toolatlas serve " \
         f"--config {cfg}`" in daemon[0]
     assert lines[-1] == "1 problem(s) found"
+
+
+def test_doctor_without_a_daemon_names_a_remote_upstream_nothing_answers_for(tmp_path: Path) -> None:
+    """With no daemon to report its upstreams' states, a remote upstream whose port refuses
+    is one FAIL line naming it, the host and port (never the URL's password or query), and
+    what to do; a remote upstream that accepts connections is not. Before, doctor said
+    nothing of remote upstreams until a daemon ran."""
+    listening = socket.create_server(("127.0.0.1", 0))
+    refused = free_port()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "none.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+                   f'metrics_addr = ""\n[search]\nembedder = "none"\n'
+                   f'[[upstream]]\nname = "up"\ntransport = "http"\n'
+                   f'url = "http://127.0.0.1:{listening.getsockname()[1]}/mcp"\n'
+                   f'[[upstream]]\nname = "down"\ntransport = "sse"\n'
+                   f'url = "http://me:pw-secret@127.0.0.1:{refused}/sse?key=q-secret"\n')
+    with listening:
+        r = _run("doctor", "--config", str(cfg))
+    assert r.returncode == 1, r.stdout
+    urls = [line for line in r.stdout.splitlines() if line.startswith(("FAIL  url", "ok    url"))]
+    assert urls == [f"FAIL  url: upstream 'down': cannot connect to 127.0.0.1:{refused} (Connection refused): "
+                    "start that server, or fix its `url` in the config"], r.stdout
+    assert "secret" not in r.stdout
 
 
 def test_doctor_on_a_socket_that_accepts_but_never_answers_says_so(
@@ -235,3 +292,15 @@ def test_call_args_that_are_not_a_json_object_are_a_usage_error_before_any_daemo
     for given, said in (("{bad", "--args is not valid JSON"), ("[1, 2]", "--args must be a JSON object")):
         r = _run("call", "notes__add_note", "--args", given, "--socket", str(tmp_path / "none.sock"))
         assert r.returncode == 64 and said in r.stderr and "cannot reach" not in r.stderr, r.stderr
+
+
+def test_doctor_warns_of_an_access_rule_that_matches_no_one(tmp_path: Path) -> None:
+    """What check-config warns of in [[access]] (a user name this host does not know: the
+    user meant gets access_default) doctor shows as a WARN line too; WARN is no problem."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "none.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+                   f'[[upstream]]\nname = "s"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+                   '[[access]]\nusers = ["no-such-user-xq"]\nservers = ["s"]\n')
+    r = _run("doctor", "--config", str(cfg))
+    assert any(line.startswith("WARN  access: [[access]] rule 1 names user 'no-such-user-xq'")
+               for line in r.stdout.splitlines()), r.stdout

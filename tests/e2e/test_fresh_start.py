@@ -11,6 +11,7 @@ file exists."""
 from __future__ import annotations
 
 import io
+import signal
 import json
 import subprocess
 import sys
@@ -197,3 +198,27 @@ def test_a_shutdown_before_the_first_index_kills_the_running_export(tmp_path: Pa
         time.sleep(0.1)
     assert _exporters(tmp_path / "state") == []
     assert not (tmp_path / "state" / EXPORT).exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_daemon_killed_while_exporting_takes_the_export_along_and_the_next_start_clears_its_folder(
+    tmp_path: Path,
+) -> None:
+    """A SIGKILL (the OOM killer, a stop timeout) gives the daemon no shutdown: its exporter
+    ran on as an orphan for minutes of CPU, and its `.export-*` folder stayed for good. The
+    exporter now exits with its parent, and the next start clears what it left."""
+    d = Daemon(tmp_path, stdio_testserver("alpha"), search_extra='embedder = "onnx"\n', seed_models=False)
+    models = tmp_path / "state" / EXPORT.parent.parent
+    with d.start(ready=False):
+        d.wait_for(lambda: _exporters(tmp_path / "state") and list(models.glob(".export-*")), 60, "the exporter")
+        assert d.stop(signal.SIGKILL) == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while _exporters(tmp_path / "state") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _exporters(tmp_path / "state") == []
+    assert list(models.glob(".export-*")), "the killed export's folder (what the next start must clear)"
+
+    # The next start (its own export held: only what it clears first is looked at)
+    with d.start(ready=False, env={HOLD_EXPORT_ENV: str(tmp_path / "never")}):
+        d.wait_for(lambda: "embed.export_held" in d.log.read_text(), 60, "the next export held")
+        assert list(models.glob(".export-*")) == [] and "embed.export_removed_dead" in d.log.read_text()

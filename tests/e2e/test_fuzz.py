@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.daemon import Daemon, stdio_testserver
-from tests.support.hostile_rpc import CASES, INVALID_REQUEST, Case, check_answer
+from tests.support.hostile_rpc import BATCH, CASES, INVALID_REQUEST, Case, check_answer, check_batch_answer
 
 pytestmark = pytest.mark.slow
 
@@ -68,6 +68,7 @@ class Conn:
         self.sock.connect(self.path)
         self.seen: set[str] = set()
         self.answers: list[dict[str, Any]] = []  # every reply that is a JSON object, in order
+        self.arrays: list[list[Any]] = []  # every reply that is a JSON array (a batch's answer)
         self.cond = threading.Condition()
         self.closed = False
         self.replies = 0
@@ -114,7 +115,11 @@ class Conn:
         except ValueError:
             self.bad_lines.append(line[:200])
             return
-        if isinstance(msg, dict):
+        if isinstance(msg, list):  # the answer to a batch
+            with self.cond:
+                self.arrays.append(msg)
+                self.cond.notify_all()
+        elif isinstance(msg, dict):
             with self.cond:
                 self.answers.append(msg)
                 if isinstance(msg.get("id"), str):
@@ -333,6 +338,20 @@ def test_malformed_jsonrpc_gets_a_json_rpc_error_and_the_connection_goes_on(conn
         check_answer(case, nulls[0])
     else:
         check_answer(case, c.answer(start, case.id))
+
+
+@pytest.mark.hostile
+@pytest.mark.timeout(60)
+def test_a_batch_gets_an_error_for_each_of_its_requests(conns: dict[str, Conn]) -> None:
+    """Batches are refused, as JSON-RPC answers a batch: one array holding the error under
+    each request's id (not one id-null error, which left a client waiting out a timeout for
+    each request; protocol 2025-03-26, which the daemon accepts, lets clients batch)."""
+    c = conns["hostile"]
+    start = len(c.arrays)
+    c.send(BATCH + b"\n")
+    c.sync()
+    assert len(c.arrays) == start + 1, c.arrays[start:]
+    check_batch_answer(c.arrays[start])
 
 
 @pytest.mark.hostile

@@ -18,7 +18,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.daemon import Daemon, stdio_testserver
-from tests.support.hostile_rpc import CASES, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, Case, check_answer, tool_call
+from tests.support.hostile_rpc import (
+    BATCH, CASES, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, Case, check_answer, check_batch_answer, tool_call,
+)
 from tests.support.ports import free_port
 from tests.support.results import text as _text
 from toolatlas.config import parse
@@ -403,6 +405,15 @@ def _answer(response: httpx2.Response) -> dict[str, Any]:
         assert len(data) == 1, response.text
         return json.loads(data[0])
     return response.json()
+
+
+@pytest.mark.hostile
+@pytest.mark.timeout(60)
+def test_a_batch_over_http_gets_an_error_for_each_of_its_requests(gw: Daemon, session: dict[str, str]) -> None:
+    with httpx2.Client(timeout=30) as h:
+        response = h.post(gw.http_url, content=BATCH, headers=session)  # type: ignore[attr-defined]
+        assert response.status_code == 400, response.text
+        check_batch_answer(response.json())
 
 
 _HTTP_CASES = [*CASES, Case("query of 1 MB", tool_call(22, "tool_search", {"query": "echo " * 200_000}), None, 22,

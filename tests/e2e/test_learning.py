@@ -266,3 +266,30 @@ def test_an_event_past_retention_stops_counting_before_the_hourly_prune(tmp_path
         d.wait_for(lambda: _events(d) == 0, 60, "the event to expire")
         assert d.search(QUERY) == before
         assert _cli(d, "show", before[2])["events"] == 0
+
+
+NARROW = "s3cret-narrow-token"
+
+
+def test_catalog_status_counts_only_the_feedback_on_tools_the_caller_may_use(tmp_path: Path) -> None:
+    """A caller whose rules give it only `notes` reads no figure of the feedback others gave
+    tools of `t` (a server it may not use): no events, no tools with feedback, no time."""
+    port = free_port()
+    narrow = (f'[[http.tokens]]\nname = "narrow"\nsha256 = "{hash_token(NARROW)}"\n'
+              '[[access]]\ntokens = ["narrow"]\nservers = ["notes"]\n')
+    with Daemon(tmp_path, _config(port).replace("[[access]]", narrow + "[[access]]", 1)) as d:
+        _learn_once(d)
+        d.wait_for(lambda: _events(d) == 1, 30, "one usage event")
+        assert d.status()["learning"]["tools_with_feedback"] == 1
+
+        async def narrow_status() -> dict[str, Any]:
+            with anyio.fail_after(60):
+                async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {NARROW}"}, timeout=30) as http:
+                    async with Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)) as c:
+                        res = await c.call_tool("catalog_status", {})
+                        status: dict[str, Any] = json.loads(res.content[0].text)
+                        return status
+
+        status = anyio.run(narrow_status)
+        assert [s["name"] for s in status["servers"]] == ["notes"], status["servers"]
+        assert status["learning"] == {"enabled": True, "events": 0, "tools_with_feedback": 0, "updated_at": None}

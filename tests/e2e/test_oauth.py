@@ -48,6 +48,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                '[[access]]\ntokens = ["ops"]\nservers = ["*"]\n'
                '[[access]]\noauth_groups = ["ops"]\nservers = ["*"]\n'
                '[[access]]\noauth_groups = ["interns"]\nservers = ["alpha"]\n'
+               f'[[access]]\noauth_issuers = ["{issuer.issuer}"]\noauth_subjects = ["bound"]\nservers = ["beta"]\n'
                + stdio_testserver("alpha") + stdio_testserver("beta"))
         d = Daemon(tmp, cfg, daemon_extra='access_default = "deny"\n')
         with d:
@@ -112,6 +113,13 @@ def test_valid_tokens_of_both_key_types(env: Env, kid: str) -> None:
 def test_a_group_allowed_one_server_sees_only_it(env: Env) -> None:
     token = env.issuer.token("ec-1", env.issuer.claims(env.url, roles=["interns"], sub="intern"))
     assert _session(env, token) == {"servers": ["alpha"], "matched": ["alpha"], "beta_error": True}
+
+
+def test_a_rule_bound_to_the_issuer_matches_its_tokens(env: Env) -> None:
+    """`oauth_issuers` binds a rule to the issuers whose claims it means (with several, each
+    names its own subjects and groups): this issuer's `bound` gets the rule's beta."""
+    token = env.issuer.token("ec-1", env.issuer.claims(env.url, sub="bound"))
+    assert _session(env, token) == {"servers": ["beta"], "matched": ["beta"], "beta_error": False}
 
 
 def _sse_result(response: httpx2.Response) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_faultserver, stdio_testserver
 from tests.support.ports import free_port, legacy_post
 
 from toolatlas.surface.http import hash_token
@@ -66,6 +66,9 @@ def test_removed_token_stops_working_and_listen_change_is_refused(tmp_path: Path
         d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
         d.wait_for(lambda: _status_code(url, DROP) == 401, 30, "the removed token refused")
         assert _status_code(url, KEEP) == 200
+        # the rule still names it: the reload applied anyway, and the log says the name matches no one
+        assert [ln for ln in d.log.read_text().splitlines() if "WARNING" in ln and "[[access]] rule 1 names token "
+                "'drop'" in ln], d.log.read_text()[-3000:]
 
         # moving the endpoint cannot be applied live: refused by name, the running config kept
         other = free_port()
@@ -160,3 +163,71 @@ def test_streams_opened_with_a_removed_token_end_at_the_reload(tmp_path: Path) -
                    30, "the kept token's streams hear the next change")
         assert not streams[("legacy", "keep")].ended.is_set() and not streams[("listen", "keep")].ended.is_set()
         assert all(streams[(k, "drop")].heard(changed) == heard[(k, "drop")] for k in ("legacy", "listen"))
+
+
+def _call(port: int, secret: str, name: str, arguments: dict) -> dict:  # type: ignore[type-arg]
+    """One 2026-07-28 execute_tool over HTTP with bearer `secret`: the JSON-RPC response."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "execute_tool", "arguments": {"name": name, "arguments": arguments},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {},
+                  "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}}}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/mcp", data=body, method="POST", headers={
+        "Authorization": f"Bearer {secret}", "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/call", "Mcp-Name": "execute_tool"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        raw = resp.read().decode()
+    data = [ln[5:] for ln in raw.splitlines() if ln.startswith("data:")]
+    return json.loads(data[-1] if data else raw)  # type: ignore[no-any-return]
+
+
+def test_a_call_in_flight_to_an_upstream_a_reload_withdraws_ends_at_once(tmp_path: Path) -> None:
+    """The token stays, but a reload takes `fs` out of its [[access]] rule while it has a call
+    on fs in flight: that call ends at once (its caller told why, the upstream's handler
+    cancelled, an access_denied recorded), as a removed token's requests do, instead of
+    running on to its end with access the operator withdrew."""
+    port = free_port()
+    rules = ('[[access]]\nusers = ["root"]\nservers = ["*"]\n'
+             '[[access]]\ntokens = ["keep"]\nservers = ["fs", "one"]\n')
+    d = Daemon(tmp_path, _section(port, ("keep", KEEP)).replace('tokens = ["keep", "drop"]', 'tokens = ["nobody"]')
+               + rules + stdio_faultserver("fs") + stdio_testserver("one"), daemon_extra='access_default = "deny"')
+    with d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 60, "upstreams ready")
+        answer: list[dict] = []  # type: ignore[type-arg]
+        caller = threading.Thread(target=lambda: answer.append(_call(port, KEEP, "fs__work", {"seconds": 90})),
+                                  daemon=True)
+        caller.start()
+        d.wait_for(lambda: d.meta("fs__stats", {})["inflight"] == 1, 30, "the call in flight upstream")
+        d.config.write_text(d.config.read_text().replace('servers = ["fs", "one"]', 'servers = ["one"]'))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        caller.join(30)
+        assert answer, "the call of the withdrawn upstream is still running"
+        result = answer[0]["result"]
+        assert result["isError"] and "access" in result["content"][0]["text"], result
+        d.wait_for(lambda: (s := d.meta("fs__stats", {}))["inflight"] == 0 and s["cancelled"] == 1, 30,
+                   "the upstream's handler cancelled")
+        denied = _events(d, "access_denied")
+        assert [e for e in denied if e["principal"] == "token:keep" and e["target"] == "fs__work"], denied
+        assert not _call(port, KEEP, "one__echo", {"message": "x"})["result"]["isError"]  # the rest goes on
+
+
+def test_a_call_in_flight_on_an_upstream_the_reload_removes_is_no_access_denial(tmp_path: Path) -> None:
+    """Removing the upstream itself withdraws nobody's access: its call in flight ends as the
+    pool closes it (saying a reload closed it), with no access_denied against the caller."""
+    fs = stdio_faultserver("fs")
+    d = Daemon(tmp_path, fs + stdio_testserver("one"))
+    with d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 60, "upstreams ready")
+        answer: list[dict] = []  # type: ignore[type-arg]
+        caller = threading.Thread(target=lambda: answer.append(
+            d.tool("execute_tool", {"name": "fs__work", "arguments": {"seconds": 90}})), daemon=True)
+        caller.start()
+        d.wait_for(lambda: d.meta("fs__stats", {})["inflight"] == 1, 30, "the call in flight upstream")
+        d.config.write_text(d.config.read_text().replace(fs, ""))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        caller.join(60)
+        assert answer and answer[0]["isError"], answer
+        assert "config reload or a restart" in answer[0]["content"][0]["text"], answer
+        assert _events(d, "access_denied") == []
+

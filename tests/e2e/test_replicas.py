@@ -194,6 +194,84 @@ def test_feedback_through_one_replica_changes_ranking_on_the_other(
             assert b2.search(query, 5).index(third) < 2
 
 
+def learning_cli(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "toolatlas", "learning", *args, "--config", str(d.config), "--json"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def feedback_rows(pg: PgServer, url: str) -> int:
+    return int(str(pg.psql("SELECT count(*) FROM toolatlas_events WHERE kind = 'feedback'",
+                           db=url.rsplit("/", 1)[1])[0][0]))
+
+
+def test_learning_forget_and_reset_on_one_replica_reach_every_replica_and_the_store(
+    tmp_path: Path, pg_url: str, pg_server: PgServer, shared_server: RunningServer,
+) -> None:
+    """`learning forget|reset` promise the queries gone: with replicas, from the shared store
+    and from every replica's own store too, not only from the host the command ran on."""
+    query = "generated test tool"
+    with replica(tmp_path, "a", pg_url, shared_server) as a, replica(tmp_path, "b", pg_url, shared_server) as b:
+
+        def executed(n: int, pick: int | str) -> str:
+            """Search, execute a returned tool (by rank, or by name), wait for `n` events on both."""
+            with a.client() as c:
+                names = [m["name"] for m in c.call_tool("tool_search", {"query": query})["structuredContent"]["matches"]]
+                name = names[pick] if isinstance(pick, int) else pick
+                assert name in names, names
+                assert not c.call_tool("execute_tool", {"name": name, "arguments": {"value": "x"}}).get("isError")
+            for d in (a, b):
+                d.wait_for(lambda d=d: d.status()["learning"]["events"] == n, 30, f"{n} event(s) on each replica")
+            return name
+
+        third = executed(1, 2)
+        fourth = executed(2, 3)
+        assert feedback_rows(pg_server, pg_url) == 2
+        done = learning_cli(b, "forget", third)  # run on B; the event was recorded on A
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"tool": third, "forgotten": 1, "shared": 1}
+        for d in (a, b):
+            d.wait_for(lambda d=d: d.status()["learning"]["events"] == 1, 30, "the tool's event gone on each replica")
+        assert feedback_rows(pg_server, pg_url) == 1
+        assert json.loads(learning_cli(a, "show", fourth).stdout)["events"] == 1  # the other tool's stays
+        # after the forget, the tool learns again, everywhere
+        executed(2, third)
+        done = learning_cli(a, "reset")
+        assert done.returncode == 0 and json.loads(done.stdout)["shared"] == 2, done.stdout + done.stderr
+        for d in (a, b):
+            d.wait_for(lambda d=d: d.status()["learning"]["events"] == 0, 30, "every event gone on each replica")
+        assert feedback_rows(pg_server, pg_url) == 0
+
+
+def test_shared_usage_events_past_retention_are_deleted(
+    tmp_path: Path, pg_url: str, pg_server: PgServer, shared_server: RunningServer,
+) -> None:
+    """The shared copies of usage events hold users' queries: `[learning] retention_days`
+    bounds them as it bounds each replica's own store (other kinds are the operator's)."""
+    db = pg_url.rsplit("/", 1)[1]
+    with replica(tmp_path, "a", pg_url, shared_server) as a:
+        a.wait_for(lambda: store_status(a)["connected"], 30, "A connected (the tables exist)")
+    body = '{"query": "q", "tool": "shared__gen_001", "principal": "uid:9", "at": 1, "index_version": 1}'
+    pg_server.psql(
+        "INSERT INTO toolatlas_events (kind, key, body, origin, idem, written_at) VALUES "
+        f"('feedback', 'shared__gen_001', '{body}', 'gone', 'old-feedback', now() - interval '200 days'), "
+        f"('feedback', 'shared__gen_001', '{body}', 'gone', 'new-feedback', now() - interval '100 days'), "
+        f"('catalog.changed', 'shared', '{{}}', 'gone', 'old-notice', now() - interval '200 days')", db=db)
+    with replica(tmp_path, "b", pg_url, shared_server) as b:
+        b.wait_for(lambda: "old-feedback" not in db_idems(pg_server, pg_url), 30, "the old usage event deleted")
+        assert {"new-feedback", "old-notice"} <= set(db_idems(pg_server, pg_url))
+
+
+def test_learning_reset_with_the_store_down_says_what_was_left(tmp_path: Path, shared_server: RunningServer) -> None:
+    """The shared store does not answer: the host's own store is reset, and the command says
+    that the store and the other replicas keep the events, exit 69 (not 0)."""
+    d = replica(tmp_path, "a", f"postgresql://nobody@127.0.0.1:{free_port()}/none", shared_server)
+    done = learning_cli(d, "reset")
+    assert done.returncode == 69, done.stdout + done.stderr
+    assert json.loads(done.stdout)["reset"] == 0
+    assert "done in this host's store only" in done.stderr and "run this again when the store answers" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_database_restart_under_load(tmp_path: Path, shared_server: RunningServer, pg_private: PgServer) -> None:
     pg = pg_private
     url = pg.new_database()

@@ -60,6 +60,20 @@ def test_busy_metrics_port_refuses_in_one_line(tmp_path: Path) -> None:
     assert not _running_with(marker), "the early-started upstream outlived the failed start"
 
 
+def test_a_socket_whose_folder_cannot_be_made_refuses_in_one_line(tmp_path: Path) -> None:
+    """A [daemon] socket under a regular file: the folder cannot be made. serve died with a
+    FileExistsError traceback (exit 1); now it is one line naming the socket and why, exit 78."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    d = Daemon(tmp_path, "")
+    text = d.config.read_text()
+    assert f'socket = "{d.socket}"' in text
+    d.config.write_text(text.replace(f'socket = "{d.socket}"', f'socket = "{blocker / "t.sock"}"'))
+    done = _serve(d.config)
+    assert done.returncode == 78, done.stderr
+    _one_clear_line(done, f"cannot listen on the socket {str(blocker / 't.sock')!r}: {blocker} is not a folder")
+
+
 def _running_with(marker: str) -> list[int]:
     """Live (not zombie) processes whose command line holds `marker`."""
     found = []

@@ -221,6 +221,8 @@ async def test_five_shims_at_once_start_one_daemon(no_daemon: Daemon) -> None:
     assert int(stat[3]) == pid  # session id (setsid)
     assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
     assert os.readlink(f"/proc/{pid}/fd/2") == str(log)
+    # the daemon keeps that log bounded (toolatlas.logfile): the shim asked it to
+    assert b"\0TOOLATLAS_LOG_MAX_BYTES=10485760\0" in b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
     assert pid_alive(pid)
 
 
@@ -256,7 +258,7 @@ INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
 
 
-def _handshake_then_eof(config: Path, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[bytes], list[Any]]:
+def _handshake_then_eof(config: Path | str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[bytes], list[Any]]:
     """`toolatlas shim --config CONFIG` (no daemon running) fed an initialize and its
     notification, then EOF on stdin; the shim's exit and the replies it wrote."""
     lines = json.dumps(INIT).encode() + b'\n{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
@@ -292,6 +294,26 @@ def test_shim_config_reports_a_daemon_that_will_not_start(no_daemon: Daemon) -> 
     assert "started the daemon" in err
 
 
+def test_shim_config_says_at_once_why_it_cannot_start_the_daemon(no_daemon: Daemon, tmp_path: Path) -> None:
+    """A state_dir that cannot be made (here a path under a regular file; an unwritable folder
+    alike): the daemon's log cannot be opened, so no daemon starts. The held handshake is
+    answered at once with the path and the key to fix. Before, the client waited the whole
+    60 s and then read 'the daemon is starting ... retry in a few seconds'."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    text = no_daemon.config.read_text()
+    assert f'state_dir = "{no_daemon.tmp / "state"}"' in text
+    no_daemon.config.write_text(text.replace(f'state_dir = "{no_daemon.tmp / "state"}"',
+                                             f'state_dir = "{blocker / "state"}"'))
+    proc, replies = _handshake_then_eof(no_daemon.config)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert [r.get("id") for r in replies] == [1], replies
+    message = replies[0]["error"]["message"]
+    assert f"cannot write its log {blocker / 'state' / 'daemon.log'}" in message, message
+    assert "Not a directory" in message and "[daemon] state_dir" in message, message
+    assert not _daemons_of(no_daemon.config)
+
+
 def test_shim_config_answers_a_held_handshake_after_the_client_closes_stdin(no_daemon: Daemon) -> None:
     """A client that writes its requests and closes stdin while the daemon is still being
     started is owed the replies, as when the daemon is up: the held initialize is answered
@@ -300,6 +322,18 @@ def test_shim_config_answers_a_held_handshake_after_the_client_closes_stdin(no_d
     assert proc.returncode == 0, proc.stderr.decode()
     assert [r.get("id") for r in replies] == [1], (replies, proc.stderr.decode())
     assert replies[0]["result"]["serverInfo"]["name"] == "toolatlas", replies
+
+
+def test_shim_config_under_home_written_with_a_tilde_is_found(no_daemon: Daemon) -> None:
+    """Clients start the shim without a shell: `"args": ["shim", "--config",
+    "~/.config/toolatlas/config.toml"]` reached it with the ~ as written, and it exited 78
+    ('cannot read the socket from '~/...'). The shim now reads ~ as the home folder, as the
+    config does in its own paths."""
+    home = no_daemon.tmp.parent
+    proc, replies = _handshake_then_eof(f"~/{no_daemon.config.relative_to(home)}", dict(os.environ, HOME=str(home)))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert [r.get("id") for r in replies] == [1] and "result" in replies[0], (replies, proc.stderr.decode())
+    assert _daemons_of(no_daemon.config), "the daemon the shim started is not running"
 
 
 def test_a_daemon_the_shim_starts_reads_its_secrets_from_the_environment_file(no_daemon: Daemon, tmp_path: Path) -> None:

@@ -31,6 +31,10 @@ def test_an_unreadable_snapshot_and_card_are_logged_and_the_daemon_serves(tmp_pa
         assert "alpha__echo" in d.wait_for(lambda: d.search("echo a message back"), 30, "a search finds alpha")
         log = d.log.read_text()
         assert "retrieval.snapshot_corrupt" in log and str(snapshot) in log and "not a regular file" in log, log[-3000:]
+        # ... and written again: what was in its place is moved aside, so the rebuilt file can take it
+        index = d.wait_for(lambda: (i := d.status()["index"])["persisted_version"] == i["version"] and i, 30, "persisted")
+        assert index["persist_failures"] == 0 and snapshot.is_file(), index
+        assert "retrieval.state_file_unusable" in d.log.read_text()
         # the card is refused, and (cards not required) the server's tools are served all the same
         status = d.wait_for(lambda: (s := d.status()) and "alpha" in s["cards"]["servers"] and s, 30, "alpha attested")
         verdict = status["cards"]["servers"]["alpha"]["card"]
@@ -119,3 +123,24 @@ def test_an_unreadable_approvals_file_leaves_every_upstream_pending_and_the_daem
     log = d.log.read_text()
     assert f"approvals file {path} is unreadable" in log and "Traceback" not in log, log[-3000:]
     assert list(path.parent.glob("approvals.json.broken-*"))
+
+
+def test_a_state_dir_that_cannot_be_made_is_one_config_error_line(tmp_path: Path) -> None:
+    """A state_dir under a regular file (or a folder of another user) cannot be made: serve
+    died with two tracebacks at the approvals file (exit 1), and a shim --config that started
+    it could only say 'exited with status 1'. Now it is one line naming the key and the path,
+    exit 78, before any upstream starts."""
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    d = Daemon(tmp_path, stdio_testserver("alpha"))
+    text = d.config.read_text()
+    d.config.write_text(text.replace(f'state_dir = "{tmp_path / "state"}"', f'state_dir = "{blocker / "state"}"'))
+    assert str(blocker / "state") in d.config.read_text()
+    r = subprocess.run([sys.executable, "-m", "toolatlas", "serve", "--config", str(d.config)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 78, r.stderr
+    assert r.stderr == (f"toolatlas: config error: {d.config}: [daemon] state_dir {str(blocker / 'state')!r} "
+                        "cannot be used: Not a directory\n"), r.stderr

@@ -81,8 +81,8 @@ def test_a_response_that_is_not_json_rpc_fails_its_call_at_once_saying_why(daemo
     r = _call(daemon, tool, {})
     assert r["isError"], r
     text = r["content"][0]["text"]
-    assert text == (f"upstream 'raw' answered tools/call {tool} with JSON-RPC error -32603: "
-                    f"the upstream's response is not valid JSON-RPC: {why}"), text
+    # toolatlas's own words, not said to be the upstream's ("answered ... with JSON-RPC error -32603")
+    assert text == f"tools/call {tool} on upstream 'raw' failed: the upstream's response is not valid JSON-RPC: {why}", text
     assert _raw(daemon)["state"] == "ready"
     assert _call(daemon, "echo", {"message": "after"})["content"][0]["text"] == "Echo: after"
 

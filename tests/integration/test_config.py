@@ -56,12 +56,24 @@ def test_good_config_parses_with_expansion_and_relative_paths(tmp_path: Path) ->
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\n[[upstream]]\nname='a'\ntransport='stdio'\ncommand='y'\n", "used more than once"),
         ("[daemon]\nmetrics_addr = 'nope'\n", "metrics_addr must be HOST:PORT"),
         ("[[upstream]]\nname='a'\ntransport='http'\nurl='ftp://x'\n", "must start with http://"),
+        # an unparsable URL was accepted, then a traceback in check-config and the daemon's start
+        ("[[upstream]]\nname='a'\ntransport='sse'\nurl='http://[::1'\n", "upstream 'a' url is not a valid URL: Invalid IPv6 URL"),
+        ("[[upstream]]\nname='a'\ntransport='http'\nurl='http://h:99999/mcp'\n", "upstream 'a' url is not a valid URL: Port out of range"),
+        ("[[upstream]]\nname='a'\ntransport='http'\nurl='http:///mcp'\n", "upstream 'a' url names no host, got 'http:///mcp'"),
+        ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand=' '\n", "upstream 'a' has an empty command"),
+        ("[store]\nurl='postgresql://u:p@[::1/db'\n", "[store] url is not a valid URL: Invalid IPv6 URL"),
+        ("[http]\nlisten='127.0.0.1:0'\n[http.oauth]\nissuers=[{issuer='i', jwks_url='https://[x/j', audience='a'}]\n",
+         "issuer 'i': jwks_url is not a valid URL"),
         ("this is = = not toml", "not valid TOML"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_description_chars=10\n",
          "Expected `int` >= 256 at [upstream 'a' (upstream[0].max_description_chars)]"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_schema_bytes=0\n", "upstream[0].max_schema_bytes"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_result_blocks=0\n", "upstream[0].max_result_blocks"),
         ("[learning]\nmax_events = 0\n", "Expected `int` >= 1 at [learning.max_events]"),
+        # one secret under two names (a copied block): every request would be the last name's
+        ("[http]\nlisten = '127.0.0.1:0'\n[[http.tokens]]\nname = 'ci'\nsha256 = '" + "ab" * 32 + "'\n"
+         "[[http.tokens]]\nname = 'deploy'\nsha256 = '" + "AB" * 32 + "'\n",
+         "[[http.tokens]] 'ci' and 'deploy' have the same sha256"),
     ],
 )
 def test_bad_configs_name_the_key(text: str, needle: str) -> None:
@@ -161,3 +173,73 @@ def test_bundled_example_config_is_valid() -> None:
     assert {u.name for u in cfg.upstream} and {type(u).__name__ for u in cfg.upstream} == {
         "StdioUpstream", "SseUpstream", "HttpUpstream"
     }
+
+
+@pytest.mark.parametrize("key", ["[daemon]\nsocket", '[[endpoint]]\nname = "e"\nupstreams = ["*"]\nsocket'])
+def test_a_socket_path_too_long_to_bind_is_a_config_error(tmp_path: Path, key: str) -> None:
+    """A Unix socket address holds 107 bytes of path: a longer socket (a deep checkout's
+    .run/toolatlas.sock) passed check-config and doctor, then `serve` died in bind(2) with a
+    traceback ('AF_UNIX path too long'). Now check-config (and so serve, reload and doctor)
+    refuses it, naming the path and the limit; 107 bytes still parse."""
+    deep = tmp_path / ("d" * 200)
+    fits = "/tmp/" + "s" * (107 - len("/tmp/") - len(".sock")) + ".sock"
+    for path, ok in ((str(deep / "t.sock"), False), (fits, True)):
+        f = tmp_path / "c.toml"
+        f.write_text(f'{key} = "{path}"\n' + ('[daemon]\nmetrics_addr = ""\n' if "endpoint" in key else "")
+                     + '[[upstream]]\nname = "x"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n')
+        r = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(f)], capture_output=True, text=True,
+                           timeout=60)
+        if ok:
+            assert r.returncode == 0, r.stderr
+        else:
+            assert r.returncode == 78, r.stdout
+            assert f"socket {path!r} is {len(path)} bytes long; a Unix socket path holds at most 107" in r.stderr, r.stderr
+
+
+def _warnings_of_check_config(tmp_path: Path, text: str) -> list[str]:
+    """check-config on a config of `text` under [daemon] (state in tmp_path, one stdio
+    upstream `files`): it must say OK; its warning lines."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\nmetrics_addr = ''\nstate_dir = 'state'\n"
+                   "[[upstream]]\nname = 'files'\ntransport = 'stdio'\ncommand = 'true'\n" + text)
+    run = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(cfg)], capture_output=True, text=True)
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
+    return [line for line in run.stderr.splitlines() if line.startswith("toolatlas: warning: ")]
+
+
+def test_check_config_warns_of_an_access_rule_naming_no_token(tmp_path: Path) -> None:
+    """A typo in a rule's token name (`ci_agent` for `ci-agent`) is a rule that matches no one:
+    the real token then gets access_default ("allow": every upstream). check-config still says
+    OK (a rule left naming a token just removed must not block that removal at a reload), but
+    warns, naming the rule and the token."""
+    from toolatlas.surface.http import hash_token
+
+    warnings = _warnings_of_check_config(tmp_path, "[http]\nlisten = '127.0.0.1:0'\n"
+                                         f"[[http.tokens]]\nname = 'ci-agent'\nsha256 = '{hash_token('s3cret-token')}'\n"
+                                         "[[access]]\nusers = ['root']\nservers = ['*']\n"
+                                         "[[access]]\ntokens = ['ci_agent', 'ci-agent']\nservers = ['files']\n")
+    assert len(warnings) == 1 and "[[access]] rule 2" in warnings[0] and "'ci_agent'" in warnings[0], warnings
+    assert "access_default" in warnings[0], warnings
+
+
+def test_check_config_warns_of_an_access_rule_naming_an_unknown_user_or_group(tmp_path: Path) -> None:
+    """A user or group name this host does not know (a typo: `alcie`) makes a rule that
+    matches no socket client; the client meant gets access_default. Warned of, not refused
+    (the account may be made later); numeric ids are never warned of."""
+    warnings = _warnings_of_check_config(tmp_path, "[[access]]\nusers = ['root', 'no-such-user-xq', 4242]\n"
+                                         "groups = ['root', 'no-such-group-xq', '4243']\nservers = ['files']\n")
+    assert len(warnings) == 2, warnings
+    assert "rule 1 names user 'no-such-user-xq'" in warnings[0] and "rule 1 names group 'no-such-group-xq'" in warnings[1]
+
+
+def test_check_config_warns_of_an_oauth_rule_that_any_of_several_issuers_matches(tmp_path: Path) -> None:
+    """With two issuers, a rule's oauth_groups match the groups either issuer names: warned,
+    unless oauth_issuers binds it; an issuer that is not configured is an error."""
+    oauth = ("[http]\nlisten = '127.0.0.1:0'\n[http.oauth]\nissuers = [{issuer = 'https://a', jwks_url = 'https://a/k'},"
+             " {issuer = 'https://b', jwks_url = 'https://b/k'}]\n")
+    warnings = _warnings_of_check_config(tmp_path, oauth + "[[access]]\noauth_groups = ['ops']\nservers = ['files']\n"
+                                         "[[access]]\noauth_issuers = ['https://a']\noauth_groups = ['ops']\n"
+                                         "servers = ['files']\n")
+    assert len(warnings) == 1 and "rule 1 matches the oauth_* claims of every issuer" in warnings[0], warnings
+    with pytest.raises(ConfigError, match="oauth_issuers names 'https://c', which is not an"):
+        parse(oauth + "[[access]]\noauth_issuers = ['https://c']\nservers = []\n", env={})

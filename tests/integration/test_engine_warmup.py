@@ -35,6 +35,8 @@ def test_progress_record_says_what_is_missing() -> None:
     assert p.pending and p.degraded == LOADING
     p = p.to(ModelPhase.EMBEDDING, embedded=3, total=10)
     assert p.degraded == LOADING and "3 of 10" in p.describe()
+    # for a caller who may not see every server: no counts of the whole catalog
+    assert "embedding documents (" in p.describe(counts=False) and "10" not in p.describe(counts=False)
     ready = p.to(ModelPhase.READY, hybrid_once=True)
     assert not ready.pending and ready.degraded is None
     assert ready.to(ModelPhase.EMBEDDING).degraded == EMBEDDING_NEW  # after the first hybrid

@@ -61,7 +61,8 @@ async def test_an_answer_that_is_not_json_rpc_fails_its_call_saying_what_came(
             await wait_status(pool, "web", lambda s: s.state is UpstreamState.READY)
             with pytest.raises(UpstreamProtocolError) as caught:
                 await pool_call(pool, "web", tool, {})
-            assert str(caught.value) == (f"upstream 'web' answered tools/call {tool} with JSON-RPC error -32603: "
+            # toolatlas's words for what came, not said to be the upstream's JSON-RPC error
+            assert str(caught.value) == (f"tools/call {tool} on upstream 'web' failed: "
                                          + said.format(url=raw_http.url)), caught.value
             assert pool.get("web").state is UpstreamState.READY  # type: ignore[union-attr]
             assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
@@ -95,7 +96,7 @@ async def test_an_sse_message_post_that_fails_fails_its_call_at_once_and_the_ses
                     await pool_call(pool, "web", "http_503", {})
                 endpoint = srv.url.replace("/sse", "/messages")
                 assert str(caught.value) == (
-                    "upstream 'web' answered tools/call http_503 with JSON-RPC error -32603: the upstream answered "
+                    "tools/call http_503 on upstream 'web' failed: the upstream answered "
                     f"HTTP 503 (Service Unavailable) at {endpoint}: 'upstream overloaded, try later'"), caught.value
                 assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"
     finally:

@@ -546,6 +546,12 @@ def test_an_unreadable_embedding_cache_and_dense_index_are_rebuilt(
     st = second.stats()
     assert st["cache_corrupt"] >= 1 and st["embeddings_computed"] == len(docs)  # rebuilt, not trusted
     assert docs[0].name in [h.name for h in second.search(docs[0].name, 5).hits]
+    # ... and written: what was in their place is moved aside, so a restart embeds nothing
+    assert st["persist_failures"] == 0 and all(p.is_file() for p in planted), st
+    third = Engine(state_dir=state)
+    third.load()
+    third.update(docs, [])
+    assert third.stats()["embeddings_computed"] == 0 and third.stats()["cache_corrupt"] == 0
 
 
 @pytest.mark.slow
@@ -652,6 +658,90 @@ def test_hnsw_searches_run_during_a_save_and_wait_for_an_insert(tmp_path: Path) 
         assert not done.wait(0.3), "a search ran during an insert"
     assert done.wait(10)
     t.join()
+
+
+def test_a_state_dir_refusing_writes_is_one_warning_and_said_in_the_stats(
+    mcp_docs: list[ToolDoc], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Writes that fail (here: a regular file where the retrieval folder belongs; a read-only
+    or full disk alike) are counted at each change, logged once, and said in the stats
+    (catalog_status's index.persist_error) until a write succeeds again, which is logged."""
+    blocker = tmp_path / "retrieval"
+    blocker.write_text("not a folder")
+    eng = Engine(state_dir=tmp_path, embedder="none")
+    eng.load()
+    with caplog.at_level("INFO", logger="toolatlas.retrieval"):
+        for i in range(3):
+            eng.update(mcp_docs[i * 5 : i * 5 + 5], [])
+    st = eng.stats()
+    assert st["persist_failures"] == 3 and st["persisted_version"] == 0, st
+    assert st["persist_error"] is not None and str(tmp_path) in st["persist_error"], st
+    assert sum("retrieval.persist_failed" in r.getMessage() for r in caplog.records) == 1, caplog.text
+    assert eng.search(mcp_docs[0].name, 3).hits[0].name == mcp_docs[0].name  # served all the same
+    blocker.unlink()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="toolatlas.retrieval"):
+        version = eng.update(mcp_docs[15:20], [])
+    st = eng.stats()
+    assert st["persist_error"] is None and st["persisted_version"] == version, st
+    assert "retrieval.persist_recovered" in caplog.text
+
+
+@pytest.mark.parametrize(("field", "value"), [("version", None), ("version", "x"), ("next_label", [1])])
+def test_a_snapshot_whose_header_holds_a_bad_field_is_corrupt_not_a_crash(
+    mcp_docs: list[ToolDoc], tmp_path: Path, field: str, value: object
+) -> None:
+    """The snapshot's JSON header is outside its checksum: a field there that is not a number
+    (a flipped bit, an editor) made every start of the daemon die in restore with a
+    TypeError, until the file was deleted by hand. It is a corrupt file: counted, rebuilt."""
+    import struct
+
+    from toolatlas.retrieval import persist
+
+    eng = Engine(state_dir=tmp_path, embedder="none")
+    eng.load()
+    eng.update(mcp_docs[:10], [])
+    path = persist.folder(tmp_path) / "snapshot-none.bin"
+    raw = path.read_bytes()
+    magic = len(b"TASNP01\n")
+    (hlen,) = struct.unpack_from("<I", raw, magic)
+    header = {**json.loads(raw[magic + 4 : magic + 4 + hlen]), field: value}
+    hb = json.dumps(header).encode()
+    path.write_bytes(raw[:magic] + struct.pack("<I", len(hb)) + hb + raw[magic + 4 + hlen :])
+
+    again = Engine(state_dir=tmp_path, embedder="none")
+    again.restore()
+    assert again.stats()["cache_corrupt"] == 1 and not again.ready
+    version = again.update(mcp_docs[:10], [])
+    assert again.stats()["persisted_version"] == version and again.search(mcp_docs[0].name, 3).hits
+
+
+def test_a_schema_integer_wider_than_64_bits_is_indexed_persisted_and_restored(tmp_path: Path) -> None:
+    """A token amount's `"maximum": 2**256 - 1` made the snapshot write raise OverflowError
+    (MessagePack holds 64 bits) out of update(): through the daemon, that upstream's tools
+    never became searchable. It is kept as a float in the snapshot; an integer even a float
+    cannot hold fails the write (said in the stats), never the update."""
+    wide = {"type": "object", "properties": {"amount": {"type": "integer", "maximum": 2**256 - 1}}}
+    docs = [ToolDoc(name="chain__transfer", server="chain", tool="transfer", description="Transfer tokens to an address",
+                    input_schema=wide),
+            ToolDoc(name="chain__balance", server="chain", tool="balance", description="Token balance of an address",
+                    input_schema={"type": "object"})]
+    eng = Engine(state_dir=tmp_path, embedder="none")
+    eng.load()
+    version = eng.update(docs, [])
+    assert eng.stats()["persisted_version"] == version and eng.search("transfer tokens", 1).hits[0].name == "chain__transfer"
+
+    again = Engine(state_dir=tmp_path, embedder="none")
+    again.restore()
+    assert again.stats()["snapshot_restored"] == 1 and again.version == version
+    restored = {d.name: d for d in again.catalog_vectors()[1]}["chain__transfer"]
+    assert restored.input_schema["properties"]["amount"]["maximum"] == float(2**256 - 1)
+
+    wider = ToolDoc(name="chain__huge", server="chain", tool="huge", description="Huge", input_schema={"maximum": 2**2000})
+    version = again.update([wider], [])
+    st = again.stats()
+    assert st["persisted_version"] < version and st["persist_error"] and "int" in st["persist_error"], st
+    assert again.search("huge", 1).hits[0].name == "chain__huge"
 
 
 def test_stale_temp_files_of_dead_writers_are_removed_at_load(tmp_path: Path) -> None:

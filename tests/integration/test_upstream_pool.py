@@ -676,3 +676,33 @@ async def test_local_upstreams_take_turns_and_a_slow_turn_holds_the_others_back_
             slow_release.set()
             await pool.wait_settled(30)
             assert (s := pool.get("slow")) is not None and s.state is READY and "echo" in rec.latest["slow"]
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["relay", "sdk"])
+async def test_progress_moves_a_call_timeout_on_up_to_call_max(raw: bool) -> None:
+    """MCP lets a client reset a request's timeout on each progress notification and asks it
+    to enforce a maximum. A call that reported progress every half second was cut at
+    timeouts.call (3 s here) though the upstream was plainly working; it now runs 3 s past
+    its last progress, and never past call_max. Without progress the cut is as before.
+    (Margins are wide: progress every 0.5 s against a 3 s span.)"""
+    from toolatlas.calls import UpstreamCall
+
+    async def call(tool: str, arguments: dict[str, Any]) -> str:
+        reply = await pool.call_tool(UpstreamCall(server="t", tool=tool, arguments=arguments, raw=raw))
+        payload = reply.payload if isinstance(reply.payload, dict) else reply.payload.model_dump()  # the relay's is wire form
+        return str(payload["content"][0]["text"])
+
+    up = replace(stdio_testserver("t"), timeouts=Timeouts(connect=30.0, list_tools=20.0, call=3.0, call_max=7.0))
+    async with running(Pool([up], Recorder())) as pool:
+        await wait_status(pool, "t", lambda s: s.state is READY, 60)
+        # 12 progress notifications 0.5 s apart: 6 s in all, past `call` but inside call_max
+        assert await call("progress", {"steps": 12, "interval": 0.5}) == "done"
+        # 40 of them: 20 s, past call_max
+        with pytest.raises(UpstreamTimeout) as cut:
+            await call("progress", {"steps": 40, "interval": 0.5})
+        assert "did not answer tools/call progress within" in str(cut.value) and cut.value.seconds >= 6.5
+        # no progress: the first span is the limit
+        with pytest.raises(UpstreamTimeout) as silent:
+            await call("sleep", {"seconds": 6})
+        assert silent.value.seconds == 3.0
+        assert await call("echo", {"message": "after"}) == "Echo: after"

@@ -50,7 +50,8 @@ CASES = [
          b'"arguments":{"query":"echo","top_k":-Infinity}}}', PARSE_ERROR, 9, text="Infinity"),
     Case("deep nesting", b"[" * DEEP + b"]" * DEEP, INVALID_REQUEST, text="levels"),
     Case("deep arguments", DEEP_ARGS, INVALID_REQUEST, 5, "levels"),
-    Case("batch", b"[" + _ping("17") + b"]", INVALID_REQUEST, text="batch"),
+    Case("batch of notifications", b'[{"jsonrpc":"2.0","method":"notifications/initialized"}]', INVALID_REQUEST,
+         text="batch"),
     Case("empty batch", b"[]", INVALID_REQUEST, text="batch"),
     Case("scalar", b"5", INVALID_REQUEST, text="JSON object"),
     Case("id object", _ping('{"a":1}'), INVALID_REQUEST, text="`id`"),
@@ -81,6 +82,17 @@ CASES = [
 
 # What a client-facing message must never hold: a traceback, an exception class, pydantic's text.
 _LEAKS = re.compile(r"Traceback|\b[A-Z]\w*(Error|Exception)\b|validation error|pydantic|union\[|\bdict_type\b")
+
+
+# A batch with requests: its answer is an array of the error, one for each request's id.
+BATCH = b"[" + _ping("17") + b',{"jsonrpc":"2.0","method":"notifications/initialized"},' + _ping('"b"') + b"]"
+BATCH_IDS = [17, "b"]
+
+
+def check_batch_answer(reply: Any) -> None:
+    assert isinstance(reply, list) and [r.get("id") for r in reply] == BATCH_IDS, reply
+    for r in reply:
+        check_answer(Case("batch", b"", INVALID_REQUEST, r["id"], "batch"), r)
 
 
 def check_answer(case: Case, reply: dict[str, Any]) -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import pwd
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def run_as(user: pwd.struct_passwd, fn: Callable[[], Any]) -> Any:
-    """`fn()` in a forked child running as `user`; its JSON-able return value.
+def run_as(user: pwd.struct_passwd, fn: Callable[[], Any], groups: Sequence[int] = ()) -> Any:
+    """`fn()` in a forked child running as `user`, with only the supplementary `groups`
+    (default none, whatever /etc/group says); its JSON-able return value.
 
     A fork, not a new interpreter: the project's venv may live where other users cannot read
     (import what `fn` needs before calling this). An exception in the child fails the caller's
@@ -21,7 +22,7 @@ def run_as(user: pwd.struct_passwd, fn: Callable[[], Any]) -> Any:
     if pid == 0:  # child
         try:
             os.close(r)
-            os.setgroups([])
+            os.setgroups(list(groups))
             os.setgid(user.pw_gid)
             os.setuid(user.pw_uid)
             out = {"result": fn()}

@@ -22,12 +22,13 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.errors import BadInput, UpstreamUnavailable
 from toolatlas.gateway.ports import Connection
 from toolatlas.guidance import MetaTools, default_meta_tools
-from toolatlas.surface.server import CONNECTION, Surface, init_options
+from toolatlas.surface.server import CONNECTION, STARTING, Surface, init_options
 
 DENIED_UID = 4242
 RECORDS = [
     ToolRecord.make("notes", "add_note", "Add a note.", {"type": "object", "properties": {"text": {"type": "string"}}},
-                    title="Add note", output_schema={"type": "object"}),
+                    title="Add note", output_schema={"type": "object"},
+                    annotations={"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False}),
     ToolRecord.make("vault", "read_secret", "Read a secret.", {"type": "object"}),
 ]
 
@@ -162,6 +163,9 @@ async def test_passthrough_lists_full_definitions_scoped_by_access(fake: FakeGat
     assert [t.name for t in listed.tools] == ["notes__add_note"]
     tool = listed.tools[0]
     assert tool.title == "Add note" and tool.output_schema == {"type": "object"}
+    # as a direct connection lists it: a client deciding what to confirm reads the hints
+    assert tool.annotations is not None and tool.annotations.model_dump(exclude_none=True) == {
+        "read_only_hint": False, "destructive_hint": False, "idempotent_hint": False}
 
 
 async def test_search_answer_and_bad_input(fake: FakeGateway) -> None:
@@ -248,3 +252,37 @@ async def test_instructions_are_per_caller_and_follow_the_gateway(fake: FakeGate
         fake.instructions = lambda conn: "after reload: notes"  # type: ignore[method-assign]
         async with connected(surface, Connection(id=3, uid=1000)) as client:
             assert client.instructions == "after reload: notes"
+        # read once per session: one that starts while upstreams still list is told the count is not final
+        fake.starting = True
+        async with connected(surface, Connection(id=4, uid=1000)) as client:
+            assert client.instructions == "after reload: notes\n" + STARTING
+            assert "still starting" in STARTING and "tools/list_changed" in STARTING
+
+
+async def test_a_meta_tool_key_it_has_no_parameter_for_is_named_not_ignored(fake: FakeGateway) -> None:
+    """A model that puts a tool's arguments beside `name` (not inside `arguments`) had the tool
+    called with none; one that writes `server` for `servers` searched every server."""
+    surface = Surface(fake)
+    with anyio.fail_after(10):
+        async with connected(surface, Connection(id=1, uid=1000)) as client:
+            flat = await client.call_tool("execute_tool", {"name": "notes__add_note", "text": "hi"})
+            search = await client.call_tool("tool_search", {"query": "add a note", "server": "vault"})
+            fine = await client.call_tool("execute_tool", {"name": "notes__add_note", "arguments": {"text": "ok"}})
+    assert flat.is_error and fake.calls[0][0].arguments == {"text": "ok"} and len(fake.calls) == 1
+    assert flat.content[0].text == ('execute_tool has no parameter "text"; it takes name, arguments. '  # type: ignore[union-attr]
+                                    "Put the tool's own arguments inside `arguments`.")
+    assert search.is_error and search.content[0].text == (  # type: ignore[union-attr]
+        'tool_search has no parameter "server"; it takes query, top_k, servers, format.')
+    assert not fine.is_error
+
+
+async def test_a_bad_top_k_or_format_is_quoted_short(fake: FakeGateway) -> None:
+    """A 100 KB top_k or format string was echoed whole in the error."""
+    surface = Surface(fake)
+    with anyio.fail_after(10):
+        async with connected(surface, Connection(id=1, uid=1000)) as client:
+            top_k = await client.call_tool("tool_search", {"query": "x", "top_k": "9" * 100_000})
+            form = await client.call_tool("tool_search", {"query": "x", "format": ["y"] * 100_000})
+    assert top_k.content[0].text == "top_k must be an integer from 1 to 20, got '" + "9" * 59 + "..."  # type: ignore[union-attr]
+    assert form.content[0].text.startswith("format must be one of json, compact, got ['y', 'y'")  # type: ignore[union-attr]
+    assert len(form.content[0].text) < 200  # type: ignore[union-attr]

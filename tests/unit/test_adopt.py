@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,12 @@ def _adopt(folder: Path, rel: str, data: Any) -> Adoption:
 
 
 def _parsed(a: Adoption) -> Any:
-    env = {**os.environ, **{v: "http://stand-in.invalid/" for v in a.exports.needed}}
-    return parse(render(a), env=env)
+    """The rendered config parsed with its variables set as `render.check` sets them: a URL
+    where a value is the variable whole, else a plain word (inside a URL, "://" would break it)."""
+    text = render(a)
+    whole = set(re.findall(r'"\$\{([A-Za-z_][A-Za-z0-9_]*)\}"', text))
+    env = {**os.environ, **{v: "http://stand-in.invalid/" if v in whole else "stand-in" for v in a.exports.needed}}
+    return parse(text, env=env)
 
 
 def test_jsonc_comments_and_trailing_commas_are_removed_but_strings_kept() -> None:
@@ -134,6 +139,43 @@ def test_literal_secrets_become_variables_and_never_reach_the_toml(tmp_path: Pat
     assert by["proxy"]["args"][4] == "${PROXY_SECRET}"
     assert set(a.exports.needed) == {"GITHUB_TOKEN", "BRAVE_API_KEY", "REMOTE_TOKEN", "REMOTE_PASSWORD",
                                      "REMOTE_API_KEY", "PROXY_SECRET"}
+
+
+def test_an_entry_left_out_asks_for_no_variable_and_keeps_no_secret(tmp_path: Path) -> None:
+    """A user-level VS Code entry whose env holds a token but whose cwd needs
+    ${workspaceFolder} is skipped; its token was moved out before the cwd failed, and was
+    then listed as a variable the daemon must set and kept in the environment file, for a
+    server the config does not run (still in the client file, with its secret)."""
+    a = _adopt(tmp_path, "Code/User/mcp.json", {"servers": {
+        "local": {"command": "node", "args": ["${env:DATA_DIR}"], "cwd": "${workspaceFolder}/x",
+                  "env": {"GITHUB_TOKEN": "ghp_0123456789abcdefSECRET", "MODE": "${input:mode}"},
+                  "autoApprove": ["x"]},
+        "kept": {"command": "node", "env": {"API_KEY": "kept-secret-value"}},
+    }})
+    assert [u.name for u in a.upstreams] == ["kept"] and [s.name for s in a.skipped] == ["local"]
+    assert set(a.exports.needed) == {"API_KEY"}
+    assert a.exports.to_keep() == {"API_KEY": "kept-secret-value"}
+    assert "GITHUB_TOKEN" not in render(a) and not [n for n in a.notes if "local" in n], a.notes
+
+
+def test_a_project_server_that_names_files_in_the_project_runs_in_the_project_folder(tmp_path: Path) -> None:
+    """Claude Code starts a .mcp.json server in the project folder, so `node dist/server.js`
+    and `./run.sh` name files there. Adopted without a cwd, the daemon started them in its own
+    folder and they failed (Cannot find module .../dist/server.js). A server that names no
+    project file (an npx package) stays as it was, so one server in many projects is one."""
+    project = tmp_path / "app"
+    (project / "dist").mkdir(parents=True)
+    (project / "dist" / "server.js").write_text("")
+    a = _adopt(tmp_path, "app/.mcp.json", {"mcpServers": {
+        "local": {"command": "node", "args": ["dist/server.js"]},
+        "script": {"command": "./run.sh"},
+        "package": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-github"]},
+        "own": {"command": "node", "args": ["dist/server.js"], "cwd": "/srv"},
+    }})
+    cwd = {u.name: u.cwd for u in a.upstreams}
+    assert cwd == {"local": str(project), "script": str(project), "package": None, "own": "/srv"}, cwd
+    script = _parsed(a).upstream_by_name("script")
+    assert (script.command, script.cwd) == ("./run.sh", str(project))  # exec finds it from the cwd
 
 
 def test_connection_strings_and_short_passwords_are_secrets_too(tmp_path: Path) -> None:
@@ -263,16 +305,45 @@ def test_rewriting_a_file_with_comments_keeps_the_comments_outside_the_server_ta
     assert a.source.had_comments and a.source.servers_table == ("mcp", "servers")
     new, name = rewritten(a, tmp_path / "c.toml")
     out = new.decode()
-    for kept in ("// my settings, keep them", "/* inline */", "// nothing to ask", "[1, 2,], // trailing commas stay too"):
+    for kept in ("// my settings, keep them", "/* inline */", "// nothing to ask", "[1, 2,], // trailing commas stay too",
+                 "// this old server goes"):
         assert kept in out
-    assert "this old server goes" not in out and "mcp-server-git" not in out
+    assert "mcp-server-git" not in out
     data = json.loads(strip_jsonc(out)[0])
     command, *pre = shim_command()
     assert data["mcp"]["servers"] == {
         "off": {"type": "stdio", "command": "b", "disabled": True},
         name: {"type": "stdio", "command": command, "args": [*pre, "shim", "--config", str(tmp_path / "c.toml")]}}
-    assert out.startswith(text.split('"servers"')[0])  # every byte before the table is the user's
-    assert '\n    "servers": {\n      "off": {' in out  # indented where it stands
+    assert out.startswith(text.split('"git"')[0])  # every byte before the adopted entry is the user's
+    assert '      "off": {"type": "stdio", "command": "b", "disabled": true},\n      "toolatlas": {\n' in out
+
+
+def test_a_rewrite_edits_only_the_entries_it_replaces(tmp_path: Path) -> None:
+    """Only the adopted entries leave a commented server table, and the shim's entry is added
+    after the last entry kept: a commented-out server, the comments beside entries and the
+    entries left in place keep every byte. Before, the whole table was written anew, and
+    everything commented in it was lost (but for the backup)."""
+    text = """{
+  "servers": {
+    // GitHub, with my token
+    "github": {"command": "npx", "args": ["-y", "gh"]},
+    // "old": {"command": "retired-server"},
+    "fs": {"command": "npx", "args": ["fs"]}, // the files
+    "sock": {"type": "ws", "url": "ws://127.0.0.1:9"}, /* not adoptable: stays */
+  },
+}
+"""
+    a = _adopt(tmp_path, ".vscode/mcp.json", text)
+    assert sorted(u.name for u in a.upstreams) == ["fs", "github"]
+    new, name = rewritten(a, tmp_path / "c.toml")
+    out = new.decode()
+    command, *pre = shim_command()
+    shim = json.dumps({"type": "stdio", "command": command, "args": [*pre, "shim", "--config", str(tmp_path / "c.toml")]},
+                      indent=2).replace("\n", "\n    ")
+    assert out == ('{\n  "servers": {\n    // GitHub, with my token\n    // "old": {"command": "retired-server"},\n'
+                   '    // the files\n    "sock": {"type": "ws", "url": "ws://127.0.0.1:9"}, /* not adoptable: stays */\n'
+                   f'    "{name}": {shim},\n  }},\n}}\n'), out
+    assert set(json.loads(strip_jsonc(out)[0])["servers"]) == {"sock", name}
 
 
 def test_a_file_with_a_byte_order_mark_keeps_it_and_its_comments(tmp_path: Path) -> None:

@@ -62,6 +62,25 @@ def test_keep_zero_keeps_only_the_live_file(tmp_path: Path) -> None:
     assert json.loads(path.read_text().splitlines()[-1])["n"] == 199
 
 
+def test_a_lower_keep_drops_the_files_past_it_at_the_next_rotation(tmp_path: Path) -> None:
+    """audit_keep lowered (a reload sets `keep`, or a restart with the new value): the next
+    rotation leaves at most keep + 1 files, not the old .N files past keep for ever; files
+    that are not the rotation's own (.gz, other names) are left alone."""
+    path = tmp_path / "audit.jsonl"
+    (tmp_path / "audit.jsonl.2.gz").write_text("compressed by someone else")
+    sink = AuditFile(path, max_bytes=4096, keep=4)
+    try:
+        for i in range(300):
+            sink.append({}, json.dumps({"n": i, "pad": "z" * 40}))
+        assert (tmp_path / "audit.jsonl.4").exists()
+        sink.keep = 1
+        for i in range(300, 400):
+            sink.append({}, json.dumps({"n": i, "pad": "z" * 40}))
+    finally:
+        sink.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2.gz"]
+
+
 def test_a_file_deleted_or_moved_away_is_opened_again_at_its_path(tmp_path: Path) -> None:
     """Someone removes the audit file, or rotates it from outside (mv, as logrotate does),
     while the daemon runs: within the flusher's interval the path is a file again and the
@@ -83,6 +102,38 @@ def test_a_file_deleted_or_moved_away_is_opened_again_at_its_path(tmp_path: Path
         assert [json.loads(x) for x in path.read_text().splitlines()] == [{"n": 3}]
     finally:
         sink.close()
+
+
+_FULL_DISK = """
+import json, os, resource, signal, sys
+from toolatlas.auditlog import AuditFile
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead
+path = sys.argv[1]
+sink = AuditFile(path, max_bytes=1 << 20, keep=1)
+sink.append({}, json.dumps({"n": 1}))
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(path) + 10, hard))
+sink.append({}, json.dumps({"n": 2, "pad": "x" * 100}))  # 10 bytes fit, then the "disk" is full
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+sink.append({}, json.dumps({"n": 3}))  # room again
+sink.close()
+print(sink.failures)
+"""
+
+
+def test_a_line_cut_by_a_full_disk_leaves_no_fragment_for_the_next_line(tmp_path: Path) -> None:
+    """A full disk lets part of a line in, then fails: that line is lost (counted), but the
+    file keeps only whole JSON lines, so the next line written once there is room again is
+    not glued to the fragment (two records lost, the file no longer JSON lines). The "disk"
+    is a real file-size limit (RLIMIT_FSIZE) in a child process."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "audit.jsonl"
+    run = subprocess.run([sys.executable, "-c", _FULL_DISK, str(path)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert run.returncode == 0 and run.stdout.strip() == "1", run.stdout + run.stderr
+    assert [json.loads(x) for x in path.read_text().splitlines()] == [{"n": 1}, {"n": 3}], path.read_text()
 
 
 def until_sync(pred: Callable[[], bool], timeout: float = 10.0) -> bool:

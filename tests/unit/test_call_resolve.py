@@ -7,6 +7,7 @@ the index has them. A call in that moment must reach the live session, not be re
 from __future__ import annotations
 
 import io
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,7 +18,7 @@ from toolatlas import events as ev
 from toolatlas.calls import CallRequest, UpstreamCall, UpstreamReply
 from toolatlas.catalog.attest import AttestResult
 from toolatlas.catalog.model import ToolRecord
-from toolatlas.errors import UpstreamUnavailable
+from toolatlas.errors import BadInput, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.gateway.calls import CallService
 from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.view import CatalogView, plan_listing
@@ -33,15 +34,16 @@ def interim_view() -> CatalogView:
     return view
 
 
-def service(view: CatalogView, *, session_ready: bool, routed: list[UpstreamCall]) -> CallService:
-    async def route(call: UpstreamCall) -> UpstreamReply:
+def service(view: CatalogView, *, session_ready: bool, routed: list[UpstreamCall],
+            route: Callable[[UpstreamCall], Awaitable[UpstreamReply]] | None = None) -> CallService:
+    async def echo(call: UpstreamCall) -> UpstreamReply:
         routed.append(call)
         return UpstreamReply(payload={"content": [{"type": "text", "text": "Echo: early"}]})
 
     visibility: Any = SimpleNamespace(allowed_servers=lambda conn: {"fast"}, configured=lambda s: s == "fast")
     catalog: Any = SimpleNamespace(view=view)
     return CallService(
-        catalog, visibility, route, lambda s: "ready", metrics=Metrics(),
+        catalog, visibility, route or echo, lambda s: "ready", metrics=Metrics(),
         events=ev.Events(io.StringIO()), session_ready=lambda s: session_ready,
     )
 
@@ -97,3 +99,62 @@ async def test_a_drain_waits_for_the_calls_in_flight_and_no_longer() -> None:
             assert drained == []  # still waiting for the two calls
             release.set()
         assert drained == [0]
+
+
+@pytest.mark.parametrize("meta", ["tool_search", "catalog_status", "execute_tool"])
+async def test_a_meta_tool_through_execute_tool_is_told_to_call_it_itself(meta: str) -> None:
+    """It was "unknown tool 'tool_search'. Use tool_search to find tools.": a model that had
+    just done that through execute_tool reads it as a loop."""
+    routed: list[UpstreamCall] = []
+    calls = service(interim_view(), session_ready=True, routed=routed)
+    with anyio.fail_after(10), pytest.raises(BadInput) as caught:
+        await calls.execute(CallRequest(meta, {}), Connection(id=1))
+    assert str(caught.value) == (f"{meta} is one of the gateway's own tools, not an upstream's: call {meta} itself, "
+                                 "not through execute_tool.")
+    assert routed == []
+
+
+@pytest.mark.parametrize("depth", [300, 100_000])
+async def test_arguments_sent_as_a_deeply_nested_json_string_are_bad_input(depth: int) -> None:
+    """The socket refuses a message nested over 200 levels, but `arguments` as a JSON string got
+    past that: 100,000 levels made json.loads raise RecursionError (an internal error, with a
+    traceback in the log), 300 reached the upstream call and failed there ("upstream 'x'
+    failed ...: Maximum serialization depth exceeded", blaming the upstream)."""
+    routed: list[UpstreamCall] = []
+    calls = service(interim_view(), session_ready=True, routed=routed)
+    deep = '{"message": "x", "extra": ' + "[" * depth + "]" * depth + "}"
+    with anyio.fail_after(10), pytest.raises(BadInput, match="nests arrays and objects more than 200 levels deep"):
+        await calls.execute(CallRequest("fast__echo", deep), Connection(id=1))
+    shallow = '{"extra": ' + "[" * 150 + "]" * 150 + "}"
+    with anyio.fail_after(10):
+        await calls.execute(CallRequest("fast__echo", shallow), Connection(id=1))
+    assert len(routed) == 1
+
+
+async def test_a_call_that_timed_out_says_it_may_have_run() -> None:
+    """"did not answer tools/call x within 60 s" read as "nothing happened": a model retried a
+    call that may have sent the mail, made the payment."""
+    calls = service(interim_view(), session_ready=True, routed=[], route=_timed_out)
+    with anyio.fail_after(10), pytest.raises(UpstreamTimeout) as caught:
+        await calls.execute(CallRequest("fast__echo", {}), Connection(id=1))
+    assert str(caught.value) == ("upstream 'fast' did not answer tools/call echo within 2 s; it may still have run: "
+                                 "call it again only if that is safe")
+    assert str(UpstreamTimeout("fast", "tools/list", 2)) == "upstream 'fast' did not answer tools/list within 2 s"
+
+
+async def _timed_out(call: UpstreamCall) -> UpstreamReply:
+    raise UpstreamTimeout(call.server, f"tools/call {call.tool}", 2)
+
+
+def test_a_server_between_its_listing_and_its_index_swap_is_said_to_be_indexing() -> None:
+    """tool_search's note said "upstream 'fast' is not available right now (ready); try again
+    later" for a server that had just listed its tools: ready is not a reason."""
+    from toolatlas.gateway.status import StatusService
+    from toolatlas.upstream.state import UpstreamState
+
+    catalog: Any = SimpleNamespace(view=interim_view())
+    pool: Any = SimpleNamespace(get=lambda name: SimpleNamespace(state=UpstreamState.READY, reason=None, since=0.0))
+    status = StatusService(catalog, SimpleNamespace(), pool, SimpleNamespace(), SimpleNamespace(),  # type: ignore[arg-type]
+                           index_ready=lambda: False)
+    assert status.unsearchable("fast") == ("upstream 'fast' is connected and its tools are being indexed; "
+                                           "search again in a moment")

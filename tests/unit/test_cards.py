@@ -378,3 +378,34 @@ def test_a_private_key_other_users_can_read_is_used_with_one_warning(tmp_path: P
             assert signing.key_id(signing.load_private_key(priv)) == signing.key_id(key)
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and "mode=0644" in warned[0] and f"chmod 600 {priv}" in warned[0], warned
+
+
+def test_summary_never_waits_for_an_attestation_in_progress(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    """catalog_status calls `summary` on the event loop while a worker may hold the
+    Attestor's lock reading, verifying or re-signing a card: it must not wait for it."""
+    import threading
+
+    cfg = make_cfg(tmp_path, keys)
+    tools = files_tools()
+    signed_card(cfg, keys, "files", tools)
+    att = Attestor(cfg)
+    res = att.attest("files", tools)
+    held, release, out = threading.Event(), threading.Event(), []
+
+    def attesting() -> None:
+        with att._lock:
+            held.set()
+            release.wait(30)
+
+    worker = threading.Thread(target=attesting, daemon=True)
+    worker.start()
+    assert held.wait(30)
+    reader = threading.Thread(target=lambda: out.append(att.summary({"files": res})), daemon=True)
+    reader.start()
+    reader.join(20)  # a deadline, not a timing: it never ends while it waits for the lock
+    answered_while_held = bool(out)
+    release.set()
+    worker.join(30)
+    reader.join(30)
+    assert answered_while_held, "summary waited for the lock an attestation held"
+    assert out[0]["servers"]["files"]["card"] == "verified" and out[0]["policy"] == cfg.cards.policy

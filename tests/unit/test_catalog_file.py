@@ -52,3 +52,13 @@ def test_a_bad_line_is_named(tmp_path: Path, line: str, says: str) -> None:
 def test_a_missing_file_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(CatalogFileError, match="cannot read"):
         read_catalog(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n"])
+def test_a_file_with_no_tool_is_bad_input(tmp_path: Path, text: str) -> None:
+    """Every reader is a command on a file someone named (eval, rift, cards): an empty one
+    must not pass a Rift gate or give an evaluation of zeros."""
+    cat = tmp_path / "empty.jsonl"
+    cat.write_text(text)
+    with pytest.raises(CatalogFileError, match="empty.jsonl: holds no tools"):
+        read_catalog(cat)

@@ -126,3 +126,37 @@ def test_eval_feedback_replays_into_the_learned_mode(tmp_path: Path, capsys: pyt
     zero = json.loads(capsys.readouterr().out)
     assert learned["modes"]["learned"]["recall@1"] > zero["modes"]["hybrid"]["recall@1"] + 0.03
     assert learned["modes"]["learned"]["recall@5"] >= zero["modes"]["hybrid"]["recall@5"]
+
+
+def test_eval_refuses_an_empty_catalog_or_queries_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing to evaluate is an error (exit 2), not a table of zeros with exit 0."""
+    cat = _write(tmp_path / "catalog.jsonl", [{"server": "Files", "name": "read_file", "description": "Read a file"}])
+    qs = _write(tmp_path / "queries.jsonl", [{"query": "read", "relevant": [{"server": "Files", "name": "read_file"}]}])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert main(["--catalog", str(empty), "--queries", str(qs), "--mode", "bm25"]) == 2
+    assert "empty.jsonl: holds no tools" in capsys.readouterr().err
+    assert main(["--catalog", str(cat), "--queries", str(empty), "--mode", "bm25", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert "empty.jsonl: holds no queries" in captured.err and captured.out == ""
+    assert main(["--catalog", str(cat), "--queries", str(qs), "--feedback", str(empty), "--mode", "learned"]) == 2
+    assert "empty.jsonl: holds no queries" in capsys.readouterr().err
+
+
+def test_eval_warns_of_labels_that_can_never_score(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A relevant tool missing from the catalog (a queries file for another catalog) or an
+    empty 'relevant' list is named on stderr; the JSON on stdout stays as it was."""
+    cat = _write(tmp_path / "catalog.jsonl", [{"server": "Files", "name": "read_file", "description": "Read a file"}])
+    qs = _write(tmp_path / "queries.jsonl", [
+        {"query": "read a file", "relevant": [{"server": "Files", "name": "read_file"}]},
+        {"query": "weather", "relevant": [{"server": "Weather", "name": "forecast"}]},
+        {"query": "nothing", "relevant": []},
+    ])
+    assert main(["--catalog", str(cat), "--queries", str(qs), "--k", "1", "--mode", "bm25", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["modes"]["bm25"]["recall@1"] == 0.3333  # rounded to 4 places
+    assert (f"warning: {qs}: 2 of 3 queries cannot score fully: 1 relevant tool(s) not in the catalog "
+            "(e.g. Weather/forecast); 1 with an empty 'relevant' list") in captured.err
+    clean = _write(tmp_path / "clean.jsonl", [{"query": "read", "relevant": [{"server": "Files", "name": "read_file"}]}])
+    assert main(["--catalog", str(cat), "--queries", str(clean), "--mode", "bm25"]) == 0
+    assert "warning" not in capsys.readouterr().err

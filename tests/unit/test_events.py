@@ -204,7 +204,7 @@ def test_stable_event_names() -> None:
         "execute_tool_completed", "execute_tool_failed", "upstream_state_changed",
         "catalog_changed", "config_reloaded", "config_reload_rejected",
         "admin_command_completed", "admin_command_refused", "upstream_relisted", "access_denied",
-        "upstream_approval_changed",
+        "upstream_approval_changed", "resource_read_completed", "prompt_get_completed",
     }
 
 

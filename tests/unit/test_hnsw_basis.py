@@ -189,3 +189,16 @@ def test_a_basis_that_no_longer_fits_what_arrives_is_fitted_again(monkeypatch: p
     pos, _ = rank.dense(other, q, 5, None, None)
     assert other.docs[pos[0]].name == docs[4000].name
     assert store_ab.fit_energy > 0.95  # both kinds in its 24 coordinates
+
+
+def test_a_short_write_of_the_index_file_is_an_error_not_a_cut_file(tmp_path: Path) -> None:
+    """hnswlib does not check its writes: on a full disk (here /dev/full, whose writes fail
+    with ENOSPC) save_index returned as if done, the cut file's checksum went into the
+    snapshot, and the next start found it corrupt. The store checks the size it wrote."""
+    s = HnswStore(DIM, capacity=64)
+    s.add(_unit(30, 7))
+    with pytest.raises(OSError, match="hnswlib wrote 0 of") as err:
+        s.save(Path("/dev/full"))
+    assert err.value.errno == 28
+    s.save(tmp_path / "ok.idx")  # a disk with room: written whole
+    assert (tmp_path / "ok.idx").stat().st_size == s.index.index_file_size()

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from toolatlas.errors import UpstreamProtocolError, UpstreamUnavailable
 from toolatlas.config import HttpUpstream
-from toolatlas.upstream.client import AuthWatch, LossReason, call_error, classify, describe
+from toolatlas.upstream.client import STAND_IN, AuthWatch, LossReason, call_error, classify, describe
 from toolatlas.upstream.listing import record_from_tool
 from toolatlas.upstream.transports import _response_hook
 
@@ -99,6 +99,12 @@ def test_call_error_maps_onto_the_error_tree() -> None:
     rpc = call_error("web", op, MCPError(-32602, "bad args"), LossReason.PROTOCOL)
     assert isinstance(rpc, UpstreamProtocolError)
     assert str(rpc) == "upstream 'web' answered tools/call echo with JSON-RPC error -32602: bad args"
+    stand_in = MCPError(-32603, "the result from upstream 'web' is larger than max_result_bytes (1024 bytes) and was "
+                                "refused", data=dict(STAND_IN))
+    refused = call_error("web", op, stand_in, LossReason.PROTOCOL)
+    assert isinstance(refused, UpstreamProtocolError) and str(refused) == (
+        "tools/call echo on upstream 'web' failed: the result from upstream 'web' is larger than max_result_bytes "
+        "(1024 bytes) and was refused")  # not "upstream 'web' answered tools/call echo with JSON-RPC error -32603"
     invalid = call_error("web", op, _validation_error(), LossReason.PROTOCOL)
     assert isinstance(invalid, UpstreamProtocolError) and "sent an invalid result for tools/call echo" in str(invalid)
     other = call_error("web", op, RuntimeError("odd"), LossReason.PROTOCOL)

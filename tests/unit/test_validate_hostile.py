@@ -81,6 +81,18 @@ def test_a_problem_shows_the_caller_its_value_and_logs_only_the_schema_s_words()
     assert not any(secret in logged for secret in ("hunter2", "s3cr3t", "hunter3")), logged
 
 
+def test_a_problem_quotes_at_most_300_characters_of_the_callers_value() -> None:
+    """jsonschema's words quote the value whole: a 1 MB string for an integer came back as a
+    1 MB error, ten such arguments as 10 MB."""
+    v = ArgumentValidator()
+    rec = _rec({"type": "object", "properties": {f"n{i}": {"type": "integer"} for i in range(10)}})
+    problems = v.check(rec, {f"n{i}": "x" * 1_000_000 for i in range(10)})
+    assert len(problems) == 10 and all(len(p.shown) < 330 for p in problems), [len(p.shown) for p in problems]
+    assert problems[0].shown.startswith("at /n0: 'xxx") and problems[0].shown.endswith("...")
+    short = v.check(rec, {"n1": "abc"})
+    assert [p.shown for p in short] == ["at /n1: 'abc' is not of type 'integer'"]
+
+
 def test_ref_cycles_are_handled() -> None:
     v = ArgumentValidator()
     tight = _rec({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, tool="tight")

@@ -20,6 +20,7 @@ _CLIENT = {ClientKind.CLAUDE_DESKTOP: "Claude Desktop", ClientKind.CLAUDE_CODE_P
            ClientKind.CLAUDE_CODE_USER: "Claude Code", ClientKind.CURSOR: "Cursor", ClientKind.VSCODE: "VS Code",
            ClientKind.WINDSURF: "Windsurf", ClientKind.GENERIC: "the client"}
 EX_DATAERR = 65  # the client file cannot be read as a client config
+RELOAD_WAIT_S = 120.0  # for a running daemon's answer to the reload that brings the adopted servers
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -104,7 +105,7 @@ def _missing_commands(a: Adoption) -> None:
 
 def _rewrite_notes(a: Adoption) -> None:
     if a.source.had_comments:
-        _say(f"  note: comments inside the rewritten server entries of {a.source.path} are gone (the others stay); "
+        _say(f"  note: comments inside the replaced server entries of {a.source.path} are gone (the others stay); "
              "the backup keeps them all")
     if a.source.kind is ClientKind.CLAUDE_CODE_USER and any(w[0] == "projects" for w in a.replaced):
         _say("  note: servers of single projects now reach every project through the user-level toolatlas entry")
@@ -124,6 +125,32 @@ def _merged(adoption: Adoption, out: Path) -> tuple[str, list[str]]:
     return text, added
 
 
+def _reload_running(out: Path) -> None:
+    """A daemon already running on `out`'s socket (the shim of a client adopted before started
+    it) would not run the servers just added until it reloads: ask it to, and say how it went."""
+    from toolatlas.errors import ConfigError
+    from toolatlas.paths import daemon_path, default_socket_path, socket_answers
+    from toolatlas.surface.rawclient import RawClient, RpcError
+
+    try:
+        sock = daemon_path(str(out), "socket") or default_socket_path()
+    except ConfigError:
+        return
+    if not socket_answers(sock):
+        return
+    try:
+        with RawClient(sock, timeout=RELOAD_WAIT_S, handshake_timeout=15.0) as client:
+            result = client.request("toolatlas/reload", {})
+    except (ConnectionError, OSError, RpcError) as exc:
+        _say(f"the daemon on {sock} was not reloaded ({exc}); run `toolatlas reload --config {out}` as its user")
+        return
+    if not result.get("applied"):
+        _say(f"the daemon on {sock} refused the reload and keeps its running config: {result.get('error')}")
+    else:
+        _say(f"the daemon on {sock} reloaded {result.get('config')}: upstreams added: "
+             f"{', '.join(result.get('added') or []) or 'none'}")
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -131,8 +158,9 @@ def main(argv: list[str]) -> int:
         if args.undo:
             if args.path or args.rewrite_client or args.out or args.dry_run:
                 parser.error("--undo BACKUP takes no other arguments")
-            target = undo(args.undo)
-            _say(f"restored {target} from {args.undo}")
+            target, kept = undo(args.undo)
+            _say(f"restored {target} from {args.undo}"
+                 + (f"; what it held before the undo is kept in {kept}" if kept is not None else ""))
             return 0
         if not args.path:
             parser.error("give the client's config file (or --undo BACKUP)")
@@ -176,6 +204,8 @@ def _adopt(args: argparse.Namespace) -> int:
     _keep_secrets(adoption)
     _say(f"added {len(added)} upstream(s) to {out}: {', '.join(added) or 'none (it has them all)'}" if merging
          else f"wrote {out}")
+    if added:
+        _reload_running(out)
     if args.rewrite_client:
         backup = apply(adoption, client_bytes)
         _rewrite_notes(adoption)

@@ -162,6 +162,15 @@ def _env_file(path: str, ctx: Context) -> dict[str, str]:
     return out
 
 
+def _project_relative(base: Path, command: str, args: Any) -> bool:
+    """Whether `command` or an argument is a relative path (`./run.sh`, `dist/server.js`, `.`)
+    that names something in the project folder `base`."""
+    words = [command, *(a for a in args if isinstance(a, str))] if isinstance(args, list) else [command]
+    return base.is_dir() and any(
+        w.startswith(("./", "../")) or (w and not w.startswith(("/", "~", "$", "-")) and (base / w).exists())
+        for w in words)
+
+
 def convert_entry(entry: SourceEntry, name: str, ctx: Context) -> Adopted:
     """One client entry as an upstream named `name`; Unsupported says why it cannot be."""
     spec = entry.spec
@@ -187,6 +196,12 @@ def convert_entry(entry: SourceEntry, name: str, ctx: Context) -> Adopted:
             cwd = ctx.text(_string(cwd, "cwd", allow_scalars=False))
             if not cwd.startswith(("/", "$", "~")) and entry.base_dir is not None:
                 cwd = str(entry.base_dir / cwd)
+        elif entry.base_dir is not None and _project_relative(entry.base_dir, command, spec.get("args")):
+            # The client starts a project's server in the project folder: `node dist/server.js`
+            # and `./run.sh` name files there, and the daemon must start it there too.
+            cwd = str(entry.base_dir)
+            ctx.notes.append(f"{ctx.label}: cwd {cwd!r}, the project folder the client starts it in "
+                             "(its command or arguments name files there)")
         return Adopted(name, "stdio", entry.label, entry.name, command=ctx.text(command),
                        args=tuple(ctx.args(_strings(spec.get("args") or [], "args"))), env=env, cwd=cwd)
     url = spec.get("url") or spec.get("serverUrl") or spec.get("httpUrl")
@@ -215,9 +230,13 @@ def adopt(source: ClientFile, held: Mapping[str, str] | None = None) -> Adoption
         if name != upstream_name(entry.name, set()) and entry.where[0] == "projects" and entry.base_dir:
             name = upstream_name(f"{entry.name}-{entry.base_dir.name}", taken)  # git-app, git-other
         ctx = Context(name, entry.label, result.exports, source.inputs, entry.base_dir, result.notes)
+        mark, noted = result.exports.mark(), len(result.notes)
         try:
             up = convert_entry(entry, name, ctx)
         except Unsupported as exc:
+            # What the entry's values said before the one that failed is not for this config.
+            result.exports.restore(mark)
+            del result.notes[noted:]
             result.skipped.append(Skipped(entry.name, entry.label, str(exc)))
             continue
         twin = next((u for u in result.upstreams if u.same_server(up) and entry.name == u.source_name), None)

@@ -130,10 +130,13 @@ def check(text: str, adoption: Adoption) -> None:
     from toolatlas.config import parse
     from toolatlas.errors import ConfigError
 
-    # Every variable the text reads (a merged config's own too) gets a stand-in; a URL may be a
-    # variable whole (VS Code `"url": "${input:url}"`), so the stand-in is a URL.
+    # Every variable the text reads (a merged config's own too) gets a stand-in: a URL where a
+    # value is the variable whole (VS Code `"url": "${input:url}"`), else a plain word (inside
+    # a URL a password or query value: "://" there would make the URL unparsable).
     referenced = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", text)) | set(adoption.exports.needed)
-    env = {**os.environ, **{var: "http://stand-in.invalid/" for var in referenced if var != "HOME"}}
+    whole = set(re.findall(r'"\$\{([A-Za-z_][A-Za-z0-9_]*)\}"', text))
+    env = {**os.environ, **{var: "http://stand-in.invalid/" if var in whole else "stand-in"
+                            for var in referenced if var != "HOME"}}
     try:
         parse(text, source="<adopted config>", env=env)
     except ConfigError as exc:

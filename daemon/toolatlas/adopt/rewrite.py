@@ -2,9 +2,9 @@
 toolatlas shim entry, a byte-identical timestamped backup beside it, and `adopt --undo`.
 
 Every other key of the file is kept (same order; the indentation is taken from the file). In
-a JSON-with-comments file only the server tables that change are rewritten (adopt/jsonc.py):
-comments elsewhere stay, comments inside those tables go with the entries they described
-(the backup keeps them, and the CLI says so).
+a JSON-with-comments file only the entries that change are edited (adopt/jsonc.py): comments
+beside them and commented-out entries stay, comments inside a replaced entry go with it (the
+backup keeps them, and the CLI says so).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from toolatlas.adopt.clients import AdoptError, ClientFile, ClientKind
 from toolatlas.adopt.convert import Adoption
-from toolatlas.adopt.jsonc import replace_values
+from toolatlas.adopt.jsonc import Edit, edit_tables
 from toolatlas.paths import read_regular, write_atomic
 
 BACKUP_INFIX = ".toolatlas-backup-"
@@ -81,17 +81,14 @@ def rewritten(adoption: Adoption, config: Path) -> tuple[bytes, str]:
 
     if src.had_comments:
         tables = {tuple(w[:-1]) for w in adoption.replaced} | {tuple(src.servers_table)}
-        edited = replace_values(src.raw[len(bom):].decode(), {t: _at(data, t) for t in tables}, indent)
+        edits: dict[tuple[str, ...], Edit] = {t: (frozenset(w[-1] for w in adoption.replaced if tuple(w[:-1]) == t),
+                                                  (name, table[name]) if t == tuple(src.servers_table) else None)
+                                              for t in tables}
+        edited = edit_tables(src.raw[len(bom):].decode(), edits, indent)
         if edited is not None:
             return out(edited), name
     text = json.dumps(data, indent=indent, ensure_ascii=False)
     return out(text + ("\n" if src.raw.endswith(b"\n") else "")), name
-
-
-def _at(data: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        data = data[key]
-    return data
 
 
 def _backup(real: Path, data: bytes, now: _dt.datetime) -> Path:
@@ -144,13 +141,22 @@ def original_of(backup: Path) -> Path:
     return backup.with_name(m.group("orig"))
 
 
-def undo(backup: str | os.PathLike[str]) -> Path:
-    """Put the bytes (and mode) of `backup` back in the file it was made from; returns that path."""
+def undo(backup: str | os.PathLike[str], *, now: _dt.datetime | None = None) -> tuple[Path, Path | None]:
+    """Put the bytes (and mode) of `backup` back in the file it was made from. Returns that
+    path, and where the file's bytes before the undo were kept (None when they were the
+    backup's already, or there was no file): what the client or the user wrote there since
+    the rewrite is not lost."""
     b = Path(backup)
     target = original_of(b)
     try:
         data = read_regular(b)
+        try:
+            current: bytes | None = read_regular(target)
+        except FileNotFoundError:
+            current = None
+        kept = _backup(target, current, now or _dt.datetime.now(_dt.timezone.utc)) \
+            if current is not None and current != data else None
         write_atomic(target, data, stat.S_IMODE(os.stat(b).st_mode))
     except OSError as exc:
         raise AdoptError(f"cannot restore {target} from {b}: {exc.strerror or exc}") from exc
-    return target
+    return target, kept

@@ -90,6 +90,15 @@ class Exports:
                 return name
         raise Unsupported("too many secrets under one name")  # 1000 distinct values: not a real file
 
+    def mark(self) -> tuple[dict[str, str], dict[str, str]]:
+        """What `restore` goes back to (before an entry that may turn out unadoptable)."""
+        return dict(self.needed), dict(self._moved)
+
+    def restore(self, mark: tuple[dict[str, str], dict[str, str]]) -> None:
+        """Forget what was found since `mark`: a skipped entry's variables and secrets are
+        neither asked for nor kept."""
+        self.needed, self._moved = dict(mark[0]), dict(mark[1])
+
     def to_keep(self) -> dict[str, str]:
         """The moved values the environment file does not hold yet, by name."""
         return {name: value for name, value in self._moved.items() if self.held.get(name) != value}

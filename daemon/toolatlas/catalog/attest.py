@@ -272,30 +272,32 @@ class Attestor:
     # ------------------------------------------------------------------ status
 
     def summary(self, verdicts: Mapping[str, AttestResult]) -> dict[str, Any]:
-        """JSON-serialisable view of `verdicts` (server -> last attestation) for catalog_status."""
-        with self._lock:
-            servers: dict[str, Any] = {}
-            for name, res in sorted(verdicts.items()):
-                card = res.card
-                entry: dict[str, Any] = {
-                    "card": res.card_status,
-                    "served": len(res.texts),
-                    "quarantined": dict(sorted(res.quarantined.items())),
-                }
-                if card is not None:
-                    entry["generator"] = card.provenance.generator
-                    entry["signed_at"] = card.provenance.created_at
-                    if card.provenance.reattested:
-                        entry["reattested"] = list(card.provenance.reattested)
-                servers[name] = entry
-            return {
-                "public_key": signing.key_id(self._public) if self._public else None,
-                "policy": self._policy,
-                "required": self._required,
-                "quarantined_tools": sum(len(r.quarantined) for r in verdicts.values()),
-                "refused_cards": sorted(n for n, r in verdicts.items() if r.card_status.startswith("refused")),
-                "servers": servers,
+        """JSON-serialisable view of `verdicts` (server -> last attestation) for catalog_status.
+        Called on the event loop, so it reads only what never changes after __init__ and
+        takes no lock: `attest` holds the lock in a worker while it reads, verifies and
+        re-signs card files, and catalog_status would stall the daemon behind it."""
+        servers: dict[str, Any] = {}
+        for name, res in sorted(verdicts.items()):
+            card = res.card
+            entry: dict[str, Any] = {
+                "card": res.card_status,
+                "served": len(res.texts),
+                "quarantined": dict(sorted(res.quarantined.items())),
             }
+            if card is not None:
+                entry["generator"] = card.provenance.generator
+                entry["signed_at"] = card.provenance.created_at
+                if card.provenance.reattested:
+                    entry["reattested"] = list(card.provenance.reattested)
+            servers[name] = entry
+        return {
+            "public_key": signing.key_id(self._public) if self._public else None,
+            "policy": self._policy,
+            "required": self._required,
+            "quarantined_tools": sum(len(r.quarantined) for r in verdicts.values()),
+            "refused_cards": sorted(n for n, r in verdicts.items() if r.card_status.startswith("refused")),
+            "servers": servers,
+        }
 
 
 def build_card_with_extra(card: Card, extra: list[Any], key: Any) -> Card:

@@ -12,7 +12,9 @@ scripts all read catalogs here, so a line means the same thing to each of them:
 * other keys are ignored, but kept in `CatalogLine.raw` for tools that rewrite lines.
 
 A file that cannot be read, a line that is not a JSON object, or one without `server` and
-`name`, raises CatalogFileError (a BadInput) naming the file and line number.
+`name`, raises CatalogFileError (a BadInput) naming the file and line number; so does a file
+with no tool at all (every reader is a command run on a file a person named: an empty one is a
+wrong path or a failed export, and a Rift gate or an evaluation over nothing would pass).
 """
 
 from __future__ import annotations
@@ -99,6 +101,9 @@ def read_catalog(path: str | os.PathLike[str]) -> list[CatalogLine]:
                 raw=obj,
             )
         )
+    if not lines:
+        raise CatalogFileError(f"{path}: holds no tools (a catalog file has one JSON object a line, "
+                               '{"server": ..., "name": ..., "description": ..., "input_schema": ...})')
     return lines
 
 

@@ -47,6 +47,7 @@ from toolatlas.catalog.model import ToolRecord
 log = logging.getLogger(__name__)
 
 MAX_PROBLEMS = 10
+PROBLEM_CHARS = 300  # of jsonschema's words for one problem, which quote the caller's value whole
 _CACHE_SIZE = 4096
 REGEX_BUDGET = 0.25  # seconds of regex matching one check may spend, over all its patterns
 CHECK_LIMIT = 2.0  # seconds one check may take in its worker thread
@@ -275,7 +276,8 @@ class ArgumentValidator:
         for err in errors[:MAX_PROBLEMS]:
             path = "/".join(str(p) for p in err.absolute_path)
             at = f"at {'/' + path if path else 'the top level'}"
-            problems.append(Problem(f"{at}: {err.message}", f"{at}: fails {err.validator}{_constraint(err)}"))
+            said = err.message if len(err.message) <= PROBLEM_CHARS else err.message[:PROBLEM_CHARS] + "..."
+            problems.append(Problem(f"{at}: {said}", f"{at}: fails {err.validator}{_constraint(err)}"))
         if len(errors) > MAX_PROBLEMS:
             problems.append(Problem.same(f"and {len(errors) - MAX_PROBLEMS} more"))
         return problems or [Problem.same("the arguments were rejected by the schema")]

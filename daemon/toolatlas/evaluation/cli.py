@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from toolatlas.errors import ToolatlasError
-    from toolatlas.evaluation.datasets import load_catalog, load_queries
+    from toolatlas.evaluation.datasets import load_catalog, load_queries, unresolved_warning
     from toolatlas.retrieval.engine import DENSE_MODES, Engine
 
     modes = list(ALL_MODES) if args.mode == "all" else [args.mode]
@@ -64,6 +64,15 @@ def main(argv: list[str]) -> int:
     except ToolatlasError as exc:
         print(f"toolatlas eval: {exc}", file=sys.stderr)
         return 2
+    for path, batch in ((args.queries, queries), (args.feedback, feedback)):
+        if path is not None and not batch:  # an empty --feedback would quietly rank zero-shot
+            print(f"toolatlas eval: {path}: holds no queries (one JSON object a line, "
+                  '{"query": ..., "relevant": [{"server": ..., "name": ...}]})', file=sys.stderr)
+            return 2
+    for path, batch in ((args.queries, queries), (args.feedback, feedback)):
+        warning = unresolved_warning(path, batch)
+        if warning:
+            print(f"toolatlas eval: warning: {warning}", file=sys.stderr)
     needs_dense = any(m in DENSE_MODES for m in modes)
     engine = Engine(
         state_dir=args.state_dir,

@@ -13,6 +13,7 @@ from toolatlas.names import namespaced
 from toolatlas.retrieval.documents import ToolDoc
 
 _SLUG = re.compile(r"[^a-z0-9-]+")
+MISSING = "<missing>"  # prefix of a relevance label naming no tool of the catalog
 
 
 def benchdata_dir() -> Path:
@@ -73,8 +74,26 @@ def load_queries(path: Path, key_of: dict[tuple[str, str], str]) -> list[Query]:
                 raise BadInput(f"{path}:{no}: each 'relevant' entry must be an object "
                                f'{{"server": ..., "name": ...}}, got {json.dumps(r)[:80]}')
             key = (str(r.get("server")), str(r.get("name")))
-            rel.add(key_of.get(key, f"<missing>{key[0]}/{key[1]}"))
+            rel.add(key_of.get(key, f"{MISSING}{key[0]}/{key[1]}"))
         principal = obj.get("principal")
         out.append(Query(text=str(obj["query"]), relevant=frozenset(rel),
                          principal=str(principal) if principal is not None else None))
     return out
+
+
+def unresolved_warning(path: Path | None, queries: list[Query]) -> str | None:
+    """One line when some queries can never score: a relevant tool not in the catalog (it
+    stays counted, so such a query's recall is below 1 whatever the ranker does) or no
+    relevant tool at all (every metric 0). None when every label resolved. A wrong catalog
+    for the queries file shows here instead of as quietly low figures."""
+    missing = sorted({r[len(MISSING):] for q in queries for r in q.relevant if r.startswith(MISSING)})
+    affected = sum(1 for q in queries if not q.relevant or any(r.startswith(MISSING) for r in q.relevant))
+    if not affected:
+        return None
+    empty = sum(1 for q in queries if not q.relevant)
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} relevant tool(s) not in the catalog (e.g. {', '.join(missing[:3])})")
+    if empty:
+        parts.append(f"{empty} with an empty 'relevant' list")
+    return f"{path}: {affected} of {len(queries)} queries cannot score fully: {'; '.join(parts)}; they count as misses"

@@ -30,7 +30,7 @@ from toolatlas.config import Config, secrets
 from toolatlas.errors import ConfigError
 from toolatlas.gateway.admin import UpstreamAdmin
 from toolatlas.gateway.approval import (
-    ApprovalStore, Approvals, Decision, FileApprovalStore, lifecycle, transition_reporter,
+    ApprovalStore, Approvals, Decision, FileApprovalStore, held_reason, lifecycle, transition_reporter,
 )
 from toolatlas.gateway.audit import deny, who
 from toolatlas.gateway.calls import CallService, Spawn
@@ -186,15 +186,17 @@ class Gateway:
         self.log_listeners: list[LogListener] = []
         self.pool = Pool(cfg.upstream, self._on_tools, observer=upstream_observer(self.events, self.metrics), mode=pool_mode,
                          on_lists=lambda server, kind: self.federation.changed(server, kind), on_log=fan_out(self.log_listeners))
-        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream])
+        self.federation = Federation(self.pool, self.visibility, lambda: [u.name for u in self.cfg.upstream], self.redactor, self.events)
         self.rift = RiftRunner(self.engine)
         self.catalog.on_index_update.append(self.rift.wanted)
         self.tokens = TokenReporter(self.engine, lambda: self.catalog.view)
+        held = lambda s: held_reason(s, self._lifecycle(s, "ready"))  # noqa: E731  # why an upstream serves nothing
         self.searches = SearchService(
             self.catalog, self.visibility, mode=lambda: self.cfg.search.mode, rift=lambda: self.rift.report,
             metrics=self.metrics, events=self.events, guidance=self.guidance_for,
             starting=lambda allowed: [] if self.index_ready.is_set() else self.status_service.waiting_for(allowed),
-            max_top_k=lambda: self.cfg.search.default_top_k,
+            max_top_k=lambda: self.cfg.search.default_top_k, held=held,
+            unsearchable=lambda server: self.status_service.unsearchable(server),
         )
         self.status_service = StatusService(
             self.catalog, self.visibility, self.pool, self.tokens, self.rift, index_ready=self.index_ready.is_set,
@@ -207,9 +209,9 @@ class Gateway:
             not_listed=self.status_service.not_listed,
             asks_mid_call=lambda s: (st := self.pool.get(s)) is not None and st.handshake, spawn=self._spawner,
             session_ready=lambda s: (st := self.pool.get(s)) is not None and st.state is UpstreamState.READY,
+            held=held,
         )
-        self.learning = LearningService(lambda: self.cfg.learning, self.engine, Path(cfg.daemon.state_dir),
-                                        metrics=self.metrics)
+        self.learning = LearningService(lambda: self.cfg.learning, self.engine, Path(cfg.daemon.state_dir), metrics=self.metrics)
         self.searches.on_answer = lambda conn, query, names: self.learning.searched(conn, query, names, self.engine.version)
         self.calls.on_done = self.learning.executed
         self.status_service.sections["learning"] = self.learning.status
@@ -272,6 +274,7 @@ class Gateway:
         """An operator's approve/reject (see gateway.approval); clients whose lists change are told."""
         result = self.approvals.decide(name, decision, by)
         if result["approval"] != result["previous"]:
+            self.calls.withdraw(f"the operator {result['approval']} upstream {name!r}", hold=True)  # a reject ends its calls
             await self.catalog.announce()
             await self.federation.reloaded()
         return result
@@ -290,8 +293,7 @@ class Gateway:
                 sink.close()
 
     async def close_upstreams(self, timeout: float = 20.0) -> None:
-        """Stop every upstream session in its owner task (children reaped) before the
-        task tree is cancelled."""
+        """Stop every upstream session in its owner task (children reaped) before the tree's cancel."""
         with anyio.move_on_after(timeout, shield=True):
             await self.pool.reconcile([], why="daemon stop")
 
@@ -299,10 +301,8 @@ class Gateway:
         """Apply a re-read config (its [cards] already checked into `attestor`, its templates
         into `guidance`, else loaded here first, ConfigError before anything changes):
         upstreams added, removed or changed are reconciled; the unchanged keep their warm
-        session, index entries and card verdicts. `new` holds the running values of the keys
-        that need a restart (`keep_running`, applied by the caller before its [cards] are read;
-        the caller reports them). New
-        templates or environment reach clients with the announce (tools/list_changed)."""
+        session, index entries and card verdicts. `new` holds the running values of restart-only
+        keys (`keep_running`, by the caller). New templates or environment reach clients with the announce."""
         self.guidance_for.configure(new, guidance)
         old = self.cfg
         old_ups = {u.name: u for u in old.upstream}
@@ -315,17 +315,18 @@ class Gateway:
         self.cfg = new
         self.approvals.reconcile(new)
         self.visibility.configure(new)
+        self.calls.withdraw("the daemon's access rules changed")  # calls in flight the new rules no longer allow end now
         self.learning.reconfigured()
         cards_changed = self.catalog.reconfigure(attestor)
         self.redactor.add(secrets(new))  # removed ones stay: late lines may still quote them
-        self.events.log_queries = new.daemon.log_queries
-        self.events.environment = new.daemon.environment
+        self.events.log_queries, self.events.environment = new.daemon.log_queries, new.daemon.environment
         if isinstance(self.events.audit, AuditFile):
             self.events.audit.max_bytes, self.events.audit.keep = new.events.audit_max_bytes, new.events.audit_keep
         await self.pool.reconcile(new.upstream)
         for name in summary["removed"]:
             await self._on_tools(name, None)
             await self.catalog.drop(name)
+            self.metrics.forget_upstream(name)
         if cards_changed:  # every verdict was made under the old [cards] settings
             await self.catalog.recheck(sorted(self.catalog.view.available))
         log.info("reload: +%s -%s ~%s", summary["added"], summary["removed"], summary["changed"])
@@ -383,7 +384,8 @@ class Gateway:
     def tool_definitions(self, conn: Connection, servers: list[str] | None) -> list[dict[str, Any]]:
         allowed = self.visibility.allowed_servers(conn)
         if servers is not None:
-            self.visibility.search_scope(servers, allowed)  # BadInput naming a server it may not use
+            # BadInput naming a server it may not use
+            self.visibility.search_scope(servers, allowed, self.searches.held_for(servers, allowed, conn))
         return self.definitions.definitions(self.catalog.view, set(servers) & allowed if servers is not None else allowed)
 
     def may_use(self, conn: Connection, server: str) -> bool:

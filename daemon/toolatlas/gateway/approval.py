@@ -249,6 +249,16 @@ def transition_reporter(events: ev.Events, metrics: Metrics) -> Callable[[Transi
     return report
 
 
+def held_reason(name: str, approval: str) -> str | None:
+    """Why upstream `name`, in lifecycle state `approval`, serves nothing (catalog_status's
+    `not_searchable_because`, a refused call's message), or None when approval holds nothing."""
+    if approval == "pending":
+        return f"awaiting approval: `toolatlas upstream approve {name}`"
+    if approval == "rejected":
+        return "rejected by the operator"
+    return None
+
+
 def lifecycle(decision: Decision, state: str) -> str:
     """The lifecycle state shown for an upstream with `decision` in connection `state`."""
     if decision is not Decision.APPROVED:
@@ -261,4 +271,4 @@ def lifecycle(decision: Decision, state: str) -> str:
 
 
 __all__ = ["ApprovalStore", "Approvals", "Decision", "FileApprovalStore", "LIFECYCLE_STATES", "Record", "Transition",
-           "fingerprint", "lifecycle", "plan_reconcile", "transition_reporter"]
+           "fingerprint", "held_reason", "lifecycle", "plan_reconcile", "transition_reporter"]

@@ -16,6 +16,12 @@ CLIENT_TEXT_CHARS = 128
 TEXT_CHARS = 200
 
 
+def shown(text: str, limit: int = TEXT_CHARS) -> str:
+    """A caller's name or URI as an error quotes it: whole up to `limit` characters (every
+    gateway tool name is), cut past that, so a reply does not grow with what the caller sent."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}..."
+
+
 def who(conn: Connection) -> dict[str, Any]:
     """`principal`, `user`, `client`, `client_version`, `endpoint`, `connection`, `request`."""
     if conn.oauth is not None:

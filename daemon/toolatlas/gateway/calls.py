@@ -16,13 +16,15 @@ from toolatlas.calls import CallOutcome, CallRequest, InputRequired, UpstreamCal
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.validate import ArgumentValidator
 from toolatlas.errors import BadInput, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
-from toolatlas.gateway.audit import TEXT_CHARS, deny, via, who
+from toolatlas.gateway.audit import TEXT_CHARS, deny, shown, via, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.exchange import REQUEST_KEY, Exchange, Parked
 from toolatlas.gateway.ports import Connection
 from toolatlas.gateway.suggest import NameIndex, suggest
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.inputstate import InputStateSealer
+from toolatlas.jsonlines import MAX_DEPTH, deeper_than
+from toolatlas.meta_tools import META_NAMES
 from toolatlas.metrics import Metrics
 from toolatlas.names import MAX_LEN, split
 from toolatlas.redact import Redactor
@@ -53,13 +55,16 @@ class CallService:
         self, catalog: LiveCatalog, visibility: Visibility, route: Route, availability: Availability, *,
         metrics: Metrics, events: ev.Events, redactor: Redactor | None = None, not_listed: NotListed | None = None,
         asks_mid_call: Callable[[str], bool] = lambda _server: False, spawn: Callable[[], Spawn | None] = lambda: None,
-        session_ready: Callable[[str], bool] | None = None,
+        session_ready: Callable[[str], bool] | None = None, held: Callable[[str], str | None] = lambda _server: None,
     ) -> None:
         """`not_listed(server)`: why a configured upstream's tools are not known yet (it is
         still connecting), so a call to one of them is told to retry, not that it is unknown.
         `session_ready(server)`: its warm session is up (the pool says READY).
         `asks_mid_call(server)`: the upstream is on a 2025-era protocol, whose questions
-        come as requests during the call (translated for 2026-07-28 callers, see exchange)."""
+        come as requests during the call (translated for 2026-07-28 callers, see exchange).
+        `held(server)`: why a configured upstream serves nothing now (awaiting the operator's
+        approval, or rejected), or None; a caller its access rules give it is told so."""
+        self._held = held
         self._asks_mid_call, self._spawn = asks_mid_call, spawn
         self._parked = Parked()
         self._redact = redactor or events.redactor
@@ -76,10 +81,31 @@ class CallService:
         # server -> (the records mapping it was built from, its name index), rebuilt on change.
         self._name_indexes: dict[str, tuple[Mapping[str, ToolRecord], NameIndex]] = {}
         self.inflight = 0
+        self._running: dict[anyio.CancelScope, tuple[Connection, str]] = {}  # calls in flight: caller, upstream
+        self._withdrawn: dict[anyio.CancelScope, tuple[str, bool]] = {}  # those `withdraw` ended: why, denied
         self.draining = False
         # Hears how each call ended: (connection, tool name, ok: no error, no isError). Set by the gateway (learning).
         self.on_done: Callable[[Connection, str, bool], None] | None = None
         self._idle: anyio.Event | None = None  # made by a drain that waits, set by the last call out
+
+    def withdraw(self, why: str, *, hold: bool = False) -> int:
+        """Cancel the calls in flight whose caller may no longer use their upstream: each ends
+        at once, told `why`, and its upstream request is cancelled, as a removed token's
+        requests end. `hold` False: those the caller's access rules (or its endpoint) no
+        longer give it, after a reload (an access denial each); True: those the operator's
+        approval decision holds now (no denial). How many."""
+        ended = []
+        for scope, (conn, server) in self._running.items():
+            # an upstream the config no longer has is withdrawn from no one: the pool closes
+            # it, and its calls end saying so (as do those of one a reload restarts)
+            if not self._visibility.configured(server) or server in self._visibility.allowed_servers(conn):
+                continue
+            if (server in self._visibility.permitted(conn)) is hold:
+                ended.append(scope)
+        for scope in ended:
+            self._withdrawn[scope] = (why, not hold)
+            scope.cancel()
+        return len(ended)
 
     async def wait_idle(self, timeout: float) -> None:
         """Wait (bounded) until no call is in flight."""
@@ -134,8 +160,8 @@ class CallService:
             self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name[:TEXT_CHARS], upstream=upstream, via=via(),
                               outcome=outcome, latency_ms=latency_ms, **who(conn))
 
-    async def _resolve(self, name: str, allowed: set[str]) -> ToolRecord:
-        """The record a caller who may use `allowed` may call by `name`, or BadInput /
+    async def _resolve(self, name: str, allowed: set[str], conn: Connection) -> ToolRecord:
+        """The record `conn`, who may use `allowed`, may call by `name`, or BadInput /
         UpstreamUnavailable."""
         view = self._catalog.view
         rec = view.by_name.get(name)
@@ -144,10 +170,14 @@ class CallService:
             if parsed and parsed[0] in allowed:
                 reason = view.quarantine_reason(parsed[0], parsed[1])
                 if reason:
-                    raise BadInput(f"tool {_shown(name)} is quarantined: {reason}")
+                    raise BadInput(f"tool {shown(name)} is quarantined: {reason}")
                 starting = self._not_listed(parsed[0])
                 if starting:
-                    raise UpstreamUnavailable(f"tool {_shown(name)} cannot be called yet: {starting}")
+                    raise UpstreamUnavailable(f"tool {shown(name)} cannot be called yet: {starting}")
+            elif parsed and (held := self._held(parsed[0])) and parsed[0] in self._visibility.permitted(conn):
+                # its access rules give it this upstream (catalog_status shows it): no denial, the operator's hold
+                raise UpstreamUnavailable(f"tool {shown(name)} cannot be called: upstream {parsed[0]!r} serves "
+                                          f"nothing now ({held})")
             raise BadInput(await self._unknown_tool_message(name, allowed))
         if not view.server(rec.server).available and not self._session_ready(rec.server):
             # A live session whose listing is still being indexed (the view's interim keeps
@@ -161,7 +191,7 @@ class CallService:
     async def _execute(self, call: CallRequest, conn: Connection, allowed: set[str]) -> CallOutcome:
         if self.draining:
             raise UpstreamUnavailable("the gateway is shutting down; retry in a moment")
-        rec = await self._resolve(call.name, allowed)
+        rec = await self._resolve(call.name, allowed, conn)
         arguments = _arguments(call.arguments)
         problems = await self._validator.check_async(rec, arguments or {})
         if problems:
@@ -197,16 +227,28 @@ class CallService:
             log=call.log, log_level=call.log_level, raw=call.raw,
         )
         self.inflight += 1
+        running = anyio.CancelScope()
+        self._running[running] = (conn, rec.server)
         try:
-            if exchange is not None and spawn is not None:
-                spawn(lambda: exchange.run(lambda: self._route(routed)))
-                return await self._converse(exchange, rec, conn)
-            reply = await self._route(routed)
+            with running:
+                if exchange is not None and spawn is not None:
+                    spawn(lambda: exchange.run(lambda: self._route(routed)))
+                    return await self._converse(exchange, rec, conn)
+                reply = await self._route(routed)
         finally:
+            del self._running[running]
+            withdrawn = self._withdrawn.pop(running, None)
             self.inflight -= 1
             if self.inflight == 0 and self._idle is not None:
                 self._idle.set()
                 self._idle = None
+        if running.cancelled_caught and withdrawn is not None:  # `withdraw`: the upstream was taken from this caller
+            why, denied = withdrawn
+            if denied:
+                deny(self._events, self._metrics, conn, via(), rec.name,
+                     f"{conn.principal} may no longer use upstream {rec.server!r} ({why}); the call in flight was cancelled")
+            raise UpstreamUnavailable(f"the call of {rec.name!r} was cancelled: {why} while it ran, and you may no "
+                                      "longer use this tool")
         if reply.input_required is not None:
             sealed = self._sealer.seal(upstream=rec.server, tool=rec.name, principal=conn.principal,
                                        upstream_state=reply.input_required.request_state)
@@ -234,8 +276,10 @@ class CallService:
         return reply
 
     async def _unknown_tool_message(self, name: str, allowed: set[str]) -> str:
+        if name in META_NAMES:  # execute_tool {"name": "tool_search"}: "unknown, use tool_search" reads as a loop
+            return f"{name} is one of the gateway's own tools, not an upstream's: call {name} itself, not through execute_tool."
         if len(name) > SUGGEST_MAX_CHARS:  # no gateway name is this long: nothing is close to it
-            return f"unknown tool {_shown(name)} ({len(name)} characters; a tool name has at most {MAX_LEN}). " \
+            return f"unknown tool {shown(name)} ({len(name)} characters; a tool name has at most {MAX_LEN}). " \
                    "Use tool_search to find tools."
         view = self._catalog.view
         indexes: dict[str, NameIndex] = {}
@@ -250,7 +294,7 @@ class CallService:
         by_name = view.by_name
         close = await anyio.to_thread.run_sync(suggest, name, indexes, lambda n: by_name[n].tool if n in by_name else n)
         hint = f" Did you mean: {', '.join(close)}?" if close else " Use tool_search to find tools."
-        return f"unknown tool {_shown(name)}.{hint}"
+        return f"unknown tool {shown(name)}.{hint}"
 
 
 def _logged(exc: BaseException) -> str:
@@ -258,19 +302,19 @@ def _logged(exc: BaseException) -> str:
     return exc.logged if isinstance(exc, BadInput) else str(exc)
 
 
-def _shown(name: str) -> str:
-    """A caller's tool name as an error quotes it: whole up to TEXT_CHARS characters (every
-    gateway name is), cut past that, so a reply does not grow with what the caller sent."""
-    return repr(name) if len(name) <= TEXT_CHARS else f"{name[:TEXT_CHARS]!r}..."
-
-
 def _arguments(raw: object) -> dict[str, object] | None:
-    """A call's arguments as an object: a JSON string is decoded; anything else is BadInput."""
+    """A call's arguments as an object: a JSON string is decoded (held to the nesting the
+    socket allows a message); anything else is BadInput."""
     if isinstance(raw, str):
+        too_deep = f"`arguments` nests arrays and objects more than {MAX_DEPTH} levels deep; send flatter arguments"
         try:
             raw = json.loads(raw)
+        except RecursionError as exc:  # deeper than the decoder goes, far past MAX_DEPTH
+            raise BadInput(too_deep) from exc
         except ValueError as exc:
             raise BadInput(f"`arguments` is a string that is not valid JSON: {exc}") from exc
+        if deeper_than(raw, MAX_DEPTH):
+            raise BadInput(too_deep)
     if raw is not None and not isinstance(raw, dict):
         raise BadInput(f"`arguments` must be an object, got {type(raw).__name__}")
     return raw

@@ -20,21 +20,25 @@ getting from one reads exactly like asking for something that does not exist.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
 
-from toolatlas.errors import BadInput, NotFound, ToolatlasError
+from toolatlas import events as ev
+from toolatlas.errors import BadInput, NotFound, ToolatlasError, UpstreamUnavailable
+from toolatlas.gateway.audit import TEXT_CHARS, shown, who
 from toolatlas.gateway.ports import Connection, Page
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.names import namespaced, split
+from toolatlas.redact import Redactor
 from toolatlas.upstream.pool import Pool
 from toolatlas.upstream.state import UpstreamState
 
@@ -43,6 +47,7 @@ log = logging.getLogger(__name__)
 SCHEME = "toolatlas://"
 PAGE_SIZE = 100  # items per page of our own lists
 CACHE_TTL_S = 60.0  # a cached list is refetched after this, announced change or not
+URI_CHARS = 2048  # of a caller's URI an error quotes (a URL's customary limit): no reply grows with a request
 MAX_LINKS = 4096  # URIs remembered from tool results, for routing reads
 KIND_OF = {"resources": "resources", "templates": "resources", "prompts": "prompts"}  # list -> capability
 _KEY = {"resources": "uri", "templates": "uriTemplate", "prompts": "name"}
@@ -97,13 +102,18 @@ def paginate(items: list[dict[str, Any]], key: str, cursor: str | None, size: in
 class Federation:
     """See the module docstring. `on_change` listeners hear (server, kind) changes."""
 
-    def __init__(self, pool: Pool, visibility: Visibility, order: Callable[[], list[str]]) -> None:
+    def __init__(self, pool: Pool, visibility: Visibility, order: Callable[[], list[str]],
+                 redactor: Redactor | None = None, events: ev.Events | None = None) -> None:
+        """`events`: where each read and prompt get is audited (None: nowhere)."""
+        self._redact = redactor or Redactor()  # for an upstream's reason, which may quote its stderr or URL
+        self._events = events
         self._pool = pool
         self._visibility = visibility
         self._order = order  # configured upstream names, in config order
         self._cache: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
         self._links: OrderedDict[str, set[str]] = OrderedDict()
         self._up: set[str] = set()
+        self._offered: dict[str, frozenset[str]] = {}  # what each offered when its session last came up
         self._fetching: dict[tuple[str, str], anyio.Lock] = {}  # one fetch per list at a time
         self._dropped = 0  # counts invalidations: a fetch that overlapped one is not cached
         self.on_change: list[ChangeListener] = []
@@ -129,6 +139,8 @@ class Federation:
         self._drop(server, tuple(_KEY))
         st = self._pool.get(server)
         offers = set(st.offers) if st is not None and up else {KIND_OF[k] for k in offered}
+        if up:
+            self._offered[server] = frozenset(offers)
         for kind in ("resources", "prompts"):
             if kind in offers:
                 await self.changed(server, kind)
@@ -163,6 +175,17 @@ class Federation:
             st = self._pool.get(name)
             if name in allowed and st is not None and st.state is UpstreamState.READY and capability in st.offers:
                 out.append(name)
+        return out
+
+    def _down(self, conn: Connection) -> dict[str, str]:
+        """Servers `conn` may use whose session is not up now (connecting, reconnecting), in
+        config order, each with why: what they offer is unknown until they are back."""
+        allowed = self._visibility.allowed_servers(conn)
+        out = {}
+        for name in self._order():
+            st = self._pool.get(name)
+            if name in allowed and st is not None and st.state in (UpstreamState.CONNECTING, UpstreamState.DEGRADED):
+                out[name] = self._redact(f"upstream {name!r} is {st.state.value}" + (f" ({st.reason})" if st.reason else ""))
         return out
 
     def _fresh(self, server: str, kind: str) -> list[dict[str, Any]] | None:
@@ -228,14 +251,20 @@ class Federation:
 
     async def _route(self, uri: str, conn: Connection) -> tuple[str, str]:
         """(server, the upstream's own URI) a read of `uri` by `conn` goes to."""
-        unknown = NotFound(f"unknown resource {uri!r}; resources/list shows what you can read")
+        unknown = NotFound(f"unknown resource {shown(uri, URI_CHARS)}; resources/list shows what you can read")
         servers = self._servers(conn, "resources")
+        down = self._down(conn)
         parsed = unqualify(uri)
         if parsed is not None:
+            if parsed[0] in down:
+                raise UpstreamUnavailable(f"resource {shown(uri, URI_CHARS)} cannot be read now: {down[parsed[0]]}; try again later")
             if parsed[0] not in servers:
                 raise unknown
             return parsed
-        candidates = [s for s in servers if s in self._links.get(uri, ())]
+        linked = self._links.get(uri, ())
+        if gone := [s for s in down if s in linked]:  # a tool result of a server that is down now gave it
+            raise UpstreamUnavailable(f"resource {shown(uri, URI_CHARS)} cannot be read now: {down[gone[0]]}; try again later")
+        candidates = [s for s in servers if s in linked]
         if not candidates:
             listed = await self._gather(servers, "resources")
             candidates = [s for s in servers if any(i["uri"] == uri for i in listed[s])]
@@ -244,18 +273,51 @@ class Federation:
             candidates = [s for s in servers if any(template_matches(t["uriTemplate"], uri) for t in templates[s])]
         if not candidates and len(servers) == 1:
             candidates = servers
+        if not candidates and (maybe := [why for s, why in down.items() if "resources" in self._offered.get(s, ())]):
+            raise UpstreamUnavailable(f"resource {shown(uri, URI_CHARS)} is not offered by a server up now, and these offered resources "
+                                      f"before they went down: {'; '.join(maybe)}; try again later")
         if not candidates:
             raise unknown
         if len(candidates) > 1:
             forms = " or ".join(qualify(s, uri) for s in candidates)
-            raise BadInput(f"resource {uri!r} could come from {', '.join(candidates)}; read {forms}")
+            raise BadInput(f"resource {shown(uri, URI_CHARS)} could come from {', '.join(candidates)}; read {forms}")
         return candidates[0], uri
 
+    @contextlib.contextmanager
+    def _audited(self, event: str, conn: Connection, what: dict[str, str], routed: list[str]) -> Iterator[None]:
+        """Write `event` (audit fields, `what`, the upstream once `routed` names it, else
+        "unknown", and how it ended) when the block ends; not when it is cancelled."""
+        outcome = "error"
+        try:
+            yield
+            outcome = "ok"
+        except NotFound:
+            outcome = "not_found"
+            raise
+        except BadInput:
+            outcome = "bad_input"
+            raise
+        except UpstreamUnavailable:
+            outcome = "unavailable"
+            raise
+        except Exception:
+            raise
+        except BaseException:  # cancelled: nothing was read
+            outcome = ""
+            raise
+        finally:
+            if self._events is not None and outcome:
+                self._events.emit(event, **{k: v[:TEXT_CHARS] for k, v in what.items()},
+                                  upstream=routed[0] if routed else "unknown", outcome=outcome, **who(conn))
+
     async def read(self, uri: str, conn: Connection) -> dict[str, Any]:
-        """resources/read of `uri` for `conn` (wire-form result). Contents come back under the
-        URI the caller used. Raises NotFound, BadInput (ambiguous), or the upstream's error."""
-        server, original = await self._route(uri, conn)
-        result = await self._pool.read_resource(server, original)
+        """resources/read of `uri` for `conn` (wire-form result), audited. Contents come back
+        under the URI the caller used. Raises NotFound, BadInput (ambiguous), or the upstream's error."""
+        routed: list[str] = []
+        with self._audited(ev.RESOURCE_READ_COMPLETED, conn, {"uri": uri}, routed):
+            server, original = await self._route(uri, conn)
+            routed.append(server)
+            result = await self._pool.read_resource(server, original)
         if original != uri:
             for content in result.get("contents", []):
                 if content.get("uri") == original:
@@ -263,17 +325,22 @@ class Federation:
         return result
 
     async def get_prompt(self, name: str, arguments: dict[str, str] | None, conn: Connection) -> dict[str, Any]:
-        """prompts/get of namespaced `name` for `conn` (wire-form result). Raises NotFound."""
-        unknown = NotFound(f"unknown prompt {name!r}; prompts/list shows the prompts you can get")
-        parsed = split(name)
-        if parsed is None or parsed[0] not in self._servers(conn, "prompts"):
-            raise unknown
-        server = parsed[0]
-        prompts = await self._items(server, "prompts")
-        original = next((p["name"] for p in prompts if namespaced(server, p["name"]) == name), None)
-        if original is None:
-            raise unknown
-        return await self._pool.get_prompt(server, original, arguments)
+        """prompts/get of namespaced `name` for `conn` (wire-form result), audited. Raises NotFound."""
+        unknown = NotFound(f"unknown prompt {shown(name)}; prompts/list shows the prompts you can get")
+        routed: list[str] = []
+        with self._audited(ev.PROMPT_GET_COMPLETED, conn, {"name": name}, routed):
+            parsed = split(name)
+            if parsed is not None and (why := self._down(conn).get(parsed[0])) is not None:
+                raise UpstreamUnavailable(f"prompt {shown(name)} cannot be got now: {why}; try again later")
+            if parsed is None or parsed[0] not in self._servers(conn, "prompts"):
+                raise unknown
+            server = parsed[0]
+            prompts = await self._items(server, "prompts")
+            original = next((p["name"] for p in prompts if namespaced(server, p["name"]) == name), None)
+            if original is None:
+                raise unknown
+            routed.append(server)
+            return await self._pool.get_prompt(server, original, arguments)
 
 
 __all__ = ["Federation", "Page", "SCHEME", "paginate", "qualify", "template_matches", "unqualify"]

@@ -23,16 +23,18 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import numpy as np
 
 from toolatlas import memory
 from toolatlas.backoff import backoff_delay
 from toolatlas.config import LearningSection
 from toolatlas.gateway.ports import Connection
 from toolatlas.metrics import Metrics
+from toolatlas.names import split
 from toolatlas.retrieval.engine import Engine, query_vectors
 from toolatlas.retrieval.learned import LearningIndex
 from toolatlas.retrieval.usage import FILENAME as USAGE_FILENAME
-from toolatlas.retrieval.usage import UsageEvent, UsageStore, open_store
+from toolatlas.retrieval.usage import UsageEvent, UsageStore, forget_until, open_store
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ CONNECTIONS_TRACKED = 4096  # connections with recent searches (least recent for
 MAX_QUERY_CHARS = 8192
 PUBLISH_EVERY_S = 0.5  # at most this often a new learned state
 POLL_S = 1.0  # how often the store is checked for changes by another writer (the CLI)
-PRUNE_EVERY_S = 3600.0  # the store is pruned at least this often (and at start; see `_stale`)
+PRUNE_EVERY_S = 3600.0  # the store is pruned at least this often (and at start; see `_checks`)
 # A learned state costs time in proportion to the events held (50,000 distinct queries of
 # 100 principals: ~20 ms for the state, 0.2-0.4 s for the word sums of the lexical signal,
 # ~10 ms for each of the nine principals' lexical indexes built at a publish): the next
@@ -141,9 +143,8 @@ class LearningService:
             return
 
     async def ingest(self, event: UsageEvent) -> bool:
-        """Another replica's usage event, learned from as one of ours (not passed on again).
-        Waits up to INGEST_WAIT_S for room (a replica catching up hands over thousands);
-        False when learning is off or no room came (dropped, as a local one would be)."""
+        """Another replica's usage event, learned as one of ours (not passed on). Waits up to
+        INGEST_WAIT_S for room; False when learning is off or none came (dropped, as ours)."""
         if not self.enabled:
             return False
         with anyio.move_on_after(INGEST_WAIT_S):
@@ -152,13 +153,16 @@ class LearningService:
         log.warning("learning: the usage writer is behind; a shared event for %s was dropped", event.tool)
         return False
 
-    def status(self) -> dict[str, Any]:
-        """catalog_status's `learning` section."""
-        return status_section(self._engine, self.enabled, self.error)
+    async def forget(self, tool: str | None, until: float) -> int:
+        """Delete `tool`'s events (None: all) up to `until`, re-rank (store/wiring.py)."""
+        return await _forget(self, tool, until)
+
+    def status(self, scope: frozenset[str] | None = None) -> dict[str, Any]:
+        """catalog_status's `learning` section, of the tools of `scope`'s servers (None: all)."""
+        return status_section(self._engine, self.enabled, self.error, scope)
 
     def reconfigured(self) -> None:
-        """After a reload: switched on, the worker that waited starts; switched off, search stops
-        re-ranking with what was learned, as after a start with it off (and recording stops)."""
+        """After a reload: switched on, the waiting worker starts; off, learning stops as if so at start."""
         if self._running:
             self._engine.learning = self.enabled
         self._pruned = -math.inf  # the next poll prunes to the new retention_days and max_events
@@ -167,12 +171,10 @@ class LearningService:
     # -- the worker ------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Open the store, load its events, then persist new ones and publish states. A
-        failing store never stops the daemon: the last learned state serves (zero-shot
-        before the first), `catalog_status.learning.error` says why, the store is opened
-        again with backoff, and events wait in the writer's queue (up to its bound) or, a
-        batch the store refused, in `_unsaved`. A file that is not an SQLite database, or a
-        corrupt one, is moved aside (`_move_aside`) and learning starts again from no events."""
+        """Open the store, load its events, then persist new ones and publish states. A failing
+        store never stops the daemon: the last learned state serves, `learning.error` says why,
+        the store is opened again with backoff, events wait (the writer's queue, `_unsaved`). A
+        file not an SQLite database, or corrupt, is moved aside and learning starts from none."""
         task_status.started()  # the store opens in the background: nothing else waits for it
         while not self.enabled:  # switched off: until a reload switches it on
             await self._switched.wait()
@@ -295,31 +297,61 @@ class LearningService:
         while True:
             await anyio.sleep(POLL_S)
             reload = await anyio.to_thread.run_sync(store.changed_elsewhere)
-            with self._lock:
-                missing = self._engine.embedder is not None and self._index.missing > 0
+            # In a worker: a build holds the index lock (~0.4 s at 50,000 events), and taken
+            # on the loop it held up every search and call of the daemon.
+            missing, stale = await anyio.to_thread.run_sync(self._checks)
             if missing and await anyio.to_thread.run_sync(_embed_missing, self._engine, store):
                 reload = True
-            if time.monotonic() - self._pruned > PRUNE_EVERY_S or self._stale():
-                reload = True
-            if reload:
+            if reload or stale or time.monotonic() - self._pruned > PRUNE_EVERY_S:
                 await anyio.to_thread.run_sync(self._reload, store)
 
-    def _stale(self) -> bool:
-        """More events held than `max_events` and a slack (a reload trims: not at every event),
-        or one past `retention_days` (it stops counting now, not at the hourly prune)."""
-        with self._lock:
-            return (self._index.n_events > (cfg := self._cfg()).max_events + max(1, cfg.max_events // 20)
+    def _checks(self) -> tuple[bool, bool]:
+        cfg = self._cfg()  # stale: over `max_events` and a slack (not a reload at every event),
+        with self._lock:  # or one past `retention_days` (no longer counts, not at the hourly prune)
+            return (self._engine.embedder is not None and self._index.missing > 0,
+                    self._index.n_events > cfg.max_events + max(1, cfg.max_events // 20)
                     or self._oldest < self._clock() - cfg.retention_days * 86400.0)
 
 
-def status_section(engine: Engine, enabled: bool, error: str | None) -> dict[str, Any]:
-    """catalog_status's `learning` section: `enabled`, the engine's learned state, `error`."""
+async def _forget(svc: LearningService, tool: str | None, until: float) -> int:
+    store, state_dir = svc._store, svc._state_dir  # noqa: SLF001 (its service's own store)
+    if store is not None:
+        n = await anyio.to_thread.run_sync(forget_until, store, tool, until)
+        await anyio.to_thread.run_sync(svc._reload, store)  # noqa: SLF001
+        return n
+    # Not opened in this process (learning off): a connection of its own. Never beside the
+    # service's: opening a file closes a descriptor, which drops the process's POSIX locks.
+    if state_dir is None or not (state_dir / USAGE_FILENAME).exists():
+        return 0
+
+    def once() -> int:
+        own = open_store(state_dir)
+        try:
+            return forget_until(own, tool, until)
+        finally:
+            own.close()
+    return await anyio.to_thread.run_sync(once)
+
+
+def status_section(engine: Engine, enabled: bool, error: str | None,
+                   scope: frozenset[str] | None = None) -> dict[str, Any]:
+    """catalog_status's `learning` section: `enabled`, the engine's learned state, `error`.
+    With a `scope` (the servers a caller may use, when not all), only the feedback on their
+    tools counts: a caller reads no figure of what others did with tools it may not use."""
     state = engine.learned
     updated = state.updated_at if state is not None else None
+    events = state.events if state is not None else 0
+    tools = len(state.tools) if state is not None else 0
+    if state is not None and scope is not None:
+        mine = [i for i, name in enumerate(state.tools) if (p := split(name)) is not None and p[0] in scope]
+        rows = state.row_tools
+        per_tool = np.bincount(rows.tool, weights=rows.count, minlength=len(state.tools))
+        events, tools = int(per_tool[mine].sum()), len(mine)
+        updated = updated if events else None
     return {
         "enabled": enabled,
-        "events": state.events if state is not None else 0,
-        "tools_with_feedback": len(state.tools) if state is not None else 0,
+        "events": events,
+        "tools_with_feedback": tools,
         "updated_at": (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(updated)) if updated else None),
         **({"error": error} if error is not None else {}),
     }
@@ -329,7 +361,7 @@ def _prune(store: UsageStore, cfg: LearningSection, now: float) -> None:
     """Delete events past `retention_days` and all but the newest `max_events`. Blocking."""
     retention = cfg.retention_days * 86400.0
     # ahead of time by up to an hour (1 % of retention): an event held past retention makes the
-    # next poll reload (`_stale`), and under steady use that is then once per this span
+    # next poll reload (`_checks`), and under steady use that is then once per this span
     store.prune(now - retention + min(PRUNE_EVERY_S, retention / 100))
     if trimmed := store.trim(cfg.max_events):
         log.info("learning: the %d oldest usage events deleted (max_events = %d)", trimmed, cfg.max_events)

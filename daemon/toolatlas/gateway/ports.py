@@ -33,6 +33,7 @@ class Connection:
     pid: int | None = None
     uid: int | None = None
     gid: int | None = None
+    groups: tuple[int, ...] | None = None  # supplementary gids from the kernel (SO_PEERGROUPS); None: not known
     token: str | None = None  # the name of the HTTP bearer token that authenticated it
     # The OAuth identity that authenticated it (HTTP with [http.oauth]); None otherwise.
     oauth: OAuthIdentity | None = None

@@ -36,11 +36,16 @@ class SearchService:
         rift: Callable[[], RiftReport | None], metrics: Metrics, events: ev.Events,
         starting: Callable[[set[str]], list[str]] = lambda _allowed: [],
         guidance: Callable[[Connection], Guidance] | None = None,
-        max_top_k: Callable[[], int] = lambda: 5,
+        max_top_k: Callable[[], int] = lambda: 5, held: Callable[[str], str | None] = lambda _server: None,
+        unsearchable: Callable[[str], str] = lambda server: f"upstream {server!r} is not available right now",
     ) -> None:
         """`starting(allowed)`: what the daemon still waits for before its first index is
         ready (empty once it is); an answer given meanwhile carries it as `waiting_for`.
-        `guidance(conn)`: what that connection is shown of publisher text."""
+        `guidance(conn)`: what that connection is shown of publisher text. `held(server)`: why
+        a configured upstream serves nothing now (awaiting approval, rejected), or None.
+        `unsearchable(server)`: why an upstream the caller may use is out of search now."""
+        self._held = held
+        self._unsearchable = unsearchable
         self._catalog = catalog
         self._guidance = guidance
         self._matches = MatchBuilder()
@@ -67,7 +72,8 @@ class SearchService:
         if not self._catalog.engine_loaded.is_set():
             return None
         allowed = self._visibility.allowed_servers(conn)
-        scope = self._visibility.search_scope(servers, allowed)  # a denial is recorded by `search`
+        # a denial is recorded by `search`
+        scope = self._visibility.search_scope(servers, allowed, self.held_for(servers, allowed, conn))
         k = top_k or self._max_top_k()
         outcome = self._catalog.engine.cached(query, k, servers=scope, principal=conn.principal) if scope else None
         if outcome is None:
@@ -76,15 +82,26 @@ class SearchService:
 
     def _scope(self, servers: list[str] | None, allowed: set[str], conn: Connection) -> set[str]:
         """`Visibility.search_scope`; naming a configured server `conn` may not use is also
-        recorded as an access denial."""
+        recorded as an access denial (one its rules give it, held by the operator, is not:
+        the answer says why it serves nothing)."""
+        held = self.held_for(servers, allowed, conn)
         try:
-            return self._visibility.search_scope(servers, allowed)
+            return self._visibility.search_scope(servers, allowed, held)
         except BadInput:
-            refused = sorted(s for s in servers or () if s not in allowed and self._visibility.configured(s))
+            refused = sorted(s for s in servers or () if s not in allowed and s not in held
+                             and self._visibility.configured(s))
             if refused:
                 deny(self._events, self._metrics, conn, "tool_search", ",".join(refused)[:200],
                      f"{conn.principal} may not use upstream(s) {', '.join(refused)}")
             raise
+
+    def held_for(self, servers: list[str] | None, allowed: set[str], conn: Connection) -> dict[str, str]:
+        """Of `servers` that `conn` cannot use now, those its rules give it but the operator
+        holds (awaiting approval, rejected): server -> why. Told apart from unknown names, and
+        no access denial; not looked up when every named server is usable."""
+        asked = [s for s in servers or () if s not in allowed]
+        permitted = self._visibility.permitted(conn) if asked else set()
+        return {s: why for s in asked if s in permitted and (why := self._held(s))}
 
     async def search(self, query: str, top_k: int, servers: list[str] | None, conn: Connection) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -142,6 +159,8 @@ class SearchService:
                         "Rephrase the query with what the tool should do, or pass top_k to see the closest tools anyway.")
             else:
                 matches = matches[: adaptive.cut([m["score"] for m in matches], self._max_top_k())]
+        if note is None:
+            note = self._note(matches, servers, scope, allowed, loaded, conn)
         add_rift_notes(self._rift(), matches, allowed, live=by_name)
         seconds = time.perf_counter() - t0
         self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
@@ -166,7 +185,42 @@ class SearchService:
             answer["waiting_for"] = waiting  # still starting: these matches may be incomplete
         return answer
 
+    def _note(self, matches: list[dict[str, Any]], servers: list[str] | None, scope: set[str], allowed: set[str],
+              loaded: bool, conn: Connection) -> str | None:
+        """What a model reads beside an answer without matches (why, and what to do next), or
+        beside one that left out a server it named; None for an answer that needs none."""
+        named = set(servers) if servers is not None else None
+        skipped = sorted((named if named is not None else allowed) - scope)
+        if matches and (named is None or not skipped):
+            return None
+        parts: list[str] = []
+        # servers its rules give it that the operator holds (awaiting approval, rejected): said as a scoped search says them
+        held = self.held_for(sorted(self._visibility.permitted(conn) - allowed), allowed, conn) \
+            if not matches and servers is None else {}
+        if not loaded:
+            parts.append("The gateway is still building its search index; search again in a few seconds.")
+        elif not allowed and not held:
+            parts.append("No upstream server is open to you on this gateway.")
+        elif not matches and scope:
+            view = self._catalog.view
+            empty = sorted(s for s in scope if not view.server(s).records)  # listed no tools (now)
+            if len(empty) == len(scope):  # no query can match: rephrasing is no use
+                parts.append(f"No tool to search: {', '.join(empty)} list(s) no tools now. "
+                             "Search again once they list some (catalog_status shows their tool counts).")
+            else:
+                parts.append(f"No tool matched this query. Searchable servers: {', '.join(sorted(scope))}"
+                             + (f" ({', '.join(empty)} list(s) no tools now)" if empty else "")
+                             + ". Rephrase the query with what the tool should do.")
+        unsearchable = [self._unsearchable(s)[:NOTE_REASON_CHARS] for s in skipped[:NOTE_SERVERS]] if loaded else []
+        unsearchable += [f"server {s!r} serves nothing now ({why})" for s, why in list(held.items())[:NOTE_SERVERS]]
+        if unsearchable:
+            more = f" (+{len(skipped) - NOTE_SERVERS} more: catalog_status)" if len(skipped) > NOTE_SERVERS else ""
+            parts.append("Not searched: " + " | ".join(unsearchable) + more + ".")
+        return " ".join(parts) or None
 
+
+NOTE_SERVERS = 5  # unsearchable servers a note explains at most
+NOTE_REASON_CHARS = 240  # of each one's reason (it may quote an upstream's stderr)
 NOTE_SIBLINGS = 3  # other tools a Rift note names at most
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import anyio.abc
 
 from toolatlas.catalog.attest import AttestResult
+from toolatlas.gateway.approval import held_reason
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.ports import Connection, SurfaceStats
 from toolatlas.gateway.tokens import Scope, TokenReporter
@@ -66,8 +67,9 @@ class StatusService:
         self._index_ready = index_ready
         self.surface: SurfaceStats = NoSurface()
         self.started_at = time.time()
-        # Extra catalog_status sections by name, computed per call (the shared store's `store`).
-        self.sections: dict[str, Callable[[], Any]] = {}
+        # Extra catalog_status sections by name, computed per call for the caller's scope (None:
+        # every server): `learning`, the shared store's `store`.
+        self.sections: dict[str, Callable[[Scope], Any]] = {}
 
     def unavailable_reason(self, server: str) -> str:
         """`state: reason` of an upstream that is not serving, for call errors."""
@@ -75,6 +77,16 @@ class StatusService:
         if st is None:
             return "unknown"
         return f"{st.state.value}: {st.reason}" if st.reason else st.state.value
+
+    def unsearchable(self, server: str) -> str:
+        """Why configured upstream `server`'s tools are out of tool_search now, one sentence
+        for a model (redacted: an upstream's reason may quote its stderr or URL)."""
+        why = self.not_listed(server)
+        st = self._pool.get(server)
+        if why is None and st is not None and st.state is UpstreamState.READY:  # listed, its index not swapped in yet
+            why = f"upstream {server!r} is connected and its tools are being indexed; search again in a moment"
+        return self._redact(why or f"upstream {server!r} is not available right now ({self.unavailable_reason(server)}); "
+                                   "try again later")
 
     def not_listed(self, server: str) -> str | None:
         """Why the tools of configured upstream `server` are not known yet, saying when to
@@ -102,7 +114,9 @@ class StatusService:
         out: list[str] = []
         progress = self._catalog.engine.progress
         if progress.pending:
-            out.append(progress.describe())
+            # its counts are every server's documents: only for a caller who may see them all
+            whole = allowed is None or allowed >= {st.name for st in self._pool.status()}
+            out.append(progress.describe(counts=whole))
         view = self._catalog.view
         now = time.time()
         for st in self._pool.status():
@@ -146,10 +160,8 @@ class StatusService:
                 "reconnects": st.reconnects,
                 "protocol_version": st.protocol_version,
             }
-            if approval in ("pending", "rejected"):
-                out["not_searchable_because"] = (
-                    f"awaiting approval: `toolatlas upstream approve {st.name}`" if approval == "pending"
-                    else "rejected by the operator")
+            if (held := held_reason(st.name, approval)) is not None:
+                out["not_searchable_because"] = held
             elif not entry.available and st.state is not UpstreamState.READY:
                 out["not_searchable_because"] = f"upstream is {st.state.value}" + (f": {st.reason}" if st.reason else "")
             if entry.quarantined:
@@ -168,6 +180,17 @@ class StatusService:
             stats["servers"] = sum(1 for n in allowed if view.server(n).docs)
             if stats.get("dense_index") is not None:
                 stats["dense_index"] = {"live": indexed}  # slots of other servers are not the caller's
+            # the model's progress and the embedding counters count every server's documents
+            model = stats["model"]
+            if not model["total"]:
+                share: dict[str, int | None] = {"total": 0, "embedded": 0}
+            elif model["embedded"] >= model["total"]:
+                share = {"total": indexed, "embedded": indexed}
+            else:  # under way: how much of the caller's share is done is not known
+                share = {"total": indexed, "embedded": None}
+            stats["model"] = {**model, **share}
+            for counter in ("embeddings_computed", "embeddings_cached", "embeddings_shared"):
+                stats[counter] = None
         verdicts: dict[str, AttestResult] = {n: s.verdict for n, s in view.servers.items()
                                              if s.verdict is not None and n in allowed}
         cards = self._catalog.attestor.summary(verdicts)
@@ -188,7 +211,7 @@ class StatusService:
             "clients": self.surface.client_count(),
             "uptime_s": round(time.time() - self.started_at, 1),
             **self._endpoints(conn),
-            **{name: section() for name, section in self.sections.items()},
+            **{name: section(scope) for name, section in self.sections.items()},
         })
         return report
 

@@ -11,6 +11,7 @@ The work per lookup is bounded by PROBE x POSTING_CAP, whatever the catalog size
 from __future__ import annotations
 
 import difflib
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 
@@ -19,6 +20,7 @@ from toolatlas.names import SEP, split
 PROBE = 12  # rarest query trigrams whose posting lists are read
 POSTING_CAP = 2048  # entries read per posting list
 POOL = 64  # candidates ranked by difflib
+TOOL_CUTOFF = 0.6  # how alike a suggested tool's own name must be to the one asked for
 
 
 def _grams(word: str) -> set[str]:
@@ -49,18 +51,34 @@ class NameIndex:
         return [self.names[i] for i, _ in counts.most_common(POOL)]
 
 
+def _asked_tool(name: str) -> str:
+    """The tool part of a name as a caller wrote it: after `__`, else after its last `.`, `/`
+    or `:` (`files.read`), else the whole name."""
+    parsed = split(name)
+    return parsed[1] if parsed else re.split(r"[./:]", name)[-1]
+
+
+def _alike(a: str, b: str) -> bool:
+    return difflib.SequenceMatcher(None, a, b).ratio() >= TOOL_CUTOFF
+
+
 def suggest(name: str, indexes: Mapping[str, NameIndex], tool_of: Callable[[str], str], n: int = 3) -> list[str]:
     """Up to `n` names like the unknown `name`, from each server's index: close whole names
-    first; failing those, tools whose own name is close to `name`'s tool part on any server
-    (a right tool under a wrong server). `tool_of(name)` is a name's upstream tool name."""
-    pool = [c for index in indexes.values() for c in index.candidates(name)]
-    close = difflib.get_close_matches(name, pool, n=n, cutoff=0.5)
+    whose tool part is close to `name`'s too (the server prefix alone makes every tool of a
+    server look alike: `beta__nope` is not `beta__pid`); failing those, tools whose own name is
+    close to `name`'s tool part on any server (a right tool under a wrong server).
+    `tool_of(name)` is a name's upstream tool name."""
+    # Compared without case: `GitHub__create_issue` means `github__create_issue`.
+    pool = {c.lower(): c for index in indexes.values() for c in index.candidates(name)}
+    asked = _asked_tool(name).lower()
+    close = [pool[c] for c in difflib.get_close_matches(name.lower(), list(pool), n=4 * n, cutoff=0.5)
+             if _alike(asked, tool_of(pool[c]).lower())][:n]
     parsed = split(name)
     if close or not parsed:
         return close
-    pool = [c for server, index in indexes.items() for c in index.candidates(f"{server}{SEP}{parsed[1]}")]
-    tools = difflib.get_close_matches(parsed[1], [tool_of(c) for c in pool], n=n, cutoff=0.6)
-    return [c for c in dict.fromkeys(pool) if tool_of(c) in tools][:n]
+    found = [c for server, index in indexes.items() for c in index.candidates(f"{server}{SEP}{parsed[1]}")]
+    tools = set(difflib.get_close_matches(asked, [tool_of(c).lower() for c in found], n=n, cutoff=TOOL_CUTOFF))
+    return [c for c in dict.fromkeys(found) if tool_of(c).lower() in tools][:n]
 
 
 __all__ = ["NameIndex", "suggest"]

@@ -59,7 +59,7 @@ def token_inputs(view: CatalogView, engine: Engine, scope: Scope = None,
     builder = MatchBuilder()
     for rec in records[::step][:TOKEN_SAMPLE_QUERIES]:
         query = " ".join(rec.tool.replace("_", " ").replace("-", " ").split())
-        outcome = engine.search(query, 5, servers=servers)
+        outcome = engine.search(query, 5, servers=servers, internal=True)
         samples.append({"query": query, "matches": [
             builder.match(by_name[h.name], view.server(h.server).verdict, h.score)
             for h in outcome.hits if h.name in by_name

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping, Sequence
 
 from toolatlas import access
 from toolatlas.catalog.model import ToolRecord
@@ -10,6 +11,8 @@ from toolatlas.config import Config, Endpoint
 from toolatlas.errors import BadInput
 from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection
 from toolatlas.gateway.view import CatalogView
+
+log = logging.getLogger(__name__)
 
 
 class Visibility:
@@ -24,10 +27,13 @@ class Visibility:
         self.configure(cfg)
 
     def configure(self, cfg: Config) -> None:
-        """Take a (re)loaded config; cached identity lookups are dropped."""
+        """Take a (re)loaded config; cached identity lookups are dropped. A rule naming a
+        token no request can carry is logged (at the start and at each reload)."""
         self._cfg = cfg
         self._scope = frozenset(cfg.search.scope) or None
         access.clear_cache()
+        for problem in access.rule_warnings(cfg):
+            log.warning("%s", problem)
 
     def permitted(self, conn: Connection, endpoint: str | None = None) -> set[str]:
         """Servers this connection's [[access]] rules give it, narrowed by the static scope and
@@ -35,7 +41,8 @@ class Visibility:
         (catalog_status shows these)."""
         endpoint = conn.endpoint if endpoint is None else endpoint
         oauth = (conn.oauth.subject, conn.oauth.groups, conn.oauth.scopes) if conn.oauth is not None else None
-        names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token, oauth))
+        names = set(access.allowed_servers(self._cfg, conn.uid, conn.gid, conn.token, oauth, conn.groups,
+                                           issuer=conn.oauth.issuer if conn.oauth is not None else None))
         if self._scope:
             names &= self._scope
         if endpoint != DEFAULT_ENDPOINT:
@@ -84,18 +91,35 @@ class Visibility:
         usable = self.allowed_servers(conn) & view.available
         return sorted((r for r in view.by_name.values() if r.server in usable), key=lambda r: r.name)
 
-    def search_scope(self, servers: list[str] | None, allowed: set[str]) -> set[str]:
+    def search_scope(self, servers: list[str] | None, allowed: set[str],
+                     held: Mapping[str, str] | None = None) -> set[str]:
         """The upstreams a search covers: those the caller may use (`allowed`, from
         `allowed_servers`), narrowed by `servers`, that are up. Naming a server it may not
-        use (or that does not exist) is BadInput."""
+        use (or that does not exist) is BadInput; one of `held` (its rules give it the
+        server, which serves nothing now: server -> why) is named with its reason."""
         if servers is not None:
+            if not servers:
+                raise BadInput("`servers` is an empty list; leave it out to search every server you can use, or name "
+                               f"some of: {', '.join(sorted(allowed)) or 'none'}")
             unknown = sorted(set(servers) - allowed)
             if unknown:
-                raise BadInput(
-                    f"unknown server(s) {', '.join(unknown)}; servers you can search: {', '.join(sorted(allowed)) or 'none'}"
-                )
+                held = held or {}
+                said = [f"server {s!r} serves nothing now ({held[s]})" for s in unknown if s in held]
+                if other := [s for s in unknown if s not in held]:
+                    said.insert(0, f"unknown server(s) {_few(other)}")
+                raise BadInput(f"{'; '.join(said)}; servers you can search: {', '.join(sorted(allowed)) or 'none'}")
             return allowed & set(servers) & self._view().available
         return allowed & self._view().available
+
+
+SHOWN_NAMES = 10  # of a caller's unknown server names, an error quotes at most these
+SHOWN_NAME_CHARS = 64  # characters of each
+
+
+def _few(names: Sequence[str]) -> str:
+    """A caller's names as an error quotes them: a reply must not grow with what it sent."""
+    shown = [n if len(n) <= SHOWN_NAME_CHARS else n[:SHOWN_NAME_CHARS] + "..." for n in names[:SHOWN_NAMES]]
+    return ", ".join(shown) + (f" (+{len(names) - SHOWN_NAMES} more)" if len(names) > SHOWN_NAMES else "")
 
 
 __all__ = ["Visibility"]

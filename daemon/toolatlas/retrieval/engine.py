@@ -124,7 +124,7 @@ class Engine:
         self._qvecs = QueryVectors(self._counts)
         self._index = IndexBuilder(self._counts)
         self._timings: dict[str, float] = {}
-        self._persisted_version = 0  # the catalog version whose snapshot is on disk
+        self._persisted_version, self._writes = 0, store.WriteHealth()  # the version on disk; why writes fail
 
     @property
     def version(self) -> int:
@@ -281,9 +281,11 @@ class Engine:
         self._cache.clear()
 
     def search(self, query: str, top_k: int = 5, *, servers: Collection[str] | None = None, mode: str | None = None,
-               principal: str | None = None) -> SearchOutcome:
+               principal: str | None = None, internal: bool = False) -> SearchOutcome:
         """Rank tools for `query` within `servers` (None: all) as `principal` (whose own usage
-        events count in full in the learned stage) sees them. Blocking, thread-safe."""
+        events count in full in the learned stage) sees them. `internal` (the token counter's
+        sample queries): the result cache and the counters are left to clients' searches, which
+        catalog_status and the metrics count. Blocking, thread-safe."""
         mode = mode or self.mode
         if mode not in MODES:
             raise ValueError(f"unknown search mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -295,17 +297,18 @@ class Engine:
         ranker = _ranker(self, mode)
         key = _cache_key(query, top_k, servers, snap, ranker, state, principal)
         scope = key[2]  # the sorted server names, or None for every server
-        hit = self._cache.get(key)
+        hit = None if internal else self._cache.get(key)
         if hit is not None:
             return hit
-        self._counts["searches"] += 1
         positions, scores, degraded, evidence = _rank_once(self, snap, query, top_k, scope, mode, ranker, state, principal)
+        self._counts["searches"] += not internal
+        self._counts["degraded_searches"] += degraded is not None and not internal
         hits = [Hit(name=snap.docs[p].name, server=snap.docs[p].server, score=float(s)) for p, s in zip(positions, scores)]
         out = SearchOutcome(hits=hits, degraded=degraded, cached=False, mode=mode, version=snap.version,
                             evidence=evidence)
         # A BM25 answer for want of a model that is still coming is not kept. The cache
         # holds it as a hit returns it (one copy per miss, not one per hit).
-        if degraded is None or self._loader.progress.phase is ModelPhase.FAILED:
+        if not internal and (degraded is None or self._loader.progress.phase is ModelPhase.FAILED):
             self._cache.put(key, dataclasses.replace(out, cached=True))
         return out
 
@@ -358,7 +361,7 @@ def _persist(eng: Engine, snap: Snapshot, now: bool) -> None:
     """Write `snap` (and what changed of the embedding cache) when `now` and persisting."""
     if not (now and eng.persist and eng.state_dir is not None):
         store.release_pages()  # the vectors the snapshot read from the mapped file
-    elif store.write(eng.state_dir, eng._space, eng._index, snap, eng._timings):
+    elif store.write(eng.state_dir, eng._space, eng._index, snap, eng._timings, eng._writes):
         eng._persisted_version = snap.version
     else:
         eng._counts["persist_failures"] += 1
@@ -383,7 +386,6 @@ def _rank_once(
         qvec = eng._qvecs.get(eng._embedder, query) if snap.vecs is not None else None
         if qvec is None and eng.embedder_kind != "none":
             degraded = eng._loader.progress.degraded or "bm25-only"
-            eng._counts["degraded_searches"] += 1
     qs = rank.QueryScores(snap, query, qvec, allowed)
     positions, scores = rank.rank(qs, top_k, scope, ranker, eng.fusion, state=state, principal=principal)
     evidence = rank.evidence(qs, scope) if qvec is not None and ranker in ("hybrid", "learned") else None
@@ -412,6 +414,7 @@ def _stats(eng: Engine, snap: Snapshot | None, emb: Embedder | None) -> dict[str
         "version": snap.version if snap is not None else 0,
         # equal to version once that catalog's snapshot is written (0: none written)
         "persisted_version": eng._persisted_version,
+        "persist_error": eng._writes.error,  # why the last write failed (None: it did not)
         "mode": eng.mode,
         "fusion": eng.fusion,
         "embedder": emb.name if emb is not None else eng.embedder_kind,

@@ -165,14 +165,33 @@ def export(out: Path) -> dict[str, object]:
     return manifest
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Exit when `parent` is no longer this process's parent (it died: a SIGKILL, the OOM
+    killer). Without this the export, minutes of CPU, ran on as an orphan, and the next
+    start of the daemon, finding no export, ran a second one beside it."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolatlas.retrieval.export_onnx")
     parser.add_argument("--out", required=True, type=Path, help="folder to write the ONNX files into")
     parser.add_argument("--nice", type=int, default=0,
                         help="lower this process's CPU priority by N (the daemon's background export uses 10)")
+    parser.add_argument("--parent", type=int, default=0,
+                        help="exit as soon as this process (the daemon that started the export) is gone")
     args = parser.parse_args(argv)
     if args.nice:
         os.nice(args.nice)
+    if args.parent:
+        _exit_with_parent(args.parent)
     manifest = export(args.out)
     json.dump(manifest, sys.stdout)
     sys.stdout.write("\n")

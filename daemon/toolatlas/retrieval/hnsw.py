@@ -22,6 +22,8 @@ needs and scores them exactly on its own copy of the vectors. A vector of 384 fl
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -226,8 +228,15 @@ class HnswStore:
         return store
 
     def save(self, path: Path) -> None:
+        """Write the index to `path`. OSError when the file is short: hnswlib does not check
+        its writes, so a full disk left a cut file that was taken for a written one (its
+        checksum went into the snapshot) and failed to load at the next start."""
         with self.lock.shared():  # reads only: searches go on while it writes
             self.index.save_index(str(path))
+            expected = self.index.index_file_size()
+        written = os.path.getsize(path)
+        if written != expected:
+            raise OSError(errno.ENOSPC, f"hnswlib wrote {written} of {expected} bytes (is the disk full?)", str(path))
 
 
 def _checked_basis(basis: np.ndarray | None, dim: int) -> np.ndarray | None:

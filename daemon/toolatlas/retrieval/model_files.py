@@ -83,7 +83,8 @@ def _run_export(tmp: Path, cancel: threading.Event | None) -> None:
         proc = subprocess.Popen(
             # Niced: on a fresh state_dir the export runs beside the upstreams starting and
             # BM25 serving; the first answers matter more than the minutes of a one-time step.
-            [sys.executable, "-m", "toolatlas.retrieval.export_onnx", "--out", str(tmp), "--nice", "10"],
+            [sys.executable, "-m", "toolatlas.retrieval.export_onnx", "--out", str(tmp), "--nice", "10",
+             "--parent", str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         )
@@ -131,6 +132,16 @@ def _remove_earlier_formats(root: Path) -> None:
             log.info("embed.export_removed_old path=%s", old)
 
 
+def _remove_dead_exports(root: Path) -> None:
+    """Delete the temporary folders of exports whose process died (a daemon SIGKILLed while
+    exporting leaves `.export-*`, up to the model's size, for good). Run with the export
+    lock held: an export in progress holds it, so every such folder found then is dead."""
+    for dead in root.glob(".export-*"):
+        if dead.is_dir():
+            shutil.rmtree(dead, ignore_errors=True)
+            log.info("embed.export_removed_dead path=%s (left by an export that did not finish)", dead)
+
+
 def ensure_onnx_export(state_dir: Path | None, cancel: threading.Event | None = None) -> Path:
     """Return a folder holding a complete ONNX export, exporting it first if needed.
 
@@ -153,6 +164,7 @@ def ensure_onnx_export(state_dir: Path | None, cancel: threading.Event | None = 
             if final.exists():
                 log.warning("embed.export_incomplete path=%s: exporting again", final)
                 shutil.rmtree(final, ignore_errors=True)
+            _remove_dead_exports(root)
             _hold(cancel)
             tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
             log.info("embed.export_start out=%s", final)

@@ -8,7 +8,8 @@
 Every file is written atomically (temp file, fsync, rename, fsync of the folder) and carries a
 SHA-256 of its body that is checked on load; a mismatch raises CorruptFile and the caller
 rebuilds, and so does a file that cannot be read (a directory or a FIFO in its place: files
-are opened without blocking and must be regular, see paths.open_regular). This module is the file format only; store.py decides what is written and read.
+are opened without blocking and must be regular, see paths.open_regular; the write of the
+rebuilt file moves such a thing aside first, see `_replace`). This module is the file format only; store.py decides what is written and read.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import re
 import struct
 import sys
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,7 @@ import msgspec
 import numpy as np
 
 from toolatlas.catalog.schemas import intern_schema
-from toolatlas.paths import open_regular, read_regular
+from toolatlas.paths import open_regular, read_regular, set_aside_unless_regular
 from toolatlas.retrieval.documents import ToolDoc
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _replace(tmp: Path, path: Path) -> None:
+    """Rename the written `tmp` to `path`, first moving aside what is at `path` if it is not
+    a regular file (a directory or a FIFO: the rename onto it would fail at every write, and
+    the file would never be rebuilt). OSError if either cannot be done."""
+    aside = set_aside_unless_regular(path, time.time())
+    if aside is not None:
+        log.warning("retrieval.state_file_unusable %s is not a regular file; moved to %s so the rebuilt file "
+                    "takes its place", path, aside)
+    os.replace(tmp, path)
+
+
 def atomic_write(path: Path, chunks: list[bytes]) -> None:
     """Write `chunks` to `path` via a temp file + fsync + rename + fsync of the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,7 +122,7 @@ def atomic_write(path: Path, chunks: list[bytes]) -> None:
                 fh.write(c)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        _replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -297,18 +310,40 @@ def save_snapshot(
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
             hnsw_sha = _file_sha(tmp)
-            os.replace(tmp, hnsw_path)
+            _replace(tmp, hnsw_path)
         finally:
             if tmp.exists():
                 tmp.unlink()
         next_label = hnsw.next_label
     basis = hnsw.basis if hnsw is not None else None
-    body = msgspec.msgpack.encode({"docs": docs, "labels": labels,
-                                   "basis": basis.tobytes() if basis is not None else None})
+    body = _encode({"docs": docs, "labels": labels, "basis": basis.tobytes() if basis is not None else None})
     header = {"model": model, "version": version, "next_label": next_label, "hnsw_sha256": hnsw_sha,
               "basis_shape": list(basis.shape) if basis is not None else None,
               "basis_energy": hnsw.fit_energy if hnsw is not None else None}
     atomic_write(snap_path, _pack(_SNAP_MAGIC, header, [body]))
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    """The snapshot body. MessagePack holds integers of 64 bits at most; a schema with a wider
+    one (`"maximum": 2**256 - 1`, a token amount) made the write raise OverflowError out of
+    the catalog update, and the upstream's tools never became searchable. Such an integer is
+    kept as the nearest float (a snapshot serves only until the upstream lists again)."""
+    try:
+        return msgspec.msgpack.encode(payload)
+    except OverflowError:
+        docs = [msgspec.structs.replace(d, input_schema=_narrowed(d.input_schema)) for d in payload["docs"]]
+        return msgspec.msgpack.encode({**payload, "docs": docs})
+
+
+def _narrowed(value: Any) -> Any:
+    """`value` with every integer MessagePack cannot hold (beyond 64 bits) made a float."""
+    if isinstance(value, dict):
+        return {k: _narrowed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_narrowed(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        return float(value)
+    return value
 
 
 def _interned(doc: ToolDoc) -> ToolDoc:
@@ -338,8 +373,10 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         labels = msgspec.convert(raw["labels"], list[int])
         basis = _basis(raw.get("basis"), header.get("basis_shape"))
         basis_energy = float(header.get("basis_energy") or 1.0)
+        # the header is outside the checksum: a field it mangled is a corrupt file, not a crash at start
+        version, next_label = int(header.get("version", 0)), int(header.get("next_label", 0))
     except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError) as exc:
-        raise CorruptFile(f"{snap_path} has an undecodable body") from exc
+        raise CorruptFile(f"{snap_path} has an undecodable body or header ({exc})") from exc
     if len(docs) != len(labels):
         raise CorruptFile(f"{snap_path} is inconsistent")
     usable = None
@@ -356,10 +393,10 @@ def load_snapshot(state_dir: Path, model: str) -> Restored | None:
         log.warning("index.hnsw_corrupt path=%s: cannot be read (%s); the dense index is rebuilt from the "
                     "embedding cache", hnsw_path, exc.strerror or exc)
     return Restored(
-        version=int(header.get("version", 0)),
+        version=version,
         docs=docs,
         labels=labels,
-        next_label=int(header.get("next_label", 0)),
+        next_label=next_label,
         hnsw_path=usable,
         basis=basis,
         basis_energy=basis_energy,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 from toolatlas.retrieval import persist
@@ -144,11 +145,35 @@ def vectors_to_keep(vec_of: dict[bytes, np.ndarray], live: set[bytes]) -> dict[b
     return keep
 
 
+@dataclass
+class WriteHealth:
+    """Why the last write of the index failed (None: it succeeded, or none was tried), for
+    catalog_status (`index.persist_error`). A failure is logged when it differs from the one
+    before, and the first success after failures is logged: a state_dir that refuses every
+    write (read-only, full) is one warning, not one per catalog change."""
+
+    error: str | None = None
+
+    def record(self, state_dir: Path, exc: Exception | None) -> None:
+        if exc is None:
+            if self.error is not None:
+                log.info("retrieval.persist_recovered dir=%s: the index is written again", state_dir)
+            self.error = None
+            return
+        error = f"cannot write the index under {state_dir}: {exc}"
+        if error != self.error:
+            log.warning("retrieval.persist_failed dir=%s error=%s; the index is served from memory, a restart "
+                        "rebuilds it from the upstreams' listings", state_dir, exc)
+        self.error = error
+
+
 def write(state_dir: Path, space: str | None, builder: IndexBuilder, snap: Snapshot,
-          timings: dict[str, float] | None = None) -> bool:
+          timings: dict[str, float] | None = None, health: WriteHealth | None = None) -> bool:
     """Write the embedding cache of vector space `space` (if it changed) and `snap` with the
-    hnswlib index. Returns False, logged, when the disk refused (the engine counts it and
-    serves on). What it took goes to `timings["last_persist_s"]`, when given."""
+    hnswlib index. Returns False when the disk refused (the engine counts it and serves on);
+    logged by `health` (see WriteHealth), or at each failure without it. What it took goes
+    to `timings["last_persist_s"]`, when given."""
+    health = health if health is not None else WriteHealth()
     t0 = time.perf_counter()
     try:
         if space is not None and builder.vec_dirty:
@@ -163,13 +188,14 @@ def write(state_dir: Path, space: str | None, builder: IndexBuilder, snap: Snaps
             labels=[int(x) for x in snap.labels] if snap.labels is not None else [-1] * snap.n,
             hnsw=builder.hnsw if snap.labels is not None else None,
         )
-    except OSError as exc:
-        log.warning("retrieval.persist_failed dir=%s error=%s", state_dir, exc)
+    except (OSError, ValueError, TypeError, OverflowError, msgspec.EncodeError) as exc:  # the disk, or a document it cannot encode:
+        health.record(state_dir, exc)  # never out of the catalog update (its upstream's tools would stay unsearchable)
         return False
     finally:
         persist.release_pages()  # the write read every kept vector through the mapping
         if timings is not None:
             timings["last_persist_s"] = time.perf_counter() - t0
+    health.record(state_dir, None)
     return True
 
 

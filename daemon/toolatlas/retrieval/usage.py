@@ -16,6 +16,7 @@ it lives in, so a restart re-embeds only events whose vector is missing or from 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -62,8 +63,8 @@ class UsageStore(Protocol):
         """Store the query vectors of events `ids` (rows of `vectors`)."""
         ...
 
-    def forget_tool(self, tool: str) -> int:
-        """Delete every event of `tool`; how many were deleted."""
+    def forget_tool(self, tool: str, until: float = math.inf) -> int:
+        """Delete every event of `tool` (those at or before `until`, Unix time); how many."""
         ...
 
     def prune(self, before: float) -> int:
@@ -175,8 +176,10 @@ class SqliteUsageStore:
         self._tx("UPDATE events SET vector = ?, space = ? WHERE id = ?",
                  ((_blob(v), space, int(i)) for i, v in zip(ids, vectors)))
 
-    def forget_tool(self, tool: str) -> int:
-        return self._tx("DELETE FROM events WHERE tool = ?", [(tool,)])
+    def forget_tool(self, tool: str, until: float = math.inf) -> int:
+        if until == math.inf:
+            return self._tx("DELETE FROM events WHERE tool = ?", [(tool,)])
+        return self._tx("DELETE FROM events WHERE tool = ? AND at <= ?", [(tool, until)])
 
     def prune(self, before: float) -> int:
         return self._tx("DELETE FROM events WHERE at < ?", [(before,)])
@@ -241,9 +244,9 @@ class MemoryUsageStore:
             _with_id(e, e.id, vec_of[e.id], space) if e.id in vec_of else e for e in self._events
         ]
 
-    def forget_tool(self, tool: str) -> int:
+    def forget_tool(self, tool: str, until: float = math.inf) -> int:
         before = len(self._events)
-        self._events = [e for e in self._events if e.tool != tool]
+        self._events = [e for e in self._events if e.tool != tool or e.at > until]
         return before - len(self._events)
 
     def prune(self, before: float) -> int:
@@ -282,9 +285,14 @@ def _vec(blob: bytes | None) -> np.ndarray | None:
     return None if blob is None else np.frombuffer(blob, dtype=np.float16).astype(np.float32)
 
 
+def forget_until(store: UsageStore, tool: str | None, until: float) -> int:
+    """Delete the events of `tool` (None: of every tool) at or before `until`; how many."""
+    return store.forget_tool(tool, until) if tool is not None else store.prune(math.nextafter(until, math.inf))
+
+
 def open_store(state_dir: Path) -> SqliteUsageStore:
     """The daemon's usage store in `state_dir`."""
     return SqliteUsageStore(Path(state_dir) / FILENAME)
 
 
-__all__ = ["FILENAME", "MemoryUsageStore", "SqliteUsageStore", "UsageEvent", "UsageStore", "open_store"]
+__all__ = ["FILENAME", "MemoryUsageStore", "SqliteUsageStore", "UsageEvent", "UsageStore", "forget_until", "open_store"]

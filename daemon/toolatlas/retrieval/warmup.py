@@ -79,11 +79,13 @@ class ModelProgress:
             return FAILED
         return EMBEDDING_NEW if self.hybrid_once else LOADING
 
-    def describe(self) -> str:
-        """One line for people: "embedding model: exporting (12 s)"."""
+    def describe(self, counts: bool = True) -> str:
+        """One line for people: "embedding model: exporting (12 s)"; `counts` False leaves
+        out how many documents of the whole catalog are embedded."""
         secs = f"{time.monotonic() - self.since:.0f} s"
         if self.phase is ModelPhase.EMBEDDING:
-            return f"embedding model: embedding documents, {self.embedded} of {self.total} done ({secs})"
+            done = f", {self.embedded} of {self.total} done" if counts else ""
+            return f"embedding model: embedding documents{done} ({secs})"
         if self.phase is ModelPhase.FAILED:
             return f"embedding model: failed ({self.error}); searching BM25 only"
         if self.phase is ModelPhase.WAITING:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -154,6 +155,36 @@ class Store:
                 payloads = [{"origin": self.origin, "table": "*", "kind": "*", "key": "*"}]
             for p in payloads:
                 await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(p)[:7000]))
+
+    async def forget_feedback(self, tool: str | None, until: float) -> int:
+        """Delete the shared usage events of `tool` (None: of every tool) written up to
+        `until`, and log a FEEDBACK_FORGET event so each replica deletes its own copies (and
+        drops any that reach it late); one transaction. How many shared events were deleted."""
+        from toolatlas.store.ports import FEEDBACK, FEEDBACK_FORGET
+
+        async def q(conn: psycopg.AsyncConnection[Any]) -> int:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+                cur = await conn.execute(
+                    "DELETE FROM toolatlas_events WHERE kind = %s AND (%s::text IS NULL OR key = %s) "
+                    "AND written_at <= to_timestamp(%s)", (FEEDBACK, tool, tool, until))
+                await conn.execute(
+                    "INSERT INTO toolatlas_events (kind, key, body, origin, idem, written_at) "
+                    "VALUES (%s, %s, %s, %s, %s, to_timestamp(%s))",
+                    (FEEDBACK_FORGET, tool or "*", Jsonb({"tool": tool, "until": until}), self.origin,
+                     uuid.uuid4().hex, until))
+                await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(
+                    {"origin": self.origin, "table": "events", "kind": FEEDBACK_FORGET, "key": tool or "*"})))
+                return int(cur.rowcount)
+        return int(await self._run("forget usage events", q))
+
+    async def prune_events(self, kind: str, before: float) -> int:
+        """Delete the events of `kind` written before `before` (Unix time); how many."""
+        async def q(conn: psycopg.AsyncConnection[Any]) -> int:
+            cur = await conn.execute("DELETE FROM toolatlas_events WHERE kind = %s AND written_at < to_timestamp(%s)",
+                                     (kind, before))
+            return int(cur.rowcount)
+        return int(await self._run(f"prune {kind} events", q))
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -27,6 +27,9 @@ CATALOG_CHANGED = "catalog.changed"  # event; key: upstream; body: {"hash", "too
 CARD = "card"  # state; key: upstream; body: {"sha256", "created_at", "card", "status", "quarantined"}
 # Reserved for the features that plug in next (learning, governance issues):
 FEEDBACK = "feedback"  # event; key: namespaced tool; body: the feedback event
+# event; key: namespaced tool, or "*" for every tool; body: {"tool": str | None, "until": float}
+# (`toolatlas learning forget|reset` on any host: every replica deletes those events up to then)
+FEEDBACK_FORGET = "feedback.forget"
 LEARNED = "learned"  # state; key: namespaced tool; body: its learned weights
 AUDIT = "audit"  # event; key: principal or upstream; body: the audit record
 APPROVAL = "approval"  # state; key: upstream; body: {"state", "by", "at", "reason"}
@@ -64,4 +67,4 @@ class Shared(Protocol):
         the values already there when this replica connects)."""
 
 
-__all__ = ["APPROVAL", "AUDIT", "CARD", "CATALOG_CHANGED", "FEEDBACK", "LEARNED", "Change", "Handler", "Shared"]
+__all__ = ["APPROVAL", "AUDIT", "CARD", "CATALOG_CHANGED", "FEEDBACK", "FEEDBACK_FORGET", "LEARNED", "Change", "Handler", "Shared"]

@@ -24,8 +24,9 @@ import socket
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from toolatlas.store.client import Store
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FLUSH_BATCH = 500  # buffered records per database transaction
 READ_BATCH = 1000  # changes per catch-up query
@@ -109,29 +111,30 @@ class Replica:
         await anyio.to_thread.run_sync(self.outbox.append, [rec])
         self._wake_flush.set()
 
-    async def latest(self, kind: str) -> list[Change]:
-        """The newest event of `kind` per key; [] while the store is down."""
+    async def _if_up(self, op: Callable[[Store], Awaitable[T]], default: T) -> T:
+        """`await op(store)`, or `default` while the store is down (or goes down meanwhile)."""
         from toolatlas.store.client import StoreDown
 
         store = self._store
         if store is None:
-            return []
+            return default
         try:
-            return await store.latest_events(kind)
+            return await op(store)
         except StoreDown:
-            return []
+            return default
+
+    async def latest(self, kind: str) -> list[Change]:
+        """The newest event of `kind` per key; [] while the store is down."""
+        return await self._if_up(lambda store: store.latest_events(kind), list[Change]())
+
+    async def prune(self, kind: str, before: float) -> int | None:
+        """Delete the shared events of `kind` written before `before`; how many, or None while
+        the store is down (the caller tries again later)."""
+        return await self._if_up(lambda store: store.prune_events(kind, before), None)
 
     async def get_vectors(self, space: str, keys: list[bytes]) -> dict[bytes, bytes]:
         """Shared embeddings of `keys` in `space`; {} while the store is down."""
-        from toolatlas.store.client import StoreDown
-
-        store = self._store
-        if store is None or not keys:
-            return {}
-        try:
-            got = await store.get_vectors(space, keys)
-        except StoreDown:
-            return {}
+        got = await self._if_up(lambda store: store.get_vectors(space, keys), dict[bytes, bytes]()) if keys else {}
         self.counts["vectors_fetched"] += len(got)
         return got
 

@@ -13,6 +13,9 @@
 - **Usage feedback** (events of kind `feedback`): a usage event recorded on one replica is
   learned from on the others (stored in their own usage store, its query embedded there), so
   a tool executed after a search through A ranks higher on B too, for the same principal.
+  `toolatlas learning forget|reset` on any host deletes the shared copies and logs a
+  `feedback.forget` event: each replica deletes its own copies up to that moment, and drops
+  those that reach it later (a replica's buffered writes from before the forget).
 - **Upstream approvals** (state of kind `approval`: upstream -> the operator's decision): an
   approve or reject on one replica is in force on the others that run the same upstream
   config (same fingerprint), and on a replica started later; an automatic `pending` yields.
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +44,7 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.errors import SignatureError, ToolatlasError
 from toolatlas.gateway.approval import Decision, Record
 from toolatlas.retrieval.usage import UsageEvent
-from toolatlas.store.ports import APPROVAL, CARD, CATALOG_CHANGED, FEEDBACK, Change
+from toolatlas.store.ports import APPROVAL, CARD, CATALOG_CHANGED, FEEDBACK, FEEDBACK_FORGET, Change
 from toolatlas.store.replica import Replica
 from toolatlas.store.vectors import VectorBridge
 
@@ -49,6 +54,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 2.0  # a change no listener announced (a card re-check) is shared within this
+# The shared usage events are pruned to [learning] retention_days this often (and once connected):
+# they hold users' queries, and the retention promise covers every copy.
+PRUNE_EVERY_S = 3600.0
 
 
 def listing_hash(listing: Sequence[ToolRecord]) -> str:
@@ -81,11 +89,13 @@ class Sharing:
         gateway.approvals.on_decided.append(self._approval_decided)
         self._feedback: list[tuple[str, dict[str, Any]]] = []  # usage events recorded here, to share
         replica.subscribe(FEEDBACK, self._feedback_shared)
+        self._forgotten: dict[str, float] = {}  # tool or "*" -> usage events up to then are forgotten
+        replica.subscribe(FEEDBACK_FORGET, self._feedback_forgotten)
         gateway.learning.on_recorded.append(self._feedback_recorded)
         gateway.catalog.on_change.append(self._changed)
         if gateway.events.audit is not None:  # the audit trail is configured: share it too
             gateway.events.shared_audit = replica.audit_sink()
-        gateway.status_service.sections["store"] = self.status
+        gateway.status_service.sections["store"] = lambda _scope: self.status()  # the replica's, no tool figures
 
     def status(self) -> dict[str, Any]:
         return {**self.replica.status(), **self.counts}
@@ -101,7 +111,7 @@ class Sharing:
 
                 self._gw.engine.share_vectors(VectorBridge(self.replica, document_space(embedder), DIM))
             task_status.started()
-            seeded = False
+            seeded, pruned = False, -math.inf
             while True:
                 if not seeded and self.replica.connected:
                     # What the others last announced: a replica starting on the same catalog
@@ -110,7 +120,16 @@ class Sharing:
                     for change in await self.replica.latest(CATALOG_CHANGED):
                         if change.origin != self.replica.origin:
                             self._remote.setdefault(change.key, str(change.body.get("hash")))
+                    for change in await self.replica.latest(FEEDBACK_FORGET):  # for late arrivals
+                        self._forget_until(change)
                 await self._sync()
+                if self.replica.connected and time.monotonic() - pruned > PRUNE_EVERY_S:
+                    retention = self._gw.cfg.learning.retention_days * 86400.0
+                    n = await self.replica.prune(FEEDBACK, time.time() - retention)
+                    if n is not None:
+                        pruned = time.monotonic()
+                        if n:
+                            log.info("store: %d shared usage event(s) past retention_days deleted", n)
                 with anyio.move_on_after(SYNC_INTERVAL_S):
                     await self._wake.wait()
                 self._wake = anyio.Event()
@@ -151,7 +170,8 @@ class Sharing:
         self._wake.set()
 
     async def _feedback_shared(self, change: Change) -> None:
-        """Another replica's usage event: learned from here too (its principal's, as there)."""
+        """Another replica's usage event: learned from here too (its principal's, as there),
+        unless an operator forgot its tool's events after it was recorded."""
         b = change.body
         try:
             event = UsageEvent(query=str(b["query"]), tool=str(b["tool"]), principal=str(b["principal"]),
@@ -159,7 +179,31 @@ class Sharing:
         except (KeyError, ValueError, TypeError) as exc:
             log.warning("store: a usage event from %s is malformed (%s); ignored", change.origin, exc)
             return
-        await self._gw.learning.ingest(event)
+        if not self._forgotten_event(event.tool, event.at):
+            await self._gw.learning.ingest(event)
+
+    def _forgotten_event(self, tool: str, at: float) -> bool:
+        return at <= max(self._forgotten.get(tool, -math.inf), self._forgotten.get("*", -math.inf))
+
+    def _forget_until(self, change: Change) -> tuple[str | None, float] | None:
+        """Note a FEEDBACK_FORGET event; (tool or None for every tool, until), or None if malformed."""
+        tool, until = change.body.get("tool"), change.body.get("until")
+        if not isinstance(until, (int, float)) or not (tool is None or isinstance(tool, str)):
+            log.warning("store: a usage forget from %s is malformed; ignored", change.origin)
+            return None
+        key = tool if tool is not None else "*"
+        self._forgotten[key] = max(self._forgotten.get(key, -math.inf), float(until))
+        return tool, float(until)
+
+    async def _feedback_forgotten(self, change: Change) -> None:
+        """`toolatlas learning forget|reset` ran against the store: delete this replica's copies
+        of those usage events (the learning service re-ranks), and from now on drop any that
+        arrive late."""
+        forget = self._forget_until(change)
+        if forget is not None:
+            n = await self._gw.learning.forget(*forget)
+            log.info("store: %d usage event(s) of %s forgotten (asked through the store by %s)", n,
+                     forget[0] or "every tool", change.origin)
 
     async def _sync(self) -> None:
         """Announce the approvals, listings and verified cards that changed here since the
@@ -169,7 +213,8 @@ class Sharing:
             await self._write(self.replica.put, APPROVAL, name, body)
         while self._feedback:
             tool, body = self._feedback.pop(0)
-            await self._write(self.replica.append, FEEDBACK, tool, body)
+            if not self._forgotten_event(tool, float(body["at"])):
+                await self._write(self.replica.append, FEEDBACK, tool, body)
         view = self._gw.catalog.view
         for name, entry in sorted(view.servers.items()):
             if not entry.available or entry.listing is None:

@@ -28,10 +28,17 @@ if TYPE_CHECKING:
 
 SPAWN_RETRY_S = 10.0  # a shim starts a daemon at most this often (one that dies at once is not respawned in a loop)
 LOG_NAME = "daemon.log"
+# The daemon keeps that log under this size, its older lines in daemon.log.1 (toolatlas.logfile).
+LOG_MAX_ENV, LOG_MAX_BYTES = "TOOLATLAS_LOG_MAX_BYTES", 10 * 1024 * 1024
 
 
 def lock_path(socket_path: str) -> str:
     return socket_path + ".lock"
+
+
+class StartFailed(Exception):
+    """The daemon could not be started (its socket folder, lock or log cannot be made); the
+    message says which path and why, for the client: retrying will not help until that is fixed."""
 
 
 class Starter:
@@ -50,7 +57,8 @@ class Starter:
 
     def start(self, why: OSError | None = None) -> str | None:
         """Start the daemon unless one runs or is being started; a line saying what was done
-        (None when nothing was, and there is nothing new to say)."""
+        (None when nothing was, and there is nothing new to say). Raises StartFailed when it
+        could not be started."""
         now = time.monotonic()
         if now - self._last_start < SPAWN_RETRY_S:
             return None
@@ -59,7 +67,8 @@ class Starter:
             os.makedirs(os.path.dirname(self.socket_path) or ".", mode=0o700, exist_ok=True)
             fd = os.open(lock_path(self.socket_path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            return f"cannot take the start lock next to {self.socket_path}: {exc.strerror or exc}"
+            raise StartFailed(f"could not start the daemon: cannot take its start lock {lock_path(self.socket_path)} "
+                              f"({_where(exc)}); check [daemon] socket in {self.config}") from exc
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -71,7 +80,7 @@ class Starter:
                 return None  # one came up between our probe and the lock
             return self._spawn(fd, why)
         except OSError as exc:
-            return f"could not start the daemon ({' '.join(self.argv)}): {exc.strerror or exc}"
+            raise StartFailed(f"could not start the daemon ({' '.join(self.argv)}): {_where(exc)}") from exc
         finally:
             os.close(fd)  # the daemon keeps its own copy, and with it the lock
 
@@ -82,16 +91,21 @@ class Starter:
     def _spawn(self, lock_fd: int, why: OSError | None) -> str:
         import subprocess  # here: ~10 ms the shim does not spend unless it starts a daemon
 
-        os.makedirs(os.path.dirname(self.log), mode=0o700, exist_ok=True)
         reason = f" ({why.strerror or why})" if why is not None else ""
-        with open(self.log, "ab") as log:
+        try:
+            os.makedirs(os.path.dirname(self.log), mode=0o700, exist_ok=True)
+            log = open(self.log, "ab")
+        except OSError as exc:
+            raise StartFailed(f"could not start the daemon: cannot write its log {self.log} ({_where(exc)}); "
+                              f"check [daemon] state_dir in {self.config}") from exc
+        with log:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             log.write(f"--- {stamp} toolatlas shim (pid {os.getpid()}) starts the daemon: nothing answered on "
                       f"{self.socket_path}{reason}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                pass_fds=(lock_fd,), env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                pass_fds=(lock_fd,), env=dict(os.environ, PYTHONUNBUFFERED="1", **{LOG_MAX_ENV: str(LOG_MAX_BYTES)}),
             )
         return f"started the daemon (pid {self.proc.pid}, config {self.config}); its log: {self.log}"
 
@@ -104,3 +118,9 @@ class Starter:
         if code is not None:
             self.proc = None
         return code
+
+
+def _where(exc: OSError) -> str:
+    """`PATH: reason` of an OSError (the path the call failed on may be a parent folder)."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason

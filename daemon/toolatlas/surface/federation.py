@@ -25,7 +25,7 @@ from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from toolatlas.errors import BadInput, NotFound, RelayRefused, ToolatlasError, UpstreamProtocolError
-from toolatlas.gateway.ports import LOG_LEVELS, Connection, ElicitFn, GatewayPort, LogFn
+from toolatlas.gateway.ports import LOG_LEVELS, REQUEST, Connection, ElicitFn, GatewayPort, LogFn, Request
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,12 @@ def rpc_error(exc: ToolatlasError, *, not_found: int = types.INVALID_PARAMS) -> 
     return MCPError(code, str(exc))
 
 
+def _noted(conn: Connection, ctx: Any, method: str) -> Connection:
+    """`conn`, with this request noted in `REQUEST` for the gateway's audit line."""
+    REQUEST.set(Request(ctx.request_id, method))
+    return conn
+
+
 def register(server: Server[Any], gw: GatewayPort, connection: Callable[[Any], Connection]) -> None:
     """Add the federated handlers to `server`; `connection(ctx)` is the caller's Connection."""
 
@@ -78,14 +84,14 @@ def register(server: Server[Any], gw: GatewayPort, connection: Callable[[Any], C
 
     async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         try:
-            result = await gw.read_resource(str(params.uri), connection(ctx))
+            result = await gw.read_resource(str(params.uri), _noted(connection(ctx), ctx, "resources/read"))
         except ToolatlasError as exc:
             raise rpc_error(exc, not_found=RESOURCE_NOT_FOUND) from None
         return types.ReadResourceResult.model_validate(result)
 
     async def get_prompt(ctx: Any, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         try:
-            result = await gw.get_prompt(params.name, params.arguments, connection(ctx))
+            result = await gw.get_prompt(params.name, params.arguments, _noted(connection(ctx), ctx, "prompts/get"))
         except ToolatlasError as exc:
             raise rpc_error(exc) from None
         return types.GetPromptResult.model_validate(result)

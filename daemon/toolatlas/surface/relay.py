@@ -55,6 +55,7 @@ _PARAMS = frozenset({"name", "arguments", "_meta"})
 _MODERN_META = frozenset({types.PROTOCOL_VERSION_META_KEY, types.CLIENT_INFO_META_KEY,
                           types.CLIENT_CAPABILITIES_META_KEY, "progressToken"})
 _LEGACY_META = frozenset({"progressToken"})
+_EXECUTE_ARGS = frozenset({"name", "arguments"})
 _encode = msgspec.json.Encoder().encode
 
 Send = Callable[[bytes], Awaitable[None]]
@@ -179,8 +180,8 @@ def call_lane(gw: GatewayPort, server: Server[Any], current: Callable[[], Connec
             return None  # the SDK session carries the upstream's question to this caller
         if name == EXECUTE_TOOL:
             target = (args or {}).get("name")
-            if not isinstance(target, str) or not target:
-                return None  # the SDK path says what is missing
+            if not isinstance(target, str) or not target or not (args or {}).keys() <= _EXECUTE_ARGS:
+                return None  # the SDK path says what is missing or extra
             arguments = (args or {}).get("arguments")
         else:
             target, arguments = name, args

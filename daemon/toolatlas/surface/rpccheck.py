@@ -6,7 +6,8 @@ Both client surfaces screen every message here before the SDK sees it: the Unix 
 
 - -32700 parse error (id null): not JSON (invalid UTF-8, only whitespace); NaN/Infinity
   literals too, but with the message's id when it has one (it is JSON to Python's parser).
-- -32600 invalid request: a batch (a JSON array), not an object, an `id` that is not a
+- -32600 invalid request: a batch (a JSON array: answered with an array of this error, one
+  for each request in it, as JSON-RPC answers a batch), not an object, an `id` that is not a
   string or an integer (then id null: it cannot be echoed), `jsonrpc` not "2.0", no
   string `method`, or nesting deeper than the SDK's parser takes (`MAX_DEPTH`; the id, when
   the message is too deep to decode at all, is read off its start as for an oversized line).
@@ -28,12 +29,11 @@ from typing import Any
 import mcp_types as types
 import msgspec
 
-from toolatlas.jsonlines import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, Refusal, request_id_of
+from toolatlas.jsonlines import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, MAX_DEPTH, PARSE_ERROR, Refusal,
+                                 deeper_than, request_id_of)
 
 __all__ = ["INTERNAL_ERROR", "INVALID_PARAMS", "INVALID_REQUEST", "PARSE_ERROR", "Refusal", "screen"]
 
-# pydantic-core's JSON parser, the SDK's, refuses a message that nests deeper than this.
-MAX_DEPTH = 200
 
 _decode = msgspec.json.Decoder().decode
 _BYTE_RE = re.compile(r"\(byte (\d+)\)")
@@ -70,7 +70,7 @@ def _refusal(data: bytes, *, parsed: bool) -> Refusal | None:
     refused = _shape(obj)
     if refused is not None or parsed:
         return refused
-    if _deeper_than(obj, MAX_DEPTH):
+    if deeper_than(obj, MAX_DEPTH):
         return _too_deep(obj.get("id"))
     return None
 
@@ -157,9 +157,10 @@ def _valid_id(value: Any) -> bool:
 
 def _shape(obj: Any) -> Refusal | None:
     """What makes the decoded `obj` no JSON-RPC 2.0 message, or None."""
-    if isinstance(obj, list):
+    if isinstance(obj, list):  # each request of it gets the error under its own id (no waiting out a timeout)
+        ids = tuple(m["id"] for m in obj if isinstance(m, dict) and "method" in m and _valid_id(m.get("id")))
         return Refusal(INVALID_REQUEST, "invalid request: batches (a JSON array of messages) are not supported; send "
-                       "each JSON-RPC message on its own")
+                       "each JSON-RPC message on its own", batch=ids)
     if not isinstance(obj, dict):
         return Refusal(INVALID_REQUEST, f"invalid request: a JSON-RPC message is a JSON object, not {_kind(obj)}")
     if "id" in obj and not _valid_id(obj["id"]):
@@ -191,14 +192,3 @@ def _call_params(params: dict[str, Any] | None, rid: Any) -> Refusal | None:
         return Refusal(INVALID_PARAMS, "invalid params: tools/call `arguments` must be an object of named arguments, "
                        f"not {_kind(args)}", rid)
     return None
-
-
-def _deeper_than(obj: Any, limit: int) -> bool:
-    stack = [(obj, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return False

@@ -32,7 +32,8 @@ from toolatlas.gateway.ports import REQUEST, CallRequest, Connection, GatewayPor
 from toolatlas.surface import federation, relay
 from toolatlas.surface.results import call_result, error_result, json_result
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
-from toolatlas.meta_tools import AUTO_TOP_K, CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, tool_format
+from toolatlas.meta_tools import (AUTO_TOP_K, CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, only_parameters,
+                                  tool_format)
 from toolatlas.surface.meta import META_SEEN, meta_tools, search_result
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 
 
 CONNECTION: ContextVar[Connection | None] = ContextVar("toolatlas_connection", default=None)
+# Said after the instructions a client gets while the gateway is still starting.
+STARTING = ("The gateway is still starting: the tool count above is of those known so far; more arrive as its servers "
+            "finish connecting (tools/list_changed says when), and tool_search finds them once its index is ready.")
 
 
 def _client_info(ctx: Any) -> tuple[str | None, str | None]:
@@ -78,6 +82,7 @@ def _connection(ctx: Any, via: str | None = None) -> Connection:
 
 def _search_args(gw: GatewayPort, args: dict[str, Any]) -> tuple[str, int, list[str] | None]:
     """tool_search's (query, top_k, servers), or BadInput saying what is wrong (`format` too)."""
+    only_parameters(TOOL_SEARCH, args)
     tool_format(args.get("format"))
     query = args.get("query")
     if not isinstance(query, str) or not query.strip():
@@ -245,7 +250,10 @@ class _Server(Server[Any]):
 
     @property
     def instructions(self) -> str | None:
-        return self._gw.instructions(CONNECTION.get())
+        text = self._gw.instructions(CONNECTION.get())
+        # Read once, at the session's start: one made while upstreams are still listing would
+        # keep "0 tools from these servers" for good, and a model may take it as "no tools".
+        return f"{text}\n{STARTING}" if self._gw.starting else text
 
     @instructions.setter
     def instructions(self, _value: str | None) -> None:
@@ -287,6 +295,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
                     description=r.description,
                     input_schema=r.input_schema,
                     output_schema=r.output_schema,
+                    annotations=types.ToolAnnotations.model_validate(r.annotations) if r.annotations else None,
                 )
                 for r in gw.visible_records(conn)
             ]
@@ -310,6 +319,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
             if params.name == CATALOG_STATUS:
                 return json_result(dict(gw.status(conn)))
             if params.name == EXECUTE_TOOL:
+                only_parameters(EXECUTE_TOOL, args)
                 name = args.get("name")
                 if not isinstance(name, str) or not name:
                     raise BadInput("execute_tool needs `name`: a matches[].name from tool_search")

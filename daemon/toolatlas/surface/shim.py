@@ -334,7 +334,12 @@ class Shim:
             self._apply(self.session.expire_held())  # no point holding the client's handshake any longer
         if self.session.link is Link.DOWN and now - self.down_since < RESPAWN_AFTER_S:
             return
-        note = starter.start(exc)
+        from toolatlas.surface.autostart import StartFailed
+        try:
+            note = starter.start(exc)
+        except StartFailed as failed:  # nothing answers until that is fixed: tell the client now
+            self.session.down_reason = note = str(failed)
+            self._apply(self.session.expire_held())
         if note:
             _say(note)
 

@@ -63,6 +63,23 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
     return struct.unpack("3i", raw)
 
 
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python's socket module lacks the name
+
+
+def peer_groups(sock: socket.socket) -> tuple[int, ...] | None:
+    """The peer process's supplementary groups when it connected, from the kernel
+    (SO_PEERGROUPS); None where the kernel cannot say (then access rules read /etc/group)."""
+    for room in (256, 65536):  # gids; NGROUPS_MAX is 65536
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * room)
+        except OSError as exc:
+            if exc.errno == errno.ERANGE:
+                continue
+            return None
+        return struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4])
+    return None
+
+
 def prepare_socket_path(path: str) -> None:
     """Create the parent folder and remove a stale socket file; refuse to steal a live one."""
     p = Path(path)
@@ -145,8 +162,13 @@ class UnixServer:
             self._listener = await anyio.abc.SocketListener.from_socket(self.listen_socket)
             log.info("serving on a socket passed by systemd (%s)", self.listen_socket.getsockname())
         else:
-            prepare_socket_path(self.path)
-            self._listener = await self._bind()
+            try:
+                prepare_socket_path(self.path)
+                self._listener = await self._bind()
+            except OSError as exc:  # its folder cannot be made or written: one line, not a traceback
+                why = f"{exc.filename} is not a folder" if isinstance(exc, FileExistsError) else (
+                    f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
+                raise ConfigError(f"cannot listen on the socket {self.path!r}: {why}") from exc
             log.info("listening on %s (mode %o)", self.path, self.mode)
         task_status.started()
         try:
@@ -280,6 +302,7 @@ class UnixServer:
         conn = Connection(id=next(_ids), endpoint=self.endpoint)
         if creds:
             conn.pid, conn.uid, conn.gid = creds
+            conn.groups = peer_groups(raw)
         refusal = self._over_cap(conn)
         if refusal is not None:
             self._log_refusal(conn, refusal)

@@ -30,7 +30,7 @@ from mcp.client.streamable_http import MCP_SESSION_ID
 from toolatlas.config import HttpUpstream
 from toolatlas.jsonlines import is_request_id
 from toolatlas.upstream.bounded import invalid, response_problem
-from toolatlas.upstream.client import AUTH_STATUSES, FORGOTTEN, shown_url
+from toolatlas.upstream.client import AUTH_STATUSES, FORGOTTEN, STAND_IN, shown_url
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,8 @@ class _Checked(httpx2.AsyncByteStream):
         # A 404 without a session id stays the SDK's METHOD_NOT_FOUND: the method is not served
         # there (a 2025-era server's answer to server/discover, a server without subscriptions/listen).
         code = mcp_types.METHOD_NOT_FOUND if self._status == 404 else mcp_types.INTERNAL_ERROR
-        error = mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id, error=mcp_types.ErrorData(code=code, message=problem))
+        error = mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id,  # toolatlas's words (STAND_IN), not the upstream's
+                                       error=mcp_types.ErrorData(code=code, message=problem, data=dict(STAND_IN)))
         yield error.model_dump_json(by_alias=True, exclude_unset=True).encode()
 
     async def aclose(self) -> None:

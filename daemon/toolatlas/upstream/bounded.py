@@ -37,7 +37,7 @@ from mcp.shared.message import SessionMessage
 
 from toolatlas.config import HttpUpstream, SseUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized, is_request_id, request_id_of
-from toolatlas.upstream.client import describe
+from toolatlas.upstream.client import STAND_IN, describe
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +46,9 @@ RequestId = str | int
 
 
 def _error(request_id: RequestId, message: str) -> mcp_types.JSONRPCError:
+    """toolatlas's stand-in for the reply to `request_id` (marked, so no one reads it as the upstream's)."""
     return mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id,
-                                  error=mcp_types.ErrorData(code=-32603, message=message))
+                                  error=mcp_types.ErrorData(code=-32603, message=message, data=dict(STAND_IN)))
 
 
 def refusal(up: Upstream, request_id: RequestId) -> mcp_types.JSONRPCError:

@@ -187,12 +187,19 @@ class AuthWatch:
         return self.failure(exc) or describe(exc)
 
 
+# The `data` of a JSON-RPC error toolatlas put in place of an upstream's reply (upstream.bounded:
+# a result over a limit, a reply that is not JSON-RPC, a connection cut mid-reply).
+STAND_IN = {"madeBy": "toolatlas"}
+
+
 def call_error(upstream: str, op: str, exc: Exception, reason: LossReason) -> ToolatlasError:
     """The toolatlas error for request `op` on `upstream` failing with `exc` (classified as
     `reason`, which the caller may have refined, e.g. to SESSION_EXPIRED)."""
     if reason.session_gone:
         return UpstreamUnavailable(f"upstream {upstream!r} lost its session during {op}: {describe(exc)}")
     inner = _innermost(exc)
+    if isinstance(inner, MCPError) and inner.error.data == STAND_IN:  # not the upstream's words: do not say it answered so
+        return UpstreamProtocolError(f"{op} on upstream {upstream!r} failed: {inner.error.message}", code=inner.error.code)
     if isinstance(inner, MCPError):
         return UpstreamProtocolError(
             f"upstream {upstream!r} answered {op} with JSON-RPC error {inner.error.code}: {inner.error.message}",

@@ -11,6 +11,7 @@ reconnects on its own schedule.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from toolatlas.errors import RelayRefused, UpstreamProtocolError, UpstreamTimeou
 from toolatlas.upstream import federation
 from toolatlas.upstream.client import CLOSE_TIMEOUT, AuthWatch, begin_teardown, describe, make_client
 from toolatlas.upstream.listing import list_records
+from toolatlas.upstream.requests import CALL_CLOCK, CallClock
 from toolatlas.upstream.inbound import Inbound, ListsCallback, LogCallback
 from toolatlas.upstream.session import Observer, ToolsCallback, UpstreamSession
 from toolatlas.upstream.state import UpstreamState
@@ -167,12 +169,20 @@ class Pool:
         carries the input responses and the upstream's request state.
 
         ``call.timeout`` defaults to the upstream's ``timeouts.call`` and includes waiting for a
-        slot under ``max_concurrency``. Raises UpstreamUnavailable (not READY; the message
+        slot under ``max_concurrency``; each progress notification moves it on, up to
+        ``timeouts.call_max`` in all (requests.CallClock). Raises UpstreamUnavailable (not READY; the message
         names state and reason), UpstreamTimeout(upstream, "tools/call <tool>", seconds),
         UpstreamProtocolError (JSON-RPC error or invalid result). A timed-out or cancelled
         call leaves the session usable.
         """
-        return await self._session(call.server).call_tool(call)
+        session = self._session(call.server)
+        timeouts = session.upstream.timeouts
+        clock = CallClock(call.timeout or timeouts.call, timeouts.call_max)
+        token = CALL_CLOCK.set(clock)
+        try:
+            return await session.call_tool(dataclasses.replace(call, progress=clock.progress(call.progress)))
+        finally:
+            CALL_CLOCK.reset(token)
 
     async def list_items(self, name: str, kind: str) -> list[dict[str, Any]]:
         """Every resource, resource template or prompt (`kind`: "resources", "templates",

@@ -3,15 +3,17 @@ and the error mapping every one of them gets, and the tools/call itself."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 import mcp_types
 from mcp import Client
 
-from toolatlas.calls import InputRequired, UpstreamCall, UpstreamReply
+from toolatlas.calls import InputRequired, ProgressFn, UpstreamCall, UpstreamReply
 from toolatlas.errors import ToolatlasError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.upstream.client import Loss, call_error, progress_fn, session_forgotten
 from toolatlas.upstream.federation import resource_uris
@@ -54,6 +56,45 @@ class _Connection(Protocol):
     def mark_lost(self, loss: Loss) -> None: ...
 
 
+class CallClock:
+    """A tool call's deadline, moved on by the upstream's progress. MCP lets a client "reset
+    the timeout clock when receiving a progress notification" and asks it to "always enforce
+    a maximum": a call ends `seconds` after its last sign of work (its start, then each
+    progress notification), and never later than `most` seconds after its start. Pool.call_tool
+    makes one per call (`CALL_CLOCK`, read by `bounded` in the same task) and has every call
+    ask the upstream for progress, so a long build or crawl that reports it is not cut."""
+
+    def __init__(self, seconds: float, most: float) -> None:
+        self.seconds, self.most = seconds, max(seconds, most)
+        self._scope: anyio.CancelScope | None = None
+        self._end = math.inf
+        self.moved = False
+
+    def attach(self, scope: anyio.CancelScope) -> None:
+        """The scope `bounded` runs the call in (again on a retry: the same end)."""
+        self._scope = scope
+        if self._end == math.inf:
+            self._end = anyio.current_time() + self.most
+
+    def progressed(self) -> None:
+        scope = self._scope
+        if scope is not None:
+            later = min(anyio.current_time() + self.seconds, self._end)
+            if later > scope.deadline:
+                scope.deadline, self.moved = later, True
+
+    def progress(self, forward: ProgressFn | None) -> ProgressFn:
+        """A progress callback that moves the deadline on, then calls `forward` (if any)."""
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            self.progressed()
+            if forward is not None:
+                await forward(value, total, message)
+        return on_progress
+
+
+CALL_CLOCK: ContextVar[CallClock | None] = ContextVar("toolatlas_call_clock", default=None)
+
+
 async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
                   fn: Callable[[Client], Awaitable[T]], seconds: float, operation: str) -> T:
     """`fn(client)` under the session's max_concurrency, within `seconds` (the wait for a
@@ -67,6 +108,8 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
     try:
         # anyio.fail_after's rule without its two generator context managers (per call).
         with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
+            if (clock := CALL_CLOCK.get()) is not None:
+                clock.attach(scope)
             async with session.sem:
                 result = await fn(client)
         if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
@@ -75,6 +118,9 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
         return result
     except TimeoutError:
         session.observe("call", operation=operation, seconds=time.perf_counter() - t0, outcome="timeout")
+        clock = CALL_CLOCK.get()
+        if clock is not None and clock.moved:  # progress moved it on: the whole time, not the first span
+            raise UpstreamTimeout(session.name, op, round(time.perf_counter() - t0, 1)) from None
         raise UpstreamTimeout(session.name, op, seconds) from None
     except ToolatlasError:
         raise
@@ -143,4 +189,4 @@ async def call_tool(client: Client, call: UpstreamCall, inbound: Inbound) -> Ups
     return UpstreamReply(payload=result, is_error=bool(result.is_error), resource_uris=resource_uris(result))
 
 
-__all__ = ["SessionForgotten", "bounded", "call_tool", "on_session"]
+__all__ = ["CALL_CLOCK", "CallClock", "SessionForgotten", "bounded", "call_tool", "on_session"]

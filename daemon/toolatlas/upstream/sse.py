@@ -25,7 +25,7 @@ from mcp.shared.message import SessionMessage
 
 from toolatlas.upstream.answers import answered
 from toolatlas.upstream.bounded import invalid_response
-from toolatlas.upstream.client import describe, shown_url
+from toolatlas.upstream.client import STAND_IN, describe, shown_url
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ async def sse_client(url: str, client: httpx2.AsyncClient, max_event_size: int,
             logger.warning("upstream %s: %s", name, failure)
             if isinstance(message, mcp_types.JSONRPCRequest):
                 error = mcp_types.JSONRPCError(jsonrpc="2.0", id=message.id, error=mcp_types.ErrorData(
-                    code=mcp_types.INTERNAL_ERROR, message=failure))
+                    code=mcp_types.INTERNAL_ERROR, message=failure, data=dict(STAND_IN)))
                 with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                     await read_writer.send(SessionMessage(error))
 

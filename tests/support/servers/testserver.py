@@ -148,9 +148,11 @@ def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_des
     def pid() -> int:
         return os.getpid()
 
-    @server.tool(description="Send `steps` progress notifications, then return 'done'.")
-    async def progress(steps: int, ctx: Context) -> str:
+    @server.tool(description="Send `steps` progress notifications (`interval` seconds apart), then return 'done'.")
+    async def progress(steps: int, ctx: Context, interval: float = 0.0) -> str:
         for i in range(1, steps + 1):
+            if interval:
+                await anyio.sleep(interval)
             await ctx.report_progress(i, steps, f"step {i}")
         return "done"
 
