@@ -189,7 +189,7 @@ async def test_a_connection_dropped_before_its_answer_fails_that_call_not_the_se
             with pytest.raises(UpstreamProtocolError) as caught:
                 await pool_call(pool, "web", "drop", {})
             assert str(caught.value) == (
-                "upstream 'web' answered tools/call drop with JSON-RPC error -32603: the connection to upstream 'web' "
+                "tools/call drop on upstream 'web' failed: the connection to upstream 'web' "
                 "broke before its answer began (RemoteProtocolError: Server disconnected without sending a response.); "
                 "the call may or may not have run"), caught.value
             assert text(await pool_call(pool, "web", "echo", {"message": "after"})) == "Echo: after"

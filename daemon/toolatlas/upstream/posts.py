@@ -20,7 +20,7 @@ import httpx2
 import mcp_types
 
 from toolatlas.upstream.bounded import Abandon, RequestId, posted_id
-from toolatlas.upstream.client import describe
+from toolatlas.upstream.client import STAND_IN, describe
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +83,9 @@ class AbandonableTransport(httpx2.AsyncBaseTransport):
 
 
 def _answer(request: httpx2.Request, request_id: RequestId, message: str) -> httpx2.Response:
-    error = mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id,
-                                   error=mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message=message))
+    error = mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id,  # toolatlas's words (STAND_IN), not the upstream's
+                                   error=mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message=message,
+                                                             data=dict(STAND_IN)))
     return httpx2.Response(200, headers={"content-type": "application/json"}, request=request,
                            content=error.model_dump_json(by_alias=True, exclude_unset=True).encode())
 
