@@ -119,3 +119,34 @@ async def test_a_legacy_upstreams_question_goes_to_the_one_call_in_flight() -> N
                     assert "2 calls were in flight" in two.message and "max_concurrency = 1" in two.message
             send.close()
     assert asked == ["name?"]
+
+
+async def test_a_resources_list_changed_storm_tells_the_gateway_once_more_not_once_each(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The SDK hands each notification to its own task: 500 of them told every client 500
+    # times, all at once, and wrote 500 log lines.
+    import logging
+
+    told: list[str] = []
+    running = 0
+    most = 0
+
+    async def on_lists(server: str, kind: str) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await anyio.sleep(0.05)  # a fan-out to clients takes its time
+        told.append(kind)
+        running -= 1
+
+    caplog.set_level(logging.INFO, logger="toolatlas.upstream.inbound")
+    inbound = Inbound("stormy", on_lists=on_lists)
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            for _ in range(500):
+                tg.start_soon(inbound.message, mcp_types.ResourceListChangedNotification())
+    assert told == ["resources", "resources"] and most == 1, (told, most)
+    assert [r.getMessage() for r in caplog.records] == ["upstream stormy: resources/list_changed"]
+    await inbound.message(mcp_types.ResourceListChangedNotification())  # a later change is told again
+    assert told == ["resources"] * 3

@@ -169,3 +169,20 @@ def test_record_from_tool_without_extras() -> None:
     rec = record_from_tool("calc", mcp_types.Tool(name="noop", input_schema={"type": "object"}))
     assert rec.title is None and rec.output_schema is None and rec.annotations is None
     assert rec.description == ""
+
+
+async def test_a_call_as_a_ready_session_ends_says_it_lost_its_session_not_that_it_is_ready() -> None:
+    # A call in the moment between a session's end (its client gone) and its leaving READY
+    # was told "upstream 'web' is ready".
+    from toolatlas.errors import UpstreamUnavailable
+    from toolatlas.upstream.session import UpstreamSession
+    from toolatlas.upstream.state import UpstreamState
+
+    async def on_tools(_name: str, _tools: object) -> None:
+        return None
+
+    session = UpstreamSession(HttpUpstream(name="web", url=URL), on_tools)
+    session.state = UpstreamState.READY  # as the owner task leaves it until the teardown's leave()
+    with pytest.raises(UpstreamUnavailable) as caught:
+        await session.request("tools/call echo", lambda _client: anyio.sleep(0))
+    assert str(caught.value) == "upstream 'web' lost its session: it ended; retry in a moment"

@@ -9,9 +9,11 @@ model reads. `answers_hook` replaces such a body, before the SDK reads it, by a 
 error for the request that does: the HTTP status, the URL, the Content-Type and the start of
 the body, or what makes a JSON body not JSON-RPC (as the stdio and SSE transports say it).
 
-Answers the SDK already explains keep its handling: 401/403 (`client.AuthWatch`), a 404 on
-a session id (the server forgot the session: the session reconnects), a redirect, a 202,
-an event stream, and a JSON-RPC error at any status.
+Each message event of an event stream answering a request is checked the same way. A 404
+on a session id (the server forgot the session, and did not run the request) becomes the
+error `client.session_forgotten` knows, so that the request is made again on the next
+session (`requests.on_session`). Answers the SDK already explains keep its handling:
+401/403 (`client.AuthWatch`), a redirect, a 202, and a JSON-RPC error at any status.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 # Characters of an unexpected body quoted in the error.
 SNIPPET = 120
+# Bytes read of an answer that is not a JSON reply (an error status's JSON-RPC error is short).
+ERROR_BODY_BYTES = 64 * 1024
 JSON, EVENTS = "application/json", "text/event-stream"
 
 
@@ -99,7 +103,8 @@ def answered(status: int, reason: str, url: str, content_type: str, body: bytes)
     if status >= 400 or status < 200:
         what = f"HTTP {status}" + (f" ({reason})" if reason else "") + f" at {url}"
     else:
-        what = f"HTTP {status} at {url} with a {content_type or 'untyped'} body, not JSON-RPC"
+        kind = f"Content-Type {content_type}" if content_type else "no Content-Type"
+        what = f"HTTP {status} at {url} with {kind}, not JSON-RPC"
     text = body[:SNIPPET * 4].decode(errors="replace").strip()
     return f"the upstream answered {what}" + (f": {text[:SNIPPET]!r}" if text else "")
 
@@ -124,7 +129,16 @@ class _Checked(httpx2.AsyncByteStream):
         return answered(self._status, self._reason, self._url, self._content_type, body)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        body = b"".join([chunk async for chunk in self._body])
+        # Only a JSON reply is read whole (bounded by max_result_bytes); of any other answer the
+        # start is enough, and its end may be far or never (a proxy's error page left open).
+        whole = self._status < 300 and self._content_type == JSON
+        parts, size = [], 0
+        async for chunk in self._body:
+            parts.append(chunk)
+            size += len(chunk)
+            if not whole and size > ERROR_BODY_BYTES:
+                break
+        body = b"".join(parts)
         problem = self._problem(body)
         if problem is None:
             yield body
@@ -223,7 +237,8 @@ def answers_hook(up: HttpUpstream) -> Callable[[httpx2.Response], Awaitable[None
         if status < 300 and content_type == EVENTS:
             response.stream = _CheckedEvents(up, body, request)
             return
-        response.stream = _Checked(up, response, body, request, content_type)
+        whole = status < 300 and content_type == JSON  # else only the start is read: not through the limit's whole read
+        response.stream = _Checked(up, response, body if whole else getattr(body, "raw", body), request, content_type)
         response.headers["content-type"] = JSON  # so the SDK reads the error it gets
 
     return hook

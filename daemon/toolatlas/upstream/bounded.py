@@ -232,7 +232,7 @@ def _wire(error: mcp_types.JSONRPCError) -> bytes:
     return error.model_dump_json(by_alias=True, exclude_unset=True).encode()
 
 
-def _posted_id(request: httpx2.Request) -> RequestId | None:
+def posted_id(request: httpx2.Request) -> RequestId | None:
     """The id of the JSON-RPC request a POST carried (its reply answers that one)."""
     if request.method != "POST":
         return None
@@ -321,7 +321,7 @@ class _Bounded(httpx2.AsyncByteStream):
     def __init__(self, up: Upstream, response: httpx2.Response, body: httpx2.AsyncByteStream,
                  streams: Abandon | None = None) -> None:
         self._up, self._body = up, body
-        self._posted = _posted_id(response.request)
+        self._posted = posted_id(response.request)
         content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
         self._events = content_type == "text/event-stream"
         self._streams = streams if self._events and self._posted is not None else None
@@ -329,6 +329,10 @@ class _Bounded(httpx2.AsyncByteStream):
         self._reading: anyio.CancelScope | None = None
         if self._streams is not None and self._posted is not None:
             self._streams.add(self._posted, self)
+
+    @property
+    def raw(self) -> httpx2.AsyncByteStream:  # the body unbounded, for a reader that takes only its start
+        return self._body
 
     def abandon(self) -> None:
         self._abandoned = True
@@ -437,5 +441,5 @@ def limit_hook(up: SseUpstream | HttpUpstream,
     return hook
 
 
-__all__ = ["Abandon", "BoundedEvents", "CancelWatch", "Proxy", "blocks_refusal", "invalid", "invalid_response", "limit_hook", "refusal", "response_problem",
+__all__ = ["Abandon", "BoundedEvents", "posted_id", "CancelWatch", "Proxy", "blocks_refusal", "invalid", "invalid_response", "limit_hook", "refusal", "response_problem",
            "sse_event_limit", "too_many_blocks"]

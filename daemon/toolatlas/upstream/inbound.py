@@ -27,6 +27,7 @@ from mcp.client.session import ClientRequestContext
 
 from toolatlas.calls import ElicitFn, LogFn
 from toolatlas.errors import RelayRefused
+from toolatlas.upstream.supervision import Burst
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class Inbound:
         self._ids = itertools.count()
         # 2026-07-28: log messages belong to the request that opted in, not to the connection.
         self.request_scoped_logs = False
+        self._telling: dict[str, bool] = {}  # kind -> announced again while the gateway is told
+        self._announced = {kind: Burst() for kind in _LIST_CHANGES.values()}  # log lines of list_changed
 
     @contextlib.contextmanager
     def call(self, tool: str, elicit: ElicitFn | None, log: LogFn | None = None) -> Iterator[None]:
@@ -99,7 +102,9 @@ class Inbound:
         """Handle a notification other than tools/list_changed; True if it was one of ours."""
         kind = _LIST_CHANGES.get(type(message))
         if kind is not None:
-            logger.info("upstream %s: %s/list_changed", self.name, kind)
+            if (skipped := self._announced[kind].admit()) is not None:
+                logger.info("upstream %s: %s/list_changed%s", self.name, kind,
+                            f"; {skipped} more since the last one logged" if skipped else "")
             await self.changed(kind)
             return True
         if isinstance(message, mcp_types.LoggingMessageNotification):
@@ -108,10 +113,24 @@ class Inbound:
         return False
 
     async def changed(self, kind: str) -> None:
+        """Tell the gateway that `kind` changed. Announcements that come while it is being told
+        make one more telling after it, not one each: a storm of them (each in a task of its
+        own) had every client sent as many list_changed, all at once."""
+        if kind in self._telling:
+            self._telling[kind] = True
+            return
+        self._telling[kind] = False
         try:
-            await self.on_lists(self.name, kind)
-        except Exception:  # a consumer bug must not take the session down
-            logger.exception("upstream %s: the %s change callback raised", self.name, kind)
+            while True:
+                try:
+                    await self.on_lists(self.name, kind)
+                except Exception:  # a consumer bug must not take the session down
+                    logger.exception("upstream %s: the %s change callback raised", self.name, kind)
+                if not self._telling[kind]:
+                    return
+                self._telling[kind] = False
+        finally:
+            del self._telling[kind]
 
     def _asker(self) -> tuple[str, ElicitFn | None]:
         """The call a 2025-era upstream's question belongs to, or RelayRefused saying why

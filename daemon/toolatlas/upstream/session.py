@@ -385,9 +385,8 @@ class UpstreamSession:
                 await self.publish(None)
             self._ended_attempt()
             delay = max(0.0, float(self._backoff(self.attempt)))
-            logger.warning(
-                "upstream %s: %s; reconnect attempt %d in %.2f s", self.name, loss.text, self.attempt, delay
-            )
+            logger.warning("upstream %s: %s; reconnect attempt %d in %.2f s", self.name, loss.text, self.attempt,
+                           delay)
             self._retry_at = anyio.current_time() + delay
             with anyio.move_on_after(delay):
                 await self._wake.wait()
@@ -421,8 +420,9 @@ class UpstreamSession:
         conn = self._conn
         if self.stop_requested:  # READY while it tears down, then CLOSED: neither says what goes on
             return f"upstream {self.name!r} is closing its session (a config reload or a restart); retry in a moment"
-        if self.state is UpstreamState.READY and conn is not None and conn.loss is not None:
-            return f"upstream {self.name!r} lost its session: {conn.loss.text}"
+        if self.state is UpstreamState.READY:  # without a usable client: the session is ending
+            why = conn.loss.text if conn is not None and conn.loss is not None else "it ended; retry in a moment"
+            return f"upstream {self.name!r} lost its session: {why}"
         return f"upstream {self.name!r} is {self.state.value}" + (f": {self.reason}" if self.reason else "")
 
     def warm(self) -> tuple[Connection, Client]:

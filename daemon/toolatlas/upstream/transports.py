@@ -27,7 +27,6 @@ import mcp_types
 from anyio.streams.text import TextReceiveStream
 from mcp.client._transport import ReadStream, TransportStreams
 from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.message import SessionMessage
 
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
@@ -35,10 +34,11 @@ from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.upstream.answers import answers_hook
 from toolatlas.upstream.children import ChildProcess, spawn, take
 from toolatlas.upstream.bounded import (
-    Abandon, CancelWatch, Proxy, blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit,
+    CancelWatch, Proxy, blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit,
     too_many_blocks,
 )
 from toolatlas.upstream.pages import parse_big_page
+from toolatlas.upstream.posts import AbandonableTransport, Posts
 from toolatlas.upstream.relay import Pending
 from toolatlas.upstream.sse import sse_client
 from toolatlas.upstream.toolrepair import repaired
@@ -58,6 +58,8 @@ STDERR_TAIL = 20
 # said in one line per GARBAGE_SUMMARY_INTERVAL seconds (and when stdout ends).
 GARBAGE_LOGGED = 5
 GARBAGE_SUMMARY_INTERVAL = 60.0
+# Connections an HTTP upstream's client has beyond max_concurrency: event streams, pings, re-lists.
+POOL_HEADROOM = 16
 # tools/list requests remembered for the sliced parse of their answers (pages.py).
 MAX_PENDING_LISTINGS = 64
 
@@ -366,12 +368,19 @@ async def stop_process(process: anyio.abc.Process, name: str) -> int | None:
     return sent
 
 
-def _http_client(up: SseUpstream | HttpUpstream, streams: Abandon | None = None) -> httpx2.AsyncClient:
+def _http_client(up: SseUpstream | HttpUpstream, streams: Posts | None = None) -> httpx2.AsyncClient:
     """The upstream's HTTP client; every body it reads is bounded by max_result_bytes (and
-    with `streams` an abandoned request's event stream is ended)."""
+    with `streams` an abandoned request's POST or event stream is ended: posts.py)."""
     # Connect bounded by the upstream's connect timeout; reads stay long (SSE streams idle).
     timeout = httpx2.Timeout(up.timeouts.connect, read=max(300.0, up.timeouts.call + 30.0))
-    client = create_mcp_http_client(headers=dict(up.headers) or None, timeout=timeout)
+    # Each call in flight holds a connection (and an event stream one more): httpx2's 100 made
+    # the 101st request of a max_concurrency above that wait until the session failed (PoolTimeout).
+    limits = httpx2.Limits(max_connections=max(100, up.max_concurrency + POOL_HEADROOM), max_keepalive_connections=20)
+    # The SDK's create_mcp_http_client, with those limits, on a transport that can end an abandoned POST.
+    transport: httpx2.AsyncBaseTransport = httpx2.AsyncHTTPTransport(limits=limits)
+    if streams is not None:
+        transport = AbandonableTransport(transport, streams, up.name)
+    client = httpx2.AsyncClient(headers=dict(up.headers) or None, timeout=timeout, transport=transport)
     client.event_hooks["response"].append(limit_hook(up, streams))
     return client
 
@@ -388,15 +397,18 @@ OnResponse = Callable[[int, str], None]  # (HTTP status, request URL)
 def _response_hook(
     on_expired: Callable[[], None] | None, on_response: OnResponse | None
 ) -> Callable[[httpx2.Response], Awaitable[None]]:
-    """A response hook that reports every status (``on_response``) and a 404 to a request
-    carrying a (2025-era) session id (``on_expired``: by the spec the server no longer knows
+    """A response hook that reports every status (``on_response``) and a 404 to a message
+    POSTed with a (2025-era) session id (``on_expired``: by the spec the server no longer knows
     the session). Runs before the SDK hands the request its error, so the session knows why
-    the request failed."""
+    the request failed. A GET's 404 is not one: a server that routes only POST answers the
+    optional event stream so, and took every later error of a call for the session's end."""
 
     async def hook(response: httpx2.Response) -> None:
         if on_response is not None:
             on_response(response.status_code, str(response.request.url))
-        if on_expired is not None and response.status_code == 404 and MCP_SESSION_ID in response.request.headers:
+        request = response.request
+        if on_expired is not None and response.status_code == 404 and request.method == "POST" and (
+                MCP_SESSION_ID in request.headers):
             on_expired()
 
     return hook
@@ -407,7 +419,7 @@ async def http_transport(
     up: HttpUpstream, on_eof: Callable[[str], None], on_expired: Callable[[], None] | None = None,
     on_response: OnResponse | None = None,
 ) -> AsyncIterator[Streams]:
-    streams = Abandon()
+    streams = Posts()
     async with _http_client(up, streams) as client:
         client.event_hooks["response"].append(answers_hook(up))  # after the limit: reads a bounded body
         if on_expired is not None or on_response is not None:

@@ -2,6 +2,7 @@
 Self-contained (standard library only): run it as a script.
 
     python rawrpc.py [--transport stdio|sse|http] [--host H] [--port P] [--broken-tools] [--many N]
+        [--sessions]
 
 Over SSE (the 2024-11-05 transport: a GET stream at /sse, POSTs to /messages) it serves one
 client at a time; over streamable HTTP (POSTs to /mcp, JSON answers, no GET stream, no
@@ -33,13 +34,20 @@ answers by the tool's name:
 - ``http_503`` / ``http_html`` / ``not_json`` (streamable HTTP): answers with HTTP 503 and a
   text body, with a 200 login page (text/html), or with a 200 application/json body that is
   not JSON; over SSE ``http_503``'s message POST gets the 503;
-- ``event_not_json`` (streamable HTTP): answers with an event stream whose one event is not JSON.
+- ``event_not_json`` (streamable HTTP): answers with an event stream whose one event is not JSON;
+- ``gets`` (streamable HTTP, ``--sessions``): how many GETs it answered;
+- ``hang_silent`` (streamable HTTP): sends nothing, not even its answer's headers, until the
+  client closes the connection (``open_streams`` counts it too);
+- ``drop`` (streamable HTTP): closes the connection without an answer;
+- ``http_503_endless`` (streamable HTTP): a 503 whose text/html body never ends.
 
 Over streamable HTTP a POST to another path than ``/mcp`` gets a 404 (a wrong URL); over SSE
 a GET of another path than ``/sse`` gets an event stream that ends at once.
 
 ``--broken-tools`` adds to the listing what the SDK's model of a tool rejects (``BROKEN``);
-``--many N`` adds N plain tools ``filler_00000`` ... (1,500 make a page of over 256 KiB,
+``--sessions`` (streamable HTTP) gives an ``Mcp-Session-Id`` at initialize and answers a GET
+with 404, as a server that routes only POST does; ``--many N`` adds N plain tools
+``filler_00000`` ... (1,500 make a page of over 256 KiB,
 which the stdio transport parses in slices).
 """
 
@@ -49,6 +57,7 @@ import argparse
 import json
 import os
 import queue
+import select
 import sys
 import threading
 import time
@@ -57,7 +66,7 @@ from typing import Any
 
 TOOLS = ("echo", "pid", "error32000", "error_without_message", "result_not_object", "content_not_list",
          "progress_flood", "log_flood", "hang", "open_streams", "close_stdout", "http_503", "http_html", "not_json",
-         "event_not_json", "deep_result")
+         "event_not_json", "deep_result", "gets", "hang_silent", "drop", "http_503_endless")
 # Listed as they are: tools the SDK's model of a tool rejects, and entries that cannot be a tool.
 BROKEN: list[Any] = [
     {"name": "schema_string", "description": "inputSchema is a string", "inputSchema": "object"},
@@ -75,6 +84,8 @@ _LISTED: list[Any] = []
 _EVENTS: queue.Queue[str] | None = None  # over SSE: what the GET stream sends next
 _REPLY = threading.local()  # over streamable HTTP: the POST's answer (`.msg`)
 _HANGING = [0]  # under _LOCK
+_SESSIONS = [False]  # --sessions
+_GETS = [0]  # GETs answered 404 (--sessions), under _LOCK
 _LOCK = threading.Lock()
 
 
@@ -133,6 +144,8 @@ def _call(id_: Any, name: str, arguments: dict[str, Any], token: Any = None) -> 
         os.close(1)
         while True:
             time.sleep(1)
+    elif name == "gets":
+        _send({"jsonrpc": "2.0", "id": id_, "result": _text(str(_GETS[0]))})
     elif name == "open_streams":
         _send({"jsonrpc": "2.0", "id": id_, "result": _text(str(_HANGING[0]))})
     elif name == "error_without_message":
@@ -220,14 +233,21 @@ _PLAIN = {
 class _Http(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def _answer(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+    def _answer(self, status: int, body: bytes, content_type: str = "application/json",
+                headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802
+        if _SESSIONS[0]:  # a server that routes only POST: what a GET gets from its framework
+            with _LOCK:
+                _GETS[0] += 1
+            return self._answer(404, b"Cannot GET " + self.path.encode(), "text/plain")
         self._answer(405, b"no GET stream", "text/plain")
 
     def do_DELETE(self) -> None:  # noqa: N802
@@ -240,6 +260,33 @@ class _Http(BaseHTTPRequestHandler):
         tool = (msg.get("params") or {}).get("name") if msg.get("method") == "tools/call" else None
         if tool == "hang":
             return self._hang()
+        if tool == "http_503_endless":  # an error page whose body never ends
+            self.send_response(503)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            try:
+                for _ in range(3000):
+                    self.wfile.write(b"<p>busy</p>\n" * 100)
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass
+            self.close_connection = True
+            return None
+        if tool == "drop":  # the connection closed without an answer (a worker that died, a proxy's reset)
+            self.close_connection = True
+            return None
+        if tool == "hang_silent":  # no headers at all until the client closes the connection
+            with _LOCK:
+                _HANGING[0] += 1
+            try:
+                while not select.select([self.rfile], [], [], 0.2)[0]:
+                    pass
+            finally:
+                with _LOCK:
+                    _HANGING[0] -= 1
+            self.close_connection = True
+            return
         if tool in _PLAIN:
             return self._answer(*_PLAIN[tool])
         if tool == "event_not_json":
@@ -252,6 +299,8 @@ class _Http(BaseHTTPRequestHandler):
             del _REPLY.msg
         if reply is None:
             return self._answer(202, b"", "text/plain")
+        if _SESSIONS[0] and msg.get("method") == "initialize":
+            return self._answer(200, json.dumps(reply).encode(), headers={"Mcp-Session-Id": "rawrpc-session"})
         self._answer(200, json.dumps(reply).encode())
 
     def _hang(self) -> None:
@@ -286,7 +335,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--broken-tools", action="store_true")
     parser.add_argument("--many", type=int, default=0)
+    parser.add_argument("--sessions", action="store_true")
     args = parser.parse_args()
+    _SESSIONS[0] = args.sessions
     _LISTED.extend({"name": n, "description": f"rawrpc test tool {n}", "inputSchema": {"type": "object"}} for n in TOOLS)
     if args.broken_tools:
         _LISTED.extend(BROKEN)
@@ -299,6 +350,7 @@ def main() -> None:
         return
     if args.transport == "sse":
         _EVENTS = queue.Queue()
+    ThreadingHTTPServer.request_queue_size = 256  # a test's hundred connections at once are not reset
     server = ThreadingHTTPServer((args.host, args.port), _Sse if args.transport == "sse" else _Http)
     server.daemon_threads = True
     print(f"READY {server.server_address[1]}", flush=True)
