@@ -59,18 +59,22 @@ class Inbound:
         self.on_lists = on_lists or _ignore_lists
         self.on_log = on_log or _ignore_log
         self._calls: dict[int, tuple[str, ElicitFn | None]] = {}  # in flight: (tool, relay)
-        self._logs: dict[int, LogFn] = {}  # in flight, of callers who opted in to log messages
+        # In flight, of callers who opted in to log messages: (relay, only a 2026-07-28 upstream's).
+        self._logs: dict[int, tuple[LogFn, bool]] = {}
         self._ids = itertools.count()
         # 2026-07-28: log messages belong to the request that opted in, not to the connection.
         self.request_scoped_logs = False
 
     @contextlib.contextmanager
-    def call(self, tool: str, elicit: ElicitFn | None, log: LogFn | None = None) -> Iterator[None]:
-        """The span of one tools/call, whose questions go to `elicit` and log messages to `log`."""
+    def call(self, tool: str, elicit: ElicitFn | None, log: LogFn | None = None,
+             log_scoped_only: bool = False) -> Iterator[None]:
+        """The span of one tools/call, whose questions go to `elicit` and log messages to `log`
+        (with `log_scoped_only`, only a 2026-07-28 upstream's: a 2025-era caller gets a
+        2025-era upstream's messages by its connection's level, through `on_log`)."""
         key = next(self._ids)
         self._calls[key] = (tool, elicit)
         if log is not None:
-            self._logs[key] = log
+            self._logs[key] = (log, log_scoped_only)
         token = ASKING.set((tool, elicit))
         try:
             yield
@@ -86,7 +90,7 @@ class Inbound:
         did (it does not say whose it is)."""
         if not self.request_scoped_logs:
             await self.on_log(self.name, params)
-        relays = list(self._logs.values())
+        relays = [relay for relay, scoped_only in self._logs.values() if self.request_scoped_logs or not scoped_only]
         if self.request_scoped_logs and len(self._calls) > 1:
             relays = []
         for relay in relays:

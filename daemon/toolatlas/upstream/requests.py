@@ -129,7 +129,7 @@ async def call_tool(client: Client, call: UpstreamCall, inbound: Inbound) -> Ups
         meta = mcp_types.RequestParamsMeta()
         meta[mcp_types.LOG_LEVEL_META_KEY] = call.log_level  # type: ignore[literal-required]
     result: mcp_types.CallToolResult | mcp_types.InputRequiredResult
-    with inbound.call(tool, call.elicit, call.log):
+    with inbound.call(tool, call.elicit, call.log, call.log_scoped_only):
         if call.allow_input_required:
             result = await client.session.call_tool(
                 tool, arguments, progress_callback=progress,
