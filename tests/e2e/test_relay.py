@@ -42,7 +42,7 @@ CONFIG = (stdio_testserver("ts", "--blob", "--resources", "2") + "timeouts = { c
 class Wire:
     """A plain socket to the daemon speaking JSON-RPC lines, in one protocol era."""
 
-    def __init__(self, path: str, era: str) -> None:
+    def __init__(self, path: str, era: str, capabilities: dict[str, Any] | None = None) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(30)
         self.sock.connect(path)
@@ -50,7 +50,7 @@ class Wire:
         self._lines = BoundedLines(64 * 1024 * 1024)
         self._ready: list[Any] = []
         if era == LEGACY:
-            self.request(0, "initialize", {"protocolVersion": LEGACY, "capabilities": {},
+            self.request(0, "initialize", {"protocolVersion": LEGACY, "capabilities": capabilities or {},
                                            "clientInfo": {"name": "relay-test", "version": "1"}})
             self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         # The relay takes calls only once the SDK has let the connection through its gate.
@@ -216,3 +216,26 @@ def test_cancel_and_disconnect_end_a_relayed_call(daemons: tuple[Daemon, Daemon]
     gone.close()
     assert relay.tool("execute_tool", {"name": "ts__echo", "arguments": {"message": "still"}})["content"][0]["text"] \
         == "Echo: still"
+
+
+def test_a_question_open_when_its_call_ends_is_withdrawn(daemons: tuple[Daemon, Daemon]) -> None:
+    """A 2025-era upstream's elicitation/create reaches a 2025-era caller as the same request;
+    when the call ends before the answer (cancelled here, or cut by its timeout), the caller
+    is told to drop the question, as for a 2026-07-28 upstream's."""
+    relay, _ = daemons
+    w = Wire(relay.socket, LEGACY, capabilities={"elicitation": {}})
+    try:
+        w.send({"jsonrpc": "2.0", "id": "q1", "method": "tools/call",
+                "params": {"name": "ev__trigger-elicitation-request", "arguments": {}}})
+        question = json.loads(w.line())
+        assert question["method"] == "elicitation/create", question
+        w.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "q1"}})
+        w.sock.settimeout(10)
+        withdrawn = json.loads(w.line())
+        assert withdrawn["method"] == "notifications/cancelled", withdrawn
+        assert withdrawn["params"]["requestId"] == question["id"], withdrawn
+        w.sock.settimeout(30)
+        lines = w.request("q2", "tools/call", {"name": "ts__echo", "arguments": {"message": "next"}})
+        assert json.loads(lines[-1])["result"]["content"][0]["text"] == "Echo: next"
+    finally:
+        w.close()

@@ -10,7 +10,10 @@ relayed to the caller whose call asked it:
   from the calling task, where `ASKING` names the call's relay;
 - a 2025-era upstream sends `elicitation/create` on its connection, which does not say which
   call it belongs to: with one call in flight it is that call's; with several it is refused
-  (the message says so and how to avoid it: `max_concurrency = 1`).
+  (the message says so and how to avoid it: `max_concurrency = 1`). Such a question is
+  asked from the SDK client's own task, not the call's: when the call ends first (cancelled,
+  timed out) the question is withdrawn from the caller, as the call's cancellation withdraws
+  a question asked from the calling task.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
+import anyio
 import mcp_types
 from mcp.client.session import ClientRequestContext
 
@@ -59,6 +63,7 @@ class Inbound:
         self.on_lists = on_lists or _ignore_lists
         self.on_log = on_log or _ignore_log
         self._calls: dict[int, tuple[str, ElicitFn | None]] = {}  # in flight: (tool, relay)
+        self._ended: dict[int, anyio.Event] = {}  # in flight: set when the call ends
         # In flight, of callers who opted in to log messages: (relay, only a 2026-07-28 upstream's).
         self._logs: dict[int, tuple[LogFn, bool]] = {}
         self._ids = itertools.count()
@@ -73,6 +78,7 @@ class Inbound:
         2025-era upstream's messages by its connection's level, through `on_log`)."""
         key = next(self._ids)
         self._calls[key] = (tool, elicit)
+        ended = self._ended[key] = anyio.Event()
         if log is not None:
             self._logs[key] = (log, log_scoped_only)
         token = ASKING.set((tool, elicit))
@@ -80,7 +86,8 @@ class Inbound:
             yield
         finally:
             ASKING.reset(token)
-            del self._calls[key]
+            ended.set()
+            del self._calls[key], self._ended[key]
             self._logs.pop(key, None)
 
     async def _log(self, params: dict[str, Any]) -> None:
@@ -117,13 +124,14 @@ class Inbound:
         except Exception:  # a consumer bug must not take the session down
             logger.exception("upstream %s: the %s change callback raised", self.name, kind)
 
-    def _asker(self) -> tuple[str, ElicitFn | None]:
-        """The call a 2025-era upstream's question belongs to, or RelayRefused saying why
-        none can be told."""
+    def _asker(self) -> tuple[str, ElicitFn | None, anyio.Event | None]:
+        """The call a 2025-era upstream's question belongs to (tool, relay, and the event
+        set when it ends; None when asked from the call's own task), or RelayRefused saying
+        why none can be told."""
         asking = ASKING.get()
         if asking is not None:
-            return asking
-        calls = list(self._calls.values())
+            return (*asking, None)
+        calls = [(*call, self._ended[key]) for key, call in self._calls.items()]
         if not calls:
             raise RelayRefused("it arrived while no tools/call of the upstream was in flight through toolatlas; "
                                "toolatlas relays questions only during a tool call")
@@ -139,10 +147,10 @@ class Inbound:
         """The SDK client's elicitation callback: relay the question to the asking caller."""
         tool = "?"
         try:
-            tool, relay = self._asker()
+            tool, relay, ended = self._asker()
             if relay is None:
                 raise RelayRefused("the caller (a plain socket client or the toolatlas CLI) cannot be asked")
-            answer = await relay(params.model_dump(by_alias=True, mode="json", exclude_none=True))
+            answer = await _unless_ended(relay(params.model_dump(by_alias=True, mode="json", exclude_none=True)), ended)
             return mcp_types.ElicitResult.model_validate(answer)
         except RelayRefused as exc:
             message = f"toolatlas cannot relay upstream {self.name!r}'s elicitation/create (tool {tool!r}): {exc}"
@@ -152,6 +160,31 @@ class Inbound:
             logger.info("upstream %s: relaying an elicitation failed: %s", self.name, exc)
             return mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR,
                                        message=f"toolatlas could not get the caller's answer: {exc}")
+
+
+async def _unless_ended(ask: Awaitable[dict[str, Any]], ended: anyio.Event | None) -> dict[str, Any]:
+    """The caller's answer; cancelled (so withdrawn from the caller) when `ended` is set first."""
+    if ended is None:
+        return await ask
+    answer: dict[str, Any] | None = None
+    failed: Exception | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            await ended.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        try:
+            answer = await ask
+        except Exception as exc:  # raised as itself below, not in the task group's ExceptionGroup
+            failed = exc
+        tg.cancel_scope.cancel()
+    if failed is not None:
+        raise failed
+    if answer is None:
+        raise RelayRefused("the tool call ended (cancelled or timed out) before the caller answered")
+    return answer
 
 
 __all__ = ["ASKING", "Inbound", "ListsCallback", "LogCallback"]
