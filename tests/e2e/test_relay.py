@@ -20,10 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import mcp_types as types
 import pytest
+from mcp import Client
 
 from tests.support.daemon import Daemon, everything_upstream, hostile_upstream, stdio_testserver
 from toolatlas.jsonlines import BoundedLines
+from toolatlas.surface.unix import unix_client
 
 MODERN = "2026-07-28"
 LEGACY = "2025-11-25"
@@ -239,3 +243,19 @@ def test_a_question_open_when_its_call_ends_is_withdrawn(daemons: tuple[Daemon, 
         assert json.loads(lines[-1])["result"]["content"][0]["text"] == "Echo: next"
     finally:
         w.close()
+
+
+async def test_a_question_left_unanswered_does_not_stop_the_next(daemons: tuple[Daemon, Daemon]) -> None:
+    """A 2026-07-28 client that leaves a 2025-era upstream's question (input_required)
+    unanswered and calls again is asked again: the call still waiting for its answer is not
+    the one asking, though MCP 2025-11-25 does not say which call asked."""
+    relay, _ = daemons
+
+    async def decline(_ctx: object, _params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action="decline")
+
+    with anyio.fail_after(30):
+        async with Client(unix_client(relay.socket), elicitation_callback=decline) as client:
+            for _ in range(2):
+                left = await client.session.call_tool("ev__trigger-elicitation-request", {}, allow_input_required=True)
+                assert isinstance(left, types.InputRequiredResult), left

@@ -64,6 +64,7 @@ class Inbound:
         self.on_log = on_log or _ignore_log
         self._calls: dict[int, tuple[str, ElicitFn | None]] = {}  # in flight: (tool, relay)
         self._ended: dict[int, anyio.Event] = {}  # in flight: set when the call ends
+        self._asking: set[int] = set()  # in flight with a 2025-era question open
         # In flight, of callers who opted in to log messages: (relay, only a 2026-07-28 upstream's).
         self._logs: dict[int, tuple[LogFn, bool]] = {}
         self._ids = itertools.count()
@@ -124,21 +125,22 @@ class Inbound:
         except Exception:  # a consumer bug must not take the session down
             logger.exception("upstream %s: the %s change callback raised", self.name, kind)
 
-    def _asker(self) -> tuple[str, ElicitFn | None, anyio.Event | None]:
-        """The call a 2025-era upstream's question belongs to (tool, relay, and the event
-        set when it ends; None when asked from the call's own task), or RelayRefused saying
-        why none can be told."""
+    def _asker(self) -> tuple[int | None, str, ElicitFn | None]:
+        """The call a 2025-era upstream's question belongs to (its key, None when asked from
+        the call's own task; tool; relay), or RelayRefused saying why none can be told. A
+        call whose question is still open waits for its answer, so it is not the one asking
+        (a 2026-07-28 caller that left an input_required unanswered can call again)."""
         asking = ASKING.get()
         if asking is not None:
-            return (*asking, None)
-        calls = [(*call, self._ended[key]) for key, call in self._calls.items()]
-        if not calls:
+            return (None, *asking)
+        if not self._calls:
             raise RelayRefused("it arrived while no tools/call of the upstream was in flight through toolatlas; "
                                "toolatlas relays questions only during a tool call")
-        if len(calls) > 1:
+        calls = [(key, *call) for key, call in self._calls.items() if key not in self._asking]
+        if len(calls) != 1:
             raise RelayRefused(
-                f"{len(calls)} calls were in flight on the upstream and MCP 2025-11-25 does not say which one asked; "
-                f"set max_concurrency = 1 in [[upstream]] {self.name!r} so that toolatlas can tell")
+                f"{len(self._calls)} calls were in flight on the upstream and MCP 2025-11-25 does not say which one "
+                f"asked; set max_concurrency = 1 in [[upstream]] {self.name!r} so that toolatlas can tell")
         return calls[0]
 
     async def elicit(
@@ -147,10 +149,18 @@ class Inbound:
         """The SDK client's elicitation callback: relay the question to the asking caller."""
         tool = "?"
         try:
-            tool, relay, ended = self._asker()
+            key, tool, relay = self._asker()
             if relay is None:
                 raise RelayRefused("the caller (a plain socket client or the toolatlas CLI) cannot be asked")
-            answer = await _unless_ended(relay(params.model_dump(by_alias=True, mode="json", exclude_none=True)), ended)
+            question = relay(params.model_dump(by_alias=True, mode="json", exclude_none=True))
+            if key is None:
+                answer = await question
+            else:
+                self._asking.add(key)
+                try:
+                    answer = await _unless_ended(question, self._ended[key])
+                finally:
+                    self._asking.discard(key)
             return mcp_types.ElicitResult.model_validate(answer)
         except RelayRefused as exc:
             message = f"toolatlas cannot relay upstream {self.name!r}'s elicitation/create (tool {tool!r}): {exc}"
@@ -162,10 +172,8 @@ class Inbound:
                                        message=f"toolatlas could not get the caller's answer: {exc}")
 
 
-async def _unless_ended(ask: Awaitable[dict[str, Any]], ended: anyio.Event | None) -> dict[str, Any]:
+async def _unless_ended(ask: Awaitable[dict[str, Any]], ended: anyio.Event) -> dict[str, Any]:
     """The caller's answer; cancelled (so withdrawn from the caller) when `ended` is set first."""
-    if ended is None:
-        return await ask
     answer: dict[str, Any] | None = None
     failed: Exception | None = None
     async with anyio.create_task_group() as tg:
