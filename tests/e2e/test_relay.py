@@ -259,3 +259,15 @@ async def test_a_question_left_unanswered_does_not_stop_the_next(daemons: tuple[
             for _ in range(2):
                 left = await client.session.call_tool("ev__trigger-elicitation-request", {}, allow_input_required=True)
                 assert isinstance(left, types.InputRequiredResult), left
+
+
+def test_a_tool_that_needs_mcp_tasks_is_not_offered(daemons: tuple[Daemon, Daemon]) -> None:
+    """server-everything's simulate-research-query has execution.taskSupport 'required':
+    toolatlas does not run task-augmented calls, so every call of it would fail. It is not
+    offered (search, passthrough, calls), and the operator's log says why."""
+    relay, _ = daemons
+    assert "ev__simulate-research-query" not in relay.search("simulate a research query", top_k=20)
+    assert "ev__get-sum" in relay.search("get the sum of two numbers", top_k=20)  # the rest is
+    log = relay.log.read_text()
+    assert "need MCP task augmentation (execution.taskSupport 'required')" in log
+    assert "simulate-research-query" in log
