@@ -271,3 +271,17 @@ def test_a_tool_that_needs_mcp_tasks_is_not_offered(daemons: tuple[Daemon, Daemo
     log = relay.log.read_text()
     assert "need MCP task augmentation (execution.taskSupport 'required')" in log
     assert "simulate-research-query" in log
+
+
+def test_a_call_cut_while_the_user_answers_says_so(daemons: tuple[Daemon, Daemon]) -> None:
+    """ts's call timeout (1.5 s) passes while its question waits for the caller: the error
+    says the upstream was waiting for the answer, not that it did not answer."""
+    relay, _ = daemons
+    w = Wire(relay.socket, LEGACY, capabilities={"elicitation": {}})
+    try:
+        w.send({"jsonrpc": "2.0", "id": "u1", "method": "tools/call", "params": {"name": "ts__greet_user", "arguments": {}}})
+        assert json.loads(w.line())["method"] == "elicitation/create"
+        text = json.loads(w.until("u1")[-1])["result"]["content"][0]["text"]
+        assert "waiting for the answer to its question" in text and "timeouts.call" in text, text
+    finally:
+        w.close()

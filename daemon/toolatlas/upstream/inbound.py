@@ -39,7 +39,10 @@ ListsCallback = Callable[[str, str], Awaitable[None]]
 # (server, params) -> None: a `notifications/message` (wire form params).
 LogCallback = Callable[[str, dict[str, Any]], Awaitable[None]]
 
-ASKING: ContextVar[tuple[str, ElicitFn | None] | None] = ContextVar("toolatlas_asking", default=None)
+ASKING: ContextVar[tuple[int, str, ElicitFn | None] | None] = ContextVar("toolatlas_asking", default=None)
+# Set in the calling task by the end of a call whose question to the user was still open
+# (a timeout that cuts such a call says the upstream was waiting for the user).
+CUT_ASKING: ContextVar[bool] = ContextVar("toolatlas_cut_asking", default=False)
 
 _LIST_CHANGES: dict[type, str] = {
     mcp_types.ResourceListChangedNotification: "resources",
@@ -64,7 +67,7 @@ class Inbound:
         self.on_log = on_log or _ignore_log
         self._calls: dict[int, tuple[str, ElicitFn | None]] = {}  # in flight: (tool, relay)
         self._ended: dict[int, anyio.Event] = {}  # in flight: set when the call ends
-        self._asking: set[int] = set()  # in flight with a 2025-era question open
+        self._asking: set[int] = set()  # in flight with a question open
         # In flight, of callers who opted in to log messages: (relay, only a 2026-07-28 upstream's).
         self._logs: dict[int, tuple[LogFn, bool]] = {}
         self._ids = itertools.count()
@@ -82,12 +85,16 @@ class Inbound:
         ended = self._ended[key] = anyio.Event()
         if log is not None:
             self._logs[key] = (log, log_scoped_only)
-        token = ASKING.set((tool, elicit))
+        token = ASKING.set((key, tool, elicit))
+        CUT_ASKING.set(False)
         try:
             yield
         finally:
             ASKING.reset(token)
             ended.set()
+            if key in self._asking:
+                CUT_ASKING.set(True)
+                self._asking.discard(key)
             del self._calls[key], self._ended[key]
             self._logs.pop(key, None)
 
@@ -125,18 +132,18 @@ class Inbound:
         except Exception:  # a consumer bug must not take the session down
             logger.exception("upstream %s: the %s change callback raised", self.name, kind)
 
-    def _asker(self) -> tuple[int | None, str, ElicitFn | None]:
-        """The call a 2025-era upstream's question belongs to (its key, None when asked from
-        the call's own task; tool; relay), or RelayRefused saying why none can be told. A
+    def _asker(self) -> tuple[int, str, ElicitFn | None, bool]:
+        """The call a 2025-era upstream's question belongs to (its key, tool, relay, and
+        whether it is asked from the call's own task), or RelayRefused saying why none can be told. A
         call whose question is still open waits for its answer, so it is not the one asking
         (a 2026-07-28 caller that left an input_required unanswered can call again)."""
         asking = ASKING.get()
         if asking is not None:
-            return (None, *asking)
+            return (*asking, True)
         if not self._calls:
             raise RelayRefused("it arrived while no tools/call of the upstream was in flight through toolatlas; "
                                "toolatlas relays questions only during a tool call")
-        calls = [(key, *call) for key, call in self._calls.items() if key not in self._asking]
+        calls = [(key, *call, False) for key, call in self._calls.items() if key not in self._asking]
         if len(calls) != 1:
             raise RelayRefused(
                 f"{len(self._calls)} calls were in flight on the upstream and MCP 2025-11-25 does not say which one "
@@ -149,18 +156,19 @@ class Inbound:
         """The SDK client's elicitation callback: relay the question to the asking caller."""
         tool = "?"
         try:
-            key, tool, relay = self._asker()
+            key, tool, relay, own_task = self._asker()
             if relay is None:
                 raise RelayRefused("the caller (a plain socket client or the toolatlas CLI) cannot be asked")
             question = relay(params.model_dump(by_alias=True, mode="json", exclude_none=True))
-            if key is None:
-                answer = await question
-            else:
-                self._asking.add(key)
-                try:
-                    answer = await _unless_ended(question, self._ended[key])
-                finally:
-                    self._asking.discard(key)
+            self._asking.add(key)
+            try:
+                answer = await (question if own_task else _unless_ended(question, self._ended[key]))
+            except anyio.get_cancelled_exc_class():
+                raise  # the call ends with its question open: its end reads `_asking`
+            except BaseException:
+                self._asking.discard(key)
+                raise
+            self._asking.discard(key)
             return mcp_types.ElicitResult.model_validate(answer)
         except RelayRefused as exc:
             message = f"toolatlas cannot relay upstream {self.name!r}'s elicitation/create (tool {tool!r}): {exc}"
@@ -195,4 +203,4 @@ async def _unless_ended(ask: Awaitable[dict[str, Any]], ended: anyio.Event) -> d
     return answer
 
 
-__all__ = ["ASKING", "Inbound", "ListsCallback", "LogCallback"]
+__all__ = ["ASKING", "CUT_ASKING", "Inbound", "ListsCallback", "LogCallback"]

@@ -15,7 +15,7 @@ from toolatlas.calls import InputRequired, UpstreamCall, UpstreamReply
 from toolatlas.errors import ToolatlasError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.upstream.client import Loss, call_error, progress_fn, session_forgotten
 from toolatlas.upstream.federation import resource_uris
-from toolatlas.upstream.inbound import Inbound
+from toolatlas.upstream.inbound import CUT_ASKING, Inbound
 from toolatlas.upstream.state import UpstreamState
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
     an invalid result. A toolatlas error raised by `fn` passes unchanged. A timed-out or
     cancelled request leaves the session usable."""
     t0 = time.perf_counter()
+    CUT_ASKING.set(False)
     try:
         # anyio.fail_after's rule without its two generator context managers (per call).
         with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
@@ -75,7 +76,7 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
         return result
     except TimeoutError:
         session.observe("call", operation=operation, seconds=time.perf_counter() - t0, outcome="timeout")
-        raise UpstreamTimeout(session.name, op, seconds) from None
+        raise UpstreamTimeout(session.name, op, seconds, asking=CUT_ASKING.get()) from None
     except ToolatlasError:
         raise
     except Exception as exc:
