@@ -42,9 +42,12 @@ class CallRequest:
     # How an upstream's question during the call reaches the user. None from a 2026-07-28
     # caller that can answer questions: the gateway turns them into input_required rounds.
     elicit: ElicitFn | None = None
-    # A 2026-07-28 caller's per-request log opt-in: messages at `log_level` and above go to `log`.
+    # A caller's log opt-in: messages at `log_level` and above go to `log`. A 2026-07-28
+    # caller's is per request; a 2025-era caller's is its logging/setLevel level, and then
+    # `log_scoped_only`: a 2025-era upstream's messages reach it by the connection already.
     log: LogFn | None = None
     log_level: str | None = None
+    log_scoped_only: bool = False
     # The surface's raw relay asks for the upstream's wire-form result (a dict) as the
     # payload, where the upstream's transport allows it; it may still get a CallToolResult.
     raw: bool = False
@@ -66,6 +69,7 @@ class UpstreamCall:
     elicit: ElicitFn | None = None
     log: LogFn | None = None
     log_level: str | None = None
+    log_scoped_only: bool = False  # see CallRequest.log_scoped_only
     raw: bool = False  # see CallRequest.raw
 
 

@@ -33,13 +33,18 @@ class UpstreamUnavailable(ToolatlasError):
 class UpstreamTimeout(ToolatlasError):
     """An upstream operation exceeded its configured timeout."""
 
-    def __init__(self, upstream: str, operation: str, seconds: float) -> None:
+    def __init__(self, upstream: str, operation: str, seconds: float, *, asking: bool = False) -> None:
         self.upstream = upstream
         self.operation = operation
         self.seconds = seconds
         # A tool call cut by its timeout was sent: a model that retries must know it may have run.
         ran = "; it may still have run: call it again only if that is safe" if operation.startswith("tools/call") else ""
-        super().__init__(f"upstream {upstream!r} did not answer {operation} within {seconds:g} s{ran}")
+        if asking:  # the upstream was not slow: it was waiting for the user
+            super().__init__(f"upstream {upstream!r} did not finish {operation} within {seconds:g} s: it was waiting "
+                             f"for the answer to its question, and the time the user takes to answer counts against "
+                             f"its timeouts.call{ran}")
+        else:
+            super().__init__(f"upstream {upstream!r} did not answer {operation} within {seconds:g} s{ran}")
 
 
 class UpstreamProtocolError(ToolatlasError):

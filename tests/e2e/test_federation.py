@@ -397,6 +397,11 @@ async def test_a_2026_client_gets_the_log_messages_of_its_own_call(gw: Daemon) -
             await old.list_prompts(cache_mode="bypass")  # anything sent to it before now has arrived
             # a 2026-07-28 upstream's log messages belong to the request that asked for them
             assert not [p for p in other if str(p.logger).startswith("alpha")], other
+            # ... so a 2025-era caller's own call asks for them at its logging/setLevel level
+            await old.call_tool("execute_tool", {"name": "alpha__log_at", "arguments": {"levels": ["debug", "error"]}})
+            await old.list_prompts(cache_mode="bypass")
+            assert [(p.level, p.data) for p in other if str(p.logger).startswith("alpha")] == [
+                ("debug", "debug message"), ("error", "error message")], other
 
 
 async def test_a_legacy_http_session_gets_changes_and_log_messages_between_requests(gw: Daemon) -> None:

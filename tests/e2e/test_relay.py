@@ -20,10 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import mcp_types as types
 import pytest
+from mcp import Client
 
 from tests.support.daemon import Daemon, everything_upstream, hostile_upstream, stdio_testserver
 from toolatlas.jsonlines import BoundedLines
+from toolatlas.surface.unix import unix_client
 
 MODERN = "2026-07-28"
 LEGACY = "2025-11-25"
@@ -42,7 +46,7 @@ CONFIG = (stdio_testserver("ts", "--blob", "--resources", "2") + "timeouts = { c
 class Wire:
     """A plain socket to the daemon speaking JSON-RPC lines, in one protocol era."""
 
-    def __init__(self, path: str, era: str) -> None:
+    def __init__(self, path: str, era: str, capabilities: dict[str, Any] | None = None) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(30)
         self.sock.connect(path)
@@ -50,7 +54,7 @@ class Wire:
         self._lines = BoundedLines(64 * 1024 * 1024)
         self._ready: list[Any] = []
         if era == LEGACY:
-            self.request(0, "initialize", {"protocolVersion": LEGACY, "capabilities": {},
+            self.request(0, "initialize", {"protocolVersion": LEGACY, "capabilities": capabilities or {},
                                            "clientInfo": {"name": "relay-test", "version": "1"}})
             self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         # The relay takes calls only once the SDK has let the connection through its gate.
@@ -216,3 +220,68 @@ def test_cancel_and_disconnect_end_a_relayed_call(daemons: tuple[Daemon, Daemon]
     gone.close()
     assert relay.tool("execute_tool", {"name": "ts__echo", "arguments": {"message": "still"}})["content"][0]["text"] \
         == "Echo: still"
+
+
+def test_a_question_open_when_its_call_ends_is_withdrawn(daemons: tuple[Daemon, Daemon]) -> None:
+    """A 2025-era upstream's elicitation/create reaches a 2025-era caller as the same request;
+    when the call ends before the answer (cancelled here, or cut by its timeout), the caller
+    is told to drop the question, as for a 2026-07-28 upstream's."""
+    relay, _ = daemons
+    w = Wire(relay.socket, LEGACY, capabilities={"elicitation": {}})
+    try:
+        w.send({"jsonrpc": "2.0", "id": "q1", "method": "tools/call",
+                "params": {"name": "ev__trigger-elicitation-request", "arguments": {}}})
+        question = json.loads(w.line())
+        assert question["method"] == "elicitation/create", question
+        w.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "q1"}})
+        w.sock.settimeout(10)
+        withdrawn = json.loads(w.line())
+        assert withdrawn["method"] == "notifications/cancelled", withdrawn
+        assert withdrawn["params"]["requestId"] == question["id"], withdrawn
+        w.sock.settimeout(30)
+        lines = w.request("q2", "tools/call", {"name": "ts__echo", "arguments": {"message": "next"}})
+        assert json.loads(lines[-1])["result"]["content"][0]["text"] == "Echo: next"
+    finally:
+        w.close()
+
+
+async def test_a_question_left_unanswered_does_not_stop_the_next(daemons: tuple[Daemon, Daemon]) -> None:
+    """A 2026-07-28 client that leaves a 2025-era upstream's question (input_required)
+    unanswered and calls again is asked again: the call still waiting for its answer is not
+    the one asking, though MCP 2025-11-25 does not say which call asked."""
+    relay, _ = daemons
+
+    async def decline(_ctx: object, _params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action="decline")
+
+    with anyio.fail_after(30):
+        async with Client(unix_client(relay.socket), elicitation_callback=decline) as client:
+            for _ in range(2):
+                left = await client.session.call_tool("ev__trigger-elicitation-request", {}, allow_input_required=True)
+                assert isinstance(left, types.InputRequiredResult), left
+
+
+def test_a_tool_that_needs_mcp_tasks_is_not_offered(daemons: tuple[Daemon, Daemon]) -> None:
+    """server-everything's simulate-research-query has execution.taskSupport 'required':
+    toolatlas does not run task-augmented calls, so every call of it would fail. It is not
+    offered (search, passthrough, calls), and the operator's log says why."""
+    relay, _ = daemons
+    assert "ev__simulate-research-query" not in relay.search("simulate a research query", top_k=20)
+    assert "ev__get-sum" in relay.search("get the sum of two numbers", top_k=20)  # the rest is
+    log = relay.log.read_text()
+    assert "need MCP task augmentation (execution.taskSupport 'required')" in log
+    assert "simulate-research-query" in log
+
+
+def test_a_call_cut_while_the_user_answers_says_so(daemons: tuple[Daemon, Daemon]) -> None:
+    """ts's call timeout (1.5 s) passes while its question waits for the caller: the error
+    says the upstream was waiting for the answer, not that it did not answer."""
+    relay, _ = daemons
+    w = Wire(relay.socket, LEGACY, capabilities={"elicitation": {}})
+    try:
+        w.send({"jsonrpc": "2.0", "id": "u1", "method": "tools/call", "params": {"name": "ts__greet_user", "arguments": {}}})
+        assert json.loads(w.line())["method"] == "elicitation/create"
+        text = json.loads(w.until("u1")[-1])["result"]["content"][0]["text"]
+        assert "waiting for the answer to its question" in text and "timeouts.call" in text, text
+    finally:
+        w.close()

@@ -224,7 +224,7 @@ class CallService:
             allow_input_required=call.allow_input_required,
             input_responses=call.input_responses if call.allow_input_required else None,
             request_state=upstream_state, elicit=exchange.ask if exchange is not None else call.elicit,
-            log=call.log, log_level=call.log_level, raw=call.raw,
+            log=call.log, log_level=call.log_level, log_scoped_only=call.log_scoped_only, raw=call.raw,
         )
         self.inflight += 1
         running = anyio.CancelScope()

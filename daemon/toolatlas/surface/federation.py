@@ -194,14 +194,17 @@ def _log_note(server: str, params: dict[str, Any]) -> types.LoggingMessageNotifi
         level=params["level"], data=params.get("data"), logger=f"{server}/{logger}" if logger else server))
 
 
-def log_relay(ctx: Any) -> tuple[LogFn | None, str | None]:
-    """A 2026-07-28 request's log opt-in (`_meta` io.modelcontextprotocol/logLevel): the
-    relay that puts upstream log messages at or above that level on this request's stream,
-    and the level; (None, None) without one (2025-era clients use logging/setLevel)."""
+def log_relay(ctx: Any, conn: Connection) -> tuple[LogFn | None, str | None]:
+    """A request's log opt-in: the relay that puts upstream log messages at or above its
+    level on this request's stream, and the level; (None, None) without one. A 2026-07-28
+    request opts in with `_meta` io.modelcontextprotocol/logLevel; a 2025-era caller's
+    opt-in is the level it set with logging/setLevel (a 2026-07-28 upstream sends log
+    messages only for a request that asks)."""
     if ctx.session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-        return None, None
-    meta = ctx.meta if isinstance(ctx.meta, dict) else {}
-    wanted = meta.get(types.LOG_LEVEL_META_KEY)
+        wanted = conn.log_level
+    else:
+        meta = ctx.meta if isinstance(ctx.meta, dict) else {}
+        wanted = meta.get(types.LOG_LEVEL_META_KEY)
     if wanted not in LOG_LEVELS:
         return None, None
     session, request_id = ctx.session, ctx.request_id

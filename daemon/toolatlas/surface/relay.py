@@ -17,8 +17,8 @@ gate, with params no more than name, arguments and `_meta`, and `_meta` no more 
 and a progress token (either era). Everything else returns None and goes to the SDK, chosen
 per request: the meta-tools tool_search (its own fast lane) and catalog_status, a retry with
 `inputResponses`/`requestState`, a per-request log level, a 2025-era caller that declared
-elicitation (the SDK session relays the upstream's question to it), malformed input (the
-SDK's own error). Progress notifications go to the caller on its connection; a
+elicitation (the SDK session relays the upstream's question to it) or set a log level,
+malformed input (the SDK's own error). Progress notifications go to the caller on its connection; a
 `notifications/cancelled` for the request, or the caller going away, cancels it (the socket
 reader cancels the task, and the upstream gets its courtesy cancel).
 
@@ -178,6 +178,8 @@ def call_lane(gw: GatewayPort, server: Server[Any], current: Callable[[], Connec
             conn.client_name, conn.client_version = info["name"], info["version"]
         if asks and not modern:
             return None  # the SDK session carries the upstream's question to this caller
+        if not modern and conn.log_level is not None:
+            return None  # the SDK path asks a 2026-07-28 upstream for its log messages at that level
         if name == EXECUTE_TOOL:
             target = (args or {}).get("name")
             if not isinstance(target, str) or not target or not (args or {}).keys() <= _EXECUTE_ARGS:

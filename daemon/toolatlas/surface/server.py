@@ -323,9 +323,9 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
                 name = args.get("name")
                 if not isinstance(name, str) or not name:
                     raise BadInput("execute_tool needs `name`: a matches[].name from tool_search")
-                call = _call(ctx, params, name, args.get("arguments"))
+                call = _call(ctx, conn, params, name, args.get("arguments"))
             else:  # a namespaced name called directly
-                call = _call(ctx, params, params.name, params.arguments)
+                call = _call(ctx, conn, params, params.name, params.arguments)
             return call_result(await gw.execute(call, conn))
         except ToolatlasError as exc:  # bad input, an upstream down or slow: a result a model reads
             return error_result(str(exc))
@@ -352,16 +352,16 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
     return server
 
 
-def _call(ctx: Any, params: types.CallToolRequestParams, name: str, arguments: object) -> CallRequest:
+def _call(ctx: Any, conn: Connection, params: types.CallToolRequestParams, name: str, arguments: object) -> CallRequest:
     """A tools/call as the gateway takes it. The input_required fields count only on
     2026-07-28 connections: older clients cannot answer an input_required result."""
     modern = ctx.session.protocol_version in MODERN_PROTOCOL_VERSIONS
-    log, log_level = federation.log_relay(ctx)
+    log, log_level = federation.log_relay(ctx, conn)
     return CallRequest(
         name=name, arguments=arguments, progress=ctx.session.report_progress, allow_input_required=modern,
         input_responses=params.input_responses if modern else None,
         request_state=params.request_state if modern else None, elicit=federation.elicit_relay(ctx),
-        log=log, log_level=log_level,
+        log=log, log_level=log_level, log_scoped_only=not modern,
     )
 
 

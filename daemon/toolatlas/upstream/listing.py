@@ -81,9 +81,17 @@ def record_from_tool(
 
 
 def records(up: Upstream, tools: list[mcp_types.Tool]) -> list[ToolRecord]:
-    """`tools` as records under `up`'s bounds (blocking: call it in a worker thread)."""
+    """`tools` as records under `up`'s bounds (blocking: call it in a worker thread). A tool
+    that needs MCP task augmentation (`execution.taskSupport` "required") is left out, and
+    logged: toolatlas does not run task-augmented calls, so each call of it would fail."""
+    kept = [t for t in tools if t.execution is None or t.execution.task_support != "required"]
+    if len(kept) < len(tools):
+        left = sorted({t.name for t in tools} - {t.name for t in kept})
+        logger.warning("upstream %s: %d tools need MCP task augmentation (execution.taskSupport 'required'), "
+                       "which toolatlas does not offer, so they are not offered: %s",
+                       up.name, len(left), ", ".join(repr(name[:64]) for name in left[:10]))
     return [record_from_tool(up.name, t, max_description_chars=up.max_description_chars,
-                             max_schema_bytes=up.max_schema_bytes) for t in tools]
+                             max_schema_bytes=up.max_schema_bytes) for t in kept]
 
 
 T = TypeVar("T")

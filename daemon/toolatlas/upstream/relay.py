@@ -207,7 +207,7 @@ async def relay_call(client: Client, pending: Pending, send: Any, call: Upstream
             data["params"]["requestState"] = call.request_state
     session._stamp(data, {})  # noqa: SLF001 (mcp==2.3.0): the `_meta` the SDK puts on every request
     message = {"jsonrpc": "2.0", "id": None, **data}
-    with inbound.call(call.tool, call.elicit, call.log):
+    with inbound.call(call.tool, call.elicit, call.log, call.log_scoped_only):
         reply = await pending.request(send, message, call.progress)
     problem = response_problem(reply)
     if problem is not None:  # as the stdio transport answers the SDK path's request

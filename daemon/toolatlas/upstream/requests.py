@@ -17,7 +17,7 @@ from toolatlas.calls import InputRequired, ProgressFn, UpstreamCall, UpstreamRep
 from toolatlas.errors import ToolatlasError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.upstream.client import Loss, call_error, progress_fn, session_forgotten
 from toolatlas.upstream.federation import resource_uris
-from toolatlas.upstream.inbound import Inbound
+from toolatlas.upstream.inbound import CUT_ASKING, Inbound
 from toolatlas.upstream.state import UpstreamState
 
 if TYPE_CHECKING:
@@ -105,6 +105,7 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
     an invalid result. A toolatlas error raised by `fn` passes unchanged. A timed-out or
     cancelled request leaves the session usable."""
     t0 = time.perf_counter()
+    CUT_ASKING.set(False)
     try:
         # anyio.fail_after's rule without its two generator context managers (per call).
         with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
@@ -120,8 +121,8 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
         session.observe("call", operation=operation, seconds=time.perf_counter() - t0, outcome="timeout")
         clock = CALL_CLOCK.get()
         if clock is not None and clock.moved:  # progress moved it on: the whole time, not the first span
-            raise UpstreamTimeout(session.name, op, round(time.perf_counter() - t0, 1)) from None
-        raise UpstreamTimeout(session.name, op, seconds) from None
+            raise UpstreamTimeout(session.name, op, round(time.perf_counter() - t0, 1), asking=CUT_ASKING.get()) from None
+        raise UpstreamTimeout(session.name, op, seconds, asking=CUT_ASKING.get()) from None
     except ToolatlasError:
         raise
     except Exception as exc:
@@ -175,7 +176,7 @@ async def call_tool(client: Client, call: UpstreamCall, inbound: Inbound) -> Ups
         meta = mcp_types.RequestParamsMeta()
         meta[mcp_types.LOG_LEVEL_META_KEY] = call.log_level  # type: ignore[literal-required]
     result: mcp_types.CallToolResult | mcp_types.InputRequiredResult
-    with inbound.call(tool, call.elicit, call.log):
+    with inbound.call(tool, call.elicit, call.log, call.log_scoped_only):
         if call.allow_input_required:
             result = await client.session.call_tool(
                 tool, arguments, progress_callback=progress,
