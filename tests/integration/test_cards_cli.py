@@ -192,6 +192,24 @@ def test_verify_prints_one_escaped_line_per_card(tmp_path: Path, capsys: pytest.
     assert [line[:5] for line in out.splitlines()] == ["ok   ", "FAIL "], out
 
 
+def test_show_json_escapes_what_is_not_ascii(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`cards show --json` printed a card's text raw: a right-to-left override (U+202E) or an
+    invisible tag character in a publisher description acted on the operator's terminal. The
+    JSON is the same value, written in ASCII."""
+    key = tmp_path / "op.key"
+    assert keygen_main(["--out", str(key)]) == 0
+    text = "Read a file.\u202e gnirts esrever"
+    cat = write_catalog(tmp_path / "c.jsonl", [{"server": "files", "name": "read", "description": text}])
+    state = tmp_path / "state"
+    assert main(["generate", "--catalog", str(cat), "--key", str(key), "--state-dir", str(state),
+                 "--generator", "publisher", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["show", "files", "--state-dir", str(state), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.isascii() and "\\u202e" in out
+    assert json.loads(out)["tools"][0]["summary"].startswith("Read a file.")
+
+
 def test_export_whose_generator_fails_exits_3_like_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The module's exit codes: 3 when a generator failed. `cards generate` kept to it; export
     exited 2 (a usage error) for an llm endpoint that refuses connections."""

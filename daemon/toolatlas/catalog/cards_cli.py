@@ -269,7 +269,8 @@ def _show(args: argparse.Namespace) -> int:
         _err(str(exc))
         return EX_FAIL
     if args.json:
-        print(json.dumps(msgspec.to_builtins(card), indent=2, ensure_ascii=False))
+        # ASCII: a bidi override or tag character in card text would act on the terminal raw
+        print(json.dumps(msgspec.to_builtins(card), indent=2, ensure_ascii=True))
     else:
         print(format_card(card))
         print("(signature not checked: use `toolatlas cards verify`)")

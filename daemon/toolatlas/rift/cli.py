@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
         out["text"] = args.generator if args.catalog else "cards"
         if args.config:
             out["quarantined_tools"] = quarantined
-        print(json.dumps(out, ensure_ascii=False))
+        print(json.dumps(out, ensure_ascii=True))  # tool text is anyone's: nothing raw reaches a terminal
     else:
         print(report.format_text(limit=args.limit))
         if quarantined:
