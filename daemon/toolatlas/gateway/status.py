@@ -103,7 +103,7 @@ class StatusService:
         if st.state is UpstreamState.READY:
             return f"upstream {server!r} is starting (its tools are being indexed); retry in 1 s"
         if st.state is UpstreamState.DEGRADED:
-            retry = f"; next attempt in {st.next_retry_in:.0f} s" if st.next_retry_in is not None else ""
+            retry = f"; next attempt {next_attempt(st.next_retry_in)}" if st.next_retry_in is not None else ""
             return f"upstream {server!r} has not connected yet ({st.reason or 'no reason given'}){retry}"
         return None
 
@@ -127,7 +127,7 @@ class StatusService:
             elif st.state is UpstreamState.READY:
                 out.append(f"upstream {st.name}: indexing its tools")
             elif st.state is UpstreamState.DEGRADED:
-                retry = f", next attempt in {st.next_retry_in:.0f} s" if st.next_retry_in is not None else ""
+                retry = f", next attempt {next_attempt(st.next_retry_in)}" if st.next_retry_in is not None else ""
                 out.append(f"upstream {st.name}: not connected ({st.reason or 'no reason given'}{retry})")
         return out
 
@@ -279,4 +279,11 @@ def _server_of(name: str) -> str | None:
     return parsed[0] if parsed else None
 
 
-__all__ = ["StatusService"]
+
+def next_attempt(seconds: float) -> str:
+    """When the next attempt comes, for a person or a model: never "in 0 s" (which reads as
+    "now, and failing") for a retry under half a second away."""
+    return "in under a second" if seconds < 1 else f"in {seconds:.0f} s"
+
+
+__all__ = ["StatusService", "next_attempt"]
