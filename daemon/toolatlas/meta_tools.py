@@ -116,6 +116,15 @@ def only_parameters(tool: str, args: Any) -> None:
     raise BadInput(f"{tool} has no parameter {shown}; it takes {', '.join(known)}.{hint}")
 
 
+def servers_arg(value: Any) -> list[str] | None:
+    """tool_search's (and `toolatlas/tools`') `servers`: None when missing, else a list of
+    names, or BadInput (a lone name written as a string is shown how to write it)."""
+    if value is None or (isinstance(value, list) and all(isinstance(s, str) for s in value)):
+        return value
+    hint = f": write [{json.dumps(value[:TEXT_SHOWN])}]" if isinstance(value, str) else ""
+    raise BadInput(f"`servers` must be a list of server names{hint}")
+
+
 def tool_format(value: Any) -> str:
     """tool_search's `format`: "json" when missing, else one of FORMATS, or BadInput."""
     if value is None:

@@ -180,7 +180,9 @@ async def test_search_answer_and_bad_input(fake: FakeGateway) -> None:
     assert ok.structured_content == _json(ok) and len(_json(ok)["matches"]) == 1
     assert empty.is_error and "non-empty string `query`" in empty.content[0].text  # type: ignore[union-attr]
     assert bad_k.is_error and "top_k must be an integer" in bad_k.content[0].text  # type: ignore[union-attr]
-    assert bad_servers.is_error and "list of server names" in bad_servers.content[0].text  # type: ignore[union-attr]
+    # a lone name written as a string: the error shows how to write it
+    assert bad_servers.is_error and bad_servers.content[0].text == (  # type: ignore[union-attr]
+        '`servers` must be a list of server names: write ["notes"]')
 
 
 async def test_compact_format_is_a_short_text_listing(fake: FakeGateway) -> None:

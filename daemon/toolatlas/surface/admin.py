@@ -31,6 +31,7 @@ from typing import Any
 from toolatlas.access import admin_refusal
 from toolatlas.errors import BadInput, ToolatlasError
 from toolatlas.gateway.ports import REQUEST, AdminPort, Connection, Request
+from toolatlas.meta_tools import servers_arg
 from toolatlas.surface.rpccheck import INTERNAL_ERROR, INVALID_PARAMS
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,7 @@ METHODS: dict[str, Handler] = {
 
 
 async def _tools(port: AdminPort, conn: Connection, params: dict[str, Any]) -> dict[str, Any]:
-    servers = params.get("servers")
-    if servers is not None and (not isinstance(servers, list) or not all(isinstance(x, str) for x in servers)):
-        raise BadInput("`servers` must be a list of server names")
-    return {"tools": port.tool_definitions(conn, servers)}
+    return {"tools": port.tool_definitions(conn, servers_arg(params.get("servers")))}
 
 
 # Methods any peer may use: they answer within its own access rules.

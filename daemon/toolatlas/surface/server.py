@@ -33,7 +33,7 @@ from toolatlas.surface import federation, relay
 from toolatlas.surface.results import call_result, error_result, json_result
 from toolatlas.surface.rpccheck import INTERNAL_ERROR
 from toolatlas.meta_tools import (AUTO_TOP_K, CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, only_parameters,
-                                  tool_format)
+                                  servers_arg, tool_format)
 from toolatlas.surface.meta import META_SEEN, meta_tools, search_result
 
 log = logging.getLogger(__name__)
@@ -87,10 +87,7 @@ def _search_args(gw: GatewayPort, args: dict[str, Any]) -> tuple[str, int, list[
     query = args.get("query")
     if not isinstance(query, str) or not query.strip():
         raise BadInput("tool_search needs a non-empty string `query`")
-    servers = args.get("servers")
-    if servers is not None and (not isinstance(servers, list) or not all(isinstance(s, str) for s in servers)):
-        raise BadInput("`servers` must be a list of server names")
-    return query, clamp_top_k(args.get("top_k"), AUTO_TOP_K), servers
+    return query, clamp_top_k(args.get("top_k"), AUTO_TOP_K), servers_arg(args.get("servers"))
 
 
 async def tool_search(gw: GatewayPort, conn: Connection, args: dict[str, Any]) -> dict[str, Any]:
