@@ -186,3 +186,15 @@ async def test_a_call_as_a_ready_session_ends_says_it_lost_its_session_not_that_
     with pytest.raises(UpstreamUnavailable) as caught:
         await session.request("tools/call echo", lambda _client: anyio.sleep(0))
     assert str(caught.value) == "upstream 'web' lost its session: it ended; retry in a moment"
+
+
+def test_an_http_transport_failure_names_its_endpoint_and_a_bare_timeout_what_it_waited_for() -> None:
+    """A remote upstream's reason read "ConnectError: All connection attempts failed" (which of
+    a dozen upstreams' hosts?) or a bare "ReadTimeout" / "PoolTimeout" (httpx gives timeouts no
+    message). The endpoint is named, without userinfo or query (they may hold secrets)."""
+    req = httpx2.Request("POST", "http://user:pw@127.0.0.1:9/mcp?token=s3cret")
+    assert describe(httpx2.ConnectError("All connection attempts failed", request=req)) == (
+        "ConnectError: All connection attempts failed (at http://127.0.0.1:9/mcp)")
+    assert describe(httpx2.ReadTimeout("", request=req)) == "ReadTimeout: no data came in time (at http://127.0.0.1:9/mcp)"
+    assert describe(httpx2.PoolTimeout("", request=req)).startswith("PoolTimeout: no free connection to the upstream")
+    assert describe(httpx2.ConnectError("refused")) == "ConnectError: refused"  # no request: nothing to name

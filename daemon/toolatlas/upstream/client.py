@@ -118,7 +118,24 @@ def describe(exc: BaseException) -> str:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         return f"ValidationError: {exc.title}: {where}: {errors[0]['msg']}{more}"
     text = str(exc).strip().splitlines()
+    if isinstance(exc, httpx2.TransportError):  # which endpoint, and for a bare timeout what it waited for
+        said = text[0][:300] if text else _WAITED.get(type(exc).__name__, "no answer")
+        return f"{type(exc).__name__}: {said}{_at(exc)}"
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+# What an httpx timeout without a message waited for.
+_WAITED = {"ConnectTimeout": "no connection was made in time", "ReadTimeout": "no data came in time",
+           "WriteTimeout": "the request could not be sent in time",
+           "PoolTimeout": "no free connection to the upstream in time"}
+
+
+def _at(exc: httpx2.TransportError) -> str:
+    """" (at URL)" of the request `exc` failed, without userinfo or query; "" when unknown."""
+    try:
+        return f" (at {shown_url(str(exc.request.url))})"
+    except RuntimeError:  # raised outside a request
+        return ""
 
 
 # The `data` of the JSON-RPC error answering a request the server refused because it no longer
