@@ -4,8 +4,6 @@ out, naming, the TOML, and the rewritten client file (no subprocess; files in tm
 from __future__ import annotations
 
 import json
-import os
-import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,7 @@ import pytest
 
 from toolatlas.adopt.clients import AdoptError, ClientKind, read_client_file, strip_jsonc
 from toolatlas.adopt.convert import Adoption, adopt, upstream_name
-from toolatlas.adopt.render import merge, render, toml_string
+from toolatlas.adopt.render import merge, render, stand_in_env, toml_string
 from toolatlas.adopt.rewrite import original_of, rewritten, shim_command
 from toolatlas.config import parse
 
@@ -34,9 +32,7 @@ def _parsed(a: Adoption) -> Any:
     """The rendered config parsed with its variables set as `render.check` sets them: a URL
     where a value is the variable whole, else a plain word (inside a URL, "://" would break it)."""
     text = render(a)
-    whole = set(re.findall(r'"\$\{([A-Za-z_][A-Za-z0-9_]*)\}"', text))
-    env = {**os.environ, **{v: "http://stand-in.invalid/" if v in whole else "stand-in" for v in a.exports.needed}}
-    return parse(text, env=env)
+    return parse(text, env=stand_in_env(text, a.exports.needed))
 
 
 def test_jsonc_comments_and_trailing_commas_are_removed_but_strings_kept() -> None:

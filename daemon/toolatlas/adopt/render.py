@@ -7,6 +7,7 @@ import dataclasses
 import datetime as _dt
 import re
 import tomllib
+from collections.abc import Iterable
 from typing import Any
 
 from toolatlas.adopt.clients import AdoptError
@@ -122,22 +123,25 @@ def merge(existing: str, adoption: Adoption, where: str) -> tuple[str, list[str]
     return text, added, notes
 
 
+def stand_in_env(text: str, needed: Iterable[str]) -> dict[str, str]:
+    """The environment with every variable `text` reads (and `needed`) set to a stand-in: a URL
+    where a value is the variable whole (VS Code `"url": "${input:url}"`), else a plain word
+    (inside a URL a password or query value: "://" there would make the URL unparsable)."""
+    import os
+
+    referenced = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", text)) | set(needed)
+    whole = set(re.findall(r'"\$\{([A-Za-z_][A-Za-z0-9_]*)\}"', text))
+    return {**os.environ, **{var: "http://stand-in.invalid/" if var in whole else "stand-in"
+                             for var in referenced if var != "HOME"}}
+
+
 def check(text: str, adoption: Adoption) -> None:
     """Parse `text` as the daemon would (every variable it reads set to a stand-in), so a
     config `adopt` writes always passes `check-config` once its variables are exported."""
-    import os
-
     from toolatlas.config import parse
     from toolatlas.errors import ConfigError
 
-    # Every variable the text reads (a merged config's own too) gets a stand-in: a URL where a
-    # value is the variable whole (VS Code `"url": "${input:url}"`), else a plain word (inside
-    # a URL a password or query value: "://" there would make the URL unparsable).
-    referenced = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", text)) | set(adoption.exports.needed)
-    whole = set(re.findall(r'"\$\{([A-Za-z_][A-Za-z0-9_]*)\}"', text))
-    env = {**os.environ, **{var: "http://stand-in.invalid/" if var in whole else "stand-in"
-                            for var in referenced if var != "HOME"}}
     try:
-        parse(text, source="<adopted config>", env=env)
+        parse(text, source="<adopted config>", env=stand_in_env(text, adoption.exports.needed))
     except ConfigError as exc:
         raise AdoptError(f"the adopted config does not parse (a bug in adopt; please report it): {exc}") from exc
