@@ -3,6 +3,7 @@ sealed input state, route one `UpstreamCall` over the owner's warm session, and 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -131,22 +132,23 @@ class CallService:
             # Its message reaches the client: an upstream's reason may quote its stderr or URL.
             self._redact.exception(exc)
             label = next(o for cls, o in _CALL_OUTCOMES if isinstance(exc, cls))
-            self._done(t0, server, label, exc, call.name, conn)
-            if self.on_done is not None:
-                self.on_done(conn, call.name, False)
+            self._done(time.perf_counter() - t0, server, label, exc, call.name, conn, False)
             parsed = split(call.name)
             if isinstance(exc, BadInput) and parsed and parsed[0] not in allowed and self._visibility.configured(parsed[0]):
                 deny(self._events, self._metrics, conn, via(), call.name,
                      f"{conn.principal} may not use upstream {parsed[0]!r}")
             raise
-        self._done(t0, server, "error" if outcome.is_error else "ok", None, call.name, conn)
-        if self.on_done is not None:
-            self.on_done(conn, call.name, not outcome.is_error and outcome.input_required is None)
+        # The metrics, the event line and the learning feedback after the reply: run as the
+        # loop's next callback, they overlap the caller reading it (the reply's write comes
+        # first in this task step) and still precede anything the caller does next.
+        asyncio.get_running_loop().call_soon(self._done, time.perf_counter() - t0, server, "error" if outcome.is_error
+                                             else "ok", None, call.name, conn,
+                                             not outcome.is_error and outcome.input_required is None)
         return outcome
 
-    def _done(self, t0: float, server: str, outcome: str, exc: BaseException | None, name: str,
-              conn: Connection) -> None:
-        seconds = time.perf_counter() - t0
+    def _done(self, seconds: float, server: str, outcome: str, exc: BaseException | None, name: str,
+              conn: Connection, worked: bool) -> None:
+        """A call's metrics and event line, then `on_done` (learning: `worked` = succeeded)."""
         upstream = server if server in self._catalog.view.servers else "unknown"
         self._metrics.observe_execute(seconds, upstream=upstream, outcome=outcome)
         self._metrics.count_endpoint_request(conn.endpoint, "call")
@@ -159,6 +161,8 @@ class CallService:
         else:
             self._events.emit(ev.EXECUTE_TOOL_COMPLETED, name=name[:TEXT_CHARS], upstream=upstream, via=via(),
                               outcome=outcome, latency_ms=latency_ms, **who(conn))
+        if self.on_done is not None:
+            self.on_done(conn, name, worked)
 
     async def _resolve(self, name: str, allowed: set[str], conn: Connection) -> ToolRecord:
         """The record `conn`, who may use `allowed`, may call by `name`, or BadInput /

@@ -3,10 +3,12 @@ and the error mapping every one of them gets, and the tools/call itself."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
@@ -115,7 +117,9 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
                 result = await fn(client)
         if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
             raise TimeoutError
-        session.observe("call", operation=operation, seconds=time.perf_counter() - t0, outcome="ok")
+        # Metrics after the reply (the loop's next callback): off the caller's path, as CallService's.
+        asyncio.get_running_loop().call_soon(partial(session.observe, "call", operation=operation,
+                                                     seconds=time.perf_counter() - t0, outcome="ok"))
         return result
     except TimeoutError:
         session.observe("call", operation=operation, seconds=time.perf_counter() - t0, outcome="timeout")
