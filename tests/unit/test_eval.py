@@ -128,6 +128,24 @@ def test_eval_feedback_replays_into_the_learned_mode(tmp_path: Path, capsys: pyt
     assert learned["modes"]["learned"]["recall@5"] >= zero["modes"]["hybrid"]["recall@5"]
 
 
+def test_eval_feedback_is_not_ignored_by_a_mode_that_cannot_use_it(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """--feedback with a --mode other than learned/all is exit 2 naming the fix, not zero-shot
+    figures printed beside "feedback_events"; without --mode, --feedback evaluates learned."""
+    cat = _write(tmp_path / "catalog.jsonl", [{"server": "Files", "name": "read_file", "description": "Read a file"},
+                                              {"server": "Files", "name": "write_file", "description": "Write a file"}])
+    qs = _write(tmp_path / "queries.jsonl", [{"query": "file", "relevant": [{"server": "Files", "name": "write_file"}]}])
+    for mode in (["--mode", "hybrid"], ["--mode", "bm25"]):
+        assert main(["--catalog", str(cat), "--queries", str(qs), "--feedback", str(qs), *mode, "--json"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert f"--feedback is replayed for mode learned only; --mode {mode[1]} would ignore it" in captured.err
+    assert main(["--catalog", str(cat), "--queries", str(qs), "--feedback", str(qs), "--k", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["modes"]) == {"learned"} and out["feedback_events"] == 1
+    assert out["modes"]["learned"]["recall@1"] == 1.0
+
+
 def test_eval_refuses_an_empty_catalog_or_queries_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Nothing to evaluate is an error (exit 2), not a table of zeros with exit 0."""
     cat = _write(tmp_path / "catalog.jsonl", [{"server": "Files", "name": "read_file", "description": "Read a file"}])

@@ -5,7 +5,9 @@
 
 `--feedback FILE` (queries.jsonl format, optional "principal" per line) is replayed into a
 fresh learned state first: mode `learned` (also in `--mode all`) ranks with it, through the
-same code as the daemon's ranker; without it `learned` is the zero-shot hybrid.
+same code as the daemon's ranker; without it `learned` is the zero-shot hybrid. With it the
+default mode is `learned`, and a `--mode` that does not rank with it is a usage error (its
+figures would be zero-shot ones printed beside the feedback's event count).
 
 Each metric@K comes from a search with top_k=K (what a caller asking for K results gets);
 MRR from one search ranking the whole catalog. Latencies (p50/p95, ms) are those of the
@@ -38,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--catalog", required=True, type=Path, help="catalog.jsonl")
     p.add_argument("--queries", required=True, type=Path, help="queries.jsonl")
     p.add_argument("--k", default=[1, 3, 5, 10], type=_parse_ks, help="cut-offs, e.g. 1,3,5,10")
-    p.add_argument("--mode", default="hybrid", choices=[*ALL_MODES, "all"], help="ranker to evaluate, or all")
+    p.add_argument("--mode", default=None, choices=[*ALL_MODES, "all"],
+                   help="ranker to evaluate, or all (default: hybrid; learned with --feedback)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--embedder", default="onnx", choices=["onnx", "torch", "onnx-int8", "onnx-fp32"], help="embedding runtime"
@@ -56,7 +59,8 @@ def main(argv: list[str]) -> int:
     from toolatlas.evaluation.datasets import load_catalog, load_queries, unresolved_warning
     from toolatlas.retrieval.engine import DENSE_MODES, Engine
 
-    modes = list(ALL_MODES) if args.mode == "all" else [args.mode]
+    mode = args.mode or ("learned" if args.feedback is not None else "hybrid")
+    modes = list(ALL_MODES) if mode == "all" else [mode]
     try:
         docs, key_of = load_catalog(args.catalog)
         queries = load_queries(args.queries, key_of)
@@ -69,6 +73,10 @@ def main(argv: list[str]) -> int:
             print(f"toolatlas eval: {path}: holds no queries (one JSON object a line, "
                   '{"query": ..., "relevant": [{"server": ..., "name": ...}]})', file=sys.stderr)
             return 2
+    if args.feedback is not None and mode not in ("learned", "all"):
+        print(f"toolatlas eval: --feedback is replayed for mode learned only; --mode {mode} would ignore it "
+              "(use --mode learned or --mode all)", file=sys.stderr)
+        return 2
     for path, batch in ((args.queries, queries), (args.feedback, feedback)):
         warning = unresolved_warning(path, batch)
         if warning:
