@@ -71,16 +71,22 @@ def test_eval_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
     {"query": "read", "relevant": ["Files/read_file"]},
     {"query": "read", "relevant": [None]},
     {"query": None, "relevant": [{"server": "Files", "name": "read_file"}]},
+    {"query": "read", "relevant": [{"server": "Files"}]},
+    {"query": "read", "relevant": [{"server": ["Files"], "name": "read_file"}]},
+    {"query": "read", "relevant": [{"server": "Files", "name": "read_file"}], "principal": {"uid": 1000}},
+    {"query": "read", "relevant": [{"server": "Files", "name": "read_file"}], "principal": ""},
 ])
 def test_eval_names_a_malformed_query_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], line: dict[str, object]) -> None:
-    """A queries (or feedback) line whose 'relevant' entries are not objects, or whose query
-    is not a string, is a one-line error naming the file and line, exit 2, not a traceback."""
+    """A queries (or feedback) line whose 'relevant' entries are not objects with string
+    server and name, whose query is not a string or whose principal is not a non-empty string
+    is a one-line error naming the file and line, exit 2, not a traceback (nor a "tool not in
+    the catalog" warning about "Files/None", nor a principal named "{'uid': 1000}")."""
     cat = _write(tmp_path / "catalog.jsonl", [{"server": "Files", "name": "read_file", "description": "Read a file"}])
     qs = _write(tmp_path / "queries.jsonl", [{"query": "ok", "relevant": []}, line])
     assert main(["--catalog", str(cat), "--queries", str(qs), "--mode", "bm25"]) == 2
     assert f"{qs}:2: " in capsys.readouterr().err
     ok = _write(tmp_path / "ok.jsonl", [{"query": "ok", "relevant": []}])
-    assert main(["--catalog", str(cat), "--queries", str(ok), "--feedback", str(qs), "--mode", "bm25"]) == 2
+    assert main(["--catalog", str(cat), "--queries", str(ok), "--feedback", str(qs), "--mode", "learned"]) == 2
     assert f"{qs}:2: " in capsys.readouterr().err
 
 

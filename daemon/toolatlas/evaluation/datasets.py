@@ -70,14 +70,18 @@ def load_queries(path: Path, key_of: dict[tuple[str, str], str]) -> list[Query]:
             raise BadInput(f"{path}:{no}: a query line needs a 'query' string and a 'relevant' list")
         rel = set()
         for r in obj["relevant"]:
-            if not isinstance(r, dict):
+            # a missing or non-string server or name would be looked up as "None" or "['a']"
+            # and reported as a tool missing from the catalog, not as this line's mistake
+            if not isinstance(r, dict) or not isinstance(r.get("server"), str) or not isinstance(r.get("name"), str):
                 raise BadInput(f"{path}:{no}: each 'relevant' entry must be an object "
-                               f'{{"server": ..., "name": ...}}, got {json.dumps(r)[:80]}')
-            key = (str(r.get("server")), str(r.get("name")))
+                               f'{{"server": "...", "name": "..."}} with string values, got {json.dumps(r)[:80]}')
+            key = (r["server"], r["name"])
             rel.add(key_of.get(key, f"{MISSING}{key[0]}/{key[1]}"))
         principal = obj.get("principal")
-        out.append(Query(text=str(obj["query"]), relevant=frozenset(rel),
-                         principal=str(principal) if principal is not None else None))
+        if principal is not None and (not isinstance(principal, str) or not principal.strip()):
+            raise BadInput(f"{path}:{no}: 'principal' must be a non-empty string (who asked, e.g. \"uid:1000\"), "
+                           f"got {json.dumps(principal)[:80]}")
+        out.append(Query(text=str(obj["query"]), relevant=frozenset(rel), principal=principal))
     return out
 
 
