@@ -152,6 +152,28 @@ def test_eval_feedback_is_not_ignored_by_a_mode_that_cannot_use_it(tmp_path: Pat
     assert out["modes"]["learned"]["recall@1"] == 1.0
 
 
+def test_eval_feedback_for_tools_not_in_the_catalog_replays_no_events(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A feedback line naming a tool the catalog lacks makes no usage event: not counted in
+    "feedback_events", and the warning says so (not "they count as misses", which is about
+    queries); a feedback file of which no line names a catalog tool is exit 2."""
+    cat = _write(tmp_path / "catalog.jsonl", [{"server": "Files", "name": "read_file", "description": "Read a file"},
+                                              {"server": "Files", "name": "write_file", "description": "Write a file"}])
+    qs = _write(tmp_path / "queries.jsonl", [{"query": "file", "relevant": [{"server": "Files", "name": "write_file"}]}])
+    other = _write(tmp_path / "other.jsonl", [{"query": "weather", "relevant": [{"server": "Weather", "name": "forecast"}]}])
+    assert main(["--catalog", str(cat), "--queries", str(qs), "--feedback", str(other), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"{other}: none of its lines names a tool of {cat}" in captured.err
+    mixed = _write(tmp_path / "mixed.jsonl", [
+        {"query": "file", "relevant": [{"server": "Files", "name": "write_file"}, {"server": "Weather", "name": "forecast"}]},
+    ])
+    assert main(["--catalog", str(cat), "--queries", str(qs), "--feedback", str(mixed), "--k", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["feedback_events"] == 1
+    assert (f"warning: {mixed}: 1 of 1 feedback lines are not replayed in full: 1 relevant tool(s) not in the "
+            "catalog (e.g. Weather/forecast); no usage event is made for those") in captured.err
+
+
 def test_eval_refuses_an_empty_catalog_or_queries_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Nothing to evaluate is an error (exit 2), not a table of zeros with exit 0."""
     cat = _write(tmp_path / "catalog.jsonl", [{"server": "Files", "name": "read_file", "description": "Read a file"}])

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from toolatlas.errors import ToolatlasError
-    from toolatlas.evaluation.datasets import load_catalog, load_queries, unresolved_warning
+    from toolatlas.evaluation.datasets import load_catalog, load_queries, resolved_events, unresolved_warning
     from toolatlas.retrieval.engine import DENSE_MODES, Engine
 
     mode = args.mode or ("learned" if args.feedback is not None else "hybrid")
@@ -78,9 +78,14 @@ def main(argv: list[str]) -> int:
               "(use --mode learned or --mode all)", file=sys.stderr)
         return 2
     for path, batch in ((args.queries, queries), (args.feedback, feedback)):
-        warning = unresolved_warning(path, batch)
+        warning = unresolved_warning(path, batch, feedback=batch is feedback)
         if warning:
             print(f"toolatlas eval: warning: {warning}", file=sys.stderr)
+    events = resolved_events(feedback)
+    if feedback and not events:  # a feedback file for another catalog: learned would quietly rank zero-shot
+        print(f"toolatlas eval: {args.feedback}: none of its lines names a tool of {args.catalog}, so there is "
+              "no usage event to replay (is it for another catalog?)", file=sys.stderr)
+        return 2
     needs_dense = any(m in DENSE_MODES for m in modes)
     engine = Engine(
         state_dir=args.state_dir,
@@ -98,14 +103,14 @@ def main(argv: list[str]) -> int:
     if feedback:
         from toolatlas.evaluation.feedback import replay
 
-        replay(engine, feedback)
+        replay(engine, feedback, known=frozenset(d.name for d in docs))
     result: dict[str, Any] = {
         "tools": len(docs),
         "queries": len(queries),
         "embedder": engine.stats()["embedder"],
         "query_embedder": engine.stats()["query_embedder"],
         "fusion": args.fusion,
-        "feedback_events": sum(len(q.relevant) for q in feedback),
+        "feedback_events": events,
         "modes": evaluate(engine, queries, modes, args.k),
     }
     if args.json:
