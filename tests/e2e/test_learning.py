@@ -293,3 +293,29 @@ def test_catalog_status_counts_only_the_feedback_on_tools_the_caller_may_use(tmp
         status = anyio.run(narrow_status)
         assert [s["name"] for s in status["servers"]] == ["notes"], status["servers"]
         assert status["learning"] == {"enabled": True, "events": 0, "tools_with_feedback": 0, "updated_at": None}
+
+
+def test_a_stateless_http_client_records_feedback(tmp_path: Path) -> None:
+    """A 2026-07-28 client over HTTP sends each request as its own exchange, with no session
+    to tie them: its search and the call it led to (the same principal and client, on the
+    same endpoint) are a usage event all the same; a direct call without a search is not."""
+    port = free_port()
+    with Daemon(tmp_path, _config(port)) as d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 60, "upstreams ready")
+
+        async def search_then_call() -> tuple[str, str]:
+            with anyio.fail_after(60):
+                async with _other(f"http://127.0.0.1:{port}/mcp") as c:
+                    assert c.protocol_version == "2026-07-28"  # stateless: no session id
+                    assert not (await c.call_tool("t__gen_000", {"value": "direct"})).is_error
+                    res = await c.call_tool("tool_search", {"query": QUERY, "top_k": 5})
+                    third = json.loads(res.content[0].text)["matches"][2]["name"]
+                    assert not (await c.call_tool("execute_tool", {"name": third, "arguments": {"value": "x"}})).is_error
+                    return third, "t__gen_000"
+
+        third, direct = anyio.run(search_then_call)
+        d.wait_for(lambda: _events(d) == 1, 30, "one usage event from the HTTP client")
+        assert d.status()["learning"]["tools_with_feedback"] == 1
+        assert _cli(d, "show", third)["queries"][0]["query"] == QUERY
+        if direct != third:
+            assert _cli(d, "show", direct)["events"] == 0
