@@ -293,3 +293,63 @@ def test_catalog_status_counts_only_the_feedback_on_tools_the_caller_may_use(tmp
         status = anyio.run(narrow_status)
         assert [s["name"] for s in status["servers"]] == ["notes"], status["servers"]
         assert status["learning"] == {"enabled": True, "events": 0, "tools_with_feedback": 0, "updated_at": None}
+
+
+def test_a_stateless_http_client_records_feedback(tmp_path: Path) -> None:
+    """A 2026-07-28 client over HTTP sends each request as its own exchange, with no session
+    to tie them: its search and the call it led to (the same principal and client, on the
+    same endpoint) are a usage event all the same; a direct call without a search is not."""
+    port = free_port()
+    with Daemon(tmp_path, _config(port)) as d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 60, "upstreams ready")
+
+        async def search_then_call() -> tuple[str, str]:
+            with anyio.fail_after(60):
+                async with _other(f"http://127.0.0.1:{port}/mcp") as c:
+                    assert c.protocol_version == "2026-07-28"  # stateless: no session id
+                    assert not (await c.call_tool("t__gen_000", {"value": "direct"})).is_error
+                    res = await c.call_tool("tool_search", {"query": QUERY, "top_k": 5})
+                    third = json.loads(res.content[0].text)["matches"][2]["name"]
+                    assert not (await c.call_tool("execute_tool", {"name": third, "arguments": {"value": "x"}})).is_error
+                    return third, "t__gen_000"
+
+        third, direct = anyio.run(search_then_call)
+        d.wait_for(lambda: _events(d) == 1, 30, "one usage event from the HTTP client")
+        assert d.status()["learning"]["tools_with_feedback"] == 1
+        assert _cli(d, "show", third)["queries"][0]["query"] == QUERY
+        if direct != third:
+            assert _cli(d, "show", direct)["events"] == 0
+
+
+def test_a_query_that_led_to_a_tool_is_not_answered_nothing_fits(tmp_path: Path) -> None:
+    """Without top_k, a query far from every description gets "nothing fits"; once its very
+    words led the caller to a tool (a search with top_k, then a successful call), the same
+    query without top_k returns that tool instead of saying none fits. Another principal's
+    answer stays the abstention: one user's words count for no one else."""
+    port = free_port()
+    examples = "".join(
+        f'[[upstream]]\nname = "{n}"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+        f'args = ["-m", "toolatlas.examples.{n}", "--transport", "stdio"]\n' for n in ("notes", "weather", "units"))
+    cfg = (f'[http]\nlisten = "127.0.0.1:{port}"\n[[http.tokens]]\nname = "other"\nsha256 = "{hash_token(TOKEN)}"\n'
+           '[[access]]\ntokens = ["other"]\nservers = ["*"]\n' + examples)
+    jargon = "zorgle blatz quux"
+    with Daemon(tmp_path, cfg, search_extra='embedder = "onnx"\n') as d:
+        d.wait_for(lambda: d.status()["index"]["degraded"] is None and d.status()["index"]["tools"] == 13, 120,
+                   "hybrid search over the examples")
+        assert d.meta("tool_search", {"query": jargon})["matches"] == []
+        with d.client() as c:
+            c.call_tool("tool_search", {"query": jargon, "top_k": 20})
+            assert not c.call_tool("execute_tool", {"name": "notes__list_notes", "arguments": {}}).get("isError")
+        d.wait_for(lambda: _events(d) == 1, 30, "one usage event")
+        found = d.meta("tool_search", {"query": jargon})
+        assert [m["name"] for m in found["matches"]][:1] == ["notes__list_notes"], found
+        assert "note" not in found
+
+        async def other() -> dict[str, Any]:
+            with anyio.fail_after(60):
+                async with _other(f"http://127.0.0.1:{port}/mcp") as c:
+                    res = await c.call_tool("tool_search", {"query": jargon})
+                    answer: dict[str, Any] = json.loads(res.content[0].text)
+                    return answer
+
+        assert anyio.run(other)["matches"] == []

@@ -71,16 +71,22 @@ def test_eval_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
     {"query": "read", "relevant": ["Files/read_file"]},
     {"query": "read", "relevant": [None]},
     {"query": None, "relevant": [{"server": "Files", "name": "read_file"}]},
+    {"query": "read", "relevant": [{"server": "Files"}]},
+    {"query": "read", "relevant": [{"server": ["Files"], "name": "read_file"}]},
+    {"query": "read", "relevant": [{"server": "Files", "name": "read_file"}], "principal": {"uid": 1000}},
+    {"query": "read", "relevant": [{"server": "Files", "name": "read_file"}], "principal": ""},
 ])
 def test_eval_names_a_malformed_query_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], line: dict[str, object]) -> None:
-    """A queries (or feedback) line whose 'relevant' entries are not objects, or whose query
-    is not a string, is a one-line error naming the file and line, exit 2, not a traceback."""
+    """A queries (or feedback) line whose 'relevant' entries are not objects with string
+    server and name, whose query is not a string or whose principal is not a non-empty string
+    is a one-line error naming the file and line, exit 2, not a traceback (nor a "tool not in
+    the catalog" warning about "Files/None", nor a principal named "{'uid': 1000}")."""
     cat = _write(tmp_path / "catalog.jsonl", [{"server": "Files", "name": "read_file", "description": "Read a file"}])
     qs = _write(tmp_path / "queries.jsonl", [{"query": "ok", "relevant": []}, line])
     assert main(["--catalog", str(cat), "--queries", str(qs), "--mode", "bm25"]) == 2
     assert f"{qs}:2: " in capsys.readouterr().err
     ok = _write(tmp_path / "ok.jsonl", [{"query": "ok", "relevant": []}])
-    assert main(["--catalog", str(cat), "--queries", str(ok), "--feedback", str(qs), "--mode", "bm25"]) == 2
+    assert main(["--catalog", str(cat), "--queries", str(ok), "--feedback", str(qs), "--mode", "learned"]) == 2
     assert f"{qs}:2: " in capsys.readouterr().err
 
 
@@ -126,6 +132,46 @@ def test_eval_feedback_replays_into_the_learned_mode(tmp_path: Path, capsys: pyt
     zero = json.loads(capsys.readouterr().out)
     assert learned["modes"]["learned"]["recall@1"] > zero["modes"]["hybrid"]["recall@1"] + 0.03
     assert learned["modes"]["learned"]["recall@5"] >= zero["modes"]["hybrid"]["recall@5"]
+
+
+def test_eval_feedback_is_not_ignored_by_a_mode_that_cannot_use_it(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """--feedback with a --mode other than learned/all is exit 2 naming the fix, not zero-shot
+    figures printed beside "feedback_events"; without --mode, --feedback evaluates learned."""
+    cat = _write(tmp_path / "catalog.jsonl", [{"server": "Files", "name": "read_file", "description": "Read a file"},
+                                              {"server": "Files", "name": "write_file", "description": "Write a file"}])
+    qs = _write(tmp_path / "queries.jsonl", [{"query": "file", "relevant": [{"server": "Files", "name": "write_file"}]}])
+    for mode in (["--mode", "hybrid"], ["--mode", "bm25"]):
+        assert main(["--catalog", str(cat), "--queries", str(qs), "--feedback", str(qs), *mode, "--json"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert f"--feedback is replayed for mode learned only; --mode {mode[1]} would ignore it" in captured.err
+    assert main(["--catalog", str(cat), "--queries", str(qs), "--feedback", str(qs), "--k", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["modes"]) == {"learned"} and out["feedback_events"] == 1
+    assert out["modes"]["learned"]["recall@1"] == 1.0
+
+
+def test_eval_feedback_for_tools_not_in_the_catalog_replays_no_events(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A feedback line naming a tool the catalog lacks makes no usage event: not counted in
+    "feedback_events", and the warning says so (not "they count as misses", which is about
+    queries); a feedback file of which no line names a catalog tool is exit 2."""
+    cat = _write(tmp_path / "catalog.jsonl", [{"server": "Files", "name": "read_file", "description": "Read a file"},
+                                              {"server": "Files", "name": "write_file", "description": "Write a file"}])
+    qs = _write(tmp_path / "queries.jsonl", [{"query": "file", "relevant": [{"server": "Files", "name": "write_file"}]}])
+    other = _write(tmp_path / "other.jsonl", [{"query": "weather", "relevant": [{"server": "Weather", "name": "forecast"}]}])
+    assert main(["--catalog", str(cat), "--queries", str(qs), "--feedback", str(other), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"{other}: none of its lines names a tool of {cat}" in captured.err
+    mixed = _write(tmp_path / "mixed.jsonl", [
+        {"query": "file", "relevant": [{"server": "Files", "name": "write_file"}, {"server": "Weather", "name": "forecast"}]},
+    ])
+    assert main(["--catalog", str(cat), "--queries", str(qs), "--feedback", str(mixed), "--k", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["feedback_events"] == 1
+    assert (f"warning: {mixed}: 1 of 1 feedback lines are not replayed in full: 1 relevant tool(s) not in the "
+            "catalog (e.g. Weather/forecast); no usage event is made for those") in captured.err
 
 
 def test_eval_refuses_an_empty_catalog_or_queries_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

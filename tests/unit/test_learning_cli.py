@@ -134,3 +134,32 @@ def test_show_says_when_a_query_was_last_used_not_last_stored(tmp_path: Path,
     assert learning_cli.main(["show", "notes__add_note", "--config", str(config), "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)["queries"]
     assert row["count"] == 2 and row["last"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), row
+
+
+def test_forgotten_and_reset_queries_leave_no_text_on_disk(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`forget` and `reset` promise the words gone: with the daemon's store open (as while it
+    runs), no file of state_dir still holds a deleted query, in the write-ahead log or in the
+    database file's free space; nor after the daemon's own retention prune."""
+    import time
+
+    from toolatlas.retrieval.usage import UsageEvent, open_store
+
+    def on_disk(text: bytes) -> list[str]:
+        return [p.name for p in (tmp_path / "state").iterdir() if p.is_file() and text in p.read_bytes()]
+
+    config = _config(tmp_path)
+    daemon = open_store(tmp_path / "state")  # the running daemon's connection, open throughout
+    try:
+        now = time.time()
+        daemon.add([UsageEvent(query=f"{word} query {i}", tool=f"notes__{word}", principal="uid:0", at=now - i)
+                    for i in range(100) for word in ("diagnosis", "holiday", "payroll")])
+        assert on_disk(b"diagnosis query") and on_disk(b"holiday query")
+        assert learning_cli.main(["forget", "notes__diagnosis", "--config", str(config)]) == 0
+        assert on_disk(b"diagnosis query") == [] and on_disk(b"holiday query")
+        assert daemon.prune(now - 49.5) == 100  # the payroll events past retention
+        assert on_disk(b"payroll query 50") == [] and on_disk(b"payroll query 49")
+        assert learning_cli.main(["reset", "--config", str(config)]) == 0
+        assert on_disk(b"holiday query") == [] and on_disk(b"payroll query") == []
+    finally:
+        daemon.close()
+    capsys.readouterr()

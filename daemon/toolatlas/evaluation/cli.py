@@ -5,7 +5,9 @@
 
 `--feedback FILE` (queries.jsonl format, optional "principal" per line) is replayed into a
 fresh learned state first: mode `learned` (also in `--mode all`) ranks with it, through the
-same code as the daemon's ranker; without it `learned` is the zero-shot hybrid.
+same code as the daemon's ranker; without it `learned` is the zero-shot hybrid. With it the
+default mode is `learned`, and a `--mode` that does not rank with it is a usage error (its
+figures would be zero-shot ones printed beside the feedback's event count).
 
 Each metric@K comes from a search with top_k=K (what a caller asking for K results gets);
 MRR from one search ranking the whole catalog. Latencies (p50/p95, ms) are those of the
@@ -38,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--catalog", required=True, type=Path, help="catalog.jsonl")
     p.add_argument("--queries", required=True, type=Path, help="queries.jsonl")
     p.add_argument("--k", default=[1, 3, 5, 10], type=_parse_ks, help="cut-offs, e.g. 1,3,5,10")
-    p.add_argument("--mode", default="hybrid", choices=[*ALL_MODES, "all"], help="ranker to evaluate, or all")
+    p.add_argument("--mode", default=None, choices=[*ALL_MODES, "all"],
+                   help="ranker to evaluate, or all (default: hybrid; learned with --feedback)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--embedder", default="onnx", choices=["onnx", "torch", "onnx-int8", "onnx-fp32"], help="embedding runtime"
@@ -53,10 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from toolatlas.errors import ToolatlasError
-    from toolatlas.evaluation.datasets import load_catalog, load_queries, unresolved_warning
+    from toolatlas.evaluation.datasets import load_catalog, load_queries, resolved_events, unresolved_warning
     from toolatlas.retrieval.engine import DENSE_MODES, Engine
 
-    modes = list(ALL_MODES) if args.mode == "all" else [args.mode]
+    mode = args.mode or ("learned" if args.feedback is not None else "hybrid")
+    modes = list(ALL_MODES) if mode == "all" else [mode]
     try:
         docs, key_of = load_catalog(args.catalog)
         queries = load_queries(args.queries, key_of)
@@ -69,10 +73,19 @@ def main(argv: list[str]) -> int:
             print(f"toolatlas eval: {path}: holds no queries (one JSON object a line, "
                   '{"query": ..., "relevant": [{"server": ..., "name": ...}]})', file=sys.stderr)
             return 2
+    if args.feedback is not None and mode not in ("learned", "all"):
+        print(f"toolatlas eval: --feedback is replayed for mode learned only; --mode {mode} would ignore it "
+              "(use --mode learned or --mode all)", file=sys.stderr)
+        return 2
     for path, batch in ((args.queries, queries), (args.feedback, feedback)):
-        warning = unresolved_warning(path, batch)
+        warning = unresolved_warning(path, batch, feedback=batch is feedback)
         if warning:
             print(f"toolatlas eval: warning: {warning}", file=sys.stderr)
+    events = resolved_events(feedback)
+    if feedback and not events:  # a feedback file for another catalog: learned would quietly rank zero-shot
+        print(f"toolatlas eval: {args.feedback}: none of its lines names a tool of {args.catalog}, so there is "
+              "no usage event to replay (is it for another catalog?)", file=sys.stderr)
+        return 2
     needs_dense = any(m in DENSE_MODES for m in modes)
     engine = Engine(
         state_dir=args.state_dir,
@@ -90,14 +103,14 @@ def main(argv: list[str]) -> int:
     if feedback:
         from toolatlas.evaluation.feedback import replay
 
-        replay(engine, feedback)
+        replay(engine, feedback, known=frozenset(d.name for d in docs))
     result: dict[str, Any] = {
         "tools": len(docs),
         "queries": len(queries),
         "embedder": engine.stats()["embedder"],
         "query_embedder": engine.stats()["query_embedder"],
         "fusion": args.fusion,
-        "feedback_events": sum(len(q.relevant) for q in feedback),
+        "feedback_events": events,
         "modes": evaluate(engine, queries, modes, args.k),
     }
     if args.json:

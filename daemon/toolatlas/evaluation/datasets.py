@@ -70,22 +70,27 @@ def load_queries(path: Path, key_of: dict[tuple[str, str], str]) -> list[Query]:
             raise BadInput(f"{path}:{no}: a query line needs a 'query' string and a 'relevant' list")
         rel = set()
         for r in obj["relevant"]:
-            if not isinstance(r, dict):
+            # a missing or non-string server or name would be looked up as "None" or "['a']"
+            # and reported as a tool missing from the catalog, not as this line's mistake
+            if not isinstance(r, dict) or not isinstance(r.get("server"), str) or not isinstance(r.get("name"), str):
                 raise BadInput(f"{path}:{no}: each 'relevant' entry must be an object "
-                               f'{{"server": ..., "name": ...}}, got {json.dumps(r)[:80]}')
-            key = (str(r.get("server")), str(r.get("name")))
+                               f'{{"server": "...", "name": "..."}} with string values, got {json.dumps(r)[:80]}')
+            key = (r["server"], r["name"])
             rel.add(key_of.get(key, f"{MISSING}{key[0]}/{key[1]}"))
         principal = obj.get("principal")
-        out.append(Query(text=str(obj["query"]), relevant=frozenset(rel),
-                         principal=str(principal) if principal is not None else None))
+        if principal is not None and (not isinstance(principal, str) or not principal.strip()):
+            raise BadInput(f"{path}:{no}: 'principal' must be a non-empty string (who asked, e.g. \"uid:1000\"), "
+                           f"got {json.dumps(principal)[:80]}")
+        out.append(Query(text=str(obj["query"]), relevant=frozenset(rel), principal=principal))
     return out
 
 
-def unresolved_warning(path: Path | None, queries: list[Query]) -> str | None:
+def unresolved_warning(path: Path | None, queries: list[Query], *, feedback: bool = False) -> str | None:
     """One line when some queries can never score: a relevant tool not in the catalog (it
     stays counted, so such a query's recall is below 1 whatever the ranker does) or no
     relevant tool at all (every metric 0). None when every label resolved. A wrong catalog
-    for the queries file shows here instead of as quietly low figures."""
+    for the queries file shows here instead of as quietly low figures. `feedback`: the
+    lines are usage events to replay, and such a line's events are left out instead."""
     missing = sorted({r[len(MISSING):] for q in queries for r in q.relevant if r.startswith(MISSING)})
     affected = sum(1 for q in queries if not q.relevant or any(r.startswith(MISSING) for r in q.relevant))
     if not affected:
@@ -96,4 +101,12 @@ def unresolved_warning(path: Path | None, queries: list[Query]) -> str | None:
         parts.append(f"{len(missing)} relevant tool(s) not in the catalog (e.g. {', '.join(missing[:3])})")
     if empty:
         parts.append(f"{empty} with an empty 'relevant' list")
+    if feedback:
+        return (f"{path}: {affected} of {len(queries)} feedback lines are not replayed in full: "
+                f"{'; '.join(parts)}; no usage event is made for those")
     return f"{path}: {affected} of {len(queries)} queries cannot score fully: {'; '.join(parts)}; they count as misses"
+
+
+def resolved_events(queries: list[Query]) -> int:
+    """How many usage events `queries` replay as feedback: one per relevant tool of the catalog."""
+    return sum(1 for q in queries for r in q.relevant if not r.startswith(MISSING))

@@ -51,13 +51,15 @@ def embed_queries(engine: Engine, queries: Sequence[Query]) -> np.ndarray | None
     return np.concatenate(parts)
 
 
-def replay(engine: Engine, feedback: Sequence[Query], vectors: np.ndarray | None = None) -> LearnedState:
+def replay(engine: Engine, feedback: Sequence[Query], vectors: np.ndarray | None = None, *,
+           known: frozenset[str] | None = None) -> LearnedState:
     """A fresh learned state of `feedback` (vectors computed unless given), published to
-    `engine` (its "learned" mode then ranks with it) and returned."""
+    `engine` (its "learned" mode then ranks with it) and returned; events of tools outside
+    `known` (None: all) are left out."""
     if vectors is None:
         vectors = embed_queries(engine, feedback)
     idx = LearningIndex()
-    idx.add(feedback_events(feedback, vectors, engine.space))
+    idx.add(feedback_events(feedback, vectors, engine.space, known=known))
     state = idx.state(0.0)
     engine.set_learned(state)
     return state

@@ -1,5 +1,5 @@
-"""Implicit feedback: a `tool_search` followed, on the same connection and within the
-window, by a successful call of one of the tools it returned becomes a usage event; the
+"""Implicit feedback: a `tool_search` followed, on the same connection (`Connection.conversation`)
+and within the window, by a successful call of one of the tools it returned is a usage event; the
 events feed the learned stage of the engine's ranker (retrieval/learned.py).
 
 The event loop only notes searches and calls (dict operations); one worker task writes
@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +76,8 @@ class LearningService:
         self._metrics = metrics
         self._clock = clock
         self._store = store
-        # connection id -> recent searches: (time, query, returned names, index version)
-        self._recent: OrderedDict[int, deque[tuple[float, str, frozenset[str], int]]] = OrderedDict()
+        # connection (Connection.conversation) -> recent searches: (time, query, returned names, index version)
+        self._recent: OrderedDict[Hashable, deque[tuple[float, str, frozenset[str], int]]] = OrderedDict()
         self._send, self._receive = anyio.create_memory_object_stream[UsageEvent](10_000)
         self._index = LearningIndex()
         self._lock = threading.Lock()  # the index: the writer's and the poller's threads
@@ -102,20 +102,20 @@ class LearningService:
         """A search answered `names` to `conn`."""
         if not self.enabled or not names or not query.strip() or len(query) > MAX_QUERY_CHARS:
             return
-        recent = self._recent.get(conn.id)
+        recent = self._recent.get(key := conn.conversation)
         if recent is None:
-            recent = self._recent[conn.id] = deque(maxlen=SEARCHES_PER_CONNECTION)
+            recent = self._recent[key] = deque(maxlen=SEARCHES_PER_CONNECTION)
             while len(self._recent) > CONNECTIONS_TRACKED:
                 self._recent.popitem(last=False)
         else:
-            self._recent.move_to_end(conn.id)
+            self._recent.move_to_end(key)
         recent.append((self._clock(), query, frozenset(names), version))
 
     def executed(self, conn: Connection, name: str, ok: bool) -> None:
         """`conn` called `name`; `ok`: no transport error and no `isError`. A call of a tool
         the connection's latest search returned within the window is a usage event (each
         search leads to at most one event per tool); a direct call records nothing."""
-        recent = self._recent.get(conn.id)
+        recent = self._recent.get(conn.conversation)
         if not self.enabled or not recent:
             return
         now = self._clock()

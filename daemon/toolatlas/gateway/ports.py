@@ -10,7 +10,7 @@ the composition root (`app.py`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -44,7 +44,15 @@ class Connection:
     protocol_version: str | None = None  # negotiated; set once a request passed the SDK's init gate
     saw_passthrough: bool | None = None  # what its last tools/list returned
     log_level: str | None = None  # set by logging/setLevel (2025-era clients): relay log messages at/above it
+    stateless: bool = False  # a 2026-07-28 HTTP request outside any session: this Connection is its alone
     extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def conversation(self) -> Hashable:
+        """What ties a caller's requests together (a search and the call it led to): the
+        connection; for stateless HTTP requests, each a Connection of its own, who is calling,
+        on which endpoint, with the client it names."""
+        return ("stateless", self.endpoint, self.principal, self.client_name) if self.stateless else self.id
 
     @property
     def principal(self) -> str:

@@ -388,8 +388,7 @@ def _rank_once(
             degraded = eng._loader.progress.degraded or "bm25-only"
     qs = rank.QueryScores(snap, query, qvec, allowed)
     positions, scores = rank.rank(qs, top_k, scope, ranker, eng.fusion, state=state, principal=principal)
-    evidence = rank.evidence(qs, scope) if qvec is not None and ranker in ("hybrid", "learned") else None
-    return positions, scores, degraded, evidence
+    return positions, scores, degraded, rank.evidence(qs, scope, ranker, state, principal)
 
 
 def query_vectors(eng: Engine, queries: Sequence[str]) -> np.ndarray | None:

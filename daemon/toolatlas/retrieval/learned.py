@@ -335,9 +335,7 @@ def signals(
     own = state.principals.get(principal, -1) if principal is not None else -1
     vote = np.zeros(n, dtype=np.float32)
     repeat = np.zeros(n, dtype=bool)
-    for t, who in state.asked.of(words_key(tokens)).items():
-        if own in who or len(who) >= MIN_PRINCIPALS:
-            repeat[t] = True
+    repeat[repeats(state, tokens, principal)] = True
     if qvec is not None and state.rows:
         rows, sims = neighbours(state, qvec, KNN)
         vote_ = sims >= SIM_FLOOR
@@ -380,6 +378,14 @@ def signals(
     ceiling = lex.ceiling(tokens) if tokens else 0.0
     cover = (scores / ceiling).astype(np.float32) if ceiling > 0 else np.zeros(n, dtype=np.float32)
     return vote, cover, repeat
+
+
+def repeats(state: LearnedState, tokens: list[str], principal: str | None) -> list[int]:
+    """Tools (indexes into `state.tools`) that a past query of these very words led to, where
+    it counts: `principal`'s own, or one at least MIN_PRINCIPALS others asked."""
+    own = state.principals.get(principal, -1) if principal is not None else -1
+    asked = state.asked.of(words_key(tokens)) if tokens else {}
+    return [t for t, who in asked.items() if own in who or len(who) >= MIN_PRINCIPALS]
 
 
 def rerank(
@@ -435,4 +441,5 @@ def guard(learned: list[int], zero: list[int], fed: np.ndarray, strong: np.ndarr
         placed.add(nxt)
 
 
-__all__ = ["GUARD_DEPTH", "KNN", "LearnedState", "LearningIndex", "build_state", "empty_state", "guard", "rerank", "signals"]
+__all__ = ["GUARD_DEPTH", "KNN", "LearnedState", "LearningIndex", "build_state", "empty_state", "guard", "repeats", "rerank",
+           "signals"]

@@ -174,11 +174,23 @@ def learned(
     return learned_stage.rerank(state, tool_pos, base, cand, qs.tokens, qvec, principal, k)
 
 
-def evidence(qs: QueryScores, scope: tuple[str, ...] | None) -> tuple[float, float]:
+def evidence(qs: QueryScores, scope: tuple[str, ...] | None, ranker: str, state: LearnedState | None = None,
+             principal: str | None = None) -> tuple[float, float] | None:
     """(best cosine, best share of the query's BM25 ceiling) over the allowed documents:
-    how close anything is, for abstention (adaptive.nothing_fits)."""
+    how close anything is, for abstention (adaptive.nothing_fits); None without a query
+    vector or for a `ranker` not calibrated for it (only "hybrid" and "learned" are). For
+    "learned", a query whose very words led `principal` (or others who agree, see
+    learned.repeats) to a tool it may use is as close as can be, (1.0, 1.0): however far it
+    is from every description, that tool fits."""
     snap, qvec, allowed = qs.snap, qs.qvec, qs.allowed
-    assert qvec is not None
+    if qvec is None or ranker not in ("hybrid", "learned"):
+        return None
+    if ranker == "learned" and state is not None and not state.empty \
+            and (led := learned_stage.repeats(state, qs.tokens, principal)):
+        pos = state.positions(snap.version, snap.pos_of)[led]
+        pos = pos[pos >= 0]
+        if pos.shape[0] and (allowed is None or np.isin(pos, allowed).any()):
+            return 1.0, 1.0
     lex = qs.lex if allowed is None else qs.lex[allowed]
     ceiling = snap.bm25.ceiling(qs.tokens)
     best_cover = float(lex.max()) / ceiling if ceiling > 0 and lex.shape[0] else 0.0

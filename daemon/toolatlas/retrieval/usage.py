@@ -115,6 +115,9 @@ class SqliteUsageStore:
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        # A deleted event's query is overwritten, not left in the file's free space (the
+        # default of many SQLite builds): forget, reset and retention promise the words gone.
+        self._db.execute("PRAGMA secure_delete=ON")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY, query TEXT NOT NULL, tool TEXT NOT NULL,"
             " principal TEXT NOT NULL, at REAL NOT NULL, index_version INTEGER NOT NULL, vector BLOB, space TEXT)"
@@ -178,18 +181,28 @@ class SqliteUsageStore:
 
     def forget_tool(self, tool: str, until: float = math.inf) -> int:
         if until == math.inf:
-            return self._tx("DELETE FROM events WHERE tool = ?", [(tool,)])
-        return self._tx("DELETE FROM events WHERE tool = ? AND at <= ?", [(tool, until)])
+            return self._delete("DELETE FROM events WHERE tool = ?", (tool,))
+        return self._delete("DELETE FROM events WHERE tool = ? AND at <= ?", (tool, until))
 
     def prune(self, before: float) -> int:
-        return self._tx("DELETE FROM events WHERE at < ?", [(before,)])
+        return self._delete("DELETE FROM events WHERE at < ?", (before,))
 
     def trim(self, keep: int) -> int:
-        return self._tx("DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                        [(keep,)])
+        return self._delete("DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                            (keep,))
 
     def reset(self) -> int:
-        return self._tx("DELETE FROM events")
+        return self._delete("DELETE FROM events", ())
+
+    def _delete(self, sql: str, args: tuple[object, ...]) -> int:
+        """Delete events, then copy the write-ahead log into the file and empty it: until then
+        the log keeps the deleted events' pages, query text included, as they were before (a
+        running daemon's log is only checkpointed, never emptied, so for as long as it runs)."""
+        n = self._tx(sql, [args])
+        if n:
+            with self._lock:  # best effort: a reader holding the log open keeps it (the next delete empties it)
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return n
 
     def _version(self) -> int:
         return int(self._db.execute("PRAGMA data_version").fetchone()[0])

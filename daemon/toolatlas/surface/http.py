@@ -298,6 +298,7 @@ class HttpEndpoint:
         if conn is None or conn.principal != fresh.principal or conn.endpoint != endpoint:
             conn = fresh
             conn.id = next(_ids)
+            conn.stateless = session_id is None and rpc_method != "initialize"  # a 2026-07-28 exchange
         elif fresh.oauth is not None:
             conn.oauth = fresh.oauth  # this request's token decides what it may use: its claims may differ
         # A session this request opens shares `conn` with its later requests.
