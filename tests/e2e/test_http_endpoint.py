@@ -171,6 +171,35 @@ async def test_another_tokens_delete_does_not_end_the_sessions_connection(gw: Da
     assert len(seen) == 2 and seen[0] == seen[1], seen
 
 
+async def test_socket_and_http_connections_never_share_an_id(gw: Daemon) -> None:
+    """Connection ids come from one sequence, in order of arrival, whatever the surface: a
+    feedback window, an audit line's `connection` or a session's state keyed by it can never
+    mix a socket client with an HTTP one (the socket counted from 1 and HTTP from 1,000,000,
+    so a long-running daemon's millionth socket connection took an HTTP session's id)."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+
+    async def on_socket(name: str) -> None:
+        async with Client(unix_client(gw.socket), client_info=types.Implementation(name=name, version="1")) as c:
+            await c.list_tools()
+
+    with anyio.fail_after(60):
+        await on_socket("order-1")
+        body = _init_body()
+        body["params"]["clientInfo"]["name"] = "order-2"
+        auth = {"Authorization": f"Bearer {ALL_TOKEN}"}
+        sid = (await _raw(url, body, auth)).headers["mcp-session-id"]
+        session = {"Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-11-25"}
+        assert (await _raw(url, listing, {**auth, **session})).status_code == 200
+        await on_socket("order-3")
+    seen = [(e["client"], e["connection"]) for line in gw.log.read_text(errors="replace").splitlines()
+            if line.startswith("{") and (e := json.loads(line))["event"] == "tools_list_served"
+            and e.get("client", "").startswith("order-")]
+    assert [c for c, _ in seen] == ["order-1", "order-2", "order-3"], seen
+    ids = [i for _, i in seen]
+    assert ids == sorted(set(ids)), f"connection ids not one sequence in order of arrival: {seen}"
+
+
 async def test_foreign_host_and_origin_are_refused(gw: Daemon) -> None:
     url = gw.http_url  # type: ignore[attr-defined]
     auth = {"Authorization": f"Bearer {ALL_TOKEN}"}

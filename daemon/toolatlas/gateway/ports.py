@@ -10,6 +10,7 @@ the composition root (`app.py`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -22,6 +23,16 @@ from toolatlas.guidance import MetaTools
 
 # The endpoint of [daemon] socket and the HTTP endpoint's /mcp.
 DEFAULT_ENDPOINT = "default"
+
+
+_connection_ids = itertools.count(1)
+
+
+def new_connection_id() -> int:
+    """The next client connection's id: one sequence for every surface (socket, HTTP), so two
+    connections the daemon has seen never share one (feedback windows, audit lines and
+    sessions are keyed by it)."""
+    return next(_connection_ids)
 
 
 @dataclass(eq=False)
@@ -229,6 +240,6 @@ class AdminPort(Protocol):
 
 __all__ = [
     "DEFAULT_ENDPOINT", "AdminPort", "CallOutcome", "CallRequest", "Connection", "ElicitFn", "GatewayPort", "InputRequired",
-    "LOG_LEVELS", "LogFn", "MetaTools", "OAuthIdentity", "Page", "ProgressFn", "REQUEST", "Request", "SurfaceStats",
+    "LOG_LEVELS", "LogFn", "MetaTools", "OAuthIdentity", "Page", "ProgressFn", "REQUEST", "Request", "SurfaceStats", "new_connection_id",
     "ToolRecord",
 ]

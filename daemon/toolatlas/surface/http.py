@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import itertools
 import logging
 import socket
 from collections.abc import Callable, Sequence
@@ -47,7 +46,7 @@ from starlette.types import Receive, Scope, Send
 from toolatlas.config import HttpSection, HttpToken, listen_address
 from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
-from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity
+from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity, new_connection_id
 from toolatlas.surface.http_body import json_error, screen_body
 from toolatlas.surface.http_cors import preflight, with_cors
 from toolatlas.surface.http_h11 import bounded_h11
@@ -62,7 +61,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PATH = "/mcp"
-_ids = itertools.count(1_000_000)  # apart from the socket's connection ids
 
 
 def hash_token(token: str) -> str:
@@ -270,7 +268,7 @@ class HttpEndpoint:
         if rejection is not None:
             self.rejected[rejection.status_code] = self.rejected.get(rejection.status_code, 0) + 1
             if self.on_denied is not None and rejection.status_code in (401, 403, 421):
-                self.on_denied(Connection(id=next(_ids), token=""), "http", str(scope.get("path", ""))[:200], why)
+                self.on_denied(Connection(id=new_connection_id(), token=""), "http", str(scope.get("path", ""))[:200], why)
             await rejection(scope, receive, send)
             return
         assert who is not None and self._manager is not None
@@ -297,7 +295,7 @@ class HttpEndpoint:
         conn = self.connections.session(session_id) if session_id else None
         if conn is None or conn.principal != fresh.principal or conn.endpoint != endpoint:
             conn = fresh
-            conn.id = next(_ids)
+            conn.id = new_connection_id()
             conn.stateless = session_id is None and rpc_method != "initialize"  # a 2026-07-28 exchange
         elif fresh.oauth is not None:
             conn.oauth = fresh.oauth  # this request's token decides what it may use: its claims may differ

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import itertools
 import logging
 import os
 import socket
@@ -24,7 +23,7 @@ import anyio
 import anyio.abc
 
 from toolatlas.errors import ConfigError
-from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection
+from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, new_connection_id
 from toolatlas.backoff import backoff_delay
 from toolatlas.surface.admin import AdminLane
 from toolatlas.surface.server import CONNECTION, Connections, init_options
@@ -51,7 +50,6 @@ REFUSALS_LINGERING = 64
 # How often the daemon checks that its socket file is still there (_keep_socket_file).
 SOCKET_CHECK_S = 2.0
 
-_ids = itertools.count(1)
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
@@ -299,7 +297,7 @@ class UnixServer:
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:  # anyio's UNIXSocketStream
         raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
         creds = peer_credentials(raw)
-        conn = Connection(id=next(_ids), endpoint=self.endpoint)
+        conn = Connection(id=new_connection_id(), endpoint=self.endpoint)
         if creds:
             conn.pid, conn.uid, conn.gid = creds
             conn.groups = peer_groups(raw)
