@@ -275,6 +275,22 @@ async def test_wrong_content_type_and_oversized_bodies_get_json_rpc_errors(gw: D
             assert (await _raw(url, _init_body(), {"Authorization": f"Bearer {ALL_TOKEN}"})).status_code == 200
 
 
+async def test_params_the_sdk_refuses_are_said_by_field_in_both_eras(gw: Daemon) -> None:
+    """A 2025-11-25 initialize without `clientInfo` and a 2026-07-28 resources/read without
+    `uri` get an error naming the field. Before, both were the SDK's bare 'Invalid request
+    parameters' with empty data."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}"}
+    no_info = _init_body()
+    del no_info["params"]["clientInfo"]
+    read = {"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"_meta": _new_era_call("x", {})["params"]["_meta"]}}
+    with anyio.fail_after(30):
+        legacy = await _raw(url, no_info, auth)
+        modern = await _raw(url, read, {**auth, "MCP-Protocol-Version": NEW_ERA, "Mcp-Method": "resources/read"})
+    assert "invalid params: initialize needs `params.clientInfo`" in legacy.text, legacy.text
+    assert modern.json()["error"] == {"code": -32602, "message": "invalid params: resources/read needs `params.uri`"}
+
+
 async def test_a_refused_request_names_no_session(gw: Daemon) -> None:
     """A request without a session id that is refused (not an initialize, or one that does not
     accept an event stream) opens no session, so its answer carries no Mcp-Session-Id: the SDK

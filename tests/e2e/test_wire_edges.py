@@ -64,3 +64,42 @@ def test_a_last_message_without_its_newline_is_answered_through_the_shim(daemon:
     replies = {m["id"]: m for m in map(json.loads, r.stdout.splitlines())}
     assert r.returncode == 0 and sorted(replies) == [1, 2], (replies, r.stderr)
     assert replies[2]["result"]["content"][0]["text"] == "Echo: m", replies
+
+
+def _exchange(daemon: Daemon, *messages: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+    """Send `messages` on a fresh connection, half-close, and collect the replies by id."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(daemon.socket)
+        sock.sendall(_lines(*messages))
+        sock.shutdown(socket.SHUT_WR)
+        return _replies_until_eof(sock)
+
+
+def test_a_request_before_initialize_is_told_to_initialize_first(daemon: Daemon) -> None:
+    """A hand-written client that skips the handshake is told to send initialize. Before, the
+    SDK's answer was -32602 'Invalid request parameters' with empty data: it sent the reader
+    looking for a fault in params that were fine."""
+    call = {"name": "s__echo", "arguments": {"message": "m"}}
+    replies = _exchange(daemon, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call},
+                        {"jsonrpc": "2.0", "id": 3, "method": "ping"})
+    for id_, method in ((1, "tools/list"), (2, "tools/call")):
+        error = replies[id_]["error"]
+        assert error["code"] == -32602, replies
+        assert "not initialized" in error["message"] and "send `initialize`" in error["message"], error
+        assert method in error["message"], error
+    assert replies[3]["result"] == {}, replies  # ping needs no handshake
+
+
+def test_params_the_sdk_refuses_are_said_by_field(daemon: Daemon) -> None:
+    """An initialize without `clientInfo`, a resources/read without `uri`: the error names the
+    field. Before, both were the SDK's bare 'Invalid request parameters'."""
+    no_info = {"protocolVersion": "2025-11-25", "capabilities": {}}
+    replies = _exchange(daemon, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": no_info}, INIT,
+                        INITIALIZED, {"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {}},
+                        {"jsonrpc": "2.0", "id": 3, "method": "prompts/get", "params": {"name": 7}})
+    assert replies[0]["error"]["message"] == "invalid params: initialize needs `params.clientInfo`", replies
+    assert replies[2]["error"]["message"] == "invalid params: resources/read needs `params.uri`", replies
+    assert replies[3]["error"]["message"].startswith("invalid params: prompts/get `params.name`: "), replies
+    assert all(replies[i]["error"]["code"] == -32602 for i in (0, 2, 3)), replies

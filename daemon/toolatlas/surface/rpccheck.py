@@ -14,6 +14,11 @@ Both client surfaces screen every message here before the SDK sees it: the Unix 
 - -32602 invalid params: `params` not an object; a tools/call without a string `name`
   or with `arguments` that are not an object.
 
+After the screen, the SDK answers a request it cannot take with a bare -32602 "Invalid
+request parameters" and no data, both for params its models refuse and for a request sent
+before `initialize`; `explain_params`, the server's middleware, says which (the field and
+what it needs, or "send initialize first").
+
 The SDK's parser would otherwise take a request with an object `id` for a notification (and
 never answer it), accept NaN, and on deep nesting answer with pydantic's text or, on the
 socket, fall into a recursion error that dropped the connection. A message that is fine
@@ -28,15 +33,19 @@ from typing import Any
 
 import mcp_types as types
 import msgspec
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from toolatlas.jsonlines import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, MAX_DEPTH, PARSE_ERROR, Refusal,
                                  deeper_than, request_id_of)
 
-__all__ = ["INTERNAL_ERROR", "INVALID_PARAMS", "INVALID_REQUEST", "PARSE_ERROR", "Refusal", "screen"]
+__all__ = ["INTERNAL_ERROR", "INVALID_PARAMS", "INVALID_REQUEST", "PARSE_ERROR", "Refusal", "explain_params", "screen"]
 
 
 _decode = msgspec.json.Decoder().decode
 _BYTE_RE = re.compile(r"\(byte (\d+)\)")
+TEXT = 200  # the most of the SDK's words on one field an error quotes
 _NAN = "parse error: NaN and Infinity are not JSON numbers"
 
 
@@ -192,3 +201,36 @@ def _call_params(params: dict[str, Any] | None, rid: Any) -> Refusal | None:
         return Refusal(INVALID_PARAMS, "invalid params: tools/call `arguments` must be an object of named arguments, "
                        f"not {_kind(args)}", rid)
     return None
+
+
+_SDK_INVALID = "Invalid request parameters"  # the SDK's words for both (mcp.server.runner)
+
+
+async def explain_params(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """The server's middleware: the SDK's bare "Invalid request parameters" said as what to
+    send. A request before `initialize` is told to initialize first; params the SDK's models
+    refuse name the field and what it must be."""
+    try:
+        return await call_next(ctx)
+    except ValidationError as exc:
+        if ctx.request_id is None:
+            raise
+        raise MCPError(INVALID_PARAMS, f"invalid params: {ctx.method} {_fields(exc)}") from exc
+    except MCPError as exc:
+        error = exc.error
+        if (ctx.request_id is None or error.code != INVALID_PARAMS or error.message != _SDK_INVALID or error.data
+                or ctx.session.client_params is not None):
+            raise
+        raise MCPError(INVALID_PARAMS, f"the session is not initialized: send `initialize` (then "
+                       f"`notifications/initialized`) before {ctx.method}") from exc
+
+
+def _fields(exc: ValidationError) -> str:
+    """What the refused params lack or have wrong, by field (`params.clientInfo`), three at most."""
+    errors = exc.errors()[:3]
+    names = [".".join(str(part) for part in err["loc"]) or "params" for err in errors]
+    missing = [f"`{n}`" for n, err in zip(names, errors) if err["type"] == "missing"]
+    said = [f"needs {', '.join(missing)}"] if missing else []
+    said += [f"`{n}`: {err['msg'][:TEXT]}" for n, err in zip(names, errors) if err["type"] != "missing"]
+    more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
+    return "; ".join(said) + more
