@@ -291,6 +291,29 @@ async def test_params_the_sdk_refuses_are_said_by_field_in_both_eras(gw: Daemon)
     assert modern.json()["error"] == {"code": -32602, "message": "invalid params: resources/read needs `params.uri`"}
 
 
+async def test_new_era_refusals_of_method_and_accept_say_what_to_send(gw: Daemon) -> None:
+    """A 2026-07-28 GET or DELETE (405) and a POST whose Accept lacks text/event-stream (406)
+    get a JSON-RPC error saying what to send, as the 2025-11-25 ones do. Before, the SDK sent
+    both with an empty body: a client saw a bare status and nothing to act on."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    modern = {"Authorization": f"Bearer {ALL_TOKEN}", "MCP-Protocol-Version": NEW_ERA}
+    body = _new_era_call("catalog_status", {})
+    with anyio.fail_after(30):
+        async with httpx2.AsyncClient(timeout=30) as h:
+            get = await h.get(url, headers=modern)
+            delete = await h.delete(url, headers=modern)
+            json_only = await h.post(url, content=json.dumps(body), headers={
+                **modern, "Content-Type": "application/json", "Accept": "application/json",
+                "Mcp-Method": "tools/call", "Mcp-Name": "catalog_status"})
+    for response, verb in ((get, "GET"), (delete, "DELETE")):
+        assert response.status_code == 405 and response.headers["allow"] == "POST", response
+        error = response.json()["error"]
+        assert error["message"].startswith(f"Method Not Allowed: {verb} with MCP-Protocol-Version '{NEW_ERA}'"), error
+    assert json_only.status_code == 406, json_only
+    message = json_only.json()["error"]["message"]
+    assert "application/json and text/event-stream" in message and "'application/json'" in message, message
+
+
 async def test_a_refused_request_names_no_session(gw: Daemon) -> None:
     """A request without a session id that is refused (not an initialize, or one that does not
     accept an event stream) opens no session, so its answer carries no Mcp-Session-Id: the SDK

@@ -1,10 +1,11 @@
 """What the HTTP endpoint answers before the SDK sees a request: JSON-RPC errors with an HTTP
-status, and the screening of a POST body (its type, its size, the message in it)."""
+status, and the screening of a POST body (its type, its size, the message in it); and, after,
+the words for a refusal the SDK sends with no body (`explain_bare`)."""
 
 from __future__ import annotations
 
 from starlette.responses import JSONResponse, Response
-from starlette.types import Message, Receive, Scope
+from starlette.types import Message, Receive, Scope, Send
 
 from toolatlas.surface.admin import ADMIN_PREFIX
 from toolatlas.surface.rpccheck import Refusal, screen
@@ -67,4 +68,52 @@ async def screen_body(scope: Scope, receive: Receive, limit: int) -> tuple[Respo
     return None, _replay([{"type": "http.request", "body": data, "more_body": False}], receive), method
 
 
-__all__ = ["json_error", "screen_body"]
+def header(scope: Scope, name: bytes) -> str | None:
+    """The first value of header `name` (lower case) in `scope`, or None."""
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _not_allowed(scope: Scope) -> str:
+    return (f"Method Not Allowed: {str(scope.get('method'))[:16]} with MCP-Protocol-Version "
+            f"{(header(scope, b'mcp-protocol-version') or '')[:40]!r}: that version takes only a POST of one JSON-RPC "
+            "message (GET event streams and DELETE belong to 2025-11-25 sessions)")
+
+
+def _not_acceptable(scope: Scope) -> str:
+    return ("Not Acceptable: list both application/json and text/event-stream in the Accept header "
+            f"(it was {(header(scope, b'accept') or '')[:80]!r})")
+
+
+_BARE = {405: _not_allowed, 406: _not_acceptable}
+
+
+def explain_bare(scope: Scope, send: Send) -> Send:
+    """`send` for the SDK's answer to `scope`: a 405 or 406 that it sends with an empty body
+    (its 2026-07-28 transport does) gets the JSON-RPC error saying what to send instead, as
+    every other refusal here does. Its other headers (Allow) are kept."""
+    held: Message | None = None
+
+    async def explained(message: Message) -> None:
+        nonlocal held
+        if message["type"] == "http.response.start" and message.get("status") in _BARE:
+            held = message
+            return
+        start, held = held, None
+        if start is None or message["type"] != "http.response.body" or message.get("body") or message.get("more_body"):
+            if start is not None:
+                await send(start)
+            await send(message)
+            return
+        body = json_error(start["status"], _BARE[start["status"]](scope)).body
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-length", b"content-type")]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({**start, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return explained
+
+
+__all__ = ["explain_bare", "header", "json_error", "screen_body"]
