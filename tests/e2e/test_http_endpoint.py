@@ -314,6 +314,28 @@ async def test_new_era_refusals_of_method_and_accept_say_what_to_send(gw: Daemon
     assert "application/json and text/event-stream" in message and "'application/json'" in message, message
 
 
+async def test_a_mistyped_protocol_version_header_is_said_so(gw: Daemon) -> None:
+    """A request whose MCP-Protocol-Version names no version ('2025-11-52') is told that, with
+    the versions to send. Before, the SDK took it for a 2026-07-28 request and answered that
+    `params._meta` lacked its envelope keys, which a 2025-era client never needs."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}"}
+    with anyio.fail_after(30):
+        opened = await _raw(url, _init_body(), auth)
+        session = {**auth, "Mcp-Session-Id": opened.headers["mcp-session-id"]}
+        typo = await _raw(url, {"jsonrpc": "2.0", "id": 5, "method": "tools/list"},
+                          {**session, "MCP-Protocol-Version": "2025-11-52"})
+        right = await _raw(url, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                           {**session, "MCP-Protocol-Version": "2025-11-25"})
+    assert typo.status_code == 400, typo.text
+    error = typo.json()
+    assert error["id"] == 5 and error["error"]["code"] == -32600, error
+    message = error["error"]["message"]
+    assert message.startswith("MCP-Protocol-Version '2025-11-52' is not a version this server speaks"), message
+    assert "2025-11-25" in message and "_meta" in message, message
+    assert right.status_code == 202, right.text
+
+
 async def test_a_refused_request_names_no_session(gw: Daemon) -> None:
     """A request without a session id that is refused (not an initialize, or one that does not
     accept an event stream) opens no session, so its answer carries no Mcp-Session-Id: the SDK

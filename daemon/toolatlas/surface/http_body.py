@@ -4,11 +4,15 @@ the words for a refusal the SDK sends with no body (`explain_bare`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from mcp_types import PROTOCOL_VERSION_META_KEY
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
 from toolatlas.surface.admin import ADMIN_PREFIX
-from toolatlas.surface.rpccheck import Refusal, screen
+from toolatlas.surface.rpccheck import INVALID_REQUEST, Refusal, screen
 
 
 def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -30,7 +34,8 @@ async def screen_body(scope: Scope, receive: Receive, limit: int) -> tuple[Respo
     """Read a POST body (up to `limit`, [daemon] max_message_bytes) and screen it as the socket
     screens a line (surface.rpccheck); the SDK then gets the same body, replayed. Refused, with
     a JSON-RPC error saying what to send instead: a body that is not `application/json` (400),
-    one over the limit (413, unread when its Content-Length says so), a malformed message (400).
+    one over the limit (413, unread when its Content-Length says so), a malformed message or one
+    under an MCP-Protocol-Version header that names no known version (400).
     A client gone before its body arrived (it left, or the body timeout closed it) gets a
     refusal no one reads: the SDK never sees the request. Also the JSON-RPC method of the
     body (None for a response)."""
@@ -63,9 +68,28 @@ async def screen_body(scope: Scope, receive: Receive, limit: int) -> tuple[Respo
         refusal = Refusal(-32601, f"{method[:80]} is an operator command: the daemon serves those only on "
                           "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
                           getattr(parsed, "id", None))
+    if refusal is None:
+        refusal = _unknown_version(headers.get(b"mcp-protocol-version"), parsed)
     if refusal is not None:
         return JSONResponse(refusal.payload(), status_code=400), receive, None
     return None, _replay([{"type": "http.request", "body": data, "more_body": False}], receive), method
+
+
+def _unknown_version(value: bytes | None, message: Any) -> Refusal | None:
+    """A request or notification whose MCP-Protocol-Version header names no version the SDK
+    speaks, and whose params carry no 2026-07-28 envelope: the SDK would take it for a
+    2026-07-28 one and say only that `params._meta` lacks its keys, sending a client with a
+    mistyped header after an envelope it never needed."""
+    version = value.decode("latin-1") if value is not None else None
+    params = getattr(message, "params", None)
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if (version is None or version in HANDSHAKE_PROTOCOL_VERSIONS or version in MODERN_PROTOCOL_VERSIONS
+            or isinstance(meta, dict) and PROTOCOL_VERSION_META_KEY in meta):
+        return None
+    return Refusal(INVALID_REQUEST, f"MCP-Protocol-Version {version[:40]!r} is not a version this server speaks: "
+                   f"after initialize send the one it negotiated ({', '.join(HANDSHAKE_PROTOCOL_VERSIONS)}); "
+                   f"{', '.join(MODERN_PROTOCOL_VERSIONS)} requests carry theirs in params._meta too",
+                   getattr(message, "id", None))
 
 
 def header(scope: Scope, name: bytes) -> str | None:
