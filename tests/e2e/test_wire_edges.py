@@ -1,6 +1,6 @@
-"""Edges of the socket's newline-delimited JSON-RPC that a hand-written client meets: a last
-message without its newline, requests sent before initialize. A real daemon, raw sockets and
-the real shim."""
+"""Edges of the client surfaces that a hand-written or vanishing client meets: a last message
+without its newline, requests sent before initialize, a 2025-11-25 HTTP session's client that
+leaves mid-call. A real daemon, raw sockets, the real shim."""
 
 from __future__ import annotations
 
@@ -8,13 +8,19 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 
-from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_faultserver, stdio_testserver
+from tests.support.ports import free_port
+from toolatlas.surface.http import hash_token
+
+TOKEN = "wire-edges-token"
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
@@ -23,8 +29,12 @@ INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    with Daemon(tmp_path_factory.mktemp("wire-edges"), stdio_testserver("s")) as d:
-        d.wait_for(lambda: d.status()["servers"][0]["state"] == "ready", 30, "s ready")
+    port = free_port()
+    http = (f'[http]\nlisten = "127.0.0.1:{port}"\n[[http.tokens]]\nname = "ops"\nsha256 = "{hash_token(TOKEN)}"\n'
+            '[[access]]\ntokens = ["ops"]\nservers = ["*"]\n')
+    with Daemon(tmp_path_factory.mktemp("wire-edges"), http + stdio_testserver("s") + stdio_faultserver("f")) as d:
+        d.http_url = f"http://127.0.0.1:{port}/mcp"  # type: ignore[attr-defined]
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 30, "s and f ready")
         yield d
 
 
@@ -103,3 +113,30 @@ def test_params_the_sdk_refuses_are_said_by_field(daemon: Daemon) -> None:
     assert replies[2]["error"]["message"] == "invalid params: resources/read needs `params.uri`", replies
     assert replies[3]["error"]["message"].startswith("invalid params: prompts/get `params.name`: "), replies
     assert all(replies[i]["error"]["code"] == -32602 for i in (0, 2, 3)), replies
+
+
+def test_a_session_call_whose_client_left_is_cancelled_upstream(daemon: Daemon) -> None:
+    """A 2025-11-25 session's tools/call whose client closes its connection before the answer
+    is cancelled upstream. Before, the SDK kept it running (a client may resume a stream, but
+    with no event store none can), so the upstream call ran on to its end for no one."""
+    url = daemon.http_url  # type: ignore[attr-defined]
+    headers = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json"}
+    init = json.dumps(INIT).encode()
+    opened = httpx2.post(url, content=init, headers=headers, timeout=30)
+    session = {**headers, "Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
+    httpx2.post(url, content=json.dumps(INITIALIZED).encode(), headers=session, timeout=30)
+    daemon.tool("f__reset_stats", {})
+    call = json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                       "params": {"name": "f__work", "arguments": {"seconds": 120}}}).encode()
+    port = int(url.split(":")[2].split("/")[0])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        raw.sendall(b"POST /mcp HTTP/1.1\r\n" + f"Host: 127.0.0.1:{port}\r\nContent-Length: {len(call)}\r\n".encode()
+                    + b"".join(f"{k}: {v}\r\n".encode() for k, v in session.items()) + b"\r\n" + call)
+        daemon.wait_for(lambda: daemon.tool("f__stats", {})["structuredContent"]["inflight"] == 1, 30, "the call running")
+    deadline = time.monotonic() + 30
+    while (stats := daemon.tool("f__stats", {})["structuredContent"])["cancelled"] != 1:
+        assert time.monotonic() < deadline, f"the call of a client that left was not cancelled: {stats}"
+        time.sleep(0.1)
+    assert stats["inflight"] == 0 and stats["completed"] == 0, stats
+

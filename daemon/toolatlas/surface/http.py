@@ -52,7 +52,8 @@ from toolatlas.surface.http_body import explain_bare, header, json_error, screen
 from toolatlas.surface.http_cors import preflight, with_cors
 from toolatlas.surface.http_h11 import bounded_h11
 from toolatlas.surface.http_open import OpenRequests
-from toolatlas.surface.http_sessions import SESSION_IDLE_S, SessionLedger, end_session, too_many_sessions
+from toolatlas.surface.http_sessions import (SESSION_IDLE_S, SessionLedger, answer_or_cancel, end_session,
+                                             too_many_sessions)
 from toolatlas.surface.oauth import WELL_KNOWN, OAuthRejected, Validator, challenge, metadata_url
 from toolatlas.surface.server import CONNECTION, Connections
 
@@ -271,13 +272,13 @@ class HttpEndpoint:
                  else Connection(id=0, token=who, endpoint=endpoint))
         # Binds a legacy session to the principal that opened it (the SDK compares them).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-{fresh.principal}", scopes=[]))
-        rpc_method = None
+        message = None
         if scope.get("method") == "POST":
-            refused, receive, rpc_method = await screen_body(scope, receive, self.max_message_bytes)
+            refused, receive, message = await screen_body(scope, receive, self.max_message_bytes)
             if refused is not None:
                 await refused(scope, receive, send)
                 return
-        session_id = header(scope, b"mcp-session-id")
+        rpc_method, session_id = getattr(message, "method", None), header(scope, b"mcp-session-id")
         if session_id is None and rpc_method == "initialize" and (full := await self._make_room(fresh, scope)):
             await full(scope, receive, send)
             return
@@ -301,7 +302,8 @@ class HttpEndpoint:
         try:
             with self.sessions.using(session_id or "", fresh.principal):
                 async with self.open.serving(conn, scope, send, until=_stream_expiry(who, scope, rpc_method)) as send:
-                    await self._manager.handle_request(scope, receive, explain_bare(scope, send))
+                    await answer_or_cancel(self._manager.handle_request, scope, receive, explain_bare(scope, send),
+                                           session_id, message)
         finally:
             self.connections.discard(conn)
             CONNECTION.reset(ctx_token)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import mcp_types as types
 from mcp_types import PROTOCOL_VERSION_META_KEY
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse, Response
@@ -30,15 +31,15 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
     return replay
 
 
-async def screen_body(scope: Scope, receive: Receive, limit: int) -> tuple[Response | None, Receive, str | None]:
+async def screen_body(scope: Scope, receive: Receive,
+                      limit: int) -> tuple[Response | None, Receive, types.JSONRPCMessage | None]:
     """Read a POST body (up to `limit`, [daemon] max_message_bytes) and screen it as the socket
     screens a line (surface.rpccheck); the SDK then gets the same body, replayed. Refused, with
     a JSON-RPC error saying what to send instead: a body that is not `application/json` (400),
     one over the limit (413, unread when its Content-Length says so), a malformed message or one
     under an MCP-Protocol-Version header that names no known version (400).
     A client gone before its body arrived (it left, or the body timeout closed it) gets a
-    refusal no one reads: the SDK never sees the request. Also the JSON-RPC method of the
-    body (None for a response)."""
+    refusal no one reads: the SDK never sees the request. Also the message in the body."""
     headers = dict(scope.get("headers", []))
     content_type = headers.get(b"content-type", b"").decode("latin-1")
     if not content_type.lower().startswith("application/json"):
@@ -63,8 +64,7 @@ async def screen_body(scope: Scope, receive: Receive, limit: int) -> tuple[Respo
     data = b"".join(body)
     parsed, refusal = screen(data)
     method = getattr(parsed, "method", None)
-    method = method if isinstance(method, str) else None
-    if method is not None and method.startswith(ADMIN_PREFIX):
+    if isinstance(method, str) and method.startswith(ADMIN_PREFIX):
         refusal = Refusal(-32601, f"{method[:80]} is an operator command: the daemon serves those only on "
                           "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
                           getattr(parsed, "id", None))
@@ -72,7 +72,7 @@ async def screen_body(scope: Scope, receive: Receive, limit: int) -> tuple[Respo
         refusal = _unknown_version(headers.get(b"mcp-protocol-version"), parsed)
     if refusal is not None:
         return JSONResponse(refusal.payload(), status_code=400), receive, None
-    return None, _replay([{"type": "http.request", "body": data, "more_body": False}], receive), method
+    return None, _replay([{"type": "http.request", "body": data, "more_body": False}], receive), parsed
 
 
 def _unknown_version(value: bytes | None, message: Any) -> Refusal | None:
