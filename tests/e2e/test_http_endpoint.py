@@ -246,6 +246,24 @@ async def test_new_era_headers_must_match_the_body(gw: Daemon) -> None:
         assert error["code"] == -32022 and NEW_ERA in error["data"]["supported"]
 
 
+async def test_a_missing_new_era_routing_header_is_said_missing(gw: Daemon) -> None:
+    """A 2026-07-28 request sent without Mcp-Method, or a tools/call without Mcp-Name, is told
+    which header is missing and its value. Before, the SDK said the header 'does not match'
+    the body, which reads as a wrong value where none was sent."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}", "MCP-Protocol-Version": NEW_ERA}
+    body = _new_era_call("catalog_status", {})
+    with anyio.fail_after(30):
+        no_method = await _raw(url, body, auth)
+        no_name = await _raw(url, body, {**auth, "Mcp-Method": "tools/call"})
+    assert no_method.status_code == no_name.status_code == 400
+    assert no_method.json()["error"] == {"code": -32020, "message": "the Mcp-Method header is missing: a 2026-07-28 "
+                                         "tools/call request names its method in it too (Mcp-Method: tools/call)"}
+    assert no_name.json()["error"] == {"code": -32020, "message": "the Mcp-Name header is missing: a 2026-07-28 "
+                                       "tools/call request names its `name` in it too (Mcp-Name: catalog_status)"}
+    assert no_name.json()["id"] == 7
+
+
 async def test_wrong_content_type_and_oversized_bodies_get_json_rpc_errors(gw: Daemon) -> None:
     """What the SDK answered in plain text ("Invalid Content-Type header", "Request body too
     large") is a JSON-RPC error saying what to send, as every other refusal is; a body over

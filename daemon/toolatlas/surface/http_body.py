@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import mcp_types as types
+from mcp.shared.inbound import MCP_METHOD_HEADER, MCP_NAME_HEADER, NAME_BEARING_METHODS
 from mcp_types import PROTOCOL_VERSION_META_KEY
+from mcp_types.jsonrpc import HEADER_MISMATCH
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
@@ -36,8 +38,9 @@ async def screen_body(scope: Scope, receive: Receive,
     """Read a POST body (up to `limit`, [daemon] max_message_bytes) and screen it as the socket
     screens a line (surface.rpccheck); the SDK then gets the same body, replayed. Refused, with
     a JSON-RPC error saying what to send instead: a body that is not `application/json` (400),
-    one over the limit (413, unread when its Content-Length says so), a malformed message or one
-    under an MCP-Protocol-Version header that names no known version (400).
+    one over the limit (413, unread when its Content-Length says so), a malformed message, one
+    under an MCP-Protocol-Version header that names no known version, or a 2026-07-28 request
+    without its Mcp-Method or Mcp-Name header (400).
     A client gone before its body arrived (it left, or the body timeout closed it) gets a
     refusal no one reads: the SDK never sees the request. Also the message in the body."""
     headers = dict(scope.get("headers", []))
@@ -69,7 +72,7 @@ async def screen_body(scope: Scope, receive: Receive,
                           "its Unix socket, to the user it runs as (toolatlas upstream ..., toolatlas reload)",
                           getattr(parsed, "id", None))
     if refusal is None:
-        refusal = _unknown_version(headers.get(b"mcp-protocol-version"), parsed)
+        refusal = _unknown_version(headers.get(b"mcp-protocol-version"), parsed) or _missing_header(headers, parsed)
     if refusal is not None:
         return JSONResponse(refusal.payload(), status_code=400), receive, None
     return None, _replay([{"type": "http.request", "body": data, "more_body": False}], receive), parsed
@@ -90,6 +93,27 @@ def _unknown_version(value: bytes | None, message: Any) -> Refusal | None:
                    f"after initialize send the one it negotiated ({', '.join(HANDSHAKE_PROTOCOL_VERSIONS)}); "
                    f"{', '.join(MODERN_PROTOCOL_VERSIONS)} requests carry theirs in params._meta too",
                    getattr(message, "id", None))
+
+
+def _missing_header(headers: dict[bytes, bytes], message: Any) -> Refusal | None:
+    """A 2026-07-28 request without its Mcp-Method header, or without Mcp-Name where its method
+    names a tool, prompt or resource: the SDK says only that the header "does not match" the
+    body, which reads as a wrong value where none was sent."""
+    if headers.get(b"mcp-protocol-version", b"").decode("latin-1") not in MODERN_PROTOCOL_VERSIONS or not isinstance(
+            message, types.JSONRPCRequest) or not isinstance(message.params, dict) or not isinstance(
+            meta := message.params.get("_meta"), dict) or PROTOCOL_VERSION_META_KEY not in meta:
+        return None  # (the SDK's envelope check speaks first)
+    key = NAME_BEARING_METHODS.get(message.method)
+    value = message.params.get(key) if key is not None else None
+    if MCP_METHOD_HEADER.encode() not in headers:
+        missing, value, what = "Mcp-Method", message.method, "its method"
+    elif isinstance(value, str) and MCP_NAME_HEADER.encode() not in headers:
+        missing, what = "Mcp-Name", f"its `{key}`"
+    else:
+        return None
+    shown = f" ({missing}: {value})" if value.isascii() and value.isprintable() and len(value) <= 80 else ""
+    return Refusal(HEADER_MISMATCH, f"the {missing} header is missing: a 2026-07-28 {message.method[:40]} request "
+                   f"names {what} in it too{shown}", message.id)
 
 
 def header(scope: Scope, name: bytes) -> str | None:
