@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,17 +116,49 @@ def test_params_the_sdk_refuses_are_said_by_field(daemon: Daemon) -> None:
     assert all(replies[i]["error"]["code"] == -32602 for i in (0, 2, 3)), replies
 
 
+def _session(url: str) -> dict[str, str]:
+    """A new 2025-11-25 session's request headers (initialized)."""
+    headers = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json"}
+    opened = httpx2.post(url, content=json.dumps(INIT).encode(), headers=headers, timeout=30)
+    session = {**headers, "Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
+    httpx2.post(url, content=json.dumps(INITIALIZED).encode(), headers=session, timeout=30)
+    return session
+
+
+def _running(daemon: Daemon) -> None:
+    daemon.wait_for(lambda: daemon.tool("f__stats", {})["structuredContent"]["inflight"] == 1, 30, "the call running")
+
+
+def test_a_session_deleted_mid_call_tells_the_call_why_it_ended(daemon: Daemon) -> None:
+    """A session's DELETE while one of its calls runs: the call's event stream carries an error
+    for it saying the session ended and to send it again in a new one. Before, the stream just
+    ended, empty, and a client waited for an answer or guessed why none came."""
+    url = daemon.http_url  # type: ignore[attr-defined]
+    session = _session(url)
+    daemon.tool("f__reset_stats", {})
+    call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "f__work", "arguments": {"seconds": 120}}}
+    got: dict[str, str] = {}
+    poster = threading.Thread(target=lambda: got.update(
+        text=httpx2.post(url, content=json.dumps(call).encode(), headers=session, timeout=60).text))
+    poster.start()
+    try:
+        _running(daemon)
+        assert httpx2.delete(url, headers=session, timeout=30).status_code == 200
+    finally:
+        poster.join(60)
+    events = [json.loads(line[5:]) for line in got["text"].splitlines() if line.startswith("data:")]
+    assert [e["id"] for e in events] == [9], got
+    assert "the session ended before this request was answered" in events[0]["error"]["message"], events
+    assert daemon.tool("f__stats", {})["structuredContent"]["cancelled"] == 1
+
+
 def test_a_session_call_whose_client_left_is_cancelled_upstream(daemon: Daemon) -> None:
     """A 2025-11-25 session's tools/call whose client closes its connection before the answer
     is cancelled upstream. Before, the SDK kept it running (a client may resume a stream, but
     with no event store none can), so the upstream call ran on to its end for no one."""
     url = daemon.http_url  # type: ignore[attr-defined]
-    headers = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text/event-stream",
-               "Content-Type": "application/json"}
-    init = json.dumps(INIT).encode()
-    opened = httpx2.post(url, content=init, headers=headers, timeout=30)
-    session = {**headers, "Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
-    httpx2.post(url, content=json.dumps(INITIALIZED).encode(), headers=session, timeout=30)
+    session = _session(url)
     daemon.tool("f__reset_stats", {})
     call = json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
                        "params": {"name": "f__work", "arguments": {"seconds": 120}}}).encode()
@@ -133,7 +166,7 @@ def test_a_session_call_whose_client_left_is_cancelled_upstream(daemon: Daemon) 
     with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
         raw.sendall(b"POST /mcp HTTP/1.1\r\n" + f"Host: 127.0.0.1:{port}\r\nContent-Length: {len(call)}\r\n".encode()
                     + b"".join(f"{k}: {v}\r\n".encode() for k, v in session.items()) + b"\r\n" + call)
-        daemon.wait_for(lambda: daemon.tool("f__stats", {})["structuredContent"]["inflight"] == 1, 30, "the call running")
+        _running(daemon)
     deadline = time.monotonic() + 30
     while (stats := daemon.tool("f__stats", {})["structuredContent"])["cancelled"] != 1:
         assert time.monotonic() < deadline, f"the call of a client that left was not cancelled: {stats}"

@@ -133,16 +133,30 @@ def too_many_sessions(principal: str, share: int) -> Response:
 
 class _Answered:
     """The `send` of a session's POST, noting whether the answer to its request `request_id`
-    went out on the event stream (a `data:` line holding a JSON-RPC result or error for it)."""
+    went out on the event stream (a `data:` line holding a JSON-RPC result or error for it).
+    An event stream that ends without it (the session was ended: its DELETE) gets an error
+    event for the request first, so the client is told why and what to do."""
 
     def __init__(self, send: Send, request_id: str | int) -> None:
         self._send, self.request_id = send, request_id
-        self.seen = False
+        self.seen = self._stream = False
 
     async def __call__(self, message: Message) -> None:
-        if not self.seen and message.get("type") == "http.response.body":
+        if message.get("type") == "http.response.start":
+            self._stream = message.get("status") == 200 and any(
+                k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in message.get("headers", []))
+        elif not self.seen and message.get("type") == "http.response.body":
             self.seen = _answers(message.get("body", b""), self.request_id)
+            if not self.seen and self._stream and not message.get("more_body"):
+                error = {"code": -32000, "message": ENDED}
+                data = msgspec.json.encode({"jsonrpc": "2.0", "id": self.request_id, "error": error})
+                await self._send({"type": "http.response.body", "body": b"event: message\r\ndata: " + data + b"\r\n\r\n",
+                                  "more_body": True})
         await self._send(message)
+
+
+ENDED = ("the session ended before this request was answered (a DELETE of its Mcp-Session-Id, or the daemon "
+         "stopping), and its call was cancelled: open a new session and send the request again")
 
 
 def _answers(chunk: bytes, request_id: str | int) -> bool:
