@@ -6,7 +6,8 @@ Both client surfaces screen every message here before the SDK sees it: the Unix 
 
 - -32700 parse error (id null): not JSON (invalid UTF-8, only whitespace); NaN/Infinity
   literals too, but with the message's id when it has one (it is JSON to Python's parser).
-- -32600 invalid request: a batch (a JSON array: answered with an array of this error, one
+- -32600 invalid request: a response whose `error` is not an object with an integer
+  `code` and a string `message` (id null: its id is the daemon's); a batch (a JSON array: answered with an array of this error, one
   for each request in it, as JSON-RPC answers a batch), not an object, an `id` that is not a
   string or an integer (then id null: it cannot be echoed), `jsonrpc` not "2.0", no
   string `method`, or nesting deeper than the SDK's parser takes (`MAX_DEPTH`; the id, when
@@ -180,8 +181,15 @@ def _shape(obj: Any) -> Refusal | None:
     if obj.get("jsonrpc") != "2.0":
         return Refusal(INVALID_REQUEST, 'invalid request: `jsonrpc` must be "2.0"', rid)
     if "method" not in obj:
-        if "result" in obj or "error" in obj:
+        if "result" in obj:
             return None  # a response: the SDK matches it to its request
+        if "error" in obj:
+            error = obj["error"]
+            if isinstance(error, dict) and type(error.get("code")) is int and isinstance(error.get("message"), str):
+                return None
+            # id null: a response's id is one of the daemon's requests, not the client's
+            return Refusal(INVALID_REQUEST, f"invalid response to request {json.dumps(rid)[:40]}: `error` must be an "
+                           "object with an integer `code` and a string `message`")
         return Refusal(INVALID_REQUEST, "invalid request: a message needs a `method` (a request or a notification) "
                        "or a `result` or `error` (a response)", rid)
     if not isinstance(obj["method"], str):
