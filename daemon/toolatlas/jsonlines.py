@@ -108,7 +108,9 @@ class BoundedLines:
         """Whether part of a line has arrived and its newline has not."""
         return self._size > 0
 
-    def feed(self, data: bytes) -> list[bytes | Oversized]:
+    def feed(self, data: bytes, *, end: bool = False) -> list[bytes | Oversized]:
+        """The lines `data` completes; with `end` (the stream ended after `data`) an unfinished
+        last line too (`printf` into `nc -U`, a writer that does not end its last message)."""
         out: list[bytes | Oversized] = []
         start = 0
         while True:
@@ -116,6 +118,8 @@ class BoundedLines:
             piece = data[start:] if nl < 0 else data[start:nl]
             self._take(piece)
             if nl < 0:
+                if end and self.pending:
+                    out.append(self._finish())
                 return out
             out.append(self._finish())
             start = nl + 1

@@ -275,6 +275,24 @@ async def test_new_era_headers_must_match_the_body(gw: Daemon) -> None:
         assert error["code"] == -32022 and NEW_ERA in error["data"]["supported"]
 
 
+async def test_a_missing_new_era_routing_header_is_said_missing(gw: Daemon) -> None:
+    """A 2026-07-28 request sent without Mcp-Method, or a tools/call without Mcp-Name, is told
+    which header is missing and its value. Before, the SDK said the header 'does not match'
+    the body, which reads as a wrong value where none was sent."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}", "MCP-Protocol-Version": NEW_ERA}
+    body = _new_era_call("catalog_status", {})
+    with anyio.fail_after(30):
+        no_method = await _raw(url, body, auth)
+        no_name = await _raw(url, body, {**auth, "Mcp-Method": "tools/call"})
+    assert no_method.status_code == no_name.status_code == 400
+    assert no_method.json()["error"] == {"code": -32020, "message": "the Mcp-Method header is missing: a 2026-07-28 "
+                                         "tools/call request names its method in it too (Mcp-Method: tools/call)"}
+    assert no_name.json()["error"] == {"code": -32020, "message": "the Mcp-Name header is missing: a 2026-07-28 "
+                                       "tools/call request names its `name` in it too (Mcp-Name: catalog_status)"}
+    assert no_name.json()["id"] == 7
+
+
 async def test_wrong_content_type_and_oversized_bodies_get_json_rpc_errors(gw: Daemon) -> None:
     """What the SDK answered in plain text ("Invalid Content-Type header", "Request body too
     large") is a JSON-RPC error saying what to send, as every other refusal is; a body over
@@ -302,6 +320,67 @@ async def test_wrong_content_type_and_oversized_bodies_get_json_rpc_errors(gw: D
                 error = response.json()["error"]
                 assert error["code"] == -32600 and "max_message_bytes" in error["message"], error
             assert (await _raw(url, _init_body(), {"Authorization": f"Bearer {ALL_TOKEN}"})).status_code == 200
+
+
+async def test_params_the_sdk_refuses_are_said_by_field_in_both_eras(gw: Daemon) -> None:
+    """A 2025-11-25 initialize without `clientInfo` and a 2026-07-28 resources/read without
+    `uri` get an error naming the field. Before, both were the SDK's bare 'Invalid request
+    parameters' with empty data."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}"}
+    no_info = _init_body()
+    del no_info["params"]["clientInfo"]
+    read = {"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"_meta": _new_era_call("x", {})["params"]["_meta"]}}
+    with anyio.fail_after(30):
+        legacy = await _raw(url, no_info, auth)
+        modern = await _raw(url, read, {**auth, "MCP-Protocol-Version": NEW_ERA, "Mcp-Method": "resources/read"})
+    assert "invalid params: initialize needs `params.clientInfo`" in legacy.text, legacy.text
+    assert modern.json()["error"] == {"code": -32602, "message": "invalid params: resources/read needs `params.uri`"}
+
+
+async def test_new_era_refusals_of_method_and_accept_say_what_to_send(gw: Daemon) -> None:
+    """A 2026-07-28 GET or DELETE (405) and a POST whose Accept lacks text/event-stream (406)
+    get a JSON-RPC error saying what to send, as the 2025-11-25 ones do. Before, the SDK sent
+    both with an empty body: a client saw a bare status and nothing to act on."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    modern = {"Authorization": f"Bearer {ALL_TOKEN}", "MCP-Protocol-Version": NEW_ERA}
+    body = _new_era_call("catalog_status", {})
+    with anyio.fail_after(30):
+        async with httpx2.AsyncClient(timeout=30) as h:
+            get = await h.get(url, headers=modern)
+            delete = await h.delete(url, headers=modern)
+            json_only = await h.post(url, content=json.dumps(body), headers={
+                **modern, "Content-Type": "application/json", "Accept": "application/json",
+                "Mcp-Method": "tools/call", "Mcp-Name": "catalog_status"})
+    for response, verb in ((get, "GET"), (delete, "DELETE")):
+        assert response.status_code == 405 and response.headers["allow"] == "POST", response
+        error = response.json()["error"]
+        assert error["message"].startswith(f"Method Not Allowed: {verb} with MCP-Protocol-Version '{NEW_ERA}'"), error
+    assert json_only.status_code == 406, json_only
+    message = json_only.json()["error"]["message"]
+    assert "application/json and text/event-stream" in message and "'application/json'" in message, message
+
+
+async def test_a_mistyped_protocol_version_header_is_said_so(gw: Daemon) -> None:
+    """A request whose MCP-Protocol-Version names no version ('2025-11-52') is told that, with
+    the versions to send. Before, the SDK took it for a 2026-07-28 request and answered that
+    `params._meta` lacked its envelope keys, which a 2025-era client never needs."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    auth = {"Authorization": f"Bearer {ALL_TOKEN}"}
+    with anyio.fail_after(30):
+        opened = await _raw(url, _init_body(), auth)
+        session = {**auth, "Mcp-Session-Id": opened.headers["mcp-session-id"]}
+        typo = await _raw(url, {"jsonrpc": "2.0", "id": 5, "method": "tools/list"},
+                          {**session, "MCP-Protocol-Version": "2025-11-52"})
+        right = await _raw(url, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                           {**session, "MCP-Protocol-Version": "2025-11-25"})
+    assert typo.status_code == 400, typo.text
+    error = typo.json()
+    assert error["id"] == 5 and error["error"]["code"] == -32600, error
+    message = error["error"]["message"]
+    assert message.startswith("MCP-Protocol-Version '2025-11-52' is not a version this server speaks"), message
+    assert "2025-11-25" in message and "_meta" in message, message
+    assert right.status_code == 202, right.text
 
 
 async def test_a_refused_request_names_no_session(gw: Daemon) -> None:

@@ -70,6 +70,10 @@ CASES = [
     Case("tool name not a string", b'{"jsonrpc":"2.0","id":28,"method":"tools/call","params":{"name":7}}',
          INVALID_PARAMS, 28, "`name`"),
     Case("lone surrogate", tool_call(29, "\ud800", {}), INVALID_REQUEST, 29, "surrogate"),
+    Case("response error a string", b'{"jsonrpc":"2.0","id":31,"error":"bad"}', INVALID_REQUEST,
+         text="invalid response to request 31: `error` must be an object"),
+    Case("response error code a string", b'{"jsonrpc":"2.0","id":32,"error":{"code":"x","message":"m"}}',
+         INVALID_REQUEST, text="invalid response to request 32"),
     Case("unknown method", b'{"jsonrpc":"2.0","id":16,"method":"no/such"}', METHOD_NOT_FOUND, 16, "no/such"),
     Case("top_k 1e400", b'{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"tool_search",'
          b'"arguments":{"query":"echo","top_k":1e400}}}', None, 8, "top_k must be an integer from 1 to 20"),

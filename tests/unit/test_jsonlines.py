@@ -101,3 +101,11 @@ def test_raw_client_refuses_a_reply_over_its_limit(
     with rawclient.RawClient(path, timeout=10) as client:
         with pytest.raises(ConnectionError, match=r"reply of 1000\d\d bytes exceeds the 4096-byte limit"):
             client.request("tools/list")
+
+
+def test_the_end_of_the_stream_ends_an_unfinished_last_line() -> None:
+    s = BoundedLines(10)
+    assert s.feed(b'{"a":1}\n{"b"') == [b'{"a":1}']
+    assert s.feed(b":2}", end=True) == [b'{"b":2}']
+    assert s.feed(b"", end=True) == []  # nothing left
+    assert s.feed(b"x" * 11, end=True) == [Oversized(11, None)]

@@ -47,11 +47,12 @@ from toolatlas.config import HttpSection, HttpToken, listen_address
 from toolatlas.errors import ConfigError
 from toolatlas.meta_tools import META_TOOLS
 from toolatlas.gateway.ports import DEFAULT_ENDPOINT, Connection, OAuthIdentity, new_connection_id
-from toolatlas.surface.http_body import json_error, screen_body
+from toolatlas.surface.http_body import explain_bare, header, json_error, screen_body
 from toolatlas.surface.http_cors import preflight, with_cors
 from toolatlas.surface.http_h11 import bounded_h11
 from toolatlas.surface.http_open import OpenRequests
-from toolatlas.surface.http_sessions import SESSION_IDLE_S, SessionLedger, end_session, too_many_sessions
+from toolatlas.surface.http_sessions import (SESSION_IDLE_S, SessionLedger, answer_or_cancel, end_session,
+                                             too_many_sessions)
 from toolatlas.surface.oauth import WELL_KNOWN, OAuthRejected, Validator, challenge, metadata_url
 from toolatlas.surface.server import CONNECTION, Connections
 
@@ -109,13 +110,6 @@ def _matches(value: str, allowed: Sequence[str]) -> bool:
         if pattern.endswith(":*") and value.startswith(pattern[:-1]) and value[len(pattern) - 1 :].isdigit():
             return True
     return False
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key.lower() == name:
-            return str(value.decode("latin-1"))
-    return None
 
 
 def _stream_expiry(who: str | OAuthIdentity, scope: Scope, rpc_method: str | None) -> float | None:
@@ -261,7 +255,7 @@ class HttpEndpoint:
         if scope["type"] != "http":
             return
         self.requests += 1
-        if (origin := _header(scope, b"origin")) is not None and _matches(origin, self.allowed_origins):
+        if (origin := header(scope, b"origin")) is not None and _matches(origin, self.allowed_origins):
             send = with_cors(send, origin)
         endpoint = self.paths.get(str(scope.get("path", "")).rstrip("/"), DEFAULT_ENDPOINT)
         rejection, who, why = await self._admit(scope)
@@ -276,13 +270,13 @@ class HttpEndpoint:
                  else Connection(id=0, token=who, endpoint=endpoint))
         # Binds a legacy session to the principal that opened it (the SDK compares them).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=f"toolatlas-{fresh.principal}", scopes=[]))
-        rpc_method = None
+        message = None
         if scope.get("method") == "POST":
-            refused, receive, rpc_method = await screen_body(scope, receive, self.max_message_bytes)
+            refused, receive, message = await screen_body(scope, receive, self.max_message_bytes)
             if refused is not None:
                 await refused(scope, receive, send)
                 return
-        session_id = _header(scope, b"mcp-session-id")
+        rpc_method, session_id = getattr(message, "method", None), header(scope, b"mcp-session-id")
         if session_id is None and rpc_method == "initialize" and (full := await self._make_room(fresh, scope)):
             await full(scope, receive, send)
             return
@@ -307,7 +301,8 @@ class HttpEndpoint:
         try:
             with self.sessions.using(session_id or "", fresh.principal):
                 async with self.open.serving(conn, scope, send, until=_stream_expiry(who, scope, rpc_method)) as send:
-                    await self._manager.handle_request(scope, receive, send)
+                    await answer_or_cancel(self._manager.handle_request, scope, receive, explain_bare(scope, send),
+                                           session_id, message)
         finally:
             self.connections.discard(conn)
             CONNECTION.reset(ctx_token)

@@ -8,20 +8,31 @@ them (a leaky client, or anyone holding any token) filled that, and then every o
 max_clients_per_uid`, as a uid's socket connections): opening one more first ends its least
 recently used idle session (the DELETE its client could have sent), and when every one of its
 sessions has a request in flight (an open event stream) the opening request gets 429.
+
+Also: a session's request whose event stream ended before its answer (the client went away,
+the session was ended) is cancelled in the session (`answer_or_cancel`). The SDK
+keeps it running, as the spec lets a client resume a stream; with no event store nothing can
+resume it, and the upstream call ran on to its end for no one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import anyio
+import mcp_types as types
+import msgspec
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Message, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Seconds a session with no request in flight lives (given to the SDK's manager, which ends it).
 SESSION_IDLE_S = 1800.0
+# Seconds the cancel of a request whose answer did not go out may take (answer_or_cancel).
+CANCEL_S = 5.0
 
 
 class SessionLedger:
@@ -120,19 +131,86 @@ def too_many_sessions(principal: str, share: int) -> Response:
                         status_code=429, headers={"Retry-After": "1"})
 
 
+class _Answered:
+    """The `send` of a session's POST, noting whether the answer to its request `request_id`
+    went out on the event stream (a `data:` line holding a JSON-RPC result or error for it).
+    An event stream that ends without it (the session was ended: its DELETE) gets an error
+    event for the request first, so the client is told why and what to do."""
+
+    def __init__(self, send: Send, request_id: str | int) -> None:
+        self._send, self.request_id = send, request_id
+        self.seen = self._stream = False
+
+    async def __call__(self, message: Message) -> None:
+        if message.get("type") == "http.response.start":
+            self._stream = message.get("status") == 200 and any(
+                k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in message.get("headers", []))
+        elif not self.seen and message.get("type") == "http.response.body":
+            self.seen = _answers(message.get("body", b""), self.request_id)
+            if not self.seen and self._stream and not message.get("more_body"):
+                error = {"code": -32000, "message": ENDED}
+                data = msgspec.json.encode({"jsonrpc": "2.0", "id": self.request_id, "error": error})
+                await self._send({"type": "http.response.body", "body": b"event: message\r\ndata: " + data + b"\r\n\r\n",
+                                  "more_body": True})
+        await self._send(message)
+
+
+ENDED = ("the session ended before this request was answered (a DELETE of its Mcp-Session-Id, or the daemon "
+         "stopping), and its call was cancelled: open a new session and send the request again")
+
+
+def _answers(chunk: bytes, request_id: str | int) -> bool:
+    for line in chunk.splitlines():
+        if not line.startswith(b"data:"):
+            continue
+        try:
+            msg = msgspec.json.decode(line[5:])
+        except (msgspec.DecodeError, RecursionError):
+            continue
+        if isinstance(msg, dict) and msg.get("id") == request_id and ("result" in msg or "error" in msg):
+            return True
+    return False
+
+
+async def answer_or_cancel(app: ASGIApp, scope: Scope, receive: Receive, send: Send, session_id: str | None,
+                           message: object) -> None:
+    """Serve the request through the SDK's manager (`app`); a session's request whose answer
+    did not go out on its event stream (module docstring) is then cancelled in its session,
+    as its client's notifications/cancelled would, shielded and bounded."""
+    if not session_id or not isinstance(message, types.JSONRPCRequest):
+        await app(scope, receive, send)
+        return
+    answered = _Answered(send, message.id)
+    try:
+        await app(scope, receive, answered)
+    finally:
+        if not answered.seen:
+            body = msgspec.json.encode({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {
+                "requestId": message.id, "reason": "the request's event stream ended before its answer"}})
+            version = [(k, v) for k, v in scope.get("headers", []) if k.lower() == b"mcp-protocol-version"]
+            with anyio.move_on_after(CANCEL_S, shield=True), contextlib.suppress(Exception):  # (the daemon stopping)
+                await _inject(app, {**scope, "method": "POST", "query_string": b"", "headers": [
+                    (b"mcp-session-id", session_id.encode("latin-1")), (b"content-type", b"application/json"),
+                    (b"accept", b"application/json, text/event-stream"), *version]}, body)
+
+
 async def end_session(app: ASGIApp, session_id: str, scope: Scope) -> None:
     """End a session through the SDK's manager (`app`) as its client's DELETE would; `scope`
     is a request of the session's principal (its `user` is what the SDK checks)."""
     headers = [(b"mcp-session-id", session_id.encode("latin-1"))]
-    delete = {**scope, "method": "DELETE", "headers": headers, "query_string": b""}
+    await _inject(app, {**scope, "method": "DELETE", "headers": headers, "query_string": b""}, b"")
+
+
+async def _inject(app: ASGIApp, scope: Scope, body: bytes) -> None:
+    """Run a request of our own making through `app`; its answer is dropped."""
 
     async def receive() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.request", "body": body, "more_body": False}
 
     async def discard(_message: Message) -> None:
         pass
 
-    await app(delete, receive, discard)
+    await app(scope, receive, discard)
 
 
-__all__ = ["SESSION_IDLE_S", "SessionLedger", "end_session", "too_many_sessions"]
+__all__ = ["SESSION_IDLE_S", "SessionLedger", "answer_or_cancel", "end_session", "too_many_sessions"]

@@ -6,13 +6,19 @@ Both client surfaces screen every message here before the SDK sees it: the Unix 
 
 - -32700 parse error (id null): not JSON (invalid UTF-8, only whitespace); NaN/Infinity
   literals too, but with the message's id when it has one (it is JSON to Python's parser).
-- -32600 invalid request: a batch (a JSON array: answered with an array of this error, one
+- -32600 invalid request: a response whose `error` is not an object with an integer
+  `code` and a string `message` (id null: its id is the daemon's); a batch (a JSON array: answered with an array of this error, one
   for each request in it, as JSON-RPC answers a batch), not an object, an `id` that is not a
   string or an integer (then id null: it cannot be echoed), `jsonrpc` not "2.0", no
   string `method`, or nesting deeper than the SDK's parser takes (`MAX_DEPTH`; the id, when
   the message is too deep to decode at all, is read off its start as for an oversized line).
 - -32602 invalid params: `params` not an object; a tools/call without a string `name`
   or with `arguments` that are not an object.
+
+After the screen, the SDK answers a request it cannot take with a bare -32602 "Invalid
+request parameters" and no data, both for params its models refuse and for a request sent
+before `initialize`; `explain_params`, the server's middleware, says which (the field and
+what it needs, or "send initialize first").
 
 The SDK's parser would otherwise take a request with an object `id` for a notification (and
 never answer it), accept NaN, and on deep nesting answer with pydantic's text or, on the
@@ -28,15 +34,19 @@ from typing import Any
 
 import mcp_types as types
 import msgspec
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from toolatlas.jsonlines import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, MAX_DEPTH, PARSE_ERROR, Refusal,
                                  deeper_than, request_id_of)
 
-__all__ = ["INTERNAL_ERROR", "INVALID_PARAMS", "INVALID_REQUEST", "PARSE_ERROR", "Refusal", "screen"]
+__all__ = ["INTERNAL_ERROR", "INVALID_PARAMS", "INVALID_REQUEST", "PARSE_ERROR", "Refusal", "explain_params", "screen"]
 
 
 _decode = msgspec.json.Decoder().decode
 _BYTE_RE = re.compile(r"\(byte (\d+)\)")
+TEXT = 200  # the most of the SDK's words on one field an error quotes
 _NAN = "parse error: NaN and Infinity are not JSON numbers"
 
 
@@ -171,8 +181,15 @@ def _shape(obj: Any) -> Refusal | None:
     if obj.get("jsonrpc") != "2.0":
         return Refusal(INVALID_REQUEST, 'invalid request: `jsonrpc` must be "2.0"', rid)
     if "method" not in obj:
-        if "result" in obj or "error" in obj:
+        if "result" in obj:
             return None  # a response: the SDK matches it to its request
+        if "error" in obj:
+            error = obj["error"]
+            if isinstance(error, dict) and type(error.get("code")) is int and isinstance(error.get("message"), str):
+                return None
+            # id null: a response's id is one of the daemon's requests, not the client's
+            return Refusal(INVALID_REQUEST, f"invalid response to request {json.dumps(rid)[:40]}: `error` must be an "
+                           "object with an integer `code` and a string `message`")
         return Refusal(INVALID_REQUEST, "invalid request: a message needs a `method` (a request or a notification) "
                        "or a `result` or `error` (a response)", rid)
     if not isinstance(obj["method"], str):
@@ -192,3 +209,36 @@ def _call_params(params: dict[str, Any] | None, rid: Any) -> Refusal | None:
         return Refusal(INVALID_PARAMS, "invalid params: tools/call `arguments` must be an object of named arguments, "
                        f"not {_kind(args)}", rid)
     return None
+
+
+_SDK_INVALID = "Invalid request parameters"  # the SDK's words for both (mcp.server.runner)
+
+
+async def explain_params(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """The server's middleware: the SDK's bare "Invalid request parameters" said as what to
+    send. A request before `initialize` is told to initialize first; params the SDK's models
+    refuse name the field and what it must be."""
+    try:
+        return await call_next(ctx)
+    except ValidationError as exc:
+        if ctx.request_id is None:
+            raise
+        raise MCPError(INVALID_PARAMS, f"invalid params: {ctx.method} {_fields(exc)}") from exc
+    except MCPError as exc:
+        error = exc.error
+        if (ctx.request_id is None or error.code != INVALID_PARAMS or error.message != _SDK_INVALID or error.data
+                or ctx.session.client_params is not None):
+            raise
+        raise MCPError(INVALID_PARAMS, f"the session is not initialized: send `initialize` (then "
+                       f"`notifications/initialized`) before {ctx.method}") from exc
+
+
+def _fields(exc: ValidationError) -> str:
+    """What the refused params lack or have wrong, by field (`params.clientInfo`), three at most."""
+    errors = exc.errors()[:3]
+    names = [".".join(str(part) for part in err["loc"]) or "params" for err in errors]
+    missing = [f"`{n}`" for n, err in zip(names, errors) if err["type"] == "missing"]
+    said = [f"needs {', '.join(missing)}"] if missing else []
+    said += [f"`{n}`: {err['msg'][:TEXT]}" for n, err in zip(names, errors) if err["type"] != "missing"]
+    more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
+    return "; ".join(said) + more

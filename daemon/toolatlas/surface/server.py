@@ -31,7 +31,7 @@ from toolatlas.errors import BadInput, ToolatlasError
 from toolatlas.gateway.ports import REQUEST, CallRequest, Connection, GatewayPort, Request
 from toolatlas.surface import federation, relay
 from toolatlas.surface.results import call_result, error_result, json_result
-from toolatlas.surface.rpccheck import INTERNAL_ERROR
+from toolatlas.surface.rpccheck import INTERNAL_ERROR, explain_params
 from toolatlas.meta_tools import (AUTO_TOP_K, CATALOG_STATUS, EXECUTE_TOOL, TOOL_SEARCH, clamp_top_k, only_parameters,
                                   servers_arg, tool_format)
 from toolatlas.surface.meta import META_SEEN, meta_tools, search_result
@@ -344,8 +344,8 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
     )
     federation.register(server, gw, _connection)
     # No OpenTelemetry exporter is configured, so its per-request span middleware only costs
-    # time on the hot path: drop it.
-    server.middleware = []
+    # time on the hot path: drop it. The SDK's bare "Invalid request parameters" is explained.
+    server.middleware = [explain_params]
     return server
 
 

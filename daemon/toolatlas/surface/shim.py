@@ -166,6 +166,16 @@ class Shim:
             data = os.read(self.stdin, _CHUNK)
         except OSError:
             data = b""
+        for line in self.client_lines.feed(data, end=not data):  # EOF ends a last line
+            if isinstance(line, Oversized):
+                self._to_client([Refusal(INVALID_REQUEST, f"message exceeds the shim's {CLIENT_LINE_LIMIT}-byte limit "
+                                         "and was discarded; send a smaller one", line.request_id).line()])
+                continue
+            if not line.strip():
+                continue
+            if self.session.link is Link.DOWN and self.sock is None:
+                self._try_connect(time.monotonic())  # the daemon may be back: try before refusing
+            self._apply(self.session.from_client(line))
         if not data:
             self._read_client(False)
             self.client_eof = True
@@ -176,16 +186,6 @@ class Shim:
             if self.sock is not None and not self.outbox:
                 self._shut_write()
             return
-        for line in self.client_lines.feed(data):
-            if isinstance(line, Oversized):
-                self._to_client([Refusal(INVALID_REQUEST, f"message exceeds the shim's {CLIENT_LINE_LIMIT}-byte limit "
-                                         "and was discarded; send a smaller one", line.request_id).line()])
-                continue
-            if not line.strip():
-                continue
-            if self.session.link is Link.DOWN and self.sock is None:
-                self._try_connect(time.monotonic())  # the daemon may be back: try before refusing
-            self._apply(self.session.from_client(line))
         if len(self.outbox) > OUTBOX_HIGH:
             self._read_client(False)  # the daemon reads slower than the client writes
 

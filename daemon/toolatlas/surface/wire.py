@@ -4,8 +4,9 @@ The SDK's stdio transport silently drops lines it cannot parse; a gateway must a
 Every line is screened by surface.rpccheck: a malformed one gets the JSON-RPC error it
 earns (-32700, -32600 or -32602, saying what to send instead), and a line over `max_bytes`
 is discarded up to its newline and answered with -32600 naming the limit, with the id read
-off its start. None of them ends the connection; an empty line is skipped, and a UTF-8
-byte order mark before a line dropped (JSON parsers may ignore one; the shim's does).
+off its start. None of them ends the connection; an empty line is skipped, a UTF-8
+byte order mark before a line dropped (JSON parsers may ignore one; the shim's does), and
+a last line without its newline, from a peer that half-closed, still read.
 
 A connection has at most `max_in_flight` requests read and not yet answered; past that a
 request is answered at once with -32000 saying so. Each request in flight is a task holding
@@ -289,6 +290,14 @@ async def ndjson_streams(
                 return
             await anyio.sleep(0.05)
 
+    async def last_line() -> None:
+        """A last message without its newline, from a peer that half-closed and still reads
+        (one that closed its socket is gone: nothing is started for it)."""
+        closed = getattr(stream, "peer_closed", None)
+        if splitter.pending and not (closed is not None and closed()):
+            for line in splitter.feed(b"", end=True):
+                await handle_line(line)
+
     async def reader() -> None:
         nonlocal last_traffic
         started = False  # a first complete line has arrived
@@ -319,6 +328,7 @@ async def ndjson_streams(
                                 data = await stream.receive(_CHUNK)
                             except anyio.EndOfStream:
                                 waited.deadline = math.inf
+                                await last_line()
                                 await replies_sent()  # the peer half-closed: it still reads what it is owed
                                 return
                             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
