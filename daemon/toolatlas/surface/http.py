@@ -144,8 +144,7 @@ class HttpEndpoint:
         self.max_message_bytes = max_message_bytes
         self.max_clients, self.max_clients_per_principal = max_clients, max_clients_per_principal
         self.message_timeout = message_timeout
-        self.allowed_hosts: list[str] = list(section.allowed_hosts)
-        self.allowed_origins: list[str] = list(section.allowed_origins)
+        self.allowed_hosts, self.allowed_origins = list(section.allowed_hosts), list(section.allowed_origins)
         self.requests = 0
         # Shared with the Unix socket: an HTTP request in flight (an open SSE stream
         # included) is a connected client in catalog_status and the metrics.
