@@ -45,7 +45,7 @@ EXECUTE_OUTCOMES = frozenset({"ok", "error", "timeout", "unavailable", "denied",
 FALLBACK_KINDS = frozenset({"bm25-only", "passthrough"})
 # A call of a tool that a search on the same connection returned: recorded as a usage event,
 # or not (the call failed, or came after the learning window).
-FEEDBACK_OUTCOMES = frozenset({"recorded", "call_failed", "outside_window"})
+FEEDBACK_OUTCOMES = frozenset({"recorded", "call_failed", "outside_window", "dropped"})
 # Operator commands on the socket (surface.admin) and how each ended.
 ADMIN_COMMANDS = frozenset({"upstream_list", "upstream_restart", "upstream_relist", "upstream_approve", "upstream_reject",
                             "reload", "unknown"})
@@ -231,7 +231,7 @@ class Metrics:
         self.embeddings = counter("embeddings_computed", "Tool documents embedded (cache misses of the embedder).")
         self.feedback = counter("feedback_events",
             "Calls of a tool a search returned on the same connection, by outcome "
-            "(recorded as a usage event, call_failed, outside_window).", ["outcome"])
+            "(recorded as a usage event, call_failed, outside_window, dropped: the writer far behind).", ["outcome"])
         self._state = _StateCollector(upstream_states)
         r.register(self._state)
         self.bound_address: tuple[str, int] | None = None

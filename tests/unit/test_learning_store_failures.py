@@ -16,6 +16,7 @@ import numpy as np
 from tests.support.waits import until
 from toolatlas.config import LearningSection
 from toolatlas.gateway.learning import LearningService
+from toolatlas.gateway.ports import Connection
 from toolatlas.metrics import Metrics
 from toolatlas.retrieval.engine import Engine
 from toolatlas.retrieval.usage import SqliteUsageStore, UsageEvent
@@ -139,3 +140,27 @@ def test_a_store_deleted_under_the_daemon_is_taken_as_a_wipe_not_filled_unlinked
             again.close()
     finally:
         store.close()
+
+
+async def test_an_event_dropped_for_a_writer_far_behind_is_counted(tmp_path: Path) -> None:
+    """A usage event the queue has no room for (its writer 10,000 events behind) is dropped,
+    not waited for, and counted as `dropped`: the feedback counter accounts for every call
+    after a search."""
+    engine = Engine(state_dir=None, embedder="none", mode="bm25")
+    metrics = Metrics()
+    svc = LearningService(lambda: LearningSection(), engine, None, metrics=metrics,
+                          store=SqliteUsageStore(tmp_path / "learning.sqlite3"))
+    conn = Connection(id=1, uid=1000)
+    filler = UsageEvent(query="q", tool="fs__read_file", principal="uid:1", at=time.time(), index_version=1)
+    try:
+        while True:  # bounded: the queue holds 10,000
+            svc._send.send_nowait(filler)
+    except anyio.WouldBlock:
+        pass
+    svc.searched(conn, "read a file", ["fs__read_file"], 1)
+    svc.executed(conn, "fs__read_file", True)
+    text = metrics.expose()[0].decode()
+    assert 'toolatlas_feedback_events_total{outcome="dropped"} 1.0' in text, text
+    assert 'outcome="recorded"} 1.0' not in text
+    svc._send.close()
+    svc._receive.close()

@@ -136,6 +136,7 @@ class LearningService:
                 self._send.send_nowait(event)
             except anyio.WouldBlock:  # the writer is far behind: drop rather than block calls
                 log.warning("learning: the usage writer is behind; an event for %s was dropped", name)
+                self._metrics.count_feedback("dropped")
                 return
             self._metrics.count_feedback("recorded")
             for hear in self.on_recorded:
