@@ -19,6 +19,7 @@ from tests.support.configs import make_upstream, replace, stdio_everything, stdi
 from tests.support.ports import free_port as get_free_port
 from tests.support.processes import children_of, pid_alive
 from tests.support.results import pool_call, text
+from tests.support.waits import until
 from toolatlas.config import Timeouts
 from toolatlas.errors import UpstreamTimeout, UpstreamUnavailable
 from toolatlas.catalog.model import ToolRecord
@@ -277,6 +278,22 @@ async def test_a_killed_stdio_upstream_is_noticed_by_its_exit_when_a_process_it_
             with anyio.fail_after(10):
                 while pid_alive(holder):
                     await anyio.sleep(0.05)
+
+
+async def test_a_process_the_child_started_that_ignores_sigterm_does_not_outlive_the_pool() -> None:
+    """The server leaves a background process that ignores SIGTERM (a wrapper's helper, a
+    language server); stopping the upstream SIGKILLs it after the grace, not leave it running."""
+    base = stdio_testserver("stubborn")
+    assert isinstance(base.command, str)
+    script = '(trap "" TERM; exec sleep 300) & exec "$0" "$@"'
+    up = replace(base, command="/bin/sh", args=["-c", script, base.command, *base.args])
+    with anyio.fail_after(60):
+        async with running(Pool([up], Recorder())) as pool:
+            await pool.wait_settled(30)
+            first = pool.get("stubborn")
+            assert first is not None and first.state is READY and first.pid is not None
+            (holder,) = children_of(first.pid)
+        await until(lambda: not pid_alive(holder), "end of the process the child left behind", timeout=20)
 
 
 async def test_crash_during_a_call_fails_that_call_and_recovers() -> None:

@@ -1,4 +1,4 @@
-"""Stdio children: how the daemon spawns one, drives its pipes, and starts them early.
+"""Stdio children: how the daemon spawns one, drives its pipes, stops it, and starts them early.
 
 Every stdio upstream is spawned by `spawn` (pipes on all three streams, its own session, the
 environment of `child_environment`) and driven through `ChildProcess`, the anyio process the
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -39,12 +40,17 @@ import anyio.lowlevel
 from toolatlas.config import StdioUpstream
 from toolatlas.paths import socket_answers
 
+logger = logging.getLogger(__name__)
+
 # What a stdio child inherits of the daemon's environment (the SDK's stdio default), besides
 # its own `env`: no secrets of the daemon's leak into an upstream.
 INHERITED_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
 _POLL_S = 0.01
 _EXIT_POLL_S = 1.0  # `exited` without a pidfd
 _STOP_WAIT_S = 2.0
+# Seconds a stdio child gets to exit by itself after its stdin closes, then after SIGTERM.
+STDIN_CLOSE_GRACE = 2.0
+SIGTERM_GRACE = 2.0
 
 
 def child_environment(up: StdioUpstream) -> dict[str, str]:
@@ -255,10 +261,68 @@ class ChildProcess(anyio.abc.Process):
         return self._stderr
 
 
+async def _wait_exit(process: anyio.abc.Process, timeout: float) -> bool:
+    # Poll returncode, not process.wait(): wait() also waits for pipe EOF, which a
+    # grandchild holding the pipes can delay forever.
+    with anyio.move_on_after(timeout):
+        while process.returncode is None:
+            await anyio.sleep(_POLL_S)
+    return process.returncode is not None
+
+
+async def _wait_group_gone(pgid: int, timeout: float) -> bool:
+    """Whether process group `pgid` is empty within `timeout` s (its child is reaped already)."""
+    with anyio.move_on_after(timeout):
+        while True:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:  # a member that changed its uid: nothing this daemon can stop
+                return True
+            await anyio.sleep(_POLL_S)
+    return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def stop_process(process: anyio.abc.Process, name: str) -> int | None:
+    """Close stdin, wait, SIGTERM the group, wait, SIGKILL the group. Shielded and bounded.
+    Returns the last signal it had to send the child, or None when it exited by itself."""
+    sent: int | None = None
+    with anyio.CancelScope(shield=True):
+        pgid = process.pid  # start_new_session: the child leads its own group
+        if process.stdin is not None:
+            with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await process.stdin.aclose()
+        if not await _wait_exit(process, STDIN_CLOSE_GRACE):
+            logger.info("upstream %s: child %d ignored stdin close; sending SIGTERM", name, pgid)
+            _signal_group(pgid, sent := signal.SIGTERM)
+            if not await _wait_exit(process, SIGTERM_GRACE):
+                logger.warning("upstream %s: child %d ignored SIGTERM; sending SIGKILL", name, pgid)
+                _signal_group(pgid, sent := signal.SIGKILL)
+                if not await _wait_exit(process, 2.0):
+                    logger.error("upstream %s: child %d survived SIGKILL; abandoning it", name, pgid)
+        # Leftover grandchildren in the child's group (npx -> node) must not outlive it, nor
+        # one that ignores SIGTERM: the group gets SIGKILL once SIGTERM_GRACE has passed.
+        _signal_group(pgid, signal.SIGTERM)
+        if not await _wait_group_gone(pgid, SIGTERM_GRACE):
+            logger.warning("upstream %s: a process child %d started ignored SIGTERM; sending SIGKILL", name, pgid)
+            _signal_group(pgid, signal.SIGKILL)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await stream.aclose()
+    return sent
+
+
 async def _reader(loop: asyncio.AbstractEventLoop, pipe: IO[bytes]) -> _PipeReader:
     reader = asyncio.StreamReader(loop=loop)
     transport, _protocol = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
     return _PipeReader(reader, transport)
 
 
-__all__ = ["INHERITED_ENV", "ChildProcess", "child_environment", "discard", "prespawn", "spawn", "take"]
+__all__ = ["INHERITED_ENV", "ChildProcess", "child_environment", "discard", "prespawn", "spawn", "stop_process", "take"]
