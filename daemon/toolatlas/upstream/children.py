@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -61,14 +62,44 @@ def child_environment(up: StdioUpstream) -> dict[str, str]:
     return env | dict(up.env)
 
 
+class SpawnError(OSError):
+    """A stdio child that could not be started, said as a sentence naming the command (or
+    the cwd) and what is wrong with it; str() is that sentence."""
+
+
 def spawn(up: StdioUpstream) -> subprocess.Popen[bytes]:
     """Start `up` the one way the daemon starts a stdio child: pipes on all three streams and
-    its own session (a process group the shutdown signals as a whole)."""
-    return subprocess.Popen(
-        [up.command, *up.args], env=child_environment(up), cwd=up.cwd,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    its own session (a process group the shutdown signals as a whole). Raises SpawnError."""
+    try:
+        return subprocess.Popen(
+            [up.command, *up.args], env=child_environment(up), cwd=up.cwd,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise SpawnError(_why_not_started(up, exc)) from exc
+
+
+def _why_not_started(up: StdioUpstream, exc: OSError) -> str:
+    """What the OSError of starting `up` means, for status and logs: the bare errno said "No
+    such file or directory: 'npx'" without the PATH searched (a service's PATH is not the
+    login shell's) and without telling a missing command from a missing cwd."""
+    cmd = up.command
+    if up.cwd is not None and exc.filename == up.cwd:  # subprocess names the cwd when chdir failed
+        what = "is not a folder" if exc.errno in (errno.ENOENT, errno.ENOTDIR) else f"cannot be entered ({exc.strerror})"
+        return f"its cwd {up.cwd!r} {what}; create it, or fix `cwd` in the config"
+    if exc.errno == errno.ENOENT and "/" not in cmd:
+        path = child_environment(up).get("PATH", os.defpath)
+        return (f"command {cmd!r} is not found on the PATH it gets ({path[:200]}); install it, give its "
+                "absolute path as `command`, or set PATH in the upstream's `env`")
+    if exc.errno == errno.ENOENT:
+        return f"command {cmd!r} does not exist; install it, or fix `command` in the config"
+    if exc.errno == errno.EACCES:
+        what = "a folder" if os.path.isdir(cmd) else "not executable (chmod +x it)"
+        return f"command {cmd!r} is {what}"
+    if exc.errno == errno.ENOEXEC:
+        return f"command {cmd!r} is not a program this system can run (a script needs a '#!' first line)"
+    return f"command {cmd!r} could not be started: {exc.strerror or exc}"
 
 
 _Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], str | None]
@@ -325,4 +356,4 @@ async def _reader(loop: asyncio.AbstractEventLoop, pipe: IO[bytes]) -> _PipeRead
     return _PipeReader(reader, transport)
 
 
-__all__ = ["INHERITED_ENV", "ChildProcess", "child_environment", "discard", "prespawn", "spawn", "stop_process", "take"]
+__all__ = ["INHERITED_ENV", "ChildProcess", "child_environment", "discard", "prespawn", "spawn", "SpawnError", "stop_process", "take"]

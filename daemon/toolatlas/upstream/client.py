@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from toolatlas.calls import ProgressFn
 from toolatlas.config import Upstream
 from toolatlas.errors import ToolatlasError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from toolatlas.upstream.children import SpawnError
 from toolatlas.upstream.outputs import harden
 
 _CLIENT_INFO = mcp_types.Implementation(name="toolatlas", version="0.1.0")
@@ -108,6 +109,8 @@ def classify(exc: BaseException, *, live: bool = False) -> LossReason:
 def describe(exc: BaseException) -> str:
     """A one-line reason for logs and status: the innermost meaningful error."""
     exc = _innermost(exc)
+    if isinstance(exc, SpawnError):  # a sentence already
+        return str(exc)
     if isinstance(exc, MCPError):
         return f"JSON-RPC error {exc.error.code}: {exc.error.message}"
     if isinstance(exc, httpx2.HTTPStatusError):
