@@ -14,9 +14,9 @@ of that upstream takes the waiting child (`take`) instead of spawning another: t
 starts overlap. A child is taken only when its argv, environment and working directory are
 exactly what the pool would spawn and it still runs; otherwise it is stopped and the pool
 spawns as before (and reports any failure as before). Restarts always spawn. A child nobody
-took is stopped by `discard` (the daemon calls it once its upstreams have started) or at
-exit. Nothing is spawned early when a daemon already answers on the configured socket: that
-start fails anyway.
+took is stopped by `discard` (the daemon calls it once its upstreams have started), at exit,
+or by a SIGTERM that comes before the daemon took SIGTERM over. Nothing is spawned early
+when a daemon already answers on the configured socket: that start fails anyway.
 
 Imports: the standard library, anyio and the config only (it runs before everything else).
 """
@@ -124,8 +124,19 @@ def prespawn(upstreams: Sequence[object], socket_path: str) -> list[str]:
             continue
         if not _waiting:
             atexit.register(discard)
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _stop_children_then_die)
         _waiting[up.name] = (_key(up), child)
     return list(_waiting)
+
+
+def _stop_children_then_die(signum: int, _frame: object) -> None:
+    """SIGTERM until the daemon takes it over (app.serve, after its imports): its default
+    action ended the daemon without atexit, leaving the early children running (one that
+    does not read its stdin never notices). They are stopped, then the signal acts as before."""
+    discard()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def take(up: StdioUpstream) -> subprocess.Popen[bytes] | None:
