@@ -27,13 +27,15 @@ from toolatlas.errors import RelayRefused, UpstreamProtocolError, UpstreamTimeou
 from toolatlas.upstream import federation
 from toolatlas.upstream.client import CLOSE_TIMEOUT, AuthWatch, begin_teardown, describe, make_client
 from toolatlas.upstream.listing import list_records
-from toolatlas.upstream.requests import CALL_CLOCK, CallClock
+from toolatlas.upstream.requests import CALL_CLOCK, RESTARTED, CallClock
 from toolatlas.upstream.inbound import Inbound, ListsCallback, LogCallback
 from toolatlas.upstream.session import Observer, ToolsCallback, UpstreamSession
 from toolatlas.upstream.state import UpstreamState
 from toolatlas.upstream.transports import open_transport
 
 logger = logging.getLogger(__name__)
+# A reconcile's `why` as the calls it cuts say it (session.RESTARTED for the others).
+STOPPED_BY = {"daemon stop": "the daemon stopping"}
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,7 @@ class Pool:
                     starting.append(up)
             for s in stopping:
                 logger.info("upstream %s: %s by %s", s.name, "restarting" if s.name in wanted else "removing", why)
-                s.stop()
+                s.stop(STOPPED_BY.get(why, RESTARTED))
             with anyio.move_on_after(CLOSE_TIMEOUT + 5.0):
                 for s in stopping:
                     await s.wait_done()

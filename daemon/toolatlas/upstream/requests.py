@@ -24,12 +24,14 @@ if TYPE_CHECKING:
     from toolatlas.upstream.client import AuthWatch, LossReason
 
 T = TypeVar("T")
+# Who stopped a session, as the calls it cut say ("closed by ..."), unless the stop names another.
+RESTARTED = "a config reload or a restart"
 
 
 class _Session(Protocol):
     name: str
     sem: anyio.Semaphore
-    stop_requested: bool
+    stop_requested: str | None  # who stopped the session, as the calls it cut say ("closed by ...")
 
     def observe(self, kind: str, **fields: Any) -> None: ...
 
@@ -134,7 +136,7 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
         if session_forgotten(exc):
             raise SessionForgotten(f"upstream {session.name!r} lost its session during {op}: {conn.describe(exc)}") from exc
         if session.stop_requested:  # our own close, not the upstream's failure
-            raise UpstreamUnavailable(f"upstream {session.name!r} was closed by a config reload or a restart "
+            raise UpstreamUnavailable(f"upstream {session.name!r} was closed by {session.stop_requested} "
                                       f"during {op}; it may have run: retry if that is safe") from exc
         raise call_error(session.name, op, exc, reason) from exc
 
