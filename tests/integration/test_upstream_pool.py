@@ -296,6 +296,21 @@ async def test_a_process_the_child_started_that_ignores_sigterm_does_not_outlive
         await until(lambda: not pid_alive(holder), "end of the process the child left behind", timeout=20)
 
 
+async def test_a_child_that_says_why_it_quit_on_stdout_has_that_in_its_status() -> None:
+    """Many servers print their usage or a missing-setting error on stdout, not stderr, and
+    exit: the reason showed only the exit code, the words were in the daemon's log alone."""
+    quits = make_upstream("quits", "stdio", command="/bin/sh",
+                          args=["-c", 'echo "Error: WIDGET_API_KEY is not set"; exit 1'])
+    said = make_upstream("said", "stdio", command="/bin/sh",
+                         args=["-c", 'echo "usage: srv [--port N]"; echo "srv: bad flag" >&2; exit 2'])
+    with anyio.fail_after(30):
+        async with running(Pool([quits, said], Recorder(), backoff=lambda _a: 60.0)) as pool:
+            await pool.wait_settled(20)
+            q, s = pool.get("quits"), pool.get("said")
+            assert q is not None and q.reason == "stdio child exited with code 1 (stdout: Error: WIDGET_API_KEY is not set)"
+            assert s is not None and s.reason == "stdio child exited with code 2 (stderr: srv: bad flag)"  # stderr first
+
+
 async def test_crash_during_a_call_fails_that_call_and_recovers() -> None:
     rec = Recorder()
     with anyio.fail_after(60):

@@ -111,10 +111,13 @@ class GarbageLog:
         self.name = name
         self.seen = 0
         self.suppressed = 0
+        self.last = b""  # for the exit's reason when stderr said nothing (a usage or error text on stdout)
         self._summary_at = 0.0
 
     def line(self, line: bytes) -> None:
         self.seen += 1
+        if line.strip():
+            self.last = line[:400]
         if self.seen <= GARBAGE_LOGGED:
             more = f"; further ones are counted every {GARBAGE_SUMMARY_INTERVAL:g} s" if self.seen == GARBAGE_LOGGED else ""
             logger.warning("upstream %s: ignoring a stdout line that is not JSON-RPC: %.120r%s", self.name, line, more)
@@ -200,8 +203,10 @@ class StdioProcess:
         if code < 0 and -code == self._stopped_with:  # toolatlas's signal: the child had not exited
             return f"stdio child closed its stdout but kept running; toolatlas stopped it (signal {-code})"
         how = f"signal {-code}" if code < 0 else f"code {code}"
-        last = next((line for line in reversed(self.stderr_tail) if line.strip()), "")
-        return f"stdio child exited with {how}" + (f" (stderr: {last[:200]})" if last else "")
+        last = next((f"stderr: {line}" for line in reversed(self.stderr_tail) if line.strip()), "")
+        if not last and self._garbage.last:  # many a server prints its usage or its error on stdout
+            last = "stdout: " + self._garbage.last.decode("utf-8", "replace").strip()
+        return f"stdio child exited with {how}" + (f" ({last[:208]})" if last else "")
 
     async def __aenter__(self) -> Streams:
         self._cm = self._run()
