@@ -317,7 +317,9 @@ async def test_crash_during_a_call_fails_that_call_and_recovers() -> None:
         async with running(Pool([stdio_testserver("crashy")], rec, backoff=no_backoff)) as pool:
             await pool.wait_settled(30)
             pid = pool.get("crashy").pid  # type: ignore[union-attr]
-            with pytest.raises(UpstreamUnavailable, match="crashy"):
+            # the call says the child died and how, not the SDK's "Connection closed"
+            with pytest.raises(UpstreamUnavailable, match=r"^upstream 'crashy' lost its session during tools/call crash: "
+                               r"stdio child exited with code 3 \(stderr: testserver: crashing with code 3\)$"):
                 await pool_call(pool, "crashy", "crash", {"code": 3})
             back = await wait_status(pool, "crashy", lambda s: s.state is READY and s.pid not in (None, pid))
             assert back.reconnects >= 1

@@ -204,14 +204,10 @@ class Connection:
         s.leave(True, loss)
         if self.tools is not None:
             await self.publish(None)
-        if self.proc is not None and loss.reason is LossReason.EOF:
-            # stdout EOF usually means the child died: a short wait gets its exit status.
-            with anyio.move_on_after(0.5):
-                while self.proc.returncode is None:
-                    await anyio.sleep(0.01)
-            if self.proc.returncode is not None:
-                self.loss = Loss(LossReason.EOF, self.proc.describe_exit())
-                s.reason = self.loss.text
+        # stdout EOF usually means the child died: a short wait gets its exit status.
+        if self.proc is not None and loss.reason is LossReason.EOF and (ended := await self.proc.exit_reason(0.5)):
+            self.loss = Loss(LossReason.EOF, ended)
+            s.reason = ended
 
 
 class UpstreamSession:

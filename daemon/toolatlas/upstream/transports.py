@@ -196,6 +196,14 @@ class StdioProcess:
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.returncode
 
+    async def exit_reason(self, wait: float) -> str | None:
+        """`describe_exit()` once the child has exited, waiting up to `wait` s for that (its
+        stdout ends as it exits, a moment before its exit status can be read); else None."""
+        with anyio.move_on_after(wait):
+            while self.returncode is None:
+                await anyio.sleep(0.01)
+        return None if self.returncode is None else self.describe_exit()
+
     def describe_exit(self) -> str:
         code = self.returncode
         if code is None:
