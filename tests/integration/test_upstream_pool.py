@@ -311,6 +311,20 @@ async def test_a_child_that_says_why_it_quit_on_stdout_has_that_in_its_status() 
             assert s is not None and s.reason == "stdio child exited with code 2 (stderr: srv: bad flag)"  # stderr first
 
 
+async def test_a_child_stuck_at_its_start_has_its_last_words_and_the_key_in_its_status() -> None:
+    """A child that never answers initialize often says why on stderr (a login URL to open, a
+    download): the timeout's reason said only 'did not answer connect within N s'."""
+    stuck = make_upstream("stuck", "stdio", command="/bin/sh", timeouts=Timeouts(connect=1.0),
+                          args=["-c", 'echo "Please authorize: open https://auth.example/x" >&2; exec sleep 300'])
+    with anyio.fail_after(30):
+        async with running(Pool([stuck], Recorder(), backoff=lambda _a: 60.0)) as pool:
+            await pool.wait_settled(20)
+            st = pool.get("stuck")
+            assert st is not None and st.reason == (
+                "upstream 'stuck' did not answer connect within 1 s (stderr: Please authorize: open "
+                "https://auth.example/x); a server that takes longer to start needs a larger timeouts.connect")
+
+
 async def test_crash_during_a_call_fails_that_call_and_recovers() -> None:
     rec = Recorder()
     with anyio.fail_after(60):
@@ -400,7 +414,8 @@ async def test_silent_stdio_child_times_out_connect_and_is_not_left_behind(tmp_p
             await pool.wait_settled(30)
             st = pool.get("silent")
             assert st is not None and st.state is DEGRADED
-            assert st.reason == "upstream 'silent' did not answer connect within 1 s"
+            assert st.reason == ("upstream 'silent' did not answer connect within 1 s; a server that takes longer "
+                                 "to start needs a larger timeouts.connect")
             assert st.pid is None
             child = int(pidfile.read_text())
         assert not pid_alive(child)

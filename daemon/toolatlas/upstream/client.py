@@ -230,8 +230,13 @@ def call_error(upstream: str, op: str, exc: Exception, reason: LossReason) -> To
     return UpstreamProtocolError(f"upstream {upstream!r} failed {op}: {describe(exc)}")
 
 
-def timeout_loss(upstream: str, op: str, seconds: float) -> Loss:
-    return Loss(LossReason.TIMEOUT, str(UpstreamTimeout(upstream, op, seconds)))
+def timeout_loss(upstream: str, op: str, seconds: float, said: str | None = None) -> Loss:
+    """A request that timed out as a loss. `said`, for a stdio child: its last words meanwhile
+    ("" when none); a child that did not answer connect in time is told the key to raise."""
+    text = str(UpstreamTimeout(upstream, op, seconds)) + (f" ({said})" if said else "")
+    if op == "connect" and said is not None:  # npx installing its package, a slow interpreter
+        text += "; a server that takes longer to start needs a larger timeouts.connect"
+    return Loss(LossReason.TIMEOUT, text)
 
 
 async def _no_caller(

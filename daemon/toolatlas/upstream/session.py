@@ -155,8 +155,8 @@ class Connection:
                 else:
                     loss = Loss(self.classify(exc), f"{phase.name} failed: {self.describe(exc)}")
         timed_out = timed_out or deadline.cancelled_caught
-        if timed_out and not self.reached_ready:
-            loss = timeout_loss(self.name, phase.name, phase.seconds)
+        if timed_out and not self.reached_ready:  # a child stuck at its start often says why (a login URL, a download)
+            loss = timeout_loss(self.name, phase.name, phase.seconds, self.proc.last_words() if self.proc else None)
         if self.proc is not None and self.proc.returncode is not None and loss.reason is LossReason.EOF:
             # A dead child explains more than "connection closed" does.
             loss = Loss(LossReason.EOF, self.proc.describe_exit())

@@ -211,10 +211,16 @@ class StdioProcess:
         if code < 0 and -code == self._stopped_with:  # toolatlas's signal: the child had not exited
             return f"stdio child closed its stdout but kept running; toolatlas stopped it (signal {-code})"
         how = f"signal {-code}" if code < 0 else f"code {code}"
+        last = self.last_words()
+        return f"stdio child exited with {how}" + (f" ({last})" if last else "")
+
+    def last_words(self) -> str:
+        """The child's last stderr line as "stderr: ...", else its last stdout line that was not
+        JSON-RPC as "stdout: ..." (many a server prints its usage or its error there), or ""."""
         last = next((f"stderr: {line}" for line in reversed(self.stderr_tail) if line.strip()), "")
-        if not last and self._garbage.last:  # many a server prints its usage or its error on stdout
+        if not last and self._garbage.last:
             last = "stdout: " + self._garbage.last.decode("utf-8", "replace").strip()
-        return f"stdio child exited with {how}" + (f" ({last[:208]})" if last else "")
+        return last[:208]
 
     async def __aenter__(self) -> Streams:
         self._cm = self._run()
