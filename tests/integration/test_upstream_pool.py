@@ -201,6 +201,15 @@ async def test_pagination_is_followed_to_the_end() -> None:
     assert len(tools) == 34
 
 
+async def test_a_one_shot_listing_of_a_child_that_dies_says_how_it_ended() -> None:
+    """`cards generate|verify` and `rift --config` list an upstream once: a stdio child that
+    died at its start was 'connect failed: JSON-RPC error -32000: Connection closed'."""
+    dies = make_upstream("dies", "stdio", command="/bin/sh", args=["-c", "echo 'Error: TOKEN is not set' >&2; exit 3"])
+    with anyio.fail_after(30), pytest.raises(UpstreamUnavailable) as failed:
+        await list_tools_once(dies)
+    assert str(failed.value) == "upstream 'dies': connect failed: stdio child exited with code 3 (stderr: Error: TOKEN is not set)"
+
+
 async def test_a_large_page_is_parsed_in_slices_with_the_same_tools_and_session_state(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """One 3,000-tool page (~400 kB) takes the sliced parse (upstream/pages.py): the same
