@@ -254,14 +254,18 @@ def _print_human(cmd: str, result: dict[str, Any]) -> None:
 # Exit status when stdout's reader goes away (`toolatlas ... | head -1`): 128 + SIGPIPE,
 # what a shell reports for a tool killed by the signal, but without a traceback.
 EX_BROKEN_PIPE = 141
+EX_INTERRUPTED = 130  # Ctrl-C before a command took SIGINT over (serve's first seconds: its imports)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; output piped into a reader that stops early ends quietly (141)."""
+    """Run one command; output piped into a reader that stops early ends quietly (141), and
+    so does a Ctrl-C (130) no command handles itself."""
     try:
         code = _main(argv)
         sys.stdout.flush()
         return code
+    except KeyboardInterrupt:
+        return EX_INTERRUPTED
     except BrokenPipeError:
         # Point stdout at /dev/null so the interpreter's final flush does not raise again.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -351,7 +355,7 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"toolatlas: {exc}", file=sys.stderr)
         return EX_CONFIG
     except KeyboardInterrupt:
-        return 130
+        return EX_INTERRUPTED
 
 
 if __name__ == "__main__":

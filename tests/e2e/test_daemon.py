@@ -286,8 +286,9 @@ def test_killed_upstream_recovers_and_others_are_unaffected(tmp_path: Path) -> N
         # Its first child was started by the CLI beside the daemon's imports and taken by the pool.
         taken = re.search(r"upstream victim: took the child started early \(pid (\d+)\)", d.log.read_text())
         assert taken is not None and int(taken.group(1)) == old_pid, d.log.read_text()[-2000:]
-        crashed = d.tool("victim__crash", {})
-        assert crashed["isError"]
+        crashed = d.tool("victim__crash", {})  # the relay's path: it says how the child ended too
+        assert crashed["isError"] and "lost its session during tools/call crash: stdio child exited with code 1 " \
+            "(stderr: testserver: crashing with code 1)" in crashed["content"][0]["text"], crashed
         d.wait_for(lambda: _servers(d)["victim"]["state"] != "ready", 10, "victim leaves ready")
         # While it is down, its tools are not offered and say why, and the bystander is fine.
         assert all(n.startswith("bystander__") for n in d.search("echo a message", 10))

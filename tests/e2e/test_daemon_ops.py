@@ -231,3 +231,33 @@ def test_sighup_while_the_daemon_starts_is_a_reload_not_its_death(tmp_path: Path
     finally:
         d._halt(signal.SIGTERM)
     assert d.proc.returncode == 0, (d.proc.returncode, d.log.read_text()[-2000:])
+
+
+def test_sigterm_while_the_daemon_starts_stops_its_early_children(tmp_path: Path) -> None:
+    """The stdio children are started beside the daemon's imports, before it takes SIGTERM
+    over: a SIGTERM then killed the daemon at once and left a child that does not read its
+    stdin (so never sees the daemon go) running. It still ends the daemon, and its children."""
+    import subprocess
+    import sys
+
+    from tests.support.processes import descendants, kill_all, wait_gone
+
+    deaf = '[[upstream]]\nname = "deaf"\ntransport = "stdio"\ncommand = "/bin/sh"\nargs = ["-c", "exec sleep 300"]\n'
+    d = Daemon(tmp_path, deaf)
+    d._logfh = open(d.log, "wb")
+    d.proc = subprocess.Popen([sys.executable, "-m", "toolatlas", "serve", "--config", str(d.config)],
+                              stdout=d._logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    kids: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while not kids and d.proc.poll() is None and time.monotonic() < deadline:
+            kids = descendants(d.proc.pid)
+            time.sleep(0.005)
+        assert kids, d.log.read_text()
+        code = d.stop(signal.SIGTERM)
+        assert code in (0, -signal.SIGTERM), (code, d.log.read_text()[-2000:])
+        assert wait_gone(kids, timeout=10) == [], "a stdio child outlived the daemon"
+    finally:
+        d._halt(signal.SIGKILL)
+        kill_all(kids)

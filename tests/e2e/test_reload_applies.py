@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,22 +144,41 @@ def test_a_variable_from_the_environment_file_follows_its_edit_at_a_reload(tmp_p
         d.wait_for(lambda: child_token() == "second-token-value", 60, "one restarted with the new token")
 
 
-def test_a_call_in_flight_on_an_upstream_the_reload_restarts_fails_saying_why(tmp_path: Path) -> None:
-    """A call running on an upstream whose config changes ends at the reload (never hangs),
-    with an error that names the reload rather than blaming the upstream's connection."""
+def _cut_call_text(tmp_path: Path, cut: Callable[[Daemon], None], drain_timeout: int = 5) -> str:
+    """The error text of a long call on a stdio upstream that `cut(d)` ends while it runs."""
     d = Daemon(tmp_path, stdio_faultserver("slow", "--name", "slow"))
+    d.config.write_text(d.config.read_text().replace("drain_timeout = 5\n", f"drain_timeout = {drain_timeout}\n"))
     result: list[dict[str, Any]] = []
     with d:
         caller = threading.Thread(target=lambda: result.append(d.tool("slow__work", {"seconds": 600})), daemon=True)
         caller.start()
         d.wait_for(lambda: json.loads(d.tool("slow__stats", {})["content"][0]["text"])["inflight"] == 1, 30,
                    "the call in flight")
+        cut(d)
+        caller.join(60)
+    assert result and result[0]["isError"], result
+    return str(result[0]["content"][0]["text"])
+
+
+def test_a_call_in_flight_on_an_upstream_the_reload_restarts_fails_saying_why(tmp_path: Path) -> None:
+    """A call running on an upstream whose config changes ends at the reload (never hangs),
+    with an error that names the reload rather than blaming the upstream's connection."""
+    def change(d: Daemon) -> None:
         d.config.write_text(d.config.read_text().replace('name = "slow"\n', 'name = "slow"\nmax_concurrency = 4\n'))
         assert reload(d)["changed"] == ["slow"]
-        caller.join(60)
-        assert result and result[0]["isError"], result
-        text = result[0]["content"][0]["text"]
-        assert "closed by a config reload or a restart during tools/call work" in text, text
+
+    text = _cut_call_text(tmp_path, change)
+    assert "closed by a config reload or a restart during tools/call work" in text, text
+
+
+def test_a_call_still_in_flight_when_the_daemon_stops_says_the_daemon_stopped(tmp_path: Path) -> None:
+    """A call that outlasts the drain is cut by the daemon's stop, and says so: not a config
+    reload or a restart, which would send a model to retry at once against a daemon that is gone."""
+    def stop(d: Daemon) -> None:
+        assert d.stop(signal.SIGTERM) == 0
+
+    text = _cut_call_text(tmp_path, stop, drain_timeout=1)
+    assert "was closed by the daemon stopping during tools/call work" in text, text
 
 
 def test_the_stop_after_a_reload_logs_what_it_does(tmp_path: Path) -> None:

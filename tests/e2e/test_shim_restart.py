@@ -351,3 +351,25 @@ def test_a_daemon_the_shim_starts_reads_its_secrets_from_the_environment_file(no
     assert [r.get("id") for r in replies] == [1] and "result" in replies[0], (replies, proc.stderr.decode())
     assert _daemons_of(no_daemon.config), "the daemon the shim started is not running"
     assert "s3cret" not in (no_daemon.tmp / "state" / "daemon.log").read_text()
+
+
+async def test_a_daemon_gone_for_good_is_not_said_to_be_restarting_forever(tmp_path: Path) -> None:
+    """The shim answers a request while no daemon answers with 'restarting ... retry in a few
+    seconds'. For a daemon stopped for good that was said as long as the client kept asking;
+    after GONE_AFTER_S the answer says nothing has answered for that long, and asks whether
+    the daemon runs."""
+    gone = Daemon(tmp_path, stdio_testserver("alpha"))
+    with gone, anyio.fail_after(120):
+        async with Client(shim("--socket", gone.socket), mode="legacy") as c:
+            assert _text(await c.call_tool("alpha__echo", {"message": "up"})) == "Echo: up"
+            await anyio.to_thread.run_sync(_restart, gone, signal.SIGTERM)
+            with pytest.raises(MCPError) as soon:
+                await c.call_tool("alpha__echo", {"message": "down"})
+            assert "restarting" in soon.value.error.message and "running?" not in soon.value.error.message
+            while True:  # polls the shim, as a client retrying would
+                with pytest.raises(MCPError) as later:
+                    await c.call_tool("alpha__echo", {"message": "still down"})
+                if "has answered there for" in later.value.error.message:
+                    break
+                await anyio.sleep(0.5)
+            assert "is `toolatlas serve` running?" in later.value.error.message, later.value.error.message

@@ -115,3 +115,45 @@ def test_the_child_environment_is_the_whitelist_and_the_upstream_env(monkeypatch
     env = children.child_environment(stdio_testserver("e", env={"MINE": "1"}))
     assert env["MINE"] == "1" and env["PATH"] == os.environ["PATH"]
     assert "TOOLATLAS_SECRET_OF_THE_DAEMON" not in env and "SHELL" not in env
+
+
+async def test_a_child_that_cannot_be_started_says_why_in_its_status(tmp_path: Path) -> None:
+    """Each way a command fails to start is one sentence in the upstream's status, naming the
+    command (a bare name with the PATH it was looked up on) or the cwd, not an errno's repr."""
+    from toolatlas.upstream.pool import Pool
+
+    plain = tmp_path / "plain.sh"
+    plain.write_text("#!/bin/sh\nexit 0\n")  # not executable
+    bare = tmp_path / "bare.sh"
+    bare.write_text("exit 0\n")  # executable, but no '#!' line
+    bare.chmod(0o755)
+    ups = [
+        make_upstream("nopath", "stdio", command="toolatlas-no-such-server", env={"PATH": "/nowhere/bin"}),
+        make_upstream("gone", "stdio", command=str(tmp_path / "gone")),
+        make_upstream("plain", "stdio", command=str(plain)),
+        make_upstream("bare", "stdio", command=str(bare)),
+        make_upstream("folder", "stdio", command=str(tmp_path)),
+        make_upstream("nocwd", "stdio", command=sys.executable, cwd=str(tmp_path / "missing")),
+    ]
+    want = {
+        "nopath": "command 'toolatlas-no-such-server' is not found on the PATH it gets (/nowhere/bin)",
+        "gone": f"command '{tmp_path / 'gone'}' does not exist",
+        "plain": f"command '{plain}' is not executable",
+        "bare": f"command '{bare}' is not a program this system can run",
+        "folder": f"command '{tmp_path}' is a folder",
+        "nocwd": f"its cwd '{tmp_path / 'missing'}' is not a folder",
+    }
+
+    async def ignore(_name: str, _tools: object) -> None:
+        return None
+
+    pool = Pool(ups, ignore, backoff=lambda _attempt: 60.0)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(pool.run)
+            await pool.wait_settled(20)
+            reasons = {s.name: s.reason or "" for s in pool.status()}
+            tg.cancel_scope.cancel()
+    for name, sentence in want.items():
+        assert sentence in reasons[name], reasons[name]
+        assert "Errno" not in reasons[name] and "\n" not in reasons[name]

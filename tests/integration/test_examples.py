@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -82,3 +87,28 @@ async def test_testserver_pagination_and_generated_tools() -> None:
     builtins = ["echo", "sleep", "hang", "crash", "greet_user", "pid", "progress", "add_tool", "remove_tool"]
     assert names[: len(builtins)] == builtins
     assert names[len(builtins) :] == [f"gen_{i:03d}" for i in range(7)]
+
+
+def test_make_run_says_which_example_port_is_taken_and_starts_nothing(tmp_path: Path) -> None:
+    """`make run` with an example server's port taken by another program: the example died
+    with a bind traceback, the wait for its port was answered by that other program, and the
+    daemon started and waited on an upstream that was not there. Now one line, exit 1."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(1)
+        port = other.getsockname()[1]
+        config = tmp_path / "example.toml"
+        config.write_text(f'[daemon]\nsocket = "{tmp_path / "s.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+                          f'metrics_addr = ""\n[[upstream]]\nname = "weather"\ntransport = "sse"\n'
+                          f'url = "http://127.0.0.1:{port}/sse"\n')
+        proc = subprocess.Popen([sys.executable, "-m", "toolatlas.examples.run_example", str(config)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            _out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 1, err
+    assert err.decode().strip() == (f"example server weather cannot listen on 127.0.0.1:{port} (Address already in "
+                                    f"use): stop what uses that port, or give upstream 'weather' another url in {config}")

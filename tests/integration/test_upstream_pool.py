@@ -19,6 +19,7 @@ from tests.support.configs import make_upstream, replace, stdio_everything, stdi
 from tests.support.ports import free_port as get_free_port
 from tests.support.processes import children_of, pid_alive
 from tests.support.results import pool_call, text
+from tests.support.waits import until
 from toolatlas.config import Timeouts
 from toolatlas.errors import UpstreamTimeout, UpstreamUnavailable
 from toolatlas.catalog.model import ToolRecord
@@ -200,6 +201,15 @@ async def test_pagination_is_followed_to_the_end() -> None:
     assert len(tools) == 34
 
 
+async def test_a_one_shot_listing_of_a_child_that_dies_says_how_it_ended() -> None:
+    """`cards generate|verify` and `rift --config` list an upstream once: a stdio child that
+    died at its start was 'connect failed: JSON-RPC error -32000: Connection closed'."""
+    dies = make_upstream("dies", "stdio", command="/bin/sh", args=["-c", "echo 'Error: TOKEN is not set' >&2; exit 3"])
+    with anyio.fail_after(30), pytest.raises(UpstreamUnavailable) as failed:
+        await list_tools_once(dies)
+    assert str(failed.value) == "upstream 'dies': connect failed: stdio child exited with code 3 (stderr: Error: TOKEN is not set)"
+
+
 async def test_a_large_page_is_parsed_in_slices_with_the_same_tools_and_session_state(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """One 3,000-tool page (~400 kB) takes the sliced parse (upstream/pages.py): the same
@@ -279,13 +289,60 @@ async def test_a_killed_stdio_upstream_is_noticed_by_its_exit_when_a_process_it_
                     await anyio.sleep(0.05)
 
 
+async def test_a_process_the_child_started_that_ignores_sigterm_does_not_outlive_the_pool() -> None:
+    """The server leaves a background process that ignores SIGTERM (a wrapper's helper, a
+    language server); stopping the upstream SIGKILLs it after the grace, not leave it running."""
+    base = stdio_testserver("stubborn")
+    assert isinstance(base.command, str)
+    script = '(trap "" TERM; exec sleep 300) & exec "$0" "$@"'
+    up = replace(base, command="/bin/sh", args=["-c", script, base.command, *base.args])
+    with anyio.fail_after(60):
+        async with running(Pool([up], Recorder())) as pool:
+            await pool.wait_settled(30)
+            first = pool.get("stubborn")
+            assert first is not None and first.state is READY and first.pid is not None
+            (holder,) = children_of(first.pid)
+        await until(lambda: not pid_alive(holder), "end of the process the child left behind", timeout=20)
+
+
+async def test_a_child_that_says_why_it_quit_on_stdout_has_that_in_its_status() -> None:
+    """Many servers print their usage or a missing-setting error on stdout, not stderr, and
+    exit: the reason showed only the exit code, the words were in the daemon's log alone."""
+    quits = make_upstream("quits", "stdio", command="/bin/sh",
+                          args=["-c", 'echo "Error: WIDGET_API_KEY is not set"; exit 1'])
+    said = make_upstream("said", "stdio", command="/bin/sh",
+                         args=["-c", 'echo "usage: srv [--port N]"; echo "srv: bad flag" >&2; exit 2'])
+    with anyio.fail_after(30):
+        async with running(Pool([quits, said], Recorder(), backoff=lambda _a: 60.0)) as pool:
+            await pool.wait_settled(20)
+            q, s = pool.get("quits"), pool.get("said")
+            assert q is not None and q.reason == "stdio child exited with code 1 (stdout: Error: WIDGET_API_KEY is not set)"
+            assert s is not None and s.reason == "stdio child exited with code 2 (stderr: srv: bad flag)"  # stderr first
+
+
+async def test_a_child_stuck_at_its_start_has_its_last_words_and_the_key_in_its_status() -> None:
+    """A child that never answers initialize often says why on stderr (a login URL to open, a
+    download): the timeout's reason said only 'did not answer connect within N s'."""
+    stuck = make_upstream("stuck", "stdio", command="/bin/sh", timeouts=Timeouts(connect=1.0),
+                          args=["-c", 'echo "Please authorize: open https://auth.example/x" >&2; exec sleep 300'])
+    with anyio.fail_after(30):
+        async with running(Pool([stuck], Recorder(), backoff=lambda _a: 60.0)) as pool:
+            await pool.wait_settled(20)
+            st = pool.get("stuck")
+            assert st is not None and st.reason == (
+                "upstream 'stuck' did not answer connect within 1 s (stderr: Please authorize: open "
+                "https://auth.example/x); a server that takes longer to start needs a larger timeouts.connect")
+
+
 async def test_crash_during_a_call_fails_that_call_and_recovers() -> None:
     rec = Recorder()
     with anyio.fail_after(60):
         async with running(Pool([stdio_testserver("crashy")], rec, backoff=no_backoff)) as pool:
             await pool.wait_settled(30)
             pid = pool.get("crashy").pid  # type: ignore[union-attr]
-            with pytest.raises(UpstreamUnavailable, match="crashy"):
+            # the call says the child died and how, not the SDK's "Connection closed"
+            with pytest.raises(UpstreamUnavailable, match=r"^upstream 'crashy' lost its session during tools/call crash: "
+                               r"stdio child exited with code 3 \(stderr: testserver: crashing with code 3\)$"):
                 await pool_call(pool, "crashy", "crash", {"code": 3})
             back = await wait_status(pool, "crashy", lambda s: s.state is READY and s.pid not in (None, pid))
             assert back.reconnects >= 1
@@ -366,7 +423,8 @@ async def test_silent_stdio_child_times_out_connect_and_is_not_left_behind(tmp_p
             await pool.wait_settled(30)
             st = pool.get("silent")
             assert st is not None and st.state is DEGRADED
-            assert st.reason == "upstream 'silent' did not answer connect within 1 s"
+            assert st.reason == ("upstream 'silent' did not answer connect within 1 s; a server that takes longer "
+                                 "to start needs a larger timeouts.connect")
             assert st.pid is None
             child = int(pidfile.read_text())
         assert not pid_alive(child)

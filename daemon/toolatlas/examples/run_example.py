@@ -36,6 +36,20 @@ def _wait_port(host: str, port: int, timeout: float) -> bool:
     return False
 
 
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why an example server could not listen on host:port (another program has it), or None.
+    Asked before it starts: else the wait for its port is answered by that other program, the
+    example dies with a traceback, and the daemon waits on an upstream that is not there."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the example binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 # How often the start-up report asks the daemon, and how long it keeps asking at most.
 REPORT_POLL_S = 1.0
 REPORT_FOR_S = 900.0
@@ -90,10 +104,15 @@ def main(argv: list[str]) -> int:
                 continue
             url = urlparse(up.url)
             transport = "sse" if isinstance(up, SseUpstream) else "http"
+            host, port = url.hostname or "127.0.0.1", url.port or 80
+            if why := _cannot_listen(host, port):
+                print(f"example server {up.name} cannot listen on {host}:{port} ({why}): stop what uses that "
+                      f"port, or give upstream {up.name!r} another url in {config}", file=sys.stderr)
+                return 1
             cmd = [sys.executable, "-m", NETWORK_EXAMPLES[up.name], "--transport", transport,
-                   "--host", url.hostname or "127.0.0.1", "--port", str(url.port)]
+                   "--host", host, "--port", str(port)]
             children.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
-            if not _wait_port(url.hostname or "127.0.0.1", url.port or 80, 20):
+            if not _wait_port(host, port, 20):
                 print(f"example server {up.name} did not start on {up.url}", file=sys.stderr)
                 return 1
         print(

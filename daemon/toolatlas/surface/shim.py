@@ -37,6 +37,7 @@ RETRY_BASE_S, RETRY_CAP_S = 0.05, 0.5  # reconnect backoff (a Unix connect costs
 HEALTHY_S = 5.0  # a connection that lasted this long resets the backoff (one dropped at once does not)
 HANDSHAKE_WAIT_S = 60.0  # with --config: how long the client's first handshake is held
 RESPAWN_AFTER_S = 5.0  # with --config: a lost daemon silent this long is started again
+GONE_AFTER_S = 10.0  # a lost daemon silent this long is not said to be restarting any more
 CLIENT_LINE_LIMIT = 64 * 1024 * 1024
 DAEMON_LINE_LIMIT = 256 * 1024 * 1024
 OUTBOX_HIGH = 16 * 1024 * 1024  # stop reading the client while this much waits for the daemon
@@ -78,6 +79,15 @@ def _say(text: str) -> None:
         print(f"toolatlas shim: {text}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def _gone(seconds: float, exc: OSError) -> str:
+    """What a request is told, besides "restarting", when no daemon has answered for `seconds`:
+    after GONE_AFTER_S, "retry in a few seconds" alone kept a model retrying for as long as
+    no daemon came back."""
+    if seconds < GONE_AFTER_S:
+        return ""
+    return f"nothing has answered there for {seconds:.0f} s ({exc.strerror or exc}): is `toolatlas serve` running?"
 
 
 def _reader_gone(fd: int) -> bool:
@@ -324,8 +334,8 @@ class Shim:
         """With --config: start the daemon when nothing answers (at once before the first
         connection; after RESPAWN_AFTER_S once one was lost, so a supervisor that restarts
         it, systemd's Restart= for one, goes first)."""
-        starter = self.starter
-        if starter is None:
+        if (starter := self.starter) is None:  # nobody starts it here: after a while, say it may not run
+            self.session.down_reason = _gone(now - self.down_since, exc)
             return
         code = starter.exited()
         if code is not None:

@@ -1,4 +1,4 @@
-"""Stdio children: how the daemon spawns one, drives its pipes, and starts them early.
+"""Stdio children: how the daemon spawns one, drives its pipes, stops it, and starts them early.
 
 Every stdio upstream is spawned by `spawn` (pipes on all three streams, its own session, the
 environment of `child_environment`) and driven through `ChildProcess`, the anyio process the
@@ -14,9 +14,9 @@ of that upstream takes the waiting child (`take`) instead of spawning another: t
 starts overlap. A child is taken only when its argv, environment and working directory are
 exactly what the pool would spawn and it still runs; otherwise it is stopped and the pool
 spawns as before (and reports any failure as before). Restarts always spawn. A child nobody
-took is stopped by `discard` (the daemon calls it once its upstreams have started) or at
-exit. Nothing is spawned early when a daemon already answers on the configured socket: that
-start fails anyway.
+took is stopped by `discard` (the daemon calls it once its upstreams have started), at exit,
+or by a SIGTERM that comes before the daemon took SIGTERM over. Nothing is spawned early
+when a daemon already answers on the configured socket: that start fails anyway.
 
 Imports: the standard library, anyio and the config only (it runs before everything else).
 """
@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import errno
+import logging
 import os
 import signal
 import subprocess
@@ -39,12 +41,17 @@ import anyio.lowlevel
 from toolatlas.config import StdioUpstream
 from toolatlas.paths import socket_answers
 
+logger = logging.getLogger(__name__)
+
 # What a stdio child inherits of the daemon's environment (the SDK's stdio default), besides
 # its own `env`: no secrets of the daemon's leak into an upstream.
 INHERITED_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
 _POLL_S = 0.01
 _EXIT_POLL_S = 1.0  # `exited` without a pidfd
 _STOP_WAIT_S = 2.0
+# Seconds a stdio child gets to exit by itself after its stdin closes, then after SIGTERM.
+STDIN_CLOSE_GRACE = 2.0
+SIGTERM_GRACE = 2.0
 
 
 def child_environment(up: StdioUpstream) -> dict[str, str]:
@@ -55,14 +62,44 @@ def child_environment(up: StdioUpstream) -> dict[str, str]:
     return env | dict(up.env)
 
 
+class SpawnError(OSError):
+    """A stdio child that could not be started, said as a sentence naming the command (or
+    the cwd) and what is wrong with it; str() is that sentence."""
+
+
 def spawn(up: StdioUpstream) -> subprocess.Popen[bytes]:
     """Start `up` the one way the daemon starts a stdio child: pipes on all three streams and
-    its own session (a process group the shutdown signals as a whole)."""
-    return subprocess.Popen(
-        [up.command, *up.args], env=child_environment(up), cwd=up.cwd,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    its own session (a process group the shutdown signals as a whole). Raises SpawnError."""
+    try:
+        return subprocess.Popen(
+            [up.command, *up.args], env=child_environment(up), cwd=up.cwd,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise SpawnError(_why_not_started(up, exc)) from exc
+
+
+def _why_not_started(up: StdioUpstream, exc: OSError) -> str:
+    """What the OSError of starting `up` means, for status and logs: the bare errno said "No
+    such file or directory: 'npx'" without the PATH searched (a service's PATH is not the
+    login shell's) and without telling a missing command from a missing cwd."""
+    cmd = up.command
+    if up.cwd is not None and exc.filename == up.cwd:  # subprocess names the cwd when chdir failed
+        what = "is not a folder" if exc.errno in (errno.ENOENT, errno.ENOTDIR) else f"cannot be entered ({exc.strerror})"
+        return f"its cwd {up.cwd!r} {what}; create it, or fix `cwd` in the config"
+    if exc.errno == errno.ENOENT and "/" not in cmd:
+        path = child_environment(up).get("PATH", os.defpath)
+        return (f"command {cmd!r} is not found on the PATH it gets ({path[:200]}); install it, give its "
+                "absolute path as `command`, or set PATH in the upstream's `env`")
+    if exc.errno == errno.ENOENT:
+        return f"command {cmd!r} does not exist; install it, or fix `command` in the config"
+    if exc.errno == errno.EACCES:
+        what = "a folder" if os.path.isdir(cmd) else "not executable (chmod +x it)"
+        return f"command {cmd!r} is {what}"
+    if exc.errno == errno.ENOEXEC:
+        return f"command {cmd!r} is not a program this system can run (a script needs a '#!' first line)"
+    return f"command {cmd!r} could not be started: {exc.strerror or exc}"
 
 
 _Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], str | None]
@@ -87,8 +124,19 @@ def prespawn(upstreams: Sequence[object], socket_path: str) -> list[str]:
             continue
         if not _waiting:
             atexit.register(discard)
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _stop_children_then_die)
         _waiting[up.name] = (_key(up), child)
     return list(_waiting)
+
+
+def _stop_children_then_die(signum: int, _frame: object) -> None:
+    """SIGTERM until the daemon takes it over (app.serve, after its imports): its default
+    action ended the daemon without atexit, leaving the early children running (one that
+    does not read its stdin never notices). They are stopped, then the signal acts as before."""
+    discard()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def take(up: StdioUpstream) -> subprocess.Popen[bytes] | None:
@@ -255,10 +303,68 @@ class ChildProcess(anyio.abc.Process):
         return self._stderr
 
 
+async def _wait_exit(process: anyio.abc.Process, timeout: float) -> bool:
+    # Poll returncode, not process.wait(): wait() also waits for pipe EOF, which a
+    # grandchild holding the pipes can delay forever.
+    with anyio.move_on_after(timeout):
+        while process.returncode is None:
+            await anyio.sleep(_POLL_S)
+    return process.returncode is not None
+
+
+async def _wait_group_gone(pgid: int, timeout: float) -> bool:
+    """Whether process group `pgid` is empty within `timeout` s (its child is reaped already)."""
+    with anyio.move_on_after(timeout):
+        while True:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:  # a member that changed its uid: nothing this daemon can stop
+                return True
+            await anyio.sleep(_POLL_S)
+    return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def stop_process(process: anyio.abc.Process, name: str) -> int | None:
+    """Close stdin, wait, SIGTERM the group, wait, SIGKILL the group. Shielded and bounded.
+    Returns the last signal it had to send the child, or None when it exited by itself."""
+    sent: int | None = None
+    with anyio.CancelScope(shield=True):
+        pgid = process.pid  # start_new_session: the child leads its own group
+        if process.stdin is not None:
+            with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await process.stdin.aclose()
+        if not await _wait_exit(process, STDIN_CLOSE_GRACE):
+            logger.info("upstream %s: child %d ignored stdin close; sending SIGTERM", name, pgid)
+            _signal_group(pgid, sent := signal.SIGTERM)
+            if not await _wait_exit(process, SIGTERM_GRACE):
+                logger.warning("upstream %s: child %d ignored SIGTERM; sending SIGKILL", name, pgid)
+                _signal_group(pgid, sent := signal.SIGKILL)
+                if not await _wait_exit(process, 2.0):
+                    logger.error("upstream %s: child %d survived SIGKILL; abandoning it", name, pgid)
+        # Leftover grandchildren in the child's group (npx -> node) must not outlive it, nor
+        # one that ignores SIGTERM: the group gets SIGKILL once SIGTERM_GRACE has passed.
+        _signal_group(pgid, signal.SIGTERM)
+        if not await _wait_group_gone(pgid, SIGTERM_GRACE):
+            logger.warning("upstream %s: a process child %d started ignored SIGTERM; sending SIGKILL", name, pgid)
+            _signal_group(pgid, signal.SIGKILL)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await stream.aclose()
+    return sent
+
+
 async def _reader(loop: asyncio.AbstractEventLoop, pipe: IO[bytes]) -> _PipeReader:
     reader = asyncio.StreamReader(loop=loop)
     transport, _protocol = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
     return _PipeReader(reader, transport)
 
 
-__all__ = ["INHERITED_ENV", "ChildProcess", "child_environment", "discard", "prespawn", "spawn", "take"]
+__all__ = ["INHERITED_ENV", "ChildProcess", "child_environment", "discard", "prespawn", "spawn", "SpawnError", "stop_process", "take"]

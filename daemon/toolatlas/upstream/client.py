@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from toolatlas.calls import ProgressFn
 from toolatlas.config import Upstream
 from toolatlas.errors import ToolatlasError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from toolatlas.upstream.children import SpawnError
 from toolatlas.upstream.outputs import harden
 
 _CLIENT_INFO = mcp_types.Implementation(name="toolatlas", version="0.1.0")
@@ -108,6 +109,8 @@ def classify(exc: BaseException, *, live: bool = False) -> LossReason:
 def describe(exc: BaseException) -> str:
     """A one-line reason for logs and status: the innermost meaningful error."""
     exc = _innermost(exc)
+    if isinstance(exc, SpawnError):  # a sentence already
+        return str(exc)
     if isinstance(exc, MCPError):
         return f"JSON-RPC error {exc.error.code}: {exc.error.message}"
     if isinstance(exc, httpx2.HTTPStatusError):
@@ -227,8 +230,13 @@ def call_error(upstream: str, op: str, exc: Exception, reason: LossReason) -> To
     return UpstreamProtocolError(f"upstream {upstream!r} failed {op}: {describe(exc)}")
 
 
-def timeout_loss(upstream: str, op: str, seconds: float) -> Loss:
-    return Loss(LossReason.TIMEOUT, str(UpstreamTimeout(upstream, op, seconds)))
+def timeout_loss(upstream: str, op: str, seconds: float, said: str | None = None) -> Loss:
+    """A request that timed out as a loss. `said`, for a stdio child: its last words meanwhile
+    ("" when none); a child that did not answer connect in time is told the key to raise."""
+    text = str(UpstreamTimeout(upstream, op, seconds)) + (f" ({said})" if said else "")
+    if op == "connect" and said is not None:  # npx installing its package, a slow interpreter
+        text += "; a server that takes longer to start needs a larger timeouts.connect"
+    return Loss(LossReason.TIMEOUT, text)
 
 
 async def _no_caller(

@@ -25,15 +25,17 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import RelayRefused, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from toolatlas.upstream import federation
-from toolatlas.upstream.client import CLOSE_TIMEOUT, AuthWatch, begin_teardown, describe, make_client
+from toolatlas.upstream.client import CLOSE_TIMEOUT, AuthWatch, LossReason, begin_teardown, classify, describe, make_client
 from toolatlas.upstream.listing import list_records
-from toolatlas.upstream.requests import CALL_CLOCK, CallClock
+from toolatlas.upstream.requests import CALL_CLOCK, RESTARTED, CallClock
 from toolatlas.upstream.inbound import Inbound, ListsCallback, LogCallback
 from toolatlas.upstream.session import Observer, ToolsCallback, UpstreamSession
 from toolatlas.upstream.state import UpstreamState
-from toolatlas.upstream.transports import open_transport
+from toolatlas.upstream.transports import StdioProcess, open_transport
 
 logger = logging.getLogger(__name__)
+# A reconcile's `why` as the calls it cuts say it (session.RESTARTED for the others).
+STOPPED_BY = {"daemon stop": "the daemon stopping"}
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,7 @@ class Pool:
                     starting.append(up)
             for s in stopping:
                 logger.info("upstream %s: %s by %s", s.name, "restarting" if s.name in wanted else "removing", why)
-                s.stop()
+                s.stop(STOPPED_BY.get(why, RESTARTED))
             with anyio.move_on_after(CLOSE_TIMEOUT + 5.0):
                 for s in stopping:
                     await s.wait_done()
@@ -308,6 +310,7 @@ async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, m
     """
     seconds = timeout if timeout is not None else upstream.timeouts.connect + upstream.timeouts.list_tools
     reason: str | None = None
+    ended = False  # the connection ended under the listing (a stdio child that died says how)
     tools: list[ToolRecord] | None = None
     phase = "connect"
     auth = AuthWatch(upstream)
@@ -325,11 +328,14 @@ async def list_tools_once(upstream: Upstream, *, timeout: float | None = None, m
         except Exception as exc:  # noqa: BLE001
             if tools is None:
                 reason = f"{phase} failed: {auth.describe(exc)}"
+                ended = classify(exc) is LossReason.EOF
             else:
                 logger.debug("upstream %s: error while closing: %s", upstream.name, describe(exc))
     if scope.cancelled_caught and tools is None:
         raise UpstreamTimeout(upstream.name, phase, seconds)
     if tools is None:
+        if ended and isinstance(transport, StdioProcess) and (exit_text := await transport.exit_reason(0.5)):
+            reason = f"{phase} failed: {exit_text}"  # not the SDK's "Connection closed"
         raise UpstreamUnavailable(f"upstream {upstream.name!r}: {reason}")
     return tools
 

@@ -17,21 +17,25 @@ from mcp import Client
 
 from toolatlas.calls import InputRequired, ProgressFn, UpstreamCall, UpstreamReply
 from toolatlas.errors import ToolatlasError, UpstreamTimeout, UpstreamUnavailable
-from toolatlas.upstream.client import Loss, call_error, progress_fn, session_forgotten
+from toolatlas.upstream.client import Loss, LossReason, call_error, progress_fn, session_forgotten
 from toolatlas.upstream.federation import resource_uris
 from toolatlas.upstream.inbound import CUT_ASKING, Inbound
 from toolatlas.upstream.state import UpstreamState
 
 if TYPE_CHECKING:
-    from toolatlas.upstream.client import AuthWatch, LossReason
+    from toolatlas.upstream.client import AuthWatch
 
 T = TypeVar("T")
+# Who stopped a session, as the calls it cut say ("closed by ..."), unless the stop names another.
+RESTARTED = "a config reload or a restart"
+# Seconds a call that lost its stdio child waits for the child's exit status, to say it.
+EXIT_WAIT = 0.5
 
 
 class _Session(Protocol):
     name: str
     sem: anyio.Semaphore
-    stop_requested: bool
+    stop_requested: str | None  # who stopped the session, as the calls it cut say ("closed by ...")
 
     def observe(self, kind: str, **fields: Any) -> None: ...
 
@@ -48,8 +52,15 @@ class SessionForgotten(UpstreamUnavailable):
     """The upstream no longer knew the session (HTTP 404 on its id), so it did not run the request."""
 
 
+class _Child(Protocol):
+    async def exit_reason(self, wait: float) -> str | None: ...
+
+
 class _Connection(Protocol):
     auth: AuthWatch
+
+    @property
+    def proc(self) -> _Child | None: ...  # a stdio child
 
     def classify(self, exc: BaseException) -> LossReason: ...
 
@@ -138,8 +149,11 @@ async def bounded(session: _Session, conn: _Connection, client: Client, op: str,
         if session_forgotten(exc):
             raise SessionForgotten(f"upstream {session.name!r} lost its session during {op}: {conn.describe(exc)}") from exc
         if session.stop_requested:  # our own close, not the upstream's failure
-            raise UpstreamUnavailable(f"upstream {session.name!r} was closed by a config reload or a restart "
+            raise UpstreamUnavailable(f"upstream {session.name!r} was closed by {session.stop_requested} "
                                       f"during {op}; it may have run: retry if that is safe") from exc
+        if reason is LossReason.EOF and conn.proc is not None and (ended := await conn.proc.exit_reason(EXIT_WAIT)):
+            # "Connection closed" (the SDK's, or the relay's copy of it) does not say the child died, nor how
+            raise UpstreamUnavailable(f"upstream {session.name!r} lost its session during {op}: {ended}") from exc
         raise call_error(session.name, op, exc, reason) from exc
 
 

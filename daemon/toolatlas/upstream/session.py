@@ -40,7 +40,7 @@ from toolatlas.upstream.federation import capabilities, set_log_level
 from toolatlas.upstream.inbound import Inbound
 from toolatlas.upstream.listing import LISTING_GATE, converted, list_all_tools
 from toolatlas.upstream.relay import relay_call
-from toolatlas.upstream.requests import call_tool, on_session
+from toolatlas.upstream.requests import RESTARTED, call_tool, on_session
 from toolatlas.upstream.state import Action, Event, UpstreamState, decide
 from toolatlas.upstream.supervision import Supervision
 from toolatlas.upstream.transports import StdioProcess, open_transport
@@ -155,8 +155,8 @@ class Connection:
                 else:
                     loss = Loss(self.classify(exc), f"{phase.name} failed: {self.describe(exc)}")
         timed_out = timed_out or deadline.cancelled_caught
-        if timed_out and not self.reached_ready:
-            loss = timeout_loss(self.name, phase.name, phase.seconds)
+        if timed_out and not self.reached_ready:  # a child stuck at its start often says why (a login URL, a download)
+            loss = timeout_loss(self.name, phase.name, phase.seconds, self.proc.last_words() if self.proc else None)
         if self.proc is not None and self.proc.returncode is not None and loss.reason is LossReason.EOF:
             # A dead child explains more than "connection closed" does.
             loss = Loss(LossReason.EOF, self.proc.describe_exit())
@@ -204,14 +204,10 @@ class Connection:
         s.leave(True, loss)
         if self.tools is not None:
             await self.publish(None)
-        if self.proc is not None and loss.reason is LossReason.EOF:
-            # stdout EOF usually means the child died: a short wait gets its exit status.
-            with anyio.move_on_after(0.5):
-                while self.proc.returncode is None:
-                    await anyio.sleep(0.01)
-            if self.proc.returncode is not None:
-                self.loss = Loss(LossReason.EOF, self.proc.describe_exit())
-                s.reason = self.loss.text
+        # stdout EOF usually means the child died: a short wait gets its exit status.
+        if self.proc is not None and loss.reason is LossReason.EOF and (ended := await self.proc.exit_reason(0.5)):
+            self.loss = Loss(LossReason.EOF, ended)
+            s.reason = ended
 
 
 class UpstreamSession:
@@ -255,7 +251,7 @@ class UpstreamSession:
         self.attempt_ended = anyio.Event()  # replaced each time it is set (see _ended_attempt)
         self._done = anyio.Event()
         self._scope: anyio.CancelScope | None = None
-        self.stop_requested = False  # stop() was asked: a config reload or an operator's restart
+        self.stop_requested: str | None = None  # who asked stop() (a reload, a restart, the daemon's stop)
         self._wake = anyio.Event()
 
     def __repr__(self) -> str:
@@ -363,9 +359,9 @@ class UpstreamSession:
             self._ended_attempt()
             self._done.set()
 
-    def stop(self) -> None:
-        """Ask the owner task to close the session and end (see `wait_done`)."""
-        self.stop_requested = True
+    def stop(self, by: str = RESTARTED) -> None:
+        """Ask the owner task to close the session and end (see `wait_done`); `by`: who asked."""
+        self.stop_requested = by
         if self._scope is not None:
             self._scope.cancel()
         else:
@@ -419,7 +415,7 @@ class UpstreamSession:
     def _unavailable_message(self) -> str:
         conn = self._conn
         if self.stop_requested:  # READY while it tears down, then CLOSED: neither says what goes on
-            return f"upstream {self.name!r} is closing its session (a config reload or a restart); retry in a moment"
+            return f"upstream {self.name!r} is closing its session ({self.stop_requested}); retry in a moment"
         if self.state is UpstreamState.READY:  # without a usable client: the session is ending
             why = conn.loss.text if conn is not None and conn.loss is not None else "it ended; retry in a moment"
             return f"upstream {self.name!r} lost its session: {why}"

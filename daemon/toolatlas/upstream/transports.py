@@ -14,8 +14,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import os
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -32,7 +30,7 @@ from mcp.shared.message import SessionMessage
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Upstream
 from toolatlas.jsonlines import BoundedLines, Oversized
 from toolatlas.upstream.answers import answers_hook
-from toolatlas.upstream.children import ChildProcess, spawn, take
+from toolatlas.upstream.children import ChildProcess, spawn, stop_process, take
 from toolatlas.upstream.bounded import (
     CancelWatch, Proxy, blocks_refusal, invalid_response, limit_hook, refusal, sse_event_limit,
     too_many_blocks,
@@ -45,13 +43,9 @@ from toolatlas.upstream.toolrepair import repaired
 
 logger = logging.getLogger(__name__)
 
-# Seconds a stdio child gets to exit by itself after its stdin closes, then after SIGTERM.
-STDIN_CLOSE_GRACE = 2.0
-SIGTERM_GRACE = 2.0
 _WRITER_FLUSH = 0.5
 # Seconds from a stdio child's exit to its stdout's end, past which something else holds it.
 EXIT_EOF_GRACE = 2.0
-_POLL = 0.01
 # stderr lines kept per child, for the DEGRADED reason when it dies.
 STDERR_TAIL = 20
 # Stdout lines that are not JSON-RPC logged one by one per child; the rest are counted and
@@ -117,10 +111,13 @@ class GarbageLog:
         self.name = name
         self.seen = 0
         self.suppressed = 0
+        self.last = b""  # for the exit's reason when stderr said nothing (a usage or error text on stdout)
         self._summary_at = 0.0
 
     def line(self, line: bytes) -> None:
         self.seen += 1
+        if line.strip():
+            self.last = line[:400]
         if self.seen <= GARBAGE_LOGGED:
             more = f"; further ones are counted every {GARBAGE_SUMMARY_INTERVAL:g} s" if self.seen == GARBAGE_LOGGED else ""
             logger.warning("upstream %s: ignoring a stdout line that is not JSON-RPC: %.120r%s", self.name, line, more)
@@ -144,7 +141,7 @@ class StdioProcess:
 
     ``pid``, ``returncode`` and ``stderr_tail`` are readable while and after it runs.
     Exiting the context always stops the child (and its process group), shielded and
-    bounded by STDIN_CLOSE_GRACE + SIGTERM_GRACE + a short reap wait.
+    bounded by children.STDIN_CLOSE_GRACE + SIGTERM_GRACE + a short reap wait.
     """
 
     def __init__(self, upstream: StdioUpstream, on_eof: Callable[[str], None] | None = None) -> None:
@@ -199,6 +196,14 @@ class StdioProcess:
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.returncode
 
+    async def exit_reason(self, wait: float) -> str | None:
+        """`describe_exit()` once the child has exited, waiting up to `wait` s for that (its
+        stdout ends as it exits, a moment before its exit status can be read); else None."""
+        with anyio.move_on_after(wait):
+            while self.returncode is None:
+                await anyio.sleep(0.01)
+        return None if self.returncode is None else self.describe_exit()
+
     def describe_exit(self) -> str:
         code = self.returncode
         if code is None:
@@ -206,8 +211,16 @@ class StdioProcess:
         if code < 0 and -code == self._stopped_with:  # toolatlas's signal: the child had not exited
             return f"stdio child closed its stdout but kept running; toolatlas stopped it (signal {-code})"
         how = f"signal {-code}" if code < 0 else f"code {code}"
-        last = next((line for line in reversed(self.stderr_tail) if line.strip()), "")
-        return f"stdio child exited with {how}" + (f" (stderr: {last[:200]})" if last else "")
+        last = self.last_words()
+        return f"stdio child exited with {how}" + (f" ({last})" if last else "")
+
+    def last_words(self) -> str:
+        """The child's last stderr line as "stderr: ...", else its last stdout line that was not
+        JSON-RPC as "stdout: ..." (many a server prints its usage or its error there), or ""."""
+        last = next((f"stderr: {line}" for line in reversed(self.stderr_tail) if line.strip()), "")
+        if not last and self._garbage.last:
+            last = "stdout: " + self._garbage.last.decode("utf-8", "replace").strip()
+        return last[:208]
 
     async def __aenter__(self) -> Streams:
         self._cm = self._run()
@@ -326,46 +339,6 @@ class StdioProcess:
                 with anyio.CancelScope(shield=True):
                     await shutdown()
                 tg.cancel_scope.cancel()
-
-
-async def _wait_exit(process: anyio.abc.Process, timeout: float) -> bool:
-    # Poll returncode, not process.wait(): wait() also waits for pipe EOF, which a
-    # grandchild holding the pipes can delay forever.
-    with anyio.move_on_after(timeout):
-        while process.returncode is None:
-            await anyio.sleep(_POLL)
-    return process.returncode is not None
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-async def stop_process(process: anyio.abc.Process, name: str) -> int | None:
-    """Close stdin, wait, SIGTERM the group, wait, SIGKILL the group. Shielded and bounded.
-    Returns the last signal it had to send the child, or None when it exited by itself."""
-    sent: int | None = None
-    with anyio.CancelScope(shield=True):
-        pgid = process.pid  # start_new_session: the child leads its own group
-        if process.stdin is not None:
-            with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await process.stdin.aclose()
-        if not await _wait_exit(process, STDIN_CLOSE_GRACE):
-            logger.info("upstream %s: child %d ignored stdin close; sending SIGTERM", name, pgid)
-            _signal_group(pgid, sent := signal.SIGTERM)
-            if not await _wait_exit(process, SIGTERM_GRACE):
-                logger.warning("upstream %s: child %d ignored SIGTERM; sending SIGKILL", name, pgid)
-                _signal_group(pgid, sent := signal.SIGKILL)
-                if not await _wait_exit(process, 2.0):
-                    logger.error("upstream %s: child %d survived SIGKILL; abandoning it", name, pgid)
-        # Leftover grandchildren in the child's group (npx -> node) must not outlive it.
-        _signal_group(pgid, signal.SIGTERM)
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    await stream.aclose()
-    return sent
 
 
 def _http_client(up: SseUpstream | HttpUpstream, streams: Posts | None = None) -> httpx2.AsyncClient:
