@@ -160,6 +160,8 @@ class ConnectionBus:
     def __init__(self, wants: Callable[[Connection], bool]) -> None:
         self._wants = wants  # does this connection's list change now?
         self._listeners: dict[object, tuple[Connection | None, Callable[[Any], None]]] = {}
+        # Told (connection, "resources" | "prompts") as a listen stream opens: what its lists hold from now.
+        self.joined: Callable[[Connection, str], object] | None = None
 
     async def publish(self, event: Any, wants: Callable[[Connection], bool] | None = None) -> None:
         """`event` to every listener whose connection `wants` it (default: a tools list change
@@ -176,7 +178,11 @@ class ConnectionBus:
     def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
         token = object()
         # Runs inside the listen request's handler: the connection's context is current.
-        self._listeners[token] = (CONNECTION.get(), listener)
+        conn = CONNECTION.get()
+        self._listeners[token] = (conn, listener)
+        if conn is not None and self.joined is not None:
+            for kind in ("resources", "prompts"):
+                self.joined(conn, kind)
 
         def unsubscribe() -> None:
             self._listeners.pop(token, None)
