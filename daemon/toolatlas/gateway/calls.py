@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 from dataclasses import replace
 
@@ -20,7 +20,7 @@ from toolatlas.gateway.audit import TEXT_CHARS, deny, shown, via, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.exchange import REQUEST_KEY, Exchange, Parked
 from toolatlas.gateway.ports import Connection
-from toolatlas.gateway.suggest import NameIndex, suggest
+from toolatlas.gateway.suggest import NameIndexes, suggest
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.inputstate import InputStateSealer
 from toolatlas.jsonlines import MAX_DEPTH, deeper_than
@@ -78,8 +78,8 @@ class CallService:
         self._events = events
         self._validator = ArgumentValidator()
         self._sealer = InputStateSealer()
-        # server -> (the records mapping it was built from, its name index), rebuilt on change.
-        self._name_indexes: dict[str, tuple[Mapping[str, ToolRecord], NameIndex]] = {}
+        self._name_indexes = NameIndexes()  # for "Did you mean"; those of removed servers go as the catalog changes
+        catalog.on_change.append(self._let_go)
         self.inflight = 0
         self._running: dict[anyio.CancelScope, tuple[Connection, str]] = {}  # calls in flight: caller, upstream
         self._withdrawn: dict[anyio.CancelScope, tuple[str, bool]] = {}  # those `withdraw` ended: why, denied
@@ -275,6 +275,9 @@ class CallService:
         reply: CallOutcome = value
         return reply
 
+    async def _let_go(self) -> None:
+        self._name_indexes.keep(lambda server: self._catalog.view.server(server).records)
+
     async def _unknown_tool_message(self, name: str, allowed: set[str]) -> str:
         if name in META_NAMES:  # execute_tool {"name": "tool_search"}: "unknown, use tool_search" reads as a loop
             return f"{name} is one of the gateway's own tools, not an upstream's: call {name} itself, not through execute_tool."
@@ -282,15 +285,7 @@ class CallService:
             return f"unknown tool {shown(name)} ({len(name)} characters; a tool name has at most {MAX_LEN}). " \
                    "Use tool_search to find tools."
         view = self._catalog.view
-        indexes: dict[str, NameIndex] = {}
-        for server, entry in view.servers.items():
-            if server not in allowed or not entry.records:
-                continue
-            cached = self._name_indexes.get(server)
-            if cached is None or cached[0] is not entry.records:
-                cached = entry.records, await anyio.to_thread.run_sync(NameIndex, list(entry.records))
-                self._name_indexes[server] = cached
-            indexes[server] = cached[1]
+        indexes = await self._name_indexes.of({s: e.records for s, e in view.servers.items() if s in allowed and e.records})
         by_name = view.by_name
         close = await anyio.to_thread.run_sync(suggest, name, indexes, lambda n: by_name[n].tool if n in by_name else n)
         hint = f" Did you mean: {', '.join(close)}?" if close else " Use tool_search to find tools."
