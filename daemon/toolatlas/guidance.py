@@ -145,6 +145,11 @@ def render(text: str, values: Mapping[str, str]) -> str:
     return _FIELD.sub(sub, text)
 
 
+# The instructions of a `[daemon] passthrough_clients` client: its tools/list has every tool.
+PASSTHROUGH = ("toolatlas gateway for the {environment} environment: {tool_count} tools from these servers: {servers}. "
+               "Every tool is in tools/list under its namespaced name (server__tool); call it by that name.")
+
+
 @dataclass(frozen=True)
 class MetaTools:
     """The three meta-tool definitions as one caller sees them, and a fingerprint of them
@@ -234,8 +239,10 @@ class Guidance:
         blob = json.dumps(tools, sort_keys=True, separators=(",", ":")).encode()
         return MetaTools(tools=tuple(tools), fingerprint=hashlib.sha256(blob).hexdigest()[:16])
 
-    def instructions(self, values: Mapping[str, str]) -> str:
-        return render(self.templates.texts[INSTRUCTIONS].description, values)
+    def instructions(self, values: Mapping[str, str], *, passthrough: bool = False) -> str:
+        """The instructions template rendered; for a passthrough client (which lists every
+        tool, not the meta-tools the template explains) the fixed PASSTHROUGH text."""
+        return render(PASSTHROUGH if passthrough else self.templates.texts[INSTRUCTIONS].description, values)
 
 
 def default_meta_tools(environment: str = DEFAULT_ENVIRONMENT, servers: Sequence[str] = ()) -> MetaTools:
@@ -244,5 +251,5 @@ def default_meta_tools(environment: str = DEFAULT_ENVIRONMENT, servers: Sequence
     return g.meta_tools(g.values(servers=servers, domains=[Domain(s) for s in servers], tool_count=0))
 
 
-__all__ = ["DEFAULTS_DIR", "DEFAULT_ENVIRONMENT", "Domain", "FILES", "Guidance", "MetaTools", "PLACEHOLDERS",
+__all__ = ["DEFAULTS_DIR", "DEFAULT_ENVIRONMENT", "Domain", "FILES", "Guidance", "MetaTools", "PASSTHROUGH", "PLACEHOLDERS",
            "Template", "TemplateSet", "default_meta_tools", "domains_text", "parse_template", "render"]

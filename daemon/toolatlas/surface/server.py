@@ -11,6 +11,7 @@ the gateway only through `gateway.ports.GatewayPort` and never writes into it.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
@@ -351,8 +352,21 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
     federation.register(server, gw, _connection)
     # No OpenTelemetry exporter is configured, so its per-request span middleware only costs
     # time on the hot path: drop it.
-    server.middleware = []
+    server.middleware = [functools.partial(_initialize, server)]
     return server
+
+
+async def _initialize(server: Server[Any], ctx: Any, call_next: Any) -> Any:
+    """An `initialize` is answered with the instructions of the client its clientInfo names
+    (a passthrough client's differ): the SDK read them before it knew who asks."""
+    conn, info = CONNECTION.get(), (ctx.params or {}).get("clientInfo") if ctx.method == "initialize" else None
+    if conn is None or not isinstance(info, dict) or not isinstance(name := info.get("name"), str) or not name:
+        return await call_next(ctx)
+    conn.client_name, conn.client_version = name, info.get("version") if isinstance(info.get("version"), str) else None
+    result = await call_next(ctx)
+    if isinstance(result, dict) and "instructions" in result:
+        result["instructions"] = server.instructions
+    return result
 
 
 def _call(ctx: Any, conn: Connection, params: types.CallToolRequestParams, name: str, arguments: object) -> CallRequest:
