@@ -210,6 +210,20 @@ def test_rewrite_goes_through_a_symlink(tmp_path: Path) -> None:
     assert dotfiles.read_bytes() == before and link.is_symlink()
 
 
+def test_a_read_only_client_file_is_not_rewritten(tmp_path: Path) -> None:
+    """`--rewrite-client` replaced a client file its user had made read-only (chmod 444): the
+    rename beside it needs only the folder, so the mode stopped nothing. It is refused now,
+    before anything is written (neither the client file nor the toolatlas config)."""
+    client = _write(tmp_path, ".cursor/mcp.json", {"mcpServers": {"tests": _tests_entry()}})
+    client.chmod(0o444)
+    before, config = client.read_bytes(), tmp_path / "c.toml"
+    r = _run("adopt", str(client), "--rewrite-client", "--out", str(config))
+    assert r.returncode == 1 and f"{client} is read-only (mode 0444)" in r.stderr, r.stderr
+    assert "adopt without --rewrite-client" in r.stderr
+    assert client.read_bytes() == before and stat.S_IMODE(client.stat().st_mode) == 0o444
+    assert not config.exists() and not list(client.parent.glob("mcp.json.toolatlas-backup-*"))
+
+
 def test_servers_adopted_into_the_config_of_a_running_daemon_are_served_at_once(tmp_path: Path) -> None:
     """The README's laptop flow: the first client's shim started the daemon on the adopted
     config; adopting a second client adds its servers to that config, and its shim reaches

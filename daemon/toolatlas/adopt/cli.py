@@ -13,7 +13,7 @@ from pathlib import Path
 from toolatlas.adopt.clients import AdoptError, ClientKind, read_client_file
 from toolatlas.adopt.convert import Adoption, adopt
 from toolatlas.adopt.render import merge, render
-from toolatlas.adopt.rewrite import apply, rewritten, undo
+from toolatlas.adopt.rewrite import apply, check_writable, rewritten, undo
 from toolatlas.paths import default_config_path, environment_file, read_environment_file, read_regular, write_atomic
 
 _CLIENT = {ClientKind.CLAUDE_DESKTOP: "Claude Desktop", ClientKind.CLAUDE_CODE_PROJECT: "Claude Code",
@@ -200,6 +200,8 @@ def _adopt(args: argparse.Namespace) -> int:
     if out is None:
         sys.stdout.write(text)
         return 0
+    if args.rewrite_client:
+        check_writable(source.path)  # before the config is written: a refused rewrite leaves both as they were
     write_atomic(out, text.encode())
     _keep_secrets(adoption)
     _say(f"added {len(added)} upstream(s) to {out}: {', '.join(added) or 'none (it has them all)'}" if merging

@@ -110,6 +110,20 @@ def _backup(real: Path, data: bytes, now: _dt.datetime) -> Path:
     raise AdoptError(f"cannot find a free backup name beside {real}")
 
 
+def check_writable(path: Path) -> None:
+    """AdoptError when the client file (through a symlink) is read-only: no write bit for
+    anyone (root may write it anyway), or not writable for this user. A rewrite replaces the
+    file, which a read-only mode would not stop; the user made it read-only for a reason."""
+    real = Path(os.path.realpath(path))
+    try:
+        mode = stat.S_IMODE(os.stat(real).st_mode)
+    except OSError as exc:
+        raise AdoptError(f"cannot read {str(real)!r} again: {exc.strerror or exc}") from exc
+    if not mode & 0o222 or not os.access(real, os.W_OK):
+        raise AdoptError(f"{path} is read-only (mode {mode:04o}); nothing was written: make it writable "
+                         f"(chmod u+w) to have it rewritten, or adopt without --rewrite-client")
+
+
 def apply(adoption: Adoption, new: bytes, *, now: _dt.datetime | None = None) -> Path:
     """Back the client file up, then replace it with `new`; returns the backup's path.
 
@@ -118,6 +132,7 @@ def apply(adoption: Adoption, new: bytes, *, now: _dt.datetime | None = None) ->
     """
     src = adoption.source
     real = Path(os.path.realpath(src.path))
+    check_writable(src.path)
     try:
         current = read_regular(real)
     except OSError as exc:
