@@ -337,3 +337,24 @@ def test_secrets_moved_out_of_a_client_are_kept_in_the_environment_file_the_daem
         environ = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in children_of(d.proc.pid)]
         assert sorted(v for e in environ for v in e if v.startswith(b"API_TOKEN")) == \
             sorted([f"API_TOKEN={SECRET}".encode(), b"API_TOKEN=ghp_another one"]), environ
+
+
+def test_a_client_whose_shim_runs_another_config_is_not_pointed_elsewhere(tmp_path: Path) -> None:
+    """`--rewrite-client --out B` on a client file whose toolatlas entry runs `--config A`
+    replaced that entry with one for B: the client lost every server adopted into A. It is
+    refused now, naming A, and nothing is written; adopting into A itself goes on."""
+    first = tmp_path / "a.toml"
+    client = _write(tmp_path, ".cursor/mcp.json", {"mcpServers": {"tests": _tests_entry()}})
+    assert _run("adopt", str(client), "--rewrite-client", "--out", str(first)).returncode == 0
+    data = json.loads(client.read_text())
+    data["mcpServers"]["more"] = _tests_entry()
+    client.write_text(json.dumps(data))
+    before, other = client.read_bytes(), tmp_path / "b.toml"
+    for extra in ([], ["--dry-run"]):
+        r = _run("adopt", str(client), "--rewrite-client", "--out", str(other), *extra)
+        assert r.returncode == 1 and f"already runs the toolatlas shim with --config {first.resolve()}" in r.stderr, r.stderr
+        assert client.read_bytes() == before and not other.exists()
+    r = _run("adopt", str(client), "--rewrite-client", "--out", str(first))
+    assert r.returncode == 0, r.stderr
+    assert list(json.loads(client.read_text())["mcpServers"]) == ["toolatlas"]
+    assert json.loads(client.read_text())["mcpServers"]["toolatlas"]["args"][-1] == str(first.resolve())

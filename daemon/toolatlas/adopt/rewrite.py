@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from toolatlas.adopt.clients import AdoptError, ClientFile, ClientKind
-from toolatlas.adopt.convert import Adoption
+from toolatlas.adopt.convert import Adoption, is_toolatlas_shim
 from toolatlas.adopt.jsonc import Edit, edit_tables
 from toolatlas.paths import read_regular, write_atomic
 
@@ -108,6 +108,22 @@ def _backup(real: Path, data: bytes, now: _dt.datetime) -> Path:
         os.chmod(path, mode)  # the umask may have narrowed it
         return path
     raise AdoptError(f"cannot find a free backup name beside {real}")
+
+
+def check_same_config(source: ClientFile, config: Path) -> None:
+    """AdoptError when the client file already launches the toolatlas shim with another
+    `--config`: rewriting would point that entry at `config`, and the client would lose the
+    servers adopted into the other one."""
+    for entry in source.entries:
+        args = entry.spec.get("args") if isinstance(entry.spec, dict) and is_toolatlas_shim(entry.spec) else None
+        if not isinstance(args, list) or "--config" not in args[:-1]:
+            continue
+        other = args[args.index("--config") + 1]
+        if not isinstance(other, str):
+            continue
+        if Path(other).expanduser().resolve() != config.resolve():
+            raise AdoptError(f"{entry.label} already runs the toolatlas shim with --config {other}; nothing was "
+                             f"written: adopt into that config (--out {other}), or remove that entry first")
 
 
 def check_writable(path: Path) -> None:
