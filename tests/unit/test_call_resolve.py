@@ -173,3 +173,36 @@ async def test_the_name_index_of_a_server_a_reload_removed_is_let_go() -> None:
         for listener in catalog.on_change:
             await listener()
     assert len(calls._name_indexes) == 0
+
+
+async def test_a_call_parked_on_its_upstreams_question_ends_when_a_reload_withdraws_the_upstream() -> None:
+    """A 2025-era upstream asked a 2026-07-28 caller a question mid-call: the call waits,
+    parked, for the caller's retry with the answer. A reload that took the upstream from the
+    caller left it waiting (the upstream's handler with it) for up to Parked.ttl (600 s);
+    `withdraw` now ends it, as it ends the caller's calls in flight."""
+    cancelled = anyio.Event()
+
+    async def asking(call: UpstreamCall) -> UpstreamReply:
+        assert call.elicit is not None
+        try:
+            await call.elicit({"message": "Which file?", "requestedSchema": {"type": "object", "properties": {}}})
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
+        return UpstreamReply(payload={"content": [{"type": "text", "text": "done"}]})
+
+    allowed = {"fast"}
+    visibility: Any = SimpleNamespace(allowed_servers=lambda conn: set(allowed), configured=lambda s: s == "fast",
+                                      permitted=lambda conn: set(allowed))
+    view = plan_listing(CatalogView(), "fast", TOOLS, AttestResult({t.tool: (t.description, "", ()) for t in TOOLS},
+                                                                     {}, "unattested")).final
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            calls = CallService(SimpleNamespace(view=view, on_change=[]), visibility, asking,  # type: ignore[arg-type]
+                                lambda s: "ready", metrics=Metrics(), events=ev.Events(io.StringIO()),
+                                asks_mid_call=lambda s: True, spawn=lambda: lambda fn: tg.start_soon(fn))
+            outcome = await calls.execute(CallRequest("fast__echo", {}, allow_input_required=True), Connection(id=1))
+            assert outcome.input_required is not None  # the question went to the caller; the call is parked
+            allowed.clear()  # the reload: this caller may no longer use "fast"
+            assert calls.withdraw("the daemon's access rules changed") == 1
+            await cancelled.wait()

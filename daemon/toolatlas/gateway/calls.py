@@ -94,18 +94,19 @@ class CallService:
         requests end. `hold` False: those the caller's access rules (or its endpoint) no
         longer give it, after a reload (an access denial each); True: those the operator's
         approval decision holds now (no denial). How many."""
-        ended = []
-        for scope, (conn, server) in self._running.items():
+        def taken(conn: Connection, server: str) -> bool:
             # an upstream the config no longer has is withdrawn from no one: the pool closes
             # it, and its calls end saying so (as do those of one a reload restarts)
             if not self._visibility.configured(server) or server in self._visibility.allowed_servers(conn):
-                continue
-            if (server in self._visibility.permitted(conn)) is hold:
-                ended.append(scope)
+                return False
+            return (server in self._visibility.permitted(conn)) is hold
+
+        ended = [scope for scope, (conn, server) in self._running.items() if taken(conn, server)]
         for scope in ended:
             self._withdrawn[scope] = (why, not hold)
             scope.cancel()
-        return len(ended)
+        # a call parked on its upstream's question, waiting for the caller's answer, ends too
+        return len(ended) + self._parked.end(lambda ex: ex.owner[0] is not None and taken(ex.owner[0], ex.owner[1]))
 
     async def wait_idle(self, timeout: float) -> None:
         """Wait (bounded) until no call is in flight."""
@@ -218,7 +219,7 @@ class CallService:
         spawn = self._spawn()
         exchange = None
         if call.allow_input_required and call.elicit is None and spawn is not None and self._asks_mid_call(rec.server):
-            exchange = Exchange(self._parked.ttl)
+            exchange = Exchange(self._parked.ttl, (conn, rec.server))
         routed = UpstreamCall(
             server=rec.server, tool=rec.tool, arguments=arguments, progress=call.progress,
             allow_input_required=call.allow_input_required,
