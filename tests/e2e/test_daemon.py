@@ -218,6 +218,8 @@ async def test_passthrough_client_sees_all_tools_and_list_changed(gateway: Daemo
             # its list has no tool_search: its instructions said to call it first (the SDK read them before clientInfo)
             assert "Every tool is in tools/list" in (client.instructions or "") and "tool_search" not in (
                 client.instructions or ""), client.instructions
+            async with Client(unix_client(gateway.socket), client_info=info) as modern:  # server/discover (2026-07-28)
+                assert "Every tool is in tools/list" in (modern.instructions or ""), modern.instructions
             listed = await client.list_tools()
             names = {t.name for t in listed.tools}
             assert {"alpha__echo", "beta__echo", "gamma__echo", "everything__echo"} <= names

@@ -357,9 +357,10 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
 
 
 async def _initialize(server: Server[Any], ctx: Any, call_next: Any) -> Any:
-    """An `initialize` is answered with the instructions of the client its clientInfo names
-    (a passthrough client's differ): the SDK read them before it knew who asks."""
-    conn, info = CONNECTION.get(), (ctx.params or {}).get("clientInfo") if ctx.method == "initialize" else None
+    """`initialize` and `server/discover` answer with the instructions of the client their clientInfo
+    names (a passthrough client's differ): the SDK reads them before the request's handlers know who asks."""
+    params, conn = (ctx.params or {}) if ctx.method in ("initialize", "server/discover") else {}, CONNECTION.get()
+    info = params.get("clientInfo") or (params.get("_meta") or {}).get(CLIENT_INFO_META_KEY)
     if conn is None or not isinstance(info, dict) or not isinstance(name := info.get("name"), str) or not name:
         return await call_next(ctx)
     conn.client_name, conn.client_version = name, info.get("version") if isinstance(info.get("version"), str) else None
