@@ -43,6 +43,7 @@ CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 
 
 CONNECTION: ContextVar[Connection | None] = ContextVar("toolatlas_connection", default=None)
+_NOTIFY = NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True)  # what every session hears
 # Said after the instructions a client gets while the gateway is still starting.
 STARTING = ("The gateway is still starting: the tool count above is of those known so far; more arrive as its servers "
             "finish connecting (tools/list_changed says when), and tool_search finds them once its index is ready.")
@@ -100,8 +101,6 @@ async def tool_search(gw: GatewayPort, conn: Connection, args: dict[str, Any]) -
         return error_result(str(exc))
 
 
-
-
 class Connections:
     """Every live client connection, socket and HTTP alike (what `clients` counts), and the
     2025-era HTTP sessions by `Mcp-Session-Id`: their requests share one `Connection` (its
@@ -117,8 +116,7 @@ class Connections:
         self._live[conn] = self._live.get(conn, 0) + 1
 
     def discard(self, conn: Connection) -> None:
-        left = self._live.get(conn, 0) - 1
-        if left > 0:
+        if (left := self._live.get(conn, 0) - 1) > 0:
             self._live[conn] = left
         else:
             self._live.pop(conn, None)
@@ -263,6 +261,10 @@ class _Server(Server[Any]):
     def instructions(self, _value: str | None) -> None:
         pass  # computed per caller; the SDK's constructor assigns None
 
+    def create_initialization_options(self, notification_options: NotificationOptions | None = None, *args: Any, **kwargs: Any) -> Any:
+        """Saying the list changes the gateway sends (the streamable-HTTP manager gives no options)."""
+        return super().create_initialization_options(notification_options or _NOTIFY, *args, **kwargs)
+
     def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
         """The SDK's capabilities, except that resource subscriptions are not offered: the
         SDK derives `resources.subscribe` from serving subscriptions/listen (2026-07-28), but
@@ -357,8 +359,7 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
 
 
 async def _initialize(server: Server[Any], ctx: Any, call_next: Any) -> Any:
-    """`initialize` and `server/discover` answer with the instructions of the client their clientInfo
-    names (a passthrough client's differ): the SDK reads them before the request's handlers know who asks."""
+    """initialize and server/discover: instructions for the client its clientInfo names (see _Server)."""
     params, conn = (ctx.params or {}) if ctx.method in ("initialize", "server/discover") else {}, CONNECTION.get()
     info = params.get("clientInfo") or (params.get("_meta") or {}).get(CLIENT_INFO_META_KEY)
     if conn is None or not isinstance(info, dict) or not isinstance(name := info.get("name"), str) or not name:
@@ -442,8 +443,7 @@ def _response(id_: str | int, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def init_options(server: Server[Any]) -> Any:
-    return server.create_initialization_options(
-        NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True))
+    return server.create_initialization_options()
 
 
 __all__ = ["CONNECTION", "Connection", "Connections", "MCPError", "Surface", "build_server", "error_result", "fast_lane",
