@@ -69,6 +69,8 @@ class Daemon:
         self.gateway.status_service.surface = self.surface
         self.gateway.catalog.on_change.append(self.surface.tools_changed)
         self.gateway.federation.on_change.append(self.surface.relays.lists_changed)
+        self.gateway.federation.on_access.append(self.surface.relays.tell)
+        self.surface.bus.joined = self.gateway.federation.resee  # a listen stream saw the lists as they are
         self.gateway.log_listeners.append(self.surface.relays.log)
         self.unix = UnixServer(
             self.surface.server,

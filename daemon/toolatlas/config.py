@@ -20,6 +20,7 @@ from toolatlas.config_sections import (
     ASYMMETRIC_ALGORITHMS as ASYMMETRIC_ALGORITHMS,
     AccessRule as AccessRule,
     NAME_RE as NAME_RE,
+    RESERVED_NAMES as RESERVED_NAMES,
     Endpoint as Endpoint,
     EventsSection as EventsSection,
     HttpSection as HttpSection,
@@ -292,6 +293,10 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"{source}: upstream name {dupes[0]!r} is used more than once")
+    reserved = sorted(RESERVED_NAMES.intersection(names))
+    if reserved:
+        raise ConfigError(f"{source}: upstream name {reserved[0]!r} is reserved (metrics and events label calls "
+                          f"that reach no upstream so); choose another name")
     unknown_scope = [s for s in cfg.search.scope if s not in names]
     if unknown_scope:
         raise ConfigError(f"{source}: [search] scope names unknown upstream {unknown_scope[0]!r}")

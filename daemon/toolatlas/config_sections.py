@@ -14,6 +14,8 @@ from toolatlas.errors import ConfigError
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
 _Seconds = Annotated[float, msgspec.Meta(gt=0)]
 UpstreamName = Annotated[str, msgspec.Meta(pattern=NAME_RE, max_length=48)]
+# The upstream label of refused or unroutable calls in metrics and events: no upstream may be named so.
+RESERVED_NAMES = frozenset({"unknown", "none"})
 
 
 class SurfaceSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -243,5 +245,5 @@ def check_http(http: HttpSection, source: str) -> None:
 
 
 __all__ = ["ASYMMETRIC_ALGORITHMS", "AccessRule", "Endpoint", "EventsSection", "HttpSection", "HttpToken", "NAME_RE",
-           "OAuthIssuer", "OAuthSection", "UpstreamName", "check_access", "check_http", "host_port", "url_problem",
-           "url_secrets"]
+           "OAuthIssuer", "OAuthSection", "RESERVED_NAMES", "UpstreamName", "check_access", "check_http", "host_port",
+           "url_problem", "url_secrets"]

@@ -40,6 +40,7 @@ MAX_TEMPLATE_CHARS = 8192  # every character of a template is paid for in each c
 # stay under 400 tokens: servers past the budget are counted, not named.
 DOMAINS_MAX_CHARS = 250
 DOMAIN_ENTRY_CHARS = 60
+SERVERS_MAX_CHARS = 500  # {servers}: a gateway of hundreds of upstreams is not a page of names in every context
 DEFAULT_ENVIRONMENT = "default"
 
 _COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
@@ -145,6 +146,11 @@ def render(text: str, values: Mapping[str, str]) -> str:
     return _FIELD.sub(sub, text)
 
 
+# The instructions of a `[daemon] passthrough_clients` client: its tools/list has every tool.
+PASSTHROUGH = ("toolatlas gateway for the {environment} environment: {tool_count} tools from these servers: {servers}. "
+               "Every tool is in tools/list under its namespaced name (server__tool); call it by that name.")
+
+
 @dataclass(frozen=True)
 class MetaTools:
     """The three meta-tool definitions as one caller sees them, and a fingerprint of them
@@ -177,6 +183,23 @@ def _about(d: Domain) -> list[str]:
     return [summary] if summary else []
 
 
+def _fit(names: Sequence[str], max_chars: int) -> tuple[int, int]:
+    """How many of `names` (each with a 2-character separator) fit in `max_chars` beside "and
+    N more" for the rest, and the characters left over."""
+    def used(shown: int) -> int:
+        return sum(len(n) + 2 for n in names[:shown]) + (len(f"and {len(names) - shown} more") if shown < len(names) else 0)
+    shown = len(names)
+    while shown and used(shown) > max_chars:
+        shown -= 1
+    return shown, max_chars - used(shown)
+
+
+def servers_text(servers: Sequence[str], max_chars: int = SERVERS_MAX_CHARS) -> str:
+    """`files, weather, units` within `max_chars`; servers past the budget are counted (`and 6 more`)."""
+    shown, _ = _fit(servers, max_chars)
+    return ", ".join([*servers[:shown], *([f"and {len(servers) - shown} more"] if shown < len(servers) else [])]) or "none yet"
+
+
 def domains_text(domains: Sequence[Domain], max_chars: int = DOMAINS_MAX_CHARS) -> str:
     """`files (read, write, search); weather (forecast); units` within `max_chars`: every
     server's name first (past the budget: "and N more"), then, while room is left, what each
@@ -184,11 +207,8 @@ def domains_text(domains: Sequence[Domain], max_chars: int = DOMAINS_MAX_CHARS) 
     if not domains:
         return "no servers yet"
     names = [d.server for d in domains]
-    shown = len(names)
-    while shown and sum(len(n) + 2 for n in names[:shown]) + (len(f"and {len(names) - shown} more") if shown < len(names) else 0) > max_chars:
-        shown -= 1
+    shown, room = _fit(names, max_chars)
     entries = names[:shown]
-    room = max_chars - sum(len(n) + 2 for n in entries) - (len(f"and {len(names) - shown} more") if shown < len(names) else 0)
     for i, d in enumerate(domains[:shown]):
         about = _about(d)
         while about:
@@ -218,7 +238,7 @@ class Guidance:
 
     def values(self, *, servers: Sequence[str], domains: Sequence[Domain], tool_count: int,
                default_top_k: int = 5) -> dict[str, str]:
-        return {"servers": ", ".join(servers) or "none yet", "domains": domains_text(domains),
+        return {"servers": servers_text(servers), "domains": domains_text(domains),
                 "environment": self.environment, "tool_count": str(tool_count), "default_top_k": str(default_top_k)}
 
     def meta_tools(self, values: Mapping[str, str]) -> MetaTools:
@@ -234,8 +254,10 @@ class Guidance:
         blob = json.dumps(tools, sort_keys=True, separators=(",", ":")).encode()
         return MetaTools(tools=tuple(tools), fingerprint=hashlib.sha256(blob).hexdigest()[:16])
 
-    def instructions(self, values: Mapping[str, str]) -> str:
-        return render(self.templates.texts[INSTRUCTIONS].description, values)
+    def instructions(self, values: Mapping[str, str], *, passthrough: bool = False) -> str:
+        """The instructions template rendered; for a passthrough client (which lists every
+        tool, not the meta-tools the template explains) the fixed PASSTHROUGH text."""
+        return render(PASSTHROUGH if passthrough else self.templates.texts[INSTRUCTIONS].description, values)
 
 
 def default_meta_tools(environment: str = DEFAULT_ENVIRONMENT, servers: Sequence[str] = ()) -> MetaTools:
@@ -244,5 +266,6 @@ def default_meta_tools(environment: str = DEFAULT_ENVIRONMENT, servers: Sequence
     return g.meta_tools(g.values(servers=servers, domains=[Domain(s) for s in servers], tool_count=0))
 
 
-__all__ = ["DEFAULTS_DIR", "DEFAULT_ENVIRONMENT", "Domain", "FILES", "Guidance", "MetaTools", "PLACEHOLDERS",
-           "Template", "TemplateSet", "default_meta_tools", "domains_text", "parse_template", "render"]
+__all__ = ["DEFAULTS_DIR", "DEFAULT_ENVIRONMENT", "Domain", "FILES", "Guidance", "MetaTools", "PASSTHROUGH", "PLACEHOLDERS",
+           "Template", "TemplateSet", "default_meta_tools", "domains_text", "parse_template", "render",
+           "servers_text"]

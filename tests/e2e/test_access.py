@@ -181,3 +181,20 @@ def test_a_scoped_callers_index_figures_count_only_its_servers_documents(tmp_pat
         assert alpha == next(s["tools"] for s in d.status()["servers"] if s["name"] == "alpha"), index
         assert index["model"]["embedded"] == index["model"]["total"] == alpha, index["model"]
         assert index["embeddings_computed"] is None and index["embeddings_cached"] is None, index
+
+
+def test_a_scoped_caller_does_not_read_the_daemons_search_activity(tmp_path: Path) -> None:
+    """catalog_status showed a caller given only alpha how many searches everyone made
+    (`index.searches`, the result cache's hits and misses, `cache.fast_lane`): how busy the
+    servers it may not use are. Those figures are null for it now."""
+    d = Daemon(tmp_path, stdio_testserver("alpha") + stdio_testserver("beta"), daemon_extra='access_default = "deny"')
+    d.config.write_text(d.config.read_text() + '\n[[access]]\nusers = ["root"]\nservers = ["alpha"]\n')
+    with d:
+        d.wait_for(lambda: d.status()["index"]["ready"], 60, "the index")
+        for _ in range(3):
+            d.search("echo a message")
+        status = d.status()
+        index = status["index"]
+        assert index["searches"] is None and index["cache"] is None and index["lone_queries"] is None, index
+        assert status["cache"] is None, status["cache"]
+        assert index["tools"] == next(s["tools"] for s in status["servers"] if s["name"] == "alpha")

@@ -210,6 +210,20 @@ def test_rewrite_goes_through_a_symlink(tmp_path: Path) -> None:
     assert dotfiles.read_bytes() == before and link.is_symlink()
 
 
+def test_a_read_only_client_file_is_not_rewritten(tmp_path: Path) -> None:
+    """`--rewrite-client` replaced a client file its user had made read-only (chmod 444): the
+    rename beside it needs only the folder, so the mode stopped nothing. It is refused now,
+    before anything is written (neither the client file nor the toolatlas config)."""
+    client = _write(tmp_path, ".cursor/mcp.json", {"mcpServers": {"tests": _tests_entry()}})
+    client.chmod(0o444)
+    before, config = client.read_bytes(), tmp_path / "c.toml"
+    r = _run("adopt", str(client), "--rewrite-client", "--out", str(config))
+    assert r.returncode == 1 and f"{client} is read-only (mode 0444)" in r.stderr, r.stderr
+    assert "adopt without --rewrite-client" in r.stderr
+    assert client.read_bytes() == before and stat.S_IMODE(client.stat().st_mode) == 0o444
+    assert not config.exists() and not list(client.parent.glob("mcp.json.toolatlas-backup-*"))
+
+
 def test_servers_adopted_into_the_config_of_a_running_daemon_are_served_at_once(tmp_path: Path) -> None:
     """The README's laptop flow: the first client's shim started the daemon on the adopted
     config; adopting a second client adds its servers to that config, and its shim reaches
@@ -323,3 +337,24 @@ def test_secrets_moved_out_of_a_client_are_kept_in_the_environment_file_the_daem
         environ = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in children_of(d.proc.pid)]
         assert sorted(v for e in environ for v in e if v.startswith(b"API_TOKEN")) == \
             sorted([f"API_TOKEN={SECRET}".encode(), b"API_TOKEN=ghp_another one"]), environ
+
+
+def test_a_client_whose_shim_runs_another_config_is_not_pointed_elsewhere(tmp_path: Path) -> None:
+    """`--rewrite-client --out B` on a client file whose toolatlas entry runs `--config A`
+    replaced that entry with one for B: the client lost every server adopted into A. It is
+    refused now, naming A, and nothing is written; adopting into A itself goes on."""
+    first = tmp_path / "a.toml"
+    client = _write(tmp_path, ".cursor/mcp.json", {"mcpServers": {"tests": _tests_entry()}})
+    assert _run("adopt", str(client), "--rewrite-client", "--out", str(first)).returncode == 0
+    data = json.loads(client.read_text())
+    data["mcpServers"]["more"] = _tests_entry()
+    client.write_text(json.dumps(data))
+    before, other = client.read_bytes(), tmp_path / "b.toml"
+    for extra in ([], ["--dry-run"]):
+        r = _run("adopt", str(client), "--rewrite-client", "--out", str(other), *extra)
+        assert r.returncode == 1 and f"already runs the toolatlas shim with --config {first.resolve()}" in r.stderr, r.stderr
+        assert client.read_bytes() == before and not other.exists()
+    r = _run("adopt", str(client), "--rewrite-client", "--out", str(first))
+    assert r.returncode == 0, r.stderr
+    assert list(json.loads(client.read_text())["mcpServers"]) == ["toolatlas"]
+    assert json.loads(client.read_text())["mcpServers"]["toolatlas"]["args"][-1] == str(first.resolve())

@@ -215,11 +215,17 @@ async def test_passthrough_client_sees_all_tools_and_list_changed(gateway: Daemo
     info = types.Implementation(name=PASSTHROUGH, version="1")
     with anyio.fail_after(60):
         async with Client(unix_client(gateway.socket), mode="legacy", client_info=info, message_handler=on_message) as client:
+            # its list has no tool_search: its instructions said to call it first (the SDK read them before clientInfo)
+            assert "Every tool is in tools/list" in (client.instructions or "") and "tool_search" not in (
+                client.instructions or ""), client.instructions
+            async with Client(unix_client(gateway.socket), client_info=info) as modern:  # server/discover (2026-07-28)
+                assert "Every tool is in tools/list" in (modern.instructions or ""), modern.instructions
             listed = await client.list_tools()
             names = {t.name for t in listed.tools}
             assert {"alpha__echo", "beta__echo", "gamma__echo", "everything__echo"} <= names
             assert "tool_search" not in names
             async with Client(unix_client(gateway.socket)) as other:
+                assert "first tool_search" in (other.instructions or ""), other.instructions
                 await other.call_tool("alpha__add_tool", {"name": "kite_flyer", "description": "Fly a kite."})
             await changed.wait()
             again = await client.list_tools(cache_mode="refresh")

@@ -419,6 +419,9 @@ async def test_server_discover_and_initialize_both_answer(gw: Daemon) -> None:
         i = await _raw(url, _init_body(), auth)
         assert i.status_code == 200
         assert "2025-11-25" in i.text
+        # the gateway sends 2025-era HTTP sessions every list change: it says so (it said listChanged false)
+        caps = json.loads(next(ln[5:] for ln in i.text.splitlines() if ln.startswith("data:")))["result"]["capabilities"]
+        assert caps["tools"]["listChanged"] and caps["prompts"]["listChanged"] and caps["resources"]["listChanged"], caps
 
 
 async def test_socket_keeps_working_alongside(gw: Daemon) -> None:

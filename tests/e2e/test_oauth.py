@@ -7,6 +7,7 @@ static tokens beside OAuth."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -305,3 +306,36 @@ def test_each_endpoint_path_is_its_own_resource(env: Env) -> None:
     assert f'resource_metadata="{env.origin}/.well-known/oauth-protected-resource/ops/mcp"' in \
         for_mcp.headers["www-authenticate"]
     assert post(iss.token(kid, iss.claims(ops_url, groups=["ops"]))).status_code == 200
+
+
+def test_a_reload_that_changes_an_issuers_audience_ends_the_streams_its_tokens_no_longer_pass(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A stream opened with an OAuth token lived on after a reload changed its issuer's
+    `audience` (or the accepted algorithms) until the token expired, though the token's next
+    request was refused. It ends at the reload now; a stream whose token still passes the new
+    settings, and a static token's, go on."""
+    tmp = tmp_path_factory.mktemp("oauth-reload")
+    port = free_port()
+    with LocalIssuer() as issuer:
+        issuer.add_key("rsa-1", "RS256")
+        cfg = (f'[http]\nlisten = "127.0.0.1:{port}"\n'
+               f'[[http.tokens]]\nname = "ops"\nsha256 = "{hash_token(STATIC)}"\n'
+               f'[http.oauth]\nissuers = [{{issuer = "{issuer.issuer}", jwks_url = "{issuer.jwks_url}", '
+               'audience = "api-one"}]\n'
+               '[[access]]\ntokens = ["ops"]\nservers = ["*"]\n[[access]]\noauth_groups = ["ops"]\nservers = ["*"]\n'
+               + stdio_testserver("alpha"))
+        d = Daemon(tmp, cfg, daemon_extra='access_default = "deny"\n')
+        with d:
+            d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 60, "ready")
+            env = Env(d, issuer, port)
+            only_one = issuer.token("rsa-1", issuer.claims("api-one", groups=["ops"], sub="one"))
+            both = issuer.token("rsa-1", issuer.claims(["api-one", "api-two"], groups=["ops"], sub="both"))  # type: ignore[arg-type]
+            streams = {"one": _event_stream(env, only_one), "both": _event_stream(env, both),
+                       "static": _event_stream(env, STATIC)}
+            d.config.write_text(d.config.read_text().replace('audience = "api-one"', 'audience = "api-two"'))
+            d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+            assert _ended(streams["one"], 30), "the stream of a token the new audience refuses is still open"
+            assert _post(env, only_one).status_code == 401 and _post(env, both).status_code == 200
+            assert not _ended(streams["both"], 0.5) and not _ended(streams["static"], 0.5)
+            for s in streams.values():
+                s.close()

@@ -110,22 +110,24 @@ class _Stream(threading.Thread):
         return sum(1 for d in self.data if f'"{method}"' in d)
 
 
-def _legacy_stream(port: int, secret: str) -> _Stream:
-    """A 2025-11-25 session opened with `secret`, listed its resources, and its standalone
-    GET event stream."""
+def _legacy_stream(port: int, secret: str, lists: tuple[str, ...] = ("resources/list",)) -> _Stream:
+    """A 2025-11-25 session opened with `secret`, listed its resources (or `lists`), and its
+    standalone GET event stream."""
     status, sid = legacy_post(port, secret, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "legacy", "version": "1"}}})
     assert status == 200 and sid, status
     legacy_post(port, secret, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
-    assert legacy_post(port, secret, {"jsonrpc": "2.0", "id": 2, "method": "resources/list"}, sid)[0] == 200
+    for method in lists:
+        assert legacy_post(port, secret, {"jsonrpc": "2.0", "id": 2, "method": method}, sid)[0] == 200
     return _Stream(port, "GET", {"Authorization": f"Bearer {secret}", "Accept": "text/event-stream",
                                  "Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-11-25"})
 
 
-def _listen_stream(port: int, secret: str) -> _Stream:
-    """A 2026-07-28 `subscriptions/listen` stream for resource list changes, opened with `secret`."""
+def _listen_stream(port: int, secret: str, prompts: bool = False) -> _Stream:
+    """A 2026-07-28 `subscriptions/listen` stream for resource (and `prompts`) list changes,
+    opened with `secret`."""
     body = {"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen", "params": {
-        "notifications": {"resourcesListChanged": True},
+        "notifications": {"resourcesListChanged": True, **({"promptsListChanged": True} if prompts else {})},
         "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                   "io.modelcontextprotocol/clientCapabilities": {},
                   "io.modelcontextprotocol/clientInfo": {"name": "modern", "version": "1"}}}}
@@ -231,3 +233,33 @@ def test_a_call_in_flight_on_an_upstream_the_reload_removes_is_no_access_denial(
         assert "config reload or a restart" in answer[0]["content"][0]["text"], answer
         assert _events(d, "access_denied") == []
 
+
+
+def test_a_reload_tells_only_the_clients_whose_resources_or_prompts_it_changed(tmp_path: Path) -> None:
+    """A SIGHUP that changes nobody's access tells no client to re-list its prompts (or
+    resources; every reload used to, to every client); one that takes a server away from a
+    token tells that token's streams."""
+    port = free_port()
+    d = Daemon(tmp_path, _section(port, ("keep", KEEP)).replace('tokens = ["keep", "drop"]', 'tokens = ["keep"]')
+               + stdio_testserver("alpha", "--name", "alpha", "--resources", "2")
+               + stdio_testserver("beta", "--name", "beta", "--resources", "1"))
+    # Only a reload changes prompts here; a resource added is the marker that the reload's notices are all in.
+    resources, prompts = "notifications/resources/list_changed", "notifications/prompts/list_changed"
+    with d:
+        d.wait_for(lambda: all(s["state"] == "ready" for s in d.status()["servers"]), 60, "upstreams ready")
+        streams = [_legacy_stream(port, KEEP, ("resources/list", "prompts/list")), _listen_stream(port, KEEP, True)]
+        d.tool("alpha__add_resource", {"name": "before"})
+        d.wait_for(lambda: all(s.heard(resources) for s in streams), 30, "every stream hears the change")
+        marks = [s.heard(resources) for s in streams]
+
+        d.config.write_text(d.config.read_text() + "\n# edited, nothing changed\n")
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        d.wait_for(lambda: len(_events(d, "config_reloaded")) == 1, 30, "the first reload applied")
+        d.tool("alpha__add_resource", {"name": "after"})
+        d.wait_for(lambda: all(s.heard(resources) > m for s, m in zip(streams, marks)), 30, "the next change")
+        assert [s.heard(prompts) for s in streams] == [0, 0], "a reload that changed nothing told clients to re-list"
+
+        d.config.write_text(d.config.read_text().replace('servers = ["*"]', 'servers = ["beta"]'))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        d.wait_for(lambda: all(s.heard(prompts) for s in streams), 30,
+                   "the streams of the token that lost alpha hear their prompts changed")

@@ -104,3 +104,15 @@ def test_unknown_server_names_are_quoted_short_whatever_was_sent(gateway: Daemon
         assert text.endswith("; servers you can search: alpha, down")
     many = gateway.tool("tool_search", {"query": "echo", "servers": [f"s{i}" for i in range(100_000)]})
     assert "s0, s1, " in many["content"][0]["text"] and "(+99990 more)" in many["content"][0]["text"]
+
+
+def test_a_huge_query_is_not_echoed_whole(gateway: Daemon) -> None:
+    """A 1 MB query came back twice (the text block and structuredContent): a 2 MB answer that
+    grows with the request. The answer echoes its start and says how long it was."""
+    query = "echo back a message " * 50_000
+    result = gateway.tool("tool_search", {"query": query, "top_k": 3})
+    assert not result.get("isError"), str(result)[:300]
+    echoed = result["structuredContent"]["query"]
+    assert echoed.startswith(query[:1000]) and echoed.endswith(f"... ({len(query)} characters)"), echoed[-100:]
+    assert len(result["content"][0]["text"]) < 20_000
+    assert _search(gateway, query="echo back a message", top_k=3)["query"] == "echo back a message"

@@ -122,6 +122,26 @@ def _rawrpc(name: str, *args: str) -> str:
             f"args = {json.dumps([str(RAWRPC), *args])}\n")
 
 
+def test_a_listing_that_never_ends_says_it_was_still_paging_not_that_nothing_answered(tmp_path: Path) -> None:
+    """An upstream answering every tools/list page quickly, each with a next cursor, ran out
+    of timeouts.list_tools and read "did not answer tools/list within 2 s": the operator went
+    looking for a hung server. The reason now says it was still paging and how far it got."""
+    with Daemon(tmp_path, _rawrpc("pager", "--endless-pages", "0.05") + "timeouts = { list_tools = 2 }\n") as d:
+        reason = d.wait_for(lambda: (s := d.status()["servers"][0])["state"] == "degraded" and s["reason"], 60,
+                            "the listing given up")
+        assert "upstream 'pager' was still paging tools/list when its 2 s ran out: " in reason, reason
+        assert "pages (" in reason and "does its listing end?" in reason and "did not answer" not in reason, reason
+
+
+def test_a_relist_that_never_ends_says_it_was_still_paging(tmp_path: Path) -> None:
+    """The same for the periodic re-list: the first listing ends, the next pages on forever."""
+    up = _rawrpc("pager", "--endless-pages", "0.05", "--endless-after", "1")
+    with Daemon(tmp_path, up + "relist_interval = 1\ntimeouts = { list_tools = 2 }\n") as d:
+        line = d.wait_for(lambda: next((ln for ln in d.log.read_text().splitlines() if "was still paging" in ln), None),
+                          60, "the re-list given up")
+        assert "upstream 'pager' was still paging tools/list when its 2 s ran out: " in line, line
+
+
 @pytest.mark.timeout(120)
 def test_a_broken_tool_in_a_listing_costs_only_that_tool(tmp_path: Path) -> None:
     # A tool whose inputSchema is a string, `true` or missing, or whose annotations are a list,

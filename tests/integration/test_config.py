@@ -54,6 +54,9 @@ def test_good_config_parses_with_expansion_and_relative_paths(tmp_path: Path) ->
         ("[daemon]\ndrain_timeout = 'soon'\n", "Expected `float`"),
         ("[[upstream]]\nname='a'\ntransport='http'\nurl='${NOPE_UNSET}'\n", "${NOPE_UNSET} is not set"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\n[[upstream]]\nname='a'\ntransport='stdio'\ncommand='y'\n", "used more than once"),
+        # refused calls are counted and audited under upstream="unknown": an upstream of that name hid among them
+        ("[[upstream]]\nname='unknown'\ntransport='stdio'\ncommand='x'\n", "upstream name 'unknown' is reserved"),
+        ("[[upstream]]\nname='none'\ntransport='stdio'\ncommand='x'\n", "upstream name 'none' is reserved"),
         ("[daemon]\nmetrics_addr = 'nope'\n", "metrics_addr must be HOST:PORT"),
         ("[[upstream]]\nname='a'\ntransport='http'\nurl='ftp://x'\n", "must start with http://"),
         # an unparsable URL was accepted, then a traceback in check-config and the daemon's start

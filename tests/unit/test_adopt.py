@@ -72,6 +72,8 @@ def test_names_become_valid_unique_upstream_names() -> None:
     assert upstream_name("@scope/pkg.v2", set()) == "scope-pkg-v2"
     assert upstream_name("---", set()) == "server"
     assert upstream_name("git", {"git", "git-2"}) == "git-3"
+    # metrics' and events' label for calls that reach no upstream is not an upstream's name
+    assert (upstream_name("Unknown", set()), upstream_name("none", set())) == ("unknown-2", "none-2")
     long = upstream_name("x" * 60, {"x" * 48})
     assert len(long) <= 48 and long.endswith("-2")
 

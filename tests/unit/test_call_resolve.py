@@ -41,7 +41,7 @@ def service(view: CatalogView, *, session_ready: bool, routed: list[UpstreamCall
         return UpstreamReply(payload={"content": [{"type": "text", "text": "Echo: early"}]})
 
     visibility: Any = SimpleNamespace(allowed_servers=lambda conn: {"fast"}, configured=lambda s: s == "fast")
-    catalog: Any = SimpleNamespace(view=view)
+    catalog: Any = SimpleNamespace(view=view, on_change=[])
     return CallService(
         catalog, visibility, route or echo, lambda s: "ready", metrics=Metrics(),
         events=ev.Events(io.StringIO()), session_ready=lambda s: session_ready,
@@ -77,7 +77,7 @@ async def test_a_drain_waits_for_the_calls_in_flight_and_no_longer() -> None:
     visibility: Any = SimpleNamespace(allowed_servers=lambda conn: {"fast"}, configured=lambda s: s == "fast")
     view = plan_listing(CatalogView(), "fast", TOOLS, AttestResult({t.tool: (t.description, "", ()) for t in TOOLS},
                                                                      {}, "unattested")).final
-    calls = CallService(SimpleNamespace(view=view), visibility, route, lambda s: "ready",  # type: ignore[arg-type]
+    calls = CallService(SimpleNamespace(view=view, on_change=[]), visibility, route, lambda s: "ready",  # type: ignore[arg-type]
                         metrics=Metrics(), events=ev.Events(io.StringIO()))
     with anyio.fail_after(10):
         await calls.wait_idle(30)  # idle: returns at once (the fail_after above would say otherwise)
@@ -158,3 +158,51 @@ def test_a_server_between_its_listing_and_its_index_swap_is_said_to_be_indexing(
                            index_ready=lambda: False)
     assert status.unsearchable("fast") == ("upstream 'fast' is connected and its tools are being indexed; "
                                            "search again in a moment")
+
+
+async def test_the_name_index_of_a_server_a_reload_removed_is_let_go() -> None:
+    """The "Did you mean" index built for a server stayed in memory (its tools with it) after
+    a reload removed the server, for as long as the daemon ran."""
+    calls = service(interim_view(), session_ready=True, routed=[])
+    with anyio.fail_after(10), pytest.raises(BadInput, match="Did you mean: fast__echo"):
+        await calls.execute(CallRequest("fast__ecco", {}), Connection(id=1))
+    assert len(calls._name_indexes) == 1
+    catalog: Any = calls._catalog
+    catalog.view = CatalogView()  # the reload dropped "fast", then announced the change
+    with anyio.fail_after(10):
+        for listener in catalog.on_change:
+            await listener()
+    assert len(calls._name_indexes) == 0
+
+
+async def test_a_call_parked_on_its_upstreams_question_ends_when_a_reload_withdraws_the_upstream() -> None:
+    """A 2025-era upstream asked a 2026-07-28 caller a question mid-call: the call waits,
+    parked, for the caller's retry with the answer. A reload that took the upstream from the
+    caller left it waiting (the upstream's handler with it) for up to Parked.ttl (600 s);
+    `withdraw` now ends it, as it ends the caller's calls in flight."""
+    cancelled = anyio.Event()
+
+    async def asking(call: UpstreamCall) -> UpstreamReply:
+        assert call.elicit is not None
+        try:
+            await call.elicit({"message": "Which file?", "requestedSchema": {"type": "object", "properties": {}}})
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
+        return UpstreamReply(payload={"content": [{"type": "text", "text": "done"}]})
+
+    allowed = {"fast"}
+    visibility: Any = SimpleNamespace(allowed_servers=lambda conn: set(allowed), configured=lambda s: s == "fast",
+                                      permitted=lambda conn: set(allowed))
+    view = plan_listing(CatalogView(), "fast", TOOLS, AttestResult({t.tool: (t.description, "", ()) for t in TOOLS},
+                                                                     {}, "unattested")).final
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            calls = CallService(SimpleNamespace(view=view, on_change=[]), visibility, asking,  # type: ignore[arg-type]
+                                lambda s: "ready", metrics=Metrics(), events=ev.Events(io.StringIO()),
+                                asks_mid_call=lambda s: True, spawn=lambda: lambda fn: tg.start_soon(fn))
+            outcome = await calls.execute(CallRequest("fast__echo", {}, allow_input_required=True), Connection(id=1))
+            assert outcome.input_required is not None  # the question went to the caller; the call is parked
+            allowed.clear()  # the reload: this caller may no longer use "fast"
+            assert calls.withdraw("the daemon's access rules changed") == 1
+            await cancelled.wait()

@@ -110,3 +110,16 @@ def test_domains_name_every_server_first_then_what_cards_say_within_the_budget()
     assert len(text) <= 250 and text.endswith("more") and "a-very-long-upstream-server-name-0" in text
     assert domains_text([Domain("files", summary="files: 12 tools about read, write.")]) == "files (12 tools about read, write)"
     assert domains_text([]) == "no servers yet"
+
+
+def test_servers_in_the_instructions_are_held_to_a_budget() -> None:
+    """{servers} was every name joined: a gateway of 300 upstreams gave every client ~13 KB of
+    names in its instructions (and in any template that uses {servers})."""
+    g = Guidance.load(None)
+    names = [f"team-{i:03d}-internal-service-upstream" for i in range(300)]
+    values = g.values(servers=names, domains=[Domain(n) for n in names], tool_count=0)
+    text = g.instructions(values)
+    assert len(text) < 1200 and "team-000-internal-service-upstream, " in text, len(text)
+    assert len(values["servers"]) <= 500 and values["servers"].endswith(f"and {300 - values['servers'].count('team-')} more")
+    assert [g.values(servers=s, domains=[], tool_count=0)["servers"] for s in (["files", "web"], [])] == [
+        "files, web", "none yet"]

@@ -14,12 +14,12 @@ REC = ToolRecord.make("units", "convert_units", "Convert a value between units."
                        "required": ["value"]})
 
 
-def _verdict(summary: str, examples: list[str], generator: str = "bootstrap") -> AttestResult:
+def _verdict(summary: str, examples: list[str], generator: str = "bootstrap", reattested: tuple[str, ...] = ()) -> AttestResult:
     card = Card(server=ServerIdentity(name="units", transport="stdio", endpoint="units"), summary="units: 1 tool.",
                 tags=["convert"], tools=[ToolCard(tool=REC.tool, summary=summary, examples=examples,
                                                   schema_sha256=REC.content_hash)],
                 provenance=Provenance(generator=generator, generator_version="1", created_at="2026-12-02T08:00:00Z",
-                                      attested=True, key_id="abcd1234"), signature="sig")
+                                      attested=True, key_id="abcd1234", reattested=list(reattested)), signature="sig")
     return AttestResult(texts={REC.tool: (summary, card.summary, ("convert",))}, quarantined={}, card_status="verified",
                         card=card)
 
@@ -40,6 +40,18 @@ def test_carded_match_bounds_examples_and_carries_provenance() -> None:
     assert sum(map(len, m["examples"])) <= EXAMPLE_CHARS and m["examples"][1].endswith("...")
     assert m["provenance"] == {"generator": "bootstrap", "key_id": "abcd1234", "created_at": "2026-12-02T08:00:00Z"}
     assert m["score"] == 0.5
+
+
+def test_a_tool_reattested_in_an_llm_card_is_shown_as_bootstraps() -> None:
+    """Policy "reattest" gives a changed tool bootstrap's text in the card, whatever made the
+    rest: its match said `generator: "llm"` and showed the "Inputs: ..." part that only
+    restates the schema beside it."""
+    text = bootstrap_summary(REC)
+    m = MatchBuilder().match(REC, _verdict(text, [], "llm", reattested=(REC.tool,)), 0.5)
+    assert m["provenance"]["generator"] == "bootstrap" and m["description"] == shown_summary(text, "bootstrap")
+    assert "Inputs:" not in m["description"]
+    kept = MatchBuilder().match(REC, _verdict("Converts units. Inputs: value.", [], "llm"), 0.5)
+    assert kept["provenance"]["generator"] == "llm" and kept["description"] == "Converts units. Inputs: value."
 
 
 def test_examples_shown_share_one_bound() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from toolatlas.adopt.clients import AdoptError, ClientKind, read_client_file
 from toolatlas.adopt.convert import Adoption, adopt
 from toolatlas.adopt.render import merge, render
-from toolatlas.adopt.rewrite import apply, rewritten, undo
+from toolatlas.adopt.rewrite import apply, check_same_config, check_writable, rewritten, undo
 from toolatlas.paths import default_config_path, environment_file, read_environment_file, read_regular, write_atomic
 
 _CLIENT = {ClientKind.CLAUDE_DESKTOP: "Claude Desktop", ClientKind.CLAUDE_CODE_PROJECT: "Claude Code",
@@ -188,6 +188,8 @@ def _adopt(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(default_config_path()) if args.rewrite_client else None
     if out is not None and out.resolve() == source.path.resolve():
         raise AdoptError(f"--out {out} is the client file itself; choose another path")
+    if args.rewrite_client and out is not None:
+        check_same_config(source, out)
     merging = out is not None and out.exists() and not args.force
     text, added = _merged(adoption, out) if merging and out else (render(adoption), [u.name for u in adoption.upstreams])
     client_bytes, entry = rewritten(adoption, out) if args.rewrite_client and out else (b"", "")
@@ -200,6 +202,8 @@ def _adopt(args: argparse.Namespace) -> int:
     if out is None:
         sys.stdout.write(text)
         return 0
+    if args.rewrite_client:  # before the config is written: a refused rewrite leaves both as they were
+        check_writable(source.path)
     write_atomic(out, text.encode())
     _keep_secrets(adoption)
     _say(f"added {len(added)} upstream(s) to {out}: {', '.join(added) or 'none (it has them all)'}" if merging

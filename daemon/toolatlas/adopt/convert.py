@@ -17,6 +17,7 @@ from typing import Any
 
 from toolatlas.adopt.clients import ClientFile, SourceEntry, Where
 from toolatlas.adopt.values import Context, Exports, Unsupported
+from toolatlas.config_sections import RESERVED_NAMES
 
 NAME_MAX = 48  # config.UpstreamName
 _TYPES = {"stdio": "stdio", "sse": "sse", "http": "http", "streamable-http": "http", "streamablehttp": "http",
@@ -69,10 +70,10 @@ class Adoption:
 
 def upstream_name(raw: str, taken: set[str]) -> str:
     """`raw` as an upstream name: lower case, runs of other characters as one '-', at most
-    48 characters, "-2", "-3"... appended when `taken` has it already."""
+    48 characters, "-2", "-3"... appended when `taken` has it already or it is reserved."""
     base = re.sub(r"[^a-z0-9]+", "-", raw.lower()).strip("-")[:NAME_MAX].strip("-") or "server"
     name, i = base, 2
-    while name in taken:
+    while name in taken or name in RESERVED_NAMES:
         suffix = f"-{i}"
         name, i = base[: NAME_MAX - len(suffix)].rstrip("-") + suffix, i + 1
     return name
@@ -245,7 +246,7 @@ def adopt(source: ClientFile, held: Mapping[str, str] | None = None) -> Adoption
             result.replaced.append(entry.where)
             continue
         if name != entry.name:
-            result.notes.append(f"{entry.label}: upstream name {name!r} (names are [a-z0-9][a-z0-9-]*, unique)")
+            result.notes.append(f"{entry.label}: upstream name {name!r} (names are [a-z0-9][a-z0-9-]*, unique, not 'unknown' or 'none')")
         taken.add(name)
         result.upstreams.append(up)
         result.replaced.append(entry.where)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from toolatlas.adopt.clients import AdoptError, ClientFile, ClientKind
-from toolatlas.adopt.convert import Adoption
+from toolatlas.adopt.convert import Adoption, is_toolatlas_shim
 from toolatlas.adopt.jsonc import Edit, edit_tables
 from toolatlas.paths import read_regular, write_atomic
 
@@ -110,6 +110,36 @@ def _backup(real: Path, data: bytes, now: _dt.datetime) -> Path:
     raise AdoptError(f"cannot find a free backup name beside {real}")
 
 
+def check_same_config(source: ClientFile, config: Path) -> None:
+    """AdoptError when the client file already launches the toolatlas shim with another
+    `--config`: rewriting would point that entry at `config`, and the client would lose the
+    servers adopted into the other one."""
+    for entry in source.entries:
+        args = entry.spec.get("args") if isinstance(entry.spec, dict) and is_toolatlas_shim(entry.spec) else None
+        if not isinstance(args, list) or "--config" not in args[:-1]:
+            continue
+        other = args[args.index("--config") + 1]
+        if not isinstance(other, str):
+            continue
+        if Path(other).expanduser().resolve() != config.resolve():
+            raise AdoptError(f"{entry.label} already runs the toolatlas shim with --config {other}; nothing was "
+                             f"written: adopt into that config (--out {other}), or remove that entry first")
+
+
+def check_writable(path: Path) -> None:
+    """AdoptError when the client file (through a symlink) is read-only: no write bit for
+    anyone (root may write it anyway), or not writable for this user. A rewrite replaces the
+    file, which a read-only mode would not stop; the user made it read-only for a reason."""
+    real = Path(os.path.realpath(path))
+    try:
+        mode = stat.S_IMODE(os.stat(real).st_mode)
+    except OSError as exc:
+        raise AdoptError(f"cannot read {str(real)!r} again: {exc.strerror or exc}") from exc
+    if not mode & 0o222 or not os.access(real, os.W_OK):
+        raise AdoptError(f"{path} is read-only (mode {mode:04o}); nothing was written: make it writable "
+                         f"(chmod u+w) to have it rewritten, or adopt without --rewrite-client")
+
+
 def apply(adoption: Adoption, new: bytes, *, now: _dt.datetime | None = None) -> Path:
     """Back the client file up, then replace it with `new`; returns the backup's path.
 
@@ -118,6 +148,7 @@ def apply(adoption: Adoption, new: bytes, *, now: _dt.datetime | None = None) ->
     """
     src = adoption.source
     real = Path(os.path.realpath(src.path))
+    check_writable(src.path)
     try:
         current = read_regular(real)
     except OSError as exc:

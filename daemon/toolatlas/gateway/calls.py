@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 from dataclasses import replace
 
@@ -21,7 +21,7 @@ from toolatlas.gateway.audit import TEXT_CHARS, deny, shown, via, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.exchange import REQUEST_KEY, Exchange, Parked
 from toolatlas.gateway.ports import Connection
-from toolatlas.gateway.suggest import NameIndex, suggest
+from toolatlas.gateway.suggest import NameIndexes, suggest
 from toolatlas.gateway.visibility import Visibility
 from toolatlas.inputstate import InputStateSealer
 from toolatlas.jsonlines import MAX_DEPTH, deeper_than
@@ -79,8 +79,8 @@ class CallService:
         self._events = events
         self._validator = ArgumentValidator()
         self._sealer = InputStateSealer()
-        # server -> (the records mapping it was built from, its name index), rebuilt on change.
-        self._name_indexes: dict[str, tuple[Mapping[str, ToolRecord], NameIndex]] = {}
+        self._name_indexes = NameIndexes()  # for "Did you mean"; those of removed servers go as the catalog changes
+        catalog.on_change.append(self._let_go)
         self.inflight = 0
         self._running: dict[anyio.CancelScope, tuple[Connection, str]] = {}  # calls in flight: caller, upstream
         self._withdrawn: dict[anyio.CancelScope, tuple[str, bool]] = {}  # those `withdraw` ended: why, denied
@@ -95,18 +95,19 @@ class CallService:
         requests end. `hold` False: those the caller's access rules (or its endpoint) no
         longer give it, after a reload (an access denial each); True: those the operator's
         approval decision holds now (no denial). How many."""
-        ended = []
-        for scope, (conn, server) in self._running.items():
+        def taken(conn: Connection, server: str) -> bool:
             # an upstream the config no longer has is withdrawn from no one: the pool closes
             # it, and its calls end saying so (as do those of one a reload restarts)
             if not self._visibility.configured(server) or server in self._visibility.allowed_servers(conn):
-                continue
-            if (server in self._visibility.permitted(conn)) is hold:
-                ended.append(scope)
+                return False
+            return (server in self._visibility.permitted(conn)) is hold
+
+        ended = [scope for scope, (conn, server) in self._running.items() if taken(conn, server)]
         for scope in ended:
             self._withdrawn[scope] = (why, not hold)
             scope.cancel()
-        return len(ended)
+        # a call parked on its upstream's question, waiting for the caller's answer, ends too
+        return len(ended) + self._parked.end(lambda ex: ex.owner[0] is not None and taken(ex.owner[0], ex.owner[1]))
 
     async def wait_idle(self, timeout: float) -> None:
         """Wait (bounded) until no call is in flight."""
@@ -222,7 +223,7 @@ class CallService:
         spawn = self._spawn()
         exchange = None
         if call.allow_input_required and call.elicit is None and spawn is not None and self._asks_mid_call(rec.server):
-            exchange = Exchange(self._parked.ttl)
+            exchange = Exchange(self._parked.ttl, (conn, rec.server))
         routed = UpstreamCall(
             server=rec.server, tool=rec.tool, arguments=arguments, progress=call.progress,
             allow_input_required=call.allow_input_required,
@@ -279,6 +280,9 @@ class CallService:
         reply: CallOutcome = value
         return reply
 
+    async def _let_go(self) -> None:
+        self._name_indexes.keep(lambda server: self._catalog.view.server(server).records)
+
     async def _unknown_tool_message(self, name: str, allowed: set[str]) -> str:
         if name in META_NAMES:  # execute_tool {"name": "tool_search"}: "unknown, use tool_search" reads as a loop
             return f"{name} is one of the gateway's own tools, not an upstream's: call {name} itself, not through execute_tool."
@@ -286,15 +290,7 @@ class CallService:
             return f"unknown tool {shown(name)} ({len(name)} characters; a tool name has at most {MAX_LEN}). " \
                    "Use tool_search to find tools."
         view = self._catalog.view
-        indexes: dict[str, NameIndex] = {}
-        for server, entry in view.servers.items():
-            if server not in allowed or not entry.records:
-                continue
-            cached = self._name_indexes.get(server)
-            if cached is None or cached[0] is not entry.records:
-                cached = entry.records, await anyio.to_thread.run_sync(NameIndex, list(entry.records))
-                self._name_indexes[server] = cached
-            indexes[server] = cached[1]
+        indexes = await self._name_indexes.of({s: e.records for s, e in view.servers.items() if s in allowed and e.records})
         by_name = view.by_name
         close = await anyio.to_thread.run_sync(suggest, name, indexes, lambda n: by_name[n].tool if n in by_name else n)
         hint = f" Did you mean: {', '.join(close)}?" if close else " Use tool_search to find tools."

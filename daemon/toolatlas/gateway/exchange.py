@@ -25,6 +25,7 @@ import anyio
 
 from toolatlas.calls import UpstreamReply
 from toolatlas.errors import BadInput, RelayRefused
+from toolatlas.gateway.ports import Connection
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,9 @@ def wire(value: Any) -> Any:
 class Exchange:
     """One upstream call of a 2026-07-28 caller whose upstream may ask mid-call."""
 
-    def __init__(self, ttl: float) -> None:
+    def __init__(self, ttl: float, owner: tuple[Connection | None, str] = (None, "")) -> None:
+        """`owner`: the caller's connection and the upstream, for a reload that withdraws it."""
+        self.owner = owner
         self.key = secrets.token_urlsafe(16)
         self.ttl = ttl
         self.expires = time.monotonic() + ttl
@@ -107,6 +110,14 @@ class Parked:
 
     def waiting(self, key: str) -> bool:
         return key in self._waiting
+
+    def end(self, which: Callable[[Exchange], bool]) -> int:
+        """Close the parked exchanges `which` picks (their upstream calls are cancelled, a
+        retry is told the call is no longer waiting); how many."""
+        ended = [key for key, ex in self._waiting.items() if which(ex)]
+        for key in ended:
+            self._waiting.pop(key).close()
+        return len(ended)
 
     def resume(self, key: str, responses: Any) -> Exchange:
         """The exchange `key` names, with the answer from `responses` handed to its question;

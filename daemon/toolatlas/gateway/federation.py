@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
+import itertools
 import json
 import logging
 import re
@@ -53,6 +55,9 @@ KIND_OF = {"resources": "resources", "templates": "resources", "prompts": "promp
 _KEY = {"resources": "uri", "templates": "uriTemplate", "prompts": "name"}
 
 ChangeListener = Callable[[str, str], Awaitable[None]]  # (server, "resources" | "prompts")
+# ("resources" | "prompts", whether a connection's list of that kind now differs from what it saw)
+AccessListener = Callable[[str, Callable[[Connection], bool]], Awaitable[None]]
+_SEEN = {"resources": "federation_resources", "prompts": "federation_prompts"}  # Connection.extra keys
 
 
 def qualify(server: str, original: str) -> str:
@@ -117,6 +122,7 @@ class Federation:
         self._fetching: dict[tuple[str, str], anyio.Lock] = {}  # one fetch per list at a time
         self._dropped = 0  # counts invalidations: a fetch that overlapped one is not cached
         self.on_change: list[ChangeListener] = []
+        self.on_access: list[AccessListener] = []  # told at a reload which connections' lists differ
 
     # -- changes ---------------------------------------------------------------------------
 
@@ -146,12 +152,17 @@ class Federation:
                 await self.changed(server, kind)
 
     async def reloaded(self) -> None:
-        """Access rules may have changed: every client re-lists what it may now see."""
-        for name in self._order():
-            st = self._pool.get(name)
-            for kind in ("resources", "prompts"):
-                if st is not None and kind in st.offers:
-                    await self.changed(name, kind)
+        """Access rules may have changed: each client whose resources or prompts would now
+        come from other servers than when it last saw them re-lists; the others hear nothing."""
+        for kind, listener in itertools.product(("resources", "prompts"), self.on_access):
+            await listener(kind, functools.partial(self.resee, kind=kind))
+
+    def resee(self, conn: Connection, kind: str) -> bool:
+        """Remember the servers whose `kind` ("resources" or "prompts") `conn` may see now; whether they differ
+        from those it saw (its last list, or its listen stream's start). False if it saw none: no list to correct."""
+        now = frozenset(self._servers(conn, kind))
+        before, conn.extra[_SEEN[kind]] = conn.extra.get(_SEEN[kind]), now
+        return before is not None and before != now
 
     def _drop(self, server: str, kinds: Sequence[str]) -> None:
         self._dropped += 1
@@ -227,6 +238,7 @@ class Federation:
         """Every `kind` item ("resources", "templates", "prompts") `conn` may see, named as
         the module docstring says, in config order then the upstream's order."""
         servers = self._servers(conn, KIND_OF[kind])
+        conn.extra[_SEEN[KIND_OF[kind]]] = frozenset(servers)
         per = await self._gather(servers, kind)
         key = _KEY[kind]
         owners: dict[str, int] = {}

@@ -25,6 +25,8 @@ from toolatlas.guidance import Domain, Guidance, MetaTools
 log = logging.getLogger(__name__)
 
 CACHE_ENTRIES = 64  # distinct (guidance, view, server set) renderings kept
+# guidance, view, meta-tools, instructions, a passthrough client's instructions
+_Rendering = tuple[Guidance, CatalogView, MetaTools, str, str]
 
 
 class SurfaceText:
@@ -45,16 +47,18 @@ class SurfaceText:
         self._view = view
         self._configured = configured
         # The guidance and view are kept in the value: an id() is reused once its object is gone.
-        self._cache: OrderedDict[tuple[int, int, frozenset[str], int], tuple[Guidance, CatalogView, MetaTools, str]] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int, frozenset[str], int], _Rendering] = OrderedDict()
         self._cached_view: CatalogView | None = None  # the view every cached rendering is of
 
     def meta_tools(self, conn: Connection) -> MetaTools:
         return self._render(conn)[2]
 
     def instructions(self, conn: Connection | None) -> str:
-        return self._render(conn)[3]
+        """The template's text; a passthrough client's says its tools are listed, not searched."""
+        rendering = self._render(conn)
+        return rendering[4] if conn is not None and self._visibility.passthrough_client(conn) else rendering[3]
 
-    def _render(self, conn: Connection | None) -> tuple[Guidance, CatalogView, MetaTools, str]:
+    def _render(self, conn: Connection | None) -> _Rendering:
         guidance = self._guidance_for(conn)
         view = self._view()
         allowed = frozenset(self._visibility.allowed_servers(conn)) if conn is not None else frozenset()
@@ -79,7 +83,8 @@ class SurfaceText:
         available = view.available
         tools = sum(len(view.server(n).records) for n in servers if n in available)
         values = guidance.values(servers=servers, domains=domains, tool_count=tools, default_top_k=top_k)
-        out = (guidance, view, guidance.meta_tools(values), guidance.instructions(values))
+        out = (guidance, view, guidance.meta_tools(values), guidance.instructions(values),
+               guidance.instructions(values, passthrough=True))
         self._cache[key] = out
         while len(self._cache) > CACHE_ENTRIES:
             self._cache.popitem(last=False)

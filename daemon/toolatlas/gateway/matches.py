@@ -134,8 +134,11 @@ class MatchBuilder:
             out["title"] = clean.title
         card = verdict.card if verdict is not None and verdict.card_status == "verified" else None
         entry = card.tool(rec.tool) if card is not None else None
+        # A tool re-attested automatically has bootstrap's text, whatever made the rest of the card.
+        generator = "bootstrap" if card is not None and rec.tool in card.provenance.reattested else (
+            card.provenance.generator if card is not None else "")
         if card is not None and entry is not None:
-            text = shown_summary(entry.summary, card.provenance.generator)
+            text = shown_summary(entry.summary, generator)
             if publisher_text == "append" and description:
                 text = f"{text}\n\n{PUBLISHER_LABEL} {description}"
             out["description"] = text
@@ -151,7 +154,7 @@ class MatchBuilder:
             after["attested"] = True
             after["examples"] = shown_examples(entry.examples)
             prov = card.provenance
-            after["provenance"] = {"generator": prov.generator, "key_id": prov.key_id, "created_at": prov.created_at}
+            after["provenance"] = {"generator": generator, "key_id": prov.key_id, "created_at": prov.created_at}
         else:
             after["attested"] = False
         return out, after

@@ -26,6 +26,8 @@ from toolatlas.rift.report import RiftReport
 
 # How long tool_search waits for a first index before answering degraded.
 INDEX_WAIT_S = 10.0
+# Of the query the answer echoes: a query of a megabyte was sent back twice (text and structuredContent).
+QUERY_ECHO_CHARS = 1000
 
 
 class SearchService:
@@ -175,7 +177,8 @@ class SearchService:
             top_k=limit, scope=sorted(set(servers)) if servers else "all", mode=mode,
             cache="hit" if cached else "miss", **who(conn),
         )
-        answer: dict[str, Any] = {"query": query, "matches": matches, "degraded": degraded}
+        echo = query if len(query) <= QUERY_ECHO_CHARS else f"{query[:QUERY_ECHO_CHARS]}... ({len(query)} characters)"
+        answer: dict[str, Any] = {"query": echo, "matches": matches, "degraded": degraded}
         if self.on_answer is not None:
             self.on_answer(conn, query, [m["name"] for m in matches])
         if note is not None:

@@ -25,6 +25,8 @@ from toolatlas.upstream.state import UpstreamState
 
 # Tools listed per server under `problems` (what ingest cut or repaired); the rest are only counted.
 PROBLEMS_SHOWN = 50
+# index figures of every caller's searches: null for a caller that may not use every server
+ACTIVITY = ("searches", "degraded_searches", "lone_queries", "cache")
 # What a call to a tool of an upstream that is still connecting is told to wait, in seconds.
 STARTING_RETRY_S = 2
 
@@ -189,7 +191,8 @@ class StatusService:
             else:  # under way: how much of the caller's share is done is not known
                 share = {"total": indexed, "embedded": None}
             stats["model"] = {**model, **share}
-            for counter in ("embeddings_computed", "embeddings_cached", "embeddings_shared"):
+            # ...and the activity counters count every caller's searches: not this one's to read
+            for counter in ("embeddings_computed", "embeddings_cached", "embeddings_shared", *ACTIVITY):
                 stats[counter] = None
         verdicts: dict[str, AttestResult] = {n: s.verdict for n, s in view.servers.items()
                                              if s.verdict is not None and n in allowed}
@@ -204,7 +207,7 @@ class StatusService:
             # what the daemon still waits for (the embedding model, upstreams not listed yet)
             "waiting_for": self.waiting_for(allowed),
             "index_version": stats.get("version"),
-            "cache": {**(stats.get("cache") or {}), "fast_lane": self.surface.fast_answers()},
+            "cache": {**stats["cache"], "fast_lane": self.surface.fast_answers()} if scope is None else None,
             "cards": cards,
             "tokens": self._tokens.report(scope) or {"pending": True},
             "rift": self._rift_status(allowed, scope),

@@ -15,6 +15,8 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 
+import anyio
+
 from toolatlas.names import SEP, split
 
 PROBE = 12  # rarest query trigrams whose posting lists are read
@@ -81,4 +83,31 @@ def suggest(name: str, indexes: Mapping[str, NameIndex], tool_of: Callable[[str]
     return [c for c in dict.fromkeys(found) if tool_of(c).lower() in tools][:n]
 
 
-__all__ = ["NameIndex", "suggest"]
+class NameIndexes:
+    """Each server's `NameIndex`, built in a worker thread when first asked for and rebuilt
+    when the server's records are another mapping (relisted)."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, tuple[Mapping[str, object], NameIndex]] = {}
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    async def of(self, servers: Mapping[str, Mapping[str, object]]) -> dict[str, NameIndex]:
+        """The index of each server in `servers` (server -> its records by namespaced name)."""
+        out = {}
+        for server, records in servers.items():
+            built = self._built.get(server)
+            if built is None or built[0] is not records:
+                built = records, await anyio.to_thread.run_sync(NameIndex, list(records))
+                self._built[server] = built
+            out[server] = built[1]
+        return out
+
+    def keep(self, records: Callable[[str], Mapping[str, object]]) -> None:
+        """Drop the indexes not built from `records(server)`: servers a reload removed (and the
+        names they hold), or relisted ones (rebuilt when next asked for)."""
+        self._built = {s: b for s, b in self._built.items() if records(s) is b[0]}
+
+
+__all__ = ["NameIndex", "NameIndexes", "suggest"]

@@ -82,8 +82,10 @@ class Visibility:
     def passthrough_for(self, conn: Connection) -> bool:
         """Whether the connection lists every tool instead of the meta-tools: configured
         passthrough clients, and everyone while no index is ready yet."""
-        if not self._index_ready():
-            return True
+        return not self._index_ready() or self.passthrough_client(conn)
+
+    def passthrough_client(self, conn: Connection) -> bool:
+        """Whether the connection's client is named in `[daemon] passthrough_clients`."""
         return bool(conn.client_name) and conn.client_name in self._cfg.daemon.passthrough_clients
 
     def visible_records(self, conn: Connection) -> list[ToolRecord]:

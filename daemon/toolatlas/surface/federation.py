@@ -138,10 +138,13 @@ class Relays:
 
     async def lists_changed(self, server: str, kind: str) -> None:
         """Upstream `server`'s resources or prompts changed: tell whoever may use it."""
-        await self._publish(ResourcesListChanged() if kind == "resources" else PromptsListChanged(),
-                            lambda conn: self._gw.may_use(conn, server))
+        await self.tell(kind, lambda conn: self._gw.may_use(conn, server))
+
+    async def tell(self, kind: str, wants: Callable[[Connection], bool]) -> None:
+        """`kind` ("resources" or "prompts") list_changed to each connection `wants`."""
+        await self._publish(ResourcesListChanged() if kind == "resources" else PromptsListChanged(), wants)
         for conn in self._connections():
-            if conn.session is None or _modern(conn) or not self._gw.may_use(conn, server):
+            if conn.session is None or _modern(conn) or not wants(conn):
                 continue
             session: Any = conn.session
             try:

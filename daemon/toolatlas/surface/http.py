@@ -209,7 +209,8 @@ class HttpEndpoint:
         if self._manager is not None:
             self._manager.max_request_body_size = max_message_bytes
         self._admission_rules()
-        self.open.end_revoked(token_name=self.tokens.name_for, anonymous=section.anonymous, issuers=self.oauth.issuers)
+        self.open.end_revoked(token_name=self.tokens.name_for, anonymous=section.anonymous, oauth=lambda token, scope:
+                              self.oauth.still_accepts(token, self.origin + str(scope.get("path", "")).rstrip("/")))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Bind (a bind error raises before started()), serve until cancelled, then close."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Container
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -81,25 +81,26 @@ class OpenRequests:
             body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": REVOKED}}
             await JSONResponse(body, status_code=401)(scope, _nothing, send)
 
-    def end_revoked(self, *, token_name: Callable[[str], str | None], anonymous: str, issuers: Container[str]) -> int:
+    def end_revoked(self, *, token_name: Callable[[str], str | None], anonymous: str,
+                    oauth: Callable[[str, Scope], bool]) -> int:
         """Cancel every request whose credential is no longer accepted (`still_admitted`); how many."""
         ended = [cancel for cancel, (conn, scope) in self._open.items()
-                 if not still_admitted(conn, scope, token_name=token_name, anonymous=anonymous, issuers=issuers)]
+                 if not still_admitted(conn, scope, token_name=token_name, anonymous=anonymous, oauth=oauth)]
         for cancel in ended:
             cancel.cancel()
         return len(ended)
 
 
 def still_admitted(conn: Connection, scope: Scope, *, token_name: Callable[[str], str | None], anonymous: str,
-                   issuers: Container[str]) -> bool:
+                   oauth: Callable[[str, Scope], bool]) -> bool:
     """Whether the credential a request in flight came with is still accepted, as surface.http
     admits one: its bearer token's name (`token_name`, from the token table) is the one it
     came in as, or it had no Authorization and is still the `anonymous` principal; for an
-    OAuth token, its issuer is still one of `issuers`."""
-    if conn.oauth is not None:
-        return conn.oauth.issuer in issuers
+    OAuth token, `oauth(token, scope)` (the issuer's current settings still accept it)."""
     auth = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"authorization"), "")
     scheme, _, presented = auth.partition(" ")
+    if conn.oauth is not None:
+        return scheme.lower() == "bearer" and oauth(presented.strip(), scope)
     if not scheme:
         return bool(anonymous) and conn.token == anonymous
     return scheme.lower() == "bearer" and token_name(presented.strip()) == conn.token

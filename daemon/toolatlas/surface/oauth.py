@@ -124,6 +124,23 @@ class Validator:
             jwks.ttl, jwks.min_refresh = section.jwks_ttl, section.jwks_min_refresh
             self.issuers[i.issuer] = (i, jwks)
 
+    def still_accepts(self, token: str, resource: str) -> bool:
+        """Whether a token accepted before a reload still passes the current settings: its
+        algorithm, its issuer, its key (known to the issuer's JWKS as cached now: a changed
+        JWKS URL knows none yet) and its audience. Signature and times were checked as it came
+        (a stream ends at its expiry anyway). Sync: a reload's sweep fetches nothing."""
+        try:
+            header, claims = jwt.get_unverified_header(token), jwt.decode(token, options={"verify_signature": False})
+        except jwt.PyJWTError:
+            return False
+        iss, aud = claims.get("iss"), claims.get("aud")
+        found = self.issuers.get(iss) if isinstance(iss, str) else None
+        key = found[1].keys.get(str(header.get("kid"))) if found is not None else None
+        if found is None or key is None or header.get("alg") not in self.section.algorithms:
+            return False
+        audiences = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
+        return key.algorithm_name == header.get("alg") and (found[0].audience or resource) in audiences
+
     @staticmethod
     def looks_like_jwt(token: str) -> bool:
         return token.count(".") == 2

@@ -11,6 +11,7 @@ the gateway only through `gateway.ports.GatewayPort` and never writes into it.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
@@ -42,6 +43,7 @@ CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 
 
 CONNECTION: ContextVar[Connection | None] = ContextVar("toolatlas_connection", default=None)
+_NOTIFY = NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True)  # what every session hears
 # Said after the instructions a client gets while the gateway is still starting.
 STARTING = ("The gateway is still starting: the tool count above is of those known so far; more arrive as its servers "
             "finish connecting (tools/list_changed says when), and tool_search finds them once its index is ready.")
@@ -99,8 +101,6 @@ async def tool_search(gw: GatewayPort, conn: Connection, args: dict[str, Any]) -
         return error_result(str(exc))
 
 
-
-
 class Connections:
     """Every live client connection, socket and HTTP alike (what `clients` counts), and the
     2025-era HTTP sessions by `Mcp-Session-Id`: their requests share one `Connection` (its
@@ -116,8 +116,7 @@ class Connections:
         self._live[conn] = self._live.get(conn, 0) + 1
 
     def discard(self, conn: Connection) -> None:
-        left = self._live.get(conn, 0) - 1
-        if left > 0:
+        if (left := self._live.get(conn, 0) - 1) > 0:
             self._live[conn] = left
         else:
             self._live.pop(conn, None)
@@ -160,6 +159,8 @@ class ConnectionBus:
     def __init__(self, wants: Callable[[Connection], bool]) -> None:
         self._wants = wants  # does this connection's list change now?
         self._listeners: dict[object, tuple[Connection | None, Callable[[Any], None]]] = {}
+        # Told (connection, "resources" | "prompts") as a listen stream opens: what its lists hold from now.
+        self.joined: Callable[[Connection, str], object] | None = None
 
     async def publish(self, event: Any, wants: Callable[[Connection], bool] | None = None) -> None:
         """`event` to every listener whose connection `wants` it (default: a tools list change
@@ -176,7 +177,11 @@ class ConnectionBus:
     def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
         token = object()
         # Runs inside the listen request's handler: the connection's context is current.
-        self._listeners[token] = (CONNECTION.get(), listener)
+        conn = CONNECTION.get()
+        self._listeners[token] = (conn, listener)
+        if conn is not None and self.joined is not None:
+            for kind in ("resources", "prompts"):
+                self.joined(conn, kind)
 
         def unsubscribe() -> None:
             self._listeners.pop(token, None)
@@ -255,6 +260,10 @@ class _Server(Server[Any]):
     @instructions.setter
     def instructions(self, _value: str | None) -> None:
         pass  # computed per caller; the SDK's constructor assigns None
+
+    def create_initialization_options(self, notification_options: NotificationOptions | None = None, *args: Any, **kwargs: Any) -> Any:
+        """Saying the list changes the gateway sends (the streamable-HTTP manager gives no options)."""
+        return super().create_initialization_options(notification_options or _NOTIFY, *args, **kwargs)
 
     def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
         """The SDK's capabilities, except that resource subscriptions are not offered: the
@@ -345,8 +354,21 @@ def build_server(gw: GatewayPort, bus: ConnectionBus) -> Server[Any]:
     federation.register(server, gw, _connection)
     # No OpenTelemetry exporter is configured, so its per-request span middleware only costs
     # time on the hot path: drop it. The SDK's bare "Invalid request parameters" is explained.
-    server.middleware = [explain_params]
+    server.middleware = [explain_params, functools.partial(_initialize, server)]
     return server
+
+
+async def _initialize(server: Server[Any], ctx: Any, call_next: Any) -> Any:
+    """initialize and server/discover: instructions for the client its clientInfo names (see _Server)."""
+    params, conn = (ctx.params or {}) if ctx.method in ("initialize", "server/discover") else {}, CONNECTION.get()
+    info = params.get("clientInfo") or (params.get("_meta") or {}).get(CLIENT_INFO_META_KEY)
+    if conn is None or not isinstance(info, dict) or not isinstance(name := info.get("name"), str) or not name:
+        return await call_next(ctx)
+    conn.client_name, conn.client_version = name, info.get("version") if isinstance(info.get("version"), str) else None
+    result = await call_next(ctx)
+    if isinstance(result, dict) and "instructions" in result:
+        result["instructions"] = server.instructions
+    return result
 
 
 def _call(ctx: Any, conn: Connection, params: types.CallToolRequestParams, name: str, arguments: object) -> CallRequest:
@@ -421,8 +443,7 @@ def _response(id_: str | int, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def init_options(server: Server[Any]) -> Any:
-    return server.create_initialization_options(
-        NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True))
+    return server.create_initialization_options()
 
 
 __all__ = ["CONNECTION", "Connection", "Connections", "MCPError", "Surface", "build_server", "error_result", "fast_lane",

@@ -69,10 +69,27 @@ class Loss:
 
 @dataclass
 class Phase:
-    """Which bounded step of a connection runs now, for the timeout message."""
+    """Which bounded step of a connection runs now, for the timeout message; of a paged
+    listing, how far it got (`paged`)."""
 
     name: str
     seconds: float
+    pages: int = 0
+    items: int = 0
+
+    def paged(self, pages: int, items: int) -> None:
+        self.pages, self.items = pages, items
+
+
+def phase_timeout(upstream: str, phase: Phase, said: str | None = None) -> Loss:
+    """The loss of a step that ran out of time; a listing still paging then says so (the
+    upstream answered page after page: "did not answer" would send the operator the wrong way).
+    `said`: a stdio child's last words meanwhile (`timeout_loss`)."""
+    if not phase.pages:
+        return timeout_loss(upstream, phase.name, phase.seconds, said)
+    return Loss(LossReason.TIMEOUT, f"upstream {upstream!r} was still paging {phase.name} when its {phase.seconds:g} s "
+                f"ran out: {phase.pages} pages ({phase.items} items) answered, each with a next cursor; does its "
+                "listing end?")
 
 
 def _innermost(exc: BaseException) -> BaseException:
@@ -322,6 +339,6 @@ def progress_fn(fn: ProgressFn | None) -> ProgressFnT | None:
 
 __all__ = [
     "AUTH_STATUSES", "AuthWatch", "CLOSE_TIMEOUT", "Loss", "auth_failure", "LossReason", "begin_teardown", "call_error", "classify", "describe",
-    "FORGOTTEN", "MAX_PROGRESS_QUEUED", "make_client", "Phase", "progress_fn", "session_forgotten", "shown_url",
+    "FORGOTTEN", "MAX_PROGRESS_QUEUED", "make_client", "Phase", "phase_timeout", "progress_fn", "session_forgotten", "shown_url",
     "timeout_loss",
 ]

@@ -99,13 +99,14 @@ T = TypeVar("T")
 
 async def follow_pages(
     fetch: Callable[[str | None], Awaitable[tuple[list[T], str | None]]], ident: Callable[[T], object],
-    server: str, method: str, limit: int,
+    server: str, method: str, limit: int, on_page: Callable[[int, int], None] | None = None,
 ) -> list[T]:
     """Every item of every page `fetch(cursor)` returns (items, next cursor), following the
     cursor to the end; an item whose `ident` was seen (or is None) is kept once.
 
     Raises UpstreamProtocolError on a repeated cursor, more than MAX_PAGES pages or `limit`
-    items; SDK errors propagate. The caller bounds the time."""
+    items; SDK errors propagate. The caller bounds the time; `on_page(pages, items)` hears
+    how far the listing got after each page."""
     items: list[T] = []
     seen: set[object] = set()
     repeated: dict[object, int] = {}  # said in one line at the end, not one per item and page
@@ -113,7 +114,7 @@ async def follow_pages(
     # hold 800 MB of cursors (1.6 GB at its peak) before MAX_PAGES ended the listing.
     seen_cursors: set[bytes] = set()
     cursor: str | None = None
-    for _ in range(MAX_PAGES):
+    for n in range(MAX_PAGES):
         page, cursor = await fetch(cursor)
         for item in page:
             key = ident(item)
@@ -122,6 +123,8 @@ async def follow_pages(
                 continue
             seen.add(key)
             items.append(item)
+        if on_page is not None:
+            on_page(n + 1, len(items))
         if len(items) > limit:
             raise UpstreamProtocolError(f"upstream {server!r} lists more than {limit} items in {method}")
         if not cursor:
@@ -145,7 +148,8 @@ def _say_repeated(server: str, method: str, repeated: dict[object, int]) -> None
     logger.warning("upstream %s lists %s in %s; keeping the first of each", server, " and ".join(parts), method)
 
 
-async def list_all_tools(client: Client, name: str) -> list[mcp_types.Tool]:
+async def list_all_tools(client: Client, name: str,
+                         on_page: Callable[[int, int], None] | None = None) -> list[mcp_types.Tool]:
     """Every tool the upstream offers, following `nextCursor` to the end (bounded by
     MAX_PAGES and MAX_TOOLS; see `follow_pages`). Always fetched, never kept in the SDK
     client's response cache: the gateway's records are the one copy of a listing (a cached
@@ -156,7 +160,7 @@ async def list_all_tools(client: Client, name: str) -> list[mcp_types.Tool]:
         big = PAGES.take(page.meta)  # a large page the stdio transport parsed in slices
         return (page.tools if big is None else await _absorb(client, big)), page.next_cursor
 
-    return await follow_pages(fetch, lambda tool: tool.name, name, "tools/list", MAX_TOOLS)
+    return await follow_pages(fetch, lambda tool: tool.name, name, "tools/list", MAX_TOOLS, on_page)
 
 
 async def _absorb(client: Client, tools: list[mcp_types.Tool]) -> list[mcp_types.Tool]:

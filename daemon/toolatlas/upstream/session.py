@@ -34,7 +34,7 @@ from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamUnavailable
 from toolatlas.backoff import backoff_delay
 from toolatlas.upstream.client import (
-    AuthWatch, Loss, LossReason, Phase, begin_teardown, classify, make_client, timeout_loss,
+    AuthWatch, Loss, LossReason, Phase, begin_teardown, classify, make_client, phase_timeout,
 )
 from toolatlas.upstream.federation import capabilities, set_log_level
 from toolatlas.upstream.inbound import Inbound
@@ -156,7 +156,7 @@ class Connection:
                     loss = Loss(self.classify(exc), f"{phase.name} failed: {self.describe(exc)}")
         timed_out = timed_out or deadline.cancelled_caught
         if timed_out and not self.reached_ready:  # a child stuck at its start often says why (a login URL, a download)
-            loss = timeout_loss(self.name, phase.name, phase.seconds, self.proc.last_words() if self.proc else None)
+            loss = phase_timeout(self.name, phase, self.proc.last_words() if self.proc else None)
         if self.proc is not None and self.proc.returncode is not None and loss.reason is LossReason.EOF:
             # A dead child explains more than "connection closed" does.
             loss = Loss(LossReason.EOF, self.proc.describe_exit())
@@ -180,7 +180,7 @@ class Connection:
             async with LISTING_GATE.turn(up):
                 phase.name, phase.seconds = "tools/list", up.timeouts.list_tools
                 deadline.deadline = anyio.current_time() + up.timeouts.list_tools
-                listed = await list_all_tools(client, up.name)
+                listed = await list_all_tools(client, up.name, phase.paged)
                 if s.log_level is not None and "logging" in s.capabilities and not modern:
                     with contextlib.suppress(Exception):  # best effort: never a reason to fail the connection
                         await set_log_level(client, s.log_level)

@@ -35,7 +35,7 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.config import Upstream
 from toolatlas.errors import UpstreamProtocolError, UpstreamTimeout
 from toolatlas.backoff import backoff_delay
-from toolatlas.upstream.client import Loss, LossReason, timeout_loss
+from toolatlas.upstream.client import Loss, LossReason, Phase, phase_timeout
 from toolatlas.upstream.listing import LISTING_GATE, converted, list_all_tools
 
 logger = logging.getLogger(__name__)
@@ -258,16 +258,17 @@ class Supervision:
             self._wanted = anyio.Event()
             self._started += 1
             seq = self._started
+            phase = Phase("tools/list", s.upstream.timeouts.list_tools)
             try:
                 async with LISTING_GATE.turn(s.upstream):
                     with anyio.fail_after(s.upstream.timeouts.list_tools):
-                        listed = await list_all_tools(client, s.upstream.name)
+                        listed = await list_all_tools(client, s.upstream.name, phase.paged)
                     # the upstream answered: converting is this daemon's own work, not bounded by its timeout
                     tools = await converted(s.upstream, listed)
                     del listed  # the SDK's models: not kept until the next re-list
                 excused = False
             except TimeoutError:
-                loss = timeout_loss(s.name, "tools/list", s.upstream.timeouts.list_tools)
+                loss = phase_timeout(s.name, phase)
                 excused = self._excused(excused, loss.text, f"keeping {len(s.tools or ())} tools and listing again")
                 if not excused:
                     s.mark_lost(loss)

@@ -45,7 +45,9 @@ Over streamable HTTP a POST to another path than ``/mcp`` gets a 404 (a wrong UR
 a GET of another path than ``/sse`` gets an event stream that ends at once.
 
 ``--broken-tools`` adds to the listing what the SDK's model of a tool rejects (``BROKEN``);
-``--sessions`` (streamable HTTP) gives an ``Mcp-Session-Id`` at initialize and answers a GET
+``--endless-pages S`` (stdio) answers every tools/list, after S seconds, with one tool and a
+next cursor: a listing that never ends (with ``--endless-after N``, the listings after the
+first N; those end at once). ``--sessions`` (streamable HTTP) gives an ``Mcp-Session-Id`` at initialize and answers a GET
 with 404, as a server that routes only POST does; ``--many N`` adds N plain tools
 ``filler_00000`` ... (1,500 make a page of over 256 KiB,
 which the stdio transport parses in slices).
@@ -79,6 +81,8 @@ BROKEN: list[Any] = [
     "not a tool",
 ]
 _LISTED: list[Any] = []
+_ENDLESS: list[float] = []  # --endless-pages SECONDS [--endless-after N] (stdio): see the docstring
+_LISTINGS: list[int] = []  # listings begun (a tools/list without a cursor)
 
 
 _EVENTS: queue.Queue[str] | None = None  # over SSE: what the GET stream sends next
@@ -165,12 +169,20 @@ def _handle(msg: dict[str, Any]) -> None:
     method, id_ = msg.get("method"), msg.get("id")
     if method is None or id_ is None:
         return  # a response or a notification
+    if method == "tools/list" and not (msg.get("params") or {}).get("cursor"):
+        _LISTINGS.append(1)
     if method == "initialize":
         _send({"jsonrpc": "2.0", "id": id_, "result": {
             "protocolVersion": "2025-11-25", "capabilities": {"tools": {"listChanged": False}, "logging": {}},
             "serverInfo": {"name": "rawrpc", "version": "1"}}})
     elif method == "ping":
         _send({"jsonrpc": "2.0", "id": id_, "result": {}})
+    elif method == "tools/list" and _ENDLESS and len(_LISTINGS) > _ENDLESS[1]:
+        time.sleep(_ENDLESS[0])  # a pager whose listing never ends: one more page each time
+        page = int(((msg.get("params") or {}).get("cursor") or "0")) + 1
+        _send({"jsonrpc": "2.0", "id": id_, "result": {"tools": [
+            {"name": f"paged_{page:05d}", "description": "a tool of a listing that never ends",
+             "inputSchema": {"type": "object"}}], "nextCursor": str(page)}})
     elif method == "tools/list":
         _send({"jsonrpc": "2.0", "id": id_, "result": {"tools": _LISTED}})
     elif method == "tools/call":
@@ -336,7 +348,11 @@ def main() -> None:
     parser.add_argument("--broken-tools", action="store_true")
     parser.add_argument("--many", type=int, default=0)
     parser.add_argument("--sessions", action="store_true")
+    parser.add_argument("--endless-pages", type=float, default=None)
+    parser.add_argument("--endless-after", type=int, default=0)
     args = parser.parse_args()
+    if args.endless_pages is not None:
+        _ENDLESS.extend((args.endless_pages, args.endless_after))
     _SESSIONS[0] = args.sessions
     _LISTED.extend({"name": n, "description": f"rawrpc test tool {n}", "inputSchema": {"type": "object"}} for n in TOOLS)
     if args.broken_tools:
