@@ -146,8 +146,7 @@ class HttpEndpoint:
         self.message_timeout = message_timeout
         self.allowed_hosts, self.allowed_origins = list(section.allowed_hosts), list(section.allowed_origins)
         self.requests = 0
-        # Shared with the Unix socket: an HTTP request in flight (an open SSE stream
-        # included) is a connected client in catalog_status and the metrics.
+        # Shared with the socket: a request in flight (an SSE stream too) is a connected client.
         self.connections = connections if connections is not None else Connections()
         self.rejected: dict[int, int] = {}
         self.sessions = SessionLedger()  # each principal's 2025-11-25 sessions, bounded like its requests
