@@ -204,6 +204,20 @@ def test_a_socket_owner_or_group_that_does_not_exist_is_refused_by_name(tmp_path
         assert stat.S_IMODE(os.stat(d.socket).st_mode) == 0o600
 
 
+def test_a_sighup_reload_of_a_path_holding_a_nul_is_refused_and_the_daemon_stays(tmp_path: Path) -> None:
+    """A NUL character in a path (here [surface] templates) was a ValueError out of the SIGHUP
+    reload, which ended the daemon; now it is a refused reload naming the key."""
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    base = d.config.read_text()
+    with d:
+        d.config.write_text(base.replace("[search]\n", '[surface]\ntemplates = "tpl\\u0000"\n[search]\n'))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        rejected = d.wait_for(lambda: _events(d, "config_reload_rejected"), 30, "the SIGHUP reload refused")
+        assert "surface.templates: contains a NUL character" in rejected[0]["reason"], rejected
+        assert d.proc.poll() is None, d.log.read_text()[-3000:]  # type: ignore[union-attr]
+        assert d.search("echo a message back") == ["one__echo"]
+
+
 def test_a_shorter_retention_set_by_a_reload_prunes_at_once(tmp_path: Path) -> None:
     """An operator shortens `[learning] retention_days` (a privacy rule) and reloads: the
     usage events now past it are deleted then, not at the next hourly prune."""
