@@ -25,6 +25,13 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSO
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
 
+def file_kind(mode: int) -> str:
+    """What a file of `st_mode` `mode` is, for a message: "a directory", "a regular file"..."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((k for test, k in _KINDS if test(mode)), "a special file")
+
+
 def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     """`path` opened for reading, if it is a regular file; never blocks.
 
@@ -37,8 +44,7 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = next((k for test, k in _KINDS if test(mode)), "a special file")
-            raise OSError(errno.EINVAL, f"not a regular file ({kind})", os.fspath(path))
+            raise OSError(errno.EINVAL, f"not a regular file ({file_kind(mode)})", os.fspath(path))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

@@ -49,3 +49,24 @@ def test_a_daemon_that_never_answers_the_handshake_is_an_operator_error_soon(
     assert code == 69, err
     assert f"the daemon at {mute} accepted the connection but did not answer within 0.5 s" in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv", [["status"], ["search", "weather"], ["call", "one__echo"], ["reload"],
+                                  ["upstream", "list"], ["stubs", "--out", "pkg"]])
+@pytest.mark.parametrize("kind", ["a regular file", "a directory"])
+def test_a_socket_path_that_is_not_a_socket_is_said_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], kind: str) -> None:
+    """A config file or a folder given as --socket was "Connection refused. Is `toolatlas serve`
+    running", after the wait meant for a daemon that is starting."""
+    path = tmp_path / "toolatlas.toml"
+    if kind == "a directory":
+        path.mkdir()
+    else:
+        path.write_text("[daemon]\n")
+    argv = [a if a != "pkg" else str(tmp_path / "pkg") for a in argv]
+    code = cli.main([*argv, "--socket", str(path)])
+    err = capsys.readouterr().err
+    assert code == 69, err
+    assert err.splitlines() == [f"toolatlas: {path} is {kind}, not a socket: give the daemon's socket (its config's "
+                                "[daemon] socket) with --socket or $TOOLATLAS_SOCKET"], err

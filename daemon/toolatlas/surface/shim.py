@@ -20,12 +20,14 @@ import os
 import select
 import selectors
 import socket
+import stat
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from toolatlas.backoff import backoff_delay
 from toolatlas.jsonlines import INVALID_REQUEST, BoundedLines, Oversized, Refusal
+from toolatlas.paths import file_kind
 from toolatlas.surface.resume import Link, Out, Session
 
 if TYPE_CHECKING:
@@ -51,6 +53,8 @@ def connect(path: str, wait: float = CONNECT_WAIT_S) -> socket.socket:
         try:
             return _connect_once(path)
         except OSError as exc:
+            if wrong := _not_a_socket(path):  # no daemon will ever listen there: waiting helps nothing
+                raise ConnectionError(wrong) from exc
             if time.monotonic() >= deadline:
                 raise ConnectionError(
                     f"cannot reach the toolatlas daemon at {path}: {exc.strerror or exc}. "
@@ -59,6 +63,20 @@ def connect(path: str, wait: float = CONNECT_WAIT_S) -> socket.socket:
                 ) from exc
             attempt += 1
             time.sleep(backoff_delay(attempt, base=0.02, cap=0.25, jitter=0.0))
+
+
+def _not_a_socket(path: str) -> str | None:
+    """Why `path` cannot be the daemon's socket when something else is there (a config file or
+    a folder given as --socket): connect(2) says only "Connection refused" of it. None when
+    nothing is there or it is a socket (a daemon that is not running, or still starting)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    return (f"{path} is {file_kind(mode)}, not a socket: give the daemon's socket (its config's [daemon] socket) "
+            "with --socket or $TOOLATLAS_SOCKET")
 
 
 def _connect_once(path: str) -> socket.socket:
