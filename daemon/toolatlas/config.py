@@ -36,7 +36,8 @@ from toolatlas.config_sections import (
     url_problem,
 )
 from toolatlas.errors import ConfigError
-from toolatlas.paths import config_environment, default_state_dir, expand_vars, read_config, resolve_path, socket_path, unix_socket_path
+from toolatlas.paths import (config_environment, default_state_dir, expand_vars, no_nul, read_config, resolve_path,
+                             socket_path, unix_socket_path)
 from toolatlas.redact import Redactor
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
@@ -240,23 +241,13 @@ def _expand(value: Any, path: str, env: dict[str, str], found: list[str]) -> Any
     if isinstance(value, str):
         key = _UPSTREAM_KEY_RE.match(path)
         secret = (key is not None and key.group(1) not in _NOT_SECRET_KEYS) or path == "store.url"
-        return _no_nul(expand_vars(value, env, path, found if secret else None), path)
+        return no_nul(expand_vars(value, env, path, found if secret else None), path)
     if isinstance(value, dict):
-        return {_no_nul(k, f"{path}.{k!r}" if path else repr(k)): _expand(v, f"{path}.{k}" if path else k, env, found)
+        return {no_nul(k, f"{path}.{k!r}" if path else repr(k)): _expand(v, f"{path}.{k}" if path else k, env, found)
                 for k, v in value.items()}
     if isinstance(value, list):
         return [_expand(v, f"{path}[{i}]", env, found) for i, v in enumerate(value)]
     return value
-
-
-def _no_nul(text: str, path: str) -> str:
-    """`text`, or ConfigError naming the key when it holds a NUL character: no path, command,
-    argument, environment value or header can carry one (the OS refuses it), and it would
-    otherwise surface as a traceback wherever the value is first used (a reload: the daemon's death)."""
-    if "\x00" in text:
-        raise ConfigError(f"{path}: contains a NUL character (\\u0000), which no path, command or value can "
-                          "hold; remove it")
-    return text
 
 
 def _friendly(exc: msgspec.ValidationError, raw: dict[str, Any]) -> str:
