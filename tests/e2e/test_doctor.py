@@ -289,9 +289,12 @@ def test_doctor_checks_the_shared_store(tmp_path: Path, pg_url: str) -> None:
 
 
 def test_call_args_that_are_not_a_json_object_are_a_usage_error_before_any_daemon_is_asked(tmp_path: Path) -> None:
-    for given, said in (("{bad", "--args is not valid JSON"), ("[1, 2]", "--args must be a JSON object")):
+    deep = '{"a": ' + "[" * 20000 + "]" * 20000 + "}"  # was a RecursionError traceback
+    for given, said in (("{bad", "--args is not valid JSON"), ("[1, 2]", "--args must be a JSON object"),
+                        (deep, "--args is not valid JSON: nested too deeply to read")):
         r = _run("call", "notes__add_note", "--args", given, "--socket", str(tmp_path / "none.sock"))
         assert r.returncode == 64 and said in r.stderr and "cannot reach" not in r.stderr, r.stderr
+        assert len(r.stderr.splitlines()) == 1, r.stderr
 
 
 def test_doctor_warns_of_an_access_rule_that_matches_no_one(tmp_path: Path) -> None:
