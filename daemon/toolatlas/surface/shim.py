@@ -16,14 +16,17 @@ With `--config` (`autostart.Starter`) it starts the daemon itself when nothing a
 from __future__ import annotations
 
 import errno
+import grp
 import os
+import pwd
 import select
 import selectors
 import socket
 import stat
 import sys
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from toolatlas.backoff import backoff_delay
 from toolatlas.jsonlines import INVALID_REQUEST, BoundedLines, Oversized, Refusal
@@ -53,7 +56,7 @@ def connect(path: str, wait: float = CONNECT_WAIT_S) -> socket.socket:
         try:
             return _connect_once(path)
         except OSError as exc:
-            if wrong := _not_a_socket(path):  # no daemon will ever listen there: waiting helps nothing
+            if wrong := _unusable(path, exc):  # waiting helps nothing
                 raise ConnectionError(wrong) from exc
             if time.monotonic() >= deadline:
                 raise ConnectionError(
@@ -65,18 +68,37 @@ def connect(path: str, wait: float = CONNECT_WAIT_S) -> socket.socket:
             time.sleep(backoff_delay(attempt, base=0.02, cap=0.25, jitter=0.0))
 
 
-def _not_a_socket(path: str) -> str | None:
-    """Why `path` cannot be the daemon's socket when something else is there (a config file or
-    a folder given as --socket): connect(2) says only "Connection refused" of it. None when
-    nothing is there or it is a socket (a daemon that is not running, or still starting)."""
+# What a user the socket is closed to can do about it.
+_NOT_YOURS = "join its group, or have the daemon's operator set [daemon] socket_mode or socket_group"
+
+
+def _unusable(path: str, exc: OSError) -> str | None:
+    """Why connecting to `path` cannot work however long one waits, where connect(2)'s own
+    word misleads: something other than a socket there (a config file or a folder given as
+    --socket: "Connection refused"), or a socket or folder closed to this user ("Permission
+    denied" read as "is toolatlas serve running?"). None when nothing is there or it is a
+    socket nobody listens on (a daemon that is not running, or still starting)."""
     try:
-        mode = os.stat(path).st_mode
+        st = os.stat(path)
+    except PermissionError:
+        return f"{path}: permission denied: a folder on its path is closed to this user; {_NOT_YOURS}"
     except (OSError, ValueError):
         return None
-    if stat.S_ISSOCK(mode):
-        return None
-    return (f"{path} is {file_kind(mode)}, not a socket: give the daemon's socket (its config's [daemon] socket) "
-            "with --socket or $TOOLATLAS_SOCKET")
+    if not stat.S_ISSOCK(st.st_mode):
+        return (f"{path} is {file_kind(st.st_mode)}, not a socket: give the daemon's socket (its config's "
+                "[daemon] socket) with --socket or $TOOLATLAS_SOCKET")
+    if isinstance(exc, PermissionError):
+        return (f"{path}: permission denied: the socket (owner {_name(pwd.getpwuid, st.st_uid)}, group "
+                f"{_name(grp.getgrgid, st.st_gid)}, mode {stat.S_IMODE(st.st_mode):04o}) is not open to this user; "
+                f"{_NOT_YOURS}")
+    return None
+
+
+def _name(lookup: Callable[[int], Any], number: int) -> str:
+    try:
+        return f"{lookup(number)[0]}"
+    except KeyError:
+        return str(number)
 
 
 def _connect_once(path: str) -> socket.socket:
