@@ -195,10 +195,13 @@ def _check_daemon(socket: str, config: str | None) -> tuple[Check, dict[str, Any
     import json
 
     from toolatlas.surface.rawclient import RawClient, RpcError
+    from toolatlas.surface.shim import SocketUnusable
 
     try:
         with RawClient(socket, timeout=DAEMON_ANSWER_S) as client:
             result = client.call_tool("catalog_status", {})
+    except SocketUnusable as exc:  # no daemon to start: the path or its permissions are wrong
+        return Check(FAIL, "daemon", str(exc)), None
     except TimeoutError:  # something holds the socket: a second daemon is not the fix
         return Check(FAIL, "daemon", f"{socket} accepts connections but did not answer within {DAEMON_ANSWER_S:g} s: "
                      "the daemon there is still starting, hung or stopped, or another program holds the socket; "

@@ -79,8 +79,8 @@ def test_a_socket_path_that_is_not_a_socket_is_said_so(
     code = cli.main([*argv, "--socket", str(path)])
     err = capsys.readouterr().err
     assert code == 69, err
-    assert err.splitlines() == [f"toolatlas: {path} is {kind}, not a socket: give the daemon's socket (its config's "
-                                "[daemon] socket) with --socket or $TOOLATLAS_SOCKET"], err
+    assert err.splitlines() == [f"toolatlas: {path} is {kind}, not a socket: point --socket, $TOOLATLAS_SOCKET or "
+                                "the config's [daemon] socket at the daemon's socket"], err
 
 
 @pytest.mark.timeout(60)

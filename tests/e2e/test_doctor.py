@@ -212,6 +212,18 @@ def test_variables_kept_in_the_environment_file_are_not_a_config_failure(tmp_pat
     assert f"FAIL  daemon: no answer at {tmp_path / 's.sock'}" in r.stdout  # the config's socket, not the default
 
 
+def test_a_socket_path_that_is_not_a_socket_is_no_advice_to_start_the_daemon(tmp_path: Path) -> None:
+    """It read "no answer at X (Connection refused); start it with `toolatlas serve`", which
+    would fail too: the daemon refuses to replace a file that is no socket."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "c.toml"}"\nstate_dir = "{tmp_path / "state"}"\n'
+                   'metrics_addr = ""\n[search]\nembedder = "none"\n')
+    r = _run("doctor", "--config", str(cfg))
+    assert r.returncode == 1, r.stdout
+    assert (f"FAIL  daemon: {cfg} is a regular file, not a socket: point --socket, $TOOLATLAS_SOCKET or the "
+            "config's [daemon] socket at the daemon's socket") in r.stdout.splitlines(), r.stdout
+
+
 def test_doctor_is_import_light(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "none.sock"}"\nstate_dir = "{tmp_path / "state"}"\n')

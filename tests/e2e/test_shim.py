@@ -35,9 +35,9 @@ def test_shim_given_a_file_for_its_socket_says_it_is_no_socket(tmp_path: Path) -
     r = subprocess.run([sys.executable, "-m", "toolatlas", "shim", "--socket", str(config)],
                        input=b"", capture_output=True, timeout=30)
     assert r.returncode == 1
-    assert r.stderr.decode().splitlines() == [f"toolatlas shim: {config} is a regular file, not a socket: give the "
-                                              "daemon's socket (its config's [daemon] socket) with --socket or "
-                                              "$TOOLATLAS_SOCKET"], r.stderr
+    assert r.stderr.decode().splitlines() == [f"toolatlas shim: {config} is a regular file, not a socket: point "
+                                              "--socket, $TOOLATLAS_SOCKET or the config's [daemon] socket at the "
+                                              "daemon's socket"], r.stderr
 
 
 def test_shim_relays_requests_and_replies_byte_for_byte(tmp_path: Path) -> None:

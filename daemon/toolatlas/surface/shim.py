@@ -57,7 +57,7 @@ def connect(path: str, wait: float = CONNECT_WAIT_S) -> socket.socket:
             return _connect_once(path)
         except OSError as exc:
             if wrong := _unusable(path, exc):  # waiting helps nothing
-                raise ConnectionError(wrong) from exc
+                raise SocketUnusable(wrong) from exc
             if time.monotonic() >= deadline:
                 raise ConnectionError(
                     f"cannot reach the toolatlas daemon at {path}: {exc.strerror or exc}. "
@@ -66,6 +66,11 @@ def connect(path: str, wait: float = CONNECT_WAIT_S) -> socket.socket:
                 ) from exc
             attempt += 1
             time.sleep(backoff_delay(attempt, base=0.02, cap=0.25, jitter=0.0))
+
+
+class SocketUnusable(ConnectionError):
+    """Connecting to the path cannot work however long one waits (no socket there, or one closed
+    to this user); the message says what to do, so no "is the daemon running?" belongs after it."""
 
 
 # What a user the socket is closed to can do about it.
@@ -85,8 +90,8 @@ def _unusable(path: str, exc: OSError) -> str | None:
     except (OSError, ValueError):
         return None
     if not stat.S_ISSOCK(st.st_mode):
-        return (f"{path} is {file_kind(st.st_mode)}, not a socket: give the daemon's socket (its config's "
-                "[daemon] socket) with --socket or $TOOLATLAS_SOCKET")
+        return (f"{path} is {file_kind(st.st_mode)}, not a socket: point --socket, $TOOLATLAS_SOCKET or the "
+                "config's [daemon] socket at the daemon's socket")
     if isinstance(exc, PermissionError):
         return (f"{path}: permission denied: the socket (owner {_name(pwd.getpwuid, st.st_uid)}, group "
                 f"{_name(grp.getgrgid, st.st_gid)}, mode {stat.S_IMODE(st.st_mode):04o}) is not open to this user; "
