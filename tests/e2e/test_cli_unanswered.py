@@ -84,6 +84,21 @@ def test_a_socket_path_that_is_not_a_socket_is_said_so(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv", [["status"], ["reload"], ["upstream", "list"]])
+def test_a_socket_path_too_long_for_a_socket_is_said_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """It read "AF_UNIX path too long. Is `toolatlas serve` running", after the wait meant for a
+    daemon that is starting; no daemon can listen there (its config refuses such a socket)."""
+    path = str(tmp_path / ("x" * 120) / "toolatlas.sock")
+    code = cli.main([*argv, "--socket", path])
+    err = capsys.readouterr().err
+    assert code == 69, err
+    assert err.splitlines() == [f"toolatlas: {path}: {len(path)} bytes long, and a Unix socket path holds at most 107, "
+                                "so no daemon listens there: point --socket, $TOOLATLAS_SOCKET or the config's "
+                                "[daemon] socket at a shorter one"], err
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("argv", [["status"], ["reload"]])
 @pytest.mark.parametrize("closed", ["socket", "folder"])
 def test_a_socket_closed_to_the_user_is_said_so(argv: list[str], closed: str) -> None:

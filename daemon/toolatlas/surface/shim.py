@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolatlas.backoff import backoff_delay
 from toolatlas.jsonlines import INVALID_REQUEST, BoundedLines, Oversized, Refusal
-from toolatlas.paths import file_kind
+from toolatlas.paths import SOCKET_PATH_MAX, file_kind
 from toolatlas.surface.resume import Link, Out, Session
 
 if TYPE_CHECKING:
@@ -83,6 +83,9 @@ def _unusable(path: str, exc: OSError) -> str | None:
     --socket: "Connection refused"), or a socket or folder closed to this user ("Permission
     denied" read as "is toolatlas serve running?"). None when nothing is there or it is a
     socket nobody listens on (a daemon that is not running, or still starting)."""
+    if (size := len(os.fsencode(path))) > SOCKET_PATH_MAX:  # connect(2): "AF_UNIX path too long"
+        return (f"{path}: {size} bytes long, and a Unix socket path holds at most {SOCKET_PATH_MAX}, so no daemon "
+                "listens there: point --socket, $TOOLATLAS_SOCKET or the config's [daemon] socket at a shorter one")
     try:
         st = os.stat(path)
     except PermissionError:
