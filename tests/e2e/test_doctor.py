@@ -3,17 +3,25 @@ adopted config), `check-config`'s warning for a command that is not found, and `
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import pwd
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.peers import run_as
 from tests.support.ports import free_port
+
+from toolatlas import doctor_cli
 
 GHOST = "toolatlas-test-no-such-command"
 
@@ -222,6 +230,38 @@ def test_a_socket_path_that_is_not_a_socket_is_no_advice_to_start_the_daemon(tmp
     assert r.returncode == 1, r.stdout
     assert (f"FAIL  daemon: {cfg} is a regular file, not a socket: point --socket, $TOOLATLAS_SOCKET or the "
             "config's [daemon] socket at the daemon's socket") in r.stdout.splitlines(), r.stdout
+
+
+def test_a_state_dir_this_user_cannot_reach_is_a_fail_line_not_a_traceback(tmp_path: Path) -> None:
+    """A state_dir inside a folder closed to the user running doctor (the daemon's 0700 folder,
+    another user's home: `sudo -u` keeping HOME) was a PermissionError traceback from exists()."""
+    if os.geteuid() != 0:
+        pytest.skip("a user of another uid needs root to drop to it")
+    base = tempfile.mkdtemp(prefix="toolatlas-doctor-")  # pytest's tmp_path is closed to other users
+    try:
+        os.chmod(base, 0o755)
+        closed = os.path.join(base, "closed")
+        os.mkdir(closed, 0o700)
+        cfg = os.path.join(base, "c.toml")
+        with open(cfg, "w") as fh:
+            fh.write(f'[daemon]\nsocket = "{base}/s.sock"\nstate_dir = "{closed}/state"\nmetrics_addr = ""\n'
+                     '[search]\nembedder = "none"\n')
+        os.chmod(cfg, 0o644)
+
+        def doctor() -> list[object]:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                code = doctor_cli.main(["--config", cfg])
+            return [code, out.getvalue()]
+
+        doctor()  # as root first: what it imports on its way is loaded before run_as drops to a user who cannot
+        code, out = run_as(pwd.getpwnam("nobody"), doctor)
+    finally:
+        shutil.rmtree(base)
+    assert code == 1, out
+    assert (f"FAIL  state dir: cannot look at {closed}/state (Permission denied): this user cannot reach "
+            f"{closed}/state; run doctor as the user the daemon runs as, or change [daemon] state_dir") \
+        in str(out).splitlines(), out
 
 
 def test_doctor_is_import_light(tmp_path: Path) -> None:
