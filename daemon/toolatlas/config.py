@@ -32,6 +32,7 @@ from toolatlas.config_sections import (
     host_port as host_port,
     url_secrets as url_secrets,
     check_access,
+    header_problem,
     check_http,
     url_problem,
 )
@@ -304,6 +305,9 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         problem = url_problem(up.url, ("http", "https"), Redactor(secrets(cfg))) if not isinstance(up, StdioUpstream) else None
         if problem:
             raise ConfigError(f"{source}: upstream {up.name!r} url {problem}")
+        for header, value in ({} if isinstance(up, StdioUpstream) else up.headers).items():
+            if problem := header_problem(header, value):
+                raise ConfigError(f"{source}: upstream {up.name!r} header {header!r} {problem}")
     problem = url_problem(cfg.store.url, ("postgresql", "postgres"), Redactor(secrets(cfg))) if cfg.store.url else None
     if problem:
         raise ConfigError(f"{source}: [store] url {problem}")

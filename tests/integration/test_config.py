@@ -65,6 +65,13 @@ def test_good_config_parses_with_expansion_and_relative_paths(tmp_path: Path) ->
         ("[http]\nlisten='127.0.0.1:0'\n[http.oauth]\nissuers=[{issuer='i', jwks_url='https://[x/j', audience='a'}]\n",
          "issuer 'i': jwks_url is not a valid URL"),
         ("this is = = not toml", "not valid TOML"),
+        # a token pasted with its newline failed every connect, its value quoted past the redaction
+        ("[[upstream]]\nname='a'\ntransport='http'\nurl='http://h/mcp'\nheaders={Authorization=\"Bearer t0ken\\n\"}\n",
+         "upstream 'a' header 'Authorization' has a line break or another control character in its value"),
+        ("[[upstream]]\nname='a'\ntransport='sse'\nurl='http://h/sse'\nheaders={Authorization='Bearer t0ken '}\n",
+         "upstream 'a' header 'Authorization' has spaces at the start or end of its value"),
+        ("[[upstream]]\nname='a'\ntransport='http'\nurl='http://h/mcp'\nheaders={'X Token'='t'}\n",
+         "upstream 'a' header 'X Token' is not a valid HTTP header name"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_description_chars=10\n",
          "Expected `int` >= 256 at [upstream 'a' (upstream[0].max_description_chars)]"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_schema_bytes=0\n", "upstream[0].max_schema_bytes"),
