@@ -149,6 +149,8 @@ def _call_arguments(given: str) -> dict[str, Any] | str:
         value = json.loads(given)
     except ValueError as exc:
         return f"--args is not valid JSON: {exc}"
+    except RecursionError:  # the decoder's nesting limit (hundreds of levels), not a traceback
+        return "--args is not valid JSON: nested too deeply to read"
     if not isinstance(value, dict):
         return f"--args must be a JSON object of the tool's arguments, e.g. '{{\"text\": \"hi\"}}'; got {given[:80]}"
     return value

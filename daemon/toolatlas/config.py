@@ -33,11 +33,13 @@ from toolatlas.config_sections import (
     host_port as host_port,
     url_secrets as url_secrets,
     check_access,
+    header_problem,
     check_http,
     url_problem,
 )
 from toolatlas.errors import ConfigError
-from toolatlas.paths import config_environment, default_state_dir, expand_vars, read_config, resolve_path, socket_path, unix_socket_path
+from toolatlas.paths import (config_environment, default_state_dir, expand_vars, no_nul, read_config, resolve_path,
+                             socket_path, unix_socket_path)
 from toolatlas.redact import Redactor
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
@@ -241,9 +243,10 @@ def _expand(value: Any, path: str, env: dict[str, str], found: list[str]) -> Any
     if isinstance(value, str):
         key = _UPSTREAM_KEY_RE.match(path)
         secret = (key is not None and key.group(1) not in _NOT_SECRET_KEYS) or path == "store.url"
-        return expand_vars(value, env, path, found if secret else None)
+        return no_nul(expand_vars(value, env, path, found if secret else None), path)
     if isinstance(value, dict):
-        return {k: _expand(v, f"{path}.{k}" if path else k, env, found) for k, v in value.items()}
+        return {no_nul(k, f"{path}.{k!r}" if path else repr(k)): _expand(v, f"{path}.{k}" if path else k, env, found)
+                for k, v in value.items()}
     if isinstance(value, list):
         return [_expand(v, f"{path}[{i}]", env, found) for i, v in enumerate(value)]
     return value
@@ -307,6 +310,9 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         problem = url_problem(up.url, ("http", "https"), Redactor(secrets(cfg))) if not isinstance(up, StdioUpstream) else None
         if problem:
             raise ConfigError(f"{source}: upstream {up.name!r} url {problem}")
+        for header, value in ({} if isinstance(up, StdioUpstream) else up.headers).items():
+            if problem := header_problem(header, value):
+                raise ConfigError(f"{source}: upstream {up.name!r} header {header!r} {problem}")
     problem = url_problem(cfg.store.url, ("postgresql", "postgres"), Redactor(secrets(cfg))) if cfg.store.url else None
     if problem:
         raise ConfigError(f"{source}: [store] url {problem}")

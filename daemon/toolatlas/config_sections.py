@@ -3,6 +3,7 @@ toolatlas.config, which parses the whole file), and the one parser of listen add
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from collections.abc import Callable
 from typing import Annotated, Literal
@@ -168,6 +169,23 @@ def url_problem(url: str, schemes: tuple[str, ...], redact: Callable[[str], str]
     return None
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def header_problem(name: str, value: str) -> str | None:
+    """Why an upstream's HTTP header cannot be sent, worded to follow "header NAME", or None.
+    The value is never echoed (headers carry tokens); a line break in one (a token pasted with
+    its newline) otherwise failed every connect with an error quoting it, past the redaction."""
+    if not _HEADER_NAME.fullmatch(name):
+        return "is not a valid HTTP header name (letters, digits and !#$%&'*+-.^_`|~ only)"
+    if _HEADER_VALUE_BAD.search(value):
+        return "has a line break or another control character in its value, which HTTP does not allow; remove it"
+    if value != value.strip(" \t"):
+        return "has spaces at the start or end of its value, which HTTP does not allow; remove them"
+    return None
+
+
 class AccessRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Who may use which upstreams. A socket client matches a rule by its kernel-reported
     uid (`users`: names or numeric uids) or any of its groups (`groups`: names or gids);
@@ -245,5 +263,5 @@ def check_http(http: HttpSection, source: str) -> None:
 
 
 __all__ = ["ASYMMETRIC_ALGORITHMS", "AccessRule", "Endpoint", "EventsSection", "HttpSection", "HttpToken", "NAME_RE",
-           "OAuthIssuer", "OAuthSection", "RESERVED_NAMES", "UpstreamName", "check_access", "check_http", "host_port",
-           "url_problem", "url_secrets"]
+           "OAuthIssuer", "OAuthSection", "RESERVED_NAMES", "UpstreamName", "check_access", "check_http", "header_problem",
+           "host_port", "url_problem", "url_secrets"]

@@ -154,9 +154,14 @@ def _check_urls(cfg: Config) -> Iterator[Check]:
 def _check_state_dir(state_dir: str) -> Check:
     p = Path(state_dir)
     probe = p
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
+    try:
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        folder = probe.is_dir()
+    except OSError as exc:  # a folder on the way closed to this user (another user's home, the daemon's 0700 dir)
+        return Check(FAIL, "state dir", f"cannot look at {probe} ({exc.strerror or exc}): this user cannot reach "
+                     f"{state_dir}; run doctor as the user the daemon runs as, or change [daemon] state_dir")
+    if not folder:
         return Check(FAIL, "state dir", f"{probe} is not a folder, so {state_dir} cannot be made")
     try:
         with tempfile.TemporaryFile(dir=probe):
@@ -195,10 +200,13 @@ def _check_daemon(socket: str, config: str | None) -> tuple[Check, dict[str, Any
     import json
 
     from toolatlas.surface.rawclient import RawClient, RpcError
+    from toolatlas.surface.shim import SocketUnusable
 
     try:
         with RawClient(socket, timeout=DAEMON_ANSWER_S) as client:
             result = client.call_tool("catalog_status", {})
+    except SocketUnusable as exc:  # no daemon to start: the path or its permissions are wrong
+        return Check(FAIL, "daemon", str(exc)), None
     except TimeoutError:  # something holds the socket: a second daemon is not the fix
         return Check(FAIL, "daemon", f"{socket} accepts connections but did not answer within {DAEMON_ANSWER_S:g} s: "
                      "the daemon there is still starting, hung or stopped, or another program holds the socket; "

@@ -25,6 +25,13 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSO
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
 
+def file_kind(mode: int) -> str:
+    """What a file of `st_mode` `mode` is, for a message: "a directory", "a regular file"..."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((k for test, k in _KINDS if test(mode)), "a special file")
+
+
 def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     """`path` opened for reading, if it is a regular file; never blocks.
 
@@ -37,8 +44,7 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = next((k for test, k in _KINDS if test(mode)), "a special file")
-            raise OSError(errno.EINVAL, f"not a regular file ({kind})", os.fspath(path))
+            raise OSError(errno.EINVAL, f"not a regular file ({file_kind(mode)})", os.fspath(path))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -90,6 +96,16 @@ def expand_vars(text: str, env: Mapping[str, str], where: str, found: list[str] 
         return env[var]
 
     return re.sub(_VAR_PATTERN, sub, text)
+
+
+def no_nul(text: str, where: str) -> str:
+    """`text`, or ConfigError naming `where` (the config key) when it holds a NUL character:
+    no path, command, argument, environment value or header can carry one (the OS refuses
+    it), and it would otherwise surface as a traceback wherever the value is first used."""
+    if "\x00" in text:
+        raise ConfigError(f"{where}: contains a NUL character (\\u0000), which no path, command or value can "
+                          "hold; remove it")
+    return text
 
 
 def resolve_path(path: str, base: str | os.PathLike[str]) -> str:
@@ -272,15 +288,21 @@ def daemon_path(config: str, key: str, env: Mapping[str, str] | None = None) -> 
 
     try:
         table = tomllib.loads(read_config(config)).get("daemon", {})
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {key} from {config!r}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"cannot read the {key} from {config!r}: {exc}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read the {key} from {config!r}: it is not UTF-8 text") from exc
     raw = table.get(key, "") if isinstance(table, dict) else ""
     if not isinstance(raw, str):
         raise ConfigError(f"{config}: [daemon] {key} must be a string, got {raw!r}")
-    return resolve_path(expand_vars(raw, config_environment() if env is None else env, f"daemon.{key}"),
-                        os.path.dirname(os.path.abspath(config)))
+    value = expand_vars(raw, config_environment() if env is None else env, f"daemon.{key}")
+    try:
+        no_nul(value, f"daemon.{key}")
+    except ConfigError as exc:
+        raise ConfigError(f"{config}: {exc}") from None
+    return resolve_path(value, os.path.dirname(os.path.abspath(config)))
 
 
 def socket_answers(path: str, timeout: float = 1.0) -> bool:

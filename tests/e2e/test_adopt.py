@@ -302,6 +302,21 @@ def test_a_file_with_nothing_to_adopt_writes_nothing(tmp_path: Path) -> None:
     assert bad.returncode == 65 and "cannot read" in bad.stderr
 
 
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_an_out_that_is_a_folder_is_said_so(tmp_path: Path, force: list[str]) -> None:
+    """--out FOLDER said "[Errno 22] not a regular file (a directory): ...; pass --force to
+    replace it", and with --force "cannot write FOLDER/../.FOLDER.xxxx.tmp: Is a directory"."""
+    client = _write(tmp_path, "claude_desktop_config.json", {"mcpServers": {"tests": _tests_entry()}})
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    r = _run("adopt", str(client), "--out", str(folder), *force)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[-1] == (f"toolatlas adopt: --out {folder} is a folder; name the config file to "
+                                         f"write, e.g. {folder / 'config.toml'}"), r.stderr
+    assert list(folder.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "claude_desktop_config.json", "conf"]  # no temporary file left beside it
+
+
 def test_secrets_moved_out_of_a_client_are_kept_in_the_environment_file_the_daemon_reads(tmp_path: Path) -> None:
     """The client's literal secrets become ${VAR}s in the config and NAME=value lines in
     ~/.config/toolatlas/environment (0600): the daemon, however started (here without the

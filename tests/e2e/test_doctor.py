@@ -3,17 +3,25 @@ adopted config), `check-config`'s warning for a command that is not found, and `
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import pwd
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.peers import run_as
 from tests.support.ports import free_port
+
+from toolatlas import doctor_cli
 
 GHOST = "toolatlas-test-no-such-command"
 
@@ -212,6 +220,50 @@ def test_variables_kept_in_the_environment_file_are_not_a_config_failure(tmp_pat
     assert f"FAIL  daemon: no answer at {tmp_path / 's.sock'}" in r.stdout  # the config's socket, not the default
 
 
+def test_a_socket_path_that_is_not_a_socket_is_no_advice_to_start_the_daemon(tmp_path: Path) -> None:
+    """It read "no answer at X (Connection refused); start it with `toolatlas serve`", which
+    would fail too: the daemon refuses to replace a file that is no socket."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "c.toml"}"\nstate_dir = "{tmp_path / "state"}"\n'
+                   'metrics_addr = ""\n[search]\nembedder = "none"\n')
+    r = _run("doctor", "--config", str(cfg))
+    assert r.returncode == 1, r.stdout
+    assert (f"FAIL  daemon: {cfg} is a regular file, not a socket: point --socket, $TOOLATLAS_SOCKET or the "
+            "config's [daemon] socket at the daemon's socket") in r.stdout.splitlines(), r.stdout
+
+
+def test_a_state_dir_this_user_cannot_reach_is_a_fail_line_not_a_traceback(tmp_path: Path) -> None:
+    """A state_dir inside a folder closed to the user running doctor (the daemon's 0700 folder,
+    another user's home: `sudo -u` keeping HOME) was a PermissionError traceback from exists()."""
+    if os.geteuid() != 0:
+        pytest.skip("a user of another uid needs root to drop to it")
+    base = tempfile.mkdtemp(prefix="toolatlas-doctor-")  # pytest's tmp_path is closed to other users
+    try:
+        os.chmod(base, 0o755)
+        closed = os.path.join(base, "closed")
+        os.mkdir(closed, 0o700)
+        cfg = os.path.join(base, "c.toml")
+        with open(cfg, "w") as fh:
+            fh.write(f'[daemon]\nsocket = "{base}/s.sock"\nstate_dir = "{closed}/state"\nmetrics_addr = ""\n'
+                     '[search]\nembedder = "none"\n')
+        os.chmod(cfg, 0o644)
+
+        def doctor() -> list[object]:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                code = doctor_cli.main(["--config", cfg])
+            return [code, out.getvalue()]
+
+        doctor()  # as root first: what it imports on its way is loaded before run_as drops to a user who cannot
+        code, out = run_as(pwd.getpwnam("nobody"), doctor)
+    finally:
+        shutil.rmtree(base)
+    assert code == 1, out
+    assert (f"FAIL  state dir: cannot look at {closed}/state (Permission denied): this user cannot reach "
+            f"{closed}/state; run doctor as the user the daemon runs as, or change [daemon] state_dir") \
+        in str(out).splitlines(), out
+
+
 def test_doctor_is_import_light(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[daemon]\nsocket = "{tmp_path / "none.sock"}"\nstate_dir = "{tmp_path / "state"}"\n')
@@ -289,9 +341,12 @@ def test_doctor_checks_the_shared_store(tmp_path: Path, pg_url: str) -> None:
 
 
 def test_call_args_that_are_not_a_json_object_are_a_usage_error_before_any_daemon_is_asked(tmp_path: Path) -> None:
-    for given, said in (("{bad", "--args is not valid JSON"), ("[1, 2]", "--args must be a JSON object")):
+    deep = '{"a": ' + "[" * 20000 + "]" * 20000 + "}"  # was a RecursionError traceback
+    for given, said in (("{bad", "--args is not valid JSON"), ("[1, 2]", "--args must be a JSON object"),
+                        (deep, "--args is not valid JSON: nested too deeply to read")):
         r = _run("call", "notes__add_note", "--args", given, "--socket", str(tmp_path / "none.sock"))
         assert r.returncode == 64 and said in r.stderr and "cannot reach" not in r.stderr, r.stderr
+        assert len(r.stderr.splitlines()) == 1, r.stderr
 
 
 def test_doctor_warns_of_an_access_rule_that_matches_no_one(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -222,6 +223,41 @@ def test_a_socket_owner_or_group_that_does_not_exist_is_refused_by_name(tmp_path
         d.config.write_text(base.replace("[daemon]\n", '[daemon]\nsocket_mode = "0600"\n'))
         assert reload(d)["applied"]
         assert stat.S_IMODE(os.stat(d.socket).st_mode) == 0o600
+
+
+def test_a_sighup_reload_of_a_path_holding_a_nul_is_refused_and_the_daemon_stays(tmp_path: Path) -> None:
+    """A NUL character in a path (here [surface] templates) was a ValueError out of the SIGHUP
+    reload, which ended the daemon; now it is a refused reload naming the key."""
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    base = d.config.read_text()
+    with d:
+        d.config.write_text(base.replace("[search]\n", '[surface]\ntemplates = "tpl\\u0000"\n[search]\n'))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        rejected = d.wait_for(lambda: _events(d, "config_reload_rejected"), 30, "the SIGHUP reload refused")
+        assert "surface.templates: contains a NUL character" in rejected[0]["reason"], rejected
+        assert d.proc.poll() is None, d.log.read_text()[-3000:]  # type: ignore[union-attr]
+        assert d.search("echo a message back") == ["one__echo"]
+
+
+def test_a_reload_while_the_socket_file_is_gone_applies_and_the_rebound_socket_takes_it(tmp_path: Path) -> None:
+    """A SIGHUP reload while the socket file was gone (a /tmp cleaner; here its folder's place
+    is taken, so it cannot be bound again yet) died in chmod's FileNotFoundError/NotADirectoryError,
+    ending the daemon. Now it applies, and the socket bound again has the reloaded mode."""
+    d = Daemon(tmp_path, stdio_testserver("one"))
+    base = d.config.read_text()
+    run = Path(d.socket).parent
+    with d:
+        shutil.rmtree(run)
+        run.write_text("")
+        d.wait_for(lambda: "binding it again failed" in d.log.read_text(), 30, "the failed re-bind")
+        d.config.write_text(base.replace("[daemon]\n", '[daemon]\nsocket_mode = "0600"\n'))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        d.wait_for(lambda: _events(d, "config_reloaded") or d.proc.poll() is not None, 30,  # type: ignore[union-attr]
+                   "the SIGHUP reload's end")
+        assert d.proc.poll() is None, d.log.read_text()[-3000:]  # type: ignore[union-attr]
+        run.unlink()
+        d.wait_for(lambda: stat.S_IMODE(os.stat(d.socket).st_mode) == 0o600, 30, "the socket bound again, 0600")
+        assert d.search("echo a message back") == ["one__echo"]
 
 
 def test_a_shorter_retention_set_by_a_reload_prunes_at_once(tmp_path: Path) -> None:

@@ -18,12 +18,27 @@ def _consistent(st: dict) -> bool:  # type: ignore[type-arg]
     return bool(st["cards"]["quarantined_tools"] == per_server)
 
 
-def test_reload_keeps_card_state_and_rechecks(tmp_path: Path) -> None:
+def _carded(tmp_path: Path, recheck_interval: float) -> Daemon:
+    """A daemon (not started) serving upstream one, whose card is signed by the trusted key."""
     key = tmp_path / "op.key"
     assert keygen_main(["--out", str(key)]) == 0
-    cards = f'\n[cards]\npublic_key = "{key}.pub"\nrecheck_interval = 0.5\n'
+    cards = f'\n[cards]\npublic_key = "{key}.pub"\nrecheck_interval = {recheck_interval}\n'
     d = Daemon(tmp_path, stdio_testserver("one"), daemon_extra=cards)
     assert cards_main(["generate", "--config", str(d.config), "--key", str(key), "--quiet"]) == 0
+    return d
+
+
+def _tamper(tmp_path: Path, server: str) -> None:
+    """Change one character of `server`'s card summary (its signature no longer matches)."""
+    path = card_path(tmp_path / "state", server)
+    data = bytearray(path.read_bytes())
+    i = data.index(b'"summary"') + 12
+    data[i] = ord("Z") if data[i] != ord("Z") else ord("Y")
+    path.write_bytes(bytes(data))
+
+
+def test_reload_keeps_card_state_and_rechecks(tmp_path: Path) -> None:
+    d = _carded(tmp_path, 0.5)
     with d:
         d.wait_for(lambda: d.status()["cards"]["servers"].get("one", {}).get("card") == "verified", what="one attested")
         d.config.write_text(d.config.read_text() + "\n" + stdio_testserver("two"))
@@ -39,11 +54,7 @@ def test_reload_keeps_card_state_and_rechecks(tmp_path: Path) -> None:
         assert "one" in instructions and "two" in instructions, instructions
 
         # the card of the unchanged upstream is tampered after the reload: re-checks refuse it
-        path = card_path(tmp_path / "state", "one")
-        data = bytearray(path.read_bytes())
-        i = data.index(b'"summary"') + 12
-        data[i] = ord("Z") if data[i] != ord("Z") else ord("Y")
-        path.write_bytes(bytes(data))
+        _tamper(tmp_path, "one")
         st = d.wait_for(lambda: (s := d.status()) and s["cards"]["servers"]["one"]["card"].startswith("refused") and s,
                         30, "tampered card refused after the reload")
         assert st["cards"]["refused_cards"] == ["one"] and _consistent(st)
@@ -80,3 +91,17 @@ def test_a_reload_that_changes_the_card_settings_reattests_every_upstream(tmp_pa
         assert st["cards"]["quarantined_tools"] == 0 and _consistent(st), st["cards"]
         match = d.meta("tool_search", {"query": "echo a message back", "top_k": 1})["matches"][0]
         assert match["name"].endswith("__echo") and not match.get("attested"), match
+
+
+def test_a_recheck_interval_lowered_by_a_reload_applies_at_once(tmp_path: Path) -> None:
+    """recheck_interval 3600 at the start, 0.5 after a reload: a card tampered then is refused
+    within the new interval, not once the hour the old value started has run out."""
+    d = _carded(tmp_path, 3600)
+    with d:
+        d.wait_for(lambda: d.status()["cards"]["servers"].get("one", {}).get("card") == "verified", what="one attested")
+        d.config.write_text(d.config.read_text().replace("recheck_interval = 3600", "recheck_interval = 0.5"))
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        d.wait_for(lambda: "reload: +[] -[] ~[]" in d.log.read_text(), 30, "the reload applied")
+        _tamper(tmp_path, "one")
+        d.wait_for(lambda: d.status()["cards"]["servers"]["one"]["card"].startswith("refused"), 30,
+                   "the tampered card refused at the reloaded interval")

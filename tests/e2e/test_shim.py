@@ -29,6 +29,17 @@ def test_shim_without_a_daemon_fails_with_a_clear_message(tmp_path: Path) -> Non
     assert b"cannot reach the toolatlas daemon" in r.stderr and b"none.sock" in r.stderr
 
 
+def test_shim_given_a_file_for_its_socket_says_it_is_no_socket(tmp_path: Path) -> None:
+    config = tmp_path / "toolatlas.toml"
+    config.write_text("[daemon]\n")
+    r = subprocess.run([sys.executable, "-m", "toolatlas", "shim", "--socket", str(config)],
+                       input=b"", capture_output=True, timeout=30)
+    assert r.returncode == 1
+    assert r.stderr.decode().splitlines() == [f"toolatlas shim: {config} is a regular file, not a socket: point "
+                                              "--socket, $TOOLATLAS_SOCKET or the config's [daemon] socket at the "
+                                              "daemon's socket"], r.stderr
+
+
 def test_shim_relays_requests_and_replies_byte_for_byte(tmp_path: Path) -> None:
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}

@@ -27,6 +27,17 @@ ROWS = [
 ]
 
 
+@pytest.mark.parametrize("given", ["", "keys/"])
+def test_keygen_out_that_names_no_file_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str], given: str) -> None:
+    """--out "" was a ValueError traceback; --out keys/ wrote the private key to the file `keys`."""
+    monkeypatch.chdir(tmp_path)
+    assert keygen_main(["--out", given]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"toolatlas: --out {given!r}: name the private key file to create, not a folder (e.g. --out ~/operator.key)"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_keygen_prints_public_key_and_refuses_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "op.key"
     assert keygen_main(["--out", str(out)]) == 0

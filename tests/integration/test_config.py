@@ -68,6 +68,13 @@ def test_good_config_parses_with_expansion_and_relative_paths(tmp_path: Path) ->
         ("[http]\nlisten='127.0.0.1:0'\n[http.oauth]\nissuers=[{issuer='i', jwks_url='https://[x/j', audience='a'}]\n",
          "issuer 'i': jwks_url is not a valid URL"),
         ("this is = = not toml", "not valid TOML"),
+        # a token pasted with its newline failed every connect, its value quoted past the redaction
+        ("[[upstream]]\nname='a'\ntransport='http'\nurl='http://h/mcp'\nheaders={Authorization=\"Bearer t0ken\\n\"}\n",
+         "upstream 'a' header 'Authorization' has a line break or another control character in its value"),
+        ("[[upstream]]\nname='a'\ntransport='sse'\nurl='http://h/sse'\nheaders={Authorization='Bearer t0ken '}\n",
+         "upstream 'a' header 'Authorization' has spaces at the start or end of its value"),
+        ("[[upstream]]\nname='a'\ntransport='http'\nurl='http://h/mcp'\nheaders={'X Token'='t'}\n",
+         "upstream 'a' header 'X Token' is not a valid HTTP header name"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_description_chars=10\n",
          "Expected `int` >= 256 at [upstream 'a' (upstream[0].max_description_chars)]"),
         ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nmax_schema_bytes=0\n", "upstream[0].max_schema_bytes"),
@@ -90,6 +97,13 @@ def test_bad_configs_name_the_key(text: str, needle: str) -> None:
      "upstream[0].env.A: environment variable ${NOPE_UNSET} is not set"),
     ("[daemon]\nsocket='${NOPE_UNSET}/s.sock'\n", "daemon.socket: environment variable ${NOPE_UNSET} is not set"),
     ("[surface]\ntemplates='no-such-folder'\n", "[surface] templates: folder "),
+    # a NUL in a path was a ValueError traceback in check-config and serve, and killed a daemon at SIGHUP
+    ("[surface]\ntemplates=\"a\\u0000b\"\n", "surface.templates: contains a NUL character"),
+    ("[daemon]\nstate_dir=\"/tmp/a\\u0000b\"\n", "daemon.state_dir: contains a NUL character"),
+    ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nenv={A=\"1\\u0000\"}\n",
+     "upstream[0].env.A: contains a NUL character"),
+    ("[[upstream]]\nname='a'\ntransport='stdio'\ncommand='x'\nenv={\"A\\u0000\"='1'}\n",
+     "upstream[0].env.'A\\x00': contains a NUL character"),
 ])
 def test_every_config_error_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, needle: str) -> None:
     """Like every other config error, these say which file (systemd's journal, a reload, two configs)."""
@@ -99,6 +113,16 @@ def test_every_config_error_names_the_file(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(ConfigError) as info:
         load(cfg)
     assert str(info.value).startswith(f"{cfg}: ") and needle in str(info.value), str(info.value)
+
+
+def test_check_config_says_a_nul_character_in_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\nmetrics_addr = ''\nsocket = \"run/a\\u0000.sock\"\n")
+    out = subprocess.run([sys.executable, "-m", "toolatlas", "check-config", str(cfg)], capture_output=True, text=True)
+    assert out.returncode == 78, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"toolatlas: config error: {cfg}: daemon.socket: contains a NUL character (\\u0000), which no path, command or "
+        "value can hold; remove it"], out.stderr
 
 
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:

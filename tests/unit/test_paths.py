@@ -94,6 +94,22 @@ def test_an_unset_variable_or_bad_toml_is_a_config_error(env: pytest.MonkeyPatch
         assert "Traceback" not in r.stderr and r.returncode in (1, 78), (argv, r.returncode, r.stderr)
 
 
+def test_a_folder_or_a_nul_in_the_socket_is_one_plain_line(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A folder given as --config read "[Errno 22] not a regular file (a directory): '...'"; a NUL
+    in its [daemon] socket was a ValueError traceback (status, search, call, shim --config)."""
+    with pytest.raises(ConfigError) as info:
+        client_socket(None, str(tmp_path))
+    assert str(info.value) == f"cannot read the socket from {str(tmp_path)!r}: not a regular file (a directory)"
+    nul = tmp_path / "nul.toml"
+    nul.write_text('[daemon]\nsocket = "run/a\\u0000.sock"\n')
+    for argv in (["status"], ["shim"]):
+        r = subprocess.run([sys.executable, "-m", "toolatlas", *argv, "--config", str(nul)],
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode == 78, (argv, r.stderr)
+        assert r.stderr.splitlines() == [f"toolatlas: config error: {nul}: daemon.socket: contains a NUL character "
+                                         "(\\u0000), which no path, command or value can hold; remove it"], r.stderr
+
+
 def test_the_cli_command_uses_the_expanded_socket(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """`toolatlas status --config C` with `socket = "~/..."` looks where the daemon listens."""
     f = _config(tmp_path, "~/run/t.sock")

@@ -118,7 +118,8 @@ def _merged(adoption: Adoption, out: Path) -> tuple[str, list[str]]:
     try:
         existing = read_config(out)
     except (OSError, UnicodeDecodeError) as exc:
-        raise AdoptError(f"cannot read the existing {out}: {exc}; pass --force to replace it") from exc
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise AdoptError(f"cannot read the existing {out}: {why}; pass --force to replace it") from exc
     text, added, notes = merge(existing, adoption, str(out))
     for note in notes:
         _say(f"  note: {note}")
@@ -188,6 +189,8 @@ def _adopt(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(default_config_path()) if args.rewrite_client else None
     if out is not None and out.resolve() == source.path.resolve():
         raise AdoptError(f"--out {out} is the client file itself; choose another path")
+    if out is not None and out.is_dir():  # no --force can replace a folder with the config
+        raise AdoptError(f"--out {out} is a folder; name the config file to write, e.g. {out / 'config.toml'}")
     if args.rewrite_client and out is not None:
         check_same_config(source, out)
     merging = out is not None and out.exists() and not args.force

@@ -371,6 +371,9 @@ def keygen_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="toolatlas keygen", description="New Ed25519 operator key for capability cards.")
     p.add_argument("--out", required=True, help="private key file to create (mode 0600; never overwritten)")
     args = p.parse_args(argv)
+    if not args.out or args.out.endswith("/"):  # "" was a ValueError traceback; "DIR/" wrote the file DIR
+        _err(f"--out {args.out!r}: name the private key file to create, not a folder (e.g. --out ~/operator.key)")
+        return EX_USAGE
     key = signing.generate_private_key()
     try:
         pub = signing.write_private_key(args.out, key)

@@ -44,6 +44,7 @@ class LiveCatalog:
         self._lock = anyio.Lock()
         self._embeddings_seen = 0
         self._dense_wanted = anyio.Event()  # set when an update leaves documents to embed
+        self._reloaded = anyio.Event()  # set by a reload: card re-checks read their interval again
         # Called after every visible change (clients re-list); and after every index update.
         self.on_change: list[ChangeListener] = []
         self.on_index_update: list[Callable[[], None]] = []
@@ -122,6 +123,7 @@ class LiveCatalog:
         so a card signed by a key no longer trusted would go on being served."""
         changed = attestor.settings != self.attestor.settings
         self.attestor = attestor
+        self._reloaded.set()
         return changed
 
     # -- changes ----------------------------------------------------------------------------
@@ -219,11 +221,16 @@ class LiveCatalog:
         """Re-attest connected upstreams whose card file changed: card files change without
         the upstream's catalog changing (tampering, re-signing after a quarantine). Only
         those: re-applying every upstream's catalog each interval would block the event
-        loop for a time that grows with the catalog. `interval()` is read each round, so a
-        reload's new value takes effect; 0 turns re-checks off."""
+        loop for a time that grows with the catalog. `interval()` is read each round and at
+        a reload (not only once the old interval ran out), so a reload's value takes effect at
+        once; 0 turns re-checks off."""
         while True:
             seconds = interval()
-            await anyio.sleep(seconds if seconds > 0 else 60)
+            with anyio.move_on_after(seconds if seconds > 0 else 60):
+                await self._reloaded.wait()
+            if self._reloaded.is_set():
+                self._reloaded = anyio.Event()
+                continue
             if seconds <= 0:
                 continue
             view = self.view

@@ -16,16 +16,21 @@ With `--config` (`autostart.Starter`) it starts the daemon itself when nothing a
 from __future__ import annotations
 
 import errno
+import grp
 import os
+import pwd
 import select
 import selectors
 import socket
+import stat
 import sys
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from toolatlas.backoff import backoff_delay
 from toolatlas.jsonlines import INVALID_REQUEST, BoundedLines, Oversized, Refusal
+from toolatlas.paths import SOCKET_PATH_MAX, file_kind
 from toolatlas.surface.resume import Link, Out, Session
 
 if TYPE_CHECKING:
@@ -52,6 +57,8 @@ def connect(path: str, wait: float = CONNECT_WAIT_S) -> socket.socket:
         try:
             return _connect_once(path)
         except OSError as exc:
+            if wrong := _unusable(path, exc):  # waiting helps nothing
+                raise SocketUnusable(wrong) from exc
             if time.monotonic() >= deadline:
                 raise ConnectionError(
                     f"cannot reach the toolatlas daemon at {path}: {exc.strerror or exc}. "
@@ -60,6 +67,47 @@ def connect(path: str, wait: float = CONNECT_WAIT_S) -> socket.socket:
                 ) from exc
             attempt += 1
             time.sleep(backoff_delay(attempt, base=0.02, cap=0.25, jitter=0.0))
+
+
+class SocketUnusable(ConnectionError):
+    """Connecting to the path cannot work however long one waits (no socket there, or one closed
+    to this user); the message says what to do, so no "is the daemon running?" belongs after it."""
+
+
+# What a user the socket is closed to can do about it.
+_NOT_YOURS = "join its group, or have the daemon's operator set [daemon] socket_mode or socket_group"
+
+
+def _unusable(path: str, exc: OSError) -> str | None:
+    """Why connecting to `path` cannot work however long one waits, where connect(2)'s own
+    word misleads: something other than a socket there (a config file or a folder given as
+    --socket: "Connection refused"), or a socket or folder closed to this user ("Permission
+    denied" read as "is toolatlas serve running?"). None when nothing is there or it is a
+    socket nobody listens on (a daemon that is not running, or still starting)."""
+    if (size := len(os.fsencode(path))) > SOCKET_PATH_MAX:  # connect(2): "AF_UNIX path too long"
+        return (f"{path}: {size} bytes long, and a Unix socket path holds at most {SOCKET_PATH_MAX}, so no daemon "
+                "listens there: point --socket, $TOOLATLAS_SOCKET or the config's [daemon] socket at a shorter one")
+    try:
+        st = os.stat(path)
+    except PermissionError:
+        return f"{path}: permission denied: a folder on its path is closed to this user; {_NOT_YOURS}"
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISSOCK(st.st_mode):
+        return (f"{path} is {file_kind(st.st_mode)}, not a socket: point --socket, $TOOLATLAS_SOCKET or the "
+                "config's [daemon] socket at the daemon's socket")
+    if isinstance(exc, PermissionError):
+        return (f"{path}: permission denied: the socket (owner {_name(pwd.getpwuid, st.st_uid)}, group "
+                f"{_name(grp.getgrgid, st.st_gid)}, mode {stat.S_IMODE(st.st_mode):04o}) is not open to this user; "
+                f"{_NOT_YOURS}")
+    return None
+
+
+def _name(lookup: Callable[[int], Any], number: int) -> str:
+    try:
+        return f"{lookup(number)[0]}"
+    except KeyError:
+        return str(number)
 
 
 def _connect_once(path: str) -> socket.socket:

@@ -104,6 +104,35 @@ def prepare_socket_path(path: str) -> None:
         probe.close()
 
 
+def set_permissions(path: str, mode: int, owner: str | None, group: str | None) -> None:
+    """A socket file's mode, owner and group; ConfigError naming the key when the owner or
+    group is unknown here or may not be given the file by this user. A socket file that is
+    gone (a /tmp cleaner: a reload in the moments before `_keep_socket_file` binds it again,
+    or while it cannot) gets them when it is bound again; that is no error."""
+    uid = gid = -1
+    if owner or group:
+        import grp
+        import pwd
+
+        try:
+            uid = pwd.getpwnam(owner).pw_uid if owner else -1
+        except KeyError:
+            raise ConfigError(f"[daemon] socket_owner {owner!r}: no such user on this host") from None
+        try:
+            gid = grp.getgrnam(group).gr_gid if group else -1
+        except KeyError:
+            raise ConfigError(f"[daemon] socket_group {group!r}: no such group on this host") from None
+    try:
+        os.chmod(path, mode)
+        if owner or group:
+            os.chown(path, uid, gid)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        raise ConfigError(f"[daemon] socket_owner/socket_group: cannot give {path} to "
+                          f"{owner or '(unchanged)'}:{group or '(unchanged)'}: {exc.strerror or exc}") from exc
+
+
 class UnixServer:
     """Serves `server` on a Unix socket; `connections` lists the live ones."""
 
@@ -242,27 +271,7 @@ class UnixServer:
             tg.start_soon(self._handle, stream)
 
     def _apply_permissions(self) -> None:
-        """The socket file's mode, owner and group; ConfigError naming the key when the owner
-        or group is unknown here or may not be given the file by this user."""
-        os.chmod(self.path, self.mode)
-        if self.owner or self.group:
-            import grp
-            import pwd
-
-            try:
-                uid = pwd.getpwnam(self.owner).pw_uid if self.owner else -1
-            except KeyError:
-                raise ConfigError(f"[daemon] socket_owner {self.owner!r}: no such user on this host") from None
-            try:
-                gid = grp.getgrnam(self.group).gr_gid if self.group else -1
-            except KeyError:
-                raise ConfigError(f"[daemon] socket_group {self.group!r}: no such group on this host") from None
-            try:
-                os.chown(self.path, uid, gid)
-            except OSError as exc:
-                raise ConfigError(f"[daemon] socket_owner/socket_group: cannot give {self.path} to "
-                                  f"{self.owner or '(unchanged)'}:{self.group or '(unchanged)'}: "
-                                  f"{exc.strerror or exc}") from exc
+        set_permissions(self.path, self.mode, self.owner, self.group)
 
     def reconfigure(
         self, *, mode: int, owner: str | None, group: str | None, max_message_bytes: int,
