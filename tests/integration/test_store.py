@@ -202,3 +202,31 @@ async def test_a_reader_following_the_cursor_misses_nothing_under_concurrent_wri
         for s in [*writers, reader]:
             await s.close()
     assert sorted(seen) == sorted(f"w{w}-{i}" for w in range(4) for i in range(40))
+
+
+async def test_usage_events_buffered_before_a_forget_never_land_in_the_store(pg_url: str, tmp_path: Path) -> None:
+    """`learning forget` while a replica holds usage events in its buffer (the database was
+    down for it): when that buffer is sent, the forgotten tool's events stay out of the
+    shared store (they hold users' queries), the others land."""
+    import time
+
+    from toolatlas.store.ports import FEEDBACK_FORGET
+
+    a = Replica(section(pg_url), str(tmp_path / "a"))
+    await a.append(FEEDBACK, "notes__search", {"query": "private words"})  # not connected: on disk only
+    await a.append(FEEDBACK, "files__read", {"query": "kept"})
+    cli = Store(pg_url, origin="cli", connect_timeout=5, redactor=Redactor())
+    with anyio.fail_after(60):
+        await cli.connect()
+        await cli.migrate()
+        assert await cli.forget_feedback("notes__search", time.time()) == 0  # nothing there yet
+        await cli.close()
+        await a.append(FEEDBACK, "notes__search", {"query": "after the forget"})
+        async with running(a):
+            await until(lambda: a.status()["buffered"] == 0, "A sends its buffer")
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute("SELECT key, body->>'query' FROM toolatlas_events WHERE kind <> %s ORDER BY id",
+                            (FEEDBACK_FORGET,)).fetchall()
+    assert rows == [("files__read", "kept"), ("notes__search", "after the forget")]

@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 
 from toolatlas.errors import ToolatlasError
 from toolatlas.redact import Redactor
-from toolatlas.store.ports import Change
+from toolatlas.store.ports import FEEDBACK, FEEDBACK_FORGET, Change
 from toolatlas.store.schema import CHANNEL, MIGRATION_LOCK, SCHEMA_TABLE, WRITE_LOCK, pending
 
 log = logging.getLogger(__name__)
@@ -137,10 +137,15 @@ class Store:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))  # commit order = id order
             for r in records:
                 if r["t"] == "event":
+                    # A usage event written before a `learning forget` of its tool (buffered
+                    # while the database was down) stays out: it holds a user's query.
                     await conn.execute(
                         "INSERT INTO toolatlas_events (kind, key, body, origin, idem, written_at) "
-                        "VALUES (%s, %s, %s, %s, %s, to_timestamp(%s)) ON CONFLICT (idem) DO NOTHING",
-                        (r["kind"], r["key"], Jsonb(r["body"]), r["origin"], r["idem"], r["at"]))
+                        "SELECT %(kind)s, %(key)s, %(body)s, %(origin)s, %(idem)s, to_timestamp(%(at)s) "
+                        "WHERE %(kind)s <> %(feedback)s OR NOT EXISTS (SELECT 1 FROM toolatlas_events "
+                        "WHERE kind = %(forget)s AND key IN (%(key)s, '*') AND written_at >= to_timestamp(%(at)s)) "
+                        "ON CONFLICT (idem) DO NOTHING",
+                        {**r, "body": Jsonb(r["body"]), "feedback": FEEDBACK, "forget": FEEDBACK_FORGET})
                 else:
                     await conn.execute(
                         "INSERT INTO toolatlas_state (kind, key, body, origin, idem, written_at) "
@@ -160,8 +165,6 @@ class Store:
         """Delete the shared usage events of `tool` (None: of every tool) written up to
         `until`, and log a FEEDBACK_FORGET event so each replica deletes its own copies (and
         drops any that reach it late); one transaction. How many shared events were deleted."""
-        from toolatlas.store.ports import FEEDBACK, FEEDBACK_FORGET
-
         async def q(conn: psycopg.AsyncConnection[Any]) -> int:
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
