@@ -158,6 +158,21 @@ async def test_an_unreachable_store_at_start_does_not_block(tmp_path: Path) -> N
         await Store(url, origin="x", connect_timeout=1, redactor=Redactor()).events_after(0)
 
 
+async def test_why_the_store_is_unreachable_is_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """libpq's message for a refused connection spans lines (a hint after a tab); the
+    status's `error` and the log say it on one line, as `doctor` does."""
+    from tests.support.ports import free_port
+
+    r = Replica(section(f"postgresql://nobody:pw@127.0.0.1:{free_port()}/none"), str(tmp_path))
+    with anyio.fail_after(30):
+        async with running(r):
+            error = r.status()["error"] or ""
+    assert "Connection refused" in error and "Is the server running" in error
+    assert "\n" not in error and "\t" not in error and "  " not in error
+    said = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("store.unreachable")]
+    assert said and all("\n" not in line for line in said)
+
+
 async def test_a_write_the_database_refuses_does_not_hold_back_the_others(pg_url: str, tmp_path: Path) -> None:
     a = Replica(section(pg_url), str(tmp_path / "a"))
     b = Replica(section(pg_url), str(tmp_path / "b"))

@@ -58,7 +58,7 @@ class Store:
         return f"<Store origin={self.origin} connected={self._conn is not None}>"
 
     def _down(self, operation: str, exc: BaseException) -> StoreDown:
-        return StoreDown(self._redact(f"shared store: {operation} failed: {exc}".strip()))
+        return StoreDown(self._redact(f"shared store: {operation} failed: {_one_line(exc)}".strip()))
 
     async def connect(self) -> None:
         """Open both connections (autocommit); StoreDown when the database does not answer."""
@@ -93,7 +93,7 @@ class Store:
                 with anyio.fail_after(OP_TIMEOUT_S):
                     return await fn(self._conn, *args)
         except psycopg.DataError as exc:  # this write's content, not the link: retrying cannot help
-            raise StoreRejected(self._redact(f"shared store: {operation} refused the data: {exc}")) from None
+            raise StoreRejected(self._redact(f"shared store: {operation} refused the data: {_one_line(exc)}")) from None
         except (psycopg.Error, OSError, TimeoutError) as exc:
             raise self._down(operation, exc) from None
 
@@ -258,6 +258,12 @@ class Store:
         except (psycopg.Error, OSError) as exc:
             raise self._down("listen", exc) from None
         raise StoreDown("shared store: listen failed: the connection closed")
+
+
+def _one_line(exc: BaseException) -> str:
+    """libpq's message on one line: it may span several (a hint after a tab, one line per host
+    tried), which a status field, a log line or a CLI's error must not."""
+    return " ".join(str(exc).split())
 
 
 __all__ = ["Store", "StoreDown", "StoreRejected"]
