@@ -85,8 +85,8 @@ class Replica:
     async def append(self, kind: str, key: str, body: dict[str, Any]) -> None:
         await self._buffer("event", kind, key, body)
 
-    async def put(self, kind: str, key: str, body: dict[str, Any]) -> None:
-        await self._buffer("state", kind, key, body)
+    async def put(self, kind: str, key: str, body: dict[str, Any], *, at: float | None = None) -> None:
+        await self._buffer("state", kind, key, body, at)
 
     def subscribe(self, kind: str, handler: Handler) -> None:
         self._handlers[kind].append(handler)
@@ -105,9 +105,9 @@ class Replica:
                 self._wake_flush.set()
                 await anyio.sleep(0.02)
 
-    async def _buffer(self, table: str, kind: str, key: str, body: dict[str, Any]) -> None:
+    async def _buffer(self, table: str, kind: str, key: str, body: dict[str, Any], at: float | None = None) -> None:
         rec = {"t": table, "kind": kind, "key": key, "body": body, "origin": self.origin,
-               "idem": uuid.uuid4().hex, "at": time.time()}
+               "idem": uuid.uuid4().hex, "at": time.time() if at is None else at}
         await anyio.to_thread.run_sync(self.outbox.append, [rec])
         self._wake_flush.set()
 
