@@ -245,3 +245,26 @@ async def test_usage_events_buffered_before_a_forget_never_land_in_the_store(pg_
         rows = conn.execute("SELECT key, body->>'query' FROM toolatlas_events WHERE kind <> %s ORDER BY id",
                             (FEEDBACK_FORGET,)).fetchall()
     assert rows == [("files__read", "kept"), ("notes__search", "after the forget")]
+
+
+async def test_a_replica_pointed_at_a_restored_or_new_database_misses_nothing(pg_server: PgServer,
+                                                                             tmp_path: Path) -> None:
+    """A replica's event cursor (kept in state_dir) can be past every event of the database it
+    connects to: a database restored from a backup, or a new one. It reads that database's
+    events from where they end, instead of skipping them until the ids pass its old cursor."""
+    old, new = pg_server.new_database(), pg_server.new_database()
+    a, b = Replica(section(old), str(tmp_path / "a")), Replica(section(old), str(tmp_path / "b"))
+    at_b = heard(b, FEEDBACK)
+    with anyio.fail_after(90):
+        async with running(a), running(b):
+            for i in range(5):
+                await a.append(FEEDBACK, "k", {"i": i})
+            await until(lambda: len(at_b) == 5, "B hears A's events in the old database")
+        # The same replicas, their state_dirs kept, on the restored (here: new) database.
+        a2, b2 = Replica(section(new), str(tmp_path / "a")), Replica(section(new), str(tmp_path / "b"))
+        at_b2 = heard(b2, FEEDBACK)
+        async with running(b2):
+            async with running(a2):
+                await a2.append(FEEDBACK, "k", {"i": "after the restore"})
+                await until(lambda: at_b2, "B hears A's event in the new database")
+    assert [c.body for c in at_b2] == [{"i": "after the restore"}]

@@ -172,9 +172,7 @@ class Replica:
         try:
             await store.connect()
             applied = await store.migrate()
-            if self._event_cursor is None:
-                self._event_cursor = await store.last_event_id()
-                _write_cursor(self._cursor_file, self._event_cursor)
+            self._event_cursor = _starting_cursor(self._event_cursor, await store.last_event_id(), self._cursor_file)
         except StoreDown as exc:
             await store.close()
             self._mark_down(str(exc))
@@ -363,6 +361,19 @@ def _read_cursor(path: Path) -> int | None:
     except (OSError, ValueError) as exc:
         log.warning("store: the event cursor %s is unreadable (%s); reading from the newest event", path, exc)
         return None
+
+
+def _starting_cursor(cursor: int | None, last: int, path: Path) -> int:
+    """The event id a connecting replica reads after: its cursor; the database's newest (`last`)
+    for a new replica, and when the database's events end before the cursor (restored from a
+    backup, or a new database: reading after the cursor would skip its events for long)."""
+    if cursor is not None and cursor <= last:
+        return cursor
+    if cursor is not None:
+        log.warning("store: the database's events end at id %d, before this replica's cursor %d (a restored or "
+                    "replaced database); reading its events from there", last, cursor)
+    _write_cursor(path, last)
+    return last
 
 
 def _write_cursor(path: Path, seq: int) -> None:
