@@ -268,3 +268,24 @@ async def test_a_replica_pointed_at_a_restored_or_new_database_misses_nothing(pg
                 await a2.append(FEEDBACK, "k", {"i": "after the restore"})
                 await until(lambda: at_b2, "B hears A's event in the new database")
     assert [c.body for c in at_b2] == [{"i": "after the restore"}]
+
+
+async def test_a_database_that_stops_answering_is_said_so(tmp_path: Path, pg_private: PgServer) -> None:
+    """A database host that hangs (its processes stopped: connections are accepted, nothing is
+    answered) is said so in one line naming the wait, at start and mid-run, not 'failed:'
+    followed by nothing."""
+    url = pg_private.new_database()
+    a = Replica(section(url), str(tmp_path / "a"))
+    try:
+        with anyio.fail_after(90):
+            async with running(a):
+                pg_private.pause()
+                await until(lambda: not a.connected, "A notices the database does not answer", 30)
+                assert "did not answer within 10 s" in (a.status()["error"] or ""), a.status()["error"]
+            late = Replica(section(url), str(tmp_path / "late"))
+            async with running(late):
+                assert not late.connected
+                assert "connect failed:" in (late.status()["error"] or "")
+                assert "timeout expired" in (late.status()["error"] or "") or "did not answer" in late.status()["error"]
+    finally:
+        pg_private.resume()

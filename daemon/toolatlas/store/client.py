@@ -57,7 +57,7 @@ class Store:
     def __repr__(self) -> str:
         return f"<Store origin={self.origin} connected={self._conn is not None}>"
 
-    def _down(self, operation: str, exc: BaseException) -> StoreDown:
+    def _down(self, operation: str, exc: BaseException | str) -> StoreDown:
         return StoreDown(self._redact(f"shared store: {operation} failed: {_one_line(exc)}".strip()))
 
     async def connect(self) -> None:
@@ -70,7 +70,10 @@ class Store:
                 self._listen = await psycopg.AsyncConnection.connect(
                     self._url, autocommit=True, connect_timeout=max(1, int(self._connect_timeout)))
                 await self._listen.execute(f"LISTEN {CHANNEL}")
-        except (psycopg.Error, OSError, TimeoutError) as exc:
+        except TimeoutError:
+            await self.close()
+            raise self._down("connect", f"the database did not answer within {self._connect_timeout + 1:g} s") from None
+        except (psycopg.Error, OSError) as exc:
             await self.close()
             raise self._down("connect", exc) from None
 
@@ -94,7 +97,9 @@ class Store:
                     return await fn(self._conn, *args)
         except psycopg.DataError as exc:  # this write's content, not the link: retrying cannot help
             raise StoreRejected(self._redact(f"shared store: {operation} refused the data: {_one_line(exc)}")) from None
-        except (psycopg.Error, OSError, TimeoutError) as exc:
+        except TimeoutError:  # a hung host or a black-holed network: said, not an empty message
+            raise self._down(operation, f"the database did not answer within {OP_TIMEOUT_S:g} s") from None
+        except (psycopg.Error, OSError) as exc:
             raise self._down(operation, exc) from None
 
     # -- schema -------------------------------------------------------------------------------
@@ -260,7 +265,7 @@ class Store:
         raise StoreDown("shared store: listen failed: the connection closed")
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException | str) -> str:
     """libpq's message on one line: it may span several (a hint after a tab, one line per host
     tried), which a status field, a log line or a CLI's error must not."""
     return " ".join(str(exc).split())
