@@ -302,7 +302,8 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         problem = url_problem(up.url, ("http", "https"), Redactor(secrets(cfg))) if not isinstance(up, StdioUpstream) else None
         if problem:
             raise ConfigError(f"{source}: upstream {up.name!r} url {problem}")
-    problem = url_problem(cfg.store.url, ("postgresql", "postgres"), Redactor(secrets(cfg))) if cfg.store.url else None
+    problem = url_problem(cfg.store.url, ("postgresql", "postgres"), Redactor(secrets(cfg)),
+                          several_hosts=True) if cfg.store.url else None
     if problem:
         raise ConfigError(f"{source}: [store] url {problem}")
     if cfg.daemon.metrics_addr:

@@ -173,6 +173,27 @@ async def test_why_the_store_is_unreachable_is_one_line(tmp_path: Path, caplog: 
     assert said and all("\n" not in line for line in said)
 
 
+async def test_the_multi_host_url_of_the_deployment_guide_is_taken_and_reaches_the_primary(
+        pg_url: str, tmp_path: Path) -> None:
+    """docs/deployment.md points `url` at a primary and a standby in one libpq URL
+    (`host1:port,host2:port`, `target_session_attrs=read-write`); the config takes it and the
+    replica connects to whichever host answers as the primary (here the second: the first
+    refuses). A bad port in the list is still a config error naming it."""
+    from toolatlas.config import parse
+    from toolatlas.errors import ConfigError
+    from tests.support.ports import free_port
+
+    live = pg_url.split("@", 1)[1].split("/", 1)[0]  # 127.0.0.1:PORT
+    url = pg_url.replace(live, f"127.0.0.1:{free_port()},{live}") + "?target_session_attrs=read-write"
+    cfg = parse(f'[store]\nurl = "{url}"\nconnect_timeout = 2\n')
+    r = Replica(section(cfg.store.url), str(tmp_path))
+    with anyio.fail_after(30):
+        async with running(r):
+            assert r.connected, r.status()["error"]
+    with pytest.raises(ConfigError, match=r"\[store\] url .*'nope'"):
+        parse(f'[store]\nurl = "{url.replace(live, "127.0.0.1:nope")}"\n')
+
+
 async def test_a_write_the_database_refuses_does_not_hold_back_the_others(pg_url: str, tmp_path: Path) -> None:
     a = Replica(section(pg_url), str(tmp_path / "a"))
     b = Replica(section(pg_url), str(tmp_path / "b"))
