@@ -303,7 +303,7 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         if problem:
             raise ConfigError(f"{source}: upstream {up.name!r} url {problem}")
     problem = url_problem(cfg.store.url, ("postgresql", "postgres"), Redactor(secrets(cfg)),
-                          several_hosts=True) if cfg.store.url else None
+                          libpq=True) if cfg.store.url else None
     if problem:
         raise ConfigError(f"{source}: [store] url {problem}")
     if cfg.daemon.metrics_addr:

@@ -194,6 +194,20 @@ async def test_the_multi_host_url_of_the_deployment_guide_is_taken_and_reaches_t
         parse(f'[store]\nurl = "{url.replace(live, "127.0.0.1:nope")}"\n')
 
 
+async def test_a_url_naming_the_unix_socket_as_a_host_parameter_is_taken(pg_server: PgServer, pg_url: str,
+                                                                          tmp_path: Path) -> None:
+    """libpq takes the host (a Unix socket's folder, for a database on the same machine) as a
+    `host` query parameter, the authority left empty: the config takes that URL too."""
+    from toolatlas.config import parse
+
+    db = pg_url.rsplit("/", 1)[1]
+    url = f"postgresql:///{db}?host={pg_server.sockdir}&port={pg_server.port}&user=toolatlas"
+    r = Replica(section(parse(f'[store]\nurl = "{url}"\n').store.url), str(tmp_path))
+    with anyio.fail_after(30):
+        async with running(r):
+            assert r.connected, r.status()["error"]
+
+
 async def test_a_write_the_database_refuses_does_not_hold_back_the_others(pg_url: str, tmp_path: Path) -> None:
     a = Replica(section(pg_url), str(tmp_path / "a"))
     b = Replica(section(pg_url), str(tmp_path / "b"))
