@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.e2e.test_replicas import replica
-from tests.support.daemon import Daemon
+from tests.e2e.test_replicas import replica, store_block
+from tests.support.daemon import Daemon, url_upstream
 from tests.support.postgres import PgServer
 from tests.support.servers import RunningServer
 
@@ -44,3 +44,21 @@ def test_an_approval_after_a_decision_from_a_clock_ahead_holds_on_every_replica(
     rows = pg_server.psql("SELECT body->>'decision' FROM toolatlas_state WHERE kind = 'approval' AND key = 'shared'",
                           db=pg_url.rsplit("/", 1)[1])
     assert rows == [("approved",)]
+
+
+def test_a_retention_of_millions_of_days_does_not_stop_the_replica(tmp_path: Path, pg_url: str,
+                                                                    spawn_server: object) -> None:
+    """`[learning] retention_days` has no upper bound ("keep them for good"); the shared store's
+    prune of events older than that reaches before the first timestamp PostgreSQL has (4713
+    BC). The replica keeps serving and sharing, deleting nothing."""
+    srv: RunningServer = spawn_server("testserver", "http", ["--tools", "5"])  # type: ignore[operator]
+    (tmp_path / "a").mkdir()
+    cfg = store_block(pg_url) + "[learning]\nretention_days = 1e9\n" + url_upstream("shared", "http", srv.url)
+    with Daemon(tmp_path / "a", cfg).start() as a:
+        a.wait_for(lambda: a.status()["store"]["connected"], 20, "A connects to the store")
+        assert "shared__echo" in a.search("echo the message back", 5)
+        out = a.tool("execute_tool", {"name": "shared__echo", "arguments": {"message": "hi"}})
+        assert not out.get("isError"), out
+        # the usage event goes out through the same loop that prunes, after the prune
+        a.wait_for(lambda: a.status()["store"]["sent"] >= 1, 20, "A shares its usage event")
+        assert a.proc is not None and a.proc.poll() is None

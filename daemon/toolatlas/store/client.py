@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 # Seconds any one statement may take before the connection counts as down.
 OP_TIMEOUT_S = 10.0
+# Unix time near PostgreSQL's first timestamptz (4713 BC): to_timestamp of an earlier time fails.
+OLDEST_TIMESTAMP = -2.0e11
 # Notifications sent per write batch at most; more keys than this send one "catch up" instead.
 NOTIFY_MAX = 32
 
@@ -187,7 +189,11 @@ class Store:
         return int(await self._run("forget usage events", q))
 
     async def prune_events(self, kind: str, before: float) -> int:
-        """Delete the events of `kind` written before `before` (Unix time); how many."""
+        """Delete the events of `kind` written before `before` (Unix time); how many. A time
+        before PostgreSQL's first timestamp (a retention of millions of days) deletes nothing."""
+        if before < OLDEST_TIMESTAMP:
+            return 0
+
         async def q(conn: psycopg.AsyncConnection[Any]) -> int:
             cur = await conn.execute("DELETE FROM toolatlas_events WHERE kind = %s AND written_at < to_timestamp(%s)",
                                      (kind, before))

@@ -112,15 +112,15 @@ class Replica:
         self._wake_flush.set()
 
     async def _if_up(self, op: Callable[[Store], Awaitable[T]], default: T) -> T:
-        """`await op(store)`, or `default` while the store is down (or goes down meanwhile)."""
-        from toolatlas.store.client import StoreDown
+        """`await op(store)`, or `default` while the store is down (or goes down meanwhile), or
+        when the database refuses the operation (logged: the daemon serves on)."""
+        from toolatlas.store.client import StoreDown, StoreRejected
 
-        store = self._store
-        if store is None:
-            return default
         try:
-            return await op(store)
-        except StoreDown:
+            return default if self._store is None else await op(self._store)
+        except (StoreDown, StoreRejected) as exc:
+            if isinstance(exc, StoreRejected):
+                log.warning("%s", exc)
             return default
 
     async def latest(self, kind: str) -> list[Change]:
