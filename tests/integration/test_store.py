@@ -208,6 +208,27 @@ async def test_a_url_naming_the_unix_socket_as_a_host_parameter_is_taken(pg_serv
             assert r.connected, r.status()["error"]
 
 
+async def test_a_schema_newer_than_this_replica_knows_is_shown_as_it_is(pg_server: PgServer, pg_url: str,
+                                                                          tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """During a rolling upgrade a replica not upgraded yet meets the schema a newer one migrated
+    to: it keeps working on the tables it knows, and its status and log say which schema the
+    database has (as `doctor` does), not the version this build would apply."""
+    from toolatlas.store.schema import LATEST
+
+    first = Store(pg_url, origin="new", connect_timeout=5, redactor=Redactor())
+    with anyio.fail_after(60):
+        await first.connect()
+        await first.migrate()
+        await first.close()
+        pg_server.psql(f"INSERT INTO toolatlas_schema (version, name, applied_by) VALUES ({LATEST + 1}, 'next', 'new')",
+                       db=pg_url.rsplit("/", 1)[1])
+        r = Replica(section(pg_url), str(tmp_path))
+        async with running(r):
+            assert r.connected and r.status()["schema_version"] == LATEST + 1
+    assert any(f"newer than this toolatlas knows ({LATEST})" in rec.getMessage() for rec in caplog.records)
+
+
 async def test_a_write_the_database_refuses_does_not_hold_back_the_others(pg_url: str, tmp_path: Path) -> None:
     a = Replica(section(pg_url), str(tmp_path / "a"))
     b = Replica(section(pg_url), str(tmp_path / "b"))

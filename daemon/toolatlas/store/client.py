@@ -55,6 +55,7 @@ class Store:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._listen: psycopg.AsyncConnection[Any] | None = None
         self._lock = anyio.Lock()
+        self.schema_version = 0  # the database's, once migrate() ran (maybe newer than schema.LATEST)
 
     def __repr__(self) -> str:
         return f"<Store origin={self.origin} connected={self._conn is not None}>"
@@ -126,6 +127,7 @@ class Store:
                                        (version, name, self.origin))
                 done.append(version)
                 log.info("store.migrated version=%d (%s)", version, name)
+            self.schema_version = max(applied | set(done), default=0)
             return done
         finally:
             await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))

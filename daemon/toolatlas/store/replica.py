@@ -177,11 +177,8 @@ class Replica:
             await store.close()
             self._mark_down(str(exc))
             return None
-        from toolatlas.store.schema import LATEST
-
-        self.schema_version = LATEST
-        if applied:
-            log.info("store.schema migrated to version %d", LATEST)
+        self.schema_version = store.schema_version
+        _say_schema(store.schema_version, applied)
         if self.up.is_set():
             self.counts["reconnects"] += 1
         self._store = store
@@ -332,6 +329,18 @@ async def _send_vectors(store: Store, pending: dict[tuple[str, bytes], bytes]) -
     for k, _ in batch:
         pending.pop(k, None)
     return len(batch)
+
+
+def _say_schema(version: int, applied: list[int]) -> None:
+    """Log a migration this replica applied, and a schema newer than it knows (a replica not
+    upgraded yet in a rolling upgrade: it keeps working on the tables it knows)."""
+    from toolatlas.store.schema import LATEST
+
+    if applied:
+        log.info("store.schema migrated to version %d", version)
+    if version > LATEST:
+        log.warning("store: the database's schema is at version %d, newer than this toolatlas knows (%d); it works "
+                    "on the tables it knows: upgrade toolatlas on this host", version, LATEST)
 
 
 def _stable_origin(path: Path) -> str:
