@@ -97,12 +97,17 @@ class PgServer:
     def pause(self) -> None:
         """SIGSTOP the server's processes: it still accepts TCP connections (the kernel does)
         but answers nothing, as a hung host or a black-holed network."""
-        for pid in self._processes():
-            os.kill(pid, signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
         for pid in self._processes():
-            os.kill(pid, signal.SIGCONT)
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:  # a backend that ended meanwhile
+                pass
 
     def psql(self, sql: str, db: str = "postgres") -> list[tuple[object, ...]]:
         import psycopg

@@ -49,6 +49,8 @@ READ_BATCH = 1000  # changes per catch-up query
 # Embedding vectors waiting for the database (in memory: any replica can recompute them).
 VECTORS_PENDING_MAX = 100_000
 VECTOR_BATCH = 500
+# Seconds the daemon's start waits for the store's first connect (connect_timeout may be longer).
+FIRST_ATTEMPT_WAIT_S = 2.0
 
 
 class Replica:
@@ -147,11 +149,22 @@ class Replica:
         self._wake_flush.set()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Connect (one attempt before started(), so a reachable store is there from the
-        first catalog on), then keep the sender, listener and catch-up running, reconnecting
-        every `retry_interval` seconds while the database is down. Runs until cancelled."""
+        """Connect (started() after the first attempt, so a reachable store is there from the first
+        catalog on, or after FIRST_ATTEMPT_WAIT_S: a host that does not answer does not hold the
+        start for connect_timeout), then keep the sender, listener and catch-up running,
+        reconnecting every `retry_interval` seconds while the database is down. Until cancelled."""
+        tried = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._link, tried)
+            with anyio.move_on_after(FIRST_ATTEMPT_WAIT_S):
+                await tried.wait()
+            if not tried.is_set():  # `toolatlas status` says so meanwhile, not "UNREACHABLE (None)"
+                self.error = "shared store: connect: no answer yet, still waiting for the database"
+            task_status.started()
+
+    async def _link(self, tried: anyio.Event) -> None:
         store = await self._attempt()
-        task_status.started()
+        tried.set()
         try:
             while True:
                 if store is None:
@@ -282,19 +295,12 @@ class Replica:
         audit = self.audit
         audit_buffered = audit.pending_count if audit else 0
         return {
-            "configured": True,
-            "connected": self.connected,
-            "since": round(self.since, 3),
-            "error": self.error,
-            "replica": self.origin,
-            "schema_version": self.schema_version,
+            "configured": True, "connected": self.connected, "since": round(self.since, 3), "error": self.error,
+            "replica": self.origin, "schema_version": self.schema_version,
             "buffered": self.outbox.pending_count + audit_buffered,
             "buffered_bytes": self.outbox.pending_bytes + (audit.pending_bytes if audit else 0),
-            "buffer_max_bytes": self.outbox.max_bytes,
-            "refused": self.outbox.refused + (audit.refused if audit else 0),
-            "audit_buffered": audit_buffered,
-            "vectors_pending": len(self._vectors),
-            **self.counts,
+            "buffer_max_bytes": self.outbox.max_bytes, "refused": self.outbox.refused + (audit.refused if audit else 0),
+            "audit_buffered": audit_buffered, "vectors_pending": len(self._vectors), **self.counts,
         }
 
 
