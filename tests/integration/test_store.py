@@ -231,6 +231,46 @@ async def test_a_schema_newer_than_this_replica_knows_is_shown_as_it_is(pg_serve
     assert any(f"newer than this toolatlas knows ({LATEST})" in rec.getMessage() for rec in caplog.records)
 
 
+async def test_an_operation_waiting_its_turn_when_the_link_closes_is_store_down(pg_url: str) -> None:
+    """Operations on the store's connection take turns. One waiting its turn while the link is
+    closed under it (the database went away, the replica reconnects) fails as the store being
+    down, which every caller handles, not as an AttributeError that ends the daemon's task."""
+    import psycopg
+
+    from toolatlas.store.schema import WRITE_LOCK
+
+    store = Store(pg_url, origin="a", connect_timeout=5, redactor=Redactor())
+    outcomes: list[str] = []
+
+    async def attempt(op: Any) -> None:
+        try:
+            await op()
+            outcomes.append("done")
+        except StoreDown:
+            outcomes.append("down")
+        except Exception as exc:  # what must not happen
+            outcomes.append(type(exc).__name__)
+
+    ev = {"t": "event", "kind": FEEDBACK, "key": "k", "body": {}, "origin": "a", "idem": "e1", "at": 1.0}
+    with anyio.fail_after(60):
+        await store.connect()
+        await store.migrate()
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            other.execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK,))  # the write waits for it
+            def write_waits() -> bool:
+                row = other.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' "
+                                    "AND query LIKE %s", ("%pg_advisory_xact_lock%",)).fetchone()
+                return bool(row and row[0])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(attempt, lambda: store.write([ev]))
+                await until(write_waits, "the write holding the turn waits in the database")
+                tg.start_soon(attempt, lambda: store.events_after(0))
+                await until(lambda: store._lock.statistics().tasks_waiting == 1, "the read waiting its turn")
+                await store.close()
+    assert outcomes == ["down", "down"]
+
+
 async def test_a_write_the_database_refuses_does_not_hold_back_the_others(pg_url: str, tmp_path: Path) -> None:
     a = Replica(section(pg_url), str(tmp_path / "a"))
     b = Replica(section(pg_url), str(tmp_path / "b"))
@@ -347,3 +387,4 @@ async def test_a_database_that_stops_answering_is_said_so(tmp_path: Path, pg_pri
                 assert "timeout expired" in (late.status()["error"] or "") or "did not answer" in late.status()["error"]
     finally:
         pg_private.resume()
+

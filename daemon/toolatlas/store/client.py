@@ -91,11 +91,12 @@ class Store:
         self._conn = self._listen = None
 
     async def _run(self, operation: str, fn: Any, *args: Any) -> Any:
-        """`await fn(conn, *args)` under the lock and OP_TIMEOUT_S; StoreDown on failure."""
-        if self._conn is None:
-            raise StoreDown(f"shared store: {operation} failed: not connected")
+        """`await fn(conn, *args)` under the lock and OP_TIMEOUT_S; StoreDown on failure, also
+        when the connection was closed while this waited for the lock."""
         try:
             async with self._lock:
+                if self._conn is None:
+                    raise StoreDown(f"shared store: {operation} failed: not connected")
                 with anyio.fail_after(OP_TIMEOUT_S):
                     return await fn(self._conn, *args)
         except psycopg.DataError as exc:  # this write's content, not the link: retrying cannot help
