@@ -388,3 +388,30 @@ async def test_a_database_that_stops_answering_is_said_so(tmp_path: Path, pg_pri
     finally:
         pg_private.resume()
 
+
+
+async def test_pruning_a_large_backlog_of_usage_events_stays_within_the_statement_limit(
+        pg_server: PgServer, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first prune after an upgrade, or after retention_days was lowered, meets months of
+    usage events. One DELETE of them all outlasted the statement limit (10 s; here lowered to
+    0.5 s so 600,000 rows stand for a large fleet's tens of millions): the prune failed as the
+    store down, cutting the replica's link. Deleted in batches, each within the limit, it
+    returns how many it deleted."""
+    import time
+
+    from toolatlas.store import client
+
+    n = 600_000
+    store = Store(pg_url, origin="x", connect_timeout=5, redactor=Redactor())
+    with anyio.fail_after(150):
+        await store.connect()
+        await store.migrate()
+        await anyio.to_thread.run_sync(lambda: pg_server.psql(
+            "INSERT INTO toolatlas_events (kind, key, body, origin, idem, written_at) SELECT 'feedback', 't', "
+            "jsonb_build_object('query', 'an old query', 'n', g), 'old', 'old-' || g, now() - interval '400 days' "
+            f"FROM generate_series(1, {n}) g; ANALYZE toolatlas_events", db=pg_url.rsplit("/", 1)[1]))
+        monkeypatch.setattr(client, "OP_TIMEOUT_S", 0.5)
+        try:
+            assert await store.prune_events(FEEDBACK, time.time() - 180 * 86400) == n
+        finally:
+            await store.close()

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 OP_TIMEOUT_S = 10.0
 # Unix time near PostgreSQL's first timestamptz (4713 BC): to_timestamp of an earlier time fails.
 OLDEST_TIMESTAMP = -2.0e11
+# Events deleted per statement when pruning.
+PRUNE_BATCH = 5000
 # Notifications sent per write batch at most; more keys than this send one "catch up" instead.
 NOTIFY_MAX = 32
 
@@ -197,11 +199,24 @@ class Store:
         if before < OLDEST_TIMESTAMP:
             return 0
 
-        async def q(conn: psycopg.AsyncConnection[Any]) -> int:
-            cur = await conn.execute("DELETE FROM toolatlas_events WHERE kind = %s AND written_at < to_timestamp(%s)",
-                                     (kind, before))
-            return int(cur.rowcount)
-        return int(await self._run(f"prune {kind} events", q))
+        # In batches, each its own statement: one DELETE of months of events (the first prune
+        # after an upgrade, a lowered retention) outlasts OP_TIMEOUT_S, is rolled back, cuts the
+        # link and is tried again, forever; batches finish, and other operations take turns.
+        # Each batch is a range of ids after the last one's (an index range scan; the index still
+        # lists the rows just deleted, and `id IN (batch)` is planned as a scan of the table).
+        async def q(conn: psycopg.AsyncConnection[Any], after: int) -> list[int]:
+            old = "kind = %(kind)s AND written_at < to_timestamp(%(before)s) AND id > %(after)s"
+            cur = await conn.execute(
+                f"DELETE FROM toolatlas_events WHERE {old} AND id <= (SELECT max(id) FROM (SELECT id FROM "
+                f"toolatlas_events WHERE {old} ORDER BY id LIMIT %(n)s) AS batch) RETURNING id",
+                {"kind": kind, "before": before, "after": after, "n": PRUNE_BATCH})
+            return [int(r[0]) for r in await cur.fetchall()]
+        total, after = 0, 0
+        while ids := list(await self._run(f"prune {kind} events", q, after)):
+            total, after = total + len(ids), max(ids)
+            if len(ids) < PRUNE_BATCH:
+                break
+        return total
 
     # -- reads --------------------------------------------------------------------------------
 
