@@ -313,7 +313,8 @@ def parse(text: str, *, source: str = "<string>", env: dict[str, str] | None = N
         for header, value in ({} if isinstance(up, StdioUpstream) else up.headers).items():
             if problem := header_problem(header, value):
                 raise ConfigError(f"{source}: upstream {up.name!r} header {header!r} {problem}")
-    problem = url_problem(cfg.store.url, ("postgresql", "postgres"), Redactor(secrets(cfg))) if cfg.store.url else None
+    problem = url_problem(cfg.store.url, ("postgresql", "postgres"), Redactor(secrets(cfg)),
+                          libpq=True) if cfg.store.url else None
     if problem:
         raise ConfigError(f"{source}: [store] url {problem}")
     if cfg.daemon.metrics_addr:

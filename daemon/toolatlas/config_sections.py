@@ -152,19 +152,27 @@ def url_secrets(url: str) -> list[str]:
     return [form for raw in found for form in dict.fromkeys((raw, urllib.parse.unquote_plus(raw))) if form]
 
 
-def url_problem(url: str, schemes: tuple[str, ...], redact: Callable[[str], str] = str) -> str | None:
+def url_problem(url: str, schemes: tuple[str, ...], redact: Callable[[str], str] = str, *,
+                libpq: bool = False) -> str | None:
     """Why `url` cannot be used (scheme not one of `schemes`, unparsable, no host, a bad
     port), worded to follow "... url", or None. The URL is echoed through `redact`, except
-    when it cannot be split (its secrets cannot be found then)."""
+    when it cannot be split (its secrets cannot be found then). `libpq`: the authority may
+    list hosts, comma-separated (`db1:5432,db2:5432`), each checked, or name none when a
+    `host` query parameter does (a Unix socket's folder)."""
     prefixes = tuple(f"{s}://" for s in schemes)
     if not url.startswith(prefixes):
         return f"must start with {' or '.join(prefixes)}, got {redact(url)!r}"
     try:
         parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not 0..65535
+        hosts = parts.netloc.rpartition("@")[2].split(",") if libpq else []
+        each = [urllib.parse.urlsplit(f"//{host}") for host in hosts] if len(hosts) > 1 else [parts]
+        for one in each:
+            one.port  # noqa: B018 - raises ValueError for a port that is not 0..65535
     except ValueError as exc:
         return f"is not a valid URL: {exc}"
-    if not parts.hostname:
+    if libpq and not parts.netloc.rpartition("@")[2] and urllib.parse.parse_qs(parts.query).get("host"):
+        return None
+    if not all(one.hostname for one in each):
         return f"names no host, got {redact(url)!r}"
     return None
 

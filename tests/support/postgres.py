@@ -13,6 +13,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -80,6 +81,34 @@ class PgServer:
         """Stop the server (`fast`: sessions are cut, as when a database host goes away)."""
         self._as_user(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
 
+    def _processes(self) -> list[int]:
+        """The postmaster's pid and its children's (this server's only)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                children.append(int(stat.split("/")[2]))
+        return [postmaster, *children]
+
+    def pause(self) -> None:
+        """SIGSTOP the server's processes: it still accepts TCP connections (the kernel does)
+        but answers nothing, as a hung host or a black-holed network."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        for pid in self._processes():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:  # a backend that ended meanwhile
+                pass
+
     def psql(self, sql: str, db: str = "postgres") -> list[tuple[object, ...]]:
         import psycopg
 
@@ -94,6 +123,10 @@ class PgServer:
         return self.url(name)
 
     def close(self) -> None:
+        try:
+            self.resume()  # a paused server does not stop
+        except (OSError, ValueError, IndexError):
+            pass
         self._as_user(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False)
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -206,7 +206,11 @@ class Approvals:
         old = self.decision(name)
         reason = f"{decision.value} by the operator"
         if old is not decision:
-            record = self._records[name] = Record(decision, self._prints[name], time.time(), by, reason)
+            # Later than the decision it replaces, also when that one came from a replica whose
+            # clock runs ahead of this host's: otherwise the others would keep the older one.
+            prev = self._records.get(name)
+            at = time.time() if prev is None else max(time.time(), prev.changed_at + 0.001)
+            record = self._records[name] = Record(decision, self._prints[name], at, by, reason)
             self._save()
             self._on_transition(Transition(name, old.value, decision.value, by, reason))
             for hear in self.on_decided:

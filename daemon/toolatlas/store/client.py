@@ -21,13 +21,17 @@ from psycopg.types.json import Jsonb
 
 from toolatlas.errors import ToolatlasError
 from toolatlas.redact import Redactor
-from toolatlas.store.ports import Change
+from toolatlas.store.ports import FEEDBACK, FEEDBACK_FORGET, Change
 from toolatlas.store.schema import CHANNEL, MIGRATION_LOCK, SCHEMA_TABLE, WRITE_LOCK, pending
 
 log = logging.getLogger(__name__)
 
 # Seconds any one statement may take before the connection counts as down.
 OP_TIMEOUT_S = 10.0
+# Unix time near PostgreSQL's first timestamptz (4713 BC): to_timestamp of an earlier time fails.
+OLDEST_TIMESTAMP = -2.0e11
+# Events deleted per statement when pruning.
+PRUNE_BATCH = 5000
 # Notifications sent per write batch at most; more keys than this send one "catch up" instead.
 NOTIFY_MAX = 32
 
@@ -53,12 +57,13 @@ class Store:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._listen: psycopg.AsyncConnection[Any] | None = None
         self._lock = anyio.Lock()
+        self.schema_version = 0  # the database's, once migrate() ran (maybe newer than schema.LATEST)
 
     def __repr__(self) -> str:
         return f"<Store origin={self.origin} connected={self._conn is not None}>"
 
-    def _down(self, operation: str, exc: BaseException) -> StoreDown:
-        return StoreDown(self._redact(f"shared store: {operation} failed: {exc}".strip()))
+    def _down(self, operation: str, exc: BaseException | str) -> StoreDown:
+        return StoreDown(self._redact(f"shared store: {operation} failed: {_one_line(exc)}".strip()))
 
     async def connect(self) -> None:
         """Open both connections (autocommit); StoreDown when the database does not answer."""
@@ -70,7 +75,10 @@ class Store:
                 self._listen = await psycopg.AsyncConnection.connect(
                     self._url, autocommit=True, connect_timeout=max(1, int(self._connect_timeout)))
                 await self._listen.execute(f"LISTEN {CHANNEL}")
-        except (psycopg.Error, OSError, TimeoutError) as exc:
+        except TimeoutError:
+            await self.close()
+            raise self._down("connect", f"the database did not answer within {self._connect_timeout + 1:g} s") from None
+        except (psycopg.Error, OSError) as exc:
             await self.close()
             raise self._down("connect", exc) from None
 
@@ -85,16 +93,19 @@ class Store:
         self._conn = self._listen = None
 
     async def _run(self, operation: str, fn: Any, *args: Any) -> Any:
-        """`await fn(conn, *args)` under the lock and OP_TIMEOUT_S; StoreDown on failure."""
-        if self._conn is None:
-            raise StoreDown(f"shared store: {operation} failed: not connected")
+        """`await fn(conn, *args)` under the lock and OP_TIMEOUT_S; StoreDown on failure, also
+        when the connection was closed while this waited for the lock."""
         try:
             async with self._lock:
+                if self._conn is None:
+                    raise StoreDown(f"shared store: {operation} failed: not connected")
                 with anyio.fail_after(OP_TIMEOUT_S):
                     return await fn(self._conn, *args)
         except psycopg.DataError as exc:  # this write's content, not the link: retrying cannot help
-            raise StoreRejected(self._redact(f"shared store: {operation} refused the data: {exc}")) from None
-        except (psycopg.Error, OSError, TimeoutError) as exc:
+            raise StoreRejected(self._redact(f"shared store: {operation} refused the data: {_one_line(exc)}")) from None
+        except TimeoutError:  # a hung host or a black-holed network: said, not an empty message
+            raise self._down(operation, f"the database did not answer within {OP_TIMEOUT_S:g} s") from None
+        except (psycopg.Error, OSError) as exc:
             raise self._down(operation, exc) from None
 
     # -- schema -------------------------------------------------------------------------------
@@ -119,6 +130,7 @@ class Store:
                                        (version, name, self.origin))
                 done.append(version)
                 log.info("store.migrated version=%d (%s)", version, name)
+            self.schema_version = max(applied | set(done), default=0)
             return done
         finally:
             await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
@@ -137,10 +149,15 @@ class Store:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))  # commit order = id order
             for r in records:
                 if r["t"] == "event":
+                    # A usage event written before a `learning forget` of its tool (buffered
+                    # while the database was down) stays out: it holds a user's query.
                     await conn.execute(
                         "INSERT INTO toolatlas_events (kind, key, body, origin, idem, written_at) "
-                        "VALUES (%s, %s, %s, %s, %s, to_timestamp(%s)) ON CONFLICT (idem) DO NOTHING",
-                        (r["kind"], r["key"], Jsonb(r["body"]), r["origin"], r["idem"], r["at"]))
+                        "SELECT %(kind)s, %(key)s, %(body)s, %(origin)s, %(idem)s, to_timestamp(%(at)s) "
+                        "WHERE %(kind)s <> %(feedback)s OR NOT EXISTS (SELECT 1 FROM toolatlas_events "
+                        "WHERE kind = %(forget)s AND key IN (%(key)s, '*') AND written_at >= to_timestamp(%(at)s)) "
+                        "ON CONFLICT (idem) DO NOTHING",
+                        {**r, "body": Jsonb(r["body"]), "feedback": FEEDBACK, "forget": FEEDBACK_FORGET})
                 else:
                     await conn.execute(
                         "INSERT INTO toolatlas_state (kind, key, body, origin, idem, written_at) "
@@ -160,8 +177,6 @@ class Store:
         """Delete the shared usage events of `tool` (None: of every tool) written up to
         `until`, and log a FEEDBACK_FORGET event so each replica deletes its own copies (and
         drops any that reach it late); one transaction. How many shared events were deleted."""
-        from toolatlas.store.ports import FEEDBACK, FEEDBACK_FORGET
-
         async def q(conn: psycopg.AsyncConnection[Any]) -> int:
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
@@ -179,12 +194,29 @@ class Store:
         return int(await self._run("forget usage events", q))
 
     async def prune_events(self, kind: str, before: float) -> int:
-        """Delete the events of `kind` written before `before` (Unix time); how many."""
-        async def q(conn: psycopg.AsyncConnection[Any]) -> int:
-            cur = await conn.execute("DELETE FROM toolatlas_events WHERE kind = %s AND written_at < to_timestamp(%s)",
-                                     (kind, before))
-            return int(cur.rowcount)
-        return int(await self._run(f"prune {kind} events", q))
+        """Delete the events of `kind` written before `before` (Unix time); how many. A time
+        before PostgreSQL's first timestamp (a retention of millions of days) deletes nothing."""
+        if before < OLDEST_TIMESTAMP:
+            return 0
+
+        # In batches, each its own statement: one DELETE of months of events (the first prune
+        # after an upgrade, a lowered retention) outlasts OP_TIMEOUT_S, is rolled back, cuts the
+        # link and is tried again, forever; batches finish, and other operations take turns.
+        # Each batch is a range of ids after the last one's (an index range scan; the index still
+        # lists the rows just deleted, and `id IN (batch)` is planned as a scan of the table).
+        async def q(conn: psycopg.AsyncConnection[Any], after: int) -> list[int]:
+            old = "kind = %(kind)s AND written_at < to_timestamp(%(before)s) AND id > %(after)s"
+            cur = await conn.execute(
+                f"DELETE FROM toolatlas_events WHERE {old} AND id <= (SELECT max(id) FROM (SELECT id FROM "
+                f"toolatlas_events WHERE {old} ORDER BY id LIMIT %(n)s) AS batch) RETURNING id",
+                {"kind": kind, "before": before, "after": after, "n": PRUNE_BATCH})
+            return [int(r[0]) for r in await cur.fetchall()]
+        total, after = 0, 0
+        while ids := list(await self._run(f"prune {kind} events", q, after)):
+            total, after = total + len(ids), max(ids)
+            if len(ids) < PRUNE_BATCH:
+                break
+        return total
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -255,6 +287,12 @@ class Store:
         except (psycopg.Error, OSError) as exc:
             raise self._down("listen", exc) from None
         raise StoreDown("shared store: listen failed: the connection closed")
+
+
+def _one_line(exc: BaseException | str) -> str:
+    """libpq's message on one line: it may span several (a hint after a tab, one line per host
+    tried), which a status field, a log line or a CLI's error must not."""
+    return " ".join(str(exc).split())
 
 
 __all__ = ["Store", "StoreDown", "StoreRejected"]

@@ -59,8 +59,9 @@ class Shared(Protocol):
     async def append(self, kind: str, key: str, body: dict[str, Any]) -> None:
         """Log an event (durable on local disk when this returns; BufferFull if the buffer is full)."""
 
-    async def put(self, kind: str, key: str, body: dict[str, Any]) -> None:
-        """Set the shared value of (kind, key) (durable on local disk when this returns)."""
+    async def put(self, kind: str, key: str, body: dict[str, Any], *, at: float | None = None) -> None:
+        """Set the shared value of (kind, key) (durable on local disk when this returns); `at`
+        orders it against other writes of that value (default: now by this host's clock)."""
 
     def subscribe(self, kind: str, handler: Handler) -> None:
         """Call `handler` for each change of `kind` another replica makes (and, for state, for

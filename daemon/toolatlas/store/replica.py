@@ -49,6 +49,8 @@ READ_BATCH = 1000  # changes per catch-up query
 # Embedding vectors waiting for the database (in memory: any replica can recompute them).
 VECTORS_PENDING_MAX = 100_000
 VECTOR_BATCH = 500
+# Seconds the daemon's start waits for the store's first connect (connect_timeout may be longer).
+FIRST_ATTEMPT_WAIT_S = 2.0
 
 
 class Replica:
@@ -85,8 +87,8 @@ class Replica:
     async def append(self, kind: str, key: str, body: dict[str, Any]) -> None:
         await self._buffer("event", kind, key, body)
 
-    async def put(self, kind: str, key: str, body: dict[str, Any]) -> None:
-        await self._buffer("state", kind, key, body)
+    async def put(self, kind: str, key: str, body: dict[str, Any], *, at: float | None = None) -> None:
+        await self._buffer("state", kind, key, body, at)
 
     def subscribe(self, kind: str, handler: Handler) -> None:
         self._handlers[kind].append(handler)
@@ -105,22 +107,22 @@ class Replica:
                 self._wake_flush.set()
                 await anyio.sleep(0.02)
 
-    async def _buffer(self, table: str, kind: str, key: str, body: dict[str, Any]) -> None:
+    async def _buffer(self, table: str, kind: str, key: str, body: dict[str, Any], at: float | None = None) -> None:
         rec = {"t": table, "kind": kind, "key": key, "body": body, "origin": self.origin,
-               "idem": uuid.uuid4().hex, "at": time.time()}
+               "idem": uuid.uuid4().hex, "at": time.time() if at is None else at}
         await anyio.to_thread.run_sync(self.outbox.append, [rec])
         self._wake_flush.set()
 
     async def _if_up(self, op: Callable[[Store], Awaitable[T]], default: T) -> T:
-        """`await op(store)`, or `default` while the store is down (or goes down meanwhile)."""
-        from toolatlas.store.client import StoreDown
+        """`await op(store)`, or `default` while the store is down (or goes down meanwhile), or
+        when the database refuses the operation (logged: the daemon serves on)."""
+        from toolatlas.store.client import StoreDown, StoreRejected
 
-        store = self._store
-        if store is None:
-            return default
         try:
-            return await op(store)
-        except StoreDown:
+            return default if self._store is None else await op(self._store)
+        except (StoreDown, StoreRejected) as exc:
+            if isinstance(exc, StoreRejected):
+                log.warning("%s", exc)
             return default
 
     async def latest(self, kind: str) -> list[Change]:
@@ -147,11 +149,22 @@ class Replica:
         self._wake_flush.set()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Connect (one attempt before started(), so a reachable store is there from the
-        first catalog on), then keep the sender, listener and catch-up running, reconnecting
-        every `retry_interval` seconds while the database is down. Runs until cancelled."""
+        """Connect (started() after the first attempt, so a reachable store is there from the first
+        catalog on, or after FIRST_ATTEMPT_WAIT_S: a host that does not answer does not hold the
+        start for connect_timeout), then keep the sender, listener and catch-up running,
+        reconnecting every `retry_interval` seconds while the database is down. Until cancelled."""
+        tried = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._link, tried)
+            with anyio.move_on_after(FIRST_ATTEMPT_WAIT_S):
+                await tried.wait()
+            if not tried.is_set():  # `toolatlas status` says so meanwhile, not "UNREACHABLE (None)"
+                self.error = "shared store: connect: no answer yet, still waiting for the database"
+            task_status.started()
+
+    async def _link(self, tried: anyio.Event) -> None:
         store = await self._attempt()
-        task_status.started()
+        tried.set()
         try:
             while True:
                 if store is None:
@@ -172,18 +185,13 @@ class Replica:
         try:
             await store.connect()
             applied = await store.migrate()
-            if self._event_cursor is None:
-                self._event_cursor = await store.last_event_id()
-                _write_cursor(self._cursor_file, self._event_cursor)
+            self._event_cursor = _starting_cursor(self._event_cursor, await store.last_event_id(), self._cursor_file)
         except StoreDown as exc:
             await store.close()
             self._mark_down(str(exc))
             return None
-        from toolatlas.store.schema import LATEST
-
-        self.schema_version = LATEST
-        if applied:
-            log.info("store.schema migrated to version %d", LATEST)
+        self.schema_version = store.schema_version
+        _say_schema(store.schema_version, applied)
         if self.up.is_set():
             self.counts["reconnects"] += 1
         self._store = store
@@ -287,19 +295,12 @@ class Replica:
         audit = self.audit
         audit_buffered = audit.pending_count if audit else 0
         return {
-            "configured": True,
-            "connected": self.connected,
-            "since": round(self.since, 3),
-            "error": self.error,
-            "replica": self.origin,
-            "schema_version": self.schema_version,
+            "configured": True, "connected": self.connected, "since": round(self.since, 3), "error": self.error,
+            "replica": self.origin, "schema_version": self.schema_version,
             "buffered": self.outbox.pending_count + audit_buffered,
             "buffered_bytes": self.outbox.pending_bytes + (audit.pending_bytes if audit else 0),
-            "buffer_max_bytes": self.outbox.max_bytes,
-            "refused": self.outbox.refused + (audit.refused if audit else 0),
-            "audit_buffered": audit_buffered,
-            "vectors_pending": len(self._vectors),
-            **self.counts,
+            "buffer_max_bytes": self.outbox.max_bytes, "refused": self.outbox.refused + (audit.refused if audit else 0),
+            "audit_buffered": audit_buffered, "vectors_pending": len(self._vectors), **self.counts,
         }
 
 
@@ -336,6 +337,18 @@ async def _send_vectors(store: Store, pending: dict[tuple[str, bytes], bytes]) -
     return len(batch)
 
 
+def _say_schema(version: int, applied: list[int]) -> None:
+    """Log a migration this replica applied, and a schema newer than it knows (a replica not
+    upgraded yet in a rolling upgrade: it keeps working on the tables it knows)."""
+    from toolatlas.store.schema import LATEST
+
+    if applied:
+        log.info("store.schema migrated to version %d", version)
+    if version > LATEST:
+        log.warning("store: the database's schema is at version %d, newer than this toolatlas knows (%d); it works "
+                    "on the tables it knows: upgrade toolatlas on this host", version, LATEST)
+
+
 def _stable_origin(path: Path) -> str:
     """This state_dir's replica name (hostname:random), made once and kept in `path`."""
     try:
@@ -363,6 +376,19 @@ def _read_cursor(path: Path) -> int | None:
     except (OSError, ValueError) as exc:
         log.warning("store: the event cursor %s is unreadable (%s); reading from the newest event", path, exc)
         return None
+
+
+def _starting_cursor(cursor: int | None, last: int, path: Path) -> int:
+    """The event id a connecting replica reads after: its cursor; the database's newest (`last`)
+    for a new replica, and when the database's events end before the cursor (restored from a
+    backup, or a new database: reading after the cursor would skip its events for long)."""
+    if cursor is not None and cursor <= last:
+        return cursor
+    if cursor is not None:
+        log.warning("store: the database's events end at id %d, before this replica's cursor %d (a restored or "
+                    "replaced database); reading its events from there", last, cursor)
+    _write_cursor(path, last)
+    return last
 
 
 def _write_cursor(path: Path, seq: int) -> None:

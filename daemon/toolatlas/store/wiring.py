@@ -27,6 +27,7 @@ Without `[store] url` none of this is built. The other features plug into `ports
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -208,9 +209,9 @@ class Sharing:
     async def _sync(self) -> None:
         """Announce the approvals, listings and verified cards that changed here since the
         last sync (into the on-disk buffer: also while the store is down)."""
-        while self._approvals:
+        while self._approvals:  # ordered in the store as `adopt` orders them: by when decided
             name, body = self._approvals.pop(0)
-            await self._write(self.replica.put, APPROVAL, name, body)
+            await self._write(functools.partial(self.replica.put, at=float(body["changed_at"])), APPROVAL, name, body)
         while self._feedback:
             tool, body = self._feedback.pop(0)
             if not self._forgotten_event(tool, float(body["at"])):
