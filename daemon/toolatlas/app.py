@@ -304,6 +304,7 @@ async def serve(
     daemon = Daemon(cfg, listen_socket=activated[0] if activated else None, redactor=redactor, notifier=notifier)
     gw = daemon.gateway
     early = signal.getsignal(signal.SIGHUP)  # cli.EarlyHangup: SIGHUPs while the daemon started
+    stop = signal.getsignal(signal.SIGINT)  # EarlyStop (main_serve): a SIGINT or SIGTERM meanwhile
     # The signal receiver encloses the whole task tree: a second Ctrl-C or SIGTERM while the
     # tree drains and tears down is queued and logged, never the default action (a
     # KeyboardInterrupt traceback or death by SIGTERM); once the tree is gone, both are ignored.
@@ -339,12 +340,14 @@ async def serve(
                                     f"search: {gw.engine.degraded or 'hybrid'}")
 
             tg.start_soon(announce_ready)
-            async for signum in signals:
-                if signum == signal.SIGHUP:
+            signum: int | None = getattr(stop, "signum", None)
+            if signum is None:
+                async for signum in signals:
+                    if signum != signal.SIGHUP:
+                        break
                     await daemon.reload_config()
-                    continue
-                log.info("received %s: draining for up to %.0f s", signal.Signals(signum).name, gw.cfg.daemon.drain_timeout)
-                break
+            assert signum is not None
+            log.info("received %s: draining for up to %.0f s", signal.Signals(signum).name, gw.cfg.daemon.drain_timeout)
 
             async def late_signals() -> None:
                 async for late in signals:
@@ -361,7 +364,22 @@ async def serve(
     log.info("stopped")
 
 
+class EarlyStop:
+    """SIGINT and SIGTERM from `main_serve`'s start until `serve` takes them over: `serve`
+    then drains at once. asyncio's runner would cancel the starting task on a SIGINT (a
+    daemon that went on serving, Ctrl-C lost) and SIGTERM's default action skips the drain."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        self.signum = self.signum or signum
+
+
 def main_serve(cfg: Config) -> int:
+    early_stop = EarlyStop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, early_stop)
     redactor = Redactor(secrets(cfg))
     _configure_logging(cfg.daemon.log_level, redactor)
     memory.tune_heap()
