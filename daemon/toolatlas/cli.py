@@ -288,12 +288,21 @@ class EarlyHangup:
         self.count += 1
 
 
+def _interrupted(_signum: int, _frame: object) -> None:
+    """serve's SIGINT during its imports (app.main_serve then takes it): KeyboardInterrupt, as
+    Python's own handler raises. Installed by us because with Python's default handler in place
+    a Ctrl-C during the imports was lost under load (6 of 6 daemons started side by side and
+    interrupted then went on serving), while a handler of our own is always called."""
+    raise KeyboardInterrupt
+
+
 def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         import signal
 
         signal.signal(signal.SIGHUP, EarlyHangup())
+        signal.signal(signal.SIGINT, _interrupted)
     if argv and argv[0] in _DELEGATED:
         import importlib
 

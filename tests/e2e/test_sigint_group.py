@@ -75,7 +75,9 @@ def test_ctrl_c_while_the_daemon_imports_is_a_quiet_exit(tmp_path: Path) -> None
             os.killpg(proc.pid, signal.SIGKILL)
         kill_all(kids)
     out = log.read_text()
-    assert kids and code in (0, 130), (code, out)  # 0: the daemon had taken SIGINT over after all
+    # 130: main's KeyboardInterrupt; -2: death by SIGINT as Python reports one at its exit (seen
+    # under load, silent); 0: the daemon had taken SIGINT over after all. Never a daemon going on.
+    assert kids and code in (0, 130, -signal.SIGINT), (code, out)
     assert "Traceback" not in out, out
     assert wait_gone(kids, timeout=10) == [], out
 
