@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, text in (("show", "the queries that lead to TOOL (top 20)"), ("forget", "drop TOOL's usage events")):
         sp = sub.add_parser(name, help=text)
-        sp.add_argument("tool", metavar="TOOL", help="namespaced tool name, e.g. notes__add_note")
+        sp.add_argument("tool", metavar="TOOL", type=_tool_name, help="namespaced tool name, e.g. notes__add_note")
     sub.add_parser("reset", help="delete every usage event (the ranking is zero-shot again)")
     for sp in sub.choices.values():
         sp.add_argument("--config", help="config file (default: $TOOLATLAS_CONFIG, else ~/.config/toolatlas/config.toml)")
@@ -86,6 +86,13 @@ def main(argv: list[str]) -> int:
             return EX_UNAVAILABLE
     _print(out, args.json)
     return 0
+
+
+def _tool_name(text: str) -> str:
+    """TOOL as given; an empty or blank one is refused (it printed ": 0 usage event(s)")."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("TOOL is empty; give a namespaced tool name, e.g. notes__add_note")
+    return text
 
 
 def _forget_shared(cfg: Config, tool: str | None, until: float) -> int:

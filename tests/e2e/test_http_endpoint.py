@@ -546,3 +546,18 @@ def test_malformed_jsonrpc_over_http_gets_a_json_rpc_error(gw: Daemon, session: 
         check_answer(case, _answer(response))
         ping = h.post(url, content=b'{"jsonrpc":"2.0","id":"after","method":"ping"}', headers=session)
         assert _answer(ping) == {"jsonrpc": "2.0", "id": "after", "result": {}}
+
+
+@pytest.mark.parametrize("version", ["2025-11-25", None])
+async def test_a_2025_request_without_a_session_says_to_initialize_first(gw: Daemon, version: str | None) -> None:
+    """A 2025-11-25 request other than initialize with no Mcp-Session-Id got the SDK's bare
+    "Bad Request: Missing session ID": nothing said where an id comes from."""
+    url = gw.http_url  # type: ignore[attr-defined]
+    headers = {"Authorization": f"Bearer {ALL_TOKEN}"} | ({"MCP-Protocol-Version": version} if version else {})
+    listing = {"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}}
+    with anyio.fail_after(30):
+        response = await _raw(url, listing, headers)
+    assert response.status_code == 400, response
+    message = response.json()["error"]["message"]
+    assert message.startswith("Bad Request: Missing session ID: "), message
+    assert "send initialize first" in message and "Mcp-Session-Id" in message, message

@@ -22,6 +22,7 @@ from toolatlas.catalog.model import ToolRecord
 from toolatlas.errors import BadInput, UpstreamUnavailable
 from toolatlas.gateway.ports import Connection
 from toolatlas.guidance import MetaTools, default_meta_tools
+from toolatlas.surface import federation
 from toolatlas.surface.server import CONNECTION, STARTING, Surface, init_options
 
 DENIED_UID = 4242
@@ -288,3 +289,68 @@ async def test_a_bad_top_k_or_format_is_quoted_short(fake: FakeGateway) -> None:
     assert top_k.content[0].text == "top_k must be an integer from 1 to 20, got '" + "9" * 59 + "..."  # type: ignore[union-attr]
     assert form.content[0].text.startswith("format must be one of json, compact, got ['y', 'y'")  # type: ignore[union-attr]
     assert len(form.content[0].text) < 200  # type: ignore[union-attr]
+
+
+class _Session:
+    """A client session's notification side: `stuck` never finishes one (a client that is not
+    reading); otherwise each notification is recorded as it arrives."""
+
+    def __init__(self, stuck: bool) -> None:
+        self.stuck = stuck
+        self.got: list[str] = []
+        self.arrived = anyio.Event()
+        self.given_up = False  # a stuck send was cancelled
+
+    async def _note(self, kind: str) -> None:
+        self.got.append(kind)
+        self.arrived.set()
+        if self.stuck:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.given_up = True
+
+    async def send_tool_list_changed(self) -> None:
+        await self._note("tools")
+
+    async def send_resource_list_changed(self) -> None:
+        await self._note("resources")
+
+    async def send_prompt_list_changed(self) -> None:
+        await self._note("prompts")
+
+
+@pytest.mark.parametrize("kind", ["tools", "resources", "prompts"])
+async def test_a_client_that_is_not_reading_delays_no_other_clients_list_changed(
+        fake: FakeGateway, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """list_changed went to clients one after another, each bounded at 2 s: N stuck clients
+    ahead of a reading one held its notification (and the upstream's listen loop) 2N s. The
+    reading client must hear it while the stuck ones are still being waited for."""
+    monkeypatch.setattr(federation, "NOTIFY_BOUND_S", 300.0)
+    fake.passthrough = True
+    surface = Surface(fake)
+    sessions = [_Session(stuck=True), _Session(stuck=True), _Session(stuck=False)]
+    for i, session in enumerate(sessions):  # the stuck ones first, in the order they are told
+        surface.connections.add(Connection(id=i + 1, uid=1000, session=session, saw_passthrough=True))
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            if kind == "tools":
+                tg.start_soon(surface.tools_changed)
+            else:
+                tg.start_soon(surface.relays.tell, kind, lambda conn: True)
+            await sessions[2].arrived.wait()
+            assert [s.got for s in sessions] == [[kind]] * 3  # the stuck ones were told too
+            assert not sessions[0].given_up and not sessions[1].given_up
+            tg.cancel_scope.cancel()
+
+
+async def test_a_stuck_clients_list_changed_is_given_up_after_the_bound(fake: FakeGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(federation, "NOTIFY_BOUND_S", 0.05)
+    fake.passthrough = True
+    surface = Surface(fake)
+    stuck = _Session(stuck=True)
+    surface.connections.add(Connection(id=1, uid=1000, session=stuck, saw_passthrough=True))
+    with anyio.fail_after(10):
+        await surface.tools_changed()  # returns: the one stuck client was given up
+        await surface.relays.tell("prompts", lambda conn: True)
+    assert stuck.got == ["tools", "prompts"] and stuck.given_up

@@ -163,3 +163,15 @@ def test_forgotten_and_reset_queries_leave_no_text_on_disk(tmp_path: Path, capsy
     finally:
         daemon.close()
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("action", ["show", "forget"])
+@pytest.mark.parametrize("tool", ["", "   "])
+def test_an_empty_tool_name_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], action: str, tool: str) -> None:
+    """`learning show ""` printed ": 0 usage event(s)" and exited 0, as if it had looked."""
+    with pytest.raises(SystemExit) as stop:
+        learning_cli.main([action, tool, "--config", str(_config(tmp_path))])
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "TOOL is empty; give a namespaced tool name, e.g. notes__add_note" in captured.err, captured.err

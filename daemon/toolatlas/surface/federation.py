@@ -12,7 +12,7 @@ upstream's question during a tools/call reaches the calling client.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -122,6 +122,25 @@ def _modern(conn: Connection) -> bool:
     return conn.protocol_version in MODERN_PROTOCOL_VERSIONS
 
 
+NOTIFY_BOUND_S = 2.0  # how long one client's list_changed notification may take
+
+
+async def notify_each(conns: Iterable[Connection], send: Callable[[Connection], Awaitable[None]], what: str) -> None:
+    """`send` to every connection at once, each bounded by NOTIFY_BOUND_S, so a client that
+    is not reading delays nobody else (one after another, N stuck clients held the rest, and
+    the upstream listen loop that reported the change, up to 2N s)."""
+    async def one(conn: Connection) -> None:
+        try:
+            with anyio.move_on_after(NOTIFY_BOUND_S):
+                await send(conn)
+        except Exception as exc:  # a client that went away must not stop the others
+            log.debug("%s to connection %d failed: %s", what, conn.id, exc)
+
+    async with anyio.create_task_group() as tg:
+        for conn in conns:
+            tg.start_soon(one, conn)
+
+
 class Relays:
     """Carries upstream list changes and log messages to the clients that may see them.
 
@@ -143,18 +162,15 @@ class Relays:
     async def tell(self, kind: str, wants: Callable[[Connection], bool]) -> None:
         """`kind` ("resources" or "prompts") list_changed to each connection `wants`."""
         await self._publish(ResourcesListChanged() if kind == "resources" else PromptsListChanged(), wants)
-        for conn in self._connections():
-            if conn.session is None or _modern(conn) or not wants(conn):
-                continue
+
+        async def send(conn: Connection) -> None:
             session: Any = conn.session
-            try:
-                with anyio.move_on_after(2):
-                    if kind == "resources":
-                        await session.send_resource_list_changed()
-                    else:
-                        await session.send_prompt_list_changed()
-            except Exception as exc:  # a client that went away must not stop the others
-                log.debug("%s list_changed to connection %d failed: %s", kind, conn.id, exc)
+            if kind == "resources":
+                await session.send_resource_list_changed()
+            else:
+                await session.send_prompt_list_changed()
+        targets = [c for c in self._connections() if c.session is not None and not _modern(c) and wants(c)]
+        await notify_each(targets, send, f"{kind} list_changed")
 
     async def log(self, server: str, params: dict[str, Any]) -> None:
         """An upstream log message, to each client that set a level it reaches and may use

@@ -1,9 +1,10 @@
 """What the HTTP endpoint answers before the SDK sees a request: JSON-RPC errors with an HTTP
 status, and the screening of a POST body (its type, its size, the message in it); and, after,
-the words for a refusal the SDK sends with no body (`explain_bare`)."""
+the words for a refusal the SDK sends with no body or too few (`explain_bare`)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import mcp_types as types
@@ -136,26 +137,53 @@ def _not_acceptable(scope: Scope) -> str:
 
 
 _BARE = {405: _not_allowed, 406: _not_acceptable}
+MISSING_SESSION = "Bad Request: Missing session ID"
+# The SDK's terse 400s, as it words them -> what they say here.
+_TERSE = {MISSING_SESSION: MISSING_SESSION + ": a 2025-11-25 request other than initialize carries the "
+          "Mcp-Session-Id header of initialize's answer; send initialize first, then that header on every "
+          "later request (or send MCP-Protocol-Version: 2026-07-28 on each request, which needs no session)"}
+
+
+def _told(body: bytes) -> bytes | None:
+    """The SDK's JSON-RPC error `body` with one of its _TERSE messages said in full; None for
+    any other body."""
+    if not any(terse.encode() in body for terse in _TERSE):
+        return None
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, dict) or error.get("message") not in _TERSE:
+        return None
+    error["message"] = _TERSE[error["message"]]
+    return json.dumps(answer).encode()
 
 
 def explain_bare(scope: Scope, send: Send) -> Send:
     """`send` for the SDK's answer to `scope`: a 405 or 406 that it sends with an empty body
     (its 2026-07-28 transport does) gets the JSON-RPC error saying what to send instead, as
-    every other refusal here does. Its other headers (Allow) are kept."""
+    every other refusal here does, and a 400 in the SDK's few words (_TERSE) says them in
+    full. Its other headers (Allow) are kept."""
     held: Message | None = None
 
     async def explained(message: Message) -> None:
         nonlocal held
-        if message["type"] == "http.response.start" and message.get("status") in _BARE:
+        if message["type"] == "http.response.start" and message.get("status") in (*_BARE, 400):
             held = message
             return
         start, held = held, None
-        if start is None or message["type"] != "http.response.body" or message.get("body") or message.get("more_body"):
+        body: bytes | None = None
+        if start is not None and message["type"] == "http.response.body" and not message.get("more_body"):
+            if start["status"] in _BARE and not message.get("body"):
+                body = bytes(json_error(start["status"], _BARE[start["status"]](scope)).body)
+            elif start["status"] == 400:
+                body = _told(message.get("body", b""))
+        if start is None or body is None:
             if start is not None:
                 await send(start)
             await send(message)
             return
-        body = json_error(start["status"], _BARE[start["status"]](scope)).body
         headers = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-length", b"content-type")]
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({**start, "headers": headers})

@@ -229,16 +229,14 @@ class Surface:
         """Tell clients whose tools/list would now differ (passthrough views) to re-list:
         legacy sessions by notification, 2026-07-28 clients on their listen streams."""
         await self.bus.tools_changed()
-        for conn in self.connections.everyone():
-            if conn.session is None or conn.saw_passthrough is None:
-                continue
-            if not self._list_changes_for(conn):
-                continue  # it sees the three meta-tools, and their text is as it listed them
-            try:
-                with anyio.move_on_after(2):
-                    await conn.session.send_tool_list_changed()  # type: ignore[attr-defined]
-            except Exception as exc:  # a client that went away must not stop the others
-                log.debug("list_changed to connection %d failed: %s", conn.id, exc)
+        # Skipped: connections that never listed, and those that see the three meta-tools
+        # with the text they listed.
+        targets = [c for c in self.connections.everyone()
+                   if c.session is not None and c.saw_passthrough is not None and self._list_changes_for(c)]
+
+        async def send(conn: Connection) -> None:
+            await conn.session.send_tool_list_changed()  # type: ignore[attr-defined]
+        await federation.notify_each(targets, send, "tools list_changed")
 
 
 class _Server(Server[Any]):
