@@ -206,3 +206,24 @@ async def test_a_call_parked_on_its_upstreams_question_ends_when_a_reload_withdr
             allowed.clear()  # the reload: this caller may no longer use "fast"
             assert calls.withdraw("the daemon's access rules changed") == 1
             await cancelled.wait()
+
+
+@pytest.mark.parametrize("last_error", [None, "the process exited with status 3 (stderr: boom)"])
+def test_an_upstream_connecting_again_after_a_failure_says_why_the_last_attempt_failed(last_error: str | None) -> None:
+    """A crash-looping upstream spends part of each backoff step connecting again: its note
+    then said only "is starting (connecting for 0 s)", as for a first start, and dropped the
+    failure a moment before it had quoted."""
+    from toolatlas.gateway.status import StatusService
+    from toolatlas.upstream.state import UpstreamState
+
+    catalog: Any = SimpleNamespace(view=CatalogView())
+    upstream = SimpleNamespace(state=UpstreamState.CONNECTING, reason=None, since=0.0, last_error=last_error)
+    pool: Any = SimpleNamespace(get=lambda name: upstream)
+    status = StatusService(catalog, SimpleNamespace(), pool, SimpleNamespace(), SimpleNamespace(),  # type: ignore[arg-type]
+                           index_ready=lambda: False)
+    note = status.unsearchable("bad")
+    assert note.startswith("upstream 'bad' is starting (connecting for ") and "has not listed its tools yet" in note
+    if last_error is None:
+        assert "last attempt" not in note, note
+    else:
+        assert f"; its last attempt failed: {last_error}) and has not listed its tools yet" in note, note

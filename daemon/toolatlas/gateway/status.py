@@ -100,8 +100,11 @@ class StatusService:
         if st is None:
             return None
         if st.state is UpstreamState.CONNECTING:
-            return (f"upstream {server!r} is starting (connecting for {time.time() - st.since:.0f} s) and has not "
-                    f"listed its tools yet; retry in {STARTING_RETRY_S} s")
+            # Between two failed attempts (one every backoff step) the last failure is the
+            # news: "starting" alone reads as a first start that will soon be done.
+            failed = f"; its last attempt failed: {st.last_error}" if st.last_error else ""
+            return (f"upstream {server!r} is starting (connecting for {time.time() - st.since:.0f} s{failed}) and "
+                    f"has not listed its tools yet; retry in {STARTING_RETRY_S} s")
         if st.state is UpstreamState.READY:
             return f"upstream {server!r} is starting (its tools are being indexed); retry in 1 s"
         if st.state is UpstreamState.DEGRADED:
