@@ -3,7 +3,7 @@
 something on a loaded 2-core host.
 
     .venv/bin/python bench/ab.py --before REV [--calls 400] [--queries 300] [--sizes 500,2000]
-        [--hit-passes 1] [--skip-calls] [--skip-search]
+        [--hit-passes 1] [--gap-ms G] [--hit-gap-ms G] [--skip-calls] [--skip-search]
 
 `--before REV` is checked out once into a detached git worktree under /tmp; "after" is this
 tree. Each side runs its own `toolatlas serve` (the side's code through PYTHONPATH) on the
@@ -24,7 +24,12 @@ synthetic catalog upstream) and the clients are this tree's, the same for both.
   the host as a lone daemon does. Trees from before the rule always spin, so without the
   pause the miss ratio against them measures the rule, not the code. A pause only after each
   pair made the side asked first after it the slower by ~3x (bench/README.md, stop 36); before
-  every miss, both sides start each query from the same idle machine.
+  every miss, both sides start each query from the same idle machine. `--hit-gap-ms G`
+  pauses G ms before every hit too: back to back, the side asked second answers while the
+  other is still at work after its reply (its event line, metrics, the client's read), and
+  on two cores that cost lands on whichever is asked second (the halves below, one per
+  order, disagreed by 25-30 % at stop 51); after a pause each hit is timed as a lone
+  daemon's, as `search_latency.py` times it.
 
 Prints JSON (also bench/out/ab.json): every side's median and p95, and after/before ratios
 of those figures. A ratio's noise is estimated by splitting the samples into two halves
@@ -128,7 +133,7 @@ def bench_calls(tmp: Path, trees: dict[str, Path], n: int) -> dict[str, Any]:
 
 
 def bench_search(tmp: Path, trees: dict[str, Path], size: int, queries: list[str], hit_passes: int = 1,
-                 gap_s: float = 0.0) -> dict[str, Any]:
+                 gap_s: float = 0.0, hit_gap_s: float = 0.0) -> dict[str, Any]:
     from catalog_upstream import upstream_block
 
     block = upstream_block("cat00", size, 0, 1, "relist_interval = 0\n")
@@ -148,6 +153,8 @@ def bench_search(tmp: Path, trees: dict[str, Path], size: int, queries: list[str
                     for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
                         if gap_s and kind == "miss":
                             time.sleep(gap_s)  # before every miss: each side starts from the same idle
+                        elif hit_gap_s and kind == "hit":
+                            time.sleep(hit_gap_s)  # the other side's work after its reply is done
                         t0 = time.perf_counter()
                         r = clients[side].call_tool("tool_search", {"query": q, "top_k": 5})
                         times[f"{kind}_{side}"].append(time.perf_counter() - t0)
@@ -173,6 +180,8 @@ def main() -> int:
     p.add_argument("--sizes", default="500,2000")
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="pause before every miss (> 250 ms: each daemon sees a host as quiet as a lone daemon's)")
+    p.add_argument("--hit-gap-ms", type=float, default=0.0,
+                   help="pause before every hit (the other daemon's work after its reply is done by then)")
     p.add_argument("--skip-calls", action="store_true")
     p.add_argument("--skip-search", action="store_true")
     a = p.parse_args()
@@ -181,7 +190,7 @@ def main() -> int:
     dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "daemon"], capture_output=True, text=True).stdout.strip())
     out: dict[str, Any] = {"bench": "ab", "before": a.before, "after": head + ("+dirty" if dirty else ""),
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                           "gap_ms": a.gap_ms, "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
+                           "gap_ms": a.gap_ms, "hit_gap_ms": a.hit_gap_ms, "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
     tmp = Path(tempfile.mkdtemp(prefix="toolatlas-ab-"))
     try:
         if not a.skip_calls:
@@ -194,7 +203,7 @@ def main() -> int:
             out["search"] = {}
             for size in a.sizes.split(","):
                 out["search"][size] = bench_search(tmp, trees, int(size), queries, a.hit_passes,
-                                                     a.gap_ms / 1000)
+                                                     a.gap_ms / 1000, a.hit_gap_ms / 1000)
                 print(f"search {size}: {json.dumps(out['search'][size])}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
