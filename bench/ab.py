@@ -28,7 +28,7 @@ synthetic catalog upstream) and the clients are this tree's, the same for both.
   pauses G ms before every hit too: back to back, the side asked second answers while the
   other is still at work after its reply (its event line, metrics, the client's read), and
   on two cores that cost lands on whichever is asked second (the halves below, one per
-  order, disagreed by 25-30 % at stop 51); after a pause each hit is timed as a lone
+  order, disagreed by 0.19-0.46 at stop 51); after a pause each hit is timed as a lone
   daemon's, as `search_latency.py` times it.
 
 Prints JSON (also bench/out/ab.json): every side's median and p95, and after/before ratios
