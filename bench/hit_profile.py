@@ -1,10 +1,14 @@
 """Where a cache-hit tool_search's time goes in two trees: daemon CPU and py-spy per hit.
 
     .venv/bin/python bench/hit_profile.py --before TREE [--after .] [--hits 8000] [--py-spy PATH]
+        [--catalog-tools N]
 
 For each tree (a checkout; its `daemon/` goes first on the daemon's PYTHONPATH) a daemon with
 two stdio test servers (BM25) answers the same tool_search `--hits` times on one stdlib-client
-connection after 200 warm-up hits. Reported per hit: wall ms, the daemon's CPU ms (/proc),
+connection after 200 warm-up hits. With `--catalog-tools N` the upstream is instead
+`catalog_upstream.py`'s N-tool synthetic catalog (what `ab.py` and `search_latency.py` search)
+with the ONNX embedder, the daemon waits for all N indexed and 25 s more (Rift's analysis),
+and the hits cycle through four queries after 50 warm-up hits of each. Reported per hit: wall ms, the daemon's CPU ms (/proc),
 and when py-spy is found (`--py-spy`, else on PATH) the GIL-holding samples at 1 kHz by
 function (inclusive), with the functions whose share changed most between the trees. The
 trees run one after the other: compare CPU and samples, which load moves less than wall time.
@@ -39,16 +43,32 @@ def _functions(raw: Path) -> collections.Counter[str]:
     return out
 
 
-def profile(tree: Path, hits: int, spy: str | None) -> tuple[dict[str, Any], collections.Counter[str]]:
+CATALOG_QUERIES = ["read a file from disk", "send an email to a colleague", "search the web for news",
+                   "create a calendar event"]
+
+
+def profile(tree: Path, hits: int, spy: str | None, catalog_tools: int = 0,
+            ) -> tuple[dict[str, Any], collections.Counter[str]]:
     tmp = Path(tempfile.mkdtemp(prefix="toolatlas-hits-"))
+    queries = [ARGS] if not catalog_tools else [{"query": q, "top_k": 5} for q in CATALOG_QUERIES]
     try:
-        d = Daemon(tmp, stdio_testserver("alpha") + stdio_testserver("beta"))
-        with d.start(env={"PYTHONPATH": str(tree / "daemon")}):
+        if catalog_tools:
+            from catalog_upstream import upstream_block
+
+            d = Daemon(tmp, upstream_block("cat00", catalog_tools, 0, 1, "relist_interval = 0\n"),
+                       search_extra='embedder = "onnx"\n')
+        else:
+            d = Daemon(tmp, stdio_testserver("alpha") + stdio_testserver("beta"))
+        with d.start(env={"PYTHONPATH": str(tree / "daemon")}, wait_ready=600):
             assert d.proc is not None
             pid = d.proc.pid
+            if catalog_tools:
+                d.wait_for(lambda: d.status()["index"]["tools"] >= catalog_tools, timeout=600, what="indexed")
+                time.sleep(25)
             with RawClient(d.socket, timeout=60) as c:
-                for _ in range(200):
-                    c.call_tool("tool_search", ARGS)
+                for args in queries:
+                    for _ in range(200 // len(queries)):
+                        c.call_tool("tool_search", args)
                 raw = tmp / "spy.raw"
                 rec = None if spy is None else subprocess.Popen(
                     [spy, "record", "-p", str(pid), "-r", "1000", "-f", "raw", "-o", str(raw), "--gil"],
@@ -56,8 +76,8 @@ def profile(tree: Path, hits: int, spy: str | None) -> tuple[dict[str, Any], col
                 time.sleep(1.0 if rec is not None else 0)
                 load = os.getloadavg()[0]
                 c0, t0 = proc_cpu_s(pid), time.perf_counter()
-                for _ in range(hits):
-                    c.call_tool("tool_search", ARGS)
+                for i in range(hits):
+                    c.call_tool("tool_search", queries[i % len(queries)])
                 wall, cpu = time.perf_counter() - t0, proc_cpu_s(pid) - c0
                 if rec is not None:
                     rec.send_signal(2)
@@ -79,10 +99,12 @@ def main() -> None:
     p.add_argument("--hits", type=int, default=8000)
     p.add_argument("--py-spy", default=shutil.which("py-spy"))
     p.add_argument("--top", type=int, default=0, help="also list each tree's N costliest functions")
+    p.add_argument("--catalog-tools", type=int, default=0, help="search a synthetic N-tool catalog (ONNX) instead")
     a = p.parse_args()
-    before, fb = profile(a.before.resolve(), a.hits, a.py_spy)
-    after, fa = profile(a.after.resolve(), a.hits, a.py_spy)
-    out: dict[str, Any] = {"bench": "hit_profile", "hits": a.hits, "before": before, "after": after}
+    before, fb = profile(a.before.resolve(), a.hits, a.py_spy, a.catalog_tools)
+    after, fa = profile(a.after.resolve(), a.hits, a.py_spy, a.catalog_tools)
+    out: dict[str, Any] = {"bench": "hit_profile", "hits": a.hits, "catalog_tools": a.catalog_tools,
+                           "before": before, "after": after}
     if fb and fa:
         names = set(fb) | set(fa)
         moved = sorted(names, key=lambda k: abs(fa[k] - fb[k]), reverse=True)[:25]
