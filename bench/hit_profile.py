@@ -7,9 +7,10 @@ For each tree (a checkout; its `daemon/` goes first on the daemon's PYTHONPATH) 
 two stdio test servers (BM25) answers the same tool_search `--hits` times on one stdlib-client
 connection after 200 warm-up hits. With `--catalog-tools N` the upstream is instead
 `catalog_upstream.py`'s N-tool synthetic catalog (what `ab.py` and `search_latency.py` search)
-with the ONNX embedder, the daemon waits for all N indexed and 25 s more (Rift's analysis),
-and the hits cycle through four queries after 50 warm-up hits of each. Reported per hit: wall ms, the daemon's CPU ms (/proc),
-and when py-spy is found (`--py-spy`, else on PATH) the GIL-holding samples at 1 kHz by
+with the ONNX embedder, the daemon waits for all N indexed and settled (`wait_settled`: Rift's
+analysis and the rest of the background work, up to 180 s as in `ab.py`), and the hits cycle
+through four queries after 50 warm-up hits of each. Reported per hit: wall ms, the daemon's
+CPU ms (/proc), and when py-spy is found (`--py-spy`, else on PATH) the GIL-holding samples at 1 kHz by
 function (inclusive), with the functions whose share changed most between the trees. The
 trees run one after the other: compare CPU and samples, which load moves less than wall time.
 Prints JSON.
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, Daemon, emit, proc_cpu_s, stdio_testserver
+from _common import REPO, Daemon, emit, proc_cpu_s, stdio_testserver, wait_settled
 from toolatlas.surface.rawclient import RawClient
 
 ARGS = {"query": "echo the message back", "top_k": 5}
@@ -43,6 +44,7 @@ def _functions(raw: Path) -> collections.Counter[str]:
     return out
 
 
+SETTLE_S = 180.0  # as ab.py: trees from before Rift named its index never read as settled
 CATALOG_QUERIES = ["read a file from disk", "send an email to a colleague", "search the web for news",
                    "create a calendar event"]
 
@@ -64,7 +66,7 @@ def profile(tree: Path, hits: int, spy: str | None, catalog_tools: int = 0,
             pid = d.proc.pid
             if catalog_tools:
                 d.wait_for(lambda: d.status()["index"]["tools"] >= catalog_tools, timeout=600, what="indexed")
-                time.sleep(25)
+                wait_settled(d.status, SETTLE_S)
             with RawClient(d.socket, timeout=60) as c:
                 for args in queries:
                     for _ in range(200 // len(queries)):
