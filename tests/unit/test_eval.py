@@ -91,15 +91,19 @@ def test_eval_names_a_malformed_query_line(tmp_path: Path, capsys: pytest.Captur
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # ~1 min on 2 idle cores; generous for a loaded CI host
-def test_eval_mode_all_on_mcptoolbenchpp(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.timeout(900)  # ~3 s on 2 idle cores; generous for a loaded CI host
+def test_eval_mode_all_on_mcptoolbenchpp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Every fourth query (175 of 699): every mode on the real catalog and queries, for a
+    # seventh of the CPU (the whole set's figures are bench/README's, not a test's).
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text("".join(f"{line}\n" for line in (MCP / "queries.jsonl").read_text().splitlines()[::4]))
     rc = main([
-        "--catalog", str(MCP / "catalog.jsonl"), "--queries", str(MCP / "queries.jsonl"),
+        "--catalog", str(MCP / "catalog.jsonl"), "--queries", str(queries),
         "--k", "5", "--mode", "all", "--json",
     ])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["tools"] == 49 and out["queries"] == 699
+    assert out["tools"] == 49 and out["queries"] == 175
     assert set(out["modes"]) == MODES
     keys = {"recall@5", "ndcg@5", "hit@5", "mrr", "p50_ms", "p95_ms"}
     for mode, row in out["modes"].items():
