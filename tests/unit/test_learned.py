@@ -231,3 +231,23 @@ def test_agreeing_principals_words_count_by_use_up_to_a_cap() -> None:
         assert state.lexical(-1).scores(toks).tolist() == want.scores(toks).tolist()
     # a's own ranking sees all of a's words, "secret" included
     assert state.lexical(state.principals["a"]).scores(["secret"])[1] > 0
+
+
+def test_a_scoped_status_dates_the_feedback_in_its_scope_not_elsewhere() -> None:
+    """catalog_status for a caller limited to some servers counts only their tools' feedback;
+    its `updated_at` was the latest event anywhere, a use of a tool that caller may not see."""
+    from toolatlas.gateway.learning import status_section
+    from toolatlas.retrieval.engine import Engine
+
+    vec = np.zeros(4, dtype=np.float32)
+    vec[0] = 1.0
+    events = [UsageEvent(query="add a note", tool="notes__add_note", principal="uid:1", at=1_700_000_000.0, vector=vec),
+              UsageEvent(query="pay the bill", tool="billing__pay", principal="uid:2", at=1_700_086_400.0, vector=vec)]
+    eng = Engine(state_dir=None)
+    eng.set_learned(L.build_state(events, now=1_700_090_000.0))
+    everything = status_section(eng, True, None)
+    assert everything["events"] == 2 and everything["updated_at"] == "2023-11-15T22:13:20Z"
+    notes = status_section(eng, True, None, frozenset({"notes"}))
+    assert notes["events"] == 1 and notes["tools_with_feedback"] == 1
+    assert notes["updated_at"] == "2023-11-14T22:13:20Z"  # the notes event's day, not the bill's
+    assert status_section(eng, True, None, frozenset({"weather"}))["updated_at"] is None

@@ -348,7 +348,8 @@ def status_section(engine: Engine, enabled: bool, error: str | None,
         rows = state.row_tools
         per_tool = np.bincount(rows.tool, weights=rows.count, minlength=len(state.tools))
         events, tools = int(per_tool[mine].sum()), len(mine)
-        updated = updated if events else None
+        # the latest event on a tool in scope, not the latest anywhere (it may be on a tool the caller may not use)
+        updated = max((state.tool_at[i] for i in mine), default=None) if events else None
     return {
         "enabled": enabled,
         "events": events,

@@ -83,6 +83,7 @@ class LearnedState:
     asked: Asked  # which principals asked a query with these words, then used a tool
     events: int
     updated_at: float | None
+    tool_at: tuple[float, ...] = ()  # per tool: its latest event's time (a scoped catalog_status reads it)
     hnsw: HnswStore | None = None  # the rows' principal coordinates, labels = rows (shared; see neighbours)
     q8: np.ndarray | None = None  # (>= rows, dim) int8 rows when in `hnsw` (a row = q8 x scale)
     scale: np.ndarray | None = None  # (>= rows,) float32
@@ -158,6 +159,7 @@ class LearningIndex:
         self.missing = 0  # events without a vector (not in the kNN vote until embedded)
         self._last_at: float | None = None
         self._tools: dict[str, int] = {}
+        self._tool_at: list[float] = []  # per tool, its latest event's time
         self._principals: dict[str, int] = {}
         self._words: list[dict[int, dict[str, int]]] = []  # per tool: principal -> word -> events
         self._asked = Asked.empty()  # as of the last state()
@@ -188,6 +190,9 @@ class LearningIndex:
             self.n_events += 1
             self._last_at = e.at if self._last_at is None else max(self._last_at, e.at)
             t = self._tools.setdefault(e.tool, len(self._tools))
+            if t == len(self._tool_at):
+                self._tool_at.append(e.at)
+            self._tool_at[t] = max(self._tool_at[t], e.at)
             p = self._principals.setdefault(e.principal, len(self._principals))
             if t == len(self._words):
                 self._words.append({})
@@ -282,7 +287,7 @@ class LearningIndex:
             ev_principal=np.asarray(self._rows_principal, dtype=np.int64),
             weight=np.power(0.5, age_days / self.half_life_days).astype(np.float32),
             principals=dict(self._principals), words=tuple(self._words), asked=self._asked,
-            events=self.n_events, updated_at=self._last_at, hnsw=self._hnsw, rows=n,
+            events=self.n_events, updated_at=self._last_at, tool_at=tuple(self._tool_at), hnsw=self._hnsw, rows=n,
             q8=self._q8 if self._hnsw is not None else None,
             scale=self._scale if self._hnsw is not None else None,
         )
