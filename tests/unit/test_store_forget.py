@@ -80,3 +80,20 @@ async def test_a_local_event_from_before_the_forget_is_not_shared() -> None:
         sharing._feedback_recorded(UsageEvent(query="q", tool="fs__read", principal="uid:1", at=at, index_version=1))
     await sharing._sync()
     assert [(kind, body["at"]) for kind, _, body in replica.appended] == [(FEEDBACK, 101.0)]
+
+
+async def test_an_event_from_a_clock_ahead_is_dated_now_here() -> None:
+    """A replica whose clock runs a year ahead: its usage events were kept here a year past
+    `retention` (pruning goes by their time), at full weight all the while. Dated now here;
+    one with no usable time is dropped."""
+    import math
+    import time
+
+    _, replica, ingested, _ = _sharing()
+    before = time.time()
+    await replica.handlers[FEEDBACK](_feedback("fs__read", before + 365 * 86400.0))
+    await replica.handlers[FEEDBACK](_feedback("fs__list", 1000.0))  # the past stays as it was
+    for bad in (math.inf, math.nan):
+        await replica.handlers[FEEDBACK](_feedback("fs__bad", bad))
+    assert [e.tool for e in ingested] == ["fs__read", "fs__list"]
+    assert before <= ingested[0].at <= time.time() and ingested[1].at == 1000.0

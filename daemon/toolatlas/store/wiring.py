@@ -27,6 +27,7 @@ Without `[store] url` none of this is built. The other features plug into `ports
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -172,7 +173,9 @@ class Sharing:
 
     async def _feedback_shared(self, change: Change) -> None:
         """Another replica's usage event: learned from here too (its principal's, as there),
-        unless an operator forgot its tool's events after it was recorded."""
+        unless an operator forgot its tool's events after it was recorded. Dated no later than
+        now here: a replica whose clock runs ahead (by a year, say) would otherwise have its
+        events kept past `retention` by as much, at full weight all the while."""
         b = change.body
         try:
             event = UsageEvent(query=str(b["query"]), tool=str(b["tool"]), principal=str(b["principal"]),
@@ -180,8 +183,12 @@ class Sharing:
         except (KeyError, ValueError, TypeError) as exc:
             log.warning("store: a usage event from %s is malformed (%s); ignored", change.origin, exc)
             return
+        if not math.isfinite(event.at):
+            log.warning("store: a usage event from %s has no usable time (%r); ignored", change.origin, b["at"])
+            return
         if not self._forgotten_event(event.tool, event.at):
-            await self._gw.learning.ingest(event)
+            now = time.time()
+            await self._gw.learning.ingest(event if event.at <= now else dataclasses.replace(event, at=now))
 
     def _forgotten_event(self, tool: str, at: float) -> bool:
         return at <= max(self._forgotten.get(tool, -math.inf), self._forgotten.get("*", -math.inf))
