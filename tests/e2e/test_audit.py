@@ -157,7 +157,7 @@ def test_a_killed_daemon_loses_no_written_line_and_queries_need_log_queries(tmp_
         d.stop(signal.SIGKILL)
         kill_all(kids)
     searches = [e for e in audit_lines(audit) if e["event"] == "tool_search_completed"]
-    # each line was one write(2) before the answer went out: a killed daemon loses none
+    # each line is one write(2), made as its answer goes out: a daemon killed after the answers loses none
     assert [e["query"] for e in searches] == [f"find tool {i}" for i in range(20)]
     assert searches[-1]["request"] == last
 
@@ -179,8 +179,13 @@ def test_a_caller_cannot_make_an_audit_line_of_its_own_size(tmp_path: Path) -> N
             assert len(c._next_line()) > len(big)  # answered, under its own id
             found = c.call_tool("tool_search", {"query": "echo", "servers": ["one"] * 100_000, "top_k": 1})
             assert not found["isError"], found
-        lines = d.wait_for(lambda: [ln for ln in audit.read_text().splitlines() if '"execute_tool_' in ln
-                                    or '"tool_search_completed"' in ln][-3:] if audit.exists() else None, 30, "lines")
+
+        def three() -> list[str] | None:  # the two calls' lines and the search's (written just after its answer)
+            got = [ln for ln in audit.read_text().splitlines() if '"execute_tool_' in ln
+                   or '"tool_search_completed"' in ln][-3:] if audit.exists() else []
+            return got if len(got) == 3 and '"tool_search_completed"' in got[-1] else None
+
+        lines = d.wait_for(three, 30, "the three audit lines")
         events = [json.loads(ln) for ln in lines]
         assert [e["event"] for e in events] == ["execute_tool_failed", "execute_tool_completed", "tool_search_completed"]
         assert max(len(ln) for ln in lines) < 4096, [len(ln) for ln in lines]

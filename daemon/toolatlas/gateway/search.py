@@ -3,6 +3,7 @@ Rift notes, counted in the metrics and the event log."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -165,22 +166,28 @@ class SearchService:
             note = self._note(matches, servers, scope, allowed, loaded, conn)
         add_rift_notes(self._rift(), matches, allowed, live=by_name)
         seconds = time.perf_counter() - t0
-        self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(matches))
-        self._metrics.count_endpoint_request(conn.endpoint, "tool_search")
-        if degraded:
-            # No index yet: passthrough lists; any other degradation is a search without its dense branch.
-            self._metrics.count_fallback("passthrough" if degraded == "index-not-ready" else "bm25-only")
-            self._events.emit(ev.TOOL_SEARCH_FALLBACK, reason=degraded, mode=mode)
-        self._events.emit(
-            ev.TOOL_SEARCH_COMPLETED, query=query, results=len(matches),
-            matched_servers=sorted({m["server"] for m in matches}), latency_ms=round(seconds * 1000, 3),
-            top_k=limit, scope=sorted(set(servers)) if servers else "all", mode=mode,
-            cache="hit" if cached else "miss", **who(conn),
-        )
+        names = [m["name"] for m in matches]
+        servers_matched = sorted({m["server"] for m in matches})
+
+        def bookkeeping() -> None:
+            """The metrics, the event lines and the learning hook (what was shown)."""
+            self._metrics.observe_search(seconds, mode=mode, cache_hit=cached, results=len(names))
+            self._metrics.count_endpoint_request(conn.endpoint, "tool_search")
+            if degraded:
+                # No index yet: passthrough lists; any other degradation is a search without its dense branch.
+                self._metrics.count_fallback("passthrough" if degraded == "index-not-ready" else "bm25-only")
+                self._events.emit(ev.TOOL_SEARCH_FALLBACK, reason=degraded, mode=mode)
+            self._events.emit(
+                ev.TOOL_SEARCH_COMPLETED, query=query, results=len(names), matched_servers=servers_matched,
+                latency_ms=round(seconds * 1000, 3), top_k=limit, scope=sorted(set(servers)) if servers else "all",
+                mode=mode, cache="hit" if cached else "miss", **who(conn),
+            )
+            if self.on_answer is not None:
+                self.on_answer(conn, query, names)
+
+        after_reply(bookkeeping)
         echo = query if len(query) <= QUERY_ECHO_CHARS else f"{query[:QUERY_ECHO_CHARS]}... ({len(query)} characters)"
         answer: dict[str, Any] = {"query": echo, "matches": matches, "degraded": degraded}
-        if self.on_answer is not None:
-            self.on_answer(conn, query, [m["name"] for m in matches])
         if note is not None:
             answer["note"] = note
         waiting = self._starting(allowed)
@@ -220,6 +227,20 @@ class SearchService:
             more = f" (+{len(skipped) - NOTE_SERVERS} more: catalog_status)" if len(skipped) > NOTE_SERVERS else ""
             parts.append("Not searched: " + " | ".join(unsearchable) + more + ".")
         return " ".join(parts) or None
+
+
+def after_reply(bookkeeping: Callable[[], None]) -> None:
+    """Run `bookkeeping` as the event loop's next callback when one runs in this thread, else
+    now. An answer is written to its caller in the task step that built it, so this runs just
+    after that write and before the loop reads anything more: a caller that asks for metrics
+    or searches, or executes a result, next still finds this search counted and heard (as a
+    relayed call's bookkeeping, calls.py)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no loop in this thread (a worker thread, a test): now
+        bookkeeping()
+        return
+    loop.call_soon(bookkeeping)
 
 
 NOTE_SERVERS = 5  # unsearchable servers a note explains at most
