@@ -340,7 +340,7 @@ def status_section(engine: Engine, enabled: bool, error: str | None,
     With a `scope` (the servers a caller may use, when not all), only the feedback on their
     tools counts: a caller reads no figure of what others did with tools it may not use."""
     state = engine.learned
-    updated = state.updated_at if state is not None else None
+    updated = max(state.tool_at, default=None) if state is not None else None
     events = state.events if state is not None else 0
     tools = len(state.tools) if state is not None else 0
     if state is not None and scope is not None:

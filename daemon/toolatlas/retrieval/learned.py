@@ -82,8 +82,7 @@ class LearnedState:
     words: tuple[dict[int, dict[str, int]], ...]  # per tool: principal -> word -> events using it
     asked: Asked  # which principals asked a query with these words, then used a tool
     events: int
-    updated_at: float | None
-    tool_at: tuple[float, ...] = ()  # per tool: its latest event's time (a scoped catalog_status reads it)
+    tool_at: tuple[float, ...] = ()  # per tool: its latest event's time (catalog_status: updated_at)
     hnsw: HnswStore | None = None  # the rows' principal coordinates, labels = rows (shared; see neighbours)
     q8: np.ndarray | None = None  # (>= rows, dim) int8 rows when in `hnsw` (a row = q8 x scale)
     scale: np.ndarray | None = None  # (>= rows,) float32
@@ -132,7 +131,7 @@ def empty_state(version: int = 0) -> LearnedState:
     return LearnedState(
         version=version, tools=(), vecs=np.zeros((0, 0), dtype=np.float32), row_tools=RowTools.empty(),
         ev_principal=np.zeros(0, dtype=np.int64), weight=np.zeros(0, dtype=np.float32), principals={},
-        words=(), asked=Asked.empty(), events=0, updated_at=None,
+        words=(), asked=Asked.empty(), events=0,
     )
 
 
@@ -157,7 +156,6 @@ class LearningIndex:
     def _reset(self) -> None:
         self.n_events = 0
         self.missing = 0  # events without a vector (not in the kNN vote until embedded)
-        self._last_at: float | None = None
         self._tools: dict[str, int] = {}
         self._tool_at: list[float] = []  # per tool, its latest event's time
         self._principals: dict[str, int] = {}
@@ -188,7 +186,6 @@ class LearningIndex:
         new_vecs: list[np.ndarray] = []
         for e in events:
             self.n_events += 1
-            self._last_at = e.at if self._last_at is None else max(self._last_at, e.at)
             t = self._tools.setdefault(e.tool, len(self._tools))
             if t == len(self._tool_at):
                 self._tool_at.append(e.at)
@@ -287,7 +284,7 @@ class LearningIndex:
             ev_principal=np.asarray(self._rows_principal, dtype=np.int64),
             weight=np.power(0.5, age_days / self.half_life_days).astype(np.float32),
             principals=dict(self._principals), words=tuple(self._words), asked=self._asked,
-            events=self.n_events, updated_at=self._last_at, tool_at=tuple(self._tool_at), hnsw=self._hnsw, rows=n,
+            events=self.n_events, tool_at=tuple(self._tool_at), hnsw=self._hnsw, rows=n,
             q8=self._q8 if self._hnsw is not None else None,
             scale=self._scale if self._hnsw is not None else None,
         )
