@@ -185,7 +185,11 @@ class SearchService:
             if self.on_answer is not None:
                 self.on_answer(conn, query, names)
 
-        after_reply(bookkeeping)
+        # After the answer's write: the answer is written in the task step that built it (the
+        # socket's lane writes a cache hit at once, a miss's task sends it), and the loop runs
+        # this before it reads anything more, so a caller's next request still finds this search
+        # counted and heard (as a relayed call's bookkeeping, calls.py).
+        asyncio.get_running_loop().call_soon(bookkeeping)
         echo = query if len(query) <= QUERY_ECHO_CHARS else f"{query[:QUERY_ECHO_CHARS]}... ({len(query)} characters)"
         answer: dict[str, Any] = {"query": echo, "matches": matches, "degraded": degraded}
         if note is not None:
@@ -227,20 +231,6 @@ class SearchService:
             more = f" (+{len(skipped) - NOTE_SERVERS} more: catalog_status)" if len(skipped) > NOTE_SERVERS else ""
             parts.append("Not searched: " + " | ".join(unsearchable) + more + ".")
         return " ".join(parts) or None
-
-
-def after_reply(bookkeeping: Callable[[], None]) -> None:
-    """Run `bookkeeping` as the event loop's next callback when one runs in this thread, else
-    now. An answer is written to its caller in the task step that built it, so this runs just
-    after that write and before the loop reads anything more: a caller that asks for metrics
-    or searches, or executes a result, next still finds this search counted and heard (as a
-    relayed call's bookkeeping, calls.py)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # no loop in this thread (a worker thread, a test): now
-        bookkeeping()
-        return
-    loop.call_soon(bookkeeping)
 
 
 NOTE_SERVERS = 5  # unsearchable servers a note explains at most
