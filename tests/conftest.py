@@ -27,7 +27,7 @@ from toolatlas.config import StdioUpstream, Upstream
 
 from tests.support import TEST_CACHE_HOME, TEST_CONFIG_HOME, configs, ports
 from tests.support.postgres import PgServer, bindir
-from tests.support.servers import RunningServer, ServerFactory
+from tests.support.servers import FORKSERVER_ENV, RunningServer, ServerFactory
 
 
 # The longest test files (by `make test`'s --durations), longest first, go first: with
@@ -46,6 +46,9 @@ _TESTS = Path(__file__).resolve().parent
 # (tests.support.daemon.shared_onnx_models), none written into the real home directory.
 os.environ["XDG_CACHE_HOME"] = str(TEST_CACHE_HOME)
 os.environ["XDG_CONFIG_HOME"] = str(TEST_CONFIG_HOME)
+# stdio test servers start from a fork server, the SDK imported once per worker, not once per
+# server (tests/support/servers/forkserver.py: a quarter of the suite's CPU went to those imports).
+os.environ[FORKSERVER_ENV] = "1"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -112,8 +112,10 @@ def test_generate_and_verify_against_live_stdio_upstream(tmp_path: Path, capsys:
     assert main(["verify", "--config", str(cfg)]) == 0
     assert "ok   test:" in capsys.readouterr().out
     # an upstream that cannot be listed is "could not check" (3, as the module says), not "failed" (1)
-    assert main(["verify", "--config", str(cfg), "--timeout", "0.3"]) == 3  # the server takes ~1 s to import
+    (tmp_path / "start-delay").write_text("30")  # the server now starts slower than the timeout
+    assert main(["verify", "--config", str(cfg), "--timeout", "0.3"]) == 3
     assert "test: cannot list tools to check schema hashes" in capsys.readouterr().out
+    (tmp_path / "start-delay").unlink()
 
     # the upstream now offers more tools than the card covers: verify names the new ones
     cfg.write_text(cfg.read_text().replace('"--tools", "3"', '"--tools", "4"'))

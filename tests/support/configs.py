@@ -13,7 +13,7 @@ import msgspec
 
 from toolatlas.config import HttpUpstream, SseUpstream, StdioUpstream, Timeouts, Upstream
 
-from tests.support.servers import EVERYTHING_BIN, server_command, testserver_args
+from tests.support.servers import EVERYTHING_BIN, testserver_args
 
 # Short enough that a broken test fails fast, long enough for 2 loaded CI cores.
 TEST_TIMEOUTS = Timeouts(connect=15.0, list_tools=10.0, call=20.0, ping=5.0)
@@ -27,9 +27,9 @@ def make_upstream(name: str, transport: str, **fields: Any) -> Upstream:
 
 
 def stdio_testserver(name: str = "ts", *args: str, **fields: Any) -> StdioUpstream:
-    """A stdio upstream running the project's test server with ``args``."""
-    command, *argv = server_command("testserver")
-    up = make_upstream(name, "stdio", command=command, args=[*argv, *args], **fields)
+    """A stdio upstream running the project's test server with ``args`` (from the suite's fork
+    server: ``testserver_args``)."""
+    up = make_upstream(name, "stdio", command=sys.executable, args=testserver_args(*args), **fields)
     assert isinstance(up, StdioUpstream)
     return up
 
@@ -54,7 +54,8 @@ __all__ = ["TEST_TIMEOUTS", "make_upstream", "replace", "stdio_everything", "std
 
 def write_carded_testserver_config(folder: Path) -> Path:
     """`folder/toolatlas.toml`: one stdio test server (3 generated tools) and [cards] keys
-    `op.key`/`op.key.pub` in `folder` (make them with `toolatlas keygen`); state under it."""
+    `op.key`/`op.key.pub` in `folder` (make them with `toolatlas keygen`); state under it. The
+    server waits the seconds in `folder/start-delay` before serving, while that file exists."""
     cfg = folder / "toolatlas.toml"
     cfg.write_text(
         f"""
@@ -69,7 +70,7 @@ private_key = "op.key"
 name = "test"
 transport = "stdio"
 command = "{sys.executable}"
-args = {json.dumps(testserver_args("--tools", "3"))}
+args = {json.dumps(testserver_args("--tools", "3", "--start-delay-file", str(folder / "start-delay")))}
 """
     )
     return cfg

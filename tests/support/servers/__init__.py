@@ -12,6 +12,7 @@ its ``READY <port>`` line; ``ServerFactory`` keeps what it started and stops it 
 
 from __future__ import annotations
 
+import atexit
 import os
 import select
 import signal
@@ -31,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 TESTSERVER = HERE / "testserver.py"
 FAULTSERVER = HERE / "faultserver.py"
 HOSTILE = HERE / "hostile.py"
+FORKSERVER = HERE / "forkserver.py"
 RAWRPC = HERE / "rawrpc.py"  # plain JSON-RPC lines: what an SDK server never sends
 INJECTED = HERE / "injected.py"  # tools whose texts are the sanitizer's injection corpus
 INJECTIONS = HERE.parent / "corpus" / "injections.jsonl"
@@ -47,17 +49,63 @@ def server_command(module: str) -> list[str]:
     return [sys.executable, "-m", module if "." in module else f"toolatlas.examples.{module}"]
 
 
-def testserver_args(*extra: str) -> list[str]:
-    """args for a stdio upstream ``command = sys.executable`` running the test server."""
-    return [str(TESTSERVER), "--transport", "stdio", *extra]
+# Set (to "1") by tests/conftest.py: stdio test servers in this process's configs start from a
+# fork server (forkserver.py), one per pytest worker. Bench scripts leave it unset.
+FORKSERVER_ENV = "TOOLATLAS_TEST_FORKSERVER"
+_forkserver: tuple[subprocess.Popen[bytes], str] | None = None
+
+
+def forkserver_socket() -> str | None:
+    """The socket of this process's fork server, started on first use; None when the suite
+    does not use one or it did not come up (callers then exec the server)."""
+    global _forkserver
+    if os.environ.get(FORKSERVER_ENV) != "1":
+        return None
+    if _forkserver is not None:
+        return _forkserver[1] if _forkserver[0].poll() is None else None
+    import tempfile
+
+    sock = os.path.join(tempfile.mkdtemp(prefix="toolatlas-fork-"), "fork.sock")
+    proc = subprocess.Popen([sys.executable, str(FORKSERVER), "--serve", sock], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    _forkserver = (proc, sock)
+    atexit.register(_stop_forkserver, proc, os.path.dirname(sock))
+    deadline = time.monotonic() + START_TIMEOUT
+    while not os.path.exists(sock) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return sock if os.path.exists(sock) and proc.poll() is None else None
+
+
+def _stop_forkserver(proc: subprocess.Popen[bytes], folder: str) -> None:
+    import shutil
+
+    proc.kill()
+    proc.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stdio_args(script: str, extra: tuple[str, ...], exec_: bool) -> list[str]:
+    sock = None if exec_ else forkserver_socket()
+    tail = ["--transport", "stdio", *extra]
+    if sock is None:
+        return [str(_FILES[script]), *tail]
+    return ["-S", str(FORKSERVER), "--via", sock, str(_FILES[script]), *tail]
+
+
+def testserver_args(*extra: str, exec_: bool = False) -> list[str]:
+    """args for a stdio upstream ``command = sys.executable`` running the test server: through
+    the suite's fork server (see forkserver.py) unless `exec_`, which a test of the process
+    itself needs (SIGSTOP, the daemon's process tree)."""
+    return _stdio_args("testserver", extra, exec_)
 
 
 testserver_args.__test__ = False  # type: ignore[attr-defined]  # not a test, whatever its name
 
 
-def faultserver_args(*extra: str) -> list[str]:
-    """args for a stdio upstream ``command = sys.executable`` running the fault server."""
-    return [str(FAULTSERVER), "--transport", "stdio", *extra]
+def faultserver_args(*extra: str, exec_: bool = False) -> list[str]:
+    """args for a stdio upstream ``command = sys.executable`` running the fault server (through
+    the fork server unless `exec_`, as testserver_args)."""
+    return _stdio_args("faultserver", extra, exec_)
 
 
 @dataclass

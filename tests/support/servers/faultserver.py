@@ -48,6 +48,10 @@ from mcp.server.mcpserver import Context, MCPServer
 
 from toolatlas.examples import _serve
 
+# The process this server's client started and signals, as `stats` reports it: this one, or its
+# launcher when the suite's fork server (forkserver.py) runs it.
+PROCESS_ID: int | None = None
+
 FAULTS = ("none", "crash", "hang", "slow", "garbage", "huge", "http500", "stale")
 DEFAULT_SIZE = 50 * 1024 * 1024
 
@@ -114,7 +118,7 @@ class Stats:
         self.calls = self.inflight = self.max_inflight = self.cancelled = self.completed = self.garbage = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"pid": os.getpid(), "calls": self.calls, "inflight": self.inflight,
+        return {"pid": PROCESS_ID or os.getpid(), "calls": self.calls, "inflight": self.inflight,
                 "max_inflight": self.max_inflight, "cancelled": self.cancelled, "completed": self.completed,
                 "garbage": self.garbage}
 

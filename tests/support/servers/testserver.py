@@ -10,6 +10,7 @@ and a ``subscriptions/listen`` event; ``announce=false`` changes it silently), `
 ``pid`` (the server's process id), plus ``--tools N`` generated ``gen_NNN`` tools, and with
 ``--blob`` ``blob(size, stream)`` (a result of ``size`` bytes of text; with ``stream``, after a
 notification).
+``--start-delay-file F`` waits the seconds F holds, if it exists, before serving (a slow start).
 ``--page-size N`` makes tools/list (and resources/list) return N items a page with a ``nextCursor``.
 ``--resources N`` adds N text resources ``test://res/NNN`` (text ``resource NNN``), a
 template ``test://item/{id}``, a prompt ``greet(name)``, a resource ``shared://same`` every
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -36,6 +38,10 @@ from mcp.server.mcpserver.resolve import Elicit, Resolve
 from pydantic import BaseModel
 
 from toolatlas.examples import _serve
+
+# The process this server's client started and signals, as `pid` reports it: this one, or its
+# launcher when the suite's fork server (forkserver.py) runs it.
+PROCESS_ID: int | None = None
 
 
 class PagedServer(MCPServer):
@@ -142,11 +148,11 @@ def build(name: str = "testserver", tools: int = 0, page_size: int = 0, echo_des
 
     @server.tool(description="Ask the user for their name (an elicitation), then greet them by it.")
     async def greet_user(who: Annotated[_Name, Resolve(ask_name)]) -> str:
-        return f"Hello, {who.name}! (pid {os.getpid()})"
+        return f"Hello, {who.name}! (pid {PROCESS_ID or os.getpid()})"
 
     @server.tool(description="Return this server's process id.")
     def pid() -> int:
-        return os.getpid()
+        return PROCESS_ID or os.getpid()
 
     @server.tool(description="Send `steps` progress notifications (`interval` seconds apart), then return 'done'.")
     async def progress(steps: int, ctx: Context, interval: float = 0.0) -> str:
@@ -213,7 +219,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--resources", type=int, default=0, help="N resources, a template, a prompt (see the docstring)")
     p.add_argument("--echo-description-file", help="if this file exists at start, echo's description is its text "
                    "(a new release of the server that redefines a tool)")
+    p.add_argument("--start-delay-file", help="if this file exists at start, wait the seconds it holds before "
+                   "serving (a server slow to start, with the same command line)")
     args = p.parse_args(argv)
+    if args.start_delay_file and os.path.exists(args.start_delay_file):
+        with open(args.start_delay_file, encoding="utf-8") as fh:
+            time.sleep(float(fh.read()))
     echo_description = None
     if args.echo_description_file and os.path.exists(args.echo_description_file):
         with open(args.echo_description_file, encoding="utf-8") as fh:

@@ -1,0 +1,136 @@
+"""The suite's fork server (tests/support/servers/forkserver.py): a stdio test server started
+through its launcher behaves, seen from the process that started it, as one exec'd there."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.support import servers
+from tests.support.processes import descendants, wait_gone
+from tests.support.servers import FORKSERVER, TESTSERVER, testserver_args
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _start(args: list[str]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    _rpc(proc, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                              "clientInfo": {"name": "test", "version": "0"}}, 1)
+    _send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
+def _send(proc: subprocess.Popen[bytes], msg: dict[str, Any]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(msg).encode() + b"\n")
+    proc.stdin.flush()
+
+
+def _rpc(proc: subprocess.Popen[bytes], method: str, params: dict[str, Any], rid: int) -> dict[str, Any]:
+    _send(proc, {"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"the server closed its stdout (exit {proc.poll()})"
+        msg = json.loads(line)
+        if msg.get("id") == rid:
+            return msg  # type: ignore[no-any-return]
+
+
+def _pid(proc: subprocess.Popen[bytes]) -> int:
+    return int(_rpc(proc, "tools/call", {"name": "pid", "arguments": {}}, 2)["result"]["content"][0]["text"])
+
+
+def _forked_children() -> set[int]:
+    assert servers.forkserver_socket() is not None, "the suite runs without its fork server"
+    assert servers._forkserver is not None
+    return descendants(servers._forkserver[0].pid)
+
+
+def test_the_launcher_is_the_server_its_client_started() -> None:
+    args = testserver_args()
+    assert args[:3] == ["-S", str(FORKSERVER), "--via"] and str(TESTSERVER) in args
+    before = _forked_children()
+    proc = _start(args)
+    try:
+        assert _pid(proc) == proc.pid  # `pid` names the launcher
+        (child,) = _forked_children() - before
+        assert child != proc.pid
+        # its exit code comes back through the launcher
+        _send(proc, {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "crash", "arguments": {"code": 7}}})
+        assert proc.wait(timeout=30) == 7
+        assert wait_gone({child}, timeout=30) == []
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)])
+def test_a_signal_to_the_launcher_ends_the_server(sig: int, code: int) -> None:
+    """SIGTERM is relayed and the launcher dies of it as the server did; a SIGKILL, which no
+    process can relay, makes the fork server kill the child whose launcher's connection closed."""
+    before = _forked_children()
+    proc = _start(testserver_args())
+    try:
+        (child,) = _forked_children() - before
+        os.kill(proc.pid, sig)
+        assert proc.wait(timeout=30) == code
+        assert wait_gone({child}, timeout=30) == []
+    finally:
+        _stop(proc)
+
+
+def test_sigint_then_eof_ends_it_as_it_ends_an_exec_d_server() -> None:
+    """The server takes SIGINT as a KeyboardInterrupt, then ends once its stdin reader returns.
+    Through the launcher the same exit comes back (a launcher that kept SIGINT for itself would
+    die of it)."""
+    codes = []
+    for args in (testserver_args(exec_=True), testserver_args()):
+        proc = _start(args)
+        try:
+            proc.send_signal(signal.SIGINT)
+            assert proc.stdin is not None
+            proc.stdin.close()
+            codes.append(proc.wait(timeout=30))
+        finally:
+            _stop(proc)
+    assert codes[0] == codes[1], codes
+
+
+def test_closing_stdin_ends_the_server_and_its_launcher() -> None:
+    proc = _start(testserver_args())
+    assert proc.stdin is not None
+    try:
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        _stop(proc)
+
+
+def test_with_no_fork_server_the_launcher_execs_the_server(tmp_path: Any) -> None:
+    proc = _start(["-S", str(FORKSERVER), "--via", str(tmp_path / "nothing.sock"), str(TESTSERVER)])
+    try:
+        assert _pid(proc) == proc.pid  # the same process, now the server itself
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+            assert fh.read().split(b"\0")[1] == str(TESTSERVER).encode()
+    finally:
+        _stop(proc)
+
+
+def test_exec_bypasses_the_fork_server() -> None:
+    assert testserver_args("--tools", "2", exec_=True) == [str(TESTSERVER), "--transport", "stdio", "--tools", "2"]
