@@ -2,7 +2,9 @@
 
 - ``testserver.py`` / ``faultserver.py`` (this folder): the project's test servers. They are
   run by file path (``server_command``), so a child started by a daemon under test finds them
-  without the repository on its PYTHONPATH; they import only ``toolatlas`` and ``mcp``.
+  without the repository on its PYTHONPATH; they import only ``toolatlas`` and ``mcp``. Over
+  stdio (``testserver_args``/``faultserver_args``) the suite starts them from a fork server
+  (``forkserver.py``, one per pytest worker), so the SDK is imported once, not once a server.
 - ``weather`` / ``units`` / ``notes``: the user examples in ``toolatlas.examples``.
 - npm's server-everything (``EVERYTHING_BIN``, ``ServerFactory.everything``).
 
