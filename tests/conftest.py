@@ -30,14 +30,16 @@ from tests.support.postgres import PgServer, bindir
 from tests.support.servers import FORKSERVER_ENV, RunningServer, ServerFactory
 
 
-# The longest test files (by `make test`'s --durations), longest first, go first: with
-# `--dist loadfile` a worker takes whole files in collection order, and one of these taken
-# last runs alone at the end while the other workers idle. The rest keep their order.
+# The longest test files (their wall time in a quiet `pytest -n 4` run, stop 52's per-file
+# census), longest first, go first: with `--dist loadfile` a worker takes whole files in this
+# order, and one of these taken last runs alone at the end while the other workers idle. The
+# rest keep their order. (pytest_configure keeps xdist from reordering files by test count.)
 LONG_FILES = (
-    "e2e/test_fresh_start.py", "unit/test_eval.py", "e2e/test_crash_recovery.py", "integration/test_retrieval.py",
-    "e2e/test_replicas.py", "e2e/test_federation.py", "e2e/test_fuzz.py", "e2e/test_cards.py",
-    "integration/test_systemd_units.py", "e2e/test_learning.py", "integration/test_engine_warmup.py",
-    "integration/test_rift.py",
+    "e2e/test_replicas.py", "e2e/test_fresh_start.py", "integration/test_upstream_pool.py",
+    "e2e/test_upstream_rpc.py", "e2e/test_crash_recovery.py", "e2e/test_reload_applies.py", "e2e/test_learning.py",
+    "e2e/test_state_files.py", "integration/test_retrieval.py", "e2e/test_shim_restart.py", "e2e/test_doctor.py",
+    "e2e/test_cards.py", "e2e/test_daemon_rift.py", "e2e/test_fuzz.py", "e2e/test_client_limits.py",
+    "e2e/test_approval.py", "e2e/test_daemon_ops.py", "integration/test_systemd_units.py",
 )
 _TESTS = Path(__file__).resolve().parent
 
@@ -49,6 +51,14 @@ os.environ["XDG_CONFIG_HOME"] = str(TEST_CONFIG_HOME)
 # stdio test servers start from a fork server, the SDK imported once per worker, not once per
 # server (tests/support/servers/forkserver.py: a quarter of the suite's CPU went to those imports).
 os.environ[FORKSERVER_ENV] = "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist's loadfile hands out files by their number of tests, most first, unless told
+    # not to (`--loadscope-reorder`, its default): that set LONG_FILES' order aside, and the
+    # four-test, two-minute test_fresh_start.py went out among the last and ended the run alone.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
