@@ -69,7 +69,7 @@ def launch(sock_path: str, path: str, argv: list[str]) -> None:
         os.dup2(devnull, fd)
     os.close(devnull)
     line = reader.readline()
-    if not line.startswith(b"S "):  # the fork server went away: it killed the child on its way out
+    if not line.startswith(b"S "):  # the fork server went away, and its children with it (PDEATHSIG)
         os._exit(1)
     status = int(line[2:])
     if os.WIFSIGNALED(status):
