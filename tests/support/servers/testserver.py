@@ -7,7 +7,7 @@ Tools: ``echo``, ``sleep(seconds)``, ``hang`` (never returns), ``crash`` (the pr
 at once), ``add_tool(name, description)`` / ``remove_tool(name)`` (change the catalog and
 announce it on both protocol generations: the legacy notification on the calling session
 and a ``subscriptions/listen`` event; ``announce=false`` changes it silently), ``progress(steps)`` (progress notifications),
-``pid`` (the server's process id), plus ``--tools N`` generated ``gen_NNN`` tools, and with
+``pid`` (the process its client started: PROCESS_ID), plus ``--tools N`` generated ``gen_NNN`` tools, and with
 ``--blob`` ``blob(size, stream)`` (a result of ``size`` bytes of text; with ``stream``, after a
 notification).
 ``--start-delay-file F`` waits the seconds F holds, if it exists, before serving (a slow start).
