@@ -163,6 +163,12 @@ class Events:
     def __repr__(self) -> str:
         return f"<Events log_queries={self.log_queries} secrets={len(self.redactor)}>"
 
+    def audits(self, event: str) -> bool:
+        """Whether `event` goes to an audit trail (the file, the shared store's). A caller that
+        answers a request writes such a line before the answer: a daemon killed once the
+        answer is out must still have it."""
+        return event in AUDIT_EVENTS and (self.audit is not None or self.shared_audit is not None)
+
     def add_secrets(self, secrets: Sequence[str]) -> None:
         """Redact these too from now on (after a config reload brought new ones). For a
         header-style value "Scheme credential" the credential alone is redacted as well."""
@@ -183,7 +189,7 @@ class Events:
             if key == QUERY_FIELD and not self.log_queries:
                 continue
             record[f"field_{key}" if key in _RESERVED else key] = value
-        audited = event in AUDIT_EVENTS and (self.audit is not None or self.shared_audit is not None)
+        audited = self.audits(event)
         line = None if audited else self._plain_line(record)
         cleaned: dict[str, Any] = record
         if line is None:

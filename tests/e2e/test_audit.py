@@ -150,16 +150,26 @@ def test_a_killed_daemon_loses_no_written_line_and_queries_need_log_queries(tmp_
                daemon_extra="log_queries = true\n")
     with d:
         with d.client() as c:
+            # Each line is one write(2), made before its answer goes out (the audit is written
+            # ahead; the bookkeeping of a daemon without one follows the answer): the line is in
+            # the file when the answer arrives, and a daemon killed then loses none.
             for i in range(20):
                 c.call_tool("tool_search", {"query": f"find tool {i}"})
+                assert (audit_lines(audit)[-1]["event"], audit_lines(audit)[-1]["request"]) == (
+                    "tool_search_completed", c._id)
+            for i in range(5):
+                assert not c.call_tool("execute_tool", {"name": "one__echo", "arguments": {"message": f"m{i}"}})["isError"]
+                assert (audit_lines(audit)[-1]["event"], audit_lines(audit)[-1]["request"]) == (
+                    "execute_tool_completed", c._id)
             last = c._id
         kids = descendants(d.proc.pid)  # type: ignore[union-attr]
         d.stop(signal.SIGKILL)
         kill_all(kids)
-    searches = [e for e in audit_lines(audit) if e["event"] == "tool_search_completed"]
-    # each line is one write(2), made as its answer goes out: a daemon killed after the answers loses none
+    lines = audit_lines(audit)
+    searches = [e for e in lines if e["event"] == "tool_search_completed"]
     assert [e["query"] for e in searches] == [f"find tool {i}" for i in range(20)]
-    assert searches[-1]["request"] == last
+    calls = [e for e in lines if e["event"] == "execute_tool_completed"]
+    assert len(calls) == 5 and calls[-1]["request"] == last
 
 
 def test_a_caller_cannot_make_an_audit_line_of_its_own_size(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ sealed input state, route one `UpstreamCall` over the owner's warm session, and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -141,10 +142,14 @@ class CallService:
             raise
         # The metrics, the event line and the learning feedback after the reply: run as the
         # loop's next callback, they overlap the caller reading it (the reply's write comes
-        # first in this task step) and still precede anything the caller does next.
-        asyncio.get_running_loop().call_soon(self._done, time.perf_counter() - t0, server, "error" if outcome.is_error
-                                             else "ok", None, call.name, conn,
-                                             not outcome.is_error and outcome.input_required is None)
+        # first in this task step) and still precede anything the caller does next. With an
+        # audit trail they run before the reply: a daemon killed once it is out has the line.
+        done = functools.partial(self._done, time.perf_counter() - t0, server, "error" if outcome.is_error else "ok",
+                                 None, call.name, conn, not outcome.is_error and outcome.input_required is None)
+        if self._events.audits(ev.EXECUTE_TOOL_COMPLETED):
+            done()
+        else:
+            asyncio.get_running_loop().call_soon(done)
         return outcome
 
     def _done(self, seconds: float, server: str, outcome: str, exc: BaseException | None, name: str,

@@ -188,8 +188,12 @@ class SearchService:
         # After the answer's write: the answer is written in the task step that built it (the
         # socket's lane writes a cache hit at once, a miss's task sends it), and the loop runs
         # this before it reads anything more, so a caller's next request still finds this search
-        # counted and heard (as a relayed call's bookkeeping, calls.py).
-        asyncio.get_running_loop().call_soon(bookkeeping)
+        # counted and heard (as a relayed call's bookkeeping, calls.py). With an audit trail it
+        # runs before the answer: a daemon killed once the answer is out has the search's line.
+        if self._events.audits(ev.TOOL_SEARCH_COMPLETED):
+            bookkeeping()
+        else:
+            asyncio.get_running_loop().call_soon(bookkeeping)
         echo = query if len(query) <= QUERY_ECHO_CHARS else f"{query[:QUERY_ECHO_CHARS]}... ({len(query)} characters)"
         answer: dict[str, Any] = {"query": echo, "matches": matches, "degraded": degraded}
         if note is not None:
