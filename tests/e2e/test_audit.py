@@ -155,12 +155,12 @@ def test_a_killed_daemon_loses_no_written_line_and_queries_need_log_queries(tmp_
             # the file when the answer arrives, and a daemon killed then loses none.
             for i in range(20):
                 c.call_tool("tool_search", {"query": f"find tool {i}"})
-                assert (audit_lines(audit)[-1]["event"], audit_lines(audit)[-1]["request"]) == (
-                    "tool_search_completed", c._id)
+                written = audit_lines(audit)[-1]
+                assert (written["event"], written["request"]) == ("tool_search_completed", c._id)
             for i in range(5):
                 assert not c.call_tool("execute_tool", {"name": "one__echo", "arguments": {"message": f"m{i}"}})["isError"]
-                assert (audit_lines(audit)[-1]["event"], audit_lines(audit)[-1]["request"]) == (
-                    "execute_tool_completed", c._id)
+                written = audit_lines(audit)[-1]
+                assert (written["event"], written["request"]) == ("execute_tool_completed", c._id)
             last = c._id
         kids = descendants(d.proc.pid)  # type: ignore[union-attr]
         d.stop(signal.SIGKILL)

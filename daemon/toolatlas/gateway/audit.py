@@ -1,8 +1,11 @@
 """The audit fields every audit event carries (toolatlas.events.AUDIT_FIELDS), from the
-connection and the request the current task serves (`ports.REQUEST`, set by the surface)."""
+connection and the request the current task serves (`ports.REQUEST`, set by the surface), and
+when an answered request's bookkeeping runs (`bookkeep`)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from toolatlas import access
@@ -62,3 +65,15 @@ def _cut(text: str | None) -> str | None:
 
 
 __all__ = ["TEXT_CHARS", "deny", "via", "who"]
+
+
+def bookkeep(events: ev.Events, event: str, work: Callable[[], None]) -> None:
+    """Run an answered request's bookkeeping (metrics, its `event` line, the learning hook) as
+    the event loop's next callback: the answer's write comes first in the task step that built
+    it, so this overlaps the caller reading it and still precedes anything the caller does
+    next. When `event` goes to an audit trail it runs now, before the answer: a daemon killed
+    once the answer is out still has the line."""
+    if events.audits(event):
+        work()
+    else:
+        asyncio.get_running_loop().call_soon(work)

@@ -3,7 +3,6 @@ sealed input state, route one `UpstreamCall` over the owner's warm session, and 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import time
@@ -18,7 +17,7 @@ from toolatlas.calls import CallOutcome, CallRequest, InputRequired, UpstreamCal
 from toolatlas.catalog.model import ToolRecord
 from toolatlas.catalog.validate import ArgumentValidator
 from toolatlas.errors import BadInput, ToolatlasError, UpstreamTimeout, UpstreamUnavailable
-from toolatlas.gateway.audit import TEXT_CHARS, deny, shown, via, who
+from toolatlas.gateway.audit import TEXT_CHARS, bookkeep, deny, shown, via, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.exchange import REQUEST_KEY, Exchange, Parked
 from toolatlas.gateway.ports import Connection
@@ -140,16 +139,11 @@ class CallService:
                 deny(self._events, self._metrics, conn, via(), call.name,
                      f"{conn.principal} may not use upstream {parsed[0]!r}")
             raise
-        # The metrics, the event line and the learning feedback after the reply: run as the
-        # loop's next callback, they overlap the caller reading it (the reply's write comes
-        # first in this task step) and still precede anything the caller does next. With an
-        # audit trail they run before the reply: a daemon killed once it is out has the line.
-        done = functools.partial(self._done, time.perf_counter() - t0, server, "error" if outcome.is_error else "ok",
-                                 None, call.name, conn, not outcome.is_error and outcome.input_required is None)
-        if self._events.audits(ev.EXECUTE_TOOL_COMPLETED):
-            done()
-        else:
-            asyncio.get_running_loop().call_soon(done)
+        # The metrics, the event line and the learning feedback after the reply (or before it
+        # with an audit trail).
+        bookkeep(self._events, ev.EXECUTE_TOOL_COMPLETED, functools.partial(
+            self._done, time.perf_counter() - t0, server, "error" if outcome.is_error else "ok", None, call.name, conn,
+            not outcome.is_error and outcome.input_required is None))
         return outcome
 
     def _done(self, seconds: float, server: str, outcome: str, exc: BaseException | None, name: str,

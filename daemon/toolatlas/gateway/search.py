@@ -3,7 +3,6 @@ Rift notes, counted in the metrics and the event log."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -12,7 +11,7 @@ import anyio
 
 from toolatlas import events as ev
 from toolatlas.errors import BadInput
-from toolatlas.gateway.audit import deny, who
+from toolatlas.gateway.audit import bookkeep, deny, who
 from toolatlas.gateway.catalog import LiveCatalog
 from toolatlas.gateway.matches import MatchBuilder
 from toolatlas.gateway.ports import Connection
@@ -185,15 +184,9 @@ class SearchService:
             if self.on_answer is not None:
                 self.on_answer(conn, query, names)
 
-        # After the answer's write: the answer is written in the task step that built it (the
-        # socket's lane writes a cache hit at once, a miss's task sends it), and the loop runs
-        # this before it reads anything more, so a caller's next request still finds this search
-        # counted and heard (as a relayed call's bookkeeping, calls.py). With an audit trail it
-        # runs before the answer: a daemon killed once the answer is out has the search's line.
-        if self._events.audits(ev.TOOL_SEARCH_COMPLETED):
-            bookkeeping()
-        else:
-            asyncio.get_running_loop().call_soon(bookkeeping)
+        # After the answer's write (the socket's lane writes a cache hit at once, a miss's task
+        # sends it), or before it with an audit trail.
+        bookkeep(self._events, ev.TOOL_SEARCH_COMPLETED, bookkeeping)
         echo = query if len(query) <= QUERY_ECHO_CHARS else f"{query[:QUERY_ECHO_CHARS]}... ({len(query)} characters)"
         answer: dict[str, Any] = {"query": echo, "matches": matches, "degraded": degraded}
         if note is not None:
