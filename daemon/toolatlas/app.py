@@ -378,8 +378,10 @@ class EarlyStop:
 
 def main_serve(cfg: Config) -> int:
     early_stop = EarlyStop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, early_stop)
+    imports = signal.signal(signal.SIGINT, early_stop)  # cli.EarlyInterrupt, under `toolatlas serve`
+    signal.signal(signal.SIGTERM, early_stop)
+    if getattr(imports, "count", 0):  # a Ctrl-C during the imports whose KeyboardInterrupt was dropped
+        raise KeyboardInterrupt
     redactor = Redactor(secrets(cfg))
     _configure_logging(cfg.daemon.log_level, redactor)
     memory.tune_heap()

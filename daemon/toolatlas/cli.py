@@ -288,12 +288,21 @@ class EarlyHangup:
         self.count += 1
 
 
-def _interrupted(_signum: int, _frame: object) -> None:
+class EarlyInterrupt:
     """serve's SIGINT during its imports (app.main_serve then takes it): KeyboardInterrupt, as
     Python's own handler raises. Installed by us because with Python's default handler in place
     a Ctrl-C during the imports was lost under load (6 of 6 daemons started side by side and
-    interrupted then went on serving), while a handler of our own is always called."""
-    raise KeyboardInterrupt
+    interrupted then went on serving), while a handler of our own is always called. A handler
+    that runs inside a finalizer or a weakref callback (the import system's module-lock
+    cleanup is one) has its exception printed as "ignored" and dropped, so `count` also
+    records it: main_serve stops at once when it is not 0."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, _signum: int, _frame: object) -> None:
+        self.count += 1
+        raise KeyboardInterrupt
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -302,7 +311,7 @@ def _main(argv: list[str] | None = None) -> int:
         import signal
 
         signal.signal(signal.SIGHUP, EarlyHangup())
-        signal.signal(signal.SIGINT, _interrupted)
+        signal.signal(signal.SIGINT, EarlyInterrupt())
     if argv and argv[0] in _DELEGATED:
         import importlib
 
