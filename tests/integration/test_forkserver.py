@@ -134,3 +134,44 @@ def test_with_no_fork_server_the_launcher_execs_the_server(tmp_path: Any) -> Non
 
 def test_exec_bypasses_the_fork_server() -> None:
     assert testserver_args("--tools", "2", exec_=True) == [str(TESTSERVER), "--transport", "stdio", "--tools", "2"]
+
+
+_THREAD_STARTS_IT = """
+import os, sys, threading, time
+from tests.support import servers
+
+started = []
+thread = threading.Thread(target=lambda: started.append(servers.forkserver_socket()))
+thread.start()
+thread.join()
+proc = servers._forkserver[0]
+deadline = time.monotonic() + 5  # PR_SET_PDEATHSIG fired within ms of the thread's end
+while proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(started[0] is not None, proc.poll(), servers.forkserver_socket() is not None)
+"""
+
+
+def test_the_fork_server_outlives_the_thread_that_started_it() -> None:
+    """A worker's fork server is started by whichever thread first builds a stdio test server's
+    args. It was started with PR_SET_PDEATHSIG, which fires when that *thread* ends: started
+    from a short-lived thread it was killed, and the rest of the worker's servers were exec'd
+    (seen as three of this file's tests failing in a run beside a CPU hog). It now ends when
+    the pytest process is gone (its stdin, a pipe from that process, reads EOF)."""
+    env = dict(os.environ, **{servers.FORKSERVER_ENV: "1"})
+    out = subprocess.run([sys.executable, "-c", _THREAD_STARTS_IT], capture_output=True, text=True, timeout=90,
+                         env=env, cwd=str(servers.FORKSERVER.parents[3]))
+    assert out.stdout.split() == ["True", "None", "True"], (out.stdout, out.stderr)
+
+
+def test_the_fork_server_ends_with_the_process_that_started_it() -> None:
+    """The other half: once the pytest process is gone (killed outright, no atexit), so are its
+    fork server and the servers it forked."""
+    script = ("import os, signal, sys\nfrom tests.support import servers\n"
+              "servers.forkserver_socket()\nprint(servers._forkserver[0].pid, flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    env = dict(os.environ, **{servers.FORKSERVER_ENV: "1"})
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90,
+                         env=env, cwd=str(servers.FORKSERVER.parents[3]))
+    pid = int(out.stdout.split()[0])
+    assert wait_gone({pid}, timeout=30) == [], "the fork server outlived the process that started it"

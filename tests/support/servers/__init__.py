@@ -68,8 +68,11 @@ def forkserver_socket() -> str | None:
     import tempfile
 
     sock = os.path.join(tempfile.mkdtemp(prefix="toolatlas-fork-"), "fork.sock")
-    proc = subprocess.Popen([sys.executable, str(FORKSERVER), "--serve", sock], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    # Its stdin is a pipe this process holds open: EOF there ends it once this process is gone.
+    # (Not PR_SET_PDEATHSIG: that fires when the *thread* that started it ends, and any thread
+    # building a server's args may be the first.)
+    proc = subprocess.Popen([sys.executable, str(FORKSERVER), "--serve", sock], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL)
     _forkserver = (proc, sock)
     atexit.register(_stop_forkserver, proc, os.path.dirname(sock))
     deadline = time.monotonic() + START_TIMEOUT

@@ -90,7 +90,7 @@ def _relay(child: int, signum: int) -> None:
 
 def serve(sock_path: str) -> None:
     """Import the test servers, then fork one child per launcher until this process is killed
-    (it dies with the pytest worker that started it)."""
+    (or its stdin, a pipe from the pytest worker that started it, reads EOF: the worker is gone)."""
     import ctypes  # noqa: F401  (imported here, not in each child)
     import gc
     import importlib.util
@@ -114,10 +114,14 @@ def serve(sock_path: str) -> None:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(wake_r, selectors.EVENT_READ, "wake")
+    sel.register(0, selectors.EVENT_READ, "parent")  # a pipe from the pytest process: EOF when it is gone
     children: dict[int, socket.socket] = {}  # child pid -> its launcher's connection
     while True:
         for key, _ in sel.select():
-            if key.data == "wake":
+            if key.data == "parent":
+                if not os.read(0, 4096):
+                    os._exit(0)  # the children die with this process (PR_SET_PDEATHSIG)
+            elif key.data == "wake":
                 os.read(wake_r, 4096)
                 _reap(children, sel)
             elif key.data == "accept":
