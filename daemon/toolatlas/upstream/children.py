@@ -104,6 +104,8 @@ def _why_not_started(up: StdioUpstream, exc: OSError) -> str:
 
 _Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], str | None]
 _waiting: dict[str, tuple[_Key, subprocess.Popen[bytes]]] = {}
+_spawning = False  # a child is being spawned and not yet in _waiting
+_deferred: list[int] = []  # a SIGTERM that came meanwhile: acted on once the child is in _waiting
 
 
 def _key(up: StdioUpstream) -> _Key:
@@ -113,27 +115,37 @@ def _key(up: StdioUpstream) -> _Key:
 def prespawn(upstreams: Sequence[object], socket_path: str) -> list[str]:
     """Spawn the stdio upstreams among `upstreams` (enabled ones) to be taken by `take`;
     returns their names. A spawn that fails is left to the pool's own start to report."""
+    global _spawning
     if socket_answers(socket_path, timeout=0.5):
         return []
-    for up in upstreams:
-        if not isinstance(up, StdioUpstream) or not up.enabled or up.name in _waiting:
-            continue
+    early = [up for up in upstreams if isinstance(up, StdioUpstream) and up.enabled and up.name not in _waiting]
+    if early and not _waiting:
+        # Before the first fork: a SIGTERM between a fork and the handler's installation
+        # killed the daemon by the default action and left that child running.
+        atexit.register(discard)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _stop_children_then_die)
+    for up in early:
+        _spawning = True
         try:
-            child = spawn(up)
+            _waiting[up.name] = (_key(up), spawn(up))
         except (OSError, ValueError, subprocess.SubprocessError):
-            continue
-        if not _waiting:
-            atexit.register(discard)
-            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, _stop_children_then_die)
-        _waiting[up.name] = (_key(up), child)
+            pass
+        finally:
+            _spawning = False
+        if _deferred:
+            _stop_children_then_die(_deferred[0], None)
     return list(_waiting)
 
 
 def _stop_children_then_die(signum: int, _frame: object) -> None:
     """SIGTERM until the daemon takes it over (app.serve, after its imports): its default
     action ended the daemon without atexit, leaving the early children running (one that
-    does not read its stdin never notices). They are stopped, then the signal acts as before."""
+    does not read its stdin never notices). They are stopped, then the signal acts as before.
+    During a spawn it waits for the new child to be in `_waiting` (prespawn calls it again)."""
+    if _spawning:
+        _deferred.append(signum)
+        return
     discard()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
