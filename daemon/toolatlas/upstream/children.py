@@ -104,8 +104,8 @@ def _why_not_started(up: StdioUpstream, exc: OSError) -> str:
 
 _Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], str | None]
 _waiting: dict[str, tuple[_Key, subprocess.Popen[bytes]]] = {}
-_spawning = False  # a child is being spawned and not yet in _waiting
-_deferred: list[int] = []  # a SIGTERM that came meanwhile: acted on once the child is in _waiting
+_HELD = (signal.SIGINT, signal.SIGTERM)
+_deferred: list[int] = []  # of _HELD, what came during a spawn: sent again once the child is recorded
 
 
 def _key(up: StdioUpstream) -> _Key:
@@ -114,38 +114,42 @@ def _key(up: StdioUpstream) -> _Key:
 
 def prespawn(upstreams: Sequence[object], socket_path: str) -> list[str]:
     """Spawn the stdio upstreams among `upstreams` (enabled ones) to be taken by `take`;
-    returns their names. A spawn that fails is left to the pool's own start to report."""
-    global _spawning
+    returns their names. A spawn that fails is left to the pool's own start to report.
+
+    A SIGINT or SIGTERM that comes during a spawn is held until the child is in `_waiting`,
+    then sent again: acted on between the fork and the record, it lost the child (a Ctrl-C's
+    KeyboardInterrupt raised inside Popen; a SIGTERM before its handler was in place), which
+    then outlived the daemon."""
     if socket_answers(socket_path, timeout=0.5):
         return []
     early = [up for up in upstreams if isinstance(up, StdioUpstream) and up.enabled and up.name not in _waiting]
     if early and not _waiting:
-        # Before the first fork: a SIGTERM between a fork and the handler's installation
-        # killed the daemon by the default action and left that child running.
         atexit.register(discard)
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _stop_children_then_die)
     for up in early:
-        _spawning = True
+        held = {sig: signal.signal(sig, _hold) for sig in _HELD}
         try:
             _waiting[up.name] = (_key(up), spawn(up))
         except (OSError, ValueError, subprocess.SubprocessError):
             pass
         finally:
-            _spawning = False
-        if _deferred:
-            _stop_children_then_die(_deferred[0], None)
+            for sig, handler in held.items():
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        while _deferred:
+            os.kill(os.getpid(), _deferred.pop(0))  # to its own handler now
     return list(_waiting)
+
+
+def _hold(signum: int, _frame: object) -> None:
+    if signum not in _deferred:
+        _deferred.append(signum)
 
 
 def _stop_children_then_die(signum: int, _frame: object) -> None:
     """SIGTERM until the daemon takes it over (app.serve, after its imports): its default
     action ended the daemon without atexit, leaving the early children running (one that
-    does not read its stdin never notices). They are stopped, then the signal acts as before.
-    During a spawn it waits for the new child to be in `_waiting` (prespawn calls it again)."""
-    if _spawning:
-        _deferred.append(signum)
-        return
+    does not read its stdin never notices). They are stopped, then the signal acts as before."""
     discard()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
