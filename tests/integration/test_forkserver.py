@@ -145,7 +145,7 @@ thread = threading.Thread(target=lambda: started.append(servers.forkserver_socke
 thread.start()
 thread.join()
 proc = servers._forkserver[0]
-deadline = time.monotonic() + 5  # PR_SET_PDEATHSIG fired within ms of the thread's end
+deadline = time.monotonic() + 2  # a pass waits it out; PR_SET_PDEATHSIG killed within ms of the thread's end
 while proc.poll() is None and time.monotonic() < deadline:
     time.sleep(0.05)
 print(started[0] is not None, proc.poll(), servers.forkserver_socket() is not None)
