@@ -17,16 +17,22 @@ from tests.support.processes import descendants, kill_all, wait_gone
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("second", [None, signal.SIGINT, signal.SIGTERM])
-def test_sigint_to_the_group_ends_cleanly(tmp_path: Path, second: signal.Signals | None) -> None:
-    d = Daemon(tmp_path, "")
+def _serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """`python ARGS` (a daemon's start) in a session of its own, as `make run` starts one, its
+    output in tmp_path/out.log; systemd's notify socket is not passed on."""
     log = tmp_path / "out.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "daemon"), PYTHONUNBUFFERED="1")
     env.pop("NOTIFY_SOCKET", None)
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "toolatlas", "serve", "--config", str(d.config)],
-                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, *args], stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    return proc, log
+
+
+@pytest.mark.parametrize("second", [None, signal.SIGINT, signal.SIGTERM])
+def test_sigint_to_the_group_ends_cleanly(tmp_path: Path, second: signal.Signals | None) -> None:
+    d = Daemon(tmp_path, "")
+    proc, log = _serve(tmp_path, "-m", "toolatlas", "serve", "--config", str(d.config))
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -56,12 +62,7 @@ def test_ctrl_c_while_the_daemon_imports_is_a_quiet_exit(tmp_path: Path) -> None
     config noticed at once) printed a KeyboardInterrupt traceback from deep inside an import.
     It is exit 130 without one, and the stdio child started early is stopped."""
     d = Daemon(tmp_path, stdio_testserver("one"))
-    log = tmp_path / "out.log"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "daemon"), PYTHONUNBUFFERED="1")
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "toolatlas", "serve", "--config", str(d.config)],
-                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+    proc, log = _serve(tmp_path, "-m", "toolatlas", "serve", "--config", str(d.config))
     kids: set[int] = set()
     try:
         deadline = time.monotonic() + 60
@@ -110,13 +111,7 @@ def test_a_signal_as_the_event_loop_starts_is_a_clean_stop(tmp_path: Path, signa
     early child appeared kept running). A SIGTERM there killed it without its drain. Both now
     stop the daemon once it has started, cleanly: exit 0, drained, children gone."""
     d = Daemon(tmp_path, stdio_testserver("one"))
-    log = tmp_path / "out.log"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "daemon"), PYTHONUNBUFFERED="1")
-    env.pop("NOTIFY_SOCKET", None)
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-c", _EARLY_SIGNAL, str(d.config), signame],
-                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+    proc, log = _serve(tmp_path, "-c", _EARLY_SIGNAL, str(d.config), signame)
     try:
         code = proc.wait(timeout=90)
     finally:
@@ -162,13 +157,7 @@ def test_a_ctrl_c_dropped_in_a_finalizer_during_the_imports_still_stops_the_daem
     """The daemon went on serving when the Ctrl-C's exception was dropped (a full run on eight
     workers: the daemon still up 60 s after it). It exits 130 before serving; no socket."""
     d = Daemon(tmp_path, "")
-    log = tmp_path / "out.log"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "daemon"), PYTHONUNBUFFERED="1")
-    env.pop("NOTIFY_SOCKET", None)
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-c", _DROPPED_INTERRUPT, str(d.config)],
-                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+    proc, log = _serve(tmp_path, "-c", _DROPPED_INTERRUPT, str(d.config))
     try:
         code = proc.wait(timeout=60)
     except subprocess.TimeoutExpired:

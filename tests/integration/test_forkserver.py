@@ -136,6 +136,12 @@ def test_exec_bypasses_the_fork_server() -> None:
     assert testserver_args("--tools", "2", exec_=True) == [str(TESTSERVER), "--transport", "stdio", "--tools", "2"]
 
 
+def _python_with_a_fork_server(code: str) -> subprocess.CompletedProcess[str]:
+    """`python -c CODE` from the repo root, as a pytest worker that uses a fork server."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90,
+                          env=dict(os.environ, **{servers.FORKSERVER_ENV: "1"}), cwd=str(servers.FORKSERVER.parents[3]))
+
+
 _THREAD_STARTS_IT = """
 import os, sys, threading, time
 from tests.support import servers
@@ -158,9 +164,7 @@ def test_the_fork_server_outlives_the_thread_that_started_it() -> None:
     from a short-lived thread it was killed, and the rest of the worker's servers were exec'd
     (seen as three of this file's tests failing in a run beside a CPU hog). It now ends when
     the pytest process is gone (its stdin, a pipe from that process, reads EOF)."""
-    env = dict(os.environ, **{servers.FORKSERVER_ENV: "1"})
-    out = subprocess.run([sys.executable, "-c", _THREAD_STARTS_IT], capture_output=True, text=True, timeout=90,
-                         env=env, cwd=str(servers.FORKSERVER.parents[3]))
+    out = _python_with_a_fork_server(_THREAD_STARTS_IT)
     assert out.stdout.split() == ["True", "None", "True"], (out.stdout, out.stderr)
 
 
@@ -170,8 +174,6 @@ def test_the_fork_server_ends_with_the_process_that_started_it() -> None:
     script = ("import os, signal, sys\nfrom tests.support import servers\n"
               "servers.forkserver_socket()\nprint(servers._forkserver[0].pid, flush=True)\n"
               "os.kill(os.getpid(), signal.SIGKILL)\n")
-    env = dict(os.environ, **{servers.FORKSERVER_ENV: "1"})
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90,
-                         env=env, cwd=str(servers.FORKSERVER.parents[3]))
+    out = _python_with_a_fork_server(script)
     pid = int(out.stdout.split()[0])
     assert wait_gone({pid}, timeout=30) == [], "the fork server outlived the process that started it"
