@@ -1,5 +1,6 @@
 """The suite's fork server (tests/support/servers/forkserver.py): a stdio test server started
-through its launcher behaves, seen from the process that started it, as one exec'd there."""
+through its launcher behaves, seen from the process that started it, as one exec'd there; a
+daemon forked for a test (tests/support/forked.py) as one started with Popen."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from typing import Any
 import pytest
 
 from tests.support import servers
-from tests.support.processes import descendants, wait_gone
+from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.forked import Forked
+from tests.support.processes import children_of, descendants, parent_of, wait_gone
 from tests.support.servers import FORKSERVER, TESTSERVER, testserver_args
+from tests.support.servers.forkserver import DAEMON
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -177,3 +181,71 @@ def test_the_fork_server_ends_with_the_process_that_started_it() -> None:
     out = _python_with_a_fork_server(script)
     pid = int(out.stdout.split()[0])
     assert wait_gone({pid}, timeout=30) == [], "the fork server outlived the process that started it"
+
+
+# --- daemons (tests.support.forked.Forked, Daemon.start) ---------------------------------------
+
+def _forked(tmp_path: Any, argv: list[str], **env: str) -> tuple[Forked, Any]:
+    sock = servers.forkserver_socket()
+    assert sock is not None, "the suite runs without its fork server"
+    log = tmp_path / "out.log"
+    with open(log, "wb") as out, open(os.devnull, "rb") as devnull:
+        proc = Forked(sock, DAEMON, argv, env=dict(os.environ, PYTHONUNBUFFERED="1", **env), cwd=tmp_path,
+                      stdin=devnull.fileno(), stdout=out.fileno(), stderr=out.fileno())
+    return proc, log
+
+
+def test_a_forked_command_has_the_request_s_argv_folder_and_environment(tmp_path: Any) -> None:
+    """`toolatlas check-config toolatlas.toml` forked: the relative path is read in the folder
+    asked for, `${VAR}` expands from the environment sent (not the fork server's), the output
+    lands on the descriptors sent, and the exit code comes back."""
+    (tmp_path / "toolatlas.toml").write_text('[daemon]\nsocket = "${FORKED_SOCKET_DIR}/t.sock"\n')
+    proc, log = _forked(tmp_path, ["check-config", "toolatlas.toml"], FORKED_SOCKET_DIR=str(tmp_path / "here"))
+    assert proc.wait(timeout=60) == 0, log.read_text()
+    assert f"toolatlas.toml: OK (0 upstreams; socket {tmp_path / 'here'}/t.sock)" in log.read_text()
+    (tmp_path / "toolatlas.toml").write_text("[daemon\n")
+    proc, log = _forked(tmp_path, ["check-config", "toolatlas.toml"])
+    assert proc.wait(timeout=60) == 78 and "config error" in log.read_text(), log.read_text()
+
+
+def test_a_forked_daemon_is_the_process_its_test_holds(tmp_path: Any) -> None:
+    """Its pid is the daemon's own (its stdio child is its child), its log is written as it
+    goes (unbuffered, as PYTHONUNBUFFERED asks), SIGTERM ends it with 0, and poll/wait report
+    it as Popen would."""
+    d = Daemon(tmp_path, stdio_testserver("one")).start()
+    assert isinstance(d.proc, Forked)
+    assert d.search("add two numbers")[:1] == ["one__add_tool"]
+    kids = descendants(d.proc.pid)
+    assert kids and all(parent_of(k) == d.proc.pid for k in children_of(d.proc.pid))
+    assert "upstream one" in d.log.read_text()  # before it ends: nothing held in a buffer
+    assert d.proc.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        d.proc.wait(timeout=0.1)
+    assert d.stop(signal.SIGTERM) == 0 and d.proc.poll() == 0
+    assert "stopped" in d.log.read_text()
+    assert wait_gone(kids, timeout=30) == []
+
+
+def test_a_forked_daemon_killed_or_let_go_is_gone(tmp_path: Any) -> None:
+    """SIGKILL reads as -9, as from Popen; and a daemon whose Forked is closed (its test's
+    process gone) is killed by the fork server, never left running."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    d = Daemon(tmp_path / "a", "").start(ready=False)
+    assert d.stop(signal.SIGKILL) == -signal.SIGKILL
+    d = Daemon(tmp_path / "b", "").start(ready=False)
+    assert isinstance(d.proc, Forked)
+    pid = d.proc.pid
+    d.proc._conn.close()
+    d._logfh.close()
+    assert wait_gone({pid}, timeout=30) == [], "the daemon outlived the connection that held it"
+
+
+def test_exec_starts_a_fresh_interpreter(tmp_path: Any) -> None:
+    d = Daemon(tmp_path, "").start(ready=False, exec_=True)
+    try:
+        assert isinstance(d.proc, subprocess.Popen)
+        with open(f"/proc/{d.proc.pid}/cmdline", "rb") as fh:
+            assert fh.read().split(b"\0")[1:3] == [b"-m", b"toolatlas"]
+    finally:
+        d.stop()

@@ -14,7 +14,9 @@ from typing import Any
 
 from tests.support import REPO, TEST_CACHE_HOME
 from tests.support.processes import descendants, die_with_parent, kill_all
-from tests.support.servers import EVERYTHING_BIN, HOSTILE, faultserver_args, testserver_args
+from tests.support.forked import Forked
+from tests.support.servers import EVERYTHING_BIN, HOSTILE, faultserver_args, forkserver_socket, testserver_args
+from tests.support.servers.forkserver import DAEMON
 
 __all__ = ["REPO", "Daemon", "everything_upstream", "hostile_upstream", "seed_shared_models", "shared_onnx_models",
            "stdio_faultserver", "stdio_testserver", "url_upstream"]
@@ -95,22 +97,31 @@ class Daemon:
             f"{upstreams}"
         )
         self.log = tmp / "daemon.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | Forked | None = None
         if 'embedder = "onnx"' in search_extra and seed_models:
             seed_shared_models(tmp / "state" / "index")
 
     def start(self, *, wait_ready: float = 60.0, env: dict[str, str] | None = None, ready: bool = True,
-              cwd: Path | None = None) -> "Daemon":
+              cwd: Path | None = None, exec_: bool = False) -> "Daemon":
         """Spawn the daemon (in folder `cwd`, default this process's) and wait (up to
         `wait_ready` s) until its index is ready, or with `ready=False` only until its socket
-        answers catalog_status."""
+        answers catalog_status. In the suite it is forked from the worker's fork server, its
+        imports done (servers/forkserver.py); `exec_` starts a fresh interpreter instead, for a
+        test of what happens while the daemon imports or of the process a shell starts."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self._logfh = open(self.log, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "toolatlas", "serve", "--config", str(self.config)],
-            stdout=self._logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-            preexec_fn=die_with_parent,
-        )
+        argv = ["serve", "--config", str(self.config)]
+        sock = None if exec_ else forkserver_socket()
+        if sock is not None:
+            with open(os.devnull, "rb") as devnull:
+                self.proc = Forked(sock, DAEMON, argv, env=env, cwd=cwd, stdin=devnull.fileno(),
+                                   stdout=self._logfh.fileno(), stderr=self._logfh.fileno())
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "toolatlas", *argv],
+                stdout=self._logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+                preexec_fn=die_with_parent,
+            )
         deadline = time.monotonic() + wait_ready
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -17,6 +17,16 @@ the launcher, the process their client started and signals.
 With no fork server to reach, the launcher execs the server itself. What a launcher cannot stand
 in for (SIGSTOP, the process tree under the daemon) needs the server exec'd: ``testserver_args``
 and ``faultserver_args`` take ``exec_=True`` for those tests.
+
+Daemons under test start here too (``"script": "toolatlas"``, ``tests.support.daemon.Daemon``): a
+daemon's start was 1.3 CPU s on this machine, nearly all of it importing ``toolatlas.app`` (the
+SDK, numpy, ...), and the suite starts some 190. The fork server imports the package once; the
+child runs ``toolatlas.cli.main`` (what ``python -m toolatlas`` runs) on the request's argv,
+environment and folder, with its own stdio. There is no launcher: the pytest worker holds the
+connection itself (``forked.Forked``, a Popen stand-in with the daemon's real pid), so signals
+go straight to the daemon and its process tree is its own. What only a fresh interpreter shows
+(signals during the imports, the process group a shell starts, an environment read at import)
+needs the daemon exec'd: ``Daemon.start(exec_=True)``.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import struct
 import sys
 
 SCRIPTS = ("testserver", "faultserver")
+DAEMON = "toolatlas"  # a request for a daemon: `python -m toolatlas ARGV`
 _HEADER = struct.Struct("!I")
 _RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -102,6 +113,7 @@ def serve(sock_path: str) -> None:
         assert spec is not None and spec.loader is not None
         modules[script] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(modules[script])
+    modules[DAEMON] = _import_daemon()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path + ".new")
     listener.listen(64)
@@ -201,10 +213,13 @@ def _fork_one(conn: socket.socket, modules: dict[str, object], close: list[int])
             os.chdir(req["cwd"])
             os.environ.clear()
             os.environ.update(req["env"])
-            sys.argv = [_script_path(req["script"]), *req["argv"]]
-            module.PROCESS_ID = req["launcher"]  # type: ignore[attr-defined]
-            module.main(req["argv"])  # type: ignore[attr-defined]
-            code = 0
+            if req["script"] == DAEMON:
+                code = _run_daemon(module, req["argv"])
+            else:
+                sys.argv = [_script_path(req["script"]), *req["argv"]]
+                module.PROCESS_ID = req["launcher"]  # type: ignore[attr-defined]
+                module.main(req["argv"])  # type: ignore[attr-defined]
+                code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except BaseException:
@@ -227,6 +242,37 @@ def _fork_one(conn: socket.socket, modules: dict[str, object], close: list[int])
         os.waitpid(pid, 0)
         return None
     return pid
+
+
+def _import_daemon() -> object:
+    """What `python -m toolatlas serve` imports before it serves (cli, then app), once."""
+    import toolatlas.app  # noqa: F401
+    import toolatlas.cli
+
+    return toolatlas.cli
+
+
+def _run_daemon(cli: object, argv: list[str]) -> int:
+    """In the forked child: end as `python -m toolatlas ARGV` ends. Unbuffered stdio when the
+    request's environment asks for it (the fork server's own streams were made at its start);
+    then the interpreter's own shutdown, as far as a forked child can have it: non-daemon
+    threads joined, then the atexit handlers (the exit code is os._exit's, in the caller)."""
+    import atexit
+    import io
+    import threading
+
+    if os.environ.get("PYTHONUNBUFFERED"):
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
+                                      errors="backslashreplace")
+    sys.argv = [os.path.join(os.path.dirname(cli.__file__), "__main__.py"), *argv]  # type: ignore[attr-defined]
+    try:
+        code = int(cli.main(argv))  # type: ignore[attr-defined]
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    return code
 
 
 def _die_with_parent() -> None:
