@@ -112,11 +112,15 @@ class Daemon:
         self._logfh = open(self.log, "wb")
         argv = ["serve", "--config", str(self.config)]
         sock = None if exec_ else forkserver_socket()
+        self.proc = None
         if sock is not None:
-            with open(os.devnull, "rb") as devnull:
-                self.proc = Forked(sock, DAEMON, argv, env=env, cwd=cwd, stdin=devnull.fileno(),
-                                   stdout=self._logfh.fileno(), stderr=self._logfh.fileno())
-        else:
+            try:
+                with open(os.devnull, "rb") as devnull:
+                    self.proc = Forked(sock, DAEMON, argv, env=env, cwd=cwd, stdin=devnull.fileno(),
+                                       stdout=self._logfh.fileno(), stderr=self._logfh.fileno())
+            except OSError:  # the fork server went away: exec, as the stdio launcher does then
+                self.proc = None
+        if self.proc is None:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "toolatlas", *argv],
                 stdout=self._logfh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
