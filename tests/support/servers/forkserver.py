@@ -1,4 +1,4 @@
-"""A fork server for the suite's stdio test servers: the SDK's imports paid once, not per start.
+"""A fork server for the suite's stdio test servers and daemons: imports paid once, not per start.
 
     python forkserver.py --serve SOCKET                  # one per pytest worker (servers.forkserver_socket)
     python -S forkserver.py --via SOCKET SCRIPT.py ARGS...   # what a stdio upstream's config runs
@@ -21,9 +21,9 @@ and ``faultserver_args`` take ``exec_=True`` for those tests.
 Daemons under test start here too (``"script": "toolatlas"``, ``tests.support.daemon.Daemon``): a
 daemon with one stdio server, started, asked once and stopped, cost 1.45 CPU s exec'd and 0.25 s
 forked (``bench/suite_daemon.py``, a 2-core VM), the difference nearly all importing
-``toolatlas.app`` (the SDK, numpy, ...), and the suite starts some 190. The fork server imports the package once; the
-child runs ``toolatlas.cli.main`` (what ``python -m toolatlas`` runs) on the request's argv,
-environment and folder, with its own stdio. There is no launcher: the pytest worker holds the
+``toolatlas.app`` (the SDK, numpy, ...), and the suite starts some 190. The fork server imports
+the package once; the child runs ``toolatlas.cli.main`` (what ``python -m toolatlas`` runs) on
+the request's argv, environment and folder, with its own stdio. There is no launcher: the pytest worker holds the
 connection itself (``forked.Forked``, a Popen stand-in with the daemon's real pid), so signals
 go straight to the daemon and its process tree is its own. What only a fresh interpreter shows
 (signals during the imports, the process group a shell starts, an environment read at import)
