@@ -119,7 +119,7 @@ class Daemon:
                     self.proc = Forked(sock, DAEMON, argv, env=env, cwd=cwd, stdin=devnull.fileno(),
                                        stdout=self._logfh.fileno(), stderr=self._logfh.fileno())
             except OSError:  # the fork server went away: exec, as the stdio launcher does then
-                self.proc = None
+                pass
         if self.proc is None:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "toolatlas", *argv],

@@ -6,8 +6,6 @@ this process gone) makes the fork server SIGKILL it, as a launcher's end does.""
 
 from __future__ import annotations
 
-import array
-import json
 import os
 import select
 import signal
@@ -16,7 +14,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from tests.support.servers.forkserver import _HEADER
+from tests.support.servers.forkserver import send_request
 
 
 class Forked:
@@ -31,11 +29,8 @@ class Forked:
         try:
             self._conn.settimeout(30)
             self._conn.connect(sock_path)
-            body = json.dumps({"script": script, "argv": argv, "env": dict(env),
-                               "cwd": str(cwd) if cwd is not None else os.getcwd(),
-                               "launcher": os.getpid()}).encode()
-            self._conn.sendmsg([_HEADER.pack(len(body)) + body],
-                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [stdin, stdout, stderr]))])
+            send_request(self._conn, script, argv, env, str(cwd) if cwd is not None else os.getcwd(),
+                         (stdin, stdout, stderr))
             first = self._line()
             if not first.startswith(b"P "):
                 raise OSError(f"the fork server answered {first!r}, not a pid")

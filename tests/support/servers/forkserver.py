@@ -40,6 +40,7 @@ import socket
 import struct
 import sys
 import types
+from collections.abc import Mapping
 
 SCRIPTS = ("testserver", "faultserver")
 DAEMON = "toolatlas"  # a request for a daemon: `python -m toolatlas ARGV`
@@ -53,6 +54,17 @@ def _script_path(script: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{script}.py")
 
 
+def send_request(conn: socket.socket, script: str, argv: list[str], env: Mapping[str, str], cwd: str,
+                 fds: tuple[int, int, int]) -> None:
+    """Ask the fork server on `conn` for a child running `script` (one of SCRIPTS, or DAEMON)
+    with `argv`, `env` and folder `cwd` on `fds` as its stdin, stdout and stderr. It answers
+    "P <pid>" once forked, then "S <wait status>" when the child has ended."""
+    body = json.dumps({"script": script, "argv": argv, "env": dict(env), "cwd": cwd,
+                       "launcher": os.getpid()}).encode()
+    conn.sendmsg([_HEADER.pack(len(body)) + body],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+
+
 def launch(sock_path: str, path: str, argv: list[str]) -> None:
     """Run the test server at `path` with `argv` on this process's stdio in a child of the fork
     server at `sock_path` (or exec it here when that is not reachable), and end as that child
@@ -63,10 +75,7 @@ def launch(sock_path: str, path: str, argv: list[str]) -> None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(sock_path)
-        body = json.dumps({"script": script, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(),
-                           "launcher": os.getpid()}).encode()
-        conn.sendmsg([_HEADER.pack(len(body)) + body],
-                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+        send_request(conn, script, argv, os.environ, os.getcwd(), (0, 1, 2))
         reader = conn.makefile("rb")
         first = reader.readline()
     except OSError:
@@ -269,12 +278,10 @@ def _run_daemon(cli: types.ModuleType, argv: list[str]) -> int:
                                       errors="backslashreplace")
     sys.argv = [os.path.join(os.path.dirname(cli.__file__ or ""), "__main__.py"), *argv]
     try:
-        code = int(cli.main(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    return code
+        return int(cli.main(argv))
+    finally:  # also on SystemExit (argparse's), which the caller turns into the exit code
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
 
 
 def _die_with_parent() -> None:
