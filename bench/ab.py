@@ -53,7 +53,7 @@ from typing import Any
 import anyio
 from mcp import Client, StdioServerParameters
 
-from _common import REPO, Daemon, emit, interleaved, pct_ms, stdio_testserver, wait_settled
+from _common import REPO, Daemon, emit, interleaved, pct_ms, proc_cpu_s, stdio_testserver, wait_settled
 from tests.support.servers import testserver_args
 from toolatlas.surface.rawclient import RawClient
 from toolatlas.surface.unix import unix_client
@@ -93,7 +93,7 @@ def ratios(before: list[float], after: list[float]) -> dict[str, Any]:
     return {**r(before, after), "halves": [r(before[0::2], after[0::2]), r(before[1::2], after[1::2])]}
 
 
-async def _calls(n: int, sockets: dict[str, str], envs: dict[str, dict[str, str]]) -> dict[str, Any]:
+async def _calls(n: int, sockets: dict[str, str], envs: dict[str, dict[str, str]], pids: dict[str, int]) -> dict[str, Any]:
     upstream = StdioServerParameters(command=sys.executable, args=testserver_args())
     via = {"name": "bench__echo", "arguments": {"message": "hi"}}
     async with Client(upstream) as direct, Client(unix_client(sockets["before"])) as sock_b, \
@@ -107,9 +107,16 @@ async def _calls(n: int, sockets: dict[str, str], envs: dict[str, dict[str, str]
             "socket_before": (sock_b, "execute_tool", via), "socket_after": (sock_a, "execute_tool", via),
             "shim_before": (shim_b, "execute_tool", via), "shim_after": (shim_a, "execute_tool", via),
         }
+        cpu0 = {side: proc_cpu_s(pid) for side, pid in pids.items()}
         times = await interleaved(paths, n, warmup=20)
+        cpu = {side: proc_cpu_s(pid) - cpu0[side] for side, pid in pids.items()}
     d = times["direct"]
     out: dict[str, Any] = {k: figures(v) for k, v in times.items()}
+    # Each daemon's own CPU (user + system, /proc clock ticks) per call it served: socket and
+    # shim calls alike, the 20 warm-up rounds included. What the gateway costs, not what it waits.
+    per_call = {side: round(c / (2 * (n + 20)) * 1000, 3) for side, c in cpu.items()}
+    out["daemon_cpu_ms_per_call"] = {**per_call, "ratio": round(per_call["after"] / per_call["before"], 3)
+                                     if per_call.get("before") else None}
     for path in ("socket", "shim"):
         b, a = times[f"{path}_before"], times[f"{path}_after"]
         over_b = [x - y for x, y in zip(b, d)]
@@ -126,7 +133,8 @@ def bench_calls(tmp: Path, trees: dict[str, Path], n: int) -> dict[str, Any]:
     try:
         for side, d in daemons.items():
             d.start(env=envs[side], wait_ready=120)
-        return anyio.run(_calls, n, {s: d.socket for s, d in daemons.items()}, envs)
+        pids = {s: d.proc.pid for s, d in daemons.items() if d.proc is not None}
+        return anyio.run(_calls, n, {s: d.socket for s, d in daemons.items()}, envs, pids)
     finally:
         for d in daemons.values():
             d.__exit__(None, None, None)
