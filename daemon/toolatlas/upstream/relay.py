@@ -37,6 +37,7 @@ from toolatlas.jsonlines import MAX_DEPTH, Oversized, deeper_than
 from toolatlas.upstream.bounded import invalid, refusal, response_problem, too_many_blocks
 from toolatlas.upstream.client import MAX_PROGRESS_QUEUED
 from toolatlas.upstream.inbound import Inbound
+from toolatlas.upstream import plain
 from toolatlas.upstream.outputs import harden
 
 logger = logging.getLogger(__name__)
@@ -218,8 +219,11 @@ async def relay_call(client: Client, pending: Pending, send: Any, call: Upstream
         raise MCPError(code=err.code, message=err.message, data=err.data)
     result = reply.get("result")
     version = client.protocol_version or "2025-11-25"
-    try:  # the SDK's `validate_server_result` is this call with its output dropped: keep it
-        wire: dict[str, Any] | None = _methods.serialize_server_result("tools/call", version, result)  # type: ignore[arg-type]
+    # the SDK's `validate_server_result` is this call with its output dropped: keep it
+    wire: dict[str, Any] | None = plain.wire(version, result)  # the same, by hand, for a plain result
+    try:
+        if wire is None:
+            wire = _methods.serialize_server_result("tools/call", version, result)  # type: ignore[arg-type]
     except KeyError:
         wire = None
     except ValueError:  # pydantic's "Maximum serialization depth exceeded": what the SDK path says
