@@ -3,6 +3,7 @@ server, real pipes and a real Unix socket; no daemon."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -205,3 +206,44 @@ def test_a_signal_right_after_an_early_fork_stops_that_child(tmp_path: Path, sig
     finally:
         if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+
+async def test_stdout_chunks_go_to_the_tap_only_while_the_reader_waits_with_nothing_buffered() -> None:
+    """The raw relay's tap (children._PipeReader): a chunk that arrives while the reading
+    task waits is offered to it; one that arrives while an earlier chunk waits to be read is
+    buffered behind it, so what `receive` returns keeps the pipe's order."""
+    r, w = os.pipe()
+    with os.fdopen(r, "rb", buffering=0) as pipe:
+        reader = await children._reader(asyncio.get_running_loop(), pipe)
+        tapped: list[bytes] = []
+        reader.tap = lambda data: data.startswith(b"tap") and not tapped.append(data)
+        got: list[bytes] = []
+
+        async def read_one() -> None:
+            got.append(await reader.receive())
+
+        async def waiting() -> None:
+            while not reader._idle:
+                await anyio.sleep(0.01)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read_one)
+                await waiting()
+                os.write(w, b"tap 1\n")  # through the real pipe, to the tap
+                while not tapped:
+                    await anyio.sleep(0.01)
+                os.write(w, b"plain\n")  # not the tap's: the waiting task reads it
+            assert tapped == [b"tap 1\n"] and got == [b"plain\n"]
+            # Two chunks in one turn of the loop while the task waits: the second, the tap's
+            # kind, is buffered behind the first rather than passing it.
+            protocol = reader._transport.get_protocol()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read_one)
+                await waiting()
+                protocol.data_received(b"first\n")
+                protocol.data_received(b"tap 2\n")
+            assert got[1:] == [b"first\ntap 2\n"] and tapped == [b"tap 1\n"]  # read together, in order
+        await reader.aclose()
+    os.close(w)

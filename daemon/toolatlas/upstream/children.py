@@ -31,7 +31,7 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
 import anyio
@@ -192,14 +192,33 @@ def _stop(child: subprocess.Popen[bytes], *, at_once: bool = False) -> None:
 
 
 class _PipeReader(anyio.abc.ByteReceiveStream):
-    """A child's stdout or stderr on the event loop (as anyio's own subprocess streams)."""
+    """A child's stdout or stderr on the event loop (as anyio's own subprocess streams).
+
+    `tap`, when set, is offered each chunk as it arrives while the reading task waits with
+    nothing buffered; a chunk it returns True for is consumed there and never read. The
+    stdio transport taps stdout for the raw relay's replies, which then reach their waiting
+    call without first waking the reading task. Anything arriving while a chunk waits to be
+    read is buffered behind it, so the order of what is read does not change."""
 
     def __init__(self, reader: asyncio.StreamReader, transport: asyncio.BaseTransport) -> None:
         self._reader = reader
         self._transport = transport
+        self.tap: Callable[[bytes], bool] | None = None
+        self._idle = False  # the reader waits in read() with nothing buffered
+
+    def offer(self, data: bytes) -> bool:
+        """Whether `tap` took `data` (else the caller buffers it for `receive`)."""
+        if self._idle and self.tap is not None and self.tap(data):
+            return True
+        self._idle = False
+        return False
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        data = await self._reader.read(max_bytes)
+        self._idle = True
+        try:
+            data = await self._reader.read(max_bytes)
+        finally:
+            self._idle = False
         if data:
             return data
         raise anyio.EndOfStream
@@ -306,6 +325,10 @@ class ChildProcess(anyio.abc.Process):
     def returncode(self) -> int | None:
         return self._popen.poll()
 
+    def tap_stdout(self, tap: Callable[[bytes], bool] | None) -> None:
+        """Offer stdout's chunks to `tap` first (`_PipeReader`); None stops it."""
+        self._stdout.tap = tap
+
     @property
     def stdin(self) -> anyio.abc.ByteSendStream:
         return self._stdin
@@ -377,10 +400,23 @@ async def stop_process(process: anyio.abc.Process, name: str) -> int | None:
     return sent
 
 
+class _Protocol(asyncio.StreamReaderProtocol):
+    """StreamReaderProtocol whose chunks are first offered to its `_PipeReader`'s tap."""
+
+    pipe: _PipeReader | None = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.pipe is not None and self.pipe.offer(data):
+            return
+        super().data_received(data)
+
+
 async def _reader(loop: asyncio.AbstractEventLoop, pipe: IO[bytes]) -> _PipeReader:
     reader = asyncio.StreamReader(loop=loop)
-    transport, _protocol = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
-    return _PipeReader(reader, transport)
+    protocol = _Protocol(reader, loop=loop)
+    transport, _ = await loop.connect_read_pipe(lambda: protocol, pipe)
+    protocol.pipe = out = _PipeReader(reader, transport)
+    return out
 
 
 __all__ = ["INHERITED_ENV", "ChildProcess", "child_environment", "discard", "prespawn", "spawn", "SpawnError", "stop_process", "take"]

@@ -249,6 +249,16 @@ class StdioProcess:
         async def stdout_reader() -> None:
             assert process.stdout is not None
             lines = BoundedLines(up.max_result_bytes)
+            relay = self.relay
+
+            def tap(chunk: bytes) -> bool:
+                """A chunk that is one whole line of a relayed call's (its reply or progress),
+                nothing of an earlier line pending: to its waiting call, as the loop below
+                hands it, without this task's turn of the event loop first."""
+                return bool(relay) and not lines.pending and chunk.find(b"\n") == len(chunk) - 1 \
+                    and len(chunk) - 1 <= lines.limit and relay.take(chunk[:-1])
+
+            process.tap_stdout(tap)
             try:
                 async with read_writer:
                     async for chunk in process.stdout:
@@ -275,6 +285,7 @@ class StdioProcess:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass
             finally:
+                process.tap_stdout(None)
                 stdout_ended.set()
                 self.relay.close()
                 self._garbage.flush()
