@@ -140,3 +140,44 @@ async def test_a_cancelled_receive_leaves_the_stream_usable() -> None:
         with anyio.fail_after(10):
             assert await stream.receive() == b"after\n"
     peer.close()
+
+
+async def test_a_tap_takes_chunks_only_while_a_receive_waits_with_nothing_buffered() -> None:
+    """`set_tap` (the relay's socket lane): a chunk arriving while a receive waits is offered
+    to the tap; one arriving while an earlier chunk waits to be received is buffered behind
+    it, so what is received keeps the peer's order; a chunk the tap declines is received."""
+    stream, peer = await pair()
+    tapped: list[bytes] = []
+    stream.set_tap(lambda data: data.startswith(b"tap") and not tapped.append(data))
+    got: list[bytes] = []
+
+    async def receive_one() -> None:
+        got.append(await stream.receive())
+
+    async def waiting() -> None:
+        while stream._protocol.read_waiter is None:
+            await anyio.sleep(0.01)
+
+    async with stream:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receive_one)
+                await waiting()
+                peer.sendall(b"tap 1\n")  # through the real socket, to the tap
+                while not tapped:
+                    await anyio.sleep(0.01)
+                peer.sendall(b"plain\n")  # declined by the tap: received
+            assert tapped == [b"tap 1\n"] and got == [b"plain\n"]
+            async with anyio.create_task_group() as tg:  # two chunks in one turn of the loop
+                tg.start_soon(receive_one)
+                await waiting()
+                stream._protocol.data_received(b"first\n")
+                stream._protocol.data_received(b"tap 2\n")
+            assert got[1:] == [b"first\n"] and await stream.receive() == b"tap 2\n" and tapped == [b"tap 1\n"]
+            stream.set_tap(None)
+            async with anyio.create_task_group() as tg:  # no tap: everything is received
+                tg.start_soon(receive_one)
+                await waiting()
+                peer.sendall(b"tap 3\n")
+            assert got[2:] == [b"tap 3\n"] and tapped == [b"tap 1\n"]
+    peer.close()

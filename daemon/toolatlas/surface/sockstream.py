@@ -28,6 +28,7 @@ import asyncio
 import select
 import socket
 from collections import deque
+from collections.abc import Callable
 from typing import cast
 
 import anyio
@@ -51,6 +52,7 @@ class _Protocol(asyncio.Protocol):
         self.writable = True  # False between pause_writing and resume_writing
         self.read_waiter: asyncio.Future[None] | None = None  # a receive waiting for data
         self.write_waiter: asyncio.Future[None] | None = None  # a send waiting for the buffer to drain
+        self.tap: Callable[[bytes], bool] | None = None
 
     def wake_reader(self) -> None:
         if self.read_waiter is not None and not self.read_waiter.done():
@@ -64,6 +66,9 @@ class _Protocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
 
     def data_received(self, data: bytes) -> None:
+        waiter = self.read_waiter
+        if self.tap is not None and not self.chunks and waiter is not None and not waiter.done() and self.tap(data):
+            return  # taken while the reader waits with nothing buffered: see TransportStream.set_tap
         self.chunks.append(data)
         self.size += len(data)
         if self.size > READ_HIGH and not self.paused and self.transport is not None:
@@ -112,6 +117,13 @@ class TransportStream(anyio.abc.ByteStream):
             sock.close()
             raise
         return cls(transport, proto)
+
+    def set_tap(self, tap: Callable[[bytes], bool] | None) -> None:
+        """Offer each chunk that arrives while a receive waits with nothing buffered to `tap`
+        first; one it returns True for is consumed there and never received. Anything that
+        arrives while a chunk waits to be received is buffered behind it, so what is
+        received keeps the peer's order. None stops it."""
+        self._protocol.tap = tap
 
     def peer_closed(self) -> bool:
         """Whether the peer closed its socket (POLLHUP), not only its sending half as the shim

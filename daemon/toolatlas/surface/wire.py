@@ -17,6 +17,7 @@ would otherwise grow the daemon without bound (100,000 searches held 800 MB).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import logging
@@ -145,6 +146,7 @@ async def ndjson_streams(
     last_traffic = time.monotonic()
 
     gone = False  # a write failed: nobody reads this connection any more
+    started = False  # a first complete line has arrived
 
     async def send_raw(data: bytes) -> None:
         nonlocal last_traffic, gone
@@ -234,6 +236,29 @@ async def ndjson_streams(
             start(msg.get("id"), reply)
         return True
 
+    async def ready(reply: dict[str, Any]) -> dict[str, Any]:
+        return reply
+
+    def tap(data: bytes) -> bool:
+        """A chunk that is one whole `tools/call` line the lane takes, arriving while the
+        reader waits with nothing of a line pending on a started connection: handed to the
+        lane from the socket's protocol, as `take` and `handle_line` would hand it, without
+        the reader's own turn of the event loop. Anything else is left to the reader."""
+        nonlocal last_traffic
+        if not started or splitter.pending or fast_lane is None or data.find(b"\n") != len(data) - 1 \
+                or len(data) - 1 > limit() or b'"tools/call"' not in data or len(lane_tasks) + owed.count >= max_in_flight:
+            return False
+        try:
+            msg = _decode(data)
+            reply = fast_lane(msg, send_if_open) if isinstance(msg, dict) and msg.get("method") == "tools/call" else None
+        except Exception:  # noqa: BLE001 - bad JSON and the like: the reader hands it to the SDK
+            return False
+        if reply is None:
+            return False
+        last_traffic = time.monotonic()
+        start(msg.get("id"), ready(reply) if isinstance(reply, dict) else reply)
+        return True
+
     async def over_limit(line: bytes) -> bool:
         """Whether `line` is a request refused for the requests already in flight."""
         nonlocal crowded
@@ -300,7 +325,6 @@ async def ndjson_streams(
 
     async def reader() -> None:
         nonlocal last_traffic
-        started = False  # a first complete line has arrived
 
         async def take(data: bytes) -> None:
             nonlocal last_traffic, started
@@ -310,6 +334,12 @@ async def ndjson_streams(
             for line in splitter.feed(data):
                 await handle_line(line)
 
+        # The tap runs in the socket protocol's callback: in this task's context (the
+        # connection's contextvars), as `start` here would run a lane request.
+        set_tap = getattr(stream, "set_tap", None) if fast_lane is not None else None
+        if set_tap is not None:
+            context = contextvars.copy_context()
+            set_tap(lambda data: context.run(tap, data))
         try:
             async with read_writer:
                 while True:
@@ -355,6 +385,9 @@ async def ndjson_streams(
                         return
         except anyio.ClosedResourceError:
             pass
+        finally:
+            if set_tap is not None:
+                set_tap(None)
 
     async def writer() -> None:
         try:
