@@ -3,8 +3,8 @@
 The SDK path builds and validates a request model, hands it through the client's dispatcher
 (a task, memory streams, a model dump on the child's stdin), parses the reply line into a
 JSON-RPC model, validates the result against the protocol version and again as a
-`CallToolResult`. The relay writes the request line itself (stamped by the session's own
-`_stamp`, so both protocol eras carry the `_meta` they carry today) with an id of its own
+`CallToolResult`. The relay writes the request line itself (with the `_meta` the session's
+own `_stamp` puts on it, so both protocol eras carry what they carry today) with an id of its own
 (``ta-relay-N``), and the child's stdout reader hands the reply line with that id straight
 back (`Pending.take`), decoded once, with progress notifications for its token. What the SDK
 checks on the way stays: the result is validated against the upstream's protocol version
@@ -19,8 +19,10 @@ made again that way: a 2026-07-28 tool asks before it acts).
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import logging
+import weakref
 from typing import Any
 
 import anyio
@@ -192,6 +194,31 @@ def resource_uris(result: dict[str, Any]) -> tuple[str, ...]:
     return tuple(uris)
 
 
+@functools.lru_cache(maxsize=16)
+def _later_fields(version: str) -> frozenset[str]:
+    """The SDK client's rule for a tools/call result on `version` (fixed per version)."""
+    return _later_revision_fields("tools/call", version)
+
+
+# A session's request stamp (mcp==2.3.0's `_stamp`: the 2025-era handshake stamp puts headers
+# only, the 2026-07-28 one also the protocol version, client info and capabilities, and a
+# log level, in `_meta`) puts the same `_meta` on every tools/call; only its HTTP headers
+# depend on the call. The `_meta` is read once per stamp from a probe request.
+_STAMPED: weakref.WeakKeyDictionary[Any, dict[str, Any] | None] = weakref.WeakKeyDictionary()
+
+
+def _stamped_meta(session: Any) -> dict[str, Any] | None:
+    """The `_meta` the SDK session's stamp puts on a tools/call request (None: none)."""
+    stamp = session._stamp  # noqa: SLF001 (mcp==2.3.0)
+    try:
+        return _STAMPED[stamp]
+    except KeyError:
+        probe: dict[str, Any] = {"method": "tools/call", "params": {}}
+        stamp(probe, {})
+        meta = _STAMPED[stamp] = probe["params"].get("_meta") or None
+        return meta
+
+
 async def relay_call(client: Client, pending: Pending, send: Any, call: UpstreamCall, inbound: Inbound) -> UpstreamReply:
     """`call` on `client`'s warm stdio session through the relay; the reply's `payload` is
     the wire-form result (a dict). Raises what the SDK path raises (see the module docstring)."""
@@ -206,7 +233,9 @@ async def relay_call(client: Client, pending: Pending, send: Any, call: Upstream
             data["params"]["inputResponses"] = dict(call.input_responses)
         if call.request_state is not None:
             data["params"]["requestState"] = call.request_state
-    session._stamp(data, {})  # noqa: SLF001 (mcp==2.3.0): the `_meta` the SDK puts on every request
+    meta = _stamped_meta(session)
+    if meta is not None:
+        data["params"]["_meta"] = dict(meta)
     message = {"jsonrpc": "2.0", "id": None, **data}
     with inbound.call(call.tool, call.elicit, call.log, call.log_scoped_only):
         reply = await pending.request(send, message, call.progress)
@@ -233,7 +262,7 @@ async def relay_call(client: Client, pending: Pending, send: Any, call: Upstream
                                                           "reads").error) from None
     if not isinstance(result, dict):
         raise MCPError(code=mcp_types.INTERNAL_ERROR, message="tools/call result is not an object")
-    foreign = _later_revision_fields("tools/call", version)
+    foreign = _later_fields(version)
     if not foreign.isdisjoint(result):
         result = {k: v for k, v in result.items() if k not in foreign}
     if result.get("resultType") == "input_required":
