@@ -181,3 +181,16 @@ async def test_a_tap_takes_chunks_only_while_a_receive_waits_with_nothing_buffer
                 peer.sendall(b"tap 3\n")
             assert got[2:] == [b"tap 3\n"] and tapped == [b"tap 1\n"]
     peer.close()
+
+
+async def test_send_now_writes_at_once_while_open_and_refuses_after_the_end() -> None:
+    stream, peer = await pair()
+    async with stream:
+        assert stream.send_now(b"at once\n")
+        peer.settimeout(10)
+        assert peer.recv(100) == b"at once\n"
+        await stream.send_eof()
+        assert not stream.send_now(b"too late\n")  # `send` raises here; this writes nothing
+    assert not stream.send_now(b"closed\n")
+    assert peer.recv(100) == b""  # EOF: nothing after the half-close reached the peer
+    peer.close()

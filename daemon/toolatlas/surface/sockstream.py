@@ -185,6 +185,15 @@ class TransportStream(anyio.abc.ByteStream):
         while not proto.writable and not proto.lost and not self._closing:
             await self._wait(reading=False)
 
+    def send_now(self, item: bytes) -> bool:
+        """Write `item` without waiting, when the stream is open and its buffer below the
+        high-water mark (`send` would not wait before writing); False: nothing was written."""
+        proto = self._protocol
+        if self._closing or proto.lost or self._eof_sent or self._transport.is_closing() or not proto.writable:
+            return False
+        self._transport.write(item)
+        return True
+
     async def send_eof(self) -> None:
         if self._closing:
             raise anyio.ClosedResourceError

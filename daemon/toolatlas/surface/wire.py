@@ -239,6 +239,8 @@ async def ndjson_streams(
     async def ready(reply: dict[str, Any]) -> dict[str, Any]:
         return reply
 
+    send_now: Callable[[bytes], bool] | None = getattr(stream, "send_now", None)
+
     def tap(data: bytes) -> bool:
         """A chunk that is one whole `tools/call` line the lane takes, arriving while the
         reader waits with nothing of a line pending on a started connection: handed to the
@@ -256,7 +258,12 @@ async def ndjson_streams(
         if reply is None:
             return False
         last_traffic = time.monotonic()
-        start(msg.get("id"), ready(reply) if isinstance(reply, dict) else reply)
+        if isinstance(reply, dict):  # answered already (a cached search): written now when the
+            # socket takes it without waiting, before the work the lane left for after its answer
+            if not gone and not send_lock.locked() and send_now is not None and send_now(_encode(reply) + b"\n"):
+                return True
+            reply = ready(reply)
+        start(msg.get("id"), reply)
         return True
 
     async def over_limit(line: bytes) -> bool:
