@@ -121,7 +121,10 @@ async def ndjson_streams(
     in its own task, which a `notifications/cancelled` naming the request, or the end of the
     connection, cancels; no response is sent then), or None to pass the request on to the
     SDK. `send(line)` writes a line to the peer (a progress notification), dropping it when
-    the peer has gone.
+    the peer has gone. On a stream with `set_tap` (the socket's TransportStream), a chunk that
+    is one whole `tools/call` line arriving while the reader waits goes to the lane from the
+    stream's protocol (`tap`), with the same checks and the same results, one turn of the
+    event loop sooner.
 
     `max_bytes` may be a callable, read as each chunk arrives (a reload's new limit applies to
     the connections already open). With `message_timeout`, the first message and every

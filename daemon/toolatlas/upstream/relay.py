@@ -36,10 +36,10 @@ from mcp_types import methods as _methods
 from toolatlas.calls import InputRequired, ProgressFn, UpstreamCall, UpstreamReply
 from toolatlas.config import Upstream
 from toolatlas.jsonlines import MAX_DEPTH, Oversized, deeper_than
+from toolatlas.upstream import plain
 from toolatlas.upstream.bounded import invalid, refusal, response_problem, too_many_blocks
 from toolatlas.upstream.client import MAX_PROGRESS_QUEUED
 from toolatlas.upstream.inbound import Inbound
-from toolatlas.upstream import plain
 from toolatlas.upstream.outputs import harden
 
 logger = logging.getLogger(__name__)
