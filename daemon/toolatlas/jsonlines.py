@@ -25,12 +25,15 @@ _ID_PATTERN = rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)'
 MAX_DEPTH = 200
 
 
-def deeper_than(obj: Any, limit: int) -> bool:
-    """Whether decoded JSON `obj` nests arrays and objects more than `limit` levels deep."""
+def deeper_than(obj: Any, limit: int, *, containers: int | None = None) -> bool:
+    """Whether decoded JSON `obj` nests arrays and objects more than `limit` levels deep (with
+    `containers`: or holds more than that many arrays and objects; the walk stops there)."""
     stack = [(obj, 1)]
+    seen = 0
     while stack:
         node, depth = stack.pop()
-        if depth > limit:
+        seen += 1
+        if depth > limit or (containers is not None and seen > containers):
             return True
         children = node.values() if isinstance(node, dict) else node
         stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))

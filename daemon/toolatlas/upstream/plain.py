@@ -20,6 +20,8 @@ import mcp_types
 from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from toolatlas.jsonlines import deeper_than
+
 _SERVER_INFO = mcp_types.SERVER_INFO_META_KEY
 _KEYS = frozenset({"_meta", "content", "isError", "resultType", "structuredContent"})
 _TEXT_KEYS = frozenset({"type", "text"})
@@ -60,17 +62,7 @@ _MAX_CONTAINERS = 256
 def _small(value: object) -> bool:
     """Whether decoded JSON `value` holds at most _MAX_CONTAINERS arrays and objects, nested
     at most _MAX_NESTING deep."""
-    stack = [(value, 1)]
-    budget = _MAX_CONTAINERS
-    while stack:
-        node, depth = stack.pop()
-        budget -= 1
-        if budget < 0 or depth > _MAX_NESTING:
-            return False
-        for child in node.values() if type(node) is dict else node:  # type: ignore[attr-defined]
-            if type(child) is dict or type(child) is list:
-                stack.append((child, depth + 1))
-    return True
+    return not deeper_than(value, _MAX_NESTING, containers=_MAX_CONTAINERS)
 
 
 def wire(version: str, result: object) -> dict[str, Any] | None:
