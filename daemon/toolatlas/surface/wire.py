@@ -222,21 +222,28 @@ async def ndjson_streams(
                 task.cancel()
                 log.debug("request %r cancelled by the client; no response", params.get("requestId"))
 
-    async def fast(line: bytes) -> bool:
-        """Whether `fast_lane` took this line (a failure to parse it leaves it to the SDK)."""
+    def laned(line: bytes) -> tuple[Any, Any] | None:
+        """The id and the lane's reply (a response, or an awaitable of one) of a `tools/call`
+        line the lane takes; None: not taken (a failure to parse it leaves it to the SDK)."""
         assert fast_lane is not None
         try:
             msg = _decode(line)
             reply = fast_lane(msg, send_if_open) if isinstance(msg, dict) and msg.get("method") == "tools/call" else None
         except Exception:  # noqa: BLE001 - bad JSON and the like: the SDK path reports it
             log.debug("fast lane passed on a message", exc_info=True)
+            return None
+        return None if reply is None else (msg.get("id"), reply)
+
+    async def fast(line: bytes) -> bool:
+        """Whether `fast_lane` took this line."""
+        got = laned(line)
+        if got is None:
             return False
-        if reply is None:
-            return False
+        id_, reply = got
         if isinstance(reply, dict):
             await send_if_open(_encode(reply) + b"\n")
         else:  # work to await (a search to run): its own task, so this reader goes on reading
-            start(msg.get("id"), reply)
+            start(id_, reply)
         return True
 
     async def ready(reply: dict[str, Any]) -> dict[str, Any]:
@@ -253,20 +260,17 @@ async def ndjson_streams(
         if not started or splitter.pending or fast_lane is None or data.find(b"\n") != len(data) - 1 \
                 or len(data) - 1 > limit() or b'"tools/call"' not in data or len(lane_tasks) + owed.count >= max_in_flight:
             return False
-        try:
-            msg = _decode(data)
-            reply = fast_lane(msg, send_if_open) if isinstance(msg, dict) and msg.get("method") == "tools/call" else None
-        except Exception:  # noqa: BLE001 - bad JSON and the like: the reader hands it to the SDK
-            return False
-        if reply is None:
-            return False
+        got = laned(data)
+        if got is None:
+            return False  # the reader hands it to the SDK
+        id_, reply = got
         last_traffic = time.monotonic()
         if isinstance(reply, dict):  # answered already (a cached search): written now when the
             # socket takes it without waiting, before the work the lane left for after its answer
             if not gone and not send_lock.locked() and send_now is not None and send_now(_encode(reply) + b"\n"):
                 return True
             reply = ready(reply)
-        start(msg.get("id"), reply)
+        start(id_, reply)
         return True
 
     async def over_limit(line: bytes) -> bool:
