@@ -25,7 +25,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.support.daemon import Daemon, stdio_testserver
+from tests.support.daemon import Daemon, stdio_example, stdio_testserver
 from tests.support.ports import free_port
 from toolatlas.surface.http import hash_token
 
@@ -40,8 +40,7 @@ def _config(port: int) -> str:
         f'[[http.tokens]]\nname = "other"\nsha256 = "{hash_token(TOKEN)}"\n'
         '[[access]]\ntokens = ["other"]\nservers = ["*"]\n'
         + stdio_testserver("t", "--tools", str(N_GEN))
-        + f'[[upstream]]\nname = "notes"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
-        'args = ["-m", "toolatlas.examples.notes", "--transport", "stdio"]\n'
+        + stdio_example("notes")
     )
 
 
@@ -173,9 +172,7 @@ def test_a_removed_tool_leaves_no_trace(home: tuple[Path, int]) -> None:
 
 
 def test_without_top_k_the_answer_is_adaptive_and_says_when_nothing_fits(tmp_path: Path) -> None:
-    examples = "".join(
-        f'[[upstream]]\nname = "{n}"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
-        f'args = ["-m", "toolatlas.examples.{n}", "--transport", "stdio"]\n' for n in ("notes", "weather", "units"))
+    examples = "".join(stdio_example(n) for n in ("notes", "weather", "units"))
     with Daemon(tmp_path, examples, search_extra='embedder = "onnx"\n') as d:
         d.wait_for(lambda: d.status()["index"]["degraded"] is None and d.status()["index"]["tools"] == 13, 120,
                    "hybrid search over the examples")
@@ -327,9 +324,7 @@ def test_a_query_that_led_to_a_tool_is_not_answered_nothing_fits(tmp_path: Path)
     query without top_k returns that tool instead of saying none fits. Another principal's
     answer stays the abstention: one user's words count for no one else."""
     port = free_port()
-    examples = "".join(
-        f'[[upstream]]\nname = "{n}"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
-        f'args = ["-m", "toolatlas.examples.{n}", "--transport", "stdio"]\n' for n in ("notes", "weather", "units"))
+    examples = "".join(stdio_example(n) for n in ("notes", "weather", "units"))
     cfg = (f'[http]\nlisten = "127.0.0.1:{port}"\n[[http.tokens]]\nname = "other"\nsha256 = "{hash_token(TOKEN)}"\n'
            '[[access]]\ntokens = ["other"]\nservers = ["*"]\n' + examples)
     jargon = "zorgle blatz quux"

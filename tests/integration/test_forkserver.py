@@ -249,3 +249,66 @@ def test_exec_starts_a_fresh_interpreter(tmp_path: Any) -> None:
             assert fh.read().split(b"\0")[1:3] == [b"-m", b"toolatlas"]
     finally:
         d.stop()
+
+
+def _http_pid(url: str) -> int:
+    """The `pid` tool's answer over streamable HTTP, with the SDK's client."""
+    import anyio
+    from mcp import Client
+
+    async def ask() -> int:
+        async with Client(url) as client:
+            result = await client.call_tool("pid", {})
+            return int(result.content[0].text)  # type: ignore[union-attr]
+
+    return anyio.run(ask)
+
+
+def test_an_http_test_server_is_forked_and_is_the_process_its_test_holds() -> None:
+    before = _forked_children()
+    srv = servers.start_server("testserver", "http")
+    try:
+        assert isinstance(srv.proc, Forked)
+        assert _forked_children() - before == {srv.pid}
+        assert _http_pid(srv.url) == srv.pid  # no launcher between: the server names itself
+        port = srv.port
+        srv.kill(signal.SIGKILL)  # waits for its end: the port is free at once
+        assert srv.proc.returncode == -signal.SIGKILL
+    finally:
+        srv.stop()
+    again = servers.start_server("testserver", "http", port=port)  # a restart on the same port
+    try:
+        assert again.port == port and _http_pid(again.url) == again.pid != srv.pid
+    finally:
+        again.stop()
+    assert again.proc.returncode == 0 or again.proc.returncode == -signal.SIGTERM
+    assert not _forked_children() & {srv.pid, again.pid}
+
+
+def test_an_http_test_server_with_exec_is_not_forked() -> None:
+    srv = servers.start_server("testserver", "http", exec_=True)
+    try:
+        assert isinstance(srv.proc, subprocess.Popen)
+        assert _http_pid(srv.url) == srv.pid
+    finally:
+        srv.stop()
+
+
+def test_a_user_example_starts_through_the_launcher_as_it_runs_by_module(tmp_path: Any) -> None:
+    args = servers.example_args("notes")
+    assert args[:3] == ["-S", str(FORKSERVER), "--via"] and args[4].endswith("toolatlas/examples/notes.py")
+    assert servers.example_args("notes", exec_=True) == ["-m", "toolatlas.examples.notes", "--transport", "stdio"]
+    listed = []
+    for argv in (args, servers.example_args("notes", exec_=True)):
+        before = _forked_children()
+        proc = _start(argv)
+        try:
+            forked = _forked_children() - before
+            assert len(forked) == (1 if argv is args else 0), forked
+            tools = _rpc(proc, "tools/list", {}, 2)["result"]["tools"]
+            listed.append(sorted(t["name"] for t in tools))
+        finally:
+            _stop(proc)
+    assert listed[0] == listed[1] and "add_note" in listed[0]
+    with pytest.raises(ValueError, match="not one of the examples"):
+        servers.example_args("nope")

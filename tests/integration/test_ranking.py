@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from tests.support.configs import make_upstream
+from tests.support.servers import example_args
 from toolatlas.evaluation import metrics
 from toolatlas.evaluation.datasets import benchdata_dir, load_catalog
 from toolatlas.gateway.view import documents
@@ -56,8 +57,7 @@ async def _example_docs() -> list[ToolDoc]:
 
     docs: list[ToolDoc] = []
     for name in ("notes", "weather", "units"):
-        up = make_upstream(name, "stdio", command=sys.executable,
-                           args=["-m", f"toolatlas.examples.{name}", "--transport", "stdio"])
+        up = make_upstream(name, "stdio", command=sys.executable, args=example_args(name))
         listing = await list_tools_once(up)
         texts = {t.tool: (t.description, "", ()) for t in listing}
         verdict = AttestResult(texts=texts, quarantined={}, card_status="unattested")

@@ -15,16 +15,23 @@ from typing import Any
 from tests.support import REPO, TEST_CACHE_HOME
 from tests.support.processes import descendants, die_with_parent, kill_all
 from tests.support.forked import Forked
-from tests.support.servers import EVERYTHING_BIN, HOSTILE, faultserver_args, forkserver_socket, testserver_args
+from tests.support.servers import EVERYTHING_BIN, HOSTILE, example_args, faultserver_args, forkserver_socket, testserver_args
 from tests.support.servers.forkserver import DAEMON
 
 __all__ = ["REPO", "Daemon", "everything_upstream", "hostile_upstream", "seed_shared_models", "shared_onnx_models",
-           "stdio_faultserver", "stdio_testserver", "url_upstream"]
+           "stdio_example", "stdio_faultserver", "stdio_testserver", "url_upstream"]
 
 
 def stdio_testserver(name: str, *extra: str) -> str:
     """A TOML [[upstream]] block running the project's test server over stdio."""
     args = json.dumps(testserver_args(*extra))
+    return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+
+
+def stdio_example(name: str) -> str:
+    """A TOML [[upstream]] block running the user example `name` ("notes", "weather", "units")
+    over stdio, named after it (through the suite's fork server: servers.example_args)."""
+    args = json.dumps(example_args(name))
     return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
 
 

@@ -4,8 +4,10 @@
   run by file path (``server_command``), so a child started by a daemon under test finds them
   without the repository on its PYTHONPATH; they import only ``toolatlas`` and ``mcp``. Over
   stdio (``testserver_args``/``faultserver_args``) the suite starts them from a fork server
-  (``forkserver.py``, one per pytest worker), so the SDK is imported once, not once a server.
-- ``weather`` / ``units`` / ``notes``: the user examples in ``toolatlas.examples``.
+  (``forkserver.py``, one per pytest worker), so the SDK is imported once, not once a server;
+  over sse or http (``start_server``) too.
+- ``weather`` / ``units`` / ``notes``: the user examples in ``toolatlas.examples`` (over stdio
+  through the fork server with ``example_args``).
 - npm's server-everything (``EVERYTHING_BIN``, ``ServerFactory.everything``).
 
 ``start_server`` runs one over sse or http with ``--port 0`` (or a given port) and waits for
@@ -24,11 +26,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.support import REPO
 from tests.support.ports import free_port
 from tests.support.processes import die_with_parent
+from tests.support.servers.forkserver import EXAMPLES, SCRIPTS, script_path
+
+if TYPE_CHECKING:
+    from tests.support.forked import Forked
 
 HERE = Path(__file__).resolve().parent
 TESTSERVER = HERE / "testserver.py"
@@ -93,8 +99,17 @@ def _stdio_args(script: str, extra: tuple[str, ...], exec_: bool) -> list[str]:
     sock = None if exec_ else forkserver_socket()
     tail = ["--transport", "stdio", *extra]
     if sock is None:
-        return [str(_FILES[script]), *tail]
-    return ["-S", str(FORKSERVER), "--via", sock, str(_FILES[script]), *tail]
+        return [str(_FILES[script]), *tail] if script in _FILES else ["-m", f"toolatlas.examples.{script}", *tail]
+    return ["-S", str(FORKSERVER), "--via", sock, script_path(script), *tail]
+
+
+def example_args(name: str, *extra: str, exec_: bool = False) -> list[str]:
+    """args for a stdio upstream ``command = sys.executable`` running the user example `name`
+    ("notes", "weather", "units"): through the fork server unless `exec_` or there is none,
+    then ``-m toolatlas.examples.NAME`` as a user's config runs it."""
+    if name not in EXAMPLES:
+        raise ValueError(f"{name!r} is not one of the examples {EXAMPLES}")
+    return _stdio_args(name, extra, exec_)
 
 
 def testserver_args(*extra: str, exec_: bool = False) -> list[str]:
@@ -115,11 +130,12 @@ def faultserver_args(*extra: str, exec_: bool = False) -> list[str]:
 
 @dataclass
 class RunningServer:
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | Forked
     port: int
     url: str
     log: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    out: int | None = None  # the read end of its stdout (start_server reads READY there)
 
     @property
     def pid(self) -> int:
@@ -143,9 +159,9 @@ class RunningServer:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.kill()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        if self.out is not None:
+            os.close(self.out)
+            self.out = None
 
     def _tail(self) -> str:
         return self.log.read_text()[-2000:] if self.log is not None and self.log.exists() else ""
@@ -153,15 +169,15 @@ class RunningServer:
 
 def _wait_ready_line(srv: RunningServer) -> int:
     proc = srv.proc
-    assert proc.stdout is not None
+    assert srv.out is not None
     deadline = time.monotonic() + START_TIMEOUT
     buf = b""
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}: {srv._tail()}")
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        ready, _, _ = select.select([srv.out], [], [], 0.2)
         if ready:
-            buf += os.read(proc.stdout.fileno(), 4096)
+            buf += os.read(srv.out, 4096)
             for line in buf.decode(errors="replace").splitlines():
                 if line.startswith("READY "):
                     return int(line.split()[1])
@@ -181,24 +197,45 @@ def _wait_port(srv: RunningServer) -> None:
     raise RuntimeError(f"nothing listened on 127.0.0.1:{srv.port} within {START_TIMEOUT} s")
 
 
-def start_server(module: str, transport: str = "http", *args: str, port: int = 0, log: Path | None = None) -> RunningServer:
+def start_server(module: str, transport: str = "http", *args: str, port: int = 0, log: Path | None = None,
+                 exec_: bool = False) -> RunningServer:
     """Start ``module`` (see ``server_command``) over sse or http on 127.0.0.1 and wait for it.
 
-    Its stderr goes to ``log`` (or is inherited); it dies with the test process. Raises
+    Its stderr goes to ``log`` (or is inherited); it runs in a session of its own and dies with
+    the test process. The project's test servers (testserver, faultserver) and the examples are
+    forked from the suite's fork server, the SDK imported there once (`exec_` starts a fresh interpreter); the
+    held process is the server itself either way (`pid`, signals, its exit). Raises
     RuntimeError, with the log's tail, when it exits or prints no READY line in time."""
     if transport not in ("sse", "http"):
         raise ValueError("start_server runs network transports; stdio upstreams are config (tests.support.configs)")
+    argv = ["--transport", transport, "--host", "127.0.0.1", "--port", str(port), *args]
+    sock = None if exec_ or module not in SCRIPTS + EXAMPLES else forkserver_socket()
     err = log.open("wb") if log is not None else None
+    out, out_w = os.pipe()
+    proc: subprocess.Popen[bytes] | Forked | None = None
     try:
-        proc = subprocess.Popen(
-            [*server_command(module), "--transport", transport, "--host", "127.0.0.1", "--port", str(port), *args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
+        if sock is not None:
+            from tests.support.forked import Forked
+
+            try:
+                with open(os.devnull, "rb") as devnull:
+                    proc = Forked(sock, module, argv, env=os.environ, cwd=None, stdin=devnull.fileno(),
+                                  stdout=out_w, stderr=err.fileno() if err is not None else 2)
+            except OSError:  # the fork server went away: exec, as the stdio launcher does then
+                proc = None
+        if proc is None:
+            proc = subprocess.Popen(
+                [*server_command(module), *argv], stdin=subprocess.DEVNULL, stdout=out_w, stderr=err,
+                start_new_session=True, preexec_fn=die_with_parent,
+            )
+    except BaseException:
+        os.close(out)
+        raise
     finally:
+        os.close(out_w)
         if err is not None:
             err.close()
-    srv = RunningServer(proc, port, "", log)
+    srv = RunningServer(proc, port, "", log, out=out)
     try:
         srv.port = _wait_ready_line(srv)
     except BaseException:

@@ -1,4 +1,4 @@
-"""A fork server for the suite's stdio test servers and daemons: imports paid once, not per start.
+"""A fork server for the suite's test servers, the examples and daemons: imports paid once, not per start.
 
     python forkserver.py --serve SOCKET                  # one per pytest worker (servers.forkserver_socket)
     python -S forkserver.py --via SOCKET SCRIPT.py ARGS...   # what a stdio upstream's config runs
@@ -16,7 +16,14 @@ the launcher, the process their client started and signals.
 
 With no fork server to reach, the launcher execs the server itself. What a launcher cannot stand
 in for (SIGSTOP, the process tree under the daemon) needs the server exec'd: ``testserver_args``
-and ``faultserver_args`` take ``exec_=True`` for those tests.
+and ``faultserver_args`` take ``exec_=True`` for those tests. The user examples (``notes``,
+``weather``, ``units``: ``EXAMPLES``) start the same way (``example_args``), by their files in
+``toolatlas/examples``.
+
+Test servers over sse or http (``start_server``) are forked with no launcher: the test holds
+the connection itself (``forked.Forked``), so the process it holds, signals and waits for is the
+server, and a server killed and started again on its port finds the port free once the wait
+returns (a launcher's child would die a moment after its launcher).
 
 Daemons under test start here too (``"script": "toolatlas"``, ``tests.support.daemon.Daemon``): a
 daemon with one stdio server, started, asked once and stopped, cost 1.45 CPU s exec'd and 0.25 s
@@ -43,6 +50,7 @@ import types
 from collections.abc import Mapping
 
 SCRIPTS = ("testserver", "faultserver")
+EXAMPLES = ("notes", "weather", "units")  # the user examples, toolatlas.examples.NAME
 DAEMON = "toolatlas"  # a request for a daemon: `python -m toolatlas ARGV`
 _HEADER = struct.Struct("!I")
 _RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -50,17 +58,21 @@ _RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal
 
 # --- the launcher (standard library only: it runs with -S) --------------------------------------
 
-def _script_path(script: str) -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{script}.py")
+def script_path(script: str) -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    if script in EXAMPLES:  # daemon/toolatlas/examples/, from tests/support/servers/
+        return os.path.normpath(os.path.join(here, "..", "..", "..", "daemon", "toolatlas", "examples", f"{script}.py"))
+    return os.path.join(here, f"{script}.py")
 
 
 def send_request(conn: socket.socket, script: str, argv: list[str], env: Mapping[str, str], cwd: str,
-                 fds: tuple[int, int, int]) -> None:
+                 fds: tuple[int, int, int], launcher: int | None = None) -> None:
     """Ask the fork server on `conn` for a child running `script` (one of SCRIPTS, or DAEMON)
     with `argv`, `env` and folder `cwd` on `fds` as its stdin, stdout and stderr. It answers
-    "P <pid>" once forked, then "S <wait status>" when the child has ended."""
+    "P <pid>" once forked, then "S <wait status>" when the child has ended. `launcher`: the pid
+    a test server names as its own (`pid` tool); None when the child is not behind a launcher."""
     body = json.dumps({"script": script, "argv": argv, "env": dict(env), "cwd": cwd,
-                       "launcher": os.getpid()}).encode()
+                       "launcher": launcher}).encode()
     conn.sendmsg([_HEADER.pack(len(body)) + body],
                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
 
@@ -70,12 +82,12 @@ def launch(sock_path: str, path: str, argv: list[str]) -> None:
     server at `sock_path` (or exec it here when that is not reachable), and end as that child
     ends. The path, not a name, so that the command line still names the server's file."""
     script = os.path.basename(path).removesuffix(".py")
-    if script not in SCRIPTS:
-        sys.exit(f"forkserver: {path} is not one of the servers it runs ({', '.join(SCRIPTS)})")
+    if script not in SCRIPTS + EXAMPLES:
+        sys.exit(f"forkserver: {path} is not one of the servers it runs ({', '.join(SCRIPTS + EXAMPLES)})")
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(sock_path)
-        send_request(conn, script, argv, os.environ, os.getcwd(), (0, 1, 2))
+        send_request(conn, script, argv, os.environ, os.getcwd(), (0, 1, 2), launcher=os.getpid())
         reader = conn.makefile("rb")
         first = reader.readline()
     except OSError:
@@ -115,16 +127,20 @@ def serve(sock_path: str) -> None:
     (or its stdin, a pipe from the pytest worker that started it, reads EOF: the worker is gone)."""
     import ctypes  # noqa: F401  (imported here, not in each child)
     import gc
+    import importlib
     import importlib.util
     import selectors
 
     modules = {}
     for script in SCRIPTS:
-        spec = importlib.util.spec_from_file_location(f"_forked_{script}", _script_path(script))
+        spec = importlib.util.spec_from_file_location(f"_forked_{script}", script_path(script))
         assert spec is not None and spec.loader is not None
         modules[script] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(modules[script])
+    for script in EXAMPLES:
+        modules[script] = importlib.import_module(f"toolatlas.examples.{script}")
     modules[DAEMON] = _import_daemon()
+    _import_web()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path + ".new")
     listener.listen(64)
@@ -227,8 +243,9 @@ def _fork_one(conn: socket.socket, modules: dict[str, types.ModuleType], close: 
             if req["script"] == DAEMON:
                 code = _run_daemon(module, req["argv"])
             else:
-                sys.argv = [_script_path(req["script"]), *req["argv"]]
-                module.PROCESS_ID = req["launcher"]  # type: ignore[attr-defined]
+                sys.argv = [script_path(req["script"]), *req["argv"]]
+                if req["script"] in SCRIPTS:
+                    module.PROCESS_ID = req["launcher"]  # type: ignore[attr-defined]
                 module.main(req["argv"])
                 code = 0
         except SystemExit as exc:
@@ -253,6 +270,14 @@ def _fork_one(conn: socket.socket, modules: dict[str, types.ModuleType], close: 
         os.waitpid(pid, 0)
         return None
     return pid
+
+
+def _import_web() -> None:
+    """What a test server over sse or http imports on top of the SDK (uvicorn and its h11
+    protocol, ~0.06 s), once: such servers start here too (servers.start_server)."""
+    import uvicorn.lifespan.on  # noqa: F401
+    import uvicorn.loops.auto  # noqa: F401
+    import uvicorn.protocols.http.h11_impl  # noqa: F401
 
 
 def _import_daemon() -> types.ModuleType:
