@@ -118,15 +118,24 @@ def settle_heap() -> None:
     item 8). So it runs only when the interpreter's heap has grown FULL_PASS_GROWTH-fold since
     the last full pass (the first call is one), as CPython's own collector defers its oldest
     generation: frozen garbage stays bounded by that factor of the live heap, and a re-list
-    of a stable catalog, which does not grow it, never waits for one."""
+    of a stable catalog, which does not grow it, never waits for one.
+
+    The first call's full pass leaves frozen what was frozen before it: objects that whoever
+    started this process froze (a pre-fork parent's `gc.freeze()` before forking it, as the
+    gc documentation advises) are theirs. Unfreezing them would visit each one and, in a forked
+    child, copy every page they share with the parent."""
     global _blocks_after_full
     t0 = time.perf_counter()
+    first = _blocks_after_full <= 0
+    if first:
+        gc.collect()  # everything but what was frozen before this process's first settle
     gc.freeze()  # a list splice: no object is visited
-    full = needs_full_pass(sys.getallocatedblocks(), _blocks_after_full)
-    if full:
+    full = first or needs_full_pass(sys.getallocatedblocks(), _blocks_after_full)
+    if full and not first:
         gc.unfreeze()
         gc.collect()
         gc.freeze()
+    if full:
         _blocks_after_full = sys.getallocatedblocks()
     log.debug("memory.settled in %.3f s (%s pass)", time.perf_counter() - t0, "full" if full else "freeze-only")
     trim_heap()

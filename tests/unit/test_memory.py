@@ -52,6 +52,34 @@ def test_settle_heap_collects_cycles_and_freezes_the_rest() -> None:
         memory._blocks_after_full = 0
 
 
+def test_the_first_settle_leaves_frozen_what_was_frozen_before_it() -> None:
+    """A pre-fork parent's gc.freeze() (the suite's fork server, a preloading launcher): the
+    first settle collects the child's own garbage and leaves the parent's objects frozen."""
+    try:
+        gc.unfreeze()
+        memory._blocks_after_full = 0
+        inherited = [_Node() for _ in range(100)]
+        a, b = inherited[0], inherited[1]
+        a.other, b.other = b, a
+        theirs = weakref.ref(a)
+        gc.freeze()  # as the parent did before forking
+        del inherited, a, b  # garbage among the frozen: only a full pass with unfreeze frees it
+        c, d = _Node(), _Node()
+        c.other, d.other = d, c
+        ours = weakref.ref(c)
+        del c, d
+        memory.settle_heap()
+        assert ours() is None
+        assert theirs() is not None  # still frozen: the first settle did not unfreeze it
+        assert memory._blocks_after_full > 0  # the baseline for the next full pass is set
+        memory._blocks_after_full = sys.getallocatedblocks() // 2  # as if the heap had doubled since
+        memory.settle_heap()  # a later full pass reclaims among everything frozen
+        assert theirs() is None
+    finally:
+        gc.unfreeze()
+        memory._blocks_after_full = 0
+
+
 def test_a_full_pass_is_due_first_and_after_the_heap_grew_by_the_factor() -> None:
     assert memory.needs_full_pass(10, 0)
     assert not memory.needs_full_pass(150, 100)
