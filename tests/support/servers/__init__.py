@@ -203,9 +203,10 @@ def start_server(module: str, transport: str = "http", *args: str, port: int = 0
 
     Its stderr goes to ``log`` (or is inherited); it runs in a session of its own and dies with
     the test process. The project's test servers (testserver, faultserver) and the examples are
-    forked from the suite's fork server, the SDK imported there once (`exec_` starts a fresh interpreter); the
-    held process is the server itself either way (`pid`, signals, its exit). Raises
-    RuntimeError, with the log's tail, when it exits or prints no READY line in time."""
+    forked from the suite's fork server, the SDK imported there once (`exec_`: a fresh
+    interpreter); the held process is the server itself either way (`pid`, signals, its
+    exit). Raises RuntimeError, with the log's tail, when it exits or prints no READY line in
+    time."""
     if transport not in ("sse", "http"):
         raise ValueError("start_server runs network transports; stdio upstreams are config (tests.support.configs)")
     argv = ["--transport", transport, "--host", "127.0.0.1", "--port", str(port), *args]

@@ -67,7 +67,7 @@ def script_path(script: str) -> str:
 
 def send_request(conn: socket.socket, script: str, argv: list[str], env: Mapping[str, str], cwd: str,
                  fds: tuple[int, int, int], launcher: int | None = None) -> None:
-    """Ask the fork server on `conn` for a child running `script` (one of SCRIPTS, or DAEMON)
+    """Ask the fork server on `conn` for a child running `script` (in SCRIPTS or EXAMPLES, or DAEMON)
     with `argv`, `env` and folder `cwd` on `fds` as its stdin, stdout and stderr. It answers
     "P <pid>" once forked, then "S <wait status>" when the child has ended. `launcher`: the pid
     a test server names as its own (`pid` tool); None when the child is not behind a launcher."""
