@@ -46,11 +46,11 @@ typecheck: $(STAMP)
 # WORKERS test files at a time (module-scoped daemons stay shared within a file): a test is
 # mostly a subprocess starting or a wait, which the other workers fill; four keep two cores
 # busy (bench/README.md, "Stop 33").
+WORKERS ?= 4
 # pytest's assertion rewriting keeps its own cache (tests/**/__pycache__/*-pytest-*.pyc), written
 # only where bytecode may be written: every worker collects every test module, ~10 CPU s when
 # it rewrites them afresh against ~4 s from the cache. One collect-only pass writes it before
 # the workers start (its errors, if any, are the real run's to report).
-WORKERS ?= 4
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -p no:cacheprovider
 test: $(STAMP) $(NPM_STAMP) postgres typecheck
 	$(BIN)/python -m compileall -q daemon tests bench >/dev/null
