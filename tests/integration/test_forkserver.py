@@ -294,7 +294,7 @@ def test_an_http_test_server_with_exec_is_not_forked() -> None:
         srv.stop()
 
 
-def test_a_user_example_starts_through_the_launcher_as_it_runs_by_module(tmp_path: Any) -> None:
+def test_a_user_example_starts_through_the_launcher_as_it_runs_by_module() -> None:
     args = servers.example_args("notes")
     assert args[:3] == ["-S", str(FORKSERVER), "--via"] and args[4].endswith("toolatlas/examples/notes.py")
     assert servers.example_args("notes", exec_=True) == ["-m", "toolatlas.examples.notes", "--transport", "stdio"]
