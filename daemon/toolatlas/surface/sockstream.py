@@ -175,11 +175,16 @@ class TransportStream(anyio.abc.ByteStream):
             self._transport.resume_reading()
         return data
 
+    def _sending_ended(self) -> bool:
+        """Whether nothing more can be written: the connection lost, EOF sent, or the
+        transport closing."""
+        return self._protocol.lost or self._eof_sent or self._transport.is_closing()
+
     async def send(self, item: bytes) -> None:
         proto = self._protocol
         if self._closing:
             raise anyio.ClosedResourceError
-        if proto.lost or self._eof_sent or self._transport.is_closing():  # as send(2) after shutdown: EPIPE
+        if self._sending_ended():  # as send(2) after shutdown: EPIPE
             raise anyio.BrokenResourceError from proto.error
         self._transport.write(item)
         while not proto.writable and not proto.lost and not self._closing:
@@ -188,8 +193,7 @@ class TransportStream(anyio.abc.ByteStream):
     def send_now(self, item: bytes) -> bool:
         """Write `item` without waiting, when the stream is open and its buffer below the
         high-water mark (`send` would not wait before writing); False: nothing was written."""
-        proto = self._protocol
-        if self._closing or proto.lost or self._eof_sent or self._transport.is_closing() or not proto.writable:
+        if self._closing or self._sending_ended() or not self._protocol.writable:
             return False
         self._transport.write(item)
         return True
@@ -197,8 +201,7 @@ class TransportStream(anyio.abc.ByteStream):
     async def send_eof(self) -> None:
         if self._closing:
             raise anyio.ClosedResourceError
-        if not self._eof_sent and not self._protocol.lost and not self._transport.is_closing() \
-                and self._transport.can_write_eof():
+        if not self._sending_ended() and self._transport.can_write_eof():
             self._eof_sent = True
             self._transport.write_eof()
 
