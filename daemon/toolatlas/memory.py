@@ -126,15 +126,17 @@ def settle_heap() -> None:
     child, copy every page they share with the parent."""
     global _blocks_after_full
     t0 = time.perf_counter()
-    first = _blocks_after_full <= 0
-    if first:
-        gc.collect()  # everything but what was frozen before this process's first settle
-    gc.freeze()  # a list splice: no object is visited
-    full = first or needs_full_pass(sys.getallocatedblocks(), _blocks_after_full)
-    if full and not first:
-        gc.unfreeze()
-        gc.collect()
+    if _blocks_after_full <= 0:  # the first call
+        gc.collect()  # everything but what was frozen before it
         gc.freeze()
+        full = True
+    else:
+        gc.freeze()  # a list splice: no object is visited
+        full = needs_full_pass(sys.getallocatedblocks(), _blocks_after_full)
+        if full:
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
     if full:
         _blocks_after_full = sys.getallocatedblocks()
     log.debug("memory.settled in %.3f s (%s pass)", time.perf_counter() - t0, "full" if full else "freeze-only")
