@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from tests.support import REPO
 from tests.support.ports import free_port
 from tests.support.processes import die_with_parent
-from tests.support.servers.forkserver import EXAMPLES, SCRIPTS, script_path
+from tests.support.servers.forkserver import EXAMPLES, SERVERS, script_path
 
 if TYPE_CHECKING:
     from tests.support.forked import Forked
@@ -210,7 +210,7 @@ def start_server(module: str, transport: str = "http", *args: str, port: int = 0
     if transport not in ("sse", "http"):
         raise ValueError("start_server runs network transports; stdio upstreams are config (tests.support.configs)")
     argv = ["--transport", transport, "--host", "127.0.0.1", "--port", str(port), *args]
-    sock = None if exec_ or module not in SCRIPTS + EXAMPLES else forkserver_socket()
+    sock = None if exec_ or module not in SERVERS else forkserver_socket()
     err = log.open("wb") if log is not None else None
     out, out_w = os.pipe()
     proc: subprocess.Popen[bytes] | Forked | None = None

@@ -51,6 +51,7 @@ from collections.abc import Mapping
 
 SCRIPTS = ("testserver", "faultserver")
 EXAMPLES = ("notes", "weather", "units")  # the user examples, toolatlas.examples.NAME
+SERVERS = SCRIPTS + EXAMPLES  # what it forks besides daemons
 DAEMON = "toolatlas"  # a request for a daemon: `python -m toolatlas ARGV`
 _HEADER = struct.Struct("!I")
 _RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -82,8 +83,8 @@ def launch(sock_path: str, path: str, argv: list[str]) -> None:
     server at `sock_path` (or exec it here when that is not reachable), and end as that child
     ends. The path, not a name, so that the command line still names the server's file."""
     script = os.path.basename(path).removesuffix(".py")
-    if script not in SCRIPTS + EXAMPLES:
-        sys.exit(f"forkserver: {path} is not one of the servers it runs ({', '.join(SCRIPTS + EXAMPLES)})")
+    if script not in SERVERS:
+        sys.exit(f"forkserver: {path} is not one of the servers it runs ({', '.join(SERVERS)})")
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(sock_path)
