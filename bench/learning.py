@@ -46,6 +46,7 @@ SEEDS = (0, 1, 2)
 # The protocol rows scan past queries exactly (an hnswlib build of 17k vectors takes ~40 s
 # here, and a dozen states are built); the cost row builds the daemon's hnswlib index.
 EXACT = 10**9
+PAUSE_S = 1.0  # before each block of the socket row: four times hostload.SAMPLE_S
 
 
 class Bench:
@@ -306,16 +307,25 @@ def _cost(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: n
     }
 
 
-def _socket(b: Bench, train: list[Query], tv: np.ndarray, rounds: int = 2, n_queries: int = 300) -> dict[str, Any]:
+def _socket(b: Bench, train: list[Query], tv: np.ndarray, rounds: int = 2, blocks: int = 4,
+            block_queries: int = 150) -> dict[str, Any]:
     """`tool_search` p95 over the Unix socket at 2,000 tools (search_latency.py's synthetic
     upstream: the two dev catalogs replicated), learning off against learning on with every
     ToolLens train event (44,865, the caller's own, vectors stored) seeded into the usage store
-    before the start, daemons alternated, `rounds` of each. Timing starts once the index is
-    settled and, with learning on, the learned state holds every event; "miss" = 300 distinct
-    real queries (result-cache and query-vector misses), "hit" = the same again. Each run also
-    gives the mean size of a miss's answer and how many distinct tools the misses showed: with
-    learning on the top 5 are other tools, and a tool's first showing sanitizes its
-    description and schema (gateway/matches.py)."""
+    before the start. Each round starts both daemons side by side and, once both are settled
+    (the index, and with learning on a learned state holding every event), times `blocks`
+    blocks of `block_queries` distinct real queries on each, the sides alternating block by
+    block (off first, then on first, ...): the host's speed, which drifts by tens of percent
+    within minutes here, is nearly the same for both sides of each block. One side works at a
+    time, after a pause longer than the query embedder's look at other processes' load
+    (embed.cores_idle_for, hostload.SAMPLE_S), so neither side's threading choice sees the
+    other's work. "miss" = a query's first time on that daemon (result-cache and query-vector
+    misses), "hit" = the first two blocks' queries again. Each side also gives the mean size
+    of a miss's answer and how many distinct tools the misses showed: with learning on the
+    top 5 are other tools, and a tool's first showing sanitizes its description and schema
+    (gateway/matches.py)."""
+    from contextlib import ExitStack
+
     from catalog_upstream import CATALOGS, catalog_tools, upstream_block
     from search_latency import bench_queries
     from tests.support.daemon import Daemon
@@ -337,55 +347,65 @@ def _socket(b: Bench, train: list[Query], tv: np.ndarray, rounds: int = 2, n_que
         for tool in sorted(q.relevant):
             events.append(UsageEvent(query=q.text, tool=daemon_name[doc_key[tool]], principal=principal, at=now))
             vecs.append(v)
-    queries = bench_queries(n_queries)
+    queries = bench_queries(blocks * block_queries)
     out: dict[str, Any] = {"tools": size, "events_seeded": len(events), "queries": len(queries), "runs": []}
+
+    def start(stack: ExitStack, on: bool) -> Daemon:
+        tmp = Path(tempfile.mkdtemp(prefix="toolatlas-bench-learn-"))
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+        learning = "" if on else "[learning]\nenabled = false\n"
+        d = Daemon(tmp, learning + upstream_block("cat00", size, 0, 1, "relist_interval = 0\n"),
+                   search_extra='embedder = "onnx"\n')
+        if on:
+            store = open_store(tmp / "state")
+            ids = store.add(events)
+            store.set_vectors(ids, np.stack(vecs), b.engine.space or "")
+            store.close()
+        stack.callback(d.__exit__, None, None, None)  # safe before or after a failed start
+        d.start(wait_ready=3600)
+        return d
+
+    def ready(d: Daemon, on: bool) -> bool:
+        d.wait_for(lambda: (idx := d.status()["index"])["tools"] >= size and idx["degraded"] is None,
+                   timeout=3600, what="indexed")
+        if on:
+            d.wait_for(lambda: d.status()["learning"]["events"] >= len(events), timeout=600, what="learned state")
+        settled, _ = wait_settled(d.status, 120)
+        return settled
+
     for r in range(rounds):
-        for on in (False, True):
-            tmp = Path(tempfile.mkdtemp(prefix="toolatlas-bench-learn-"))
-            try:
-                learning = "" if on else "[learning]\nenabled = false\n"
-                d = Daemon(tmp, learning + upstream_block("cat00", size, 0, 1, "relist_interval = 0\n"),
-                           search_extra='embedder = "onnx"\n')
-                if on:
-                    store = open_store(tmp / "state")
-                    ids = store.add(events)
-                    store.set_vectors(ids, np.stack(vecs), b.engine.space or "")
-                    store.close()
-                d.start(wait_ready=3600)
-                try:
-                    d.wait_for(lambda: (idx := d.status()["index"])["tools"] >= size and idx["degraded"] is None,
-                               timeout=3600, what="indexed")
-                    if on:
-                        d.wait_for(lambda: d.status()["learning"]["events"] >= len(events), timeout=600,
-                                   what="learned state")
-                    settled, _ = wait_settled(d.status, 120)
-                    lone0 = d.status()["index"]["lone_queries"]
-                    timed: dict[str, list[float]] = {"miss": [], "hit": []}
-                    sizes: list[int] = []  # bytes of each miss's answer (the learned ranking shows other tools)
-                    shown: set[str] = set()  # tools the misses showed: each one's first showing sanitizes it
-                    with RawClient(d.socket, timeout=60) as c:
-                        for kind in ("miss", "hit"):
-                            for q in queries:
-                                t = time.perf_counter()
-                                res = c.call_tool("tool_search", {"query": q, "top_k": K})
-                                timed[kind].append(time.perf_counter() - t)
-                                assert not res.get("isError"), res
-                                if kind == "miss":
-                                    sizes.append(len(json.dumps(res)))
-                                    shown.update(m["name"] for m in (res.get("structuredContent") or {}).get("matches") or ())
-                    st = d.status()
-                finally:
-                    d.__exit__(None, None, None)
+        with ExitStack() as stack:
+            daemons = {on: start(stack, on) for on in (False, True)}
+            settled = {on: ready(d, on) for on, d in daemons.items()}
+            lone0 = {on: d.status()["index"]["lone_queries"] for on, d in daemons.items()}
+            timed: dict[bool, dict[str, list[float]]] = {on: {"miss": [], "hit": []} for on in daemons}
+            sizes: dict[bool, list[int]] = {on: [] for on in daemons}  # bytes of each miss's answer
+            shown: dict[bool, set[str]] = {on: set() for on in daemons}  # tools the misses showed
+            clients = {on: stack.enter_context(RawClient(d.socket, timeout=60)) for on, d in daemons.items()}
+            parts = [queries[i * block_queries:(i + 1) * block_queries] for i in range(blocks)]
+            for kind, todo in (("miss", parts), ("hit", parts[:2])):
+                for i, block in enumerate(todo):
+                    for on in ((False, True) if i % 2 == 0 else (True, False)):
+                        time.sleep(PAUSE_S)
+                        for q in block:
+                            t = time.perf_counter()
+                            res = clients[on].call_tool("tool_search", {"query": q, "top_k": K})
+                            timed[on][kind].append(time.perf_counter() - t)
+                            assert not res.get("isError"), res
+                            if kind == "miss":
+                                sizes[on].append(len(json.dumps(res)))
+                                shown[on].update(m["name"] for m in (res.get("structuredContent") or {}).get("matches") or ())
+            load = [round(x, 2) for x in os.getloadavg()]
+            for on, d in daemons.items():
+                st = d.status()
                 # misses that embedded their query on the spinning two-thread session (embed.OnnxEmbedder)
-                lone = {"lone_queries": st["index"]["lone_queries"] - lone0, "query_threads": st["index"]["query_threads"]}
-                row = {"round": r, "learning": on, "learning_events": st["learning"]["events"], "settled": settled, **lone,
-                       "answer_bytes_mean": round(statistics.mean(sizes)), "distinct_tools_shown": len(shown),
-                       "load_average": [round(x, 2) for x in os.getloadavg()],
-                       **{f"{k}_{q}_ms": pct_ms(v, q2) for k, v in timed.items() for q, q2 in (("p50", 50), ("p95", 95))}}
+                row = {"round": r, "learning": on, "learning_events": st["learning"]["events"], "settled": settled[on],
+                       "lone_queries": st["index"]["lone_queries"] - lone0[on], "query_threads": st["index"]["query_threads"],
+                       "answer_bytes_mean": round(statistics.mean(sizes[on])), "distinct_tools_shown": len(shown[on]),
+                       "load_average": load,
+                       **{f"{k}_{q}_ms": pct_ms(v, q2) for k, v in timed[on].items() for q, q2 in (("p50", 50), ("p95", 95))}}
                 out["runs"].append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
     for kind in ("miss", "hit"):
         off = statistics.median(x[f"{kind}_p95_ms"] for x in out["runs"] if not x["learning"])
         on_ = statistics.median(x[f"{kind}_p95_ms"] for x in out["runs"] if x["learning"])
