@@ -115,6 +115,8 @@ def toollens(b: Bench, quick: bool, only: set[str]) -> dict[str, Any]:
             rows["cold_tools"] = _cold(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
         if "cost" in only:
             rows["cost"] = _cost(b, train, tv, test, sv)
+        if "few" in only:
+            rows["few_events_among_full"] = _few_among_full(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
         if "poison" in only:
             rows["poisoning"] = _poison(b, train, tv, test, sv, b.state(train, tv))
         if "socket" in only:
@@ -153,6 +155,7 @@ def toollens(b: Bench, quick: bool, only: set[str]) -> dict[str, Any]:
     rows["shown_only"] = _shown_only(b, train, tv, test, sv, 1 if quick else 4)
     rows["cold_tools"] = _cold(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
     rows["few_events_per_tool"] = _few(b, train, tv, test, sv, zero)
+    rows["few_events_among_full"] = _few_among_full(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
     rows["poisoning"] = _poison(b, train, tv, test, sv, full_state)
     print(json.dumps(rows), file=sys.stderr, flush=True)
     rows["cost"] = _cost(b, train, tv, test, sv)
@@ -220,6 +223,45 @@ def _few(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np
                                          vector=tv[i], space=b.engine.space))
         got = b.score(test, sv, b.state(train, tv, events))
         out[f"{n}_events"] = {**got, "delta": round(got["recall@5"] - zero["recall@5"], 4), "events": len(events)}
+    return out
+
+
+def _few_among_full(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
+                    seeds: tuple[int, ...]) -> dict[str, Any]:
+    """The issue's row "tools with 1, 3 and 10 feedback events: their other test queries":
+    a seeded 30 % of tools keeps only n of its train events (n = 1, 3, 10; fewer where it has
+    fewer), every other tool all of them (full-label feedback otherwise). R@5 of those few
+    tools alone on their test queries (each query's relevant set cut to its few tools, as the
+    cold row's `cold_tools_only`), zero-shot against learned; and R@5 of those queries with
+    every relevant tool. Shows whether a tool with a little feedback is buried by tools with
+    much (the guard protects only tools with none)."""
+    names = sorted(b.names)
+    out: dict[str, Any] = {}
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        few = set(rng.permutation(names)[: int(0.3 * len(names))].tolist())
+        uses: dict[str, list[int]] = {}
+        for i, q in enumerate(train):
+            for t in sorted(q.relevant & few):
+                uses.setdefault(t, []).append(i)
+        order = {t: rng.permutation(ids).tolist() for t, ids in sorted(uses.items())}
+        ids = [i for i, q in enumerate(test) if q.relevant & few]
+        eq, ev = _subset(test, sv, ids)
+        few_only = [replace(q, relevant=q.relevant & few) for q in eq]
+        zero_few, zero_all = b.score(few_only, ev, None), b.score(eq, ev, None)
+        per: dict[str, Any] = {"few_tools": len(few), "test_queries": len(eq),
+                               "zero_shot": {"few_tools_only": zero_few["recall@5"], "all_relevant": zero_all["recall@5"]}}
+        for n in (1, 3, 10):
+            kept = {(i, t) for t, ids_ in order.items() for i in ids_[:n]}
+            events = [UsageEvent(query=q.text, tool=t, principal=EVAL_PRINCIPAL, at=0.0, vector=tv[i], space=b.engine.space)
+                      for i, q in enumerate(train) for t in sorted(q.relevant) if t not in few or (i, t) in kept]
+            state = b.state(train, tv, events)
+            got_few, got_all = b.score(few_only, ev, state), b.score(eq, ev, state)
+            per[f"{n}_events"] = {"few_tools_only": got_few["recall@5"], "all_relevant": got_all["recall@5"],
+                                  "delta_few_tools_only": round(got_few["recall@5"] - zero_few["recall@5"], 4),
+                                  "events": len(events)}
+        out[f"seed_{seed}"] = per
+        print(json.dumps({f"few seed {seed}": per}), file=sys.stderr, flush=True)
     return out
 
 
@@ -467,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="one seed, one shown-only round, a short curve")
     p.add_argument("--only", default="",
-                   help="some of cold,cost,curve,mcp,poison,socket (default: every row but socket, which starts daemons)")
+                   help="some of cold,cost,curve,few,mcp,poison,socket (default: every row but socket, which starts daemons)")
     args = p.parse_args(argv)
     only = {x for x in args.only.split(",") if x}
     t0 = time.perf_counter()
