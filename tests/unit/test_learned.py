@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from toolatlas.retrieval import fusion
 from toolatlas.retrieval import learned as L
 from toolatlas.retrieval.usage import SqliteUsageStore, UsageEvent
 
@@ -23,14 +24,14 @@ def test_guard_keeps_cold_tools_at_their_zero_shot_rank() -> None:
     zero = [0, 1, 2, 3, 4]
     fed = np.array([False, False, True, False, False, True, True])
     # the learned order wants the fed tools 5 and 6 first: cold 0, 1, 3, 4 keep their ranks
-    assert L.guard([5, 6, 2, 0, 1, 3, 4], zero, fed) == [0, 1, 5, 3, 4, 6, 2]
+    assert fusion.guard([5, 6, 2, 0, 1, 3, 4], zero, fed) == [0, 1, 5, 3, 4, 6, 2]
     # a fed tool boosted past cold ones waits for the first slot no cold tool is owed
-    assert L.guard([2, 0, 1, 3, 4], zero, fed) == [0, 1, 2, 3, 4]
+    assert fusion.guard([2, 0, 1, 3, 4], zero, fed) == [0, 1, 2, 3, 4]
     # no cold tool in the zero-shot top: the learned order stands
-    assert L.guard([2, 5, 6], [2, 5, 6], fed) == [2, 5, 6]
+    assert fusion.guard([2, 5, 6], [2, 5, 6], fed) == [2, 5, 6]
     # a repeat of the very query goes first; the cold ones keep their order after it
     strong = np.array([False] * 6 + [True])
-    assert L.guard([6, 0, 1, 3, 4], zero, fed, strong) == [6, 0, 1, 3, 4]
+    assert fusion.guard([6, 0, 1, 3, 4], zero, fed, strong) == [6, 0, 1, 3, 4]
 
 
 def _ev(query: str, tool: str, principal: str, vec: np.ndarray | None = None, at: float = 0.0) -> UsageEvent:
@@ -141,6 +142,30 @@ def test_feedback_events_are_counted_by_outcome() -> None:
     assert 'toolatlas_feedback_events_total{outcome="call_failed"} 1.0' in text
     with pytest.raises(ValueError, match="feedback outcome"):
         m.count_feedback("made_up")
+
+
+def test_a_tool_used_once_keeps_its_zero_shot_rank_among_much_used_ones() -> None:
+    names = ["once", "b", "c", "d", "e", "f", "g"]
+    base = np.array([3.0, 2.5, 2.0, 1.5, 1.0, 0.5, 0.0], dtype=np.float32)
+    rng = np.random.default_rng(1)
+    q = rng.normal(size=8).astype(np.float32)
+    q /= np.linalg.norm(q)
+    far = rng.normal(size=8).astype(np.float32)
+    far -= (far @ q) * q  # orthogonal: its past query never votes for this one
+    far /= np.linalg.norm(far)
+    near = (0.7 * q + 0.71 * far).astype(np.float32)  # cosine 0.7: votes, but no repeat (STRONG_SIM)
+    near /= np.linalg.norm(near)
+    busy = [_ev(f"list the records {i}", t, "me", near) for i in range(30) for t in ("f", "g")]
+    busy += [_ev(f"other errands {i}", t, "me", -far) for i in range(30) for t in ("b", "c", "d", "e")]
+    once = _ev("an unrelated errand", "once", "me", -far)
+    # one use among tools used 30 times: guarded as if unused, while f and g pass the others
+    state = L.build_state(busy + [once], now=0.0)
+    assert list(state.weak()) == [tools == "once" for tools in state.tools]
+    assert _rank(state, names, base, "show me the records", q, "me")[:3] == ["once", "f", "g"]
+    # as many uses as the others: judged by the past queries like them, and passed
+    state = L.build_state(busy + [_ev(f"an unrelated errand {i}", "once", "me", -far) for i in range(30)], now=0.0)
+    assert not state.weak().any()
+    assert _rank(state, names, base, "show me the records", q, "me")[:3] == ["f", "g", "once"]
 
 
 def test_feedback_never_brings_in_a_tool_outside_the_callers_scope() -> None:

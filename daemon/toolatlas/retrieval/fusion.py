@@ -86,3 +86,26 @@ def two_stage_servers(k: int, n_servers: int, n_tools: int) -> int:
         return 0
     n_bar = n_tools / n_servers
     return min(n_servers, max(2, math.floor(2 * k / n_bar) + 1))
+
+
+def guard(learned: list[int], zero: list[int], fed: np.ndarray, strong: np.ndarray | None = None) -> list[int]:
+    """`learned` reordered so each item without feedback (`fed` false) in `zero` (the
+    zero-shot top, best first) keeps a rank no lower than its zero-shot one, counted after
+    the `strong` items (feedback from a repeat of this very query), which go first in their
+    learned order. The others keep their learned order. Pure."""
+    out = [i for i in learned if strong is not None and strong[i]]
+    lead = len(out)
+    deadline = {r + lead: i for r, i in enumerate(zero) if not fed[i]}
+    if not deadline:
+        return learned if not lead else out + [i for i in learned if i not in out]
+    placed = set(out)
+    pending = iter(learned)
+    while True:
+        due = deadline.get(len(out))
+        nxt = due if due is not None and due not in placed else next((i for i in pending if i not in placed), None)
+        if nxt is None:  # the learned order ran out: the pinned left, in zero-shot order
+            nxt = next((i for i in zero if i not in placed and i in deadline.values()), None)
+            if nxt is None:
+                return out
+        out.append(nxt)
+        placed.add(nxt)

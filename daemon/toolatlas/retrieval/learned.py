@@ -18,10 +18,14 @@ the vote (that principal's best neighbour) and at most `OTHER_WORD_CAP` times pe
 other user did, however often, never changes anyone else's ranking (nor leaks their words
 into it).
 
-`rerank` fuses the zero-shot scores with both signals and then applies the guard: a tool with
-no feedback at all keeps at least its zero-shot rank within the top `GUARD_DEPTH`, so feedback
-on other tools never buries an unused one. Events of tools not in the snapshot (removed,
-quarantined) and of tools the caller may not use are ignored: the stage only ever reorders
+`rerank` fuses the zero-shot scores with both signals and then applies the guard
+(fusion.guard): a tool with no feedback at all keeps at least its zero-shot rank within the
+top `GUARD_DEPTH`, so feedback on other tools never buries an unused one. Nor a barely used
+one: a tool with fewer events than `WEAK_SHARE` of the mean of the tools with feedback is
+kept there too (`LearnedState.weak`), since the past queries that did not lead to it say
+little when so few did; without this, one use made a tool harder to find than none
+(bench/README.md, "Stop 58"). Events of tools not in the snapshot (removed, quarantined) and
+of tools the caller may not use are ignored: the stage only ever reorders
 the allowed positions.
 """
 
@@ -62,7 +66,8 @@ HALF_LIFE_DAYS = 30.0  # an event's weight halves every this many days
 GUARD_DEPTH = 5  # tools without feedback keep their zero-shot rank within this depth
 MIN_PRINCIPALS = 2  # other principals who must agree before their evidence counts
 OTHER_WORD_CAP = 3  # another principal's events using a word count at most this often in a tool's document
-STRONG_SIM = 0.9  # a past query this similar (or with the same words) is a repeat: see `guard`
+STRONG_SIM = 0.9  # a past query this similar (or with the same words) is a repeat: see fusion.guard
+WEAK_SHARE = 0.05  # a tool with fewer events than this share of the mean per tool with feedback is guarded as unused
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -83,6 +88,7 @@ class LearnedState:
     asked: Asked  # which principals asked a query with these words, then used a tool
     events: int
     tool_at: tuple[float, ...] = ()  # per tool: its latest event's time (catalog_status: updated_at)
+    tool_events: tuple[int, ...] = ()  # per tool: its events (all principals')
     hnsw: HnswStore | None = None  # the rows' principal coordinates, labels = rows (shared; see neighbours)
     q8: np.ndarray | None = None  # (>= rows, dim) int8 rows when in `hnsw` (a row = q8 x scale)
     scale: np.ndarray | None = None  # (>= rows,) float32
@@ -91,6 +97,7 @@ class LearnedState:
     _pos_cache: dict[int, np.ndarray] = field(default_factory=dict)
     _lex_cache: dict[int, Bm25Index] = field(default_factory=dict)
     _past: list[PastWords] = field(default_factory=list)  # memo (at most one) until every index is built
+    _weak: list[np.ndarray] = field(default_factory=list)  # memo of `weak`
 
     def lexical(self, own: int) -> Bm25Index:
         """BM25 over one document per tool: the words of principal `own`'s past queries
@@ -115,6 +122,16 @@ class LearnedState:
     @property
     def empty(self) -> bool:
         return not self.tools
+
+    def weak(self) -> np.ndarray:
+        """Per tool of `tools`: too few events to judge it by the past queries that did not
+        lead to it (fewer than WEAK_SHARE of the mean per tool). Memoised."""
+        got = next(iter(self._weak), None)
+        if got is None:
+            events = np.asarray(self.tool_events, dtype=np.float64)
+            got = events < WEAK_SHARE * events.mean() if events.shape[0] else np.zeros(0, dtype=bool)
+            self._weak[:] = [got]
+        return got
 
     def positions(self, snap_version: int, pos_of: dict[str, int]) -> np.ndarray:
         """Snapshot position of each of `tools` (-1: not in that catalog), memoised per version."""
@@ -158,6 +175,7 @@ class LearningIndex:
         self.missing = 0  # events without a vector (not in the kNN vote until embedded)
         self._tools: dict[str, int] = {}
         self._tool_at: list[float] = []  # per tool, its latest event's time
+        self._tool_events: list[int] = []  # per tool, its events
         self._principals: dict[str, int] = {}
         self._words: list[dict[int, dict[str, int]]] = []  # per tool: principal -> word -> events
         self._asked = Asked.empty()  # as of the last state()
@@ -189,7 +207,9 @@ class LearningIndex:
             t = self._tools.setdefault(e.tool, len(self._tools))
             if t == len(self._tool_at):
                 self._tool_at.append(e.at)
+                self._tool_events.append(0)
             self._tool_at[t] = max(self._tool_at[t], e.at)
+            self._tool_events[t] += 1
             p = self._principals.setdefault(e.principal, len(self._principals))
             if t == len(self._words):
                 self._words.append({})
@@ -284,7 +304,8 @@ class LearningIndex:
             ev_principal=np.asarray(self._rows_principal, dtype=np.int64),
             weight=np.power(0.5, age_days / self.half_life_days).astype(np.float32),
             principals=dict(self._principals), words=tuple(self._words), asked=self._asked,
-            events=self.n_events, tool_at=tuple(self._tool_at), hnsw=self._hnsw, rows=n,
+            events=self.n_events, tool_at=tuple(self._tool_at), tool_events=tuple(self._tool_events),
+            hnsw=self._hnsw, rows=n,
             q8=self._q8 if self._hnsw is not None else None,
             scale=self._scale if self._hnsw is not None else None,
         )
@@ -396,7 +417,8 @@ def rerank(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The top `k` of `cand` (positions, their zero-shot scores `base`, best first) after the
     learned stage: (positions, scores). `tool_pos`: the snapshot position of each of
-    `state.tools` (`LearnedState.positions`). Tools not in `cand` get no boost and never enter."""
+    `state.tools` (`LearnedState.positions`). Tools not in `cand` get no boost and never enter.
+    The guard keeps tools without feedback, and `weak` ones, at their zero-shot rank."""
     if state.empty or cand.shape[0] == 0:
         top = fusion.top_indices(base, k)
         return cand[top], base[top]
@@ -410,38 +432,15 @@ def rerank(
     hit = (tool_pos >= 0) & (at < cand.shape[0])
     hit[hit] = cand[at[hit]] == tool_pos[hit]
     score[at[hit]] += boost[hit]
-    fed[at[hit]] = True
+    fed[at[hit & ~state.weak()]] = True
     strong[at[hit]] = repeat[hit]
     depth = max(k, GUARD_DEPTH)
     learned = fusion.top_indices(score, depth)
     zero = fusion.top_indices(base, GUARD_DEPTH)
-    order = guard(learned.tolist(), zero.tolist(), fed, strong)[:k]
+    order = fusion.guard(learned.tolist(), zero.tolist(), fed, strong)[:k]
     out = np.array(order, dtype=np.int64)
     return cand[out], score[out]
 
 
-def guard(learned: list[int], zero: list[int], fed: np.ndarray, strong: np.ndarray | None = None) -> list[int]:
-    """`learned` reordered so each item without feedback (`fed` false) in `zero` (the
-    zero-shot top, best first) keeps a rank no lower than its zero-shot one, counted after
-    the `strong` items (feedback from a repeat of this very query), which go first in their
-    learned order. The others keep their learned order. Pure."""
-    out = [i for i in learned if strong is not None and strong[i]]
-    lead = len(out)
-    deadline = {r + lead: i for r, i in enumerate(zero) if not fed[i]}
-    if not deadline:
-        return learned if not lead else out + [i for i in learned if i not in out]
-    placed = set(out)
-    pending = iter(learned)
-    while True:
-        due = deadline.get(len(out))
-        nxt = due if due is not None and due not in placed else next((i for i in pending if i not in placed), None)
-        if nxt is None:  # the learned order ran out: the pinned left, in zero-shot order
-            nxt = next((i for i in zero if i not in placed and i in deadline.values()), None)
-            if nxt is None:
-                return out
-        out.append(nxt)
-        placed.add(nxt)
-
-
-__all__ = ["GUARD_DEPTH", "KNN", "LearnedState", "LearningIndex", "build_state", "empty_state", "guard", "repeats", "rerank",
+__all__ = ["GUARD_DEPTH", "KNN", "LearnedState", "LearningIndex", "build_state", "empty_state", "repeats", "rerank",
            "signals"]
