@@ -46,21 +46,25 @@ def _rank(state: L.LearnedState, names: list[str], base: np.ndarray, query: str,
     return [names[i] for i in pos]
 
 
+BASE = np.array([3.0, 2.5, 2.0, 1.5, 1.0, 0.5, 0.0], dtype=np.float32)  # zero-shot scores of seven tools
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return (v / np.linalg.norm(v)).astype(np.float32)
+
+
 def test_one_other_principal_never_moves_a_ranking_two_agreeing_do() -> None:
     names = ["a", "b", "c", "d", "e", "f", "g"]
-    base = np.array([3.0, 2.5, 2.0, 1.5, 1.0, 0.5, 0.0], dtype=np.float32)
-    rng = np.random.default_rng(0)
-    q = rng.normal(size=8).astype(np.float32)
-    q /= np.linalg.norm(q)
+    q = _unit(np.random.default_rng(0).normal(size=8))
     flood = [_ev("frobnicate the gizmo", "g", "mallory", q) for _ in range(500)]
     alone = L.build_state(flood, now=0.0)
-    zero = _rank(L.empty_state(), names, base, "frobnicate the gizmo", q, "alice")
+    zero = _rank(L.empty_state(), names, BASE, "frobnicate the gizmo", q, "alice")
     assert zero == names
-    assert _rank(alone, names, base, "frobnicate the gizmo", q, "alice") == zero
+    assert _rank(alone, names, BASE, "frobnicate the gizmo", q, "alice") == zero
     # the flooder's own ranking learned it (a repeat of its query): first
-    assert _rank(alone, names, base, "frobnicate the gizmo", q, "mallory")[0] == "g"
+    assert _rank(alone, names, BASE, "frobnicate the gizmo", q, "mallory")[0] == "g"
     agreed = L.build_state(flood + [_ev("frobnicate the gizmo", "g", "bob", q)], now=0.0)
-    assert _rank(agreed, names, base, "frobnicate the gizmo", q, "alice")[0] == "g"
+    assert _rank(agreed, names, BASE, "frobnicate the gizmo", q, "alice")[0] == "g"
 
 
 def test_old_events_weigh_less() -> None:
@@ -146,26 +150,22 @@ def test_feedback_events_are_counted_by_outcome() -> None:
 
 def test_a_tool_used_once_keeps_its_zero_shot_rank_among_much_used_ones() -> None:
     names = ["once", "b", "c", "d", "e", "f", "g"]
-    base = np.array([3.0, 2.5, 2.0, 1.5, 1.0, 0.5, 0.0], dtype=np.float32)
     rng = np.random.default_rng(1)
-    q = rng.normal(size=8).astype(np.float32)
-    q /= np.linalg.norm(q)
-    far = rng.normal(size=8).astype(np.float32)
-    far -= (far @ q) * q  # orthogonal: its past query never votes for this one
-    far /= np.linalg.norm(far)
-    near = (0.7 * q + 0.71 * far).astype(np.float32)  # cosine 0.7: votes, but no repeat (STRONG_SIM)
-    near /= np.linalg.norm(near)
+    q = _unit(rng.normal(size=8))
+    far = rng.normal(size=8)
+    far = _unit(far - (far @ q) * q)  # orthogonal: its past query never votes for this one
+    near = _unit(0.7 * q + 0.71 * far)  # cosine 0.7: votes, but no repeat (STRONG_SIM)
     busy = [_ev(f"list the records {i}", t, "me", near) for i in range(30) for t in ("f", "g")]
     busy += [_ev(f"other errands {i}", t, "me", -far) for i in range(30) for t in ("b", "c", "d", "e")]
     once = _ev("an unrelated errand", "once", "me", -far)
     # one use among tools used 30 times: guarded as if unused, while f and g pass the others
     state = L.build_state(busy + [once], now=0.0)
     assert list(state.weak()) == [tools == "once" for tools in state.tools]
-    assert _rank(state, names, base, "show me the records", q, "me")[:3] == ["once", "f", "g"]
+    assert _rank(state, names, BASE, "show me the records", q, "me")[:3] == ["once", "f", "g"]
     # as many uses as the others: judged by the past queries like them, and passed
     state = L.build_state(busy + [_ev(f"an unrelated errand {i}", "once", "me", -far) for i in range(30)], now=0.0)
     assert not state.weak().any()
-    assert _rank(state, names, base, "show me the records", q, "me")[:3] == ["f", "g", "once"]
+    assert _rank(state, names, BASE, "show me the records", q, "me")[:3] == ["f", "g", "once"]
 
 
 def test_feedback_never_brings_in_a_tool_outside_the_callers_scope() -> None:
