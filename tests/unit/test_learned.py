@@ -160,7 +160,7 @@ def test_a_tool_used_once_keeps_its_zero_shot_rank_among_much_used_ones() -> Non
     once = _ev("an unrelated errand", "once", "me", -far)
     # one use among tools used 30 times: guarded as if unused, while f and g pass the others
     state = L.build_state(busy + [once], now=0.0)
-    assert list(state.weak()) == [tools == "once" for tools in state.tools]
+    assert list(state.weak()) == [name == "once" for name in state.tools]
     assert _rank(state, names, BASE, "show me the records", q, "me")[:3] == ["once", "f", "g"]
     # as many uses as the others: judged by the past queries like them, and passed
     state = L.build_state(busy + [_ev(f"an unrelated errand {i}", "once", "me", -far) for i in range(30)], now=0.0)
