@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,8 @@ def test_a_tool_used_once_keeps_its_zero_shot_rank_among_much_used_ones() -> Non
     # one use among tools used 30 times: guarded as if unused, while f and g pass the others
     state = L.build_state(busy + [once], now=0.0)
     assert list(state.weak()) == [name == "once" for name in state.tools]
+    uncounted = replace(state, tool_events=(), _weak=[])  # a state without counts judges none weak
+    assert uncounted.weak().shape == (len(state.tools),) and not uncounted.weak().any()
     assert _rank(state, names, BASE, "show me the records", q, "me")[:3] == ["once", "f", "g"]
     # as many uses as the others: judged by the past queries like them, and passed
     state = L.build_state(busy + [_ev(f"an unrelated errand {i}", "once", "me", -far) for i in range(30)], now=0.0)

@@ -89,10 +89,11 @@ def two_stage_servers(k: int, n_servers: int, n_tools: int) -> int:
 
 
 def guard(learned: list[int], zero: list[int], fed: np.ndarray, strong: np.ndarray | None = None) -> list[int]:
-    """`learned` reordered so each item without feedback (`fed` false) in `zero` (the
-    zero-shot top, best first) keeps a rank no lower than its zero-shot one, counted after
-    the `strong` items (feedback from a repeat of this very query), which go first in their
-    learned order. The others keep their learned order. Pure."""
+    """`learned` reordered so each item without feedback (`fed` false: none, or too little
+    to judge it by, see learned.LearnedState.weak) in `zero` (the zero-shot top, best first)
+    keeps a rank no lower than its zero-shot one, counted after the `strong` items (feedback
+    from a repeat of this very query), which go first in their learned order. The others keep
+    their learned order. Pure."""
     out = [i for i in learned if strong is not None and strong[i]]
     lead = len(out)
     deadline = {r + lead: i for r, i in enumerate(zero) if not fed[i]}

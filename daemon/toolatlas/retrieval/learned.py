@@ -129,7 +129,10 @@ class LearnedState:
         got = next(iter(self._weak), None)
         if got is None:
             events = np.asarray(self.tool_events, dtype=np.float64)
-            got = events < WEAK_SHARE * events.mean() if events.shape[0] else np.zeros(0, dtype=bool)
+            if events.shape[0] == len(self.tools) and events.shape[0]:
+                got = events < WEAK_SHARE * events.mean()
+            else:  # no counts (a state not built by LearningIndex): none is weak
+                got = np.zeros(len(self.tools), dtype=bool)
             self._weak[:] = [got]
         return got
 
