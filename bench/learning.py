@@ -234,7 +234,7 @@ def _few_among_full(b: Bench, train: list[Query], tv: np.ndarray, test: list[Que
     tools alone on their test queries (each query's relevant set cut to its few tools, as the
     cold row's `cold_tools_only`), zero-shot against learned; and R@5 of those queries with
     every relevant tool. Shows whether a tool with a little feedback is buried by tools with
-    much (the guard protects only tools with none)."""
+    much (until learned.WEAK_SHARE the guard protected only tools with none)."""
     names = sorted(b.names)
     out: dict[str, Any] = {}
     for seed in seeds:
