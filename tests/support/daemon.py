@@ -22,30 +22,32 @@ __all__ = ["REPO", "Daemon", "everything_upstream", "hostile_upstream", "seed_sh
            "stdio_example", "stdio_faultserver", "stdio_testserver", "url_upstream"]
 
 
+def _stdio_upstream(name: str, args: list[str], extra: str = "") -> str:
+    """A TOML [[upstream]] block running this interpreter with `args` over stdio."""
+    return (f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+            f"args = {json.dumps(args)}\n{extra}")
+
+
 def stdio_testserver(name: str, *extra: str) -> str:
     """A TOML [[upstream]] block running the project's test server over stdio."""
-    args = json.dumps(testserver_args(*extra))
-    return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+    return _stdio_upstream(name, testserver_args(*extra))
 
 
 def stdio_example(name: str) -> str:
     """A TOML [[upstream]] block running the user example `name` ("notes", "weather", "units")
     over stdio, named after it (through the suite's fork server: servers.example_args)."""
-    args = json.dumps(example_args(name))
-    return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+    return _stdio_upstream(name, example_args(name))
 
 
 def stdio_faultserver(name: str, *extra: str) -> str:
     """A TOML [[upstream]] block running the fault server (servers/faultserver.py) over stdio;
     its `stats` tool counts calls in flight, completed and cancelled."""
-    args = json.dumps(faultserver_args(*extra))
-    return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {args}\n'
+    return _stdio_upstream(name, faultserver_args(*extra))
 
 
 def hostile_upstream(*args: str, name: str = "hostile", extra: str = "") -> str:
     """A TOML [[upstream]] block running the hostile server (servers/hostile.py) over stdio."""
-    argv = json.dumps([str(HOSTILE), *args])
-    return f'[[upstream]]\nname = "{name}"\ntransport = "stdio"\ncommand = "{sys.executable}"\nargs = {argv}\n{extra}'
+    return _stdio_upstream(name, [str(HOSTILE), *args], extra)
 
 
 def everything_upstream(name: str = "everything") -> str:
