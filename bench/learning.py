@@ -253,8 +253,9 @@ def _few_among_full(b: Bench, train: list[Query], tv: np.ndarray, test: list[Que
                                "zero_shot": {"few_tools_only": zero_few["recall@5"], "all_relevant": zero_all["recall@5"]}}
         for n in (1, 3, 10):
             kept = {(i, t) for t, ids_ in order.items() for i in ids_[:n]}
-            events = [UsageEvent(query=q.text, tool=t, principal=EVAL_PRINCIPAL, at=0.0, vector=tv[i], space=b.engine.space)
-                      for i, q in enumerate(train) for t in sorted(q.relevant) if t not in few or (i, t) in kept]
+            cut = [replace(q, relevant=frozenset(t for t in q.relevant if t not in few or (i, t) in kept))
+                   for i, q in enumerate(train)]
+            events = feedback_events(cut, tv, b.engine.space)
             state = b.state(train, tv, events)
             got_few, got_all = b.score(few_only, ev, state), b.score(eq, ev, state)
             per[f"{n}_events"] = {"few_tools_only": got_few["recall@5"], "all_relevant": got_all["recall@5"],
