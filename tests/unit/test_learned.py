@@ -68,6 +68,22 @@ def test_one_other_principal_never_moves_a_ranking_two_agreeing_do() -> None:
     assert _rank(agreed, names, BASE, "frobnicate the gizmo", q, "alice")[0] == "g"
 
 
+def test_others_agree_over_the_nearest_past_queries_not_only_the_voting_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bob's past query is this one; Carol used the same tool after a query only loosely like
+    it (beyond the KNN that vote, within AGREE_K); Dave's queries in between led elsewhere."""
+    names = ["a", "b", "c", "d", "e", "f", "g"]
+    axes = np.eye(8, dtype=np.float32)
+    q = axes[0]
+    dave = [_ev(f"dave asks {i}", "f", "dave", _unit(0.8 * q + 0.6 * axes[1 + i % 6])) for i in range(L.KNN + 5)]
+    bob = _ev("frobnicate the gizmo", "g", "bob", q)
+    carol = _ev("polish widgets", "g", "carol", _unit(0.5 * q + 0.87 * axes[7]))
+    agreed = L.build_state(dave + [bob, carol], now=0.0)
+    assert _rank(agreed, names, BASE, "frobnicate the gizmo", q, "alice")[0] == "g"
+    assert _rank(L.build_state(dave + [bob], now=0.0), names, BASE, "frobnicate the gizmo", q, "alice") == names
+    monkeypatch.setattr(L, "AGREE_K", L.KNN)  # agreement among the voting rows alone: Carol is too far
+    assert _rank(agreed, names, BASE, "frobnicate the gizmo", q, "alice") == names
+
+
 def test_old_events_weigh_less() -> None:
     q = np.ones(4, dtype=np.float32) / 2.0
     day = 86400.0

@@ -14,9 +14,10 @@ a `Snapshot`. It holds two signals for a query:
 Bounded influence per principal: the caller's own events count in full (a single-user daemon
 learns from every repetition). Other principals' events count once per (principal, tool) in
 the vote (that principal's best neighbour) and at most `OTHER_WORD_CAP` times per
-(principal, tool, word) in the lexical document, and only where at least `MIN_PRINCIPALS` other principals agree: what one
-other user did, however often, never changes anyone else's ranking (nor leaks their words
-into it).
+(principal, tool, word) in the lexical document, and only where at least `MIN_PRINCIPALS`
+other principals agree (for the vote: used the tool after one of the `AGREE_K` past queries
+nearest this one): what one other user did, however often, never changes anyone else's
+ranking (nor leaks their words into it).
 
 `rerank` fuses the zero-shot scores with both signals and then applies the guard
 (fusion.guard): a tool with no feedback at all keeps at least its zero-shot rank within the
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterable, MutableMapping, Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -42,7 +43,7 @@ import numpy as np
 from toolatlas.retrieval import fusion
 from toolatlas.retrieval.bm25 import Bm25Index
 from toolatlas.retrieval.hnsw import HnswStore, principal_basis
-from toolatlas.retrieval.pastqueries import Asked, RowTools, grown
+from toolatlas.retrieval.pastqueries import Asked, RowTools, grown, words_key
 from toolatlas.retrieval.pastwords import PastWords
 from toolatlas.retrieval.text import tokenize
 from toolatlas.retrieval.usage import UsageEvent
@@ -66,6 +67,7 @@ HALF_LIFE_DAYS = 30.0  # an event's weight halves every this many days
 GUARD_DEPTH = 5  # tools without feedback keep their zero-shot rank within this depth
 MIN_PRINCIPALS = 2  # other principals who must agree before their evidence counts
 OTHER_WORD_CAP = 3  # another principal's events using a word count at most this often in a tool's document
+AGREE_K = 80  # other principals agree on a tool among this many nearest past queries (the vote's KNN within)
 STRONG_SIM = 0.9  # a past query this similar (or with the same words) is a repeat: see fusion.guard
 WEAK_SHARE = 0.05  # a tool with fewer events than this share of the mean per tool with feedback is guarded as unused
 
@@ -314,12 +316,6 @@ class LearningIndex:
         )
 
 
-def words_key(tokens: Iterable[str]) -> int:
-    """What identifies a query's words (any order, repeats ignored) in `LearnedState.asked`:
-    a 64-bit hash, not the words (a set of them per past query held 50 MB at 17k queries)."""
-    return hash(frozenset(tokens))
-
-
 def build_state(events: Sequence[UsageEvent], *, now: float, half_life_days: float = HALF_LIFE_DAYS) -> LearnedState:
     """The state of `events` at time `now` (a fresh LearningIndex)."""
     idx = LearningIndex(half_life_days)
@@ -363,9 +359,11 @@ def signals(
     repeat = np.zeros(n, dtype=bool)
     repeat[repeats(state, tokens, principal)] = True
     if qvec is not None and state.rows:
-        rows, sims = neighbours(state, qvec, KNN)
-        vote_ = sims >= SIM_FLOOR
-        rows, sims = rows[vote_], sims[vote_]
+        others = len(state.principals) > (1 if own >= 0 else 0)
+        rows, sims = neighbours(state, qvec, max(KNN, AGREE_K) if others else KNN)
+        near = rows[sims >= SIM_FLOOR]  # where others' agreement is counted
+        vote_ = sims[:KNN] >= SIM_FLOOR
+        rows, sims = rows[:KNN][vote_], sims[:KNN][vote_]
         # accumulated in Python floats, written to the arrays once (numpy item updates cost
         # more than the rest of this loop)
         acc: dict[int, float] = {}
@@ -383,9 +381,8 @@ def signals(
                 else:  # another principal: its best neighbour per tool, once
                     best[(p, t)] = max(best.get((p, t), 0.0), w)
             begin = end
-        agree: dict[int, int] = {}
-        for _, t in best:
-            agree[t] = agree.get(t, 0) + 1
+        who = state.ev_principal[near]
+        agree = state.row_tools.backers(near[who != own], who[who != own], n).tolist() if best else []
         strong_w = (STRONG_SIM - SIM_FLOOR) / (1.0 - SIM_FLOOR)
         for (_, t), w in best.items():
             if agree[t] >= MIN_PRINCIPALS:

@@ -99,6 +99,15 @@ class RowTools:
         at = np.arange(int(ends[-1]) if ends.shape[0] else 0) + np.repeat(lo - (ends - lens), lens)
         return ends.tolist(), self.tool[at].tolist(), self.count[at].tolist()
 
+    def backers(self, rows: np.ndarray, principal: np.ndarray, tools: int) -> np.ndarray:
+        """Per tool (`tools` of them): how many distinct principals have one of `rows` (whose
+        principals are `principal`) leading to it."""
+        lo = self.start[rows]
+        lens = self.start[rows + 1] - lo
+        at = np.arange(int(lens.sum())) + np.repeat(lo - (np.cumsum(lens) - lens), lens)
+        pairs = np.unique(np.repeat(principal.astype(np.int64), lens) * tools + self.tool[at])
+        return np.bincount(pairs % tools, minlength=tools)
+
     def merged(self, uses: np.ndarray, rows: int) -> RowTools:
         """A new RowTools of `rows` rows with the (m, 2) int64 (row, tool) `uses` counted in
         (a few into many by insertion, as `Asked.merged`)."""
@@ -158,4 +167,11 @@ def grown(arr: np.ndarray, used: int, add: int, row_shape: tuple[int, ...]) -> n
     return out
 
 
-__all__ = ["INSERT_BELOW", "Asked", "RowTools", "grown"]
+def words_key(tokens: Iterable[str]) -> int:
+    """What identifies a query's words (any order, repeats ignored) in `Asked` (and
+    `LearnedState.asked`): a 64-bit hash, not the words (a set of them per past query held
+    50 MB at 17k queries)."""
+    return hash(frozenset(tokens))
+
+
+__all__ = ["INSERT_BELOW", "Asked", "RowTools", "grown", "words_key"]
