@@ -119,6 +119,7 @@ def toollens(b: Bench, quick: bool, only: set[str]) -> dict[str, Any]:
             rows["few_events_among_full"] = _few_among_full(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
         if "poison" in only:
             rows["poisoning"] = _poison(b, train, tv, test, sv, b.state(train, tv))
+            rows["poisoning_chosen_tool"] = _poison_chosen(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
         if "socket" in only:
             rows["socket"] = _socket(b, train, tv)
         if "curve" in only:
@@ -157,6 +158,7 @@ def toollens(b: Bench, quick: bool, only: set[str]) -> dict[str, Any]:
     rows["few_events_per_tool"] = _few(b, train, tv, test, sv, zero)
     rows["few_events_among_full"] = _few_among_full(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
     rows["poisoning"] = _poison(b, train, tv, test, sv, full_state)
+    rows["poisoning_chosen_tool"] = _poison_chosen(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
     print(json.dumps(rows), file=sys.stderr, flush=True)
     rows["cost"] = _cost(b, train, tv, test, sv)
     rows["curve"] = _curve(b, train, tv, test, sv, quick)
@@ -294,6 +296,41 @@ def _poison(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv:
         "full_label_own_events": {"recall@5": _full_recall(b, test, sv, full_state)},
         "cap_cost": round(_full_recall(b, test, sv, full_state) - capped["recall@5"], 4),
     }
+
+
+def _poison_chosen(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
+                   seeds: tuple[int, ...]) -> dict[str, Any]:
+    """The flood of `_poison` with a chosen wrong tool: the one the honest principals used
+    most after the 80 train queries nearest the target (learned.AGREE_K), not one of the
+    target's. Such a tool has the agreement the flooder's vote needs. Per seed: how often it
+    is in the top 5 of the target's 100 nearest test queries and of the rest, with the flood
+    and without it (the honest events alone)."""
+    space = b.engine.space
+    honest = [replace(e, principal=f"honest{i % 10}") for i, e in enumerate(feedback_events(train, tv, space))]
+    clean = b.state(train, tv, honest)
+    out: dict[str, Any] = {}
+    for seed in seeds:
+        target = int(np.random.default_rng(100 + seed).integers(len(test)))
+        nearest = np.argsort(-(tv @ sv[target]))
+        used: dict[str, int] = {}
+        for i in nearest[:80]:
+            for t in train[i].relevant - test[target].relevant:
+                used[t] = used.get(t, 0) + 1
+        wrong = max(sorted(used), key=lambda t: used[t])
+        flood = [UsageEvent(query=train[i].text, tool=wrong, principal="mallory", at=0.0, vector=tv[i], space=space)
+                 for i in nearest[:500]]
+        state = b.state(train, tv, honest + flood)
+        order = np.argsort(-(sv @ sv[target]))
+
+        def rate(ids: np.ndarray, st: LearnedState) -> float:
+            return round(sum(wrong in b.ranked(test[i], sv[i], st, principal="victim") for i in ids) / len(ids), 4)
+
+        got = {"near_flood": rate(order[:100], state), "near_honest_only": rate(order[:100], clean),
+               "rest_flood": rate(order[100:], state), "rest_honest_only": rate(order[100:], clean)}
+        out[f"seed_{seed}"] = {"wrong_tool_uses_nearby": used[wrong], **got,
+                               "near_uplift": round(got["near_flood"] - got["near_honest_only"], 4),
+                               "rest_uplift": round(got["rest_flood"] - got["rest_honest_only"], 4)}
+    return out
 
 
 def _full_recall(b: Bench, test: list[Query], sv: np.ndarray, state: LearnedState) -> float:
