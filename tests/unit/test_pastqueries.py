@@ -31,6 +31,16 @@ def test_row_tools_count_repeats_and_keep_empty_rows() -> None:
     assert second.of_rows(np.zeros(0, dtype=np.int64)) == ([], [], [])
 
 
+def test_backers_count_each_principal_once_per_tool() -> None:
+    # rows 0-3 lead to {1, 3}, {5}, {1}, {0}
+    rt = RowTools.empty().merged(np.array([[0, 1], [0, 3], [1, 5], [2, 1], [3, 0]], dtype=np.int64), 4)
+    rows = np.array([0, 2, 1, 3], dtype=np.int64)
+    # rows 0 and 2 are principal 7's (tool 1 twice: once), row 1 principal 8's, row 3 principal 9's
+    assert rt.backers(rows, np.array([7, 7, 8, 9]), 6).tolist() == [1, 1, 0, 1, 0, 1]
+    assert rt.backers(rows, np.array([7, 8, 8, 9]), 6).tolist() == [1, 2, 0, 1, 0, 1]
+    assert rt.backers(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), 3).tolist() == [0, 0, 0]
+
+
 def test_grown_keeps_the_rows_and_leaves_the_old_array_alone() -> None:
     a = grown(np.zeros((0, 0), dtype=np.float32), 0, 3, (2,))
     assert a.shape == (1024, 2)
