@@ -548,7 +548,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one seed, one shown-only round, a short curve")
     p.add_argument("--only", default="",
                    help="some of cold,cost,curve,few,mcp,poison,socket (default: every row but socket, which starts daemons)")
+    p.add_argument("--agree-k", type=int, default=learned.AGREE_K,
+                   help="learned.AGREE_K for the in-process rows (20: the agreement window before stop 59; not the socket row's daemons)")
     args = p.parse_args(argv)
+    if args.agree_k < 1:
+        p.error("--agree-k must be a positive number of past queries")
+    learned.AGREE_K = args.agree_k
     only = {x for x in args.only.split(",") if x}
     t0 = time.perf_counter()
     tl = toollens(Bench("toollens"), args.quick, only)
