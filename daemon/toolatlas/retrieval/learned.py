@@ -381,8 +381,10 @@ def signals(
                 else:  # another principal: its best neighbour per tool, once
                     best[(p, t)] = max(best.get((p, t), 0.0), w)
             begin = end
-        who = state.ev_principal[near]
-        agree = state.row_tools.backers(near[who != own], who[who != own], n).tolist() if best else []
+        agree: list[int] = []
+        if best:
+            theirs = near[state.ev_principal[near] != own]
+            agree = state.row_tools.backers(theirs, state.ev_principal[theirs], n).tolist()
         strong_w = (STRONG_SIM - SIM_FLOOR) / (1.0 - SIM_FLOOR)
         for (_, t), w in best.items():
             if agree[t] >= MIN_PRINCIPALS:

@@ -90,21 +90,24 @@ class RowTools:
         lo, hi = self.start[r], self.start[r + 1]
         return zip(self.tool[lo:hi].tolist(), self.count[lo:hi].tolist())
 
-    def of_rows(self, rows: np.ndarray) -> tuple[list[int], list[int], list[int]]:
-        """The tools and event counts of `rows` in one gather: (where each row's part of
-        the lists ends, tools, counts)."""
+    def _gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(each of `rows`' number of tools, where their entries are in `tool`/`count`)."""
         lo = self.start[rows]
         lens = self.start[rows + 1] - lo
         ends = np.cumsum(lens)
         at = np.arange(int(ends[-1]) if ends.shape[0] else 0) + np.repeat(lo - (ends - lens), lens)
-        return ends.tolist(), self.tool[at].tolist(), self.count[at].tolist()
+        return lens, at
+
+    def of_rows(self, rows: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+        """The tools and event counts of `rows` in one gather: (where each row's part of
+        the lists ends, tools, counts)."""
+        lens, at = self._gather(rows)
+        return np.cumsum(lens).tolist(), self.tool[at].tolist(), self.count[at].tolist()
 
     def backers(self, rows: np.ndarray, principal: np.ndarray, tools: int) -> np.ndarray:
         """Per tool (`tools` of them): how many distinct principals have one of `rows` (whose
         principals are `principal`) leading to it."""
-        lo = self.start[rows]
-        lens = self.start[rows + 1] - lo
-        at = np.arange(int(lens.sum())) + np.repeat(lo - (np.cumsum(lens) - lens), lens)
+        lens, at = self._gather(rows)
         pairs = np.unique(np.repeat(principal.astype(np.int64), lens) * tools + self.tool[at])
         return np.bincount(pairs % tools, minlength=tools)
 
