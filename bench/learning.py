@@ -118,8 +118,9 @@ def toollens(b: Bench, quick: bool, only: set[str]) -> dict[str, Any]:
         if "few" in only:
             rows["few_events_among_full"] = _few_among_full(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
         if "poison" in only:
-            rows["poisoning"] = _poison(b, train, tv, test, sv, b.state(train, tv))
-            rows["poisoning_chosen_tool"] = _poison_chosen(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
+            honest = _honest(b, train, tv)
+            rows["poisoning"] = _poison(b, train, tv, test, sv, b.state(train, tv), honest)
+            rows["poisoning_chosen_tool"] = _poison_chosen(b, train, tv, test, sv, SEEDS[: 1 if quick else 3], honest)
         if "socket" in only:
             rows["socket"] = _socket(b, train, tv)
         if "curve" in only:
@@ -157,8 +158,9 @@ def toollens(b: Bench, quick: bool, only: set[str]) -> dict[str, Any]:
     rows["cold_tools"] = _cold(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
     rows["few_events_per_tool"] = _few(b, train, tv, test, sv, zero)
     rows["few_events_among_full"] = _few_among_full(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
-    rows["poisoning"] = _poison(b, train, tv, test, sv, full_state)
-    rows["poisoning_chosen_tool"] = _poison_chosen(b, train, tv, test, sv, SEEDS[: 1 if quick else 3])
+    honest = _honest(b, train, tv)
+    rows["poisoning"] = _poison(b, train, tv, test, sv, full_state, honest)
+    rows["poisoning_chosen_tool"] = _poison_chosen(b, train, tv, test, sv, SEEDS[: 1 if quick else 3], honest)
     print(json.dumps(rows), file=sys.stderr, flush=True)
     rows["cost"] = _cost(b, train, tv, test, sv)
     rows["curve"] = _curve(b, train, tv, test, sv, quick)
@@ -268,20 +270,26 @@ def _few_among_full(b: Bench, train: list[Query], tv: np.ndarray, test: list[Que
     return out
 
 
+def _honest(b: Bench, train: list[Query], tv: np.ndarray) -> tuple[list[UsageEvent], LearnedState]:
+    """Full-label train feedback split round-robin among 10 principals, and its state."""
+    honest = [replace(e, principal=f"honest{i % 10}") for i, e in enumerate(feedback_events(train, tv, b.engine.space))]
+    return honest, b.state(train, tv, honest)
+
+
 def _poison(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
-            full_state: LearnedState) -> dict[str, Any]:
-    """Honest feedback from 10 principals; one more principal floods the 500 train queries
-    nearest a target test query with a wrong tool. As an 11th principal: how often the wrong
-    tool reaches the top 5 of the 100 test queries nearest the target, and of the rest."""
+            full_state: LearnedState, honest: tuple[list[UsageEvent], LearnedState]) -> dict[str, Any]:
+    """Honest feedback from 10 principals (`_honest`); one more principal floods the 500 train
+    queries nearest a target test query with a wrong tool. As an 11th principal: how often the
+    wrong tool reaches the top 5 of the 100 test queries nearest the target, and of the rest."""
     space = b.engine.space
-    honest = [replace(e, principal=f"honest{i % 10}") for i, e in enumerate(feedback_events(train, tv, space))]
+    events, clean = honest
     rng = np.random.default_rng(11)
     target = int(rng.integers(len(test)))
     wrong = sorted(b.names - test[target].relevant)[int(rng.integers(len(b.names) - 5))]
     near_train = np.argsort(-(tv @ sv[target]))[:500]
     flood = [UsageEvent(query=train[i].text, tool=wrong, principal="mallory", at=0.0, vector=tv[i], space=space)
              for i in near_train]
-    state = b.state(train, tv, honest + flood)
+    state = b.state(train, tv, events + flood)
     order = np.argsort(-(sv @ sv[target]))
     near, rest = order[:100], order[100:]
 
@@ -289,7 +297,7 @@ def _poison(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv:
         hits = sum(wrong in b.ranked(test[i], sv[i], state, principal="victim") for i in ids)
         return round(hits / max(len(ids), 1), 4)
 
-    capped = b.score(test, sv, b.state(train, tv, honest), principal="victim")
+    capped = b.score(test, sv, clean, principal="victim")
     return {
         "wrong_tool_in_top5_nearest_100": rate(near), "wrong_tool_in_top5_rest": rate(rest),
         "full_label_10_honest_principals": capped,
@@ -298,28 +306,30 @@ def _poison(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv:
     }
 
 
+CHOSEN_NEAR = 80  # the daemon's learned.AGREE_K; fixed, so a run with --agree-k faces the same flood
+
+
 def _poison_chosen(b: Bench, train: list[Query], tv: np.ndarray, test: list[Query], sv: np.ndarray,
-                   seeds: tuple[int, ...]) -> dict[str, Any]:
+                   seeds: tuple[int, ...], honest: tuple[list[UsageEvent], LearnedState]) -> dict[str, Any]:
     """The flood of `_poison` with a chosen wrong tool: the one the honest principals used
-    most after the 80 train queries nearest the target (learned.AGREE_K), not one of the
-    target's. Such a tool has the agreement the flooder's vote needs. Per seed: how often it
-    is in the top 5 of the target's 100 nearest test queries and of the rest, with the flood
-    and without it (the honest events alone)."""
+    most after the CHOSEN_NEAR train queries nearest the target, not one of the target's.
+    Such a tool has the agreement the flooder's vote needs. Per seed: how often it is in the
+    top 5 of the target's 100 nearest test queries and of the rest, with the flood and
+    without it (the honest events alone)."""
     space = b.engine.space
-    honest = [replace(e, principal=f"honest{i % 10}") for i, e in enumerate(feedback_events(train, tv, space))]
-    clean = b.state(train, tv, honest)
+    events, clean = honest
     out: dict[str, Any] = {}
     for seed in seeds:
         target = int(np.random.default_rng(100 + seed).integers(len(test)))
         nearest = np.argsort(-(tv @ sv[target]))
         used: dict[str, int] = {}
-        for i in nearest[:80]:
+        for i in nearest[:CHOSEN_NEAR]:
             for t in train[i].relevant - test[target].relevant:
                 used[t] = used.get(t, 0) + 1
         wrong = max(sorted(used), key=lambda t: used[t])
         flood = [UsageEvent(query=train[i].text, tool=wrong, principal="mallory", at=0.0, vector=tv[i], space=space)
                  for i in nearest[:500]]
-        state = b.state(train, tv, honest + flood)
+        state = b.state(train, tv, events + flood)
         order = np.argsort(-(sv @ sv[target]))
 
         def rate(ids: np.ndarray, st: LearnedState) -> float:
