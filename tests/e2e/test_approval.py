@@ -82,7 +82,7 @@ def test_approve_reject_across_restart_and_reload(tmp_path: Path) -> None:
     d2 = Daemon(tmp_path, ups, daemon_extra='require_approval = true\n')
     with d2:
         d2.wait_for(lambda: _approvals(d2) == {"one": "active", "two": "rejected"}, 60, "decisions kept")
-        assert "one__echo" in d2.search("echo a message back")
+        d2.wait_for(lambda: "one__echo" in d2.search("echo a message back"), 30, "one's tools in search")
         # a reload: one's command line changes (back to pending), three is new (pending), two stays rejected
         d2.config.write_text(d2.config.read_text().replace(stdio_testserver("one"), stdio_testserver("one", "--tools", "1"))
                              + stdio_testserver("three"))

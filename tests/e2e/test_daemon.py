@@ -305,7 +305,9 @@ def test_killed_upstream_recovers_and_others_are_unaffected(tmp_path: Path) -> N
         new_pid = int(d.tool("victim__pid", {})["content"][0]["text"])
         assert new_pid != old_pid and not alive(old_pid)
         assert _servers(d)["victim"]["reconnects"] >= 1
-        assert "victim__echo" in d.search("echo a message", 10)
+        # READY comes with the new session; its listing joins search once indexed (until then a
+        # search says "being indexed"), a moment later and longer beside a CPU hog
+        d.wait_for(lambda: "victim__echo" in d.search("echo a message", 10), 30, "victim's tools back in search")
 
 
 def test_sigterm_shuts_down_cleanly_with_no_orphans(tmp_path: Path) -> None:

@@ -51,7 +51,8 @@ def test_a_restart_only_key_waits_for_the_restart_and_says_so_at_every_reload(tm
         d.wait_for(lambda: d.status()["servers"][0]["state"] == "ready", 60, "one back after its restart")
         d.wait_for(lambda: d.status()["cards"]["servers"]["one"]["card"] == "verified", 30,
                    "one's card still read from the running state_dir")
-        assert d.search("echo a message back") == ["one__echo"]
+        # its new listing joins search once indexed, which may come after READY and the card
+        d.wait_for(lambda: d.search("echo a message back") == ["one__echo"], 30, "one's tools back in search")
 
         again = reload(d)
         assert again["applied"] and again["restart_needed"] == ["daemon.state_dir"], again
