@@ -90,24 +90,25 @@ class RowTools:
         lo, hi = self.start[r], self.start[r + 1]
         return zip(self.tool[lo:hi].tolist(), self.count[lo:hi].tolist())
 
-    def _gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(each of `rows`' number of tools, where their entries are in `tool`/`count`)."""
+    def _gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(each of `rows`' number of tools, where each row's part of the gather ends, where
+        their entries are in `tool`/`count`)."""
         lo = self.start[rows]
         lens = self.start[rows + 1] - lo
         ends = np.cumsum(lens)
         at = np.arange(int(ends[-1]) if ends.shape[0] else 0) + np.repeat(lo - (ends - lens), lens)
-        return lens, at
+        return lens, ends, at
 
     def of_rows(self, rows: np.ndarray) -> tuple[list[int], list[int], list[int]]:
         """The tools and event counts of `rows` in one gather: (where each row's part of
         the lists ends, tools, counts)."""
-        lens, at = self._gather(rows)
-        return np.cumsum(lens).tolist(), self.tool[at].tolist(), self.count[at].tolist()
+        _, ends, at = self._gather(rows)
+        return ends.tolist(), self.tool[at].tolist(), self.count[at].tolist()
 
     def backers(self, rows: np.ndarray, principal: np.ndarray, tools: int) -> np.ndarray:
         """Per tool (`tools` of them): how many distinct principals have one of `rows` (whose
         principals are `principal`) leading to it."""
-        lens, at = self._gather(rows)
+        lens, _, at = self._gather(rows)
         pairs = np.unique(np.repeat(principal.astype(np.int64), lens) * tools + self.tool[at])
         return np.bincount(pairs % tools, minlength=tools)
 
